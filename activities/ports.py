@@ -1,0 +1,92 @@
+"""The small Protocols every external system hides behind. Activities depend on these only;
+tests and the demo swap the adapter (or just its base URL), never the activity code."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from tgp.types import BootPayload, Instance, NodeSummary, Offer, PodSummary, Taint, TailnetDevice
+
+
+class CloudProvider(Protocol):
+    """A GPU cloud. `launch` is idempotent by `name`: callers look up before they create."""
+
+    name: str
+
+    async def list_offers(self) -> list[Offer]: ...
+
+    async def launch(self, offer: Offer, *, name: str, boot: BootPayload) -> Instance:
+        """Buy one instance of `offer` named `name`. Raises CapacityError when sold out."""
+        ...
+
+    async def find_by_name(self, name: str) -> Instance | None:
+        """The live (not terminated) instance called `name`, if any."""
+        ...
+
+    async def describe(self, instance_id: str) -> Instance | None:
+        """Current state, or None when the provider no longer knows the instance."""
+        ...
+
+    async def terminate(self, instance_id: str) -> None:
+        """Stop paying for it. An instance that is already gone counts as terminated."""
+        ...
+
+
+class AuthKey(BaseModel):
+    """A freshly minted tailnet auth key. `secret` exists only inside the activity that
+    minted it; only `key_id` may leave it."""
+
+    model_config = ConfigDict(frozen=True)
+    key_id: str
+    secret: SecretStr
+
+
+class Tailnet(Protocol):
+    """Tailscale or Headscale: mint ephemeral, pre-authorized, tagged, single-use keys, and
+    find and remove the devices that used them."""
+
+    async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta) -> AuthKey: ...
+
+    async def revoke_auth_key(self, key_id: str) -> None:
+        """Revoke; a key already gone counts as revoked."""
+        ...
+
+    async def revoke_keys_for(self, hostname: str) -> int:
+        """Revoke every unused key minted for `hostname` (found by description); returns how many."""
+        ...
+
+    async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None: ...
+
+    async def delete_device(self, device_id: str) -> None:
+        """Delete; a device already gone (404) counts as deleted."""
+        ...
+
+
+class EvictionBlocked(Exception):
+    """A PodDisruptionBudget forbids this eviction right now (HTTP 429)."""
+
+
+class Cluster(Protocol):
+    """The Kubernetes API as the node lifecycle needs it."""
+
+    async def get_node(self, name: str) -> NodeSummary | None: ...
+
+    async def label_and_taint(self, name: str, labels: dict[str, str], taints: list[Taint]) -> None:
+        """Merge `labels` into the Node's labels and add `taints` not already present."""
+        ...
+
+    async def cordon(self, name: str) -> None: ...
+
+    async def list_pods_on_node(self, name: str) -> list[PodSummary]: ...
+
+    async def evict_pod(self, namespace: str, name: str, *, grace_period: timedelta | None = None) -> None:
+        """Eviction API (policy/v1, falling back to v1beta1). Raises EvictionBlocked on 429;
+        a pod already gone counts as evicted."""
+        ...
+
+    async def delete_node(self, name: str) -> None:
+        """Delete the Node object; one already gone counts as deleted."""
+        ...

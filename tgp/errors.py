@@ -1,0 +1,51 @@
+"""Typed errors that adapters raise; the activity layer maps them to Temporal retry behaviour.
+
+Messages must say what to fix and must never contain a secret (they reach workflow history).
+"""
+
+from __future__ import annotations
+
+
+class TgpError(Exception):
+    """Base of every error an adapter raises on purpose."""
+
+    retryable: bool = True
+
+
+class TransientError(TgpError):
+    """Rate limit, 5xx, timeout: try again later, honouring `retry_after` when the API gave one."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class CapacityError(TgpError):
+    """The provider has no capacity for this offer now: fail over to the next offer."""
+
+    retryable = False
+
+
+class LaunchFailed(TgpError):
+    """The instance could not be started (it failed or vanished while booting)."""
+
+    retryable = False
+
+
+class AuthError(TgpError):
+    """Credentials were rejected; retrying cannot help until the user fixes them."""
+
+    retryable = False
+
+
+class PermissionDenied(TgpError):
+    """Credentials work but may not do this (for example an OAuth client using a tag it does
+    not own)."""
+
+    retryable = False
+
+
+class ConfigError(TgpError):
+    """Bad user input (a missing Secret, an unknown provider, ...)."""
+
+    retryable = False

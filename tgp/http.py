@@ -1,0 +1,115 @@
+"""One retry discipline for every HTTP API tgp calls (clouds, Tailscale, Headscale).
+
+Each call has a timeout (set on the client) and a short, bounded retry on 429 / 5xx /
+connection errors that honours `Retry-After`. Past that the caller gets a TransientError and
+Temporal's activity retry policy takes over, so a long outage never blocks a worker slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable
+from email.utils import parsedate_to_datetime
+from datetime import datetime, timezone
+
+import httpx
+
+from tgp.errors import AuthError, PermissionDenied, TransientError
+
+# Requests to cloud APIs answer in well under a second; 30 s catches a hung connection.
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+# In-call attempts before handing the retry over to Temporal.
+IN_CALL_ATTEMPTS = 3
+# Cap on one in-call wait; a longer Retry-After is passed on to Temporal as next_retry_delay.
+MAX_IN_CALL_WAIT = 5.0
+
+RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def retry_after_seconds(response: httpx.Response) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or HTTP date), if present."""
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def backoff(attempt: int, base: float = 0.5) -> float:
+    """Exponential backoff with full jitter for the given 1-based attempt."""
+    return random.uniform(0, base * 2 ** (attempt - 1))
+
+
+async def send(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    system: str,
+    ok: Iterable[int] = (),
+    attempts: int = IN_CALL_ATTEMPTS,
+    sleep: Callable[[float], object] = asyncio.sleep,
+    **kwargs: object,
+) -> httpx.Response:
+    """Send a request, retrying transient failures; raise typed errors for the rest.
+
+    Returns the response for 2xx and for any status listed in `ok` (for example 404 on a
+    delete). 401 -> AuthError, 403 -> PermissionDenied, 429/5xx/network -> retried, then
+    TransientError. Other statuses are returned for the adapter to interpret.
+    `system` names the API in messages ("Tailscale API", "RunPod").
+    """
+    ok = set(ok)
+    last: TransientError | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            response = await client.request(method, url, **kwargs)  # type: ignore[arg-type]
+        except httpx.TransportError as exc:
+            last = TransientError(f"{system}: {method} {_path(url)} failed: {type(exc).__name__}")
+            wait = backoff(attempt)
+        else:
+            status = response.status_code
+            if status < 300 or status in ok:
+                return response
+            if status == 401:
+                raise AuthError(f"{system} rejected the credentials (401): check the API key or OAuth client in the referenced Secret")
+            if status == 403:
+                raise PermissionDenied(f"{system} refused {method} {_path(url)} (403): {error_message(response)}")
+            if status not in RETRYABLE_STATUSES:
+                return response
+            retry_after = retry_after_seconds(response)
+            last = TransientError(
+                f"{system}: {method} {_path(url)} answered {status}: {error_message(response)}",
+                retry_after=retry_after,
+            )
+            wait = retry_after if retry_after is not None else backoff(attempt)
+            if wait > MAX_IN_CALL_WAIT:
+                break
+        if attempt < attempts:
+            await sleep(wait)  # type: ignore[func-returns-value]
+    assert last is not None
+    raise last
+
+
+def error_message(response: httpx.Response, limit: int = 300) -> str:
+    """The API's own error text, shortened; never the request (which may carry credentials)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:limit] or response.reason_phrase
+    if isinstance(body, dict):
+        for key in ("message", "error", "msg", "detail", "errors"):
+            if key in body and body[key]:
+                return str(body[key])[:limit]
+    return str(body)[:limit]
+
+
+def _path(url: str) -> str:
+    return httpx.URL(url).path if "://" in url else url
