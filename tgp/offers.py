@@ -1,0 +1,62 @@
+"""Offer choice: pure ranking plus the per-worker cache of offers that recently failed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+from tgp.types import Offer, OfferRequirements
+
+
+def offer_satisfies(offer: Offer, req: OfferRequirements) -> bool:
+    """True when `offer` meets every requirement of `req`."""
+    if req.gpu_types and offer.gpu_type not in req.gpu_types:
+        return False
+    if req.regions and offer.region not in req.regions:
+        return False
+    if req.providers and offer.provider not in req.providers:
+        return False
+    if offer.gpu_count < req.min_gpu_count:
+        return False
+    if req.max_hourly_price is not None and offer.hourly_price > req.max_hourly_price:
+        return False
+    if offer.spot and not req.allow_spot:
+        return False
+    return True
+
+
+def rank_offers(
+    offers: Iterable[Offer],
+    req: OfferRequirements,
+    *,
+    exclude: Iterable[str] = (),
+    provider_priority: dict[str, int] | None = None,
+) -> list[Offer]:
+    """Offers that satisfy `req` and are not excluded, cheapest first.
+
+    Ties on price go to the provider with the lower priority number (1 = preferred), then
+    to the offer key so the order is stable.
+    """
+    excluded = set(exclude)
+    priority = provider_priority or {}
+    eligible = [o for o in offers if o.key not in excluded and offer_satisfies(o, req)]
+    return sorted(eligible, key=lambda o: (o.hourly_price, priority.get(o.provider, 1_000), o.key))
+
+
+class UnavailableOffers:
+    """Offers that just failed (capacity error, launch or join failure), skipped by every
+    node on this worker until their entry expires. Like Karpenter's unavailable-offerings cache."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._until: dict[str, float] = {}
+
+    def mark(self, offer_key: str, ttl: timedelta) -> None:
+        self._until[offer_key] = self._clock() + ttl.total_seconds()
+
+    def keys(self) -> set[str]:
+        """Keys still unavailable now; expired entries are dropped."""
+        now = self._clock()
+        self._until = {k: t for k, t in self._until.items() if t > now}
+        return set(self._until)
