@@ -15,6 +15,7 @@ class CloudProvider(Protocol):
     """A GPU cloud. `launch` is idempotent by `name`: callers look up before they create."""
 
     name: str
+    boot_payload_kind: str  # "env", "cloud-init", "talos" or "script": what launch() can carry
 
     async def list_offers(self) -> list[Offer]: ...
 

@@ -104,11 +104,18 @@ def error_message(response: httpx.Response, limit: int = 300) -> str:
         body = response.json()
     except ValueError:
         return response.text[:limit] or response.reason_phrase
+    return _message_in(body)[:limit]
+
+
+def _message_in(body: object) -> str:
+    """The human part of an error body: `{"message": ...}`, `{"error": {"message": ...}}`, ..."""
     if isinstance(body, dict):
         for key in ("message", "error", "msg", "detail", "errors"):
-            if key in body and body[key]:
-                return str(body[key])[:limit]
-    return str(body)[:limit]
+            if body.get(key):
+                return _message_in(body[key])
+    if isinstance(body, list) and body:
+        return "; ".join(_message_in(item) for item in body)
+    return str(body)
 
 
 def _path(url: str) -> str:

@@ -258,3 +258,76 @@ class CleanupReport(Model):
     keys_revoked: int = 0
     devices_deleted: int = 0
     node_deleted: bool = False
+
+
+# --- Activity inputs and results ----------------------------------------------------------
+
+
+class SelectOfferInput(Model):
+    requirements: OfferRequirements
+    exclude: list[str] = Field([], description="Offer keys this node already tried.")
+
+
+class OfferChoice(Model):
+    offer: Offer | None
+    seen: int = Field(description="Offers the providers listed.")
+    matching: int = Field(description="Offers that satisfy the requirements.")
+    unavailable: int = Field(0, description="Matching offers skipped as recently failed or already tried.")
+
+
+class LaunchInput(Model):
+    node_name: str
+    attempt: int
+    offer: Offer
+    tailnet_tags: list[str]
+    key_expiry: timedelta = AUTH_KEY_EXPIRY
+    unavailable_offer_ttl: timedelta = UNAVAILABLE_OFFER_TTL
+
+
+class LaunchResult(Model):
+    instance: Instance
+    key_id: str | None = Field(None, description="Id (never the secret) of the minted tailnet key.")
+    adopted: bool = Field(False, description="An instance of this name already existed and was adopted.")
+
+
+class InstanceRef(Model):
+    provider: str
+    instance_name: str
+    instance_id: str | None = None
+
+
+class DeviceQuery(Model):
+    hostname: str
+    tags: list[str]
+
+
+class LabelInput(Model):
+    node_name: str
+    labels: dict[str, str]
+    taints: list[Taint]
+
+
+class ObserveInput(Model):
+    instance: InstanceRef
+    node_name: str
+
+
+class DrainInput(Model):
+    node_name: str
+    timeout: timedelta
+
+
+class TailnetCleanupInput(Model):
+    hostname: str
+    tags: list[str]
+    key_ids: list[str] = []
+
+
+class TailnetCleanupResult(Model):
+    keys_revoked: int = 0
+    devices_deleted: int = 0
+
+
+class MarkUnavailableInput(Model):
+    offer_key: str
+    ttl: timedelta

@@ -1,0 +1,343 @@
+"""The node lifecycle's activities: all of its I/O, one method per stage.
+
+Each method talks to the outside world only through the ports (CloudProvider, Tailnet,
+Cluster) and turns tgp's typed errors into Temporal ApplicationErrors, so the workflow's retry
+policies decide what happens next. Secrets (the minted tailnet key, the rendered boot payload)
+are created and consumed inside `launch_instance` and never returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TypeVar
+
+import structlog
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.bootstrap import render_boot_payload
+from activities.ports import Cluster, CloudProvider, EvictionBlocked, Tailnet
+from tgp.errors import CapacityError, ConfigError, TgpError, TransientError
+from tgp.lifecycle import pod_keeps_node_busy
+from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
+from tgp.types import (
+    DeviceQuery,
+    DrainInput,
+    DrainResult,
+    Instance,
+    InstanceRef,
+    InstanceState,
+    LabelInput,
+    LaunchInput,
+    LaunchResult,
+    MarkUnavailableInput,
+    NodeObservation,
+    NodeSummary,
+    ObserveInput,
+    OfferChoice,
+    SelectOfferInput,
+    TailnetCleanupInput,
+    TailnetCleanupResult,
+    TailnetDevice,
+    instance_name,
+)
+
+log = structlog.get_logger("tgp.activities")
+
+T = TypeVar("T")
+
+# How often the wait-for-* activities look again. Each look is cheap (one API call); a
+# heartbeat goes with it, so cancellation reaches the activity within about this long.
+POLL_INTERVAL = timedelta(seconds=5)
+# Upper bound on devices removed for one hostname in one cleanup (guards a runaway loop).
+MAX_DEVICES_PER_HOSTNAME = 10
+
+
+@contextmanager
+def temporal_errors(*, always_retry: bool = False) -> Iterator[None]:
+    """Re-raise tgp's typed errors as ApplicationErrors Temporal understands.
+
+    `always_retry` is for cleanup: a leaked instance costs money, so even an auth error keeps
+    being retried (with the message visible in the Web UI) until the user fixes it.
+    """
+    try:
+        yield
+    except TgpError as exc:
+        retry_after = getattr(exc, "retry_after", None)
+        raise ApplicationError(
+            str(exc),
+            type=type(exc).__name__,
+            non_retryable=not (exc.retryable or always_retry),
+            next_retry_delay=timedelta(seconds=retry_after) if retry_after else None,
+        ) from None
+
+
+class NodeActivities:
+    """Activities of GPUNodeWorkflow, bound to one worker's adapters."""
+
+    def __init__(
+        self,
+        *,
+        providers: Mapping[str, CloudProvider],
+        tailnet: Tailnet,
+        cluster: Cluster,
+        unavailable: UnavailableOffers | None = None,
+        poll_interval: timedelta = POLL_INTERVAL,
+    ) -> None:
+        self.providers = dict(providers)
+        self.tailnet = tailnet
+        self.cluster = cluster
+        self.unavailable = unavailable or UnavailableOffers()
+        self.poll_interval = poll_interval
+
+    def _provider(self, name: str) -> CloudProvider:
+        try:
+            return self.providers[name]
+        except KeyError:
+            raise ConfigError(
+                f"provider {name!r} is not configured on this worker (configured: {', '.join(sorted(self.providers)) or 'none'})"
+            ) from None
+
+    # --- select offer ----------------------------------------------------------------------
+
+    @activity.defn
+    async def select_offer(self, inp: SelectOfferInput) -> OfferChoice:
+        """The cheapest offer that meets the requirements and has not failed recently."""
+        names = inp.requirements.providers or sorted(self.providers)
+        with temporal_errors():
+            providers = [self._provider(n) for n in names]
+            listed = await asyncio.gather(*(p.list_offers() for p in providers), return_exceptions=True)
+        offers = []
+        for provider, result in zip(providers, listed):
+            if isinstance(result, BaseException):
+                log.warning("offers_unavailable", provider=provider.name, error=str(result))
+            else:
+                offers.extend(result)
+        if not offers and any(isinstance(r, BaseException) for r in listed):
+            with temporal_errors():
+                raise TransientError(f"no provider could list offers ({', '.join(names)}); retrying")
+        excluded = set(inp.exclude) | self.unavailable.keys()
+        ranked = rank_offers(offers, inp.requirements, exclude=excluded)
+        matching = sum(1 for o in offers if offer_satisfies(o, inp.requirements))
+        return OfferChoice(
+            offer=ranked[0] if ranked else None,
+            seen=len(offers),
+            matching=matching,
+            unavailable=matching - len(ranked),
+        )
+
+    @activity.defn
+    async def mark_offer_unavailable(self, inp: MarkUnavailableInput) -> None:
+        """Take an offer out of rotation on this worker (it failed to launch or to join)."""
+        self.unavailable.mark(inp.offer_key, inp.ttl)
+
+    # --- launch ----------------------------------------------------------------------------
+
+    @activity.defn
+    async def launch_instance(self, inp: LaunchInput) -> LaunchResult:
+        """Mint a tailnet key, render the boot payload and buy the instance, idempotently.
+
+        The instance name comes from the workflow, so a retried or crashed attempt finds what
+        it already bought and adopts it instead of buying twice.
+        """
+        name = instance_name(inp.node_name, inp.attempt)
+        bound = log.bind(node=inp.node_name, provider=inp.offer.provider, offer=inp.offer.key, instance_name=name)
+        with temporal_errors():
+            provider = self._provider(inp.offer.provider)
+            existing = await provider.find_by_name(name)
+            if existing is not None:
+                bound.info("instance_adopted", instance_id=existing.instance_id)
+                return LaunchResult(instance=existing, adopted=True)
+            key = await self.tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry)
+            try:
+                boot = render_boot_payload(provider.boot_payload_kind, hostname=inp.node_name, auth_key=key.secret)
+                instance = await self._create_or_find(provider, inp, name, boot)
+            except BaseException as exc:
+                if isinstance(exc, CapacityError):
+                    self.unavailable.mark(inp.offer.key, inp.unavailable_offer_ttl)
+                # The key was never handed to a machine: revoke it now rather than let it age out.
+                await asyncio.shield(self._revoke_quietly(key.key_id))
+                bound.warning("launch_failed", error=str(exc), error_type=type(exc).__name__)
+                raise
+        bound.info("instance_launched", instance_id=instance.instance_id, key_id=key.key_id)
+        return LaunchResult(instance=instance, key_id=key.key_id)
+
+    async def _create_or_find(self, provider: CloudProvider, inp: LaunchInput, name: str, boot) -> Instance:  # type: ignore[no-untyped-def]
+        try:
+            return await provider.launch(inp.offer, name=name, boot=boot)
+        except TransientError:
+            # A 5xx or timeout on create may still have bought the instance.
+            found = await provider.find_by_name(name)
+            if found is None:
+                raise
+            return found
+
+    async def _revoke_quietly(self, key_id: str) -> None:
+        try:
+            await self.tailnet.revoke_auth_key(key_id)
+        except Exception as exc:  # the key expires on its own; cleanup also revokes by hostname
+            log.warning("key_revoke_failed", key_id=key_id, error=str(exc))
+
+    @activity.defn
+    async def wait_for_instance_running(self, ref: InstanceRef) -> Instance:
+        """Poll the provider until the instance runs; LaunchFailed if it fails or vanishes."""
+
+        async def running() -> Instance | None:
+            inst = await self._provider(ref.provider).describe(ref.instance_id or "")
+            if inst is None or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED):
+                state = "vanished" if inst is None else inst.state.value.lower()
+                raise ApplicationError(
+                    f"instance {ref.instance_id} on {ref.provider} {state} while booting", type="LaunchFailed", non_retryable=True
+                )
+            return inst if inst.state is InstanceState.RUNNING else None
+
+        return await self._poll(running)
+
+    # --- join ------------------------------------------------------------------------------
+
+    @activity.defn
+    async def wait_for_tailnet_device(self, q: DeviceQuery) -> TailnetDevice:
+        """Poll the tailnet until a device with this hostname and tags appears."""
+        return await self._poll(lambda: self.tailnet.find_device(q.hostname, q.tags))
+
+    @activity.defn
+    async def wait_for_node_ready(self, node_name: str) -> NodeSummary:
+        """Poll the cluster until the Node exists and reports Ready."""
+
+        async def ready() -> NodeSummary | None:
+            node = await self.cluster.get_node(node_name)
+            return node if node is not None and node.ready else None
+
+        return await self._poll(ready)
+
+    async def _poll(self, check: Callable[[], Awaitable[T | None]]) -> T:
+        """Look until `check` returns a value; heartbeat between looks. The caller's
+        schedule-to-close timeout bounds the wait; transient errors just mean look again."""
+        while True:
+            try:
+                with temporal_errors():
+                    result = await check()
+            except ApplicationError as exc:
+                if exc.non_retryable:
+                    raise
+                log.info("poll_transient_error", activity=activity.info().activity_type, error=str(exc))
+            else:
+                if result is not None:
+                    return result
+            activity.heartbeat()
+            await asyncio.sleep(self.poll_interval.total_seconds())
+
+    @activity.defn
+    async def label_and_taint_node(self, inp: LabelInput) -> None:
+        """Give the Node its pool's labels and taints (idempotent)."""
+        with temporal_errors():
+            await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints)
+
+    # --- watch -----------------------------------------------------------------------------
+
+    @activity.defn
+    async def observe_node(self, inp: ObserveInput) -> NodeObservation:
+        """One look at a Ready node: is the instance alive, is the Node Ready, is it busy?"""
+        with temporal_errors():
+            instance = await self._provider(inp.instance.provider).describe(inp.instance.instance_id or "")
+            node = await self.cluster.get_node(inp.node_name)
+            pods = await self.cluster.list_pods_on_node(inp.node_name) if node is not None else []
+        return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)))
+
+    # --- drain -----------------------------------------------------------------------------
+
+    @activity.defn
+    async def drain_node(self, inp: DrainInput) -> DrainResult:
+        """Cordon, then evict every workload pod through the Eviction API (PDB-aware) until
+        none is left or the drain timeout passes. Never fails for a stuck pod: the result says
+        which pods were still there, and the workflow terminates anyway."""
+        deadline = time.monotonic() + inp.timeout.total_seconds()
+        evicted: set[str] = set()
+        with temporal_errors():
+            if await self.cluster.get_node(inp.node_name) is None:
+                return DrainResult(evicted=0)
+            await self.cluster.cordon(inp.node_name)
+            while True:
+                pods = [
+                    p
+                    for p in await self.cluster.list_pods_on_node(inp.node_name)
+                    if p.owner_kind != "DaemonSet" and not p.is_mirror and not p.deleting
+                ]
+                if not pods:
+                    return DrainResult(evicted=len(evicted))
+                for pod in pods:
+                    try:
+                        await self.cluster.evict_pod(pod.namespace, pod.name)
+                        evicted.add(f"{pod.namespace}/{pod.name}")
+                    except EvictionBlocked:
+                        log.info("eviction_blocked_by_pdb", node=inp.node_name, pod=f"{pod.namespace}/{pod.name}")
+                if time.monotonic() >= deadline:
+                    remaining = [f"{p.namespace}/{p.name}" for p in pods if f"{p.namespace}/{p.name}" not in evicted]
+                    return DrainResult(evicted=len(evicted), remaining=remaining)
+                activity.heartbeat(len(evicted))
+                await asyncio.sleep(self.poll_interval.total_seconds())
+
+    # --- terminate -------------------------------------------------------------------------
+
+    @activity.defn
+    async def terminate_instance(self, ref: InstanceRef) -> bool:
+        """Stop paying for the instance of a launch attempt. Works without an instance id (a
+        launch cancelled in flight) by finding the instance by its deterministic name.
+        Returns whether anything was still running."""
+        with temporal_errors(always_retry=True):
+            provider = self._provider(ref.provider)
+            targets: list[Instance] = []
+            if ref.instance_id:
+                inst = await provider.describe(ref.instance_id)
+                if inst is not None and inst.state is not InstanceState.TERMINATED:
+                    targets.append(inst)
+            by_name = await provider.find_by_name(ref.instance_name)
+            if by_name is not None and all(t.instance_id != by_name.instance_id for t in targets):
+                targets.append(by_name)
+            for inst in targets:
+                await provider.terminate(inst.instance_id)
+                log.info("instance_terminated", provider=ref.provider, instance_id=inst.instance_id)
+        return bool(targets)
+
+    @activity.defn
+    async def remove_from_tailnet(self, inp: TailnetCleanupInput) -> TailnetCleanupResult:
+        """Revoke the node's unused keys and delete its tailnet devices."""
+        revoked = deleted = 0
+        with temporal_errors(always_retry=True):
+            for key_id in inp.key_ids:
+                await self.tailnet.revoke_auth_key(key_id)
+            revoked = await self.tailnet.revoke_keys_for(inp.hostname)
+            for _ in range(MAX_DEVICES_PER_HOSTNAME):
+                device = await self.tailnet.find_device(inp.hostname, inp.tags)
+                if device is None:
+                    break
+                await self.tailnet.delete_device(device.device_id)
+                deleted += 1
+        return TailnetCleanupResult(keys_revoked=revoked, devices_deleted=deleted)
+
+    @activity.defn
+    async def delete_node(self, node_name: str) -> None:
+        """Delete the Node object (already gone counts as deleted)."""
+        with temporal_errors(always_retry=True):
+            await self.cluster.delete_node(node_name)
+
+    def all(self) -> list[Callable[..., object]]:
+        """Every activity, for Worker(activities=...)."""
+        return [
+            self.select_offer,
+            self.mark_offer_unavailable,
+            self.launch_instance,
+            self.wait_for_instance_running,
+            self.wait_for_tailnet_device,
+            self.wait_for_node_ready,
+            self.label_and_taint_node,
+            self.observe_node,
+            self.drain_node,
+            self.terminate_instance,
+            self.remove_from_tailnet,
+            self.delete_node,
+        ]

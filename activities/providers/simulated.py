@@ -1,0 +1,93 @@
+"""The `simulated` provider: the adapter for tgp.sim.cloud's HTTP API.
+
+It is written exactly like a real provider adapter (httpx, tgp.http.send, wire format
+translated once into Offer/Instance), so the lifecycle exercised by the demo and the tests
+is the one real clouds get.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from tgp.errors import CapacityError, ConfigError, TransientError
+from tgp.http import DEFAULT_TIMEOUT, error_message, send
+from tgp.types import BootPayload, Instance, InstanceState, Offer
+
+_STATES = {
+    "pending": InstanceState.PENDING,
+    "running": InstanceState.RUNNING,
+    "failed": InstanceState.FAILED,
+    "terminated": InstanceState.TERMINATED,
+}
+
+
+class SimulatedProvider:
+    """CloudProvider over the simulated cloud at `base_url`."""
+
+    name = "simulated"
+    boot_payload_kind = "env"
+
+    def __init__(self, base_url: str, *, api_key: SecretStr | None = None, client: httpx.AsyncClient | None = None) -> None:
+        headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key else {}
+        self._client = client or httpx.AsyncClient(base_url=base_url, timeout=DEFAULT_TIMEOUT, headers=headers)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def list_offers(self) -> list[Offer]:
+        body = (await send(self._client, "GET", "/v1/offers", system="simulated cloud")).json()
+        return [self._offer(o) for o in body.get("offers") or []]
+
+    async def launch(self, offer: Offer, *, name: str, boot: BootPayload) -> Instance:
+        response = await send(
+            self._client,
+            "POST",
+            "/v1/instances",
+            system="simulated cloud",
+            json={"offerId": offer.offer_id, "name": name, "userData": boot.content},
+        )
+        if response.status_code == 409:
+            raise CapacityError(f"simulated cloud has no capacity for {offer.key}: {error_message(response)}")
+        if response.status_code >= 400:
+            raise ConfigError(f"simulated cloud rejected the launch of {offer.key}: {error_message(response)}")
+        return self._instance(response.json())
+
+    async def find_by_name(self, name: str) -> Instance | None:
+        response = await send(self._client, "GET", "/v1/instances", system="simulated cloud", params={"name": name})
+        found = [self._instance(i) for i in response.json().get("instances") or []]
+        return found[0] if found else None
+
+    async def describe(self, instance_id: str) -> Instance | None:
+        response = await send(self._client, "GET", f"/v1/instances/{instance_id}", system="simulated cloud", ok=[404])
+        return None if response.status_code == 404 else self._instance(response.json())
+
+    async def terminate(self, instance_id: str) -> None:
+        response = await send(self._client, "DELETE", f"/v1/instances/{instance_id}", system="simulated cloud", ok=[404])
+        if response.status_code >= 400 and response.status_code != 404:
+            raise TransientError(f"simulated cloud could not terminate {instance_id}: {error_message(response)}")
+
+    def _offer(self, raw: dict[str, Any]) -> Offer:
+        return Offer(
+            provider=self.name,
+            offer_id=raw["id"],
+            gpu_type=raw["gpu"],
+            gpu_count=int(raw.get("gpuCount", 1)),
+            region=raw["region"],
+            hourly_price=Decimal(raw["pricePerHour"]),
+            spot=bool(raw.get("spot", False)),
+        )
+
+    def _instance(self, raw: dict[str, Any]) -> Instance:
+        return Instance(
+            provider=self.name,
+            instance_id=raw["id"],
+            name=raw["name"],
+            state=_STATES.get(raw.get("status", ""), InstanceState.PENDING),
+            offer_id=raw.get("offerId", ""),
+            hourly_price=Decimal(raw["pricePerHour"]) if raw.get("pricePerHour") else None,
+            interrupted=bool(raw.get("interrupted", False)),
+        )

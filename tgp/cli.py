@@ -1,0 +1,73 @@
+"""`tgp` command line: `tgp worker`, `tgp demo`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from contextlib import AsyncExitStack
+
+from tgp.errors import TgpError
+from tgp.logs import configure_logging
+from tgp.types import DEFAULT_TASK_QUEUE
+
+
+def _temporal_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--address", default=os.environ.get("TEMPORAL_ADDRESS", "localhost:7233"), help="Temporal frontend (env TEMPORAL_ADDRESS)"
+    )
+    parser.add_argument(
+        "--namespace", default=os.environ.get("TEMPORAL_NAMESPACE", "default"), help="Temporal namespace (env TEMPORAL_NAMESPACE)"
+    )
+    parser.add_argument(
+        "--task-queue", default=os.environ.get("TGP_TASK_QUEUE", DEFAULT_TASK_QUEUE), help="task queue (env TGP_TASK_QUEUE)"
+    )
+
+
+async def run_worker(args: argparse.Namespace) -> None:
+    from tgp.temporal import connect, ensure_search_attributes
+    from workers.main import WorkerConfig, build_activities, make_worker
+
+    client = await connect(args.address, args.namespace)
+    await ensure_search_attributes(client)
+    async with AsyncExitStack() as stack:
+        activities = await build_activities(WorkerConfig.from_env(), stack)
+        worker = make_worker(client, activities, task_queue=args.task_queue)
+        print(f"tgp worker polling {args.task_queue!r} on {args.address} (namespace {args.namespace})", file=sys.stderr)
+        await worker.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tgp", description="Ephemeral GPU nodes for Kubernetes, run as Temporal workflows.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    worker = sub.add_parser("worker", help="run a worker hosting tgp's workflows and activities")
+    _temporal_flags(worker)
+
+    demo = sub.add_parser("demo", help="one full node lifecycle on a simulated cloud and cluster, with the Web UI")
+    demo.add_argument("--port", type=int, default=7233, help="Temporal dev server port (Web UI on port+1000)")
+    demo.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
+    demo.add_argument("--job-seconds", type=float, default=20.0, help="how long the demo's GPU pod runs on the node")
+    demo.add_argument("--idle-seconds", type=float, default=15.0, help="idle timeout of the demo node")
+    demo.add_argument("--exit-when-done", action="store_true", help="stop when the node's life ends instead of keeping the Web UI up")
+
+    args = parser.parse_args(argv)
+    configure_logging()
+    try:
+        if args.command == "worker":
+            asyncio.run(run_worker(args))
+        elif args.command == "demo":
+            from tgp.demo import run_demo
+
+            return asyncio.run(run_demo(args))
+    except TgpError as exc:
+        print(f"tgp: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""A simulated GPU cloud, served over HTTP on loopback, for the demo, the tests and benchmarks.
+
+Like Karpenter's KWOK provider: a launched instance "boots" after a delay, joins the tailnet
+with the auth key found in its boot payload (as tailscaled would), and registers a Node in the
+cluster (as a kubelet would). Faults are injected from Python: capacity errors per offer, boot
+failures, preemption, and a gate that holds create requests in flight.
+
+Wire format (tgp's own, documented here because no real cloud speaks it):
+    GET    /v1/offers                -> {"offers": [{id, gpu, gpuCount, region, pricePerHour, spot}]}
+    POST   /v1/instances {offerId, name, userData}
+                                     -> 201 instance | 409 {"error": {"code": "insufficient-capacity", ...}}
+    GET    /v1/instances?name=NAME   -> {"instances": [...]}   (live instances only)
+    GET    /v1/instances/{id}        -> instance | 404
+    DELETE /v1/instances/{id}        -> 200 | 404
+An instance is {id, name, offerId, status: pending|running|failed|terminated, pricePerHour,
+interrupted}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Literal
+
+from aiohttp import web
+
+BootFailure = Literal["never_runs", "never_joins"]
+TailnetRegister = Callable[[str, str], Awaitable[object]]
+NodeRegister = Callable[[str, dict[str, str]], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class SimOffer:
+    id: str
+    gpu: str
+    region: str
+    price_per_hour: Decimal
+    gpu_count: int = 1
+    spot: bool = False
+
+
+DEFAULT_CATALOG: tuple[SimOffer, ...] = (
+    SimOffer("rtx4090-us-east", "RTX4090", "us-east", Decimal("0.44")),
+    SimOffer("rtx4090-eu-west", "RTX4090", "eu-west", Decimal("0.49")),
+    SimOffer("l40s-us-east", "L40S", "us-east", Decimal("0.89")),
+    SimOffer("a100-80gb-us-west", "A100-80GB", "us-west", Decimal("1.29")),
+    SimOffer("h100-sxm-us-east", "H100-SXM", "us-east", Decimal("2.49")),
+    SimOffer("rtx4090-us-east-spot", "RTX4090", "us-east", Decimal("0.29"), spot=True),
+)
+
+
+@dataclass
+class SimInstance:
+    id: str
+    name: str
+    offer: SimOffer
+    user_data: str
+    status: str = "pending"
+    interrupted: bool = False
+    boot: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "offerId": self.offer.id,
+            "status": self.status,
+            "pricePerHour": str(self.offer.price_per_hour),
+            "interrupted": self.interrupted,
+        }
+
+
+def boot_env(user_data: str) -> dict[str, str]:
+    """KEY=VALUE lines of an `env` boot payload (what the simulated machine reads)."""
+    env = {}
+    for line in user_data.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            env[key.strip()] = value.strip()
+    return env
+
+
+class SimulatedCloud:
+    """The simulated cloud: `async with SimulatedCloud(...) as cloud: cloud.url`."""
+
+    def __init__(
+        self,
+        *,
+        catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG,
+        boot_delay: float = 1.0,
+        tailnet_register: TailnetRegister | None = None,
+        node_register: NodeRegister | None = None,
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self._api_key = api_key
+        self.catalog = {o.id: o for o in catalog}
+        self.boot_delay = boot_delay
+        self.instances: dict[str, SimInstance] = {}
+        self.create_requests = 0
+        self._tailnet_register = tailnet_register
+        self._node_register = node_register
+        self._no_capacity: set[str] = set()
+        self._boot_failures: dict[str, BootFailure] = {}
+        self._ids = itertools.count(1)
+        self._create_gate: asyncio.Event | None = None
+        self.create_arrived = asyncio.Event()
+        self._host, self._port = host, port
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # --- fault injection ---------------------------------------------------------------
+
+    def set_capacity(self, offer_id: str, available: bool) -> None:
+        (self._no_capacity.discard if available else self._no_capacity.add)(offer_id)
+
+    def fail_boot(self, offer_id: str, mode: BootFailure) -> None:
+        self._boot_failures[offer_id] = mode
+
+    def hold_creates(self) -> None:
+        """Keep create requests in flight (the instance is already bought) until released."""
+        self._create_gate = asyncio.Event()
+        self.create_arrived.clear()
+
+    def release_creates(self) -> None:
+        if self._create_gate is not None:
+            self._create_gate.set()
+            self._create_gate = None
+
+    async def preempt(self, instance_id: str) -> None:
+        """The provider takes the instance away, as a spot reclaim or host failure would."""
+        inst = self.instances[instance_id]
+        self._stop_boot(inst)
+        inst.status, inst.interrupted = "terminated", True
+
+    def live_instances(self) -> list[SimInstance]:
+        return [i for i in self.instances.values() if i.status != "terminated"]
+
+    # --- server ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SimulatedCloud:
+        app = web.Application(middlewares=[self._auth])
+        app.add_routes(
+            [
+                web.get("/v1/offers", self._list_offers),
+                web.post("/v1/instances", self._create),
+                web.get("/v1/instances", self._list_instances),
+                web.get("/v1/instances/{id}", self._get),
+                web.delete("/v1/instances/{id}", self._delete),
+            ]
+        )
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://{self._host}:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release_creates()
+        for inst in self.instances.values():
+            self._stop_boot(inst)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if self._api_key and request.headers.get("Authorization") != f"Bearer {self._api_key}":
+            return _error(401, "unauthorized", "invalid or missing API key")
+        return await handler(request)
+
+    async def _list_offers(self, request: web.Request) -> web.Response:
+        offers = [
+            {
+                "id": o.id,
+                "gpu": o.gpu,
+                "gpuCount": o.gpu_count,
+                "region": o.region,
+                "pricePerHour": str(o.price_per_hour),
+                "spot": o.spot,
+            }
+            for o in self.catalog.values()
+        ]
+        return web.json_response({"offers": offers})
+
+    async def _create(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        offer = self.catalog.get(body.get("offerId", ""))
+        if offer is None:
+            return _error(400, "invalid-offer", f"unknown offer {body.get('offerId')!r}")
+        if not body.get("name"):
+            return _error(400, "invalid-name", "name is required")
+        self.create_requests += 1
+        if offer.id in self._no_capacity:
+            return _error(409, "insufficient-capacity", f"no capacity for offer {offer.id} right now")
+        inst = SimInstance(id=f"sim-{next(self._ids):04d}", name=body["name"], offer=offer, user_data=body.get("userData", ""))
+        self.instances[inst.id] = inst
+        self.create_arrived.set()
+        if self._create_gate is not None:
+            # Bought, but the answer is still on its way: the case a cancelled launch must survive.
+            await self._create_gate.wait()
+        inst.boot = asyncio.create_task(self._boot(inst))
+        return web.json_response(inst.to_json(), status=201)
+
+    async def _list_instances(self, request: web.Request) -> web.Response:
+        name = request.query.get("name")
+        found = [i.to_json() for i in self.live_instances() if name is None or i.name == name]
+        return web.json_response({"instances": found})
+
+    async def _get(self, request: web.Request) -> web.Response:
+        inst = self.instances.get(request.match_info["id"])
+        if inst is None:
+            return _error(404, "not-found", "instance not found")
+        return web.json_response(inst.to_json())
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        inst = self.instances.get(request.match_info["id"])
+        if inst is None:
+            return _error(404, "not-found", "instance not found")
+        self._stop_boot(inst)
+        inst.status = "terminated"
+        return web.json_response(inst.to_json())
+
+    # --- the simulated machine -----------------------------------------------------------
+
+    async def _boot(self, inst: SimInstance) -> None:
+        failure = self._boot_failures.get(inst.offer.id)
+        await asyncio.sleep(self.boot_delay)
+        if failure == "never_runs":
+            inst.status = "failed"
+            return
+        inst.status = "running"
+        if failure == "never_joins":
+            return
+        env = boot_env(inst.user_data)
+        hostname = env.get("TS_HOSTNAME", inst.name)
+        if self._tailnet_register is not None and "TS_AUTHKEY" in env:
+            await self._tailnet_register(env["TS_AUTHKEY"], hostname)
+        if self._node_register is not None:
+            labels = {"kubernetes.io/hostname": hostname, "nvidia.com/gpu.present": "true"}
+            await self._node_register(hostname, labels)
+
+    def _stop_boot(self, inst: SimInstance) -> None:
+        if inst.boot is not None and not inst.boot.done():
+            inst.boot.cancel()
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)

@@ -1,0 +1,74 @@
+"""The whole simulated outside world in one place: a Kubernetes API, a Tailscale API and a
+GPU cloud, wired so that a launched instance joins the tailnet and registers its Node.
+
+Used by `tgp demo` and by the tests, so both exercise the same adapters over real HTTP.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from tgp.sim.cloud import DEFAULT_CATALOG, SimOffer, SimulatedCloud
+from tgp.sim.kube import KubeEmulator, register_node
+from tgp.sim.tailscale import FakeTailscale
+
+# Tag of the provisioner's OAuth client, and the tag it may give the nodes (tagOwners).
+PROVISIONER_TAG = "tag:tgp-provisioner"
+NODE_TAG = "tag:tgp-node"
+
+
+@dataclass
+class SimWorld:
+    kube: KubeEmulator
+    tailscale: FakeTailscale
+    cloud: SimulatedCloud
+    oauth_client_id: str
+    oauth_client_secret: str
+    cloud_api_key: str
+
+    def worker_env(self) -> dict[str, str]:
+        """Environment variables that point a worker (workers.main.WorkerConfig.from_env) here."""
+        return {
+            "TGP_SIMULATED_CLOUD_URL": self.cloud.url,
+            "TGP_SIMULATED_CLOUD_API_KEY": self.cloud_api_key,
+            "TGP_TAILSCALE_API_URL": self.tailscale.url,
+            "TS_OAUTH_CLIENT_ID": self.oauth_client_id,
+            "TS_OAUTH_CLIENT_SECRET": self.oauth_client_secret,
+            "TGP_KUBE_URL": self.kube.url,
+        }
+
+    def secrets(self) -> list[str]:
+        """Every secret of this world, including each tailnet key minted so far: none of them
+        may ever appear in workflow history, logs or status."""
+        return [self.oauth_client_secret, self.cloud_api_key, *(k.secret for k in self.tailscale.keys.values())]
+
+
+@asynccontextmanager
+async def sim_world(*, boot_delay: float = 1.0, catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG) -> AsyncIterator[SimWorld]:
+    """Start the simulated world on loopback; everything stops when the block exits."""
+    client_id = "k" + secrets.token_hex(6) + "CNTRL"
+    client_secret = f"tskey-client-{client_id}-{secrets.token_hex(16)}"
+    async with AsyncExitStack() as stack:
+        kube = await stack.enter_async_context(KubeEmulator())
+        tailscale = await stack.enter_async_context(FakeTailscale(clients={client_id: (client_secret, [NODE_TAG])}))
+
+        async def join_tailnet(auth_key: str, hostname: str) -> None:
+            tailscale.register(auth_key, hostname)
+
+        async def join_cluster(name: str, labels: dict[str, str]) -> None:
+            await register_node(kube.url, name, labels=labels)
+
+        cloud_api_key = "sim-" + secrets.token_hex(16)
+        cloud = await stack.enter_async_context(
+            SimulatedCloud(
+                catalog=catalog,
+                boot_delay=boot_delay,
+                tailnet_register=join_tailnet,
+                node_register=join_cluster,
+                api_key=cloud_api_key,
+            )
+        )
+        yield SimWorld(kube, tailscale, cloud, client_id, client_secret, cloud_api_key)

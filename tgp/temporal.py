@@ -1,0 +1,45 @@
+"""Temporal wiring shared by the worker, the bridge, the CLI and the tests."""
+
+from __future__ import annotations
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.common import SearchAttributeKey
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from tgp.types import SEARCH_ATTRIBUTES
+
+# Pydantic models (with timedelta, Decimal, datetime) cross the Temporal boundary as JSON.
+DATA_CONVERTER = pydantic_data_converter
+
+_INDEXED = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE}
+
+
+def search_attribute_keys() -> list[SearchAttributeKey]:  # type: ignore[type-arg]
+    """Typed keys of tgp's search attributes (for WorkflowEnvironment.start_local)."""
+    make = {"Keyword": SearchAttributeKey.for_keyword, "Double": SearchAttributeKey.for_float}
+    return [make[kind](name) for name, kind in SEARCH_ATTRIBUTES.items()]
+
+
+def dev_server_args() -> list[str]:
+    """`--search-attribute Name=Type` flags for `temporal server start-dev`."""
+    args: list[str] = []
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        args += ["--search-attribute", f"{name}={kind}"]
+    return args
+
+
+async def connect(address: str, namespace: str) -> Client:
+    return await Client.connect(address, namespace=namespace, data_converter=DATA_CONVERTER)
+
+
+async def ensure_search_attributes(client: Client) -> None:
+    """Register tgp's search attributes if the namespace lacks them; an unregistered one makes
+    every workflow task fail (and retry forever)."""
+    existing = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=client.namespace))
+    missing = {n: _INDEXED[k] for n, k in SEARCH_ATTRIBUTES.items() if n not in existing.custom_attributes}
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+        )

@@ -1,0 +1,85 @@
+"""The worker process: hosts tgp's workflows and activities on one task queue.
+
+Scale out by running more replicas on the same queue. Adapters are built from the
+environment; secrets come from the environment (a Kubernetes Secret in production) and stay
+inside the activities object, never in workflow inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import structlog
+from pydantic import SecretStr
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.cluster import KubernetesCluster
+from activities.node import NodeActivities
+from activities.ports import CloudProvider
+from activities.providers.simulated import SimulatedProvider
+from activities.tailnet import TailscaleTailnet
+from tgp.errors import ConfigError
+from tgp.types import DEFAULT_TASK_QUEUE
+from workflows.node import GPUNodeWorkflow
+
+log = structlog.get_logger("tgp.worker")
+
+WORKFLOWS = [GPUNodeWorkflow]
+
+
+@dataclass
+class WorkerConfig:
+    """Where the worker's adapters point. Read from the environment by `from_env`."""
+
+    simulated_cloud_url: str | None = None
+    simulated_cloud_api_key: SecretStr | None = field(default=None, repr=False)
+    tailscale_api_url: str = "https://api.tailscale.com"
+    tailscale_client_id: str | None = None
+    tailscale_client_secret: SecretStr | None = field(default=None, repr=False)
+    kube_url: str | None = None
+    kubeconfig: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> WorkerConfig:
+        secret = env.get("TS_OAUTH_CLIENT_SECRET")
+        sim_key = env.get("TGP_SIMULATED_CLOUD_API_KEY")
+        return cls(
+            simulated_cloud_url=env.get("TGP_SIMULATED_CLOUD_URL"),
+            simulated_cloud_api_key=SecretStr(sim_key) if sim_key else None,
+            tailscale_api_url=env.get("TGP_TAILSCALE_API_URL", "https://api.tailscale.com"),
+            tailscale_client_id=env.get("TS_OAUTH_CLIENT_ID"),
+            tailscale_client_secret=SecretStr(secret) if secret else None,
+            kube_url=env.get("TGP_KUBE_URL"),
+            kubeconfig=env.get("KUBECONFIG"),
+        )
+
+
+async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> NodeActivities:
+    """Adapters for every configured system; closed when `stack` closes."""
+    providers: dict[str, CloudProvider] = {}
+    if config.simulated_cloud_url:
+        sim = SimulatedProvider(config.simulated_cloud_url, api_key=config.simulated_cloud_api_key)
+        stack.push_async_callback(sim.aclose)
+        providers[sim.name] = sim
+    if not providers:
+        raise ConfigError("no cloud provider configured: set TGP_SIMULATED_CLOUD_URL (or run `tgp demo`)")
+    if not (config.tailscale_client_id and config.tailscale_client_secret):
+        raise ConfigError("Tailscale OAuth client missing: set TS_OAUTH_CLIENT_ID and TS_OAUTH_CLIENT_SECRET")
+    tailnet = TailscaleTailnet(
+        base_url=config.tailscale_api_url,
+        client_id=config.tailscale_client_id,
+        client_secret=config.tailscale_client_secret,
+    )
+    stack.push_async_callback(tailnet.aclose)
+    cluster = KubernetesCluster.from_url(config.kube_url) if config.kube_url else KubernetesCluster.from_kubeconfig(config.kubeconfig)
+    stack.push_async_callback(cluster.close)
+    return NodeActivities(providers=providers, tailnet=tailnet, cluster=cluster)
+
+
+def make_worker(client: Client, activities: NodeActivities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
+    """A Worker hosting every tgp workflow and activity."""
+    return Worker(client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), **options)  # type: ignore[arg-type]
