@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean histories
 
 venv: $(STAMP)
 
@@ -22,3 +22,7 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .demo
+
+# Re-record tests/histories/ after an intended (patched) workflow change.
+histories: $(STAMP)
+	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q tests/test_node_lifecycle.py tests/test_node_long_lived.py
