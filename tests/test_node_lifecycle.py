@@ -269,3 +269,18 @@ async def test_preemption_while_ready_ends_interrupted_and_cleans_up(temporal: W
         assert_nothing_left(world, req.node_name)
         assert not await node_exists(world, req.node_name)
         await replay(handle, "preempted")
+
+
+async def test_cancel_while_ready_releases_everything(temporal: WorkflowEnvironment) -> None:
+    async with running_world(temporal) as (world, _, queue):
+        req = request()
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+
+        assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.CANCELLED
+        assert_nothing_left(world, req.node_name)
+        assert not await node_exists(world, req.node_name)

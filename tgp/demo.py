@@ -19,9 +19,10 @@ import uuid
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from tgp.errors import ConfigError
 from tgp.sim.world import SimWorld, sim_world
@@ -48,6 +49,9 @@ async def _start_dev_server(port: int, stack: AsyncExitStack) -> Client:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # Its own session: Ctrl-C in the terminal must reach only the demo, which cancels the
+        # node workflow (releasing what it bought) before it stops the server itself.
+        start_new_session=True,
     )
 
     def stop() -> None:
@@ -97,34 +101,45 @@ async def _run_gpu_job(world: SimWorld, node_name: str, seconds: float) -> None:
 
 
 async def _follow(handle: WorkflowHandle, world: SimWorld, job_seconds: float) -> NodeStatus:
-    """Print each phase change until the workflow ends; start the GPU job once Ready."""
-    seen: NodePhase | None = None
+    """Print every stage the node passes, in order, until the workflow ends; start the GPU job
+    once the node is Ready."""
+    printed: set[str] = set()
     job: asyncio.Task[None] | None = None
     result = asyncio.ensure_future(handle.result())
     try:
-        while not result.done():
+        while True:
+            done = result.done()
             try:
                 status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
-            except Exception:
+            except Exception:  # the worker is busy or the run just continued as new; ask again
                 status = None  # type: ignore[assignment]
-            if status is not None and status.phase is not seen:
-                seen = status.phase
-                line = f"[{status.stage_times.get(seen.value, ''):%H:%M:%S}] {seen.value:<12}" if seen.value in status.stage_times else seen.value
-                extra = ""
-                if status.provider and seen in (NodePhase.LAUNCHING, NodePhase.READY):
-                    extra = f" {status.gpu_type} on {status.provider}/{status.region} at ${status.hourly_price}/h"
-                    if status.instance_id:
-                        extra += f", instance {status.instance_id}"
-                if seen.is_final or seen is NodePhase.TERMINATING:
-                    extra = f" {status.end_reason or ''}"
-                print(f"  {line}{extra}", flush=True)
-                if seen is NodePhase.READY and job is None:
+            if status is not None:
+                for stage, at in sorted(status.stage_times.items(), key=lambda item: item[1]):
+                    if stage not in printed:
+                        printed.add(stage)
+                        print(f"  [{at.astimezone():%H:%M:%S}] {stage:<13}{_stage_detail(stage, status)}", flush=True)
+                if NodePhase.READY.value in printed and job is None:
                     job = asyncio.create_task(_run_gpu_job(world, status.node_name, job_seconds))
+            if done:
+                return await result
             await asyncio.wait([result], timeout=0.5)
-        return await result
     finally:
+        result.cancel()
         if job is not None and not job.done():
             job.cancel()
+
+
+_ENDING_STAGES = {NodePhase.DRAINING.value, NodePhase.TERMINATING.value} | {p.value for p in NodePhase if p.is_final}
+
+
+def _stage_detail(stage: str, status: NodeStatus) -> str:
+    if stage == NodePhase.LAUNCHING.value and status.provider:
+        return f"{status.gpu_type} on {status.provider}/{status.region} at ${status.hourly_price}/h"
+    if stage == NodePhase.READY.value:
+        return f"node {status.node_name}, instance {status.instance_id}"
+    if stage in _ENDING_STAGES:
+        return status.end_reason or ""
+    return ""
 
 
 async def run_demo(args: argparse.Namespace) -> int:
@@ -156,7 +171,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         ui = f"http://localhost:{args.port + 1000}"
         print(
             f"\nNode workflow: {req.workflow_id}\n"
-            f"Web UI:        {ui}/namespaces/default/workflows/{req.workflow_id}\n"
+            f"Web UI:        {ui}/namespaces/default/workflows/{quote(req.workflow_id, safe='')}\n"
             f"Evict it now:  temporal workflow signal --address 127.0.0.1:{args.port} --workflow-id {req.workflow_id} "
             f"--name evict --input '{{\"reason\":\"manual\"}}'\n"
             f"               (the binary is {_temporal_binary()})\n"
@@ -174,8 +189,10 @@ async def run_demo(args: argparse.Namespace) -> int:
             await handle.cancel()
             try:
                 await asyncio.wait_for(handle.result(), 60)
-            except Exception:
-                pass
+            except WorkflowFailureError:
+                pass  # cancelled, as asked, after its cleanup ran
+            except TimeoutError:
+                print("The node workflow did not finish its cleanup within 60s; see the Web UI.")
             follow.cancel()
             _report(world, node_name, None)
             return 130
