@@ -1,0 +1,426 @@
+"""The Kubernetes API as the node lifecycle needs it: the `Cluster` adapter on `kubernetes.aio`.
+
+Everything Kubernetes-specific stays here: client construction, explicit patch content types,
+optimistic concurrency on read-modify-write, the Eviction API with its policy/v1beta1 fallback,
+and the mapping of API failures to tgp's typed errors (401 -> AuthError, 403 ->
+PermissionDenied, 429/5xx/timeouts/connection errors -> TransientError). Messages name the
+object and say what to fix; they never carry credentials or the raw response, because they
+reach workflow history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from datetime import UTC, timedelta
+from decimal import Decimal, InvalidOperation
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import aiohttp
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+from kubernetes.aio.client.exceptions import ApiException
+
+from activities.ports import EvictionBlocked
+from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
+from tgp.types import GPU_RESOURCE, NodeSummary, PodSummary, Taint
+
+# API server calls answer in milliseconds; 30 s catches a hung connection or an overloaded
+# control plane without pinning a worker slot, and Temporal's retry takes over from there.
+REQUEST_TIMEOUT = timedelta(seconds=30)
+# Read-modify-write attempts on a Node: conflicts come from kubelet heartbeats and the node
+# controller and settle within a few tries; past that Temporal retries the activity.
+CONFLICT_ATTEMPTS = 5
+# Pods per list page. A GPU node runs tens of pods, so one page is the norm.
+LIST_PAGE_SIZE = 500
+
+MERGE_PATCH = "application/merge-patch+json"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+EVICTION_VERSIONS = ("policy/v1", "policy/v1beta1")  # newest first, as `kubectl drain` tries them
+_SYSTEM = "Kubernetes API"
+# Longest server message quoted in an error.
+_MESSAGE_LIMIT = 300
+
+T = TypeVar("T")
+
+
+class KubernetesCluster:
+    """`activities.ports.Cluster` over the official async client (`kubernetes.aio`).
+
+    Build one with `from_url` (the emulator, or a proxy that adds credentials) or
+    `from_kubeconfig`; close it with `close()` or use it as an async context manager.
+    """
+
+    def __init__(
+        self,
+        configure: Callable[[], Awaitable[k8s.Configuration]],
+        *,
+        request_timeout: timedelta = REQUEST_TIMEOUT,
+    ) -> None:
+        """`configure` yields the client configuration (host, credentials); it runs once, on
+        the first call, because kubernetes.aio loads credentials asynchronously."""
+        self._configure = configure
+        self._timeout = float(request_timeout.total_seconds())
+        self._api: k8s.ApiClient | None = None
+        self._core: k8s.CoreV1Api | None = None
+        self._connecting = asyncio.Lock()
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, token: str | None = None, request_timeout: timedelta = REQUEST_TIMEOUT
+    ) -> KubernetesCluster:
+        """A client for the API server at `url`, unauthenticated unless a bearer `token` is given."""
+
+        async def configure() -> k8s.Configuration:
+            configuration = k8s.Configuration(host=url.rstrip("/"))
+            if token:
+                configuration.api_key = {"BearerToken": f"Bearer {token}"}
+            return configuration
+
+        return cls(configure, request_timeout=request_timeout)
+
+    @classmethod
+    def from_kubeconfig(
+        cls,
+        path: str | None = None,
+        *,
+        context: str | None = None,
+        request_timeout: timedelta = REQUEST_TIMEOUT,
+    ) -> KubernetesCluster:
+        """A client configured from the kubeconfig at `path`. With no path: the pod's service
+        account when running in a cluster, else `$KUBECONFIG` or `~/.kube/config`. The file is
+        read on the first call, which raises ConfigError if it is unusable."""
+
+        async def configure() -> k8s.Configuration:
+            configuration = k8s.Configuration()
+            in_cluster = path is None and "KUBERNETES_SERVICE_HOST" in os.environ
+            source = "the in-cluster service account" if in_cluster else f"kubeconfig {path or '(default)'}"
+            try:
+                if in_cluster:
+                    k8s_config.load_incluster_config(client_configuration=configuration)
+                else:
+                    await k8s_config.load_kube_config(
+                        config_file=path, context=context, client_configuration=configuration, persist_config=False
+                    )
+            except (k8s_config.ConfigException, OSError, ValueError) as exc:
+                raise ConfigError(
+                    f"cannot load Kubernetes credentials from {source}: {type(exc).__name__}: "
+                    f"{str(exc)[:_MESSAGE_LIMIT]}"
+                ) from None
+            return configuration
+
+        return cls(configure, request_timeout=request_timeout)
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        if self._api is not None:
+            await self._api.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _client(self) -> k8s.CoreV1Api:
+        if self._core is None:
+            async with self._connecting:
+                if self._core is None:
+                    self._api = k8s.ApiClient(await self._configure())
+                    self._core = k8s.CoreV1Api(self._api)
+        return self._core
+
+    # --- Nodes -----------------------------------------------------------------------
+
+    async def get_node(self, name: str) -> NodeSummary | None:
+        """The Node called `name`, or None when there is none."""
+        node = await self._read_node(name)
+        return None if node is None else _node_summary(node)
+
+    async def label_and_taint(self, name: str, labels: dict[str, str], taints: list[Taint]) -> None:
+        """Merge `labels` into the Node's labels and add the `taints` it lacks.
+
+        A taint is identified by key and effect (the API allows one per pair), so a listed taint
+        replaces the value of an existing one. Nothing is written when nothing is missing; a
+        write carries the resourceVersion that was read and is redone on a 409 conflict.
+        """
+        core = await self._client()
+        for _ in range(CONFLICT_ATTEMPTS):
+            node = await self._read_node(name)
+            if node is None:
+                raise TransientError(f"Node {name} does not exist (yet or any more); cannot label and taint it")
+            current_labels = dict(node.metadata.labels or {}) if node.metadata else {}
+            current_taints = [_taint_wire(t) for t in (node.spec.taints or [])] if node.spec else []
+            new_labels = {k: v for k, v in labels.items() if current_labels.get(k) != v}
+            merged_taints = _merge_taints(current_taints, taints)
+
+            if not new_labels and merged_taints == current_taints:
+                return
+            patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version}}
+            if new_labels:
+                patch["metadata"]["labels"] = new_labels
+            if merged_taints != current_taints:
+                patch["spec"] = {"taints": merged_taints}  # a merge patch replaces lists whole
+            try:
+                await self._call(
+                    f"label and taint Node {name}",
+                    core.patch_node(name, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout),
+                    passthrough={409},
+                )
+            except ApiException:  # 409: someone wrote in between; read again
+                continue
+            return
+        raise TransientError(f"Node {name} kept changing while it was labelled and tainted; will retry")
+
+    async def cordon(self, name: str) -> None:
+        """Mark the Node unschedulable. A Node that no longer exists takes no pods: done."""
+        core = await self._client()
+        try:
+            await self._call(
+                f"cordon Node {name}",
+                core.patch_node(
+                    name, {"spec": {"unschedulable": True}}, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+                ),
+                passthrough={404},
+            )
+        except ApiException:
+            return
+
+    async def delete_node(self, name: str) -> None:
+        """Delete the Node object; one already gone counts as deleted."""
+        core = await self._client()
+        try:
+            await self._call(
+                f"delete Node {name}",
+                core.delete_node(name, _request_timeout=self._timeout),
+                passthrough={404},
+            )
+        except ApiException:
+            return
+
+    async def _read_node(self, name: str) -> k8s.V1Node | None:
+        core = await self._client()
+        try:
+            return await self._call(
+                f"read Node {name}",
+                core.read_node(name, _request_timeout=self._timeout),
+                passthrough={404},
+            )
+        except ApiException:
+            return None
+
+    # --- Pods ------------------------------------------------------------------------
+
+    async def list_pods_on_node(self, name: str) -> list[PodSummary]:
+        """Every pod bound to Node `name`, in all namespaces, whatever its phase."""
+        core = await self._client()
+        pods: list[PodSummary] = []
+        token: str | None = None
+        while True:
+            page = await self._call(
+                f"list pods on Node {name}",
+                core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={name}",
+                    limit=LIST_PAGE_SIZE,
+                    _continue=token,
+                    _request_timeout=self._timeout,
+                ),
+            )
+            pods.extend(_pod_summary(pod) for pod in page.items or [])
+            token = page.metadata.var_continue if page.metadata else None
+            if not token:
+                return pods
+
+    async def evict_pod(self, namespace: str, name: str, *, grace_period: timedelta | None = None) -> None:
+        """Ask the Eviction API to remove the pod, respecting PodDisruptionBudgets.
+
+        Sends policy/v1 and falls back to policy/v1beta1 when the server does not know v1
+        (400, or a 404 that is not about the pod), as `kubectl drain` does. Raises
+        EvictionBlocked on 429; a pod that is already gone counts as evicted.
+        """
+        core = await self._client()
+        options = None
+        if grace_period is not None:
+            options = k8s.V1DeleteOptions(grace_period_seconds=int(grace_period.total_seconds()))
+        what = f"evict pod {namespace}/{name}"
+        for version in EVICTION_VERSIONS:
+            eviction = k8s.V1Eviction(
+                api_version=version,
+                kind="Eviction",
+                metadata=k8s.V1ObjectMeta(name=name, namespace=namespace),
+                delete_options=options,
+            )
+            try:
+                await self._call(
+                    what,
+                    core.create_namespaced_pod_eviction(name, namespace, eviction, _request_timeout=self._timeout),
+                    passthrough={400, 404, 429},
+                )
+                return
+            except ApiException as exc:
+                if exc.status == 429:
+                    raise EvictionBlocked(f"{what}: {_server_message(exc)}") from None
+                if exc.status == 404 and (_names_the_pod(exc) or version == EVICTION_VERSIONS[-1]):
+                    return  # already gone
+                if version == EVICTION_VERSIONS[-1]:
+                    raise ConfigError(f"{what}: the API server rejected the Eviction (400): {_server_message(exc)}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- error mapping ---------------------------------------------------------------
+
+    async def _call(self, action: str, call: Awaitable[T], *, passthrough: Collection[int] = ()) -> T:
+        """Await one API call, turning failures into tgp's typed errors. ApiExceptions whose
+        status is in `passthrough` are re-raised for the caller to interpret."""
+        try:
+            return await call
+        except ApiException as exc:
+            if exc.status in passthrough:
+                raise
+            raise _api_error(action, exc) from None
+        except TimeoutError:
+            raise TransientError(f"{_SYSTEM}: {action} timed out after {self._timeout:g}s") from None
+        except aiohttp.ClientConnectorCertificateError:
+            raise ConfigError(
+                f"{_SYSTEM}: {action}: the server's TLS certificate is not trusted; check the cluster "
+                "certificate-authority in the kubeconfig"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise TransientError(f"{_SYSTEM}: {action} failed: {type(exc).__name__}") from None
+
+
+def _api_error(action: str, exc: ApiException) -> TgpError:
+    status = exc.status or 0
+    message = _server_message(exc)
+    if status == 401:
+        return AuthError(
+            f"{_SYSTEM} rejected the credentials (401) to {action}: check the kubeconfig or the worker's "
+            "service-account token (expired or revoked?)"
+        )
+    if status == 403:
+        return PermissionDenied(
+            f"{_SYSTEM} refused to {action} (403): {message}; grant the worker's service account this "
+            "permission in its ClusterRole"
+        )
+    if status == 429 or status >= 500 or status == 0:
+        return TransientError(f"{_SYSTEM}: {action} answered {status}: {message}", retry_after=_retry_after(exc))
+    if status == 409:
+        return TransientError(f"{_SYSTEM}: {action} conflicted with another writer (409): {message}")
+    if status in (400, 422):
+        return ConfigError(f"{_SYSTEM} rejected the request to {action} ({status}): {message}")
+    if status == 404:
+        return TransientError(f"{_SYSTEM}: {action}: not found (404): {message}")
+    return TgpError(f"{_SYSTEM}: {action} answered {status}: {message}")
+
+
+def _status_body(exc: ApiException) -> Mapping[str, Any]:
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return {}
+    return body if isinstance(body, Mapping) else {}
+
+
+def _server_message(exc: ApiException) -> str:
+    """The API's own explanation (a Status message and its causes), shortened."""
+    body = _status_body(exc)
+    message = str(body.get("message") or exc.reason or "")
+    causes = [str(c.get("message")) for c in (body.get("details") or {}).get("causes") or [] if c.get("message")]
+    if causes:
+        message = f"{message} ({'; '.join(causes)})"
+    return message[:_MESSAGE_LIMIT]
+
+
+def _names_the_pod(exc: ApiException) -> bool:
+    """Whether a 404 from the eviction endpoint is about the pod (gone) rather than the endpoint."""
+    details = _status_body(exc).get("details") or {}
+    return details.get("kind") in ("pods", "pod")
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    headers = exc.headers or {}
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+# --- translation to tgp's types ------------------------------------------------------
+
+
+def _node_summary(node: k8s.V1Node) -> NodeSummary:
+    conditions = (node.status.conditions or []) if node.status else []
+    spec = node.spec
+    return NodeSummary(
+        name=node.metadata.name if node.metadata else "",
+        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+        labels=dict(node.metadata.labels or {}) if node.metadata else {},
+        taints=[Taint(key=t.key, value=t.value or "", effect=t.effect) for t in (spec.taints or [])] if spec else [],
+        unschedulable=bool(spec.unschedulable) if spec else False,
+    )
+
+
+def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
+    meta = pod.metadata
+    controller = next((ref for ref in (meta.owner_references or []) if ref.controller), None) if meta else None
+    spec = pod.spec
+    containers = [*(spec.containers or []), *(spec.init_containers or [])] if spec else []
+    return PodSummary(
+        namespace=(meta.namespace if meta else None) or "",
+        name=(meta.name if meta else None) or "",
+        phase=(pod.status.phase if pod.status else None) or "Pending",
+        owner_kind=controller.kind if controller else None,
+        is_mirror=bool(meta and MIRROR_ANNOTATION in (meta.annotations or {})),
+        requests_gpu=any(_wants_gpu(c) for c in containers),
+        deleting=bool(meta and meta.deletion_timestamp),
+    )
+
+
+def _wants_gpu(container: k8s.V1Container) -> bool:
+    resources = container.resources
+    if resources is None:
+        return False
+    for amounts in (resources.requests or {}, resources.limits or {}):
+        if _positive_quantity(amounts.get(GPU_RESOURCE)):
+            return True
+    return False
+
+
+def _positive_quantity(quantity: str | None) -> bool:
+    if quantity is None:
+        return False
+    text = str(quantity).strip()
+    try:
+        return Decimal(text.removesuffix("m")) > 0
+    except InvalidOperation:
+        return text not in ("", "0")  # unusual suffixes: only an explicit zero means none
+
+
+def _taint_wire(taint: k8s.V1Taint) -> dict[str, str]:
+    """A taint as the API writes it, keeping `timeAdded` so a rewrite does not reset it."""
+    wire = {"key": taint.key, "effect": taint.effect}
+    if taint.value:
+        wire["value"] = taint.value
+    if taint.time_added is not None:
+        wire["timeAdded"] = taint.time_added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return wire
+
+
+def _merge_taints(current: list[dict[str, str]], wanted: list[Taint]) -> list[dict[str, str]]:
+    merged = [dict(t) for t in current]
+    for taint in wanted:
+        entry = {"key": taint.key, "effect": taint.effect, **({"value": taint.value} if taint.value else {})}
+        same = next((t for t in merged if t["key"] == taint.key and t["effect"] == taint.effect), None)
+        if same is None:
+            merged.append(entry)
+        elif same.get("value", "") != taint.value:
+            merged[merged.index(same)] = entry
+    return merged

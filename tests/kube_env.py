@@ -1,0 +1,208 @@
+"""Where the Kubernetes contract tests run: the in-process `KubeEmulator`, or a real cluster.
+
+Set `TGP_TEST_KUBECONFIG=/path/to/kubeconfig` to run the same tests against a real API server
+(a throwaway cluster: the tests create and delete Nodes named `tgp-test-*` and one namespace per
+test). Without it every test gets a fresh emulator.
+
+tests/conftest.py registers this module as a plugin, so any test can ask for `kube_api`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+
+from activities.cluster import MERGE_PATCH, KubernetesCluster
+from tgp.sim.kube import KubeEmulator
+
+KUBECONFIG_ENV = "TGP_TEST_KUBECONFIG"
+# How long a real cluster's controllers (node lifecycle, disruption, service accounts) may take
+# to catch up. The emulator applies their effects within the write, so it never waits.
+CONVERGENCE_TIMEOUT = 30.0
+_POLL_INTERVAL = 0.2
+
+@dataclass
+class KubeApi:
+    """One test's view of the API: the adapter under test plus a raw HTTP client for setup."""
+
+    url: str
+    cluster: KubernetesCluster
+    http: httpx.AsyncClient  # authenticated like the adapter; base_url is the API server
+    namespace: str
+    emulator: KubeEmulator | None = None  # None on a real cluster
+    _nodes: list[str] = field(default_factory=list)
+
+    @property
+    def real(self) -> bool:
+        return self.emulator is None
+
+    def unique(self, prefix: str) -> str:
+        """A name no other test (or earlier run on a real cluster) uses. Nodes that get this
+        name are deleted after the test, however they were created."""
+        name = f"tgp-test-{prefix}-{secrets.token_hex(3)}"
+        self._nodes.append(name)
+        return name
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self.http.post(path, json=body)
+        assert response.status_code == 201, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        response = await self.http.get(path)
+        if response.status_code == 404:
+            return None
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+    async def merge_patch(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return await self.http.patch(path, json=body, headers={"Content-Type": MERGE_PATCH})
+
+    async def create_node(self, name: str, *, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """A bare Node, as a kubelet's first call creates it (no status yet)."""
+        if name not in self._nodes:
+            self._nodes.append(name)
+        return await self.create(
+            "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
+        )
+
+    async def create_pod(
+        self,
+        name: str,
+        *,
+        node: str,
+        labels: dict[str, str] | None = None,
+        phase: str = "Running",
+        gpu: bool = False,
+        owner_kind: str | None = None,
+        owner_name: str | None = None,
+        mirror: bool = False,
+    ) -> dict[str, Any]:
+        """A pod bound to `node`; `phase="Running"` also reports it Ready, as a kubelet would."""
+        container: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.9"}
+        if gpu:
+            container["resources"] = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
+        metadata: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": labels or {}}
+        if owner_kind:
+            metadata["ownerReferences"] = [{
+                "apiVersion": "apps/v1", "kind": owner_kind, "name": owner_name or f"{name}-owner",
+                "uid": "00000000-0000-0000-0000-000000000001", "controller": True,
+            }]
+        if mirror:
+            metadata["annotations"] = {"kubernetes.io/config.mirror": "0123456789abcdef"}
+        pod = await self.create(
+            f"/api/v1/namespaces/{self.namespace}/pods",
+            {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+             "spec": {"nodeName": node, "containers": [container], "terminationGracePeriodSeconds": 0}},
+        )
+        if phase != "Pending":
+            conditions = [{"type": "Ready", "status": "True"}] if phase == "Running" else []
+            response = await self.merge_patch(
+                f"/api/v1/namespaces/{self.namespace}/pods/{name}/status",
+                {"status": {"phase": phase, "conditions": conditions}},
+            )
+            assert response.status_code == 200, response.text
+            pod = response.json()
+        return pod
+
+    async def create_pdb(
+        self, name: str, *, match_labels: dict[str, str], min_available: int | str | None = None,
+        max_unavailable: int | str | None = None,
+    ) -> dict[str, Any]:
+        spec: dict[str, Any] = {"selector": {"matchLabels": match_labels}}
+        if min_available is not None:
+            spec["minAvailable"] = min_available
+        if max_unavailable is not None:
+            spec["maxUnavailable"] = max_unavailable
+        return await self.create(
+            f"/apis/policy/v1/namespaces/{self.namespace}/poddisruptionbudgets",
+            {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name}, "spec": spec},
+        )
+
+    async def eventually(self, check: Callable[[], Awaitable[bool]]) -> None:
+        """Assert that `check()` comes to hold. The emulator applies what a real cluster's
+        controllers do (node lifecycle, disruption budgets) within the write, so there it must
+        hold at once; a real cluster gets CONVERGENCE_TIMEOUT seconds."""
+        await eventually(check, timeout=CONVERGENCE_TIMEOUT if self.real else 0.0)
+
+    async def pod_exists(self, name: str) -> bool:
+        return await self.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}") is not None
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float) -> None:
+    """Poll until `check()` holds, for at most `timeout` seconds (at least one check)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not reached within {timeout}s")
+        await asyncio.sleep(_POLL_INTERVAL)
+
+
+@pytest.fixture
+async def kube_api() -> AsyncIterator[KubeApi]:
+    """A ready `KubeApi`: a fresh emulator, or the cluster named by $TGP_TEST_KUBECONFIG."""
+    kubeconfig = os.environ.get(KUBECONFIG_ENV)
+    namespace = f"tgp-test-{secrets.token_hex(4)}"
+    if not kubeconfig:
+        async with KubeEmulator() as emulator, httpx.AsyncClient(base_url=emulator.url, timeout=10.0) as http:
+            async with KubernetesCluster.from_url(emulator.url) as cluster:
+                # No Namespace object: kmock 0.8 cannot parse /api/v1/namespaces and needs none.
+                yield KubeApi(url=emulator.url, cluster=cluster, http=http, namespace=namespace, emulator=emulator)
+        return
+
+    async with _real_http(kubeconfig) as http, KubernetesCluster.from_kubeconfig(kubeconfig) as cluster:
+        api = KubeApi(url=str(http.base_url).rstrip("/"), cluster=cluster, http=http, namespace=namespace)
+        await api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+
+        async def service_account_ready() -> bool:
+            return await api.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default") is not None
+
+        await eventually(service_account_ready, timeout=CONVERGENCE_TIMEOUT)  # pods are refused until it exists
+        try:
+            yield api
+        finally:
+            await _clean_real_cluster(api)
+
+
+@contextlib.asynccontextmanager
+async def _real_http(kubeconfig: str) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client with the kubeconfig's server, CA, client certificate and token."""
+    configuration = k8s.Configuration()
+    await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration, persist_config=False)
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    token = await configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+    headers = {"Authorization": token} if token else {}
+    async with httpx.AsyncClient(base_url=configuration.host, verify=context, timeout=10.0, headers=headers) as client:
+        yield client
+
+
+async def _clean_real_cluster(api: KubeApi) -> None:
+    # Pods bound to nodes without a kubelet never finish a graceful delete: force them.
+    pods = await api.get(f"/api/v1/namespaces/{api.namespace}/pods") or {"items": []}
+    for pod in pods["items"]:
+        await api.http.request(
+            "DELETE", f"/api/v1/namespaces/{api.namespace}/pods/{pod['metadata']['name']}",
+            json={"gracePeriodSeconds": 0},
+        )
+    await api.http.delete(f"/api/v1/namespaces/{api.namespace}")
+    for node in api._nodes:
+        await api.http.delete(f"/api/v1/nodes/{node}")
