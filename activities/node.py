@@ -154,7 +154,7 @@ class NodeActivities:
                 return LaunchResult(instance=existing, adopted=True)
             key = await self.tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry)
             try:
-                boot = render_boot_payload(provider.boot_payload_kind, hostname=inp.node_name, auth_key=key.secret)
+                boot = render_boot_payload(provider.capabilities.boot_payload, hostname=inp.node_name, auth_key=key.secret)
                 instance = await self._create_or_find(provider, inp, name, boot)
             except BaseException as exc:
                 if isinstance(exc, CapacityError):

@@ -8,6 +8,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
+from tgp.capabilities import ProviderCapabilities
 from tgp.types import BootPayload, Instance, NodeSummary, Offer, PodSummary, Taint, TailnetDevice
 
 
@@ -15,7 +16,7 @@ class CloudProvider(Protocol):
     """A GPU cloud. `launch` is idempotent by `name`: callers look up before they create."""
 
     name: str
-    boot_payload_kind: str  # "env", "cloud-init", "talos" or "script": what launch() can carry
+    capabilities: ProviderCapabilities
 
     async def list_offers(self) -> list[Offer]: ...
 

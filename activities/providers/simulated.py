@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, error_message, send
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -29,7 +30,8 @@ class SimulatedProvider:
     """CloudProvider over the simulated cloud at `base_url`."""
 
     name = "simulated"
-    boot_payload_kind = "env"
+    # Simulated machines read the container-style env payload and always "join".
+    capabilities = ProviderCapabilities(machine="vm", boot_payload="env", joins_as_node=True, spot=True)
 
     def __init__(self, base_url: str, *, api_key: SecretStr | None = None, client: httpx.AsyncClient | None = None) -> None:
         headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key else {}
