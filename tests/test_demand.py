@@ -1,0 +1,107 @@
+"""Demand from pending pods: matching, weights, taints, batching and node counts. Pure."""
+
+from datetime import datetime, timedelta, timezone
+
+from tgp.crds import GPUNodePoolSpec
+from tgp.demand import Batch, PendingPod, PoolCandidate, Toleration, assign_pods, nodes_to_launch, pending_gpu_pod, pod_fits_pool
+from tgp.crds import NodeSelectorRequirement as Req
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+GPU_TOLERATION = Toleration(key="nvidia.com/gpu", operator="Exists")
+
+
+def pool(name: str, weight: int = 0, gpus: list[str] | None = None, regions: list[str] | None = None, taint: bool = True, labels: dict[str, str] | None = None) -> PoolCandidate:
+    reqs = []
+    if gpus:
+        reqs.append({"key": "tgp.io/gpu-type", "operator": "In", "values": gpus})
+    if regions:
+        reqs.append({"key": "tgp.io/region", "operator": "In", "values": regions})
+    spec = GPUNodePoolSpec.model_validate(
+        {
+            "nodeClassRef": {"name": "c"},
+            "weight": weight,
+            "template": {
+                "metadata": {"labels": labels or {}},
+                "spec": {"requirements": reqs, "taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}] if taint else []},
+            },
+        }
+    )
+    return PoolCandidate(namespace="ml", name=name, spec=spec)
+
+
+def pod(name: str = "p", **kw: object) -> PendingPod:
+    kw.setdefault("tolerations", [GPU_TOLERATION])
+    return PendingPod(namespace="ml", name=name, **kw)  # type: ignore[arg-type]
+
+
+def test_node_selector_on_gpu_type() -> None:
+    rtx = pool("rtx", gpus=["RTX4090"])
+    assert pod_fits_pool(pod(node_selector={"tgp.io/gpu-type": "RTX4090"}), rtx)
+    assert not pod_fits_pool(pod(node_selector={"tgp.io/gpu-type": "A100-80GB"}), rtx)
+    assert pod_fits_pool(pod(node_selector={"tgp.io/gpu-type": "A100-80GB"}), pool("any")), "an unconstrained pool can pick any GPU"
+
+
+def test_unknown_label_must_be_a_pool_label() -> None:
+    assert not pod_fits_pool(pod(node_selector={"disktype": "ssd"}), pool("a"))
+    assert pod_fits_pool(pod(node_selector={"disktype": "ssd"}), pool("a", labels={"disktype": "ssd"}))
+    assert pod_fits_pool(pod(node_selector={"tgp.io/pool": "a"}), pool("a"))
+
+
+def test_required_affinity_is_an_or_of_ands() -> None:
+    p = pool("eu", gpus=["RTX4090"], regions=["eu-west"])
+    us_only = [[Req(key="tgp.io/region", operator="In", values=["us-east"])]]
+    either = us_only + [[Req(key="tgp.io/region", operator="In", values=["eu-west"]), Req(key="tgp.io/gpu-type", operator="NotIn", values=["A100-80GB"])]]
+    assert not pod_fits_pool(pod(affinity_terms=us_only), p)
+    assert pod_fits_pool(pod(affinity_terms=either), p)
+    assert not pod_fits_pool(pod(affinity_terms=[[Req(key="tgp.io/gpu-type", operator="DoesNotExist")]]), p)
+
+
+def test_taints_need_tolerations() -> None:
+    assert not pod_fits_pool(pod(tolerations=[]), pool("a"))
+    assert pod_fits_pool(pod(tolerations=[]), pool("a", taint=False))
+    assert pod_fits_pool(pod(tolerations=[Toleration(key="nvidia.com/gpu", value="true")]), pool("a"))
+    assert not pod_fits_pool(pod(tolerations=[Toleration(key="nvidia.com/gpu", value="false")]), pool("a"))
+
+
+def test_highest_weight_wins_and_each_pod_counts_once() -> None:
+    low, high = pool("low", weight=1), pool("high", weight=50, gpus=["RTX4090"])
+    pods = [pod("a", node_selector={"tgp.io/gpu-type": "RTX4090"}), pod("b", node_selector={"tgp.io/gpu-type": "A100-80GB"})]
+    assigned = assign_pods(pods, [low, high])
+    assert [p.name for p in assigned["ml/high"]] == ["a"]
+    assert [p.name for p in assigned["ml/low"]] == ["b"]
+
+
+def test_pending_gpu_pod_reads_the_pod_object() -> None:
+    obj = {
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+            "nodeSelector": {"tgp.io/gpu-type": "RTX4090"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+    }
+    p = pending_gpu_pod(obj)
+    assert p is not None and p.gpus == 2 and p.node_selector == {"tgp.io/gpu-type": "RTX4090"}
+    assert pending_gpu_pod({**obj, "spec": {**obj["spec"], "nodeName": "n1"}}) is None, "already bound"
+    assert pending_gpu_pod({**obj, "status": {"phase": "Pending"}}) is None, "not (yet) unschedulable"
+    cpu_only = {**obj, "spec": {**obj["spec"], "containers": [{"name": "c"}]}}
+    assert pending_gpu_pod(cpu_only) is None
+
+
+def test_nodes_to_launch_counts_launching_nodes_and_limits() -> None:
+    assert nodes_to_launch(pending_pods=5, launching=0, live=0, min_nodes=0, max_nodes=None) == 5
+    assert nodes_to_launch(pending_pods=5, launching=2, live=2, min_nodes=0, max_nodes=None) == 3
+    assert nodes_to_launch(pending_pods=5, launching=0, live=1, min_nodes=0, max_nodes=3) == 2
+    assert nodes_to_launch(pending_pods=0, launching=0, live=0, min_nodes=2, max_nodes=None) == 2
+    assert nodes_to_launch(pending_pods=0, launching=0, live=3, min_nodes=2, max_nodes=None) == 0
+
+
+def test_batch_closes_after_idle_or_max_window() -> None:
+    b = Batch().add(T0)
+    assert not b.due(T0 + timedelta(milliseconds=900))
+    assert b.due(T0 + timedelta(seconds=1))
+    for i in range(1, 12):
+        b = b.add(T0 + timedelta(milliseconds=900 * i))  # a steady trickle keeps it open ...
+    assert b.due(T0 + timedelta(seconds=10)), "... but not beyond the maximum window"
+    assert Batch().add(T0).wait(T0) == timedelta(seconds=1)
