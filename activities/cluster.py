@@ -11,10 +11,12 @@ reach workflow history.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from datetime import UTC, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -45,6 +47,22 @@ _SYSTEM = "Kubernetes API"
 _MESSAGE_LIMIT = 300
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CustomResource:
+    """Where a custom resource lives (namespace None for cluster-scoped kinds)."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
 
 
 class KubernetesCluster:
@@ -273,6 +291,110 @@ class KubernetesCluster:
                 if version == EVICTION_VERSIONS[-1]:
                     raise ConfigError(f"{what}: the API server rejected the Eviction (400): {_server_message(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    # --- custom resources, Secrets and Events (the pool and class workflows) -----------
+
+    async def _custom(self) -> k8s.CustomObjectsApi:
+        await self._client()
+        return k8s.CustomObjectsApi(self._api)
+
+    async def patch_custom_status(self, ref: CustomResource, status: Mapping[str, Any]) -> bool:
+        """Merge-patch the status subresource of a custom resource. False when it is gone."""
+        api = await self._custom()
+        what = f"write the status of {ref}"
+        try:
+            if ref.namespace:
+                call = api.patch_namespaced_custom_object_status(
+                    ref.group, ref.version, ref.namespace, ref.plural, ref.name, {"status": dict(status)},
+                    _content_type=MERGE_PATCH, _request_timeout=self._timeout,
+                )
+            else:
+                call = api.patch_cluster_custom_object_status(
+                    ref.group, ref.version, ref.plural, ref.name, {"status": dict(status)},
+                    _content_type=MERGE_PATCH, _request_timeout=self._timeout,
+                )
+            await self._call(what, call, passthrough={404})
+        except ApiException:
+            return False
+        return True
+
+    async def get_custom(self, ref: CustomResource) -> dict[str, Any] | None:
+        """The custom resource as a dict, or None when it does not exist."""
+        api = await self._custom()
+        what = f"read {ref}"
+        try:
+            if ref.namespace:
+                call = api.get_namespaced_custom_object(ref.group, ref.version, ref.namespace, ref.plural, ref.name, _request_timeout=self._timeout)
+            else:
+                call = api.get_cluster_custom_object(ref.group, ref.version, ref.plural, ref.name, _request_timeout=self._timeout)
+            return dict(await self._call(what, call, passthrough={404}))
+        except ApiException:
+            return None
+
+    async def set_finalizer(self, ref: CustomResource, finalizer: str, present: bool) -> None:
+        """Add or remove `finalizer` on a custom resource (a gone object needs no removal).
+        Guarded by resourceVersion and redone on conflict."""
+        api = await self._custom()
+        for _ in range(CONFLICT_ATTEMPTS):
+            obj = await self.get_custom(ref)
+            if obj is None:
+                return
+            meta = obj.get("metadata") or {}
+            current = list(meta.get("finalizers") or [])
+            wanted = sorted(set(current) | {finalizer}) if present else [f for f in current if f != finalizer]
+            if wanted == current:
+                return
+            patch = {"metadata": {"finalizers": wanted, "resourceVersion": meta.get("resourceVersion")}}
+            what = f"{'add' if present else 'remove'} finalizer {finalizer} on {ref}"
+            try:
+                if ref.namespace:
+                    call = api.patch_namespaced_custom_object(
+                        ref.group, ref.version, ref.namespace, ref.plural, ref.name, patch,
+                        _content_type=MERGE_PATCH, _request_timeout=self._timeout,
+                    )
+                else:
+                    call = api.patch_cluster_custom_object(
+                        ref.group, ref.version, ref.plural, ref.name, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+                    )
+                await self._call(what, call, passthrough={404, 409})
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+        raise TransientError(f"{ref} kept changing while its finalizers were updated; will retry")
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """A Secret's decoded data, or None when it does not exist. Callers must never log it."""
+        core = await self._client()
+        try:
+            secret = await self._call(
+                f"read Secret {namespace}/{name}",
+                core.read_namespaced_secret(name, namespace, _request_timeout=self._timeout),
+                passthrough={404},
+            )
+        except ApiException:
+            return None
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    async def create_event(self, ref: CustomResource, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
+        """Record a core/v1 Event about `ref` (shown by `kubectl describe`)."""
+        core = await self._client()
+        namespace = ref.namespace or "default"
+        now = datetime.now(UTC)
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(generate_name=f"{ref.name}.", namespace=namespace),
+            involved_object=k8s.V1ObjectReference(
+                api_version=f"{ref.group}/{ref.version}", kind=ref.kind, name=ref.name, namespace=ref.namespace, uid=ref.uid
+            ),
+            type=type,
+            reason=reason,
+            message=message[:1024],
+            source=k8s.V1EventSource(component=component),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        await self._call(f"record Event {reason} on {ref}", core.create_namespaced_event(namespace, event, _request_timeout=self._timeout))
 
     # --- error mapping ---------------------------------------------------------------
 

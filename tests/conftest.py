@@ -68,7 +68,7 @@ async def running_world(env: WorkflowEnvironment, *, boot_delay: float = 0.2) ->
     async with AsyncExitStack() as stack:
         world = await stack.enter_async_context(sim_world(boot_delay=boot_delay))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
-        activities.poll_interval = timedelta(seconds=0.1)
+        activities.node.poll_interval = timedelta(seconds=0.1)
         task_queue = f"test-{uuid.uuid4().hex[:8]}"
         worker = make_worker(env.client, activities, task_queue=task_queue)
         await stack.enter_async_context(worker)

@@ -148,7 +148,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         client = await _start_dev_server(args.port, stack)
         world = await stack.enter_async_context(sim_world(boot_delay=args.boot_delay))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
-        activities.poll_interval = timedelta(seconds=1)
+        activities.node.poll_interval = timedelta(seconds=1)
         task_queue = "tgp-demo"
         await stack.enter_async_context(make_worker(client, activities, task_queue=task_queue))
 

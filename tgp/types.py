@@ -165,6 +165,8 @@ class NodeRequest(Model):
     timeouts: LifecycleTimeouts = LifecycleTimeouts()
     max_launch_attempts: int = MAX_LAUNCH_ATTEMPTS
     unavailable_offer_ttl: timedelta = UNAVAILABLE_OFFER_TTL
+    pool_workflow_id: str | None = Field(None, description="Pool workflow to report phases to.")
+    class_workflow_id: str | None = Field(None, description="Class ledger that holds this node's budget.")
 
     @property
     def workflow_id(self) -> str:

@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.cluster import KubernetesCluster
+from activities.fleet import FleetActivities
 from activities.node import NodeActivities
 from activities.ports import CloudProvider
 from activities.providers.simulated import SimulatedProvider
@@ -25,10 +26,23 @@ from activities.tailnet import TailscaleTailnet
 from tgp.errors import ConfigError
 from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
+from workflows.node_class import GPUNodeClassWorkflow
+from workflows.pool import GPUNodePoolWorkflow
 
 log = structlog.get_logger("tgp.worker")
 
-WORKFLOWS = [GPUNodeWorkflow]
+WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow]
+
+
+@dataclass
+class Activities:
+    """Every activity of a worker, bound to its adapters."""
+
+    node: NodeActivities
+    fleet: FleetActivities
+
+    def all(self) -> list[object]:
+        return [*self.node.all(), *self.fleet.all()]
 
 
 @dataclass
@@ -58,7 +72,7 @@ class WorkerConfig:
         )
 
 
-async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> NodeActivities:
+async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activities:
     """Adapters for every configured system; closed when `stack` closes."""
     providers: dict[str, CloudProvider] = {}
     if config.simulated_cloud_url:
@@ -77,9 +91,12 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> NodeA
     stack.push_async_callback(tailnet.aclose)
     cluster = KubernetesCluster.from_url(config.kube_url) if config.kube_url else KubernetesCluster.from_kubeconfig(config.kubeconfig)
     stack.push_async_callback(cluster.close)
-    return NodeActivities(providers=providers, tailnet=tailnet, cluster=cluster)
+    return Activities(
+        node=NodeActivities(providers=providers, tailnet=tailnet, cluster=cluster),
+        fleet=FleetActivities(cluster=cluster, providers=providers),
+    )
 
 
-def make_worker(client: Client, activities: NodeActivities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
+def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
     """A Worker hosting every tgp workflow and activity."""
     return Worker(client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), **options)  # type: ignore[arg-type]

@@ -22,7 +22,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ConfigDict
 
+    from activities.fleet import FleetActivities, LedgerCall
     from activities.node import NodeActivities
+    from tgp.messages import NodeReport, Reservation
     from tgp.lifecycle import EndReason, WatchState, judge_observation
     from tgp.types import (
         LABEL_GPU_TYPE,
@@ -114,6 +116,7 @@ class GPUNodeWorkflow:
     def __init__(self, inp: NodeWorkflowInput) -> None:
         self.req = inp.request
         self.state = inp.state or NodeState()
+        self._reports: list[asyncio.Future[None]] = []
 
     # --- messages ------------------------------------------------------------------------
 
@@ -164,6 +167,7 @@ class GPUNodeWorkflow:
             self.state.end_reason = self.state.end_reason or "cancelled"
             await self._release_all()
             self._enter(NodePhase.CANCELLED)
+            await asyncio.gather(*self._reports)
             raise
         except ApplicationError as exc:
             # A non-retryable error the workflow has no plan for (bad config, auth): give up
@@ -177,6 +181,7 @@ class GPUNodeWorkflow:
             self.state.end_reason = "failed"
         await self._release_all()
         self._enter(final)
+        await asyncio.gather(*self._reports)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 
@@ -219,7 +224,24 @@ class GPUNodeWorkflow:
                 why = f"all {choice.matching} matching offers were tried or recently failed"
             raise LaunchAttemptFailed(why if not self.state.last_error else f"{why}; last error: {self.state.last_error}")
         self.state.offer = choice.offer
+        if self.req.class_workflow_id:
+            grant = await workflow.execute_activity_method(
+                FleetActivities.settle_reservation,
+                LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(choice.offer)),
+                start_to_close_timeout=API_CALL_TIMEOUT,
+                retry_policy=API_RETRY,
+                summary="settle price with the class budget",
+            )
+            if not grant.granted:
+                raise LaunchAttemptFailed(f"class budget refused {choice.offer.key} at ${choice.offer.hourly_price}/h: {grant.reason}")
         return choice.offer
+
+    def _reservation(self, offer: Offer | None) -> Reservation:
+        return Reservation(
+            node_id=self.req.workflow_id,
+            pool=f"{self.req.namespace}/{self.req.pool}",
+            hourly_price=offer.hourly_price if offer else None,
+        )
 
     async def _launch(self, attempt: LaunchAttempt) -> None:
         """Mint the key and buy the instance (one activity: the key never leaves it), then
@@ -335,6 +357,7 @@ class GPUNodeWorkflow:
         while True:
             if self._history_is_long():
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                await asyncio.gather(*self._reports)
                 workflow.continue_as_new(NodeWorkflowInput(request=self.req, state=self.state))
             try:
                 await workflow.wait_condition(
@@ -407,10 +430,17 @@ class GPUNodeWorkflow:
     async def _release_all(self) -> None:
         """The way out of every path: terminate whatever any attempt may have bought."""
         self._enter(NodePhase.TERMINATING)
-        if not self.state.attempts:
-            return
-        await self._release_attempt()
-        self._stamp("Released")
+        if self.state.attempts:
+            await self._release_attempt()
+            self._stamp("Released")
+        if self.req.class_workflow_id:
+            await workflow.execute_activity_method(
+                FleetActivities.release_reservation,
+                LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(self.state.offer)),
+                start_to_close_timeout=API_CALL_TIMEOUT,
+                retry_policy=CLEANUP_RETRY,
+                summary="release class budget",
+            )
 
     async def _mark_unavailable(self, offer: Offer) -> None:
         await workflow.execute_activity_method(
@@ -454,6 +484,27 @@ class GPUNodeWorkflow:
             [SA_PHASE.value_set(phase.value), SA_POOL.value_set(f"{self.req.namespace}/{self.req.pool}"), SA_NODE_NAME.value_set(self.req.node_name)]
         )
         workflow.set_current_details(self._details())
+        if self.req.pool_workflow_id:
+            self._reports.append(asyncio.ensure_future(self._report(phase)))
+
+    async def _report(self, phase: NodePhase) -> None:
+        """Tell the pool where this node is. The pool may be gone (deleted, or a node started
+        by hand): then nobody is listening, which is fine."""
+        offer = self.state.offer
+        report = NodeReport(
+            workflow_id=self.req.workflow_id,
+            node_name=self.req.node_name,
+            phase=phase,
+            provider=offer.provider if offer else None,
+            gpu_type=offer.gpu_type if offer else None,
+            hourly_price=offer.hourly_price if offer else None,
+            reason=self.state.end_reason or self.state.last_error,
+            at=workflow.now(),
+        )
+        try:
+            await workflow.get_external_workflow_handle(self.req.pool_workflow_id or "").signal("node_phase", report)
+        except Exception as exc:  # noqa: BLE001 - a missing pool must not stop the node
+            workflow.logger.info("could not report %s to pool %s: %s", phase.value, self.req.pool_workflow_id, exc)
 
     def _upsert_offer_attributes(self, offer: Offer) -> None:
         workflow.upsert_search_attributes(

@@ -1,0 +1,218 @@
+"""Activities of the pool and class workflows: the budget ledger calls, starting and evicting
+node workflows, status and Events on the custom resources, offer checks, class validation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from decimal import Decimal
+
+import structlog
+from pydantic import BaseModel, ConfigDict
+from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.cluster import CustomResource, KubernetesCluster
+from activities.node import temporal_errors
+from activities.ports import CloudProvider
+from tgp.crds import GROUP, VERSION, GPUNodeClassSpec
+from tgp.messages import Grant, ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult
+from tgp.offers import offer_satisfies
+from tgp.types import NodeRequest, OfferRequirements
+
+log = structlog.get_logger("tgp.fleet")
+
+FINALIZER = "tgp.io/nodes-terminated"
+_PLURALS = {"GPUNodePool": "gpunodepools", "GPUNodeClass": "gpunodeclasses"}
+
+
+class StatusWrite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ref: ObjectRef
+    status: dict[str, object]
+
+
+class EventSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ref: ObjectRef
+    type: str = "Normal"
+    reason: str
+    message: str
+
+
+class LedgerCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    class_workflow_id: str
+    reservation: Reservation
+
+
+class ValidateClassInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    spec: GPUNodeClassSpec
+    operator_namespace: str = "tgp-system"
+
+
+def _resource(ref: ObjectRef) -> CustomResource:
+    return CustomResource(GROUP, VERSION, _PLURALS[ref.kind], ref.kind, ref.name, ref.namespace, ref.uid)
+
+
+class FleetActivities:
+    def __init__(self, *, cluster: KubernetesCluster, providers: Mapping[str, CloudProvider], task_queue: str | None = None) -> None:
+        self.cluster = cluster
+        self.providers = dict(providers)
+        self.task_queue = task_queue
+
+    # --- node workflows and the class ledger ---------------------------------------------
+
+    @activity.defn
+    async def reserve_and_start_node(self, inp: StartNodeInput) -> StartNodeResult:
+        """Reserve a slot in the class budget, then start the node workflow (idempotent: a
+        retried call finds the same reservation and the same running workflow)."""
+        client = activity.client()
+        grant = await self._ledger_update(inp.class_name, "reserve", inp.reservation)
+        if not grant.granted:
+            return StartNodeResult(started=False, reason=grant.reason)
+        request = NodeRequest.model_validate_json(inp.request_json)
+        from workflows.node import NodeWorkflowInput  # the input type; workflows import nothing from here
+
+        await client.start_workflow(
+            "GPUNodeWorkflow",
+            NodeWorkflowInput(request=request),
+            id=request.workflow_id,
+            task_queue=self.task_queue or activity.info().task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=inp.static_summary or f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
+        )
+        return StartNodeResult(started=True)
+
+    @activity.defn
+    async def settle_reservation(self, call: LedgerCall) -> Grant:
+        """Tell the class ledger the price a node is about to pay; it may refuse."""
+        return await self._ledger_update(call.class_workflow_id, "settle", call.reservation)
+
+    @activity.defn
+    async def release_reservation(self, call: LedgerCall) -> None:
+        """Give the node's slot and $/h back to the class budget."""
+        try:
+            await activity.client().get_workflow_handle(call.class_workflow_id).execute_update("release", call.reservation.node_id)
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise
+            log.info("ledger_gone", class_workflow_id=call.class_workflow_id)  # nothing left to release
+
+    async def _ledger_update(self, class_workflow_id: str, name: str, reservation: Reservation) -> Grant:
+        try:
+            return await activity.client().get_workflow_handle(class_workflow_id).execute_update(name, reservation, result_type=Grant)
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                return Grant(granted=False, reason=f"the class ledger {class_workflow_id} is not running (is the GPUNodeClass applied?)")
+            raise
+        except WorkflowUpdateFailedError as exc:
+            return Grant(granted=False, reason=str(exc.cause or exc))
+
+    @activity.defn
+    async def evict_nodes(self, workflow_ids: list[str]) -> None:
+        """Ask node workflows to drain and terminate (pool deleted or shrunk)."""
+        client = activity.client()
+
+        async def evict(wid: str) -> None:
+            try:
+                await client.get_workflow_handle(wid).signal("evict", {"reason": "pool deleted"})
+            except RPCError as exc:
+                if exc.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+
+        await asyncio.gather(*(evict(w) for w in workflow_ids))
+
+    # --- Kubernetes objects ---------------------------------------------------------------
+
+    @activity.defn
+    async def write_status(self, write: StatusWrite) -> bool:
+        """Patch the status subresource; False when the object is gone."""
+        with temporal_errors():
+            return await self.cluster.patch_custom_status(_resource(write.ref), write.status)
+
+    @activity.defn
+    async def emit_events(self, events: list[EventSpec]) -> None:
+        with temporal_errors():
+            for e in events:
+                await self.cluster.create_event(_resource(e.ref), type=e.type, reason=e.reason, message=e.message)
+
+    @activity.defn
+    async def remove_finalizer(self, ref: ObjectRef) -> None:
+        """The pool's nodes are gone: let Kubernetes delete the pool."""
+        with temporal_errors():
+            await self.cluster.set_finalizer(_resource(ref), FINALIZER, present=False)
+
+    # --- checks -----------------------------------------------------------------------------
+
+    @activity.defn
+    async def check_offers(self, req: OfferRequirements) -> OfferCheck:
+        """Is there any offer for these requirements, and what is the cheapest with and
+        without the price cap? Used to tell a user their maxHourlyPrice is below every offer."""
+        names = req.providers or sorted(self.providers)
+        offers = []
+        with temporal_errors():
+            for name in names:
+                provider = self.providers.get(name)
+                if provider is not None:
+                    offers.extend(await provider.list_offers())
+        uncapped = req.model_copy(update={"max_hourly_price": None})
+        matching = sorted((o for o in offers if offer_satisfies(o, req)), key=lambda o: o.hourly_price)
+        any_price = sorted((o for o in offers if offer_satisfies(o, uncapped)), key=lambda o: o.hourly_price)
+        best = any_price[0] if any_price else None
+        return OfferCheck(
+            matching=len(matching),
+            cheapest=matching[0].hourly_price if matching else None,
+            cheapest_any_price=best.hourly_price if best else None,
+            cheapest_description=f"{best.gpu_type} on {best.provider} in {best.region}" if best else "",
+        )
+
+    @activity.defn
+    async def validate_class(self, inp: ValidateClassInput) -> list[str]:
+        """What is wrong with a GPUNodeClass, each problem saying what to fix. Reads the Secrets
+        it references (never returning their contents)."""
+        problems: list[str] = []
+        with temporal_errors():
+            for p in inp.spec.providers:
+                if not p.enabled:
+                    continue
+                if p.name not in self.providers and p.credentials_ref is None:
+                    problems.append(f"provider {p.name} has no credentialsRef and is not configured on the worker")
+                if p.credentials_ref is not None:
+                    ns = p.credentials_ref.namespace or inp.operator_namespace
+                    problems += await self._check_secret_key(ns, p.credentials_ref.name, p.credentials_ref.key, f"providers[{p.name}].credentialsRef")
+            ts = inp.spec.tailscale_config
+            if ts.oauth_secret_ref:
+                keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")
+                for key in keys:
+                    problems += await self._check_secret_key(inp.operator_namespace, ts.oauth_secret_ref, key, "tailscaleConfig.oauthSecretRef")
+        return problems
+
+    async def _check_secret_key(self, namespace: str, name: str, key: str, field: str) -> list[str]:
+        data = await self.cluster.read_secret(namespace, name)
+        if data is None:
+            return [f"{field}: Secret {namespace}/{name} does not exist; create it or fix the reference"]
+        if key not in data:
+            return [f"{field}: Secret {namespace}/{name} has no key {key!r} (keys: {', '.join(sorted(data)) or 'none'})"]
+        return []
+
+    def all(self) -> list[object]:
+        return [
+            self.reserve_and_start_node,
+            self.settle_reservation,
+            self.release_reservation,
+            self.evict_nodes,
+            self.write_status,
+            self.emit_events,
+            self.remove_finalizer,
+            self.check_offers,
+            self.validate_class,
+        ]
+
+
+def price_text(price: Decimal | None) -> str:
+    return "?" if price is None else f"${price}/h"

@@ -1,0 +1,71 @@
+"""From a GPUNodePool and its GPUNodeClass to what one node needs. Pure, no I/O."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
+from tgp.messages import class_workflow_id, pool_workflow_id
+from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, LifecycleTimeouts, NodeRequest, OfferRequirements
+
+
+def _intersect(a: list[str], b: list[str] | None) -> list[str]:
+    if b is None:
+        return list(a)
+    if not a:
+        return list(b)
+    return [x for x in a if x in b]
+
+
+def offer_requirements(pool: GPUNodePoolSpec, klass: GPUNodeClassSpec) -> OfferRequirements:
+    """The class's instance requirements narrowed by the pool's requirements and price cap.
+
+    An intersection that comes out empty is kept as an impossible value, so the offer check
+    reports "no offer" instead of silently allowing anything.
+    """
+    ir = klass.instance_requirements
+    gpus = _intersect(ir.gpu_types, pool.gpu_types)
+    regions = _intersect(ir.regions, pool.regions)
+    if (ir.gpu_types or pool.gpu_types is not None) and not gpus:
+        gpus = ["(none: the class and pool GPU types do not overlap)"]
+    if (ir.regions or pool.regions is not None) and not regions:
+        regions = ["(none: the class and pool regions do not overlap)"]
+    enabled = sorted((p for p in klass.providers if p.enabled), key=lambda p: p.priority)
+    return OfferRequirements(
+        gpu_types=[g for g in gpus if g not in pool.excluded(LABEL_GPU_TYPE)],
+        regions=[r for r in regions if r not in pool.excluded(LABEL_REGION)],
+        providers=[p.name for p in enabled],
+        min_gpu_count=ir.min_gpu_count,
+        max_hourly_price=pool.max_hourly_price,
+        allow_spot=ir.spot_allowed,
+    )
+
+
+def node_request(
+    *,
+    namespace: str,
+    pool_name: str,
+    class_name: str,
+    node_name: str,
+    pool: GPUNodePoolSpec,
+    klass: GPUNodeClassSpec,
+    watch_interval: timedelta | None = None,
+) -> NodeRequest:
+    """Everything a node workflow of this pool needs."""
+    d = pool.disruption
+    timeouts = LifecycleTimeouts(idle=d.idle_timeout, drain=d.drain_timeout, expire_after=d.expire_after)
+    if watch_interval is not None:
+        timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
+    return NodeRequest(
+        namespace=namespace,
+        pool=pool_name,
+        node_name=node_name,
+        node_class=class_name,
+        requirements=offer_requirements(pool, klass),
+        labels=dict(pool.template.metadata.labels),
+        taints=list(pool.template.spec.taints),
+        tailnet_tags=list(klass.tailscale_config.tags),
+        timeouts=timeouts,
+        pool_workflow_id=pool_workflow_id(namespace, pool_name),
+        class_workflow_id=class_workflow_id(class_name),
+    )
