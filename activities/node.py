@@ -188,8 +188,8 @@ class NodeActivities:
 
         async def running() -> Instance | None:
             inst = await self._provider(ref.provider).describe(ref.instance_id or "")
-            if inst is None or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED):
-                state = "vanished" if inst is None else inst.state.value.lower()
+            if inst is None or inst.interrupted or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED, InstanceState.STOPPED):
+                state = "vanished" if inst is None else ("was interrupted" if inst.interrupted else inst.state.value.lower())
                 raise ApplicationError(
                     f"instance {ref.instance_id} on {ref.provider} {state} while booting", type="LaunchFailed", non_retryable=True
                 )

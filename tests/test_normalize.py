@@ -25,6 +25,8 @@ from tgp.normalize import normalize_gpu, normalize_region
         ("RTX 6000 Ada", "RTX6000ADA"),
         ("V100-32G", "V100-32GB"),
         ("Tesla T4", "T4"),
+        ("GH200 (96 GB)", "GH200"),
+        ("NVIDIA H200", "H200"),
         ("Some Future GPU", "SOME-FUTURE-GPU"),
     ],
 )

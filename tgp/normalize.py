@@ -11,8 +11,8 @@ import re
 
 # Canonical label values. Memory is part of the name only where a model ships in several sizes.
 _PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"h200", "H200"),
     (r"gh200", "GH200"),
+    (r"h200", "H200"),
     (r"b200", "B200"),
     (r"h100.*(sxm|hbm3)", "H100-SXM"),
     (r"h100.*nvl", "H100-NVL"),
