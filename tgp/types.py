@@ -29,6 +29,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_GPU_TYPE = "tgp.io/gpu-type"
 LABEL_REGION = "tgp.io/region"
 LABEL_POOL = "tgp.io/pool"
+LABEL_POOL_NAMESPACE = "tgp.io/pool-namespace"
 LABEL_PROVIDER = "tgp.io/provider"
 LABEL_MANAGED = "tgp.io/managed"
 
@@ -73,7 +74,7 @@ class Offer(Model):
     @property
     def key(self) -> str:
         """Identity used by the unavailable-offer cache."""
-        return f"{self.provider}/{self.offer_id}/{self.region}"
+        return f"{self.provider}/{self.offer_id}/{self.region}" + ("/spot" if self.spot else "")
 
 
 class InstanceState(StrEnum):
