@@ -1,4 +1,4 @@
-"""`tgp` command line: `tgp worker`, `tgp demo`."""
+"""`tgp` command line: `tgp worker`, `tgp bridge`, `tgp offers`, `tgp demo`."""
 
 from __future__ import annotations
 
@@ -38,12 +38,32 @@ async def run_worker(args: argparse.Namespace) -> None:
         await worker.run()
 
 
+async def run_bridge(args: argparse.Namespace) -> None:
+    from activities.cluster import KubernetesCluster
+    from crd_bridge.bridge import Bridge
+    from tgp.temporal import connect
+
+    client = await connect(args.address, args.namespace)
+    kube_url = os.environ.get("TGP_KUBE_URL")
+    async with KubernetesCluster.from_url(kube_url) if kube_url else KubernetesCluster.from_kubeconfig(os.environ.get("KUBECONFIG")) as cluster:
+        print(f"tgp bridge watching GPUNodeClasses, GPUNodePools, pods and nodes; signalling {args.task_queue!r} on {args.address}", file=sys.stderr)
+        await Bridge(client, cluster, task_queue=args.task_queue).run()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tgp", description="Ephemeral GPU nodes for Kubernetes, run as Temporal workflows.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     worker = sub.add_parser("worker", help="run a worker hosting tgp's workflows and activities")
     _temporal_flags(worker)
+
+    bridge = sub.add_parser("bridge", help="watch GPUNodeClass/GPUNodePool/pods/nodes and drive the workflows")
+    _temporal_flags(bridge)
+
+    offers = sub.add_parser("offers", help="live, price-sorted offers across the configured providers")
+    from tgp.offers_cli import add_arguments
+
+    add_arguments(offers)
 
     demo = sub.add_parser("demo", help="one full node lifecycle on a simulated cloud and cluster, with the Web UI")
     demo.add_argument("--port", type=int, default=7233, help="Temporal dev server port (Web UI on port+1000)")
@@ -57,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "worker":
             asyncio.run(run_worker(args))
+        elif args.command == "offers":
+            from tgp.offers_cli import run_offers
+
+            return asyncio.run(run_offers(args))
+        elif args.command == "bridge":
+            asyncio.run(run_bridge(args))
         elif args.command == "demo":
             from tgp.demo import run_demo
 

@@ -21,7 +21,7 @@ from activities.cluster import KubernetesCluster
 from activities.fleet import FleetActivities
 from activities.node import NodeActivities
 from activities.ports import CloudProvider
-from activities.providers.simulated import SimulatedProvider
+from activities.providers.registry import API_KEY_ENV, providers_from_env
 from activities.tailnet import TailscaleTailnet
 from tgp.errors import ConfigError
 from tgp.types import DEFAULT_TASK_QUEUE
@@ -49,8 +49,7 @@ class Activities:
 class WorkerConfig:
     """Where the worker's adapters point. Read from the environment by `from_env`."""
 
-    simulated_cloud_url: str | None = None
-    simulated_cloud_api_key: SecretStr | None = field(default=None, repr=False)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # provider credentials and options
     tailscale_api_url: str = "https://api.tailscale.com"
     tailscale_client_id: str | None = None
     tailscale_client_secret: SecretStr | None = field(default=None, repr=False)
@@ -60,10 +59,8 @@ class WorkerConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> WorkerConfig:
         secret = env.get("TS_OAUTH_CLIENT_SECRET")
-        sim_key = env.get("TGP_SIMULATED_CLOUD_API_KEY")
         return cls(
-            simulated_cloud_url=env.get("TGP_SIMULATED_CLOUD_URL"),
-            simulated_cloud_api_key=SecretStr(sim_key) if sim_key else None,
+            env=dict(env),
             tailscale_api_url=env.get("TGP_TAILSCALE_API_URL", "https://api.tailscale.com"),
             tailscale_client_id=env.get("TS_OAUTH_CLIENT_ID"),
             tailscale_client_secret=SecretStr(secret) if secret else None,
@@ -74,13 +71,14 @@ class WorkerConfig:
 
 async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activities:
     """Adapters for every configured system; closed when `stack` closes."""
-    providers: dict[str, CloudProvider] = {}
-    if config.simulated_cloud_url:
-        sim = SimulatedProvider(config.simulated_cloud_url, api_key=config.simulated_cloud_api_key)
-        stack.push_async_callback(sim.aclose)
-        providers[sim.name] = sim
+    providers: dict[str, CloudProvider] = providers_from_env(config.env)
+    for provider in providers.values():
+        stack.push_async_callback(provider.aclose)  # type: ignore[attr-defined]
     if not providers:
-        raise ConfigError("no cloud provider configured: set TGP_SIMULATED_CLOUD_URL (or run `tgp demo`)")
+        raise ConfigError(
+            f"no cloud provider configured: set one of {', '.join(API_KEY_ENV.values())} "
+            "(or TGP_SIMULATED_CLOUD_URL, or run `tgp demo`)"
+        )
     if not (config.tailscale_client_id and config.tailscale_client_secret):
         raise ConfigError("Tailscale OAuth client missing: set TS_OAUTH_CLIENT_ID and TS_OAUTH_CLIENT_SECRET")
     tailnet = TailscaleTailnet(

@@ -1,0 +1,69 @@
+"""`tgp offers` across the real adapters, each against its local fake."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from decimal import Decimal
+
+import pytest
+
+from tgp.offers_cli import add_arguments, list_offers, run_offers
+from tgp.sim.lambdalabs import FakeLambda
+from tgp.sim.runpod import FakeRunPod
+from tgp.sim.vastai import FakeAsk, FakeVast
+
+ASKS = [
+    FakeAsk(id=101, gpu_name="RTX 4090", geolocation="Helsinki, FI", dph_base=Decimal("0.31"), min_bid=Decimal("0.18")),
+    FakeAsk(id=102, gpu_name="A100 SXM4 80GB", geolocation="Texas, US", dph_base=Decimal("1.10")),
+]
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.fixture
+async def fakes():
+    async with FakeRunPod(api_key="rp") as rp, FakeLambda(api_key="lam") as lam, FakeVast(api_key="va", asks=ASKS) as va:
+        env = {
+            "RUNPOD_API_KEY": "rp",
+            "TGP_RUNPOD_API_URL": rp.url,
+            "LAMBDA_LABS_API_KEY": "lam",
+            "TGP_LAMBDALABS_API_URL": lam.url,
+            "VAST_API_KEY": "va",
+            "TGP_VASTAI_API_URL": va.url,
+        }
+        yield env
+
+
+async def test_offers_from_every_provider_cheapest_first(fakes: dict[str, str]) -> None:
+    offers, errors = await list_offers(parse("--spot"), fakes)
+    assert errors == {}
+    assert {o.provider for o in offers} == {"runpod", "lambdalabs", "vastai"}
+    prices = [o.hourly_price for o in offers]
+    assert prices == sorted(prices)
+
+
+async def test_filters_apply_and_gpu_names_are_normalised(fakes: dict[str, str]) -> None:
+    offers, _ = await list_offers(parse("--gpu", "RTX 4090", "--max-price", "0.60"), fakes)
+    assert offers and all(o.gpu_type == "RTX4090" and o.hourly_price <= 0.60 and not o.spot for o in offers)
+    only, _ = await list_offers(parse("--provider", "vastai"), fakes)
+    assert {o.provider for o in only} == {"vastai"}
+
+
+async def test_a_provider_with_a_bad_key_is_reported_and_the_rest_still_listed(fakes: dict[str, str]) -> None:
+    offers, errors = await list_offers(parse(), {**fakes, "LAMBDA_LABS_API_KEY": "wrong"})
+    assert list(errors) == ["lambdalabs"] and "AuthError" in errors["lambdalabs"]
+    assert "wrong" not in errors["lambdalabs"], "the key is not echoed"
+    assert offers and "lambdalabs" not in {o.provider for o in offers}
+
+
+async def test_json_output(fakes: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    for k, v in fakes.items():
+        monkeypatch.setenv(k, v)
+    assert await run_offers(parse("--json", "--limit", "3")) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 3 and {"provider", "gpu_type", "hourly_price", "region"} <= set(rows[0])
