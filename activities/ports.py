@@ -57,7 +57,8 @@ class Tailnet(Protocol):
         ...
 
     async def revoke_keys_for(self, hostname: str) -> int:
-        """Revoke every unused key minted for `hostname` (found by description); returns how many."""
+        """Revoke every unused key minted for `hostname`; returns how many. Tailscale finds them
+        by key description; Headscale keys carry no name, so only keys this process minted."""
         ...
 
     async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None: ...

@@ -1,0 +1,355 @@
+"""Headscale (0.28 / 0.29) behind the `Tailnet` port: single-use, ephemeral, tagged pre-auth
+keys, and the nodes they create.
+
+REST under `/api/v1` with `Authorization: Bearer <API key>` (`headscale apikeys create`). JSON
+is protojson: lowerCamelCase, uint64 ids as strings, RFC 3339 timestamps, errors as
+`{"code", "message", "details"}`. Keys are expired by id (`POST /api/v1/preauthkey/expire`),
+which needs 0.28 or later; older servers name users instead of numbering them and are not
+supported (reference/network-bootstrap.md 2.3).
+
+Headscale keys carry no description, so nothing on the server ties a key to the hostname it
+was minted for. `revoke_keys_for` therefore works from an in-process map of the keys this
+adapter minted: after a worker restart it finds nothing, and the durable path is
+`revoke_auth_key` with the key ids the workflow recorded (LaunchResult.key_id). Unused keys
+still expire on their own at the expiry given when minting.
+
+Every request goes through `tgp.http.send` (timeout, bounded retry on 429/5xx). The API key is
+held as `SecretStr` and scrubbed from every error message, as are minted keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timedelta, timezone
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import structlog
+from pydantic import SecretStr
+
+from activities.ports import AuthKey
+from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
+from tgp.http import DEFAULT_TIMEOUT, error_message, send
+from tgp.types import TailnetDevice
+
+__all__ = ["HeadscaleTailnet"]
+
+log = structlog.get_logger(__name__)
+
+SYSTEM = "Headscale API"
+# Headscale's own rules for an ACL tag (hscontrol validateTag): prefix, lowercase, no spaces.
+_TAG = re.compile(r"^tag:[^\sA-Z]+$")
+# Pre-auth keys (hskey-auth-...) and API keys (hskey-api-...) since 0.28.
+_HSKEY = re.compile(r"hskey-[A-Za-z0-9_-]+")
+# protojson writes up to nine fractional digits; datetime takes six.
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+_EPOCH = datetime.min.replace(tzinfo=timezone.utc)
+
+Sleep = Callable[[float], Awaitable[object]]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _iso(when: datetime) -> str:
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(_FRACTION.sub(r"\1", value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+class HeadscaleTailnet:
+    """`Tailnet` over the Headscale v1 REST API.
+
+    `user` owns the keys: a numeric user id, or a user name looked up once. Leave it unset to
+    mint keys owned by their tags alone (0.28+). Use as `async with HeadscaleTailnet(...) as hs:`
+    or call `aclose()`. A client passed in is used as is and not closed here.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: SecretStr,
+        base_url: str,
+        user: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        sleep: Sleep = asyncio.sleep,
+        now: Callable[[], datetime] = _utcnow,
+        secret_ref: str = "the Headscale API key Secret",
+    ) -> None:
+        """`sleep` and `now` are seams for tests (retry waits, key expiry); `secret_ref` names
+        where the API key came from, for error messages."""
+        if not api_key.get_secret_value():
+            raise ConfigError(f"Headscale API key is empty: set the `apiKey` key of {secret_ref}")
+        if not base_url:
+            raise ConfigError("Headscale URL is empty: set the login server URL in the GPUNodeClass")
+        self._base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._user = user or None
+        self._user_id: str | None = user if user and user.isdigit() else None
+        self._timeout = timeout
+        self._sleep = sleep
+        self._now = now
+        self._secret_ref = secret_ref
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(
+            base_url=self._base_url, timeout=timeout, transport=transport, headers={"User-Agent": "tgp"}
+        )
+        # hostname -> ids of keys minted for it by this process (see the module docstring).
+        self._minted: dict[str, list[str]] = {}
+
+    def __repr__(self) -> str:
+        return f"HeadscaleTailnet(base_url={self._base_url!r}, user={self._user!r})"
+
+    @property
+    def login_server(self) -> str:
+        """The URL nodes pass to `tailscale up --login-server` (the same server)."""
+        return self._base_url
+
+    async def __aenter__(self) -> HeadscaleTailnet:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this adapter created it."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    # --- the Tailnet port -------------------------------------------------------------
+
+    async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta) -> AuthKey:
+        """Mint a single-use, ephemeral pre-auth key carrying `tags` as aclTags, owned by the
+        configured user (or by the tags alone). Nodes it registers are tagged nodes."""
+        if not hostname:
+            raise ConfigError("a tailnet hostname must not be empty")
+        bad = [t for t in tags if not _TAG.match(t)]
+        if bad:
+            raise ConfigError(
+                f"Headscale ACL tags must start with 'tag:' and be lowercase without spaces; got {', '.join(map(repr, bad))}"
+            )
+        if not tags and not self._user:
+            raise ConfigError(f"cannot mint a Headscale key for {hostname} without tags or a user: set tailnetTags")
+        if expiry <= timedelta(0):
+            raise ConfigError(f"auth key expiry must be positive, got {expiry}")
+        body: dict[str, Any] = {
+            "reusable": False,
+            "ephemeral": True,
+            "expiration": _iso(self._now() + expiry),
+            "aclTags": list(tags),
+        }
+        if self._user:
+            body["user"] = await self._resolve_user()
+        try:
+            response = await self._call("POST", "/api/v1/preauthkey", json=body, ok=(400,))
+        except TransientError as exc:
+            # 0.29 reports a missing user as an unmapped error (HTTP 500), which retrying cannot fix.
+            if self._user and _says_not_found(exc):
+                raise self._error(ConfigError, f"Headscale user {self._user!r} does not exist: {exc}") from None
+            raise
+        if response.status_code == 400:
+            raise self._error(ConfigError, f"Headscale refused the pre-auth key request (400): {error_message(response)}")
+        key = self._json(response).get("preAuthKey")
+        key_id = key.get("id") if isinstance(key, dict) else None
+        secret = key.get("key") if isinstance(key, dict) else None
+        if key_id in (None, "") or not isinstance(secret, str) or not secret:
+            raise self._error(TransientError, f"{SYSTEM}: key creation answered without an id or key")
+        key_id = str(key_id)
+        self._minted.setdefault(hostname, []).append(key_id)
+        log.info("tailnet.key_minted", key_id=key_id, hostname=hostname, tags=list(tags), expiry_s=int(expiry.total_seconds()))
+        return AuthKey(key_id=key_id, secret=SecretStr(secret))
+
+    async def revoke_auth_key(self, key_id: str) -> None:
+        """Expire the key; a key already gone counts as revoked."""
+        gone = await self._expire_key(key_id)
+        for ids in self._minted.values():
+            if key_id in ids:
+                ids.remove(key_id)
+        log.info("tailnet.key_revoked", key_id=key_id, already_gone=gone)
+
+    async def revoke_keys_for(self, hostname: str) -> int:
+        """Expire every still-usable key this process minted for `hostname` (Headscale keys
+        carry no name to search by); returns how many were expired."""
+        ids = list(self._minted.get(hostname, []))
+        if not ids:
+            log.info("tailnet.keys_revoked_for", hostname=hostname, revoked=0, known_keys=0)
+            return 0
+        response = await self._call("GET", "/api/v1/preauthkey")
+        by_id = {str(k.get("id")): k for k in self._list(response, "preAuthKeys")}
+        now = self._now()
+        revoked = 0
+        for key_id in ids:
+            entry = by_id.get(key_id)
+            if entry is None or not _key_usable(entry, now):
+                continue
+            if not await self._expire_key(key_id):
+                revoked += 1
+        # Only forget the keys once every one was dealt with, so a failure can be retried.
+        self._minted.pop(hostname, None)
+        log.info("tailnet.keys_revoked_for", hostname=hostname, revoked=revoked, known_keys=len(ids))
+        return revoked
+
+    async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None:
+        """The node whose hostname (`name`) or DNS name (`givenName`) is `hostname` and that
+        carries all of `tags`; of several, the online and newest one."""
+        response = await self._call("GET", "/api/v1/node")
+        wanted = set(tags)
+        matches = [
+            n
+            for n in self._list(response, "nodes")
+            if hostname in (n.get("name"), n.get("givenName")) and wanted <= _node_tags(n)
+        ]
+        if not matches:
+            return None
+        # Several nodes of one name: an ephemeral predecessor not yet collected. Prefer the live one.
+        best = max(matches, key=lambda n: (bool(n.get("online")), _parse_time(n.get("createdAt")) or _EPOCH))
+        return TailnetDevice(
+            device_id=str(best.get("id")),
+            hostname=hostname,
+            addresses=[str(a) for a in best.get("ipAddresses") or []],
+            tags=sorted(_node_tags(best)),
+            connected=bool(best.get("online")),
+        )
+
+    async def delete_device(self, device_id: str) -> None:
+        """Delete the node; one already gone (404) counts as deleted."""
+        try:
+            response = await self._call("DELETE", f"/api/v1/node/{quote(device_id, safe='')}", ok=(404,))
+            gone = response.status_code == 404
+        except TransientError as exc:
+            if not _says_not_found(exc):
+                raise
+            gone = True
+        log.info("tailnet.device_deleted", device_id=device_id, already_gone=gone)
+
+    # --- requests ---------------------------------------------------------------------
+
+    async def _expire_key(self, key_id: str) -> bool:
+        """Expire one key by id; True when it no longer existed. 0.30 answers 404 for a
+        missing key, 0.29 may answer 500 with a "not found" message: both mean gone."""
+        try:
+            response = await self._call("POST", "/api/v1/preauthkey/expire", json={"id": key_id}, ok=(404,))
+        except TransientError as exc:
+            if _says_not_found(exc):
+                return True
+            raise
+        return response.status_code == 404
+
+    async def _resolve_user(self) -> str:
+        """The numeric id of the configured user, looked up by name once."""
+        if self._user_id is not None:
+            return self._user_id
+        assert self._user is not None
+        response = await self._call("GET", "/api/v1/user", params={"name": self._user})
+        for entry in self._list(response, "users"):
+            if entry.get("name") == self._user and entry.get("id") not in (None, ""):
+                self._user_id = str(entry["id"])
+                return self._user_id
+        raise self._error(
+            ConfigError, f"Headscale user {self._user!r} does not exist: create it with `headscale users create {self._user}`"
+        )
+
+    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
+        """One authenticated call; statuses outside 2xx and `ok` become typed errors."""
+        accepted = set(ok)
+        headers = {"Authorization": f"Bearer {self._api_key.get_secret_value()}"}
+        try:
+            response = await send(
+                self._client,
+                method,
+                path,
+                system=SYSTEM,
+                # 401/403/404 come back as responses so this adapter can word the error.
+                ok=accepted | {401, 403, 404},
+                sleep=self._sleep,
+                headers=headers,
+                timeout=self._timeout,
+                **kwargs,
+            )
+        except TgpError as exc:
+            raise self._scrubbed(exc) from None
+        status = response.status_code
+        if status < 300 or status in accepted:
+            return response
+        if status == 401:
+            raise self._error(
+                AuthError,
+                f"{SYSTEM} rejected the API key for {method} {path} (401): check the `apiKey` key of "
+                f"{self._secret_ref} (make one with `headscale apikeys create`; they expire, 90 days by default)",
+            )
+        if status == 403:
+            raise self._error(PermissionDenied, f"{SYSTEM} refused {method} {path} (403): {error_message(response)}")
+        if status == 404:
+            raise self._error(
+                ConfigError,
+                f"{SYSTEM}: {method} {path} not found (404): check the Headscale URL {self._base_url!r} and that "
+                "the server runs Headscale 0.28 or later",
+            )
+        raise self._error(ConfigError, f"{SYSTEM}: {method} {path} answered {status}: {error_message(response)}")
+
+    # --- answers and errors -----------------------------------------------------------
+
+    def _json(self, response: httpx.Response) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise self._error(TransientError, f"{SYSTEM}: {response.request.method} {response.request.url.path} answered non-JSON")
+        return data
+
+    def _list(self, response: httpx.Response, field: str) -> list[dict[str, Any]]:
+        items = self._json(response).get(field) or []
+        return [item for item in items if isinstance(item, dict)]
+
+    def _scrub(self, text: str) -> str:
+        secret = self._api_key.get_secret_value()
+        if secret:
+            text = text.replace(secret, "[redacted]")
+        return _HSKEY.sub("hskey-[redacted]", text)
+
+    def _error(self, kind: type[TgpError], message: str) -> TgpError:
+        return kind(self._scrub(message))
+
+    def _scrubbed(self, exc: TgpError) -> TgpError:
+        exc.args = tuple(self._scrub(str(a)) for a in exc.args)
+        return exc
+
+
+def _says_not_found(exc: TgpError) -> bool:
+    return "not found" in str(exc).lower()
+
+
+def _node_tags(node: dict[str, Any]) -> set[str]:
+    """0.28+ has `tags`; older servers split them into forced/valid tags."""
+    tags = node.get("tags")
+    if tags is None:
+        tags = list(node.get("forcedTags") or []) + list(node.get("validTags") or [])
+    return {str(t) for t in tags or []}
+
+
+def _key_usable(entry: dict[str, Any], now: datetime) -> bool:
+    """Whether a listed key can still register a node: not spent (single-use) and not expired."""
+    if entry.get("used") and not entry.get("reusable"):
+        return False
+    expiration = _parse_time(entry.get("expiration"))
+    # A zero timestamp (0001-01-01) means no expiration was set.
+    return expiration is None or expiration.year <= 1 or expiration > now

@@ -1,0 +1,259 @@
+"""HeadscaleTailnet against FakeHeadscale over real HTTP on loopback.
+
+Time is a controllable clock shared by the adapter (key expiration it asks for) and the fake
+(key expiry); retry waits are recorded, never slept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import structlog
+from pydantic import SecretStr
+
+from activities.headscale import HeadscaleTailnet
+from activities.ports import Tailnet
+from tgp.errors import AuthError, ConfigError, TransientError
+from tgp.sim.headscale import FakeHeadscale, RegistrationRejected
+
+API_KEY = "hskey-api-abcdef123456-S3cretApiKeyNeverLogged"
+TAGS = ["tag:gpu-node"]
+HOUR = timedelta(hours=1)
+EPOCH = datetime(2026, 9, 1, 12, 0, tzinfo=timezone.utc)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = EPOCH
+
+    def now(self) -> datetime:
+        return self.at
+
+    def advance(self, delta: timedelta) -> None:
+        self.at += delta
+
+
+class Sleeps(list[float]):
+    """Records retry waits instead of sleeping."""
+
+    async def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    return Sleeps()
+
+
+@pytest.fixture
+async def hs(clock: Clock) -> AsyncIterator[FakeHeadscale]:
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp", "other"], now=clock.now) as fake:
+        yield fake
+
+
+def make_tailnet(hs: FakeHeadscale, clock: Clock, sleeps: Sleeps, *, user: str | None = "1", api_key: str = API_KEY) -> HeadscaleTailnet:
+    return HeadscaleTailnet(
+        base_url=hs.url,
+        api_key=SecretStr(api_key),
+        user=user,
+        sleep=sleeps,
+        now=clock.now,
+        secret_ref="Secret tgp-system/headscale",
+    )
+
+
+@pytest.fixture
+async def tailnet(hs: FakeHeadscale, clock: Clock, sleeps: Sleeps) -> AsyncIterator[HeadscaleTailnet]:
+    async with make_tailnet(hs, clock, sleeps) as adapter:
+        yield adapter
+
+
+def test_satisfies_port(tailnet: HeadscaleTailnet) -> None:
+    port: Tailnet = tailnet
+    assert port is tailnet
+    assert API_KEY not in repr(tailnet)
+
+
+# --- key minting -------------------------------------------------------------------------
+
+
+async def test_mint_sends_single_use_ephemeral_tagged_key_for_the_user_id(
+    tailnet: HeadscaleTailnet, hs: FakeHeadscale
+) -> None:
+    key = await tailnet.mint_auth_key(hostname="gpu-a100-x7k2", tags=TAGS, expiry=HOUR)
+
+    sent = [r for r in hs.requests if r.method == "POST" and r.path == "/api/v1/preauthkey"]
+    assert len(sent) == 1
+    assert sent[0].json == {
+        "user": "1",
+        "reusable": False,
+        "ephemeral": True,
+        "expiration": "2026-09-01T13:00:00Z",
+        "aclTags": ["tag:gpu-node"],
+    }
+    stored = hs.keys[key.key_id]
+    assert key.secret.get_secret_value() == stored.secret and stored.secret.startswith("hskey-auth-")
+    assert stored.user is not None and stored.user.name == "tgp"
+    assert stored.secret not in repr(key)
+
+
+async def test_user_name_is_resolved_to_its_id_once(hs: FakeHeadscale, clock: Clock, sleeps: Sleeps) -> None:
+    async with make_tailnet(hs, clock, sleeps, user="other") as tailnet:
+        await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+        await tailnet.mint_auth_key(hostname="gpu-2", tags=TAGS, expiry=HOUR)
+    lookups = [r for r in hs.requests if r.path == "/api/v1/user"]
+    assert len(lookups) == 1 and lookups[0].query == {"name": "other"}
+    assert [r.json["user"] for r in hs.requests if r.path == "/api/v1/preauthkey"] == ["2", "2"]
+
+
+async def test_unknown_user_is_a_config_error(hs: FakeHeadscale, clock: Clock, sleeps: Sleeps) -> None:
+    async with make_tailnet(hs, clock, sleeps, user="nobody") as tailnet:
+        with pytest.raises(ConfigError, match="'nobody' does not exist"):
+            await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    async with make_tailnet(hs, clock, sleeps, user="42") as tailnet:
+        # 0.29 answers 500 "user not found": not worth Temporal's retries.
+        with pytest.raises(ConfigError, match="'42' does not exist"):
+            await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    assert hs.keys == {}
+
+
+async def test_tag_only_keys_without_a_user(hs: FakeHeadscale, clock: Clock, sleeps: Sleeps) -> None:
+    async with make_tailnet(hs, clock, sleeps, user=None) as tailnet:
+        key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+        with pytest.raises(ConfigError, match="tags or a user"):
+            await tailnet.mint_auth_key(hostname="gpu-1", tags=[], expiry=HOUR)
+    assert "user" not in hs.requests[0].json and hs.keys[key.key_id].user is None
+
+
+@pytest.mark.parametrize("tag", ["gpu-node", "tag:GPU", "tag:gpu node"])
+async def test_invalid_tags_are_refused_before_calling(tailnet: HeadscaleTailnet, hs: FakeHeadscale, tag: str) -> None:
+    with pytest.raises(ConfigError, match="tag:"):
+        await tailnet.mint_auth_key(hostname="gpu-1", tags=[tag], expiry=HOUR)
+    assert hs.requests == []
+
+
+# --- retries and errors --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503])
+async def test_rate_limits_and_server_errors_are_retried(
+    tailnet: HeadscaleTailnet, hs: FakeHeadscale, sleeps: Sleeps, status: int
+) -> None:
+    hs.fail("/api/v1/preauthkey", status, times=2, retry_after=1, method="POST")
+    key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    assert key.key_id in hs.keys
+    assert sleeps == [1.0, 1.0]  # Retry-After honoured, never actually slept
+
+
+async def test_persistent_outage_is_transient_and_scrubbed(tailnet: HeadscaleTailnet, hs: FakeHeadscale, sleeps: Sleeps) -> None:
+    hs.fail("/api/v1/node", 503, times=10, message=f"backend down near hskey-auth-0123-leakedkey and {API_KEY}")
+    with pytest.raises(TransientError) as caught:
+        await tailnet.find_device("gpu-1", TAGS)
+    message = str(caught.value)
+    assert "503" in message and "leakedkey" not in message and API_KEY not in message
+    assert len(sleeps) == 2  # three attempts in the call, then Temporal's retry policy
+
+
+async def test_wrong_api_key_is_an_auth_error(hs: FakeHeadscale, clock: Clock, sleeps: Sleeps, caplog: pytest.LogCaptureFixture) -> None:
+    wrong = "hskey-api-abcdef123456-WrongKeyValue"
+    caplog.set_level(logging.DEBUG)
+    with structlog.testing.capture_logs() as events:
+        async with make_tailnet(hs, clock, sleeps, api_key=wrong) as tailnet:
+            with pytest.raises(AuthError) as caught:
+                await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    message = str(caught.value)
+    assert "401" in message and "Secret tgp-system/headscale" in message and "apikeys create" in message
+    assert caught.value.retryable is False and sleeps == []
+    for text in (message, caplog.text, str(events)):
+        assert wrong not in text
+
+
+# --- nodes ---------------------------------------------------------------------------------
+
+
+async def test_node_is_found_after_register(tailnet: HeadscaleTailnet, hs: FakeHeadscale) -> None:
+    key = await tailnet.mint_auth_key(hostname="gpu-a100-x7k2", tags=TAGS, expiry=HOUR)
+    assert await tailnet.find_device("gpu-a100-x7k2", TAGS) is None
+
+    node = hs.register(key.secret.get_secret_value(), "gpu-a100-x7k2")
+    device = await tailnet.find_device("gpu-a100-x7k2", TAGS)
+    assert device is not None
+    assert device.device_id == node.id
+    assert device.addresses == node.ip_addresses and device.addresses[0].startswith("100.64.")
+    assert device.tags == TAGS and device.connected is True
+    assert await tailnet.find_device("gpu-a100-x7k2", ["tag:other"]) is None
+    assert await tailnet.find_device("gpu-other", TAGS) is None
+
+    # Single-use: the key cannot register a second machine.
+    with pytest.raises(RegistrationRejected, match="already used"):
+        hs.register(key.secret.get_secret_value(), "gpu-a100-x7k2")
+
+
+async def test_find_prefers_the_online_newest_node(tailnet: HeadscaleTailnet, hs: FakeHeadscale, clock: Clock) -> None:
+    first = hs.register((await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)).secret.get_secret_value(), "gpu-1")
+    clock.advance(timedelta(minutes=5))
+    second = hs.register((await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)).secret.get_secret_value(), "gpu-1")
+    assert second.given_name != "gpu-1"  # Headscale de-duplicates the DNS name
+    device = await tailnet.find_device("gpu-1", TAGS)
+    assert device is not None and device.device_id == second.id
+    second.online = False
+    device = await tailnet.find_device("gpu-1", TAGS)
+    assert device is not None and device.device_id == first.id
+
+
+async def test_delete_twice_is_fine(tailnet: HeadscaleTailnet, hs: FakeHeadscale) -> None:
+    key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    node = hs.register(key.secret.get_secret_value(), "gpu-1")
+    await tailnet.delete_device(node.id)
+    assert hs.nodes == {}
+    await tailnet.delete_device(node.id)  # 404 = already deleted
+    assert [r.status for r in hs.requests if r.method == "DELETE"] == [200, 404]
+
+
+# --- revoking ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing_status", [500, 404])  # 0.29 and 0.30 answers for a missing key
+async def test_revoke_expires_the_key_and_a_missing_key_counts_as_revoked(
+    tailnet: HeadscaleTailnet, hs: FakeHeadscale, missing_status: int
+) -> None:
+    hs.missing_key_status = missing_status
+    key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    await tailnet.revoke_auth_key(key.key_id)
+    assert [r.json for r in hs.requests if r.path == "/api/v1/preauthkey/expire"] == [{"id": key.key_id}]
+    with pytest.raises(RegistrationRejected, match="expired"):
+        hs.register(key.secret.get_secret_value(), "gpu-1")
+    await tailnet.revoke_auth_key("9999")  # never existed
+
+
+async def test_revoke_keys_for_expires_only_this_hosts_usable_keys(tailnet: HeadscaleTailnet, hs: FakeHeadscale) -> None:
+    spent = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    hs.register(spent.secret.get_secret_value(), "gpu-1")
+    unused = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    other = await tailnet.mint_auth_key(hostname="gpu-2", tags=TAGS, expiry=HOUR)
+
+    assert await tailnet.revoke_keys_for("gpu-1") == 1
+    expired = [r.json["id"] for r in hs.requests if r.path == "/api/v1/preauthkey/expire"]
+    assert expired == [unused.key_id]
+    assert await tailnet.revoke_keys_for("gpu-1") == 0
+    # The other host's key still works.
+    hs.register(other.secret.get_secret_value(), "gpu-2")
+
+
+async def test_revoke_keys_for_after_a_restart_finds_nothing(hs: FakeHeadscale, clock: Clock, sleeps: Sleeps) -> None:
+    # Headscale keys carry no hostname: a new process cannot find the old one's keys
+    # (documented; the workflow revokes by the key ids it recorded instead).
+    async with make_tailnet(hs, clock, sleeps) as before:
+        key = await before.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    async with make_tailnet(hs, clock, sleeps) as after:
+        assert await after.revoke_keys_for("gpu-1") == 0
+        await after.revoke_auth_key(key.key_id)
+    assert hs.keys[key.key_id].expired(clock.now())
