@@ -136,6 +136,9 @@ IDLE_TIMEOUT = timedelta(minutes=10)
 WATCH_INTERVAL = timedelta(seconds=30)
 # A capacity error or join failure takes an offer out of rotation this long (Karpenter: 3 min).
 UNAVAILABLE_OFFER_TTL = timedelta(minutes=3)
+# One attempt of a short API call (create, describe, label, terminate). A worker that dies
+# mid-call is noticed after this long, and the call is retried on another worker.
+API_CALL_TIMEOUT = timedelta(minutes=2)
 # Offers tried before a node gives up and ends Failed.
 MAX_LAUNCH_ATTEMPTS = 3
 # Tailnet auth keys are single-use and expire soon after the boot that should consume them.
@@ -149,6 +152,7 @@ class LifecycleTimeouts(Model):
     drain: timedelta = DRAIN_TIMEOUT
     idle: timedelta = IDLE_TIMEOUT
     watch_interval: timedelta = WATCH_INTERVAL
+    api_call: timedelta = API_CALL_TIMEOUT
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")
 
 

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         LABEL_GPU_TYPE,
         LABEL_MANAGED,
         LABEL_POOL,
+        LABEL_POOL_NAMESPACE,
         LABEL_PROVIDER,
         LABEL_REGION,
         DeviceQuery,
@@ -62,8 +63,6 @@ SA_NODE_NAME = SearchAttributeKey.for_keyword("TgpNodeName")
 # for weeks keeps each run's history small and quick to replay.
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 600
 
-# Short API calls: one attempt may take this long.
-API_CALL_TIMEOUT = timedelta(minutes=2)
 # Heartbeat of the polling activities: they heartbeat on every look, so a dead worker is
 # noticed (and the activity retried elsewhere) within this long.
 POLL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
@@ -213,7 +212,7 @@ class GPUNodeWorkflow:
         choice = await workflow.execute_activity_method(
             NodeActivities.select_offer,
             SelectOfferInput(requirements=self.req.requirements, exclude=tried),
-            start_to_close_timeout=API_CALL_TIMEOUT,
+            start_to_close_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
             summary="select offer",
         )
@@ -228,7 +227,7 @@ class GPUNodeWorkflow:
             grant = await workflow.execute_activity_method(
                 FleetActivities.settle_reservation,
                 LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(choice.offer)),
-                start_to_close_timeout=API_CALL_TIMEOUT,
+                start_to_close_timeout=self.req.timeouts.api_call,
                 retry_policy=API_RETRY,
                 summary="settle price with the class budget",
             )
@@ -259,7 +258,7 @@ class GPUNodeWorkflow:
                 tailnet_tags=self.req.tailnet_tags,
                 unavailable_offer_ttl=self.req.unavailable_offer_ttl,
             ),
-            start_to_close_timeout=API_CALL_TIMEOUT,
+            start_to_close_timeout=self.req.timeouts.api_call,
             schedule_to_close_timeout=self.req.timeouts.launch,
             retry_policy=LAUNCH_RETRY,
             summary=f"launch {offer.gpu_type} on {offer.provider} ({offer.region}, ${offer.hourly_price}/h)",
@@ -335,6 +334,7 @@ class GPUNodeWorkflow:
         labels = {
             LABEL_MANAGED: "true",
             LABEL_POOL: self.req.pool,
+            LABEL_POOL_NAMESPACE: self.req.namespace,
             LABEL_PROVIDER: offer.provider,
             LABEL_GPU_TYPE: offer.gpu_type,
             LABEL_REGION: offer.region,
@@ -343,7 +343,7 @@ class GPUNodeWorkflow:
         await workflow.execute_activity_method(
             NodeActivities.label_and_taint_node,
             LabelInput(node_name=self.req.node_name, labels=labels, taints=self.req.taints),
-            start_to_close_timeout=API_CALL_TIMEOUT,
+            start_to_close_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
             summary="label and taint",
         )
@@ -371,7 +371,7 @@ class GPUNodeWorkflow:
             obs = await workflow.execute_activity_method(
                 NodeActivities.observe_node,
                 ObserveInput(instance=self.state.instance, node_name=self.req.node_name),
-                start_to_close_timeout=API_CALL_TIMEOUT,
+                start_to_close_timeout=self.req.timeouts.api_call,
                 retry_policy=API_RETRY,
                 summary="observe",
             )
@@ -390,8 +390,8 @@ class GPUNodeWorkflow:
         result = await workflow.execute_activity_method(
             NodeActivities.drain_node,
             DrainInput(node_name=self.req.node_name, timeout=self.req.timeouts.drain),
-            start_to_close_timeout=self.req.timeouts.drain + API_CALL_TIMEOUT,
-            heartbeat_timeout=API_CALL_TIMEOUT,
+            start_to_close_timeout=self.req.timeouts.drain + self.req.timeouts.api_call,
+            heartbeat_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
             summary="drain",
         )
@@ -407,21 +407,21 @@ class GPUNodeWorkflow:
             await workflow.execute_activity_method(
                 NodeActivities.terminate_instance,
                 self.state.instance,
-                start_to_close_timeout=API_CALL_TIMEOUT,
+                start_to_close_timeout=self.req.timeouts.api_call,
                 retry_policy=CLEANUP_RETRY,
                 summary="terminate instance",
             )
         await workflow.execute_activity_method(
             NodeActivities.remove_from_tailnet,
             TailnetCleanupInput(hostname=self.req.node_name, tags=self.req.tailnet_tags, key_ids=self.state.key_ids),
-            start_to_close_timeout=API_CALL_TIMEOUT,
+            start_to_close_timeout=self.req.timeouts.api_call,
             retry_policy=CLEANUP_RETRY,
             summary="remove from tailnet",
         )
         await workflow.execute_activity_method(
             NodeActivities.delete_node,
             self.req.node_name,
-            start_to_close_timeout=API_CALL_TIMEOUT,
+            start_to_close_timeout=self.req.timeouts.api_call,
             retry_policy=CLEANUP_RETRY,
             summary="delete Node",
         )
@@ -437,7 +437,7 @@ class GPUNodeWorkflow:
             await workflow.execute_activity_method(
                 FleetActivities.release_reservation,
                 LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(self.state.offer)),
-                start_to_close_timeout=API_CALL_TIMEOUT,
+                start_to_close_timeout=self.req.timeouts.api_call,
                 retry_policy=CLEANUP_RETRY,
                 summary="release class budget",
             )
@@ -446,7 +446,7 @@ class GPUNodeWorkflow:
         await workflow.execute_activity_method(
             NodeActivities.mark_offer_unavailable,
             MarkUnavailableInput(offer_key=offer.key, ttl=self.req.unavailable_offer_ttl),
-            start_to_close_timeout=API_CALL_TIMEOUT,
+            start_to_close_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
         )
 

@@ -33,7 +33,10 @@ class SimulatedProvider:
     # Simulated machines read the container-style env payload and always "join".
     capabilities = ProviderCapabilities(machine="vm", boot_payload="env", joins_as_node=True, spot=True)
 
-    def __init__(self, base_url: str, *, api_key: SecretStr | None = None, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, api_key: SecretStr | None = None, client: httpx.AsyncClient | None = None, name: str = "simulated"
+    ) -> None:
+        self.name = name  # several simulated clouds can stand in for several providers
         headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key else {}
         self._client = client or httpx.AsyncClient(base_url=base_url, timeout=DEFAULT_TIMEOUT, headers=headers)
 

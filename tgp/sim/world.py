@@ -28,6 +28,21 @@ class SimWorld:
     oauth_client_id: str
     oauth_client_secret: str
     cloud_api_key: str
+    stack: AsyncExitStack
+    boot_delay: float = 1.0
+
+    async def add_cloud(self, catalog: tuple[SimOffer, ...]) -> SimulatedCloud:
+        """Another simulated cloud whose machines join the same tailnet and cluster (to stand
+        in for a second provider)."""
+        return await self.stack.enter_async_context(
+            SimulatedCloud(
+                catalog=catalog,
+                boot_delay=self.boot_delay,
+                tailnet_register=self.cloud._tailnet_register,
+                node_register=self.cloud._node_register,
+                api_key=self.cloud_api_key,
+            )
+        )
 
     def worker_env(self) -> dict[str, str]:
         """Environment variables that point a worker (workers.main.WorkerConfig.from_env) here."""
@@ -71,4 +86,4 @@ async def sim_world(*, boot_delay: float = 1.0, catalog: tuple[SimOffer, ...] = 
                 api_key=cloud_api_key,
             )
         )
-        yield SimWorld(kube, tailscale, cloud, client_id, client_secret, cloud_api_key)
+        yield SimWorld(kube, tailscale, cloud, client_id, client_secret, cloud_api_key, stack, boot_delay)

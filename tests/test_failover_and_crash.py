@@ -1,0 +1,96 @@
+"""Offer failover across providers, and a worker killed in the middle of buying an instance."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from contextlib import AsyncExitStack
+from datetime import timedelta
+from decimal import Decimal
+
+from pydantic import SecretStr
+from temporalio.testing import WorkflowEnvironment
+
+from activities.node import NodeActivities
+from activities.providers.simulated import SimulatedProvider
+from tests.conftest import binary
+from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
+from tgp.sim.cloud import SimOffer
+from tgp.sim.world import sim_world
+from tgp.types import NodePhase, NodeStatus, OfferRequirements
+from workers.main import WorkerConfig, build_activities, make_worker
+from workflows.node import GPUNodeWorkflow
+
+
+async def test_capacity_error_on_the_cheapest_provider_fails_over_and_the_next_node_skips_it(temporal: WorkflowEnvironment) -> None:
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        cheap = await world.add_cloud((SimOffer("rtx4090-cheap", "RTX4090", "us-east", Decimal("0.35")),))
+        pricier = await world.add_cloud((SimOffer("rtx4090-dear", "RTX4090", "us-east", Decimal("0.52")),))
+        cheap.set_capacity("rtx4090-cheap", False)
+        adapters = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        providers = {
+            "alpha": SimulatedProvider(cheap.url, name="alpha", api_key=SecretStr(world.cloud_api_key)),
+            "beta": SimulatedProvider(pricier.url, name="beta", api_key=SecretStr(world.cloud_api_key)),
+        }
+        for p in providers.values():
+            stack.push_async_callback(p.aclose)
+        activities = NodeActivities(providers=providers, tailnet=adapters.node.tailnet, cluster=adapters.node.cluster, poll_interval=timedelta(seconds=0.1))
+        queue = f"failover-{uuid.uuid4().hex[:6]}"
+        await stack.enter_async_context(
+            make_worker(temporal.client, type(adapters)(node=activities, fleet=adapters.fleet), task_queue=queue)
+        )
+        requirements = OfferRequirements(gpu_types=["RTX4090"], providers=["alpha", "beta"])
+
+        first = await start(temporal, queue, request(requirements=requirements, unavailable_offer_ttl=timedelta(minutes=10)))
+        ready = await wait_phase(first, NodePhase.READY)
+        assert [a.offer.provider for a in ready.attempts] == ["alpha", "beta"]
+        assert ready.provider == "beta" and ready.hourly_price == Decimal("0.52")
+
+        second = await start(temporal, queue, request(requirements=requirements))
+        ready2 = await wait_phase(second, NodePhase.READY)
+        assert [a.offer.provider for a in ready2.attempts] == ["beta"], "the failed offer is skipped while cached"
+        assert cheap.create_requests == 1, "the sold-out provider was asked once, not per node"
+
+        for handle in (first, second):
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+            await handle.result()
+        assert cheap.live_instances() == [] and pricier.live_instances() == []
+
+
+async def test_a_worker_killed_mid_launch_buys_exactly_one_instance(temporal: WorkflowEnvironment) -> None:
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        queue = f"crash-{uuid.uuid4().hex[:6]}"
+        env = {
+            **os.environ,
+            **world.worker_env(),
+            "TEMPORAL_ADDRESS": temporal.client.service_client.config.target_host,
+            "TGP_TASK_QUEUE": queue,
+        }
+        doomed = subprocess.Popen([binary("tgp"), "worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stack.callback(lambda: doomed.poll() is None and doomed.kill())
+
+        world.cloud.hold_creates()
+        req = request(timeouts=FAST.model_copy(update={"api_call": timedelta(seconds=3)}))
+        handle = await start(temporal, queue, req)
+        await asyncio.wait_for(world.cloud.create_arrived.wait(), 60)  # the purchase reached the cloud ...
+        doomed.send_signal(signal.SIGKILL)  # ... and the worker dies before it hears back
+        doomed.wait(10)
+        world.cloud.release_creates()
+
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.1)
+        await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
+        ready = await wait_phase(handle, NodePhase.READY, timeout=60)
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        final: NodeStatus = await handle.result()
+
+        assert final.phase is NodePhase.TERMINATED
+        assert world.cloud.create_requests == 1, "the retried launch adopted the instance instead of buying another"
+        assert list(world.cloud.instances) == [ready.instance_id]
+        assert_nothing_left(world, req.node_name)
