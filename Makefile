@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean histories
+.PHONY: demo test venv clean histories bench crds
 
 venv: $(STAMP)
 
@@ -26,3 +26,11 @@ clean:
 # Re-record tests/histories/ after an intended (patched) workflow change.
 histories: $(STAMP)
 	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q tests/test_node_lifecycle.py tests/test_node_long_lived.py
+
+# Benchmarks print figures; they are not part of the test suite.
+bench: $(STAMP)
+	$(BIN)/python bench/offer_selection.py
+
+# Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
+crds: $(STAMP)
+	$(BIN)/python -m tgp.crdgen
