@@ -16,7 +16,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.cluster import CustomResource, KubernetesCluster
 from activities.node import temporal_errors
+from activities.bootstrap import check_template
 from activities.ports import CloudProvider
+from activities.providers.registry import CAPABILITIES
+from tgp.capabilities import capability_problems
 from tgp.crds import GROUP, VERSION, GPUNodeClassSpec
 from tgp.messages import Grant, ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult
 from tgp.offers import offer_satisfies
@@ -185,6 +188,14 @@ class FleetActivities:
                 if p.credentials_ref is not None:
                     ns = p.credentials_ref.namespace or inp.operator_namespace
                     problems += await self._check_secret_key(ns, p.credentials_ref.name, p.credentials_ref.key, f"providers[{p.name}].credentialsRef")
+                caps = CAPABILITIES.get(p.name)
+                if caps is not None:
+                    # spotAllowed permits spot, it does not require it: only node-ness and Talos matter.
+                    problems += capability_problems(p.name, caps, wants_talos=inp.spec.talos_config is not None, wants_spot=False)
+            if inp.spec.talos_config is not None:
+                problems += [f"talosConfig.machineConfigTemplate: {m}" for m in check_template(inp.spec.talos_config.machine_config_template)]
+            if inp.spec.bootstrap_template is not None:
+                problems += [f"bootstrapTemplate: {m}" for m in check_template(inp.spec.bootstrap_template)]
             ts = inp.spec.tailscale_config
             if ts.oauth_secret_ref:
                 keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")
