@@ -1,20 +1,27 @@
 """An in-process Kubernetes API server for the tests and `tgp demo`, built on kmock.
 
-kmock (`kmock.KubernetesEmulator`) stores objects and serves list/fetch/watch/create/patch/
-delete over real HTTP. `KubeEmulator` adds what the `Cluster` adapter relies on and kmock lacks,
+kmock (`kmock.KubernetesEmulator`) routes requests and serves discovery over real HTTP.
+`KubeEmulator` stores the objects itself and adds what tgp's adapters and the CRD bridge rely on,
 each following the real API server as recorded in docs/reference (kubernetes-testing.md):
 
 * create answers 201 and stamps `uid`, `resourceVersion`, `generation: 1`, `creationTimestamp`;
   a name already taken is 409 AlreadyExists; a new Pod starts in phase Pending;
-* one cluster-wide `resourceVersion` counter, bumped by every write; a patch that carries a
-  stale `metadata.resourceVersion` is 409 Conflict; a failed JSON-patch `test` is 422;
-* merge patch and strategic merge patch (treated as merge; 415 on custom resources), JSON patch;
-  a JSON-patch content type with an object body is 400;
-* the `/status` subresource changes only `status`; the main object ignores `status` and bumps
-  `generation` when `spec` changes;
+* one cluster-wide `resourceVersion` counter, bumped by every write; a patch or a PUT that
+  carries a stale `metadata.resourceVersion` is 409 Conflict; a failed JSON-patch `test` is 422;
+* merge patch and strategic merge patch (treated as merge; 415 on custom resources), JSON patch,
+  PUT; a JSON-patch content type with an object body is 400;
+* the `/status` subresource changes only `status`; the main object ignores `status`;
+  `generation` follows `spec` (custom resources: everything but metadata and status);
+* finalizers: deleting an object that has some only sets `deletionTimestamp` (a MODIFIED event);
+  it goes when the last finalizer is removed;
+* CustomResourceDefinitions (`install_crd` or POST): discovery, REST paths for every served
+  version, structural-schema pruning, defaulting and validation (422 naming the field);
+* watches resume from a `resourceVersion` (410 Gone once it left the retained window, see
+  `watch_window` and `compact`), end after `timeoutSeconds`, apply label and field selectors the
+  way the watch cache does; `cut_watches` drops open streams; lists carry the collection RV;
+* Events in `v1` and `events.k8s.io/v1` share one storage, as in a real cluster;
 * Nodes carry `node.kubernetes.io/not-ready:NoSchedule` until their Ready condition is True
   (the admission plugin and node-lifecycle controller of a real cluster, applied instantly);
-* `labelSelector` and `fieldSelector` on list and watch;
 * the Eviction subresource with PodDisruptionBudget checks (policy/v1 and policy/v1beta1).
 
 Evicted and deleted pods disappear at once (a real cluster waits for the kubelet and the grace
@@ -26,16 +33,19 @@ so they work the same against this emulator and a real API server.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import copy
 import gzip
 import hashlib
 import importlib.resources
+import json
 import math
 import re
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
@@ -53,6 +63,9 @@ from tgp.types import GPU_RESOURCE
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")
 PDBS = kmock.resource("policy", "v1", "poddisruptionbudgets")
+EVENTS = kmock.resource("", "v1", "events")
+EVENTS_V1 = kmock.resource("events.k8s.io", "v1", "events")
+CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
 TAINT_NOT_READY = "node.kubernetes.io/not-ready"
 TAINT_UNREACHABLE = "node.kubernetes.io/unreachable"
@@ -62,7 +75,17 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch"
 
+# The finalizer the API server puts on a CustomResourceDefinition being deleted; it goes once
+# every custom resource of that definition is gone.
+CRD_CLEANUP_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
+
+# How many changes the emulator keeps for watches that resume from a resourceVersion. A real
+# server's watch cache keeps a bounded window per resource too (and etcd compacts every 5 min);
+# 1000 is far more than a test produces, so only `compact()` or a small knob expires a watch.
+DEFAULT_WATCH_WINDOW = 1000
+
 _EVICTION_PATH = re.compile(r"/api/v1/namespaces/[^/]+/pods/[^/]+/eviction")
+_RESOURCE_PATH = re.compile(r"/apis?/.+")
 # Controllers whose `spec.replicas` a PodDisruptionBudget counts against.
 _SCALABLE_OWNERS = {
     "ReplicaSet": kmock.resource("apps", "v1", "replicasets"),
@@ -72,6 +95,14 @@ _SCALABLE_OWNERS = {
 # The cluster-wide revision starts high enough to look like a real one and to catch clients
 # that compare resourceVersions as strings.
 _FIRST_RESOURCE_VERSION = 1000
+# Metadata only the server writes; a patch or PUT cannot change it.
+_SERVER_OWNED_METADATA = (
+    "name", "namespace", "uid", "creationTimestamp", "resourceVersion", "generation",
+    "deletionTimestamp", "deletionGracePeriodSeconds",
+)
+# The alphabet of `generateName` suffixes (k8s.io/apiserver/pkg/storage/names): no vowels.
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_CUSTOM_RESOURCE_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 
 Obj = dict[str, Any]
 
@@ -84,21 +115,38 @@ class KubeEmulator(kmock.KubernetesEmulator):
     kmock's DSL injects faults, e.g. `kube["patch /api/v1/nodes/n1"] << 500`. Unlike plain kmock,
     writes happen in fallback reactions, so a request answered by an injected reaction changes
     nothing, as with a real server that failed.
+
+    Test knobs: `install_crd`, `compact`, `cut_watches`, `watch_window`, `eviction_versions`,
+    `expired_watch_as_http`.
     """
 
     eviction_versions: frozenset[str] = frozenset({"policy/v1", "policy/v1beta1"})
     """Eviction apiVersions the server accepts; `{"policy/v1beta1"}` plays a pre-1.22 server."""
 
+    watch_window: int = DEFAULT_WATCH_WINDOW
+    """How many changes are kept for watches that resume from a resourceVersion. A watch from
+    before the oldest kept change gets 410 Gone, as after an etcd compaction."""
+
+    expired_watch_as_http: bool = False
+    """Answer a watch from an expired resourceVersion with HTTP 410 instead of 200 and an ERROR
+    event in the stream. Current servers do the latter; old ones (and proxies) the former, and
+    clients must handle both."""
+
     _server: kmock.Server | None = attrs.field(default=None, init=False)
     _revision: int = attrs.field(default=_FIRST_RESOURCE_VERSION, init=False)
+    # Watches resume from `_changes`; every revision up to `_horizon` has been forgotten.
+    _changes: collections.deque[_Change] = attrs.field(factory=collections.deque, init=False)
+    _horizon: int = attrs.field(default=_FIRST_RESOURCE_VERSION, init=False)
+    _watches: set[_Watch] = attrs.field(factory=set, init=False)
+    _custom: dict[tuple[str, str], _CustomResource] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
-        # kmock's own fallbacks for create/update/delete call the overrides below.
-        super().__attrs_post_init__()
+        super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* overrides below
         # Built-in resources: discovery, and which kinds have a status subresource.
         bundled = importlib.resources.files("kmock._internal").joinpath("resources.json.gz").read_bytes()
         self.resources.load_data(gzip.decompress(bundled))
         self.fallback["post", _EVICTION_PATH] << self._serve_eviction
+        self.fallback["put", _RESOURCE_PATH] << self._serve_replace
 
     async def __aenter__(self) -> Self:
         await super().__aenter__()
@@ -114,16 +162,59 @@ class KubeEmulator(kmock.KubernetesEmulator):
         traceback: TracebackType | None,
     ) -> None:
         if self._server is not None and self._entered == 1:
+            # Open watches end cleanly first; the server would otherwise wait for them.
+            for watch in list(self._watches):
+                watch.end("closed")
             server, self._server = self._server, None
             await server.__aexit__(exc_type, exc_value, traceback)
         await super().__aexit__(exc_type, exc_value, traceback)
 
-    @property  # type: ignore[override]
-    def url(self) -> str:
+    @property
+    def url(self) -> str:  # type: ignore[override]  # a plain str, unlike kmock's yarl.URL
         """Base URL of the API, e.g. `http://127.0.0.1:40123`."""
         if self._server is None:
             raise RuntimeError("KubeEmulator is not running: use `async with KubeEmulator() as kube`")
         return str(self._server.url).rstrip("/")
+
+    # --- test knobs ------------------------------------------------------------------
+
+    def install_crd(self, crd: Mapping[str, Any]) -> Obj:
+        """Install or update a CustomResourceDefinition, as `kubectl apply -f crd.yaml` would.
+
+        Its resource is served at once (a real server takes a moment to report Established).
+        Returns the stored CRD; raises `ApiStatus` (422) for a definition the server refuses.
+        """
+        name = ((crd.get("metadata") or {}).get("name")) or ""
+        key = (CRDS, None, name)
+        if key in self.objects and not self.objects[key].deleted:
+            current = self.objects[key].raw
+            proposed = copy.deepcopy(dict(crd))
+            proposed.setdefault("metadata", {})["resourceVersion"] = current["metadata"]["resourceVersion"]
+            return self._update(CRDS, None, key, current, proposed)
+        return self._create(CRDS, None, crd)
+
+    def compact(self) -> None:
+        """Forget the change history, as an etcd compaction does: a watch from any earlier
+        resourceVersion gets 410 Gone and its client must list again. Open watches go on."""
+        self._changes.clear()
+        self._horizon = self._revision
+
+    def cut_watches(self) -> int:
+        """Drop every open watch connection mid-stream, as an API server restart or a load
+        balancer's idle timeout does: the client sees the connection close without the end of
+        the chunked body and must reconnect. Returns how many streams were cut."""
+        watches = list(self._watches)
+        for watch in watches:
+            watch.end("cut")
+            self._watches.discard(watch)
+        return len(watches)
+
+    @property
+    def open_watches(self) -> int:
+        """How many watch streams are being served right now."""
+        return len(self._watches)
+
+    # --- request handling ----------------------------------------------------------------
 
     @override
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -133,97 +224,386 @@ class KubeEmulator(kmock.KubernetesEmulator):
         except ApiStatus as status:
             return status.render()
 
-    def _next_resource_version(self) -> str:
-        self._revision += 1
-        return str(self._revision)
-
-    # --- writes (kmock's fallback reactions) -----------------------------------------
+    @override
+    def _get_resources(self) -> list[kmock.resource]:
+        # kmock also lists the resources of stored objects; a custom resource's storage key is
+        # not an endpoint unless its CRD serves that version.
+        declared = set(kmock.KubernetesScaffold._get_resources(self))
+        seeded = {resource for resource, _, _ in self.objects if (resource.group, resource.plural) not in self._custom}
+        return list(declared | seeded)
 
     @override
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
-        assert request.resource is not None
-        if not isinstance(request.data, Mapping):
-            raise ApiStatus(400, "BadRequest", "the body of a create must be a JSON object")
-        obj: Obj = copy.deepcopy(dict(request.data))
-        meta = obj.setdefault("metadata", {})
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
-        name = meta.get("name")
-        if not name:
-            raise ApiStatus(422, "Invalid", "metadata.name: Required value: name or generateName is required")
-        namespace = (request.namespace or meta.get("namespace")) if self._namespaced(request.resource) else None
-        if self._namespaced(request.resource) and not namespace:
-            raise ApiStatus(400, "BadRequest", "the namespace of the object must be set")
-        meta.pop("namespace", None)
-        if namespace:
-            meta["namespace"] = namespace
-        for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
-            meta.pop(field, None)
-        obj.setdefault("apiVersion", _api_version(request.resource))
-        obj.setdefault("kind", self._info(request.resource).kind or request.resource.plural.capitalize())
-        meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=_now())
-        if request.resource == PODS:
-            obj["status"] = {"phase": "Pending"}
-        if request.resource == NODES:
-            _taint_by_readiness(obj)
-
-        key = (request.resource, namespace, name)
-        async with self._lock:
-            if key in self.objects and not self.objects[key].deleted:
-                raise ApiStatus(
-                    409, "AlreadyExists", f'{request.resource.plural} "{name}" already exists',
-                    {"name": name, "kind": request.resource.plural},
-                )
-            meta["resourceVersion"] = self._next_resource_version()
-            if key in self.objects:
-                self.objects[key].create(obj)  # re-created after a deletion: history continues
-            else:
-                self.objects[key] = obj
-        await self._buses[request.resource].put({"type": "ADDED", "object": obj})
-        return kmock.Response(status=201, payload=obj)
+        resource = self._served(request)
+        # Always 201: kmock keeps the status of a Response returned from a reaction.
+        return kmock.Response(status=201, payload=self._create(resource, request.namespace, request.data))
 
     @override
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
-        assert request.resource is not None and request.name is not None
-        key = (request.resource, request.namespace, request.name)
-        events: list[Obj] = []
-        async with self._lock:
-            if key not in self.objects or self.objects[key].deleted:
-                raise _not_found(request.resource.plural, request.name)
-            stored = self.objects[key]
-            current: Obj = copy.deepcopy(stored.raw)
-            changed = self._apply_patch(request, current)
-            if changed == current:
-                return current  # a no-op patch writes nothing and keeps the resourceVersion
-            changed["metadata"]["resourceVersion"] = self._next_resource_version()
-            stored.history.append(changed)
-            events.append({"type": "MODIFIED", "object": changed})
-            meta = changed["metadata"]
-            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-                stored.delete()  # the last finalizer is gone: deletion completes
-                events.append({"type": "DELETED", "object": changed})
-        await self._buses[request.resource].put(*events)
-        return changed
+        resource = self._served(request, subresources={"status"})
+        key, current = self._existing(resource, request.namespace, request.name)
+        proposed = self._apply_patch(request, resource, self._present(resource, current))
+        return self._update(resource, request.subresource, key, current, proposed)
+
+    async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
+        """PUT: the body replaces the object (or its status); its resourceVersion must be current."""
+        resource = self._served(request, subresources={"status"})
+        if request.name is None:
+            raise ApiStatus(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        key, current = self._existing(resource, request.namespace, request.name)
+        if not isinstance(request.data, Mapping):
+            raise ApiStatus(400, "BadRequest", "the body of a PUT must be a JSON object")
+        proposed = copy.deepcopy(dict(request.data))
+        meta = proposed.setdefault("metadata", {})
+        if meta.get("name") not in (None, request.name):
+            raise ApiStatus(
+                400, "BadRequest",
+                f"the name of the object ({meta['name']}) does not match the name on the URL ({request.name})",
+            )
+        current_version = current["metadata"]["resourceVersion"]
+        if not meta.get("resourceVersion"):
+            if self._custom_version(resource) is not None:
+                # Custom resources do not allow unconditional updates (AllowUnconditionalUpdate).
+                raise _invalid(resource.group or "", resource.plural or "", request.name, [_FieldError(
+                    "FieldValueInvalid", "metadata.resourceVersion", "Invalid value: 0x0: must be specified for an update",
+                )])
+            meta["resourceVersion"] = current_version
+        elif str(meta["resourceVersion"]) != current_version:
+            raise _conflict(resource, request.name)
+        return self._update(resource, request.subresource, key, current, proposed)
 
     @override
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
-        assert request.resource is not None and request.name is not None
-        key = (request.resource, request.namespace, request.name)
-        async with self._lock:
-            if key not in self.objects or self.objects[key].deleted:
-                raise _not_found(request.resource.plural, request.name)
-            event = self._delete_stored(key)
-        await self._buses[request.resource].put(event)
-        return event["object"]
+        resource = self._served(request)
+        key, current = self._existing(resource, request.namespace, request.name)
+        options = request.data if isinstance(request.data, Mapping) else {}
+        preconditions = options.get("preconditions") or {}
+        if preconditions.get("uid") and preconditions["uid"] != current["metadata"].get("uid"):
+            raise _conflict(resource, request.name, (
+                f"Precondition failed: UID in precondition: {preconditions['uid']}, "
+                f"UID in object meta: {current['metadata'].get('uid')}"
+            ))
+        wanted_version = preconditions.get("resourceVersion")
+        if wanted_version and wanted_version != current["metadata"]["resourceVersion"]:
+            raise _conflict(resource, request.name, (
+                f"Precondition failed: ResourceVersion in precondition: {wanted_version}, "
+                f"ResourceVersion in object meta: {current['metadata']['resourceVersion']}"
+            ))
+        if resource == CRDS:
+            return self._present(resource, self._delete_crd(key, current))
+        obj, removed = self._delete(key, current)
+        if removed and self._custom_version(resource) is not None:
+            # The generic registry answers with a Status unless the store returns the object
+            # (built-in kinds such as Pods do; custom resources do not).
+            meta = obj["metadata"]
+            return {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": meta["name"], "group": resource.group, "kind": resource.plural, "uid": meta["uid"]},
+            }
+        return self._present(resource, obj)
 
-    def _apply_patch(self, request: kmock.Request, current: Obj) -> Obj:
+    @override
+    async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
+        if _is_true(request.params.get("watch")):
+            return await self._serve_watch(request)  # `watch=1` and `watch=True` count too
+        resource = self._served(request, subresources={"status"})
+        _, current = self._existing(resource, request.namespace, request.name)
+        return self._present(resource, current)
+
+    @override
+    async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
+        if _is_true(request.params.get("watch")):
+            return await self._serve_watch(request)
+        resource = self._served(request)
+        selection = self._selection(resource, request.params)
+        wanted = _parse_resource_version(request.params.get("resourceVersion"))
+        if request.params.get("resourceVersionMatch") == "Exact" and wanted is not None and wanted < self._horizon:
+            raise ApiStatus(410, "Expired", "The resourceVersion for the provided list is too old.")
+        storage = self._storage(resource)
+        items = []
+        for (kind, namespace, _), stored in sorted(self.objects.items(), key=_storage_order):
+            if kind != storage or stored.deleted:
+                continue
+            if request.namespace is not None and namespace != request.namespace:
+                continue
+            obj = self._present(resource, stored.raw)
+            if selection.matches(obj):
+                items.append(obj)
+        return {
+            "apiVersion": _api_version(resource),
+            "kind": f"{self._list_kind(resource)}",
+            "metadata": {"resourceVersion": str(self._revision)},
+            "items": items,
+        }
+
+    @override
+    async def _serve_watch(self, request: kmock.Request) -> kmock.Payload:  # type: ignore[override]
+        """Checks the request before any byte is sent (a bad selector is a plain 400), then
+        hands kmock the stream."""
+        resource = self._served(request)
+        selection = self._selection(resource, request.params)
+        since = _parse_resource_version(request.params.get("resourceVersion"))
+        timeout = _parse_timeout(request.params.get("timeoutSeconds"))
+        if since is not None and since < self._horizon and self.expired_watch_as_http:
+            raise ApiStatus(410, "Expired", _too_old(since, self._horizon))
+        # A Response's headers stick to the reaction (kmock), which is harmless: always JSON.
+        return kmock.Response(
+            headers={"Content-Type": "application/json"},
+            payload=self._stream(request, resource, selection, since, timeout),
+        )
+
+    async def _stream(
+        self,
+        request: kmock.Request,
+        resource: kmock.resource,
+        selection: _Selection,
+        since: int | None,
+        timeout: float | None,
+    ) -> AsyncIterator[kmock.Payload]:
+        """The watch stream: what happened after `since` (or the current state as ADDED events
+        when there is none), then every change as it happens."""
+        if since is not None and since < self._horizon:
+            # In-stream, as the watch cache reports it: 200, one ERROR event, end of stream.
+            yield {"type": "ERROR", "object": _status_body(410, "Expired", _too_old(since, self._horizon))}
+            return
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        storage = self._storage(resource)
+        raw_request = request._raw_request
+        watch = _Watch(
+            resource=storage,
+            namespace=request.namespace,
+            name=request.name,
+            transport=raw_request.transport if raw_request is not None else None,
+        )
+        # Backlog and registration in one step (no await between), so no change falls between.
+        if since is None:
+            watch.queue.extend(
+                _Change(int(stored.raw["metadata"]["resourceVersion"]), storage, "ADDED", stored.raw, None)
+                for (kind, _, _), stored in sorted(self.objects.items(), key=_storage_order)
+                if kind == storage and not stored.deleted
+            )
+        else:
+            watch.queue.extend(c for c in self._changes if c.resource == storage and c.revision > since)
+        self._watches.add(watch)
+        try:
+            yield b""  # the response headers go out now, as a real server sends them at once
+            while True:
+                while watch.queue:
+                    event = self._watch_event(watch, watch.queue.popleft(), resource, selection)
+                    if event is not None:
+                        yield event
+                if watch.ended is not None:
+                    return
+                watch.wake.clear()
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return  # timeoutSeconds: the server ends the stream cleanly
+                try:
+                    await asyncio.wait_for(watch.wake.wait(), remaining)
+                except TimeoutError:
+                    return
+        finally:
+            self._watches.discard(watch)
+
+    def _watch_event(
+        self, watch: _Watch, change: _Change, resource: kmock.resource, selection: _Selection
+    ) -> Obj | None:
+        """The event a watcher sees for `change`: like the watch cache, an object that starts
+        matching the selectors is ADDED for this watcher, one that stops matching is DELETED."""
+        meta = change.obj["metadata"]
+        if watch.namespace is not None and meta.get("namespace") != watch.namespace:
+            return None
+        if watch.name is not None and meta.get("name") != watch.name:
+            return None
+        matches_now = change.type != "DELETED" and selection.matches(self._present(resource, change.obj))
+        matched = change.previous is not None and selection.matches(self._present(resource, change.previous))
+        if matches_now:
+            return {"type": "MODIFIED" if matched else "ADDED", "object": self._present(resource, change.obj)}
+        if not matched:
+            return None
+        assert change.previous is not None
+        gone = change.obj if change.type == "DELETED" else _with_version(change.previous, change.revision)
+        return {"type": "DELETED", "object": self._present(resource, gone)}
+
+    # --- writes ----------------------------------------------------------------------
+
+    def _create(self, resource: kmock.resource, url_namespace: str | None, body: Any) -> Obj:
+        """Admit and store a new object; the stored object as the client's version shows it."""
+        if not isinstance(body, Mapping):
+            raise ApiStatus(400, "BadRequest", "the body of a create must be a JSON object")
+        obj: Obj = copy.deepcopy(dict(body))
+        if not isinstance(obj.setdefault("metadata", {}), dict):
+            raise ApiStatus(400, "BadRequest", "metadata must be a JSON object")
+        custom = self._custom_version(resource)
+        if custom is not None:
+            _check_type_meta(resource, custom[0], obj)
+        if resource == EVENTS_V1:
+            obj = _event_to_core(obj)
+        meta = obj["metadata"]
+        if meta.get("resourceVersion"):
+            # etcd3 storage refuses it; the API server passes that on as an internal error.
+            raise ApiStatus(500, "InternalError", "resourceVersion should not be set on objects to be created")
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
+        name = meta.get("name")
+        if not name:
+            raise ApiStatus(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+        namespace: str | None = None
+        if self._namespaced(resource):
+            if url_namespace and meta.get("namespace") not in (None, "", url_namespace):
+                raise ApiStatus(
+                    400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request",
+                )
+            namespace = url_namespace or meta.get("namespace")
+            if not namespace:
+                raise ApiStatus(400, "BadRequest", "the namespace of the object must be set")
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        for field in ("deletionTimestamp", "deletionGracePeriodSeconds", "uid", "creationTimestamp", "generation"):
+            meta.pop(field, None)
+        obj.setdefault("apiVersion", _api_version(EVENTS if resource == EVENTS_V1 else resource))
+        obj.setdefault("kind", self._kind(resource))
+
+        if resource in (EVENTS, EVENTS_V1):
+            errors = _event_errors(obj, resource)
+            if errors:
+                raise _invalid(resource.group or "", "Event", name, errors)
+        if custom is not None:
+            crd, version = custom
+            if crd.terminating:
+                raise ApiStatus(405, "MethodNotAllowed", "create not allowed while custom resource definition is terminating")
+            if "status" in version.subresources:
+                obj.pop("status", None)  # create cannot set status
+            obj = version.shape(obj)
+            meta = obj["metadata"]
+            errors = [*_name_errors(name), *version.validate(obj)]
+            if errors:
+                raise _invalid(resource.group or "", crd.kind, name, errors)
+        if resource == CRDS:
+            _check_crd(obj)
+            _default_crd(obj)
+
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+        if resource not in (EVENTS, EVENTS_V1):  # Events have no generation
+            meta["generation"] = 1
+        if resource == PODS:
+            obj["status"] = {"phase": "Pending"}
+        if resource == NODES:
+            _taint_by_readiness(obj)
+
+        stored = self._to_storage(resource, obj)
+        key = (self._storage(resource), namespace, name)
+        if key in self.objects and not self.objects[key].deleted:
+            raise ApiStatus(
+                409, "AlreadyExists", f'{_qualified_resource(resource)} "{name}" already exists',
+                {"name": name, "group": resource.group, "kind": resource.plural},
+            )
+        stored["metadata"]["resourceVersion"] = self._next_resource_version()
+        if key in self.objects:
+            self.objects[key].create(stored)  # re-created after a deletion: history continues
+        else:
+            self.objects[key] = stored
+        self._publish(key[0], "ADDED", stored, None)
+        if resource == CRDS:
+            self._register_crd(stored)
+        return self._present(resource, stored)
+
+    def _update(
+        self,
+        resource: kmock.resource,
+        subresource: str | None,
+        key: tuple[kmock.resource, str | None, str],
+        current: Obj,
+        proposed: Obj,
+    ) -> Obj:
+        """Admit and store `proposed` (in the request's version) as the new state of `current`."""
+        presented = self._present(resource, current)
+        changed = self._admit_update(resource, subresource, presented, proposed)
+        stored = self._to_storage(resource, changed)
+        if stored == current:
+            return presented  # a no-op writes nothing and keeps the resourceVersion
+        meta = stored["metadata"]
+        if current["metadata"].get("deletionTimestamp") and not meta.get("finalizers"):
+            # The last finalizer is gone: the object is deleted instead of written. The reply is
+            # the object as sent; watchers see DELETED with its last stored state.
+            self._remove(key, current)
+            return self._present(resource, stored)
+        meta["resourceVersion"] = self._next_resource_version()
+        self.objects[key].history.append(stored)
+        self._publish(key[0], "MODIFIED", stored, current)
+        if resource == CRDS:
+            self._register_crd(stored)
+        return self._present(resource, stored)
+
+    def _admit_update(self, resource: kmock.resource, subresource: str | None, current: Obj, proposed: Obj) -> Obj:
+        """The object the API server would store for `proposed`, or ApiStatus as it would refuse it."""
+        if not isinstance(proposed.get("metadata", {}), dict):
+            raise ApiStatus(400, "BadRequest", "metadata must be a JSON object")
+        changed = copy.deepcopy(proposed)
+        # Identity, type and server-owned metadata never change through an update.
+        for field in ("apiVersion", "kind"):
+            changed[field] = current.get(field)
+        changed_meta = changed.setdefault("metadata", {})
+        for field in _SERVER_OWNED_METADATA:
+            if field in current["metadata"]:
+                changed_meta[field] = current["metadata"][field]
+            else:
+                changed_meta.pop(field, None)
+
+        info = self._info(resource)
+        if subresource == "status":
+            status = changed.get("status")
+            changed = copy.deepcopy(current)
+            if status is None:
+                changed.pop("status", None)
+            else:
+                changed["status"] = status
+        elif "status" in info.subresources:
+            changed.pop("status", None)
+            if "status" in current:
+                changed["status"] = copy.deepcopy(current["status"])
+
+        old_finalizers = current["metadata"].get("finalizers") or []
+        added = [f for f in changed["metadata"].get("finalizers") or [] if f not in old_finalizers]
+        if current["metadata"].get("deletionTimestamp") and added:
+            raise _invalid(resource.group or "", self._kind(resource), current["metadata"]["name"], [_FieldError(
+                "FieldValueForbidden", "metadata.finalizers",
+                "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers "
+                "[]string{" + ", ".join(json.dumps(f) for f in added) + "}",
+            )])
+
+        if resource == CRDS:
+            _check_crd(changed)
+            if changed["spec"].get("scope") != current["spec"].get("scope"):
+                raise _invalid("apiextensions.k8s.io", "CustomResourceDefinition", current["metadata"]["name"], [
+                    _FieldError.invalid("spec.scope", changed["spec"].get("scope"), "field is immutable"),
+                ])
+            _default_crd(changed)
+        custom = self._custom_version(resource)
+        if custom is not None:
+            crd, version = custom
+            changed = version.shape(changed)
+            ignored = {"metadata", "status"} if "status" in version.subresources else {"metadata"}
+            if _without(changed, ignored) != _without(current, ignored):
+                changed["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
+            errors = version.validate(changed)
+            if errors:
+                raise _invalid(resource.group or "", crd.kind, current["metadata"]["name"], errors)
+        elif changed.get("spec") != current.get("spec") and "generation" in current["metadata"]:
+            changed["metadata"]["generation"] = int(current["metadata"]["generation"]) + 1
+        if resource == NODES:
+            _taint_by_readiness(changed)
+        return changed
+
+    def _apply_patch(self, request: kmock.Request, resource: kmock.resource, current: Obj) -> Obj:
         """The object after `request`'s patch, or ApiStatus as the API server would refuse it."""
-        assert request.resource is not None
         content_type = _content_type(request)
         patch = request.data
         if content_type.startswith(APPLY_PATCH):
             raise ApiStatus(415, "UnsupportedMediaType", "server-side apply is not emulated; send a merge patch")
-        if content_type == STRATEGIC_MERGE_PATCH and not _is_builtin(request.resource):
+        if content_type == STRATEGIC_MERGE_PATCH and not _is_builtin(resource):
             raise ApiStatus(
                 415, "UnsupportedMediaType",
                 f"the body of the request was in an unknown format - accepted media types include: {JSON_PATCH}, {MERGE_PATCH}",
@@ -238,87 +618,225 @@ class KubeEmulator(kmock.KubernetesEmulator):
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
                 raise ApiStatus(422, "Invalid", str(exc))
         elif isinstance(patch, Mapping):
-            wanted_version = (patch.get("metadata") or {}).get("resourceVersion")
-            if wanted_version is not None and str(wanted_version) != current["metadata"].get("resourceVersion"):
-                raise ApiStatus(
-                    409, "Conflict",
-                    f'Operation cannot be fulfilled on {request.resource.plural} "{request.name}": the object has been '
-                    "modified; please apply your changes to the latest version and try again",
-                    {"name": request.name, "kind": request.resource.plural},
-                )
             changed = _merge_patch(current, patch)
         else:
             raise ApiStatus(400, "BadRequest", f"a {content_type or 'patch'} body must be a JSON object")
-        changed = copy.deepcopy(changed)
+        if not isinstance(changed, dict):
+            raise ApiStatus(400, "BadRequest", "the patched object must be a JSON object")
+        # A resourceVersion in the patched object is a precondition, as with a PUT.
+        wanted_version = (changed.get("metadata") or {}).get("resourceVersion")
+        if wanted_version is not None and str(wanted_version) != current["metadata"].get("resourceVersion"):
+            raise _conflict(resource, request.name)
+        return copy.deepcopy(changed)
 
-        # Identity and server-owned metadata never change through a patch.
-        changed_meta = changed.setdefault("metadata", {})
-        for field in ("name", "namespace", "uid", "creationTimestamp", "resourceVersion", "generation"):
-            if field in current["metadata"]:
-                changed_meta[field] = current["metadata"][field]
-            else:
-                changed_meta.pop(field, None)
+    def _delete(self, key: tuple[kmock.resource, str | None, str], current: Obj) -> tuple[Obj, bool]:
+        """Delete a stored object as the API server would: the object afterwards and whether it
+        is gone. One with finalizers only gets a deletionTimestamp (and a generation bump)."""
+        meta = current["metadata"]
+        if not meta.get("finalizers"):
+            return self._remove(key, current), True
+        if meta.get("deletionTimestamp"):
+            return current, False  # already being deleted: nothing changes
+        marked = copy.deepcopy(current)
+        marked_meta = marked["metadata"]
+        if int(marked_meta.get("generation") or 0) > 0:
+            marked_meta["generation"] = int(marked_meta["generation"]) + 1
+        marked_meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
+        marked_meta["resourceVersion"] = self._next_resource_version()
+        self.objects[key].history.append(marked)
+        self._publish(key[0], "MODIFIED", marked, current)
+        return marked, False
 
-        if request.subresource == "status":
-            changed = {**current, "status": changed.get("status")}
-            if changed["status"] is None:
-                del changed["status"]
-        elif "status" in self._info(request.resource).subresources:
-            changed.pop("status", None)
-            if "status" in current:
-                changed["status"] = current["status"]
-        if changed.get("spec") != current.get("spec"):
-            changed["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
-        if request.resource == NODES:
-            _taint_by_readiness(changed)
-        return changed
+    def _remove(self, key: tuple[kmock.resource, str | None, str], current: Obj) -> Obj:
+        """Remove a stored object now; the DELETED event carries its last state and a new RV."""
+        gone = _with_version(current, int(self._next_resource_version()))
+        self.objects[key].history.append(gone)
+        self.objects[key].delete()
+        self._publish(key[0], "DELETED", gone, current)
+        custom = self._custom.get((key[0].group or "", key[0].plural or ""))
+        if custom is not None and custom.terminating:
+            self._finish_crd_deletion(custom)
+        return gone
 
-    def _delete_stored(self, key: tuple[kmock.resource, str | None, str]) -> Obj:
-        """Delete a stored object as the API server would; the watch event to send. The caller
-        holds `_lock`. An object with finalizers only gets a deletionTimestamp."""
-        stored = self.objects[key]
-        current: Obj = copy.deepcopy(stored.raw)
-        current["metadata"]["resourceVersion"] = self._next_resource_version()
-        if current["metadata"].get("finalizers"):
-            current["metadata"].setdefault("deletionTimestamp", _now())
-            stored.history.append(current)
-            return {"type": "MODIFIED", "object": current}
-        stored.history.append(current)
-        stored.delete()
-        return {"type": "DELETED", "object": current}
+    def _publish(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> None:
+        change = _Change(int(obj["metadata"]["resourceVersion"]), resource, kind, obj, previous)
+        self._changes.append(change)
+        while len(self._changes) > max(self.watch_window, 0):
+            self._horizon = self._changes.popleft().revision
+        for watch in self._watches:
+            if watch.resource == resource:
+                watch.queue.append(change)
+                watch.wake.set()
 
-    # --- reads -----------------------------------------------------------------------
+    def _next_resource_version(self) -> str:
+        self._revision += 1
+        return str(self._revision)
 
-    @override
-    async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
-        try:
-            return await super()._serve_fetch(request)
-        except kmock.KubernetesObjectNotFoundError:
-            assert request.resource is not None and request.name is not None
-            raise _not_found(request.resource.plural, request.name) from None
+    # --- CustomResourceDefinitions -----------------------------------------------------
 
-    @override
-    async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
-        listing = await super()._serve_list(request)
-        assert isinstance(listing, dict) and request.resource is not None
-        selected = _Selection.parse(request.params)
-        kind = self._info(request.resource).kind or request.resource.plural.capitalize()
-        return {
-            "apiVersion": _api_version(request.resource),
-            "kind": f"{kind}List",
-            "metadata": {"resourceVersion": str(self._revision)},
-            "items": [item for item in listing["items"] if selected.matches(item)],
+    def _register_crd(self, crd: Obj) -> None:
+        """Serve the CRD's resource: discovery, REST paths for served versions, schemas."""
+        spec = crd["spec"]
+        group, names = spec["group"], spec["names"]
+        plural = names["plural"]
+        previous = self._custom.get((group, plural))
+        versions = {
+            v["name"]: _CustomVersion.from_crd(v)
+            for v in spec["versions"] if v.get("served")
         }
+        storage_version = next(v["name"] for v in spec["versions"] if v.get("storage"))
+        custom = _CustomResource(
+            kind=names["kind"],
+            list_kind=names.get("listKind") or f"{names['kind']}List",
+            namespaced=spec["scope"] == "Namespaced",
+            # Objects stay where they were first stored when the storage version changes later.
+            storage=previous.storage if previous else kmock.resource(group, storage_version, plural),
+            versions=versions,
+            terminating=bool(crd["metadata"].get("deletionTimestamp")),
+        )
+        if previous is not None:
+            for name in previous.versions.keys() - versions.keys():
+                del self.resources[kmock.resource(group, name, plural)]
+        self._custom[(group, plural)] = custom
+        for name, version in versions.items():
+            self.resources[kmock.resource(group, name, plural)] = kmock.ResourceInfo(
+                namespaced=custom.namespaced,
+                kind=custom.kind,
+                singular=names.get("singular") or custom.kind.lower(),
+                shortnames=names.get("shortNames") or (),
+                categories=names.get("categories") or (),
+                verbs=_CUSTOM_RESOURCE_VERBS,
+                subresources=version.subresources,
+            )
 
-    @override
-    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[kmock.Payload]:
-        try:
-            selected = _Selection.parse(request.params)
-        except ApiStatus:
-            selected = _Selection()
-        async for event in super()._serve_watch(request):
-            if not isinstance(event, Mapping) or selected.matches(event.get("object") or {}):
-                yield event
+    def _delete_crd(self, key: tuple[kmock.resource, str | None, str], current: Obj) -> Obj:
+        """Deleting a CRD deletes its custom resources (finalizers respected); the CRD goes when
+        the last of them has gone, as the API server's finalizing controller does."""
+        if current["metadata"].get("deletionTimestamp"):
+            return current
+        marked = copy.deepcopy(current)
+        meta = marked["metadata"]
+        meta["finalizers"] = [*(meta.get("finalizers") or []), CRD_CLEANUP_FINALIZER]
+        meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0, resourceVersion=self._next_resource_version())
+        status = marked.setdefault("status", {})
+        status["conditions"] = [
+            *[c for c in status.get("conditions") or [] if c.get("type") != "Terminating"],
+            {"type": "Terminating", "status": "True", "reason": "InstanceDeletionInProgress",
+             "message": "CustomResource deletion is in progress", "lastTransitionTime": _now()},
+        ]
+        self.objects[key].history.append(marked)
+        self._publish(CRDS, "MODIFIED", marked, current)
+        spec = marked["spec"]
+        custom = self._custom[(spec["group"], spec["names"]["plural"])]
+        custom.terminating = True
+        for object_key, stored in list(self.objects.items()):
+            if object_key[0] == custom.storage and not stored.deleted:
+                self._delete(object_key, stored.raw)
+        self._finish_crd_deletion(custom)
+        return self.objects[key].last.raw
+
+    def _finish_crd_deletion(self, custom: _CustomResource) -> None:
+        if any(k[0] == custom.storage and not o.deleted for k, o in self.objects.items()):
+            return
+        group, plural = custom.storage.group or "", custom.storage.plural or ""
+        key = (CRDS, None, f"{plural}.{group}")
+        if key not in self.objects or self.objects[key].deleted:
+            return
+        current = self.objects[key].raw
+        released = copy.deepcopy(current)
+        released["metadata"]["finalizers"] = [
+            f for f in released["metadata"].get("finalizers") or [] if f != CRD_CLEANUP_FINALIZER
+        ]
+        if released["metadata"]["finalizers"]:
+            released["metadata"]["resourceVersion"] = self._next_resource_version()
+            self.objects[key].history.append(released)
+            self._publish(CRDS, "MODIFIED", released, current)
+            return
+        del self._custom[(group, plural)]
+        for name in custom.versions:
+            del self.resources[kmock.resource(group, name, plural)]
+        for object_key in [k for k in self.objects.keys() if k[0] == custom.storage]:
+            del self.objects[object_key]
+        self._remove(key, current)
+
+    def _custom_version(self, resource: kmock.resource) -> tuple[_CustomResource, _CustomVersion] | None:
+        custom = self._custom.get((resource.group or "", resource.plural or ""))
+        if custom is None or resource.version not in custom.versions:
+            return None
+        return custom, custom.versions[resource.version]
+
+    # --- resources and their representations ------------------------------------------
+
+    def _served(self, request: kmock.Request, *, subresources: Collection[str] = ()) -> kmock.resource:
+        """The resource of `request`, or 404 as the API server answers for a path it lacks."""
+        resource = request.resource
+        if resource is None or resource not in self._get_resources():
+            raise _no_such_resource()
+        if request.namespace is not None and not self._namespaced(resource):
+            raise _no_such_resource()
+        if request.subresource is not None and (
+            request.subresource not in subresources or request.subresource not in self._info(resource).subresources
+        ):
+            raise _no_such_resource()
+        return resource
+
+    def _existing(
+        self, resource: kmock.resource, namespace: str | None, name: str | None
+    ) -> tuple[tuple[kmock.resource, str | None, str], Obj]:
+        key = (self._storage(resource), namespace if self._namespaced(resource) else None, name or "")
+        if name is None or key not in self.objects or self.objects[key].deleted:
+            raise ApiStatus(
+                404, "NotFound", f'{_qualified_resource(resource)} "{name}" not found',
+                {"name": name, "group": resource.group, "kind": resource.plural},
+            )
+        return key, self.objects[key].raw
+
+    def _storage(self, resource: kmock.resource) -> kmock.resource:
+        """Where objects of `resource` are stored: one place for all versions of a kind."""
+        if resource == EVENTS_V1:
+            return EVENTS
+        custom = self._custom.get((resource.group or "", resource.plural or ""))
+        return custom.storage if custom is not None else resource
+
+    def _to_storage(self, resource: kmock.resource, obj: Obj) -> Obj:
+        if resource == EVENTS_V1:
+            return _event_to_core(obj)
+        storage = self._storage(resource)
+        if storage != resource:
+            return {**obj, "apiVersion": _api_version(storage)}
+        return obj
+
+    def _present(self, resource: kmock.resource, obj: Obj) -> Obj:
+        """A stored object as a client of `resource`'s version sees it."""
+        if resource == EVENTS_V1:
+            return _event_to_v1(obj)
+        if obj.get("apiVersion") != _api_version(resource) and (resource.group, resource.plural) in self._custom:
+            return {**obj, "apiVersion": _api_version(resource)}  # conversion strategy None
+        return obj
+
+    def _selection(self, resource: kmock.resource, params: Mapping[str, str]) -> _Selection:
+        selection = _Selection.parse(params)
+        custom = self._custom_version(resource)
+        if custom is not None:
+            allowed = {"metadata.name", "metadata.namespace", *custom[1].selectable_fields}
+            for path, _, _ in selection.fields:
+                if path not in allowed:
+                    raise ApiStatus(400, "BadRequest", f"field label not supported: {path}")
+        return selection
+
+    def _info(self, resource: kmock.resource) -> kmock.ResourceInfo:
+        return self.resources[resource] if resource in self.resources else kmock.ResourceInfo()
+
+    def _kind(self, resource: kmock.resource) -> str:
+        return self._info(resource).kind or (resource.plural or "").capitalize()
+
+    def _list_kind(self, resource: kmock.resource) -> str:
+        custom = self._custom.get((resource.group or "", resource.plural or ""))
+        return custom.list_kind if custom is not None else f"{self._kind(resource)}List"
+
+    def _namespaced(self, resource: kmock.resource) -> bool:
+        namespaced = self._info(resource).namespaced
+        return True if namespaced is None else namespaced
 
     # --- eviction --------------------------------------------------------------------
 
@@ -333,13 +851,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
         if (body.get("metadata") or {}).get("name") != request.name:
             raise ApiStatus(400, "BadRequest", "name in URL does not match name in Eviction object")
-        key = (PODS, request.namespace, request.name)
-        async with self._lock:
-            if key not in self.objects or self.objects[key].deleted:
-                raise _not_found("pods", request.name)
-            self._check_disruption_budget(self.objects[key].raw, request.namespace)
-            event = self._delete_stored(key)
-        await self._buses[PODS].put(event)
+        key, pod = self._existing(PODS, request.namespace, request.name)
+        self._check_disruption_budget(pod, request.namespace)
+        self._delete(key, pod)
         return kmock.Response(status=201, payload={
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201,
         })
@@ -414,14 +928,528 @@ class KubeEmulator(kmock.KubernetesEmulator):
             total += int(self.objects[key].raw.get("spec", {}).get("replicas", 1))
         return total
 
-    # --- helpers ---------------------------------------------------------------------
 
-    def _info(self, resource: kmock.resource) -> kmock.ResourceInfo:
-        return self.resources[resource] if resource in self.resources else kmock.ResourceInfo()
+# --- watch bookkeeping -----------------------------------------------------------------
 
-    def _namespaced(self, resource: kmock.resource) -> bool:
-        namespaced = self._info(resource).namespaced
-        return True if namespaced is None else namespaced
+
+@attrs.frozen
+class _Change:
+    """One write, as the watch cache remembers it."""
+
+    revision: int
+    resource: kmock.resource  # where the object is stored
+    type: str  # ADDED, MODIFIED or DELETED
+    obj: Obj  # after the write; for DELETED the last state with the deletion's revision
+    previous: Obj | None  # before the write
+
+
+@attrs.define(eq=False)
+class _Watch:
+    """One open watch stream."""
+
+    resource: kmock.resource
+    namespace: str | None
+    name: str | None
+    transport: asyncio.BaseTransport | None
+    queue: collections.deque[_Change] = attrs.field(factory=collections.deque)
+    wake: asyncio.Event = attrs.field(factory=asyncio.Event)
+    ended: str | None = None  # "closed" ends the stream cleanly, "cut" drops the connection
+
+    def end(self, how: str) -> None:
+        self.ended = how
+        if how == "cut" and self.transport is not None:
+            # Closing the socket before the chunked body's terminator: the client sees a
+            # truncated response, as when a connection to a real API server breaks.
+            self.transport.close()
+        self.wake.set()
+
+
+def _is_true(value: str | None) -> bool:
+    """Go's strconv.ParseBool, which the API server uses for `watch`."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
+
+
+def _parse_resource_version(value: str | None) -> int | None:
+    """None for "" and "0" (any version: the current state first), else the revision."""
+    if value in (None, "", "0"):
+        return None
+    assert value is not None
+    if not value.isdigit():
+        raise ApiStatus(400, "BadRequest", f"invalid resource version: {value!r}")
+    return int(value)
+
+
+def _parse_timeout(value: str | None) -> float | None:
+    if value in (None, ""):
+        return None
+    assert value is not None
+    try:
+        return float(int(value))
+    except ValueError:
+        raise ApiStatus(400, "BadRequest", f"invalid timeoutSeconds: {value!r}") from None
+
+
+def _too_old(since: int, horizon: int) -> str:
+    return f"too old resource version: {since} ({horizon})"
+
+
+def _with_version(obj: Obj, revision: int) -> Obj:
+    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(revision)}}
+
+
+def _storage_order(item: tuple[tuple[kmock.resource, str | None, str], Any]) -> tuple[str, str]:
+    """etcd key order, /registry/<resource>/<namespace>/<name>, in which lists come back."""
+    (_, namespace, name), _ = item
+    return namespace or "", name
+
+
+# --- custom resources ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class _CustomVersion:
+    """One served version of a CRD: its schema and subresources."""
+
+    schema: Mapping[str, Any]
+    subresources: frozenset[str]
+    selectable_fields: frozenset[str]
+
+    @classmethod
+    def from_crd(cls, version: Mapping[str, Any]) -> _CustomVersion:
+        return cls(
+            schema=(version.get("schema") or {}).get("openAPIV3Schema") or {},
+            subresources=frozenset((version.get("subresources") or {}).keys()),
+            selectable_fields=frozenset(
+                str(f.get("jsonPath", "")).lstrip(".") for f in version.get("selectableFields") or []
+            ),
+        )
+
+    def shape(self, obj: Obj) -> Obj:
+        """What the API server stores for `obj`: unknown fields pruned, non-nullable nulls
+        dropped, defaults applied (structural schema semantics)."""
+        shaped = copy.deepcopy(obj)
+        _prune(shaped, self.schema, root=True)
+        _drop_nulls(shaped, self.schema)
+        _apply_defaults(shaped, self.schema)
+        return shaped
+
+    def validate(self, obj: Obj) -> list[_FieldError]:
+        errors: list[_FieldError] = []
+        _validate(obj, self.schema, "", errors)
+        return errors
+
+
+@attrs.define
+class _CustomResource:
+    """A registered CustomResourceDefinition."""
+
+    kind: str
+    list_kind: str
+    namespaced: bool
+    storage: kmock.resource
+    versions: dict[str, _CustomVersion]
+    terminating: bool = False
+
+
+def _check_type_meta(resource: kmock.resource, custom: _CustomResource, obj: Obj) -> None:
+    """A custom resource is decoded as unstructured JSON: apiVersion and kind must be right."""
+    if not obj.get("kind"):
+        raise ApiStatus(400, "BadRequest", f"Object 'Kind' is missing in '{json.dumps(obj, separators=(',', ':'))}'")
+    if obj.get("apiVersion") != _api_version(resource):
+        raise ApiStatus(
+            400, "BadRequest",
+            f"the API version in the data ({obj.get('apiVersion')}) does not match the expected API version "
+            f"({_api_version(resource)})",
+        )
+    if obj["kind"] != custom.kind:
+        raise ApiStatus(
+            400, "BadRequest",
+            f"the kind in the data ({obj['kind']}) does not match the expected kind ({custom.kind})",
+        )
+
+
+def _check_crd(crd: Obj) -> None:
+    """The CustomResourceDefinition validation tgp's CRDs could trip over; 422 like the server."""
+    name = (crd.get("metadata") or {}).get("name") or ""
+    spec = crd.get("spec") or {}
+    names = spec.get("names") or {}
+    group, plural, kind = spec.get("group") or "", names.get("plural") or "", names.get("kind") or ""
+    errors: list[_FieldError] = []
+    if not group:
+        errors.append(_FieldError.required("spec.group"))
+    elif "." not in group:
+        errors.append(_FieldError.invalid("spec.group", group, "should be a domain with at least one dot"))
+    if not plural:
+        errors.append(_FieldError.required("spec.names.plural"))
+    if not kind:
+        errors.append(_FieldError.required("spec.names.kind"))
+    if name != f"{plural}.{group}":
+        errors.append(_FieldError.invalid("metadata.name", name, 'must be spec.names.plural+"."+spec.group'))
+    if spec.get("scope") not in ("Cluster", "Namespaced"):
+        errors.append(_FieldError.not_supported("spec.scope", spec.get("scope") or "", ["Cluster", "Namespaced"]))
+    versions = spec.get("versions") or []
+    if sum(1 for v in versions if v.get("storage")) != 1:
+        errors.append(_FieldError.invalid("spec.versions", versions, "must have exactly one version marked as storage version"))
+    for index, version in enumerate(versions):
+        path = f"spec.versions[{index}]"
+        if not version.get("name"):
+            errors.append(_FieldError.required(f"{path}.name"))
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        if schema is None:
+            errors.append(_FieldError.required(f"{path}.schema.openAPIV3Schema", "schemas are required"))
+        elif not schema.get("type"):
+            errors.append(_FieldError.required(f"{path}.schema.openAPIV3Schema.type", "must not be empty at the root"))
+        elif schema["type"] != "object":
+            errors.append(_FieldError.invalid(f"{path}.schema.openAPIV3Schema.type", schema["type"], "must be object at the root"))
+    if errors:
+        raise _invalid("apiextensions.k8s.io", "CustomResourceDefinition", name, errors)
+
+
+def _default_crd(crd: Obj) -> None:
+    """The defaults a stored CRD gets, and the status its controllers set (instantly here)."""
+    spec = crd["spec"]
+    names = spec["names"]
+    names.setdefault("singular", names["kind"].lower())
+    names.setdefault("listKind", f"{names['kind']}List")
+    spec.setdefault("conversion", {"strategy": "None"})
+    now = _now()
+    status = crd.setdefault("status", {})
+    status["acceptedNames"] = copy.deepcopy(names)
+    stored = {*(status.get("storedVersions") or []), *(v["name"] for v in spec["versions"] if v.get("storage"))}
+    status["storedVersions"] = sorted(stored)
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    for kind, reason, message in (
+        ("NamesAccepted", "NoConflicts", "no conflicts found"),
+        ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+    ):
+        if (conditions.get(kind) or {}).get("status") != "True":
+            conditions[kind] = {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now}
+    status["conditions"] = list(conditions.values())
+
+
+def _without(obj: Obj, fields: set[str]) -> Obj:
+    return {k: v for k, v in obj.items() if k not in fields}
+
+
+# --- structural schemas (k8s.io/apiextensions-apiserver pruning, defaulting, validation) ---
+
+
+_RESOURCE_FIELDS = ("apiVersion", "kind", "metadata")
+
+
+def _prune(value: Any, schema: Mapping[str, Any] | None, *, root: bool = False) -> None:
+    """Remove, in place, the fields `schema` does not declare."""
+    if schema is not None and schema.get("x-kubernetes-preserve-unknown-fields"):
+        _prune_declared(value, schema, root=root)
+        return
+    if isinstance(value, dict):
+        if schema is None:
+            value.clear()
+            return
+        embedded = root or schema.get("x-kubernetes-embedded-resource")
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key in list(value):
+            if embedded and key in _RESOURCE_FIELDS:
+                continue
+            if key in properties:
+                _prune(value[key], properties[key])
+            elif extra is not None and extra is not False:
+                _prune(value[key], extra if isinstance(extra, Mapping) else None)
+            else:
+                del value[key]
+    elif isinstance(value, list):
+        for item in value:
+            _prune(item, schema.get("items") if schema is not None else None)
+
+
+def _prune_declared(value: Any, schema: Mapping[str, Any], *, root: bool = False) -> None:
+    """x-kubernetes-preserve-unknown-fields: keep unknown fields, prune inside declared ones."""
+    if isinstance(value, dict):
+        embedded = root or schema.get("x-kubernetes-embedded-resource")
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if embedded and key in _RESOURCE_FIELDS:
+                continue
+            if key in properties:
+                _prune(item, properties[key])
+            elif isinstance(extra, Mapping):
+                _prune(item, extra)
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for item in value:
+            _prune_declared(item, schema["items"])
+
+
+def _child_schema(schema: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    properties: Mapping[str, Mapping[str, Any]] = schema.get("properties") or {}
+    if key in properties:
+        return properties[key]
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, Mapping) else None
+
+
+def _drop_nulls(value: Any, schema: Mapping[str, Any]) -> None:
+    """Drop nulls the schema does not allow and cannot default (they would fail validation)."""
+    if isinstance(value, dict):
+        for key in list(value):
+            sub = _child_schema(schema, key)
+            if sub is None:
+                continue
+            if value[key] is None and not sub.get("nullable") and "default" not in sub:
+                del value[key]
+            else:
+                _drop_nulls(value[key], sub)
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for item in value:
+            _drop_nulls(item, schema["items"])
+
+
+def _apply_defaults(value: Any, schema: Mapping[str, Any]) -> None:
+    """Set absent (or non-nullable null) properties that have a default, then recurse, so the
+    defaults inside a defaulted object apply too."""
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if "default" in sub and (key not in value or (value[key] is None and not sub.get("nullable"))):
+                value[key] = copy.deepcopy(sub["default"])
+        for key, item in value.items():
+            sub = _child_schema(schema, key)
+            if sub is not None:
+                _apply_defaults(item, sub)
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        items = schema["items"]
+        for index, item in enumerate(value):
+            if item is None and not items.get("nullable") and "default" in items:
+                value[index] = copy.deepcopy(items["default"])
+            _apply_defaults(value[index], items)
+
+
+def _validate(value: Any, schema: Mapping[str, Any], path: str, errors: list[_FieldError]) -> None:
+    """OpenAPI v3 validation as kube-openapi reports it (messages name the field)."""
+    if value is None and schema.get("nullable"):
+        return
+    declared = ["integer", "string"] if schema.get("x-kubernetes-int-or-string") else (
+        [schema["type"]] if schema.get("type") else []
+    )
+    actual = _json_type(value)
+    if declared and not any(_has_type(value, t) for t in declared):
+        errors.append(_FieldError(
+            "FieldValueTypeInvalid", path,
+            f'Invalid value: {_go_value(actual)}: {path} in body must be of type {",".join(declared)}: "{actual}"',
+        ))
+        return
+    if "enum" in schema and not any(_json_equal(value, allowed) for allowed in schema["enum"]):
+        errors.append(_FieldError.not_supported(
+            path, value, [a if isinstance(a, str) else json.dumps(a) for a in schema["enum"]],
+        ))
+    if isinstance(value, str):
+        length = len(value)
+        if "maxLength" in schema and length > schema["maxLength"]:
+            errors.append(_FieldError("FieldValueTooLong", path, f"Too long: may not be longer than {schema['maxLength']}"))
+        if "minLength" in schema and length < schema["minLength"]:
+            errors.append(_FieldError.invalid(path, value, f"{path} in body should be at least {schema['minLength']} chars long"))
+        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+            errors.append(_FieldError.invalid(path, value, f"{path} in body should match '{schema['pattern']}'"))
+    elif actual in ("integer", "number"):
+        _validate_number(value, schema, path, errors)
+    elif isinstance(value, list):
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(_FieldError("FieldValueTooMany", path, f"Too many: {len(value)}: must have at most {schema['maxItems']} items"))
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            errors.append(_FieldError.invalid(path, len(value), f"{path} in body should have at least {schema['minItems']} items"))
+        if schema.get("uniqueItems") and len({json.dumps(v, sort_keys=True) for v in value}) < len(value):
+            errors.append(_FieldError.invalid(path, "", f"{path} in body shouldn't contain duplicates"))
+        if isinstance(schema.get("items"), Mapping):
+            for index, item in enumerate(value):
+                _validate(item, schema["items"], f"{path}[{index}]", errors)
+    elif isinstance(value, dict):
+        for required in schema.get("required") or []:
+            if required not in value:
+                errors.append(_FieldError.required(_child_path(path, required)))
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            errors.append(_FieldError("FieldValueTooMany", path, f"Too many: {len(value)}: must have at most {schema['maxProperties']} items"))
+        if "minProperties" in schema and len(value) < schema["minProperties"]:
+            errors.append(_FieldError.invalid(path, schema["minProperties"], f"{path} in body should have at least {schema['minProperties']} properties"))
+        for key, item in value.items():
+            if not path and key in _RESOURCE_FIELDS and key not in (schema.get("properties") or {}):
+                continue
+            sub = _child_schema(schema, key)
+            if sub is not None:
+                _validate(item, sub, _child_path(path, key), errors)
+
+
+def _validate_number(value: float, schema: Mapping[str, Any], path: str, errors: list[_FieldError]) -> None:
+    if "maximum" in schema:
+        limit = schema["maximum"]
+        if schema.get("exclusiveMaximum") and value >= limit:
+            errors.append(_FieldError.invalid(path, value, f"{path} in body should be less than {_go_number(limit)}"))
+        elif value > limit:
+            errors.append(_FieldError.invalid(path, value, f"{path} in body should be less than or equal to {_go_number(limit)}"))
+    if "minimum" in schema:
+        limit = schema["minimum"]
+        if schema.get("exclusiveMinimum") and value <= limit:
+            errors.append(_FieldError.invalid(path, value, f"{path} in body should be greater than {_go_number(limit)}"))
+        elif value < limit:
+            errors.append(_FieldError.invalid(path, value, f"{path} in body should be greater than or equal to {_go_number(limit)}"))
+    factor = schema.get("multipleOf")
+    if factor and not float(value / factor).is_integer():
+        errors.append(_FieldError.invalid(path, value, f"{path} in body should be a multiple of {_go_number(factor)}"))
+
+
+def _child_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _has_type(value: Any, wanted: str) -> bool:
+    actual = _json_type(value)
+    if wanted == "integer":  # JSON has one number type; a whole number decodes as an integer
+        return actual == "integer" or (actual == "number" and float(value).is_integer())
+    if wanted == "number":
+        return actual in ("integer", "number")
+    return actual == wanted
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _go_number(value: float) -> str:
+    """A number as Go's %v prints it."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    return str(value)
+
+
+def _go_value(value: Any) -> str:
+    """A bad value as field.Error prints it: strings quoted, numbers and booleans bare."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return _go_number(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"))
+
+
+@attrs.frozen
+class _FieldError:
+    """k8s.io/apimachinery field.Error: a cause of a 422 Invalid."""
+
+    reason: str  # the cause type, e.g. FieldValueInvalid
+    field: str
+    body: str  # the message without the field, e.g. `Invalid value: 200: ...`
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.body}"
+
+    @classmethod
+    def invalid(cls, field: str, value: Any, detail: str) -> _FieldError:
+        return cls("FieldValueInvalid", field, f"Invalid value: {_go_value(value)}: {detail}")
+
+    @classmethod
+    def required(cls, field: str, detail: str = "") -> _FieldError:
+        return cls("FieldValueRequired", field, f"Required value: {detail}" if detail else "Required value")
+
+    @classmethod
+    def not_supported(cls, field: str, value: Any, supported: list[str]) -> _FieldError:
+        quoted = ", ".join(json.dumps(s) for s in supported)
+        return cls("FieldValueNotSupported", field, f"Unsupported value: {_go_value(value)}: supported values: {quoted}")
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _name_errors(name: str) -> list[_FieldError]:
+    """Custom resource names must be DNS subdomains (as most built-in kinds' names)."""
+    errors = []
+    if len(name) > 253:
+        errors.append(_FieldError.invalid("metadata.name", name, "must be no more than 253 characters"))
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        errors.append(_FieldError.invalid("metadata.name", name, (
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must "
+            "start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is "
+            "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        )))
+    return errors
+
+
+# --- Events: one storage, two API versions ------------------------------------------------
+
+# events.k8s.io/v1 field -> core/v1 field (pkg/apis/events/v1/conversion.go); the rest share names.
+_EVENT_FIELDS = {
+    "regarding": "involvedObject",
+    "note": "message",
+    "reportingController": "reportingComponent",
+    "deprecatedSource": "source",
+    "deprecatedFirstTimestamp": "firstTimestamp",
+    "deprecatedLastTimestamp": "lastTimestamp",
+    "deprecatedCount": "count",
+}
+
+
+def _event_to_core(event: Obj) -> Obj:
+    core = {_EVENT_FIELDS.get(k, k): v for k, v in event.items()}
+    core.update(apiVersion="v1", kind="Event")
+    return core
+
+
+def _event_to_v1(event: Obj) -> Obj:
+    back = {v: k for k, v in _EVENT_FIELDS.items()}
+    converted = {back.get(k, k): v for k, v in event.items()}
+    converted.update(apiVersion="events.k8s.io/v1", kind="Event")
+    return converted
+
+
+def _event_errors(event: Obj, resource: kmock.resource) -> list[_FieldError]:
+    """ValidateEventCreate (pkg/apis/core/validation/events.go) on the core form of `event`."""
+    errors: list[_FieldError] = []
+    namespace = event["metadata"].get("namespace") or ""
+    involved_namespace = (event.get("involvedObject") or {}).get("namespace") or ""
+    controller_field = "reportingComponent" if resource == EVENTS else "reportingController"
+    if not event.get("eventTime"):
+        # Old-style events: the namespace must be the involved object's ("default" for
+        # cluster-scoped objects such as Nodes).
+        if involved_namespace != namespace and not (not involved_namespace and namespace == "default"):
+            errors.append(_FieldError.invalid("involvedObject.namespace", involved_namespace, "does not match event.namespace"))
+    else:
+        if not involved_namespace and namespace not in ("default", "kube-system"):
+            errors.append(_FieldError.invalid("involvedObject.namespace", involved_namespace, "does not match event.namespace"))
+        for field, key in ((controller_field, "reportingComponent"), ("reportingInstance", "reportingInstance"),
+                           ("action", "action"), ("reason", "reason")):
+            if not event.get(key):
+                errors.append(_FieldError.required(field))
+    if resource == EVENTS:
+        return errors
+    # events.k8s.io/v1 is strict.
+    if not event.get("eventTime"):
+        errors.append(_FieldError.required("eventTime"))
+    if event.get("type") not in ("Normal", "Warning"):
+        errors.append(_FieldError.invalid("type", "", f"has invalid value: {event.get('type') or ''}"))
+    for field in ("firstTimestamp", "lastTimestamp", "count"):
+        if event.get(field):
+            errors.append(_FieldError.invalid(field, "", "needs to be unset"))
+    source = event.get("source") or {}
+    if source.get("component") or source.get("host"):
+        errors.append(_FieldError.invalid("source", "", "needs to be unset"))
+    return errors
 
 
 # --- the simulated kubelet -----------------------------------------------------------
@@ -566,6 +1594,7 @@ def _tailnet_address(name: str) -> str:
     return f"100.{64 + digest[0] % 64}.{digest[1]}.{1 + digest[2] % 254}"
 
 
+
 # --- pure API-server rules -------------------------------------------------------------
 
 
@@ -577,17 +1606,45 @@ class ApiStatus(Exception):
         self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def render(self) -> aiohttp.web.Response:
-        payload: Obj = {
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": self.message, "reason": self.reason, "code": self.code,
-        }
-        if self.details:
-            payload["details"] = dict(self.details)
-        return aiohttp.web.json_response(payload, status=self.code)
+        return aiohttp.web.json_response(_status_body(self.code, self.reason, self.message, self.details), status=self.code)
 
 
-def _not_found(plural: str, name: str) -> ApiStatus:
-    return ApiStatus(404, "NotFound", f'{plural} "{name}" not found', {"name": name, "kind": plural})
+def _status_body(code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> Obj:
+    payload: Obj = {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code,
+    }
+    if details:
+        payload["details"] = {k: v for k, v in details.items() if v not in (None, "")}
+    return payload
+
+
+def _qualified_resource(resource: kmock.resource) -> str:
+    """`plural.group` (or `plural` for the core group), as errors name a resource."""
+    return f"{resource.plural}.{resource.group}" if resource.group else str(resource.plural)
+
+
+def _no_such_resource() -> ApiStatus:
+    return ApiStatus(404, "NotFound", "the server could not find the requested resource")
+
+
+def _conflict(resource: kmock.resource, name: str | None, problem: str | None = None) -> ApiStatus:
+    problem = problem or "the object has been modified; please apply your changes to the latest version and try again"
+    return ApiStatus(
+        409, "Conflict", f'Operation cannot be fulfilled on {_qualified_resource(resource)} "{name}": {problem}',
+        {"name": name, "group": resource.group, "kind": resource.plural},
+    )
+
+
+def _invalid(group: str, kind: str, name: str, errors: list[_FieldError]) -> ApiStatus:
+    """422 Invalid, as apierrors.NewInvalid builds it: one message naming every field."""
+    messages = list(dict.fromkeys(str(e) for e in errors))
+    aggregate = messages[0] if len(messages) == 1 else f"[{', '.join(messages)}]"
+    qualified = f"{kind}.{group}" if group else kind
+    return ApiStatus(422, "Invalid", f'{qualified} "{name}" is invalid: {aggregate}', {
+        "name": name, "group": group, "kind": kind,
+        "causes": [{"reason": e.reason, "message": e.body, "field": e.field} for e in errors],
+    })
 
 
 def _now() -> str:

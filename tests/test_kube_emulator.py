@@ -1,0 +1,547 @@
+"""The API-server behaviours a CRD bridge relies on: CustomResourceDefinitions (schema pruning,
+defaulting and validation, the status subresource, finalizers), watches (resume from a
+resourceVersion, 410 Gone, timeoutSeconds, selectors, cut connections) and Events.
+
+Each test speaks HTTP (httpx, or `kubernetes.aio` for watches) to `kube_api`: the emulator, or a
+real cluster when TGP_TEST_KUBECONFIG is set. Expected values come from the API-server contract
+in docs/reference/kubernetes-testing.md and the Kubernetes API conventions, not from the
+emulator. Knobs a real cluster cannot be made to turn on demand (compaction, cut connections, the
+history window) run on the emulator only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
+from kubernetes.aio import watch as k8s_watch
+from tests.kube_env import KUBECONFIG_ENV, KubeApi
+
+from tgp.sim.kube import KubeEmulator
+
+MERGE = {"Content-Type": "application/merge-patch+json"}
+# A client-side bound for reading a stream that should have produced its events long before.
+STREAM_READ_TIMEOUT = 10.0
+
+Obj = dict[str, Any]
+
+
+@pytest.fixture(autouse=True)
+def no_server_errors(kube_api: KubeApi) -> Iterator[None]:
+    """An emulator request that failed inside (a 500) would otherwise go unnoticed."""
+    yield
+    if kube_api.emulator is not None:
+        assert kube_api.emulator.errors == []
+
+
+def gpu_pool_crd(group: str, *, scope: str = "Namespaced", plural: str = "gpupools", kind: str = "GpuPool") -> Obj:
+    """A CRD shaped like tgp's: a structural schema with defaults, bounds, enums, maps,
+    int-or-string, a preserve-unknown-fields island and a status subresource."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": scope,
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [{
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "required": ["gpu"],
+                            "properties": {
+                                "gpu": {"type": "string", "enum": ["a100", "h100", "l4"]},
+                                "weight": {"type": "integer", "minimum": 0, "maximum": 100, "default": 10},
+                                "pool": {"type": "string", "pattern": "^[a-z][a-z0-9-]*$", "maxLength": 30},
+                                "maxNodes": {"x-kubernetes-int-or-string": True},
+                                "zones": {"type": "array", "maxItems": 3, "items": {"type": "string"}},
+                                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                "provider": {
+                                    "type": "object",
+                                    "default": {},
+                                    "properties": {"name": {"type": "string", "default": "sim"}},
+                                },
+                                "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                                "note": {"type": "string", "nullable": True},
+                            },
+                        },
+                        "status": {
+                            "type": "object",
+                            "properties": {
+                                "phase": {"type": "string"},
+                                "observedGeneration": {"type": "integer"},
+                            },
+                        },
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def pool(name: str, group: str, spec: Obj | None = None, **extra: Any) -> Obj:
+    return {
+        "apiVersion": f"{group}/v1", "kind": "GpuPool", "metadata": {"name": name},
+        "spec": {"gpu": "a100"} if spec is None else spec, **extra,
+    }
+
+
+@contextlib.asynccontextmanager
+async def installed_crd(kube_api: KubeApi, crd: Obj) -> AsyncIterator[Obj]:
+    """POST the CRD, wait until it is Established and served, delete it afterwards."""
+    response = await kube_api.http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd)
+    assert response.status_code == 201, response.text
+    name = crd["metadata"]["name"]
+    group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
+
+    async def served() -> bool:
+        stored = await kube_api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conditions = {c["type"]: c["status"] for c in (stored or {}).get("status", {}).get("conditions") or []}
+        listing = await kube_api.http.get(f"/apis/{group}/v1/{plural}")
+        return conditions.get("Established") == "True" and listing.status_code == 200
+
+    await kube_api.eventually(served)
+    try:
+        yield response.json()
+    finally:
+        await kube_api.http.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+
+
+def unique_group() -> str:
+    return f"t{secrets.token_hex(3)}.tgp-test.dev"
+
+
+@contextlib.asynccontextmanager
+async def official_client(kube_api: KubeApi) -> AsyncIterator[k8s.ApiClient]:
+    """`kubernetes.aio` pointed at the same API server as `kube_api`."""
+    configuration = k8s.Configuration(host=kube_api.url)
+    if kube_api.real:
+        configuration = k8s.Configuration()
+        await k8s_config.load_kube_config(
+            config_file=os.environ[KUBECONFIG_ENV], client_configuration=configuration, persist_config=False,
+        )
+    async with k8s.ApiClient(configuration) as api:
+        yield api
+
+
+class WatchReader:
+    """Watch events from a streaming response, read a few at a time."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._lines = response.aiter_lines()
+
+    async def read(self, count: int) -> list[Obj]:
+        events: list[Obj] = []
+        async with asyncio.timeout(STREAM_READ_TIMEOUT):
+            while len(events) < count:
+                line = await anext(self._lines)
+                if line.strip():
+                    events.append(json.loads(line))
+        return events
+
+
+async def read_events(response: httpx.Response, count: int) -> list[Obj]:
+    return await WatchReader(response).read(count)
+
+
+# --- CustomResourceDefinitions ------------------------------------------------------------
+
+
+async def test_crd_serves_a_namespaced_custom_resource(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group)):
+        discovery = await kube_api.get(f"/apis/{group}/v1")
+        assert discovery is not None
+        [resource] = [r for r in discovery["resources"] if r["name"] == "gpupools"]
+        assert resource["kind"] == "GpuPool" and resource["namespaced"] is True
+        assert any(r["name"] == "gpupools/status" for r in discovery["resources"])
+
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools"
+        created = await kube_api.create(base, pool("rtx", group))
+        meta = created["metadata"]
+        assert meta["namespace"] == kube_api.namespace and meta["generation"] == 1
+        assert meta["uid"] and meta["resourceVersion"] and meta["creationTimestamp"]
+
+        fetched = await kube_api.get(f"{base}/rtx")
+        assert fetched == created
+        listing = await kube_api.get(base)
+        assert listing is not None
+        assert listing["kind"] == "GpuPoolList" and listing["metadata"]["resourceVersion"]
+        assert [item["metadata"]["name"] for item in listing["items"]] == ["rtx"]
+
+        patched = await kube_api.merge_patch(f"{base}/rtx", {"spec": {"weight": 50}})
+        assert patched.status_code == 200, patched.text
+        assert patched.json()["spec"]["weight"] == 50
+        assert int(patched.json()["metadata"]["resourceVersion"]) > int(meta["resourceVersion"])
+
+        missing = await kube_api.http.get(f"{base}/absent")
+        assert missing.status_code == 404 and missing.json()["reason"] == "NotFound"
+
+
+async def test_crd_serves_a_cluster_scoped_custom_resource(kube_api: KubeApi) -> None:
+    group = unique_group()
+    crd = gpu_pool_crd(group, scope="Cluster", plural="gpuclasses", kind="GpuClass")
+    async with installed_crd(kube_api, crd):
+        base = f"/apis/{group}/v1/gpuclasses"
+        name = f"class-{secrets.token_hex(3)}"
+        created = await kube_api.create(base, {**pool(name, group), "kind": "GpuClass"})
+        assert "namespace" not in created["metadata"]
+        assert (await kube_api.get(f"{base}/{name}")) == created
+        listing = await kube_api.get(base)
+        assert listing is not None and [i["metadata"]["name"] for i in listing["items"]] == [name]
+        patched = await kube_api.merge_patch(f"{base}/{name}", {"metadata": {"labels": {"tier": "gold"}}})
+        assert patched.status_code == 200 and patched.json()["metadata"]["labels"] == {"tier": "gold"}
+        # A cluster-scoped resource has no namespaced path.
+        namespaced = await kube_api.http.get(f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpuclasses")
+        assert namespaced.status_code == 404
+
+
+async def test_custom_resource_without_its_crd_is_not_found(kube_api: KubeApi) -> None:
+    response = await kube_api.http.get(f"/apis/{unique_group()}/v1/namespaces/{kube_api.namespace}/gpupools")
+    assert response.status_code == 404
+
+
+async def test_schema_violation_is_422_naming_the_field(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group)):
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools"
+        response = await kube_api.http.post(base, json=pool("heavy", group, {"gpu": "a100", "weight": 200}))
+        assert response.status_code == 422
+        status = response.json()
+        assert status["kind"] == "Status" and status["reason"] == "Invalid"
+        assert "spec.weight: Invalid value: 200: spec.weight in body should be less than or equal to 100" in status["message"]
+        causes = status["details"]["causes"]
+        assert {"field": "spec.weight", "reason": "FieldValueInvalid"}.items() <= causes[0].items()
+
+        response = await kube_api.http.post(base, json=pool("odd", group, {"gpu": "tpu", "pool": "Bad_Name"}))
+        assert response.status_code == 422
+        fields = {c["field"] for c in response.json()["details"]["causes"]}
+        assert fields == {"spec.gpu", "spec.pool"}
+        assert 'spec.gpu: Unsupported value: "tpu"' in response.json()["message"]
+
+        response = await kube_api.http.post(base, json=pool("bare", group, {"weight": 5}))
+        assert response.status_code == 422
+        assert "spec.gpu: Required value" in response.json()["message"]
+
+        response = await kube_api.http.post(base, json=pool("typed", group, {"gpu": "a100", "weight": "many"}))
+        assert response.status_code == 422
+        assert response.json()["details"]["causes"][0]["field"] == "spec.weight"
+
+        await kube_api.create(base, pool("fine", group))
+        response = await kube_api.merge_patch(f"{base}/fine", {"spec": {"zones": ["a", "b", "c", "d"]}})
+        assert response.status_code == 422
+        assert response.json()["details"]["causes"][0]["field"] == "spec.zones"
+        fine = await kube_api.get(f"{base}/fine")
+        assert fine is not None and "zones" not in fine["spec"]  # nothing was written
+
+
+async def test_defaults_applied_and_unknown_fields_pruned(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group)):
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools"
+        spec = {
+            "gpu": "h100", "weight": None, "maxNodes": "50%", "labels": {"team": "ml"},
+            "typo": "dropped", "extra": {"anything": {"goes": 1}}, "note": None,
+        }
+        created = await kube_api.create(base, pool("shaped", group, spec, unknownTopLevel=True))
+        assert created["spec"]["weight"] == 10  # a non-nullable null takes the default
+        assert created["spec"]["provider"] == {"name": "sim"}  # defaults inside a defaulted object
+        assert created["spec"]["maxNodes"] == "50%" and created["spec"]["labels"] == {"team": "ml"}
+        assert created["spec"]["extra"] == {"anything": {"goes": 1}}  # x-kubernetes-preserve-unknown-fields
+        assert created["spec"]["note"] is None  # nullable keeps its null
+        assert "typo" not in created["spec"] and "unknownTopLevel" not in created
+
+        numeric = await kube_api.create(base, pool("numeric", group, {"gpu": "l4", "maxNodes": 4}))
+        assert numeric["spec"]["maxNodes"] == 4
+
+
+async def test_status_subresource_is_isolated_and_generation_follows_spec(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group)):
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools"
+        created = await kube_api.create(base, pool("iso", group, status={"phase": "Set at create"}))
+        assert created["metadata"]["generation"] == 1
+        assert "status" not in created  # create cannot set status
+
+        via_status = await kube_api.merge_patch(
+            f"{base}/iso/status", {"spec": {"weight": 99}, "status": {"phase": "Ready", "observedGeneration": 1}}
+        )
+        assert via_status.status_code == 200, via_status.text
+        assert via_status.json()["spec"]["weight"] == 10
+        assert via_status.json()["status"]["phase"] == "Ready"
+        assert via_status.json()["metadata"]["generation"] == 1
+
+        via_main = await kube_api.merge_patch(f"{base}/iso", {"spec": {"weight": 20}, "status": {"phase": "Ignored"}})
+        assert via_main.status_code == 200
+        assert via_main.json()["status"]["phase"] == "Ready"
+        assert via_main.json()["metadata"]["generation"] == 2
+
+        labelled = await kube_api.merge_patch(f"{base}/iso", {"metadata": {"labels": {"a": "b"}}})
+        assert labelled.json()["metadata"]["generation"] == 2  # metadata is not spec
+
+        # A controller's PUT of the status, with and without the current resourceVersion.
+        current = labelled.json()
+        replaced = await kube_api.http.put(f"{base}/iso/status", json={**current, "status": {"phase": "Draining"}})
+        assert replaced.status_code == 200 and replaced.json()["status"]["phase"] == "Draining"
+        stale = await kube_api.http.put(f"{base}/iso/status", json={**current, "status": {"phase": "Lost"}})
+        assert stale.status_code == 409 and stale.json()["reason"] == "Conflict"
+
+
+async def test_finalizer_blocks_delete_until_removed(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group)):
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools"
+        created = await kube_api.create(base, {**pool("held", group), "metadata": {
+            "name": "held", "finalizers": ["tgp.dev/nodes-drained"],
+        }})
+        since = created["metadata"]["resourceVersion"]
+        async with kube_api.http.stream(
+            "GET", base, params={"watch": "true", "resourceVersion": since}, timeout=STREAM_READ_TIMEOUT
+        ) as stream:
+            deleting = await kube_api.http.delete(f"{base}/held")
+            assert deleting.status_code == 200
+            assert deleting.json()["metadata"]["deletionTimestamp"]
+            still = await kube_api.get(f"{base}/held")
+            assert still is not None and still["metadata"]["deletionTimestamp"]
+
+            refused = await kube_api.merge_patch(f"{base}/held", {"metadata": {"finalizers": ["a", "b"]}})
+            assert refused.status_code == 422  # no new finalizers while deleting
+
+            released = await kube_api.merge_patch(f"{base}/held", {"metadata": {"finalizers": None}})
+            assert released.status_code == 200
+            events = await read_events(stream, 2)
+        assert [e["type"] for e in events] == ["MODIFIED", "DELETED"]
+        assert events[0]["object"]["metadata"]["deletionTimestamp"]
+        assert await kube_api.get(f"{base}/held") is None
+
+
+# --- watches ---------------------------------------------------------------------------
+
+
+async def test_watch_from_resource_version_streams_only_later_events(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group)), official_client(kube_api) as api:
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools"
+        await kube_api.create(base, pool("before", group))
+        listing = await kube_api.get(base)
+        assert listing is not None
+        since = listing["metadata"]["resourceVersion"]
+        await kube_api.create(base, pool("after", group))
+        assert (await kube_api.merge_patch(f"{base}/before", {"spec": {"weight": 1}})).status_code == 200
+        assert (await kube_api.http.delete(f"{base}/after")).status_code == 200
+
+        custom = k8s.CustomObjectsApi(api)
+        seen: list[tuple[str, str, int]] = []
+        async with k8s_watch.Watch() as watch:
+            stream = watch.stream(
+                custom.list_namespaced_custom_object, group, "v1", kube_api.namespace, "gpupools",
+                resource_version=since, timeout_seconds=30,
+            )
+            async with asyncio.timeout(STREAM_READ_TIMEOUT):
+                async for event in stream:
+                    meta = event["raw_object"]["metadata"]
+                    seen.append((event["type"], meta["name"], int(meta["resourceVersion"])))
+                    if len(seen) == 3:
+                        watch.stop()
+                        break
+        assert [(kind, name) for kind, name, _ in seen] == [("ADDED", "after"), ("MODIFIED", "before"), ("DELETED", "after")]
+        versions = [version for _, _, version in seen]
+        assert versions == sorted(versions) and versions[0] > int(since)
+
+
+async def test_watch_without_resource_version_starts_with_current_state(kube_api: KubeApi) -> None:
+    name = kube_api.unique("state")
+    await kube_api.create_node(name)
+    params = {"watch": "true", "fieldSelector": f"metadata.name={name}"}
+    async with kube_api.http.stream("GET", "/api/v1/nodes", params=params, timeout=STREAM_READ_TIMEOUT) as stream:
+        [event] = await read_events(stream, 1)
+    assert event["type"] == "ADDED" and event["object"]["metadata"]["name"] == name
+
+
+async def test_watch_selector_sees_objects_enter_and_leave(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group)):
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools"
+        created = await kube_api.create(base, pool("moving", group))
+        params = {"watch": "true", "labelSelector": "tier=gold", "resourceVersion": created["metadata"]["resourceVersion"]}
+        async with kube_api.http.stream("GET", base, params=params, timeout=STREAM_READ_TIMEOUT) as stream:
+            await kube_api.merge_patch(f"{base}/moving", {"metadata": {"labels": {"tier": "gold"}}})
+            await kube_api.merge_patch(f"{base}/moving", {"spec": {"weight": 3}})
+            await kube_api.merge_patch(f"{base}/moving", {"metadata": {"labels": {"tier": "iron"}}})
+            events = await read_events(stream, 3)
+        # The watch cache reports an object entering the selection as ADDED, leaving as DELETED.
+        assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "DELETED"]
+
+
+async def test_watch_ends_after_timeout_seconds(kube_api: KubeApi) -> None:
+    params = {"watch": "true", "timeoutSeconds": "1", "fieldSelector": f"metadata.name={kube_api.unique('none')}"}
+    async with asyncio.timeout(STREAM_READ_TIMEOUT):
+        async with kube_api.http.stream("GET", "/api/v1/nodes", params=params) as stream:
+            assert stream.status_code == 200
+            lines = [line async for line in stream.aiter_lines() if line.strip()]
+    assert lines == []  # the stream ended cleanly, without an error
+
+
+async def test_watch_from_compacted_version_is_gone_then_relist_works(kube_api: KubeApi) -> None:
+    kube = _emulator(kube_api)
+    kube.install_crd(gpu_pool_crd("tgp.dev"))
+    base = f"/apis/tgp.dev/v1/namespaces/{kube_api.namespace}/gpupools"
+    old = (await kube_api.create(base, pool("one", "tgp.dev")))["metadata"]["resourceVersion"]
+    await kube_api.create(base, pool("two", "tgp.dev"))
+    kube.compact()
+
+    # In-stream, as a current API server reports it: 200, one ERROR event, end of stream.
+    async with kube_api.http.stream("GET", base, params={"watch": "true", "resourceVersion": old}) as stream:
+        assert stream.status_code == 200
+        lines = [json.loads(line) async for line in stream.aiter_lines() if line.strip()]
+    assert len(lines) == 1 and lines[0]["type"] == "ERROR"
+    assert {"kind": "Status", "code": 410, "reason": "Expired"}.items() <= lines[0]["object"].items()
+
+    # kubernetes.aio turns it into ApiException(410).
+    async with official_client(kube_api) as api, k8s_watch.Watch() as watch:
+        custom = k8s.CustomObjectsApi(api)
+        stream = watch.stream(
+            custom.list_namespaced_custom_object, "tgp.dev", "v1", kube_api.namespace, "gpupools",
+            resource_version=old, timeout_seconds=5,
+        )
+        with pytest.raises(k8s.ApiException) as raised:
+            async for _ in stream:
+                pass
+        assert raised.value.status == 410
+
+    # The client lists again and watches from the list's resourceVersion.
+    listing = await kube_api.get(base)
+    assert listing is not None and {i["metadata"]["name"] for i in listing["items"]} == {"one", "two"}
+    params = {"watch": "true", "resourceVersion": listing["metadata"]["resourceVersion"]}
+    async with kube_api.http.stream("GET", base, params=params, timeout=STREAM_READ_TIMEOUT) as stream:
+        await kube_api.create(base, pool("three", "tgp.dev"))
+        [event] = await read_events(stream, 1)
+    assert event["type"] == "ADDED" and event["object"]["metadata"]["name"] == "three"
+
+    # Older servers answer with HTTP 410 instead; clients must handle both.
+    kube.expired_watch_as_http = True
+    response = await kube_api.http.get(base, params={"watch": "true", "resourceVersion": old})
+    assert response.status_code == 410 and response.json()["reason"] == "Expired"
+
+
+async def test_watch_window_bounds_the_history(kube_api: KubeApi) -> None:
+    kube = _emulator(kube_api)
+    kube.watch_window = 2
+    first = await kube_api.create_node(kube_api.unique("w"))
+    for _ in range(3):
+        await kube_api.create_node(kube_api.unique("w"))
+    response = await kube_api.http.get(
+        "/api/v1/nodes", params={"watch": "true", "resourceVersion": first["metadata"]["resourceVersion"]}
+    )
+    assert json.loads(response.text.splitlines()[0])["object"]["code"] == 410
+
+
+async def test_cut_watches_drops_the_stream_and_the_client_resumes(kube_api: KubeApi) -> None:
+    kube = _emulator(kube_api)
+    name = kube_api.unique("cut")
+    created = await kube_api.create_node(name)
+    params = {"watch": "true", "resourceVersion": created["metadata"]["resourceVersion"]}
+    async with kube_api.http.stream("GET", "/api/v1/nodes", params=params, timeout=STREAM_READ_TIMEOUT) as stream:
+        labelled = await kube_api.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {"a": "1"}}})
+        reader = WatchReader(stream)
+        [event] = await reader.read(1)
+        assert event["type"] == "MODIFIED"
+        assert kube.cut_watches() == 1
+        with pytest.raises(httpx.RemoteProtocolError):
+            await reader.read(1)
+    assert kube.open_watches == 0
+
+    # kubernetes.aio sees the cut as aiohttp.ClientPayloadError.
+    async with official_client(kube_api) as api, k8s_watch.Watch() as watch:
+        stream = watch.stream(
+            k8s.CoreV1Api(api).list_node, field_selector=f"metadata.name={name}",
+            resource_version=labelled.json()["metadata"]["resourceVersion"], timeout_seconds=30,
+        )
+        await kube_api.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {"a": "2"}}})
+        first = await anext(stream)
+        assert first["type"] == "MODIFIED"
+        kube.cut_watches()
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await anext(stream)
+        resume_from = first["raw_object"]["metadata"]["resourceVersion"]
+
+    # Resuming from the last version seen misses nothing.
+    await kube_api.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {"a": "3"}}})
+    params = {"watch": "true", "resourceVersion": resume_from}
+    async with kube_api.http.stream("GET", "/api/v1/nodes", params=params, timeout=STREAM_READ_TIMEOUT) as stream:
+        [event] = await read_events(stream, 1)
+    assert event["object"]["metadata"]["labels"]["a"] == "3"
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+async def test_events_can_be_created_and_listed_in_both_apis(kube_api: KubeApi) -> None:
+    namespace = kube_api.namespace
+    regarding = {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "namespace": namespace}
+    core = await kube_api.create(f"/api/v1/namespaces/{namespace}/events", {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": "trainer."},
+        "involvedObject": regarding,
+        "reason": "NodeRequested", "message": "asked for an h100", "type": "Normal",
+        "source": {"component": "tgp-bridge"}, "count": 1,
+    })
+    assert core["metadata"]["name"].startswith("trainer.")
+
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    modern = await kube_api.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": f"trainer.{secrets.token_hex(4)}"},
+        "regarding": regarding, "reason": "NodeReady", "note": "node joined", "type": "Normal",
+        "action": "Provision", "eventTime": now,
+        "reportingController": "tgp.dev/bridge", "reportingInstance": "bridge-0",
+    })
+    assert modern["note"] == "node joined"
+
+    # One storage: each API lists both, in its own field names.
+    core_list = await kube_api.get(f"/api/v1/namespaces/{namespace}/events")
+    assert core_list is not None
+    by_reason = {e["reason"]: e for e in core_list["items"]}
+    assert by_reason["NodeReady"]["message"] == "node joined"
+    assert by_reason["NodeRequested"]["involvedObject"]["name"] == "trainer"
+    v1_list = await kube_api.get(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events")
+    assert v1_list is not None
+    notes = {e["reason"]: e.get("note") for e in v1_list["items"]}
+    assert {"NodeRequested": "asked for an h100", "NodeReady": "node joined"}.items() <= notes.items()
+
+
+async def test_event_must_live_in_its_objects_namespace(kube_api: KubeApi) -> None:
+    response = await kube_api.http.post(f"/api/v1/namespaces/{kube_api.namespace}/events", json={
+        "apiVersion": "v1", "kind": "Event", "metadata": {"name": "misplaced"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "elsewhere"},
+        "reason": "X", "message": "y", "type": "Normal",
+    })
+    assert response.status_code == 422
+    assert response.json()["details"]["causes"][0]["field"] == "involvedObject.namespace"
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _emulator(kube_api: KubeApi) -> KubeEmulator:
+    if kube_api.emulator is None:
+        pytest.skip("a test knob of the emulator: a real cluster cannot be made to do this on demand")
+    return kube_api.emulator
