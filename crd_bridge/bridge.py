@@ -1,0 +1,246 @@
+"""The CRD bridge: Kubernetes events in, Temporal workflow signals out. It holds no state of
+its own: everything it knows comes from its informers, so a restarted bridge re-lists and sends
+the same signals again, which the workflows (stable ids, signal-with-start) absorb.
+
+* GPUNodeClass -> signal-with-start `update_class` on gpunodeclass/<name>.
+* GPUNodePool  -> add the finalizer, then signal-with-start `update` on gpunodepool/<ns>/<name>
+  (with the class it refers to, or None), including `deleting` once it is being deleted.
+* Pods         -> unschedulable GPU pods, batched, assigned to pools (tgp.demand) -> `demand`.
+* Nodes        -> `tgp.io/evict=<reason>` on a managed Node -> `evict` on its node workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.cluster import CustomResource, KubernetesCluster
+from activities.fleet import FINALIZER
+from crd_bridge.informer import Informer, Obj, object_key
+from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool
+from tgp.demand import BATCH_IDLE, BATCH_MAX, Batch, PendingPod, PoolCandidate, assign_pods, pending_gpu_pod
+from tgp.messages import ClassInput, ClassUpdate, Demand, PoolUpdate, class_workflow_id, pool_workflow_id
+from tgp.types import DEFAULT_TASK_QUEUE, LABEL_MANAGED, LABEL_POOL, LABEL_POOL_NAMESPACE, node_workflow_id
+from workflows.node_class import GPUNodeClassWorkflow
+from workflows.pool import GPUNodePoolWorkflow, PoolInput
+
+log = structlog.get_logger("tgp.bridge")
+
+EVICT_ANNOTATION = "tgp.io/evict"
+
+
+class Bridge:
+    def __init__(
+        self,
+        client: Client,
+        cluster: KubernetesCluster,
+        *,
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        batch_idle: timedelta = BATCH_IDLE,
+        batch_max: timedelta = BATCH_MAX,
+        pool_watch_interval: timedelta | None = None,
+    ) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.task_queue = task_queue
+        self.batch_idle, self.batch_max = batch_idle, batch_max
+        self.pool_watch_interval = pool_watch_interval
+        self.classes: dict[str, GPUNodeClass] = {}
+        self.pools: dict[str, GPUNodePool] = {}
+        self.pending: dict[str, PendingPod] = {}
+        self.sent_demand: dict[str, list[str]] = {}
+        self.evicted: set[str] = set()
+        self._batch = Batch()
+        self._batch_changed = asyncio.Event()
+        self.informers: list[Informer] = []
+
+    async def run(self) -> None:
+        """Watch until cancelled."""
+        core = await self.cluster._client()  # the adapter owns the connection and its credentials
+        custom = await self.cluster._custom()
+        self.informers = [
+            Informer(
+                "gpunodeclasses",
+                lambda **kw: custom.list_cluster_custom_object_without_preload_content(GROUP, VERSION, "gpunodeclasses", **kw),
+                self.on_class,
+            ),
+            Informer(
+                "gpunodepools",
+                lambda **kw: custom.list_custom_object_for_all_namespaces_without_preload_content(GROUP, VERSION, "gpunodepools", **kw),
+                self.on_pool,
+            ),
+            Informer("pods", core.list_pod_for_all_namespaces_without_preload_content, self.on_pod),
+            Informer("nodes", core.list_node_without_preload_content, self.on_node, label_selector=f"{LABEL_MANAGED}=true"),
+        ]
+        async with asyncio.TaskGroup() as tasks:
+            for informer in self.informers:
+                tasks.create_task(informer.run())
+            tasks.create_task(self._demand_loop())
+
+    # --- classes -------------------------------------------------------------------------
+
+    async def on_class(self, kind: str, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.classes.pop(name, None)
+            update = ClassUpdate(spec=None)
+        else:
+            try:
+                klass = GPUNodeClass.model_validate(obj)
+            except ValidationError as exc:
+                log.warning("class_invalid", name=name, error=str(exc)[:500])
+                return
+            self.classes[name] = klass
+            update = ClassUpdate(spec=klass.spec, generation=klass.metadata.generation, uid=klass.metadata.uid)
+        await self._signal_with_start(
+            GPUNodeClassWorkflow.run, ClassInput(name=name), class_workflow_id(name), "update_class", update, f"GPUNodeClass {name}"
+        )
+        for pool in list(self.pools.values()):
+            if pool.spec.node_class_ref.name == name:
+                await self._send_pool(pool)
+
+    # --- pools ---------------------------------------------------------------------------
+
+    async def on_pool(self, kind: str, obj: Obj) -> None:
+        key = object_key(obj)
+        if kind == "DELETED":
+            self.pools.pop(key, None)
+            return  # the workflow removed the finalizer; nothing left to do
+        try:
+            pool = GPUNodePool.model_validate(obj)
+        except ValidationError as exc:
+            log.warning("pool_invalid", pool=key, error=str(exc)[:500])
+            return
+        self.pools[key] = pool
+        meta = pool.metadata
+        if not meta.deletionTimestamp and FINALIZER not in meta.finalizers:
+            await self.cluster.set_finalizer(_pool_ref(pool), FINALIZER, present=True)
+        await self._send_pool(pool)
+        self._batch = self._batch.add(_now())  # pools changed: demand may go elsewhere
+        self._batch_changed.set()
+
+    async def _send_pool(self, pool: GPUNodePool) -> None:
+        meta = pool.metadata
+        klass = self.classes.get(pool.spec.node_class_ref.name)
+        update = PoolUpdate(
+            spec=pool.spec,
+            generation=meta.generation,
+            uid=meta.uid,
+            node_class=klass.spec if klass else None,
+            deleting=meta.deletionTimestamp is not None,
+        )
+        namespace = meta.namespace or "default"
+        await self._signal_with_start(
+            GPUNodePoolWorkflow.run,
+            PoolInput(namespace=namespace, name=meta.name, watch_interval=self.pool_watch_interval),
+            pool_workflow_id(namespace, meta.name),
+            "update",
+            update,
+            f"GPUNodePool {namespace}/{meta.name}",
+        )
+
+    # --- pods and demand -------------------------------------------------------------------
+
+    async def on_pod(self, kind: str, obj: Obj) -> None:
+        key = object_key(obj).lstrip("/")
+        pod = None if kind == "DELETED" else pending_gpu_pod(obj)
+        changed = (key in self.pending) != (pod is not None)
+        if pod is None:
+            self.pending.pop(key, None)
+        else:
+            self.pending[key] = pod
+        if changed:
+            self._batch = self._batch.add(_now())
+            self._batch_changed.set()
+
+    async def _demand_loop(self) -> None:
+        """Send demand once a batch of pod changes has settled (idle window) or grown old
+        (maximum window), and only when a pool's pod list actually changed."""
+        while True:
+            if self._batch.first is None:
+                await self._batch_changed.wait()
+                self._batch_changed.clear()
+                continue
+            wait = self._batch.wait(_now(), self.batch_idle, self.batch_max).total_seconds()
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(self._batch_changed.wait(), wait)
+                    self._batch_changed.clear()
+                    continue
+                except TimeoutError:
+                    pass
+            self._batch = Batch()
+            await self.send_demand()
+
+    async def send_demand(self) -> None:
+        if not all(i.synced.is_set() for i in self.informers if i.name in ("pods", "gpunodepools")):
+            return  # half a picture would shrink demand; the next batch sends it
+        candidates = [
+            PoolCandidate(namespace=p.metadata.namespace or "default", name=p.metadata.name, spec=p.spec)
+            for p in self.pools.values()
+            if p.metadata.deletionTimestamp is None
+        ]
+        assigned = assign_pods(self.pending.values(), candidates)
+        for key, pods in assigned.items():
+            names = sorted(p.key for p in pods)
+            if self.sent_demand.get(key) == names:
+                continue
+            namespace, name = key.split("/", 1)
+            try:
+                await self.client.get_workflow_handle(pool_workflow_id(namespace, name)).signal(
+                    GPUNodePoolWorkflow.demand, Demand(pods=names, observed_at=_now())
+                )
+                self.sent_demand[key] = names
+            except RPCError as exc:
+                log.warning("demand_not_sent", pool=key, error=str(exc))
+
+    # --- nodes ---------------------------------------------------------------------------
+
+    async def on_node(self, kind: str, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        reason = (meta.get("annotations") or {}).get(EVICT_ANNOTATION)
+        labels = meta.get("labels") or {}
+        if kind == "DELETED" or reason is None or LABEL_POOL not in labels:
+            return
+        workflow_id = node_workflow_id(labels.get(LABEL_POOL_NAMESPACE, "default"), labels[LABEL_POOL], meta["name"])
+        if workflow_id in self.evicted:
+            return
+        try:
+            await self.client.get_workflow_handle(workflow_id).signal("evict", {"reason": reason or "annotation"})
+            self.evicted.add(workflow_id)
+            log.info("node_evict_requested", node=meta["name"], reason=reason)
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                self.evicted.add(workflow_id)  # no live workflow for it: nothing to evict
+            else:
+                raise
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    async def _signal_with_start(self, run: Any, arg: Any, workflow_id: str, signal: str, payload: Any, summary: str) -> None:
+        await self.client.start_workflow(
+            run,
+            arg,
+            id=workflow_id,
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            start_signal=signal,
+            start_signal_args=[payload],
+            static_summary=summary,
+        )
+
+
+def _pool_ref(pool: GPUNodePool) -> CustomResource:
+    meta = pool.metadata
+    return CustomResource(GROUP, VERSION, "gpunodepools", "GPUNodePool", meta.name, meta.namespace or "default", meta.uid)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)

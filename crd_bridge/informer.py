@@ -1,0 +1,160 @@
+"""List-then-watch of one Kubernetes resource that survives 410 Gone, cut streams and restarts.
+
+The classic informer loop: list (remember the collection's resourceVersion), watch from it,
+and on every event move the resourceVersion forward. A stream that ends or breaks is resumed
+from the last resourceVersion; a 410 Gone (the server forgot that version) means list again,
+and the difference between the old cache and the new list is delivered as events, so nothing
+is missed. Any other failure backs off and starts over with a list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import aiohttp
+import structlog
+
+log = structlog.get_logger("tgp.bridge.informer")
+
+Obj = dict[str, Any]
+Handler = Callable[[str, Obj], Awaitable[None]]
+# A `*_without_preload_content` list call of kubernetes.aio: returns the raw aiohttp response.
+ListCall = Callable[..., Awaitable[aiohttp.ClientResponse]]
+
+# The server ends a watch after this; a fresh one is cheap and catches a stalled connection.
+WATCH_TIMEOUT = timedelta(minutes=5)
+# Wait between failed list attempts (doubling, with jitter, up to the maximum).
+BACKOFF_START = timedelta(seconds=0.5)
+BACKOFF_MAX = timedelta(seconds=30)
+LIST_TIMEOUT = timedelta(seconds=60)
+
+
+class Gone(Exception):
+    """The server no longer has the requested resourceVersion (410)."""
+
+
+def object_key(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or ''}/{meta.get('name')}"
+
+
+class Informer:
+    """Feeds `handler(event_type, object)` with ADDED / MODIFIED / DELETED for one resource."""
+
+    def __init__(
+        self,
+        name: str,
+        list_call: ListCall,
+        handler: Handler,
+        *,
+        watch_timeout: timedelta = WATCH_TIMEOUT,
+        **selectors: str,
+    ) -> None:
+        self.name = name
+        self._list = list_call
+        self._handler = handler
+        self._watch_timeout = watch_timeout
+        self._selectors = selectors
+        self.cache: dict[str, Obj] = {}
+        self.synced = asyncio.Event()
+        self.relists = 0
+        self.rewatches = 0
+
+    async def run(self) -> None:
+        """Run until cancelled."""
+        failures = 0
+        while True:
+            try:
+                version = await self._relist()
+                failures = 0
+                await self._watch(version)
+            except Gone:
+                log.info("watch_expired_relisting", resource=self.name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: back off, then list again
+                failures += 1
+                wait = min(BACKOFF_START.total_seconds() * 2 ** (failures - 1), BACKOFF_MAX.total_seconds())
+                log.warning("informer_failed", resource=self.name, error=f"{type(exc).__name__}: {exc}"[:300], retry_in=round(wait, 2))
+                await asyncio.sleep(random.uniform(wait / 2, wait))
+
+    async def _relist(self) -> str:
+        response = await self._list(**self._selectors, _request_timeout=LIST_TIMEOUT.total_seconds())
+        body = await _json_body(response)
+        self.relists += 1
+        fresh = {object_key(o): o for o in body.get("items") or []}
+        for key, obj in fresh.items():
+            old = self.cache.get(key)
+            if old is None or _version(old) != _version(obj):
+                self.cache[key] = obj
+                await self._handler("ADDED" if old is None else "MODIFIED", obj)
+        for key in [k for k in self.cache if k not in fresh]:
+            await self._handler("DELETED", self.cache.pop(key))
+        self.synced.set()
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _watch(self, version: str) -> None:
+        """Follow changes from `version`; resume after every stream end; raise Gone on 410."""
+        while True:
+            response = await self._list(
+                **self._selectors,
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=int(self._watch_timeout.total_seconds()),
+                _request_timeout=self._watch_timeout.total_seconds() + 30,
+            )
+            if response.status == 410:
+                response.release()
+                raise Gone()
+            if response.status >= 300:
+                text = await response.text()
+                raise RuntimeError(f"watch {self.name} answered {response.status}: {text[:200]}")
+            try:
+                while True:
+                    line = await response.content.readline()
+                    if not line:
+                        break  # the server closed the stream (timeout) or the connection was cut
+                    version = await self._dispatch(json.loads(line), version)
+            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionResetError):
+                pass  # a cut stream: resume from the last version we saw
+            finally:
+                response.release()
+            self.rewatches += 1
+
+    async def _dispatch(self, event: Obj, version: str) -> str:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone()
+            raise RuntimeError(f"watch {self.name} error: {obj.get('message')}")
+        new_version = _version(obj) or version
+        if kind == "BOOKMARK":
+            return new_version
+        key = object_key(obj)
+        if kind == "DELETED":
+            self.cache.pop(key, None)
+        else:
+            self.cache[key] = obj
+        await self._handler(str(kind), obj)
+        return new_version
+
+
+def _version(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+async def _json_body(response: aiohttp.ClientResponse) -> Obj:
+    try:
+        if response.status >= 300:
+            if response.status == 410:
+                raise Gone()
+            raise RuntimeError(f"list answered {response.status}: {(await response.text())[:200]}")
+        return dict(await response.json(content_type=None))
+    finally:
+        response.release()

@@ -1,0 +1,339 @@
+"""kubectl-apply to nodes and back: the CRD bridge, pool and class workflows end to end.
+
+The API server is the project's kmock-based emulator with the generated CRDs installed; the
+pods, nodes and custom resources cross real HTTP; Temporal is the real dev server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from activities.cluster import KubernetesCluster
+from crd_bridge.bridge import Bridge
+from tests.conftest import eventually
+from tgp.sim.world import SimWorld, sim_world
+from workers.main import WorkerConfig, build_activities, make_worker
+
+CRDS = Path(__file__).resolve().parent.parent / "deploy" / "crds"
+POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
+CLASSES = "/apis/tgp.io/v1/gpunodeclasses"
+
+
+@dataclass
+class Stack:
+    world: SimWorld
+    env: WorkflowEnvironment
+    queue: str
+    kube: httpx.AsyncClient
+    bridge: Bridge
+    bridge_task: asyncio.Task[None]
+    cluster: KubernetesCluster
+
+    async def restart_bridge(self) -> None:
+        self.bridge_task.cancel()
+        try:
+            await self.bridge_task
+        except asyncio.CancelledError:
+            pass
+        self.bridge = new_bridge(self.env, self.cluster, self.queue)
+        self.bridge_task = asyncio.create_task(self.bridge.run())
+
+    async def pool_status(self, ns: str, name: str) -> dict[str, Any]:
+        r = await self.kube.get(f"{POOLS.format(ns=ns)}/{name}")
+        return r.json().get("status") or {} if r.status_code == 200 else {}
+
+    async def node_workflows(self) -> list[str]:
+        return [w.id async for w in self.env.client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TaskQueue = '{self.queue}'")]
+
+
+def new_bridge(env: WorkflowEnvironment, cluster: KubernetesCluster, queue: str) -> Bridge:
+    return Bridge(
+        env.client,
+        cluster,
+        task_queue=queue,
+        batch_idle=timedelta(milliseconds=200),
+        batch_max=timedelta(seconds=2),
+        pool_watch_interval=timedelta(seconds=1),
+    )
+
+
+@asynccontextmanager
+async def running_stack(env: WorkflowEnvironment) -> AsyncIterator[Stack]:
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        for path in sorted(CRDS.glob("*.yaml")):
+            world.kube.install_crd(yaml.safe_load(path.read_text()))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.1)
+        queue = f"bridge-{uuid.uuid4().hex[:8]}"
+        await stack.enter_async_context(make_worker(env.client, activities, task_queue=queue))
+        cluster = await stack.enter_async_context(KubernetesCluster.from_url(world.kube.url))
+        kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube.url, timeout=10))
+        bridge = new_bridge(env, cluster, queue)
+        s = Stack(world, env, queue, kube, bridge, asyncio.create_task(bridge.run()), cluster)
+        try:
+            yield s
+        finally:
+            s.bridge_task.cancel()
+            # Pool and class ids are stable by design; end this test's runs so the next test's
+            # bridge starts fresh ones on its own task queue.
+            async for w in env.client.list_workflows(f"TaskQueue = '{queue}' AND ExecutionStatus = 'Running'"):
+                try:
+                    await env.client.get_workflow_handle(w.id, run_id=w.run_id).terminate("test finished")
+                except RPCError:
+                    pass  # it finished meanwhile
+
+
+def gpu_class(name: str = "sim", **limits: object) -> dict[str, Any]:
+    return {
+        "apiVersion": "tgp.io/v1",
+        "kind": "GPUNodeClass",
+        "metadata": {"name": name},
+        "spec": {"providers": [{"name": "simulated"}], "tailscaleConfig": {"tags": ["tag:tgp-node"]}, "limits": limits},
+    }
+
+
+def gpu_pool(name: str, *, weight: int = 0, gpu: str = "RTX4090", klass: str = "sim", **spec: object) -> dict[str, Any]:
+    return {
+        "apiVersion": "tgp.io/v1",
+        "kind": "GPUNodePool",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "nodeClassRef": {"name": klass},
+            "weight": weight,
+            "template": {
+                "metadata": {"labels": {"team": "ml"}},
+                "spec": {
+                    "requirements": [{"key": "tgp.io/gpu-type", "operator": "In", "values": [gpu]}],
+                    "taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
+                },
+            },
+            "disruption": {"idleTimeout": "2s", "drainTimeout": "10s"},
+            **spec,
+        },
+    }
+
+
+async def apply(kube: httpx.AsyncClient, obj: dict[str, Any]) -> httpx.Response:
+    path = CLASSES if obj["kind"] == "GPUNodeClass" else POOLS.format(ns=obj["metadata"]["namespace"])
+    return await kube.post(path, json=obj)
+
+
+async def pending_pod(kube: httpx.AsyncClient, name: str, *, selector: dict[str, str] | None = None) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": {
+            "containers": [{"name": "train", "image": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": selector or {},
+        },
+    }
+    (await kube.post("/api/v1/namespaces/ml/pods", json=pod)).raise_for_status()
+    status = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+    merge = {"Content-Type": "application/merge-patch+json"}
+    (await kube.patch(f"/api/v1/namespaces/ml/pods/{name}/status", json=status, headers=merge)).raise_for_status()
+
+
+async def bind(kube: httpx.AsyncClient, pod: str, node: str) -> None:
+    """Do what the scheduler and kubelet would: put the pod on the node and run it."""
+    merge = {"Content-Type": "application/merge-patch+json"}
+    (await kube.patch(f"/api/v1/namespaces/ml/pods/{pod}", json={"spec": {"nodeName": node}}, headers=merge)).raise_for_status()
+    running = {"status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    (await kube.patch(f"/api/v1/namespaces/ml/pods/{pod}/status", json=running, headers=merge)).raise_for_status()
+
+
+async def ready_nodes(s: Stack, ns: str, pool: str, count: int) -> list[dict[str, Any]]:
+    async def check() -> list[dict[str, Any]] | None:
+        status = await s.pool_status(ns, pool)
+        nodes = [n for n in status.get("nodes") or [] if n["phase"] == "Ready"]
+        return nodes if status.get("readyNodes") == count and len(nodes) == count else None
+
+    return await eventually(check, timeout=30, what=f"{count} Ready nodes in {ns}/{pool}")
+
+
+async def test_pending_pod_to_node_to_idle_to_zero(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        assert (await apply(s.kube, gpu_class())).status_code == 201
+        assert (await apply(s.kube, gpu_pool("rtx"))).status_code == 201
+        await pending_pod(s.kube, "train")
+
+        [node] = await ready_nodes(s, "ml", "rtx", 1)
+        k8s_node = (await s.kube.get(f"/api/v1/nodes/{node['name']}")).json()
+        assert k8s_node["metadata"]["labels"]["tgp.io/pool"] == "rtx"
+        assert k8s_node["metadata"]["labels"]["team"] == "ml"
+        assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in k8s_node["spec"]["taints"]
+        pool = (await s.kube.get(f"{POOLS.format(ns='ml')}/rtx")).json()
+        assert "tgp.io/nodes-terminated" in pool["metadata"]["finalizers"]
+        conditions = {c["type"]: c for c in pool["status"]["conditions"]}
+        assert conditions["Ready"]["status"] == "True" and conditions["Ready"]["observedGeneration"] == 1
+        assert pool["status"]["hourlyCost"] == "0.44"
+
+        await bind(s.kube, "train", node["name"])
+        await asyncio.sleep(0)  # let the bridge see the pod leave the pending set
+        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
+
+        async def back_to_zero() -> bool:
+            status = await s.pool_status("ml", "rtx")
+            return status.get("readyNodes") == 0 and not status.get("nodes") and not s.world.cloud.live_instances()
+
+        await eventually(back_to_zero, timeout=30, what="the pool to scale back to zero")
+        assert len(s.world.cloud.instances) == 1, "one node was bought in all"
+        assert (await s.kube.get(f"/api/v1/nodes/{node['name']}")).status_code == 404
+
+        async def events() -> set[str] | None:
+            items = (await s.kube.get("/api/v1/namespaces/ml/events")).json()["items"]
+            reasons = {e["reason"] for e in items if e["involvedObject"]["name"] == "rtx"}
+            return reasons if {"NodeLaunched", "NodeReady", "NodeTerminated"} <= reasons else None
+
+        await eventually(events, what="NodeLaunched, NodeReady and NodeTerminated Events on the pool")
+
+
+async def test_the_heavier_pool_gets_the_pod(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("light", weight=1))
+        await apply(s.kube, gpu_pool("heavy", weight=50))
+        await pending_pod(s.kube, "train", selector={"tgp.io/gpu-type": "RTX4090"})
+
+        await ready_nodes(s, "ml", "heavy", 1)
+        assert (await s.pool_status("ml", "light")).get("desiredNodes", 0) == 0
+        assert len(await s.node_workflows()) == 1
+
+
+async def test_class_budget_of_two_nodes_with_five_pods_pending(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        await apply(s.kube, gpu_class(maxNodes=2))
+        await apply(s.kube, gpu_pool("rtx"))
+        for i in range(5):
+            await pending_pod(s.kube, f"train-{i}")
+
+        await ready_nodes(s, "ml", "rtx", 2)
+
+        async def budget_condition() -> dict[str, Any] | None:
+            conditions = {c["type"]: c for c in (await s.pool_status("ml", "rtx")).get("conditions") or []}
+            return conditions.get("BudgetAvailable") if conditions.get("BudgetAvailable", {}).get("status") == "False" else None
+
+        condition = await eventually(budget_condition, what="BudgetAvailable=False")
+        assert "maxNodes" in condition["message"]
+        assert len(s.world.cloud.instances) == 2
+        assert len(await s.node_workflows()) == 2
+
+
+async def test_deleting_a_pool_terminates_its_nodes_before_the_finalizer_goes(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", minNodes=1))
+        [node] = await ready_nodes(s, "ml", "rtx", 1)
+
+        (await s.kube.delete(f"{POOLS.format(ns='ml')}/rtx")).raise_for_status()
+        still_there = (await s.kube.get(f"{POOLS.format(ns='ml')}/rtx")).json()
+        assert still_there["metadata"].get("deletionTimestamp"), "the finalizer holds the pool"
+
+        async def gone() -> bool:
+            return (await s.kube.get(f"{POOLS.format(ns='ml')}/rtx")).status_code == 404
+
+        await eventually(gone, timeout=30, what="the pool to be deleted")
+        assert s.world.cloud.live_instances() == [], "nodes were terminated before the pool went"
+        assert (await s.kube.get(f"/api/v1/nodes/{node['name']}")).status_code == 404
+
+
+async def test_bridge_restart_410_and_cut_streams_change_nothing(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx"))
+        await pending_pod(s.kube, "train")
+        await ready_nodes(s, "ml", "rtx", 1)
+
+        await s.restart_bridge()
+        s.world.kube.compact()
+        s.world.kube.cut_watches()
+        await pending_pod(s.kube, "second")
+        await ready_nodes(s, "ml", "rtx", 2)
+
+        assert len(await s.node_workflows()) == 2, "no duplicate node workflows"
+        assert len(s.world.cloud.instances) == 2
+        pools = [i for i in s.bridge.informers if i.name == "pods"]
+        assert pools and (pools[0].relists >= 1)
+
+
+async def test_missing_class_and_too_low_price_are_conditions_not_crashes(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        await apply(s.kube, gpu_pool("orphan", klass="nope"))
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("cheap", maxHourlyPrice="0.10"))
+        await pending_pod(s.kube, "train")
+
+        async def condition(pool: str, type_: str) -> dict[str, Any] | None:
+            conditions = {c["type"]: c for c in (await s.pool_status("ml", pool)).get("conditions") or []}
+            c = conditions.get(type_)
+            return c if c and c["status"] == "False" else None
+
+        missing = await eventually(lambda: condition("orphan", "ClassReady"), what="ClassReady=False")
+        assert "GPUNodeClass nope not found" in missing["message"]
+        price = await eventually(lambda: condition("cheap", "OffersAvailable"), what="OffersAvailable=False")
+        assert "$0.10/h is below every matching offer" in price["message"] and "$0.44/h" in price["message"]
+        assert s.world.cloud.instances == {}, "nothing was launched"
+
+
+async def test_schema_violations_are_rejected_at_apply_time(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        bad_weight = gpu_pool("x", weight=200)
+        r = await apply(s.kube, bad_weight)
+        assert r.status_code == 422 and "weight" in r.text
+        bad_provider = gpu_class("y")
+        bad_provider["spec"]["providers"] = [{"name": "aws"}]
+        r = await apply(s.kube, bad_provider)
+        assert r.status_code == 422 and "providers" in r.text
+        seed = list(yaml.safe_load_all((Path(__file__).parent / "data" / "seed_examples.yaml").read_text()))
+        assert (await apply(s.kube, seed[0])).status_code == 201, "the original README's class applies unchanged"
+        assert (await apply(s.kube, seed[1])).status_code == 201, "the original README's pool applies unchanged"
+
+
+async def test_evict_annotation_on_a_node_drains_and_terminates_it(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", minNodes=1))
+        [node] = await ready_nodes(s, "ml", "rtx", 1)
+        first_instance = s.world.cloud.live_instances()[0].id
+
+        merge = {"Content-Type": "application/merge-patch+json"}
+        patch = {"metadata": {"annotations": {"tgp.io/evict": "bad GPU"}}}
+        (await s.kube.patch(f"/api/v1/nodes/{node['name']}", json=patch, headers=merge)).raise_for_status()
+
+        async def replaced() -> bool:
+            live = s.world.cloud.live_instances()
+            return bool(live) and first_instance not in {i.id for i in live}
+
+        await eventually(replaced, timeout=30, what="the evicted node to be replaced (minNodes=1)")
+        assert s.world.cloud.instances[first_instance].status == "terminated"
+        result = await s.env.client.get_workflow_handle(node["workflowId"]).result()
+        assert result["end_reason"] == "evicted: bad GPU"
+
+
+async def test_a_class_template_with_an_undefined_variable_names_it(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        klass = gpu_class("tpl")
+        klass["spec"]["bootstrapTemplate"] = "#cloud-config\nhostname: {{ .NodeName }}\nruncmd: [echo {{ .NoSuchThing }}]\n"
+        assert (await apply(s.kube, klass)).status_code == 201
+
+        async def not_ready() -> dict[str, Any] | None:
+            r = await s.kube.get(f"{CLASSES}/tpl")
+            conditions = {c["type"]: c for c in (r.json().get("status") or {}).get("conditions") or []}
+            ready = conditions.get("Ready")
+            return ready if ready and ready["status"] == "False" else None
+
+        condition = await eventually(not_ready, what="the class to be Ready=False")
+        assert "NoSuchThing" in condition["message"] and condition["reason"] == "InvalidSpec"
