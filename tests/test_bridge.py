@@ -258,15 +258,25 @@ async def test_bridge_restart_410_and_cut_streams_change_nothing(temporal: Workf
         await ready_nodes(s, "ml", "rtx", 1)
 
         await s.restart_bridge()
+        await eventually(lambda: _synced(s.bridge), what="the restarted bridge to list everything")
+        # Move the server past the pods watch's resourceVersion, forget history, cut streams:
+        # the pods watch must come back with 410 Gone and re-list.
+        node = (await s.kube.get("/api/v1/nodes")).json()["items"][0]["metadata"]["name"]
+        merge = {"Content-Type": "application/merge-patch+json"}
+        await s.kube.patch(f"/api/v1/nodes/{node}", json={"metadata": {"labels": {"touched": "yes"}}}, headers=merge)
         s.world.kube.compact()
-        s.world.kube.cut_watches()
+        assert s.world.kube.cut_watches() >= 4
         await pending_pod(s.kube, "second")
         await ready_nodes(s, "ml", "rtx", 2)
 
         assert len(await s.node_workflows()) == 2, "no duplicate node workflows"
         assert len(s.world.cloud.instances) == 2
-        pools = [i for i in s.bridge.informers if i.name == "pods"]
-        assert pools and (pools[0].relists >= 1)
+        pods = next(i for i in s.bridge.informers if i.name == "pods")
+        assert pods.relists >= 2, "the restarted bridge listed, then re-listed after 410"
+
+
+async def _synced(bridge: Bridge) -> bool:
+    return bool(bridge.informers) and all(i.synced.is_set() for i in bridge.informers)
 
 
 async def test_missing_class_and_too_low_price_are_conditions_not_crashes(temporal: WorkflowEnvironment) -> None:
@@ -283,6 +293,12 @@ async def test_missing_class_and_too_low_price_are_conditions_not_crashes(tempor
 
         missing = await eventually(lambda: condition("orphan", "ClassReady"), what="ClassReady=False")
         assert "GPUNodeClass nope not found" in missing["message"]
+
+        async def warning(pool: str, reason: str) -> bool:
+            items = (await s.kube.get("/api/v1/namespaces/ml/events")).json()["items"]
+            return any(e["involvedObject"]["name"] == pool and e["reason"] == reason and e["type"] == "Warning" for e in items)
+
+        await eventually(lambda: warning("orphan", "ClassNotFound"), what="a ClassNotFound Warning Event")
         price = await eventually(lambda: condition("cheap", "OffersAvailable"), what="OffersAvailable=False")
         assert "$0.10/h is below every matching offer" in price["message"] and "$0.44/h" in price["message"]
         assert s.world.cloud.instances == {}, "nothing was launched"
@@ -321,6 +337,22 @@ async def test_evict_annotation_on_a_node_drains_and_terminates_it(temporal: Wor
         assert s.world.cloud.instances[first_instance].status == "terminated"
         result = await s.env.client.get_workflow_handle(node["workflowId"]).result()
         assert result["end_reason"] == "evicted: bad GPU"
+
+
+async def test_a_class_with_a_missing_secret_says_which(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        klass = gpu_class("creds")
+        klass["spec"]["providers"] = [{"name": "simulated", "credentialsRef": {"name": "cloud-keys", "key": "SIM_KEY", "namespace": "tgp-system"}}]
+        await apply(s.kube, klass)
+
+        async def not_ready() -> dict[str, Any] | None:
+            r = await s.kube.get(f"{CLASSES}/creds")
+            conditions = {c["type"]: c for c in (r.json().get("status") or {}).get("conditions") or []}
+            ready = conditions.get("Ready")
+            return ready if ready and ready["status"] == "False" else None
+
+        condition = await eventually(not_ready, what="the class to be Ready=False")
+        assert "Secret tgp-system/cloud-keys does not exist" in condition["message"]
 
 
 async def test_a_class_template_with_an_undefined_variable_names_it(temporal: WorkflowEnvironment) -> None:

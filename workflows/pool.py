@@ -291,6 +291,11 @@ class GPUNodePoolWorkflow:
     async def _publish(self, wanted: dict[str, tuple[str, str, str]]) -> None:
         generation = self.state.update.generation if self.state.update else None
         conditions = condition_list(wanted, generation, workflow.now(), self.state.conditions)
+        for c in conditions:
+            old = self.state.conditions.get(c.type)
+            # A problem the user must fix is also an Event, once, when it appears.
+            if c.status == "False" and c.type != "Ready" and (old is None or old.status != "False" or old.reason != c.reason):
+                self.events.append(self._event("Warning", c.reason, c.message))
         self.state.conditions = {c.type: c for c in conditions}
         status = self._status()
         body = status.model_dump(mode="json", by_alias=True)
