@@ -9,6 +9,7 @@ are created and consumed inside `launch_instance` and never returned.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.bootstrap import render_boot_payload
+from activities.bootstrap import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
 from activities.ports import Cluster, CloudProvider, EvictionBlocked, Tailnet
 from tgp.errors import CapacityError, ConfigError, TgpError, TransientError
 from tgp.lifecycle import pod_keeps_node_busy
@@ -83,13 +84,13 @@ class NodeActivities:
         self,
         *,
         providers: Mapping[str, CloudProvider],
-        tailnet: Tailnet,
+        tailnets: Mapping[str, Tailnet],
         cluster: Cluster,
         unavailable: UnavailableOffers | None = None,
         poll_interval: timedelta = POLL_INTERVAL,
     ) -> None:
         self.providers = dict(providers)
-        self.tailnet = tailnet
+        self.tailnets = dict(tailnets)
         self.cluster = cluster
         self.unavailable = unavailable or UnavailableOffers()
         self.poll_interval = poll_interval
@@ -101,6 +102,24 @@ class NodeActivities:
             raise ConfigError(
                 f"provider {name!r} is not configured on this worker (configured: {', '.join(sorted(self.providers)) or 'none'})"
             ) from None
+
+    def _tailnet(self, name: str) -> Tailnet:
+        try:
+            return self.tailnets[name]
+        except KeyError:
+            raise ConfigError(
+                f"tailnet backend {name!r} is not configured on this worker (configured: {', '.join(sorted(self.tailnets)) or 'none'}); "
+                "set TS_OAUTH_CLIENT_ID/TS_OAUTH_CLIENT_SECRET for Tailscale or HEADSCALE_URL/HEADSCALE_API_KEY for Headscale"
+            ) from None
+
+    async def _join_secrets(self, ref: str, template: str | None) -> JoinSecrets:
+        """The cluster join material from the Secret `namespace/name`, read now and kept in memory."""
+        namespace, _, name = ref.partition("/")
+        data = await self.cluster.read_secret(namespace, name)
+        if data is None:
+            raise ConfigError(f"join Secret {ref} does not exist: create it or fix the GPUNodeClass's joinSecretRef (see docs/bootstrap.md)")
+        encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
+        return join_secrets_from_secret(encoded, secret_ref=f"Secret {ref}", required=template_join_keys(template) if template else ())
 
     # --- select offer ----------------------------------------------------------------------
 
@@ -148,19 +167,39 @@ class NodeActivities:
         bound = log.bind(node=inp.node_name, provider=inp.offer.provider, offer=inp.offer.key, instance_name=name)
         with temporal_errors():
             provider = self._provider(inp.offer.provider)
+            tailnet = self._tailnet(inp.tailnet)
             existing = await provider.find_by_name(name)
             if existing is not None:
                 bound.info("instance_adopted", instance_id=existing.instance_id)
                 return LaunchResult(instance=existing, adopted=True)
-            key = await self.tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry)
+            # Read the join material before minting: a missing Secret must not cost a key.
+            join = await self._join_secrets(inp.boot.join_secret, inp.boot.template) if inp.boot.join_secret else None
+            settings = BootSettings(
+                node_pool=inp.pool,
+                node_labels=inp.labels,
+                node_taints=inp.taints,
+                tailscale_tags=inp.tailnet_tags,
+                tailscale_login_server=inp.boot.login_server or getattr(tailnet, "login_server", None),
+                kubernetes_version=inp.boot.kubernetes_version,
+                talos_install_image=inp.boot.talos_image,
+            )
+            key = await tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry)
             try:
-                boot = render_boot_payload(provider.capabilities.boot_payload, hostname=inp.node_name, auth_key=key.secret)
+                boot = render_boot_payload(
+                    provider.capabilities.boot_payload,
+                    hostname=inp.node_name,
+                    auth_key=key.secret,
+                    template=inp.boot.template,
+                    settings=settings,
+                    join=join,
+                    node_index=inp.attempt - 1,
+                )
                 instance = await self._create_or_find(provider, inp, name, boot)
             except BaseException as exc:
                 if isinstance(exc, CapacityError):
                     self.unavailable.mark(inp.offer.key, inp.unavailable_offer_ttl)
                 # The key was never handed to a machine: revoke it now rather than let it age out.
-                await asyncio.shield(self._revoke_quietly(key.key_id))
+                await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
                 bound.warning("launch_failed", error=str(exc), error_type=type(exc).__name__)
                 raise
         bound.info("instance_launched", instance_id=instance.instance_id, key_id=key.key_id)
@@ -176,9 +215,9 @@ class NodeActivities:
                 raise
             return found
 
-    async def _revoke_quietly(self, key_id: str) -> None:
+    async def _revoke_quietly(self, tailnet: Tailnet, key_id: str) -> None:
         try:
-            await self.tailnet.revoke_auth_key(key_id)
+            await tailnet.revoke_auth_key(key_id)
         except Exception as exc:  # the key expires on its own; cleanup also revokes by hostname
             log.warning("key_revoke_failed", key_id=key_id, error=str(exc))
 
@@ -202,7 +241,7 @@ class NodeActivities:
     @activity.defn
     async def wait_for_tailnet_device(self, q: DeviceQuery) -> TailnetDevice:
         """Poll the tailnet until a device with this hostname and tags appears."""
-        return await self._poll(lambda: self.tailnet.find_device(q.hostname, q.tags))
+        return await self._poll(lambda: self._tailnet(q.tailnet).find_device(q.hostname, q.tags))
 
     @activity.defn
     async def wait_for_node_ready(self, node_name: str) -> NodeSummary:
@@ -308,14 +347,15 @@ class NodeActivities:
         """Revoke the node's unused keys and delete its tailnet devices."""
         revoked = deleted = 0
         with temporal_errors(always_retry=True):
+            tailnet = self._tailnet(inp.tailnet)
             for key_id in inp.key_ids:
-                await self.tailnet.revoke_auth_key(key_id)
-            revoked = await self.tailnet.revoke_keys_for(inp.hostname)
+                await tailnet.revoke_auth_key(key_id)
+            revoked = await tailnet.revoke_keys_for(inp.hostname)
             for _ in range(MAX_DEVICES_PER_HOSTNAME):
-                device = await self.tailnet.find_device(inp.hostname, inp.tags)
+                device = await tailnet.find_device(inp.hostname, inp.tags)
                 if device is None:
                     break
-                await self.tailnet.delete_device(device.device_id)
+                await tailnet.delete_device(device.device_id)
                 deleted += 1
         return TailnetCleanupResult(keys_revoked=revoked, devices_deleted=deleted)
 

@@ -93,3 +93,7 @@ class Cluster(Protocol):
     async def delete_node(self, name: str) -> None:
         """Delete the Node object; one already gone counts as deleted."""
         ...
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """A Secret's decoded data, or None when it does not exist. Never log it."""
+        ...

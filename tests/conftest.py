@@ -63,10 +63,12 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
 
 
 @asynccontextmanager
-async def running_world(env: WorkflowEnvironment, *, boot_delay: float = 0.2) -> AsyncIterator[tuple[SimWorld, Worker, str]]:
+async def running_world(
+    env: WorkflowEnvironment, *, boot_delay: float = 0.2, headscale: bool = False
+) -> AsyncIterator[tuple[SimWorld, Worker, str]]:
     """The simulated world plus a worker on a fresh task queue, all stopped on exit."""
     async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=boot_delay))
+        world = await stack.enter_async_context(sim_world(boot_delay=boot_delay, headscale=headscale))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=0.1)
         task_queue = f"test-{uuid.uuid4().hex[:8]}"

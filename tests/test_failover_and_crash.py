@@ -39,7 +39,7 @@ async def test_capacity_error_on_the_cheapest_provider_fails_over_and_the_next_n
         }
         for p in providers.values():
             stack.push_async_callback(p.aclose)
-        activities = NodeActivities(providers=providers, tailnet=adapters.node.tailnet, cluster=adapters.node.cluster, poll_interval=timedelta(seconds=0.1))
+        activities = NodeActivities(providers=providers, tailnets=adapters.node.tailnets, cluster=adapters.node.cluster, poll_interval=timedelta(seconds=0.1))
         queue = f"failover-{uuid.uuid4().hex[:6]}"
         await stack.enter_async_context(
             make_worker(temporal.client, type(adapters)(node=activities, fleet=adapters.fleet), task_queue=queue)

@@ -82,10 +82,8 @@ async def wait_phase(handle: WorkflowHandle, phase: NodePhase, timeout: float = 
 def assert_nothing_left(world: SimWorld, node_name: str) -> None:
     """Nothing bought, nothing in the tailnet, no usable key, no Node object."""
     assert world.cloud.live_instances() == [], "an instance was leaked"
-    assert [d for d in world.tailscale.devices.values() if d.hostname == node_name] == [], "a tailnet device was left"
-    now = __import__("datetime").datetime.now(__import__("datetime").timezone.utc)
-    usable = [k.id for k in world.tailscale.keys.values() if not k.invalid(now)]
-    assert usable == [], f"unrevoked tailnet keys left: {usable}"
+    assert world.tailnet_devices(node_name) == [], "a tailnet device was left"
+    assert world.usable_keys() == [], "an unrevoked tailnet key was left"
 
 
 async def node_exists(world: SimWorld, name: str) -> bool:

@@ -208,7 +208,7 @@ async def run_demo(args: argparse.Namespace) -> int:
 
 def _report(world: SimWorld, node_name: str, status: NodeStatus | None) -> None:
     live = world.cloud.live_instances()
-    devices = [d for d in world.tailscale.devices.values() if d.hostname == node_name]
+    devices = world.tailnet_devices(node_name)
     if status is not None:
         print(f"\nNode {node_name} ended {status.phase.value}: {status.end_reason}")
         if status.last_error:

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.messages import class_workflow_id, pool_workflow_id
-from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, LifecycleTimeouts, NodeRequest, OfferRequirements
+from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, OPERATOR_NAMESPACE, BootConfig, LifecycleTimeouts, NodeRequest, OfferRequirements
 
 
 def _intersect(a: list[str], b: list[str] | None) -> list[str]:
@@ -41,6 +41,17 @@ def offer_requirements(pool: GPUNodePoolSpec, klass: GPUNodeClassSpec) -> OfferR
     )
 
 
+def boot_config(klass: GPUNodeClassSpec) -> BootConfig:
+    """The class's boot template and the reference to its join Secret (no secret values)."""
+    talos = klass.talos_config
+    return BootConfig(
+        template=talos.machine_config_template if talos else klass.bootstrap_template,
+        join_secret=f"{OPERATOR_NAMESPACE}/{klass.join_secret_ref}" if klass.join_secret_ref else None,
+        login_server=klass.tailscale_config.login_server,
+        talos_image=talos.image if talos else "",
+    )
+
+
 def node_request(
     *,
     namespace: str,
@@ -65,6 +76,8 @@ def node_request(
         labels=dict(pool.template.metadata.labels),
         taints=list(pool.template.spec.taints),
         tailnet_tags=list(klass.tailscale_config.tags),
+        tailnet="headscale" if klass.tailscale_config.login_server else "tailscale",
+        boot=boot_config(klass),
         timeouts=timeouts,
         pool_workflow_id=pool_workflow_id(namespace, pool_name),
         class_workflow_id=class_workflow_id(class_name),

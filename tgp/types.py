@@ -24,6 +24,8 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
 }
 
 DEFAULT_TASK_QUEUE = "tgp"
+# Where the operator's Secrets live (provider keys, tailnet credentials, join material).
+OPERATOR_NAMESPACE = "tgp-system"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 LABEL_GPU_TYPE = "tgp.io/gpu-type"
@@ -156,6 +158,16 @@ class LifecycleTimeouts(Model):
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")
 
 
+class BootConfig(Model):
+    """How a node boots, from its class: a template and references, never secret values."""
+
+    template: str | None = Field(None, description="The class's machine config / cloud-init template; None = the provider's default.")
+    join_secret: str | None = Field(None, description="namespace/name of the Secret with the cluster join material.")
+    login_server: str | None = Field(None, description="Headscale URL; None for Tailscale.")
+    talos_image: str = ""
+    kubernetes_version: str | None = None
+
+
 class NodeRequest(Model):
     """Everything a node workflow needs to live its life. No secrets: references only."""
 
@@ -167,6 +179,8 @@ class NodeRequest(Model):
     labels: dict[str, str] = {}
     taints: list[Taint] = []
     tailnet_tags: list[str] = ["tag:tgp-node"]
+    tailnet: str = Field("tailscale", description="Tailnet backend: tailscale or headscale.")
+    boot: BootConfig = BootConfig()
     timeouts: LifecycleTimeouts = LifecycleTimeouts()
     max_launch_attempts: int = MAX_LAUNCH_ATTEMPTS
     unavailable_offer_ttl: timedelta = UNAVAILABLE_OFFER_TTL
@@ -287,6 +301,11 @@ class LaunchInput(Model):
     attempt: int
     offer: Offer
     tailnet_tags: list[str]
+    tailnet: str = "tailscale"
+    boot: BootConfig = BootConfig()
+    pool: str = ""
+    labels: dict[str, str] = {}
+    taints: list[Taint] = []
     key_expiry: timedelta = AUTH_KEY_EXPIRY
     unavailable_offer_ttl: timedelta = UNAVAILABLE_OFFER_TTL
 
@@ -306,6 +325,7 @@ class InstanceRef(Model):
 class DeviceQuery(Model):
     hostname: str
     tags: list[str]
+    tailnet: str = "tailscale"
 
 
 class LabelInput(Model):
@@ -327,6 +347,7 @@ class DrainInput(Model):
 class TailnetCleanupInput(Model):
     hostname: str
     tags: list[str]
+    tailnet: str = "tailscale"
     key_ids: list[str] = []
 
 

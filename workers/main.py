@@ -22,6 +22,8 @@ from activities.fleet import FleetActivities
 from activities.node import NodeActivities
 from activities.ports import CloudProvider
 from activities.providers.registry import API_KEY_ENV, providers_from_env
+from activities.headscale import HeadscaleTailnet
+from activities.ports import Tailnet
 from activities.tailnet import TailscaleTailnet
 from tgp.errors import ConfigError
 from tgp.types import DEFAULT_TASK_QUEUE
@@ -79,18 +81,29 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
             f"no cloud provider configured: set one of {', '.join(API_KEY_ENV.values())} "
             "(or TGP_SIMULATED_CLOUD_URL, or run `tgp demo`)"
         )
-    if not (config.tailscale_client_id and config.tailscale_client_secret):
-        raise ConfigError("Tailscale OAuth client missing: set TS_OAUTH_CLIENT_ID and TS_OAUTH_CLIENT_SECRET")
-    tailnet = TailscaleTailnet(
-        base_url=config.tailscale_api_url,
-        client_id=config.tailscale_client_id,
-        client_secret=config.tailscale_client_secret,
-    )
-    stack.push_async_callback(tailnet.aclose)
+    tailnets: dict[str, Tailnet] = {}
+    if config.tailscale_client_id and config.tailscale_client_secret:
+        tailscale = TailscaleTailnet(
+            base_url=config.tailscale_api_url,
+            client_id=config.tailscale_client_id,
+            client_secret=config.tailscale_client_secret,
+        )
+        stack.push_async_callback(tailscale.aclose)
+        tailnets["tailscale"] = tailscale
+    headscale_url, headscale_key = config.env.get("HEADSCALE_URL"), config.env.get("HEADSCALE_API_KEY")
+    if headscale_url and headscale_key:
+        headscale = HeadscaleTailnet(base_url=headscale_url, api_key=SecretStr(headscale_key), user=config.env.get("HEADSCALE_USER"))
+        stack.push_async_callback(headscale.aclose)
+        tailnets["headscale"] = headscale
+    if not tailnets:
+        raise ConfigError(
+            "no tailnet configured: set TS_OAUTH_CLIENT_ID and TS_OAUTH_CLIENT_SECRET (Tailscale) "
+            "or HEADSCALE_URL and HEADSCALE_API_KEY (Headscale)"
+        )
     cluster = KubernetesCluster.from_url(config.kube_url) if config.kube_url else KubernetesCluster.from_kubeconfig(config.kubeconfig)
     stack.push_async_callback(cluster.close)
     return Activities(
-        node=NodeActivities(providers=providers, tailnet=tailnet, cluster=cluster),
+        node=NodeActivities(providers=providers, tailnets=tailnets, cluster=cluster),
         fleet=FleetActivities(cluster=cluster, providers=providers),
     )
 

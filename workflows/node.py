@@ -256,6 +256,11 @@ class GPUNodeWorkflow:
                 attempt=attempt.attempt,
                 offer=offer,
                 tailnet_tags=self.req.tailnet_tags,
+                tailnet=self.req.tailnet,
+                boot=self.req.boot,
+                pool=self.req.pool,
+                labels=self.req.labels,
+                taints=self.req.taints,
                 unavailable_offer_ttl=self.req.unavailable_offer_ttl,
             ),
             start_to_close_timeout=self.req.timeouts.api_call,
@@ -273,6 +278,8 @@ class GPUNodeWorkflow:
                 pass  # nothing bought, or cleanup finds it by name
             raise
         except ActivityError as exc:
+            if isinstance(exc.cause, ApplicationError) and exc.cause.type == "ConfigError":
+                raise  # a bad template or join Secret fails on every offer: end now, say what to fix
             raise LaunchAttemptFailed(_describe(exc)) from None
         self._launched(result)
         self._record(attempt, "launched", result.instance.instance_id)
@@ -303,7 +310,7 @@ class GPUNodeWorkflow:
         await self._until_evicted(
             workflow.start_activity_method(
                 NodeActivities.wait_for_tailnet_device,
-                DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags),
+                DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet),
                 start_to_close_timeout=t.tailnet_join,
                 schedule_to_close_timeout=t.tailnet_join,
                 heartbeat_timeout=POLL_HEARTBEAT_TIMEOUT,
@@ -413,7 +420,7 @@ class GPUNodeWorkflow:
             )
         await workflow.execute_activity_method(
             NodeActivities.remove_from_tailnet,
-            TailnetCleanupInput(hostname=self.req.node_name, tags=self.req.tailnet_tags, key_ids=self.state.key_ids),
+            TailnetCleanupInput(hostname=self.req.node_name, tags=self.req.tailnet_tags, key_ids=self.state.key_ids, tailnet=self.req.tailnet),
             start_to_close_timeout=self.req.timeouts.api_call,
             retry_policy=CLEANUP_RETRY,
             summary="remove from tailnet",

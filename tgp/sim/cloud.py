@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -73,13 +74,22 @@ class SimInstance:
         }
 
 
+# Where a boot payload carries the auth key and hostname: env lines (TS_AUTHKEY=...), the Talos
+# ExtensionServiceConfig ("TS_AUTHKEY=..."), or cloud-init (the key file's content, hostname:).
+_AUTH_KEY = (re.compile(r"TS_AUTHKEY=([^\s\"']+)"), re.compile(r"((?:tskey|hskey)-auth-[A-Za-z0-9_-]+)"))
+_HOSTNAME = (re.compile(r"TS_HOSTNAME=([^\s\"']+)"), re.compile(r"^hostname:\s*\"?([^\s\"]+)", re.MULTILINE))
+
+
 def boot_env(user_data: str) -> dict[str, str]:
-    """KEY=VALUE lines of an `env` boot payload (what the simulated machine reads)."""
+    """What the simulated machine finds in its boot payload: TS_AUTHKEY and TS_HOSTNAME, as
+    tailscaled would be given them by any of the payload kinds."""
     env = {}
-    for line in user_data.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            env[key.strip()] = value.strip()
+    for name, patterns in (("TS_AUTHKEY", _AUTH_KEY), ("TS_HOSTNAME", _HOSTNAME)):
+        for pattern in patterns:
+            match = pattern.search(user_data)
+            if match:
+                env[name] = match.group(1)
+                break
     return env
 
 

@@ -10,8 +10,10 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from tgp.sim.cloud import DEFAULT_CATALOG, SimOffer, SimulatedCloud
+from tgp.sim.headscale import FakeHeadscale
 from tgp.sim.kube import KubeEmulator, register_node
 from tgp.sim.tailscale import FakeTailscale
 
@@ -30,6 +32,23 @@ class SimWorld:
     cloud_api_key: str
     stack: AsyncExitStack
     boot_delay: float = 1.0
+    headscale: FakeHeadscale | None = None
+    headscale_api_key: str = ""
+
+    def tailnet_devices(self, hostname: str) -> list[str]:
+        """Ids of devices (Tailscale) or nodes (Headscale) called `hostname`."""
+        found = [d.node_id for d in self.tailscale.devices.values() if d.hostname == hostname]
+        if self.headscale is not None:
+            found += [n.id for n in self.headscale.nodes.values() if hostname in (n.name, n.given_name)]
+        return found
+
+    def usable_keys(self) -> list[str]:
+        """Ids of minted auth keys that could still join a machine (not revoked, used or expired)."""
+        now = datetime.now(timezone.utc)
+        usable = [k.id for k in self.tailscale.keys.values() if not k.invalid(now)]
+        if self.headscale is not None:
+            usable += [k.id for k in self.headscale.keys.values() if not (k.used and not k.reusable) and not k.expired(now)]
+        return usable
 
     async def add_cloud(self, catalog: tuple[SimOffer, ...]) -> SimulatedCloud:
         """Another simulated cloud whose machines join the same tailnet and cluster (to stand
@@ -46,7 +65,11 @@ class SimWorld:
 
     def worker_env(self) -> dict[str, str]:
         """Environment variables that point a worker (workers.main.WorkerConfig.from_env) here."""
+        headscale = {}
+        if self.headscale is not None:
+            headscale = {"HEADSCALE_URL": self.headscale.url, "HEADSCALE_API_KEY": self.headscale_api_key, "HEADSCALE_USER": "tgp"}
         return {
+            **headscale,
             "TGP_SIMULATED_CLOUD_URL": self.cloud.url,
             "TGP_SIMULATED_CLOUD_API_KEY": self.cloud_api_key,
             "TGP_TAILSCALE_API_URL": self.tailscale.url,
@@ -58,20 +81,33 @@ class SimWorld:
     def secrets(self) -> list[str]:
         """Every secret of this world, including each tailnet key minted so far: none of them
         may ever appear in workflow history, logs or status."""
-        return [self.oauth_client_secret, self.cloud_api_key, *(k.secret for k in self.tailscale.keys.values())]
+        minted = [k.secret for k in self.tailscale.keys.values()]
+        if self.headscale is not None:
+            minted += [self.headscale_api_key, *(k.secret for k in self.headscale.keys.values())]
+        return [self.oauth_client_secret, self.cloud_api_key, *minted]
 
 
 @asynccontextmanager
-async def sim_world(*, boot_delay: float = 1.0, catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG) -> AsyncIterator[SimWorld]:
-    """Start the simulated world on loopback; everything stops when the block exits."""
+async def sim_world(
+    *, boot_delay: float = 1.0, catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG, headscale: bool = False
+) -> AsyncIterator[SimWorld]:
+    """Start the simulated world on loopback; everything stops when the block exits. With
+    `headscale`, a Headscale control server runs beside the Tailscale API, and machines
+    whose payload carries a Headscale key join it."""
     client_id = "k" + secrets.token_hex(6) + "CNTRL"
     client_secret = f"tskey-client-{client_id}-{secrets.token_hex(16)}"
     async with AsyncExitStack() as stack:
         kube = await stack.enter_async_context(KubeEmulator())
         tailscale = await stack.enter_async_context(FakeTailscale(clients={client_id: (client_secret, [NODE_TAG])}))
 
+        headscale_api_key = "hskey-api-" + secrets.token_hex(16)
+        hs = await stack.enter_async_context(FakeHeadscale(api_keys=[headscale_api_key], users=["tgp"])) if headscale else None
+
         async def join_tailnet(auth_key: str, hostname: str) -> None:
-            tailscale.register(auth_key, hostname)
+            if hs is not None and auth_key.startswith("hskey-"):
+                hs.register(auth_key, hostname)
+            else:
+                tailscale.register(auth_key, hostname)
 
         async def join_cluster(name: str, labels: dict[str, str]) -> None:
             await register_node(kube.url, name, labels=labels)
@@ -86,4 +122,4 @@ async def sim_world(*, boot_delay: float = 1.0, catalog: tuple[SimOffer, ...] = 
                 api_key=cloud_api_key,
             )
         )
-        yield SimWorld(kube, tailscale, cloud, client_id, client_secret, cloud_api_key, stack, boot_delay)
+        yield SimWorld(kube, tailscale, cloud, client_id, client_secret, cloud_api_key, stack, boot_delay, hs, headscale_api_key)
