@@ -11,7 +11,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.cluster import CustomResource, KubernetesCluster
@@ -81,14 +82,19 @@ class FleetActivities:
         request = NodeRequest.model_validate_json(inp.request_json)
         from workflows.node import NodeWorkflowInput  # the input type; workflows import nothing from here
 
-        await client.start_workflow(
-            "GPUNodeWorkflow",
-            NodeWorkflowInput(request=request),
-            id=request.workflow_id,
-            task_queue=self.task_queue or activity.info().task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            static_summary=inp.static_summary or f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
-        )
+        try:
+            await client.start_workflow(
+                "GPUNodeWorkflow",
+                NodeWorkflowInput(request=request),
+                id=request.workflow_id,
+                task_queue=self.task_queue or activity.info().task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                # A retried start after the node already lived and ended must not buy it again.
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=inp.static_summary or f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # it ran (and reported to the pool) already
         return StartNodeResult(started=True)
 
     @activity.defn
@@ -117,18 +123,21 @@ class FleetActivities:
             return Grant(granted=False, reason=str(exc.cause or exc))
 
     @activity.defn
-    async def evict_nodes(self, workflow_ids: list[str]) -> None:
-        """Ask node workflows to drain and terminate (pool deleted or shrunk)."""
+    async def evict_nodes(self, workflow_ids: list[str]) -> list[str]:
+        """Ask node workflows to drain and terminate (pool deleted). Returns the ids whose
+        workflow is already closed (nothing left to evict)."""
         client = activity.client()
 
-        async def evict(wid: str) -> None:
+        async def evict(wid: str) -> str | None:
             try:
                 await client.get_workflow_handle(wid).signal("evict", {"reason": "pool deleted"})
             except RPCError as exc:
                 if exc.status is not RPCStatusCode.NOT_FOUND:
                     raise
+                return wid
+            return None
 
-        await asyncio.gather(*(evict(w) for w in workflow_ids))
+        return [w for w in await asyncio.gather(*(evict(w) for w in workflow_ids)) if w is not None]
 
     # --- Kubernetes objects ---------------------------------------------------------------
 

@@ -110,6 +110,9 @@ class Bridge:
 
     async def on_pool(self, kind: str, obj: Obj) -> None:
         key = object_key(obj)
+        if kind == "DELETED" or (obj.get("metadata") or {}).get("deletionTimestamp"):
+            # A pool of the same name created later is a new workflow run: send it its demand.
+            self.sent_demand.pop(key.lstrip("/"), None)
         if kind == "DELETED":
             self.pools.pop(key, None)
             return  # the workflow removed the finalizer; nothing left to do
@@ -200,6 +203,9 @@ class Bridge:
                 self.sent_demand[key] = names
             except RPCError as exc:
                 log.warning("demand_not_sent", pool=key, error=str(exc))
+                if exc.status is not RPCStatusCode.NOT_FOUND:
+                    self._batch = self._batch.add(_now())  # try again with the next batch
+                    self._batch_changed.set()
 
     # --- nodes ---------------------------------------------------------------------------
 

@@ -92,9 +92,9 @@ class Informer:
             old = self.cache.get(key)
             if old is None or _version(old) != _version(obj):
                 self.cache[key] = obj
-                await self._handler("ADDED" if old is None else "MODIFIED", obj)
+                await self._deliver("ADDED" if old is None else "MODIFIED", key, obj)
         for key in [k for k in self.cache if k not in fresh]:
-            await self._handler("DELETED", self.cache.pop(key))
+            await self._deliver("DELETED", key, self.cache.pop(key))
         self.synced.set()
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -141,8 +141,19 @@ class Informer:
             self.cache.pop(key, None)
         else:
             self.cache[key] = obj
-        await self._handler(str(kind), obj)
+        await self._deliver(str(kind), key, obj)
         return new_version
+
+    async def _deliver(self, kind: str, key: str, obj: Obj) -> None:
+        """Hand one event to the handler. If it fails, forget the object so that the re-list
+        that follows delivers it again (an unchanged resourceVersion would otherwise hide it)."""
+        try:
+            await self._handler(kind, obj)
+        except Exception:
+            self.cache.pop(key, None)
+            if kind == "DELETED":
+                self.cache[key] = obj  # stays known, so the re-list reports it deleted again
+            raise
 
 
 def _version(obj: Obj) -> str:

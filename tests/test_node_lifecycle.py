@@ -282,3 +282,43 @@ async def test_cancel_while_ready_releases_everything(temporal: WorkflowEnvironm
         assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.CANCELLED
         assert_nothing_left(world, req.node_name)
         assert not await node_exists(world, req.node_name)
+
+
+async def test_a_cancel_during_final_cleanup_does_not_stop_the_cleanup(temporal: WorkflowEnvironment) -> None:
+    async with running_world(temporal) as (world, _, queue):
+        req = request()
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+
+        world.cloud.hold_deletes()
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await asyncio.wait_for(world.cloud.delete_arrived.wait(), 30)  # cleanup is terminating ...
+        await handle.cancel()  # ... when someone cancels the workflow
+        world.cloud.release_deletes()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+
+        assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.CANCELLED
+        assert_nothing_left(world, req.node_name)
+        assert not await node_exists(world, req.node_name), "cleanup ran to the end"
+
+
+async def test_an_api_outage_while_watching_keeps_the_node(temporal: WorkflowEnvironment) -> None:
+    async with running_world(temporal) as (world, _, queue):
+        req = request()
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+
+        key = world.cloud._api_key
+        world.cloud._api_key = "rotated"  # every provider call now fails with 401 (not retried)
+
+        async def observed_failure() -> NodeStatus | None:
+            status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
+            return status if "could not observe" in (status.last_error or "") else None
+
+        status = await eventually(observed_failure, what="a failed observation")
+        assert status.phase is NodePhase.READY, "an outage is not a reason to end a node"
+        world.cloud._api_key = key
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await handle.result()).phase is NodePhase.TERMINATED
+        assert_nothing_left(world, req.node_name)

@@ -50,6 +50,7 @@ class Grant(Msg):
 class Ledger(Msg):
     limits: ClassLimits = ClassLimits()
     reservations: dict[str, Reservation] = {}
+    released: list[str] = Field([], description="Recently released node ids: a late reserve or settle for one is refused.")
 
     @property
     def hourly_cost(self) -> Decimal:

@@ -178,7 +178,16 @@ class GPUNodeWorkflow:
             final = NodePhase.FAILED
             self.state.last_error = _describe(exc)
             self.state.end_reason = "failed"
-        await self._release_all()
+        cleanup = asyncio.ensure_future(self._release_all())
+        try:
+            # Shielded: a cancel that lands now must not stop the cleanup half-way.
+            await asyncio.shield(cleanup)
+        except asyncio.CancelledError:
+            await cleanup
+            final = NodePhase.CANCELLED
+            self._enter(final)
+            await asyncio.gather(*self._reports)
+            raise
         self._enter(final)
         await asyncio.gather(*self._reports)
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -190,6 +199,7 @@ class GPUNodeWorkflow:
         while len(self.state.attempts) < self.req.max_launch_attempts:
             self._check_evicted()
             offer = await self._select_offer(tried)
+            self._check_evicted()  # evicted while choosing: buy nothing
             attempt = LaunchAttempt(attempt=len(self.state.attempts) + 1, offer=offer)
             self.state.attempts.append(attempt)
             tried.append(offer.key)
@@ -375,13 +385,19 @@ class GPUNodeWorkflow:
             else:
                 self.state.end_reason = f"evicted: {self.state.evict_reason}"
                 return EndReason.EVICTED
-            obs = await workflow.execute_activity_method(
-                NodeActivities.observe_node,
-                ObserveInput(instance=self.state.instance, node_name=self.req.node_name),
-                start_to_close_timeout=self.req.timeouts.api_call,
-                retry_policy=API_RETRY,
-                summary="observe",
-            )
+            try:
+                obs = await workflow.execute_activity_method(
+                    NodeActivities.observe_node,
+                    ObserveInput(instance=self.state.instance, node_name=self.req.node_name),
+                    start_to_close_timeout=self.req.timeouts.api_call,
+                    retry_policy=API_RETRY,
+                    summary="observe",
+                )
+            except ActivityError as exc:
+                # The provider or Kubernetes API is down: keep the node (it may be running a
+                # job) and look again next interval rather than end its life for an outage.
+                self.state.last_error = f"could not observe the node: {_describe(exc)}"
+                continue
             verdict = judge_observation(obs, self.state.watch, workflow.now(), t)
             self.state.watch = verdict.state
             if verdict.end is not None:

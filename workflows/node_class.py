@@ -23,6 +23,8 @@ HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
 # A class with nothing happening still re-checks its Secrets this often.
 REVALIDATE_INTERVAL = timedelta(minutes=10)
 STATUS_TIMEOUT = timedelta(seconds=30)
+# Released node ids remembered to refuse a late reserve/settle (a retried activity).
+RELEASED_REMEMBERED = 1000
 
 
 @workflow.defn(name="GPUNodeClassWorkflow")
@@ -44,14 +46,16 @@ class GPUNodeClassWorkflow:
             return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} does not exist")
         if self.problems:
             return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} is not valid: {'; '.join(self.problems)}")
-        grant = admit(self.ledger, r)
-        if grant.granted:
-            self._hold(r)
-        return grant
+        return self._admit(r)
 
     @workflow.update
     def settle(self, r: Reservation) -> Grant:
         """Record the price a node is about to pay; refused when it would break the budget."""
+        return self._admit(r)
+
+    def _admit(self, r: Reservation) -> Grant:
+        if r.node_id in self.ledger.released:
+            return Grant(granted=False, reason=f"node {r.node_id} has already ended and released its budget")
         grant = admit(self.ledger, r)
         if grant.granted:
             self._hold(r)
@@ -60,9 +64,10 @@ class GPUNodeClassWorkflow:
     @workflow.update
     def release(self, node_id: str) -> None:
         """The node is gone: give back its slot and $/h."""
-        if node_id in self.ledger.reservations:
-            self.ledger = self.ledger.model_copy(update={"reservations": {k: v for k, v in self.ledger.reservations.items() if k != node_id}})
-            self.dirty = True
+        released = [*self.ledger.released, node_id][-RELEASED_REMEMBERED:]
+        reservations = {k: v for k, v in self.ledger.reservations.items() if k != node_id}
+        self.ledger = self.ledger.model_copy(update={"reservations": reservations, "released": released})
+        self.dirty = True
 
     @workflow.signal
     def update_class(self, u: ClassUpdate) -> None:

@@ -38,6 +38,8 @@ RESYNC_INTERVAL = timedelta(minutes=1)
 LAUNCH_BACKOFF = timedelta(seconds=30)
 MAX_LAUNCH_BACKOFF = timedelta(minutes=15)
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
+# Offers come and go; "no offer" and the price used for reservations are re-checked this often.
+OFFER_CHECK_TTL = timedelta(minutes=5)
 ACTIVITY_TIMEOUT = timedelta(seconds=60)
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
@@ -50,9 +52,9 @@ class PoolState(BaseModel):
     update: PoolUpdate | None = None
     demand: list[str] = []
     nodes: dict[str, PoolNode] = {}
-    evicted: list[str] = []
     offer_check: OfferCheck | None = None
     offer_check_key: str = ""
+    offer_checked_at: datetime | None = None
     conditions: dict[str, Condition] = {}
     failures: int = 0
     backoff_until: datetime | None = None
@@ -188,11 +190,13 @@ class GPUNodePoolWorkflow:
         assert u.node_class is not None
         req = offer_requirements(u.spec, u.node_class)
         key = req.model_dump_json()
-        if self.state.offer_check is None or self.state.offer_check_key != key:
+        stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= OFFER_CHECK_TTL
+        if self.state.offer_check is None or self.state.offer_check_key != key or stale:
             self.state.offer_check = await workflow.execute_activity_method(
                 FleetActivities.check_offers, req, start_to_close_timeout=ACTIVITY_TIMEOUT, summary="check offers"
             )
             self.state.offer_check_key = key
+            self.state.offer_checked_at = workflow.now()
         oc = self.state.offer_check
         if oc.matching:
             return ("True", "OffersFound", f"{oc.matching} matching offers from ${oc.cheapest}/h")
@@ -240,17 +244,23 @@ class GPUNodePoolWorkflow:
             )
             if not result.started:
                 return ("False", "BudgetExhausted", f"not launching more nodes: {result.reason}")
-            node = PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
-            self.state.nodes[req.workflow_id] = node
+            # A report may already have arrived while the start was in flight: keep it.
+            self.state.nodes.setdefault(req.workflow_id, PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now))
             self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} for {len(self.state.demand)} pending pod(s)"))
         return ("True", "WithinBudget", "")
 
     async def _tear_down(self, live: list[PoolNode]) -> bool:
         """Pool deleted: evict every node, and let the finalizer go once none is left."""
-        pending = [n.workflow_id for n in live if n.workflow_id not in self.state.evicted]
-        if pending:
-            await workflow.execute_activity_method(FleetActivities.evict_nodes, pending, start_to_close_timeout=ACTIVITY_TIMEOUT)
-            self.state.evicted += pending
+        if live:
+            # Signalling again is harmless (the first reason wins); a workflow that closed
+            # without reporting (terminated by hand) is counted as gone.
+            closed = await workflow.execute_activity_method(
+                FleetActivities.evict_nodes, [n.workflow_id for n in live], start_to_close_timeout=ACTIVITY_TIMEOUT
+            )
+            for wid in closed:
+                node = self.state.nodes[wid]
+                self.state.nodes[wid] = node.model_copy(update={"phase": NodePhase.TERMINATED, "reason": "its workflow is closed"})
+            live = [n for n in live if n.workflow_id not in closed]
         if live:
             await self._publish({"Ready": ("False", "Deleting", f"draining and terminating {len(live)} node(s) before the pool is deleted")})
             self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}

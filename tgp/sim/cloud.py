@@ -119,6 +119,8 @@ class SimulatedCloud:
         self._ids = itertools.count(1)
         self._create_gate: asyncio.Event | None = None
         self.create_arrived = asyncio.Event()
+        self._delete_gate: asyncio.Event | None = None
+        self.delete_arrived = asyncio.Event()
         self._host, self._port = host, port
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -135,6 +137,16 @@ class SimulatedCloud:
         """Keep create requests in flight (the instance is already bought) until released."""
         self._create_gate = asyncio.Event()
         self.create_arrived.clear()
+
+    def hold_deletes(self) -> None:
+        """Keep terminate requests waiting (a slow provider API) until released."""
+        self._delete_gate = asyncio.Event()
+        self.delete_arrived.clear()
+
+    def release_deletes(self) -> None:
+        if self._delete_gate is not None:
+            self._delete_gate.set()
+            self._delete_gate = None
 
     def release_creates(self) -> None:
         if self._create_gate is not None:
@@ -173,6 +185,7 @@ class SimulatedCloud:
 
     async def __aexit__(self, *exc: object) -> None:
         self.release_creates()
+        self.release_deletes()
         for inst in self.instances.values():
             self._stop_boot(inst)
         if self._runner is not None:
@@ -232,6 +245,9 @@ class SimulatedCloud:
         inst = self.instances.get(request.match_info["id"])
         if inst is None:
             return _error(404, "not-found", "instance not found")
+        self.delete_arrived.set()
+        if self._delete_gate is not None:
+            await self._delete_gate.wait()
         self._stop_boot(inst)
         inst.status = "terminated"
         return web.json_response(inst.to_json())
