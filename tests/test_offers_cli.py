@@ -67,3 +67,27 @@ async def test_json_output(fakes: dict[str, str], monkeypatch: pytest.MonkeyPatc
     assert await run_offers(parse("--json", "--limit", "3")) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 3 and {"provider", "gpu_type", "hourly_price", "region"} <= set(rows[0])
+
+
+async def test_keys_from_a_kubernetes_secret(fakes: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import base64
+
+    import httpx
+
+    from tgp.sim.kube import KubeEmulator
+
+    async with KubeEmulator() as kube:
+        data = {"VAST_API_KEY": base64.b64encode(fakes["VAST_API_KEY"].encode()).decode()}
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": "tgp-system"}, "data": data}
+        async with httpx.AsyncClient(base_url=kube.url) as http:
+            (await http.post("/api/v1/namespaces/tgp-system/secrets", json=secret)).raise_for_status()
+        for k, v in fakes.items():
+            if k.startswith("TGP_"):
+                monkeypatch.setenv(k, v)  # where the fakes are: options stay in the environment
+            else:
+                monkeypatch.setenv(k, "not-the-key")  # keys in the environment are ignored with --secret
+        monkeypatch.setenv("TGP_KUBE_URL", kube.url)
+        assert await run_offers(parse("--secret", "tgp-system/keys", "--json")) == 0
+        assert {r["provider"] for r in json.loads(capsys.readouterr().out)} == {"vastai"}
+        with pytest.raises(Exception, match="Secret tgp-system/missing does not exist"):
+            await run_offers(parse("--secret", "tgp-system/missing"))

@@ -81,7 +81,12 @@ def render_table(offers: list[Offer]) -> str:
 
 
 async def run_offers(args: argparse.Namespace) -> int:
-    env = await _secret_env(args.secret) if args.secret else dict(os.environ)
+    env = dict(os.environ)
+    if args.secret:
+        from activities.providers.registry import API_KEY_ENV
+
+        # Keys from the Secret only; options (base URLs, SSH key name) still from the environment.
+        env = {k: v for k, v in env.items() if k not in API_KEY_ENV.values()} | await _secret_env(args.secret)
     offers, errors = await list_offers(args, env)
     for name, error in errors.items():
         print(f"tgp offers: {name}: {error}", file=sys.stderr)
