@@ -6,6 +6,7 @@ pods, nodes and custom resources cross real HTTP; Temporal is the real dev serve
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -24,6 +26,11 @@ from crd_bridge.bridge import Bridge
 from tests.conftest import eventually
 from tgp.sim.world import SimWorld, sim_world
 from workers.main import WorkerConfig, build_activities, make_worker
+
+# The simulated cloud registers its Nodes in the emulator and the tests play the scheduler.
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("TGP_TEST_KUBECONFIG")), reason="the bridge end-to-end tests run on the project's API emulator only"
+)
 
 CRDS = Path(__file__).resolve().parent.parent / "deploy" / "crds"
 POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
