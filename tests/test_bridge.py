@@ -25,6 +25,8 @@ from activities.cluster import KubernetesCluster
 from crd_bridge.bridge import Bridge
 from tests.conftest import eventually
 from tgp.sim.world import SimWorld, sim_world
+from tgp.temporal import DATA_CONVERTER
+from workflows.node import NodeWorkflowInput
 from workers.main import WorkerConfig, build_activities, make_worker
 
 # The simulated cloud registers its Nodes in the emulator and the tests play the scheduler.
@@ -376,3 +378,22 @@ async def test_a_class_template_with_an_undefined_variable_names_it(temporal: Wo
 
         condition = await eventually(not_ready, what="the class to be Ready=False")
         assert "NoSuchThing" in condition["message"] and condition["reason"] == "InvalidSpec"
+
+
+async def test_min_nodes_floor_nodes_do_not_idle_out_but_demand_nodes_do(temporal: WorkflowEnvironment) -> None:
+    async with running_stack(temporal) as s:
+        async def idle_timeout(workflow_id: str) -> timedelta | None:
+            history = await s.env.client.get_workflow_handle(workflow_id).fetch_history()
+            payload = history.events[0].workflow_execution_started_event_attributes.input.payloads[0]
+            [inp] = await DATA_CONVERTER.decode([payload], [NodeWorkflowInput])
+            return inp.request.timeouts.idle
+
+        await apply(s.kube, gpu_class())
+        await pending_pod(s.kube, "train-a")
+        await pending_pod(s.kube, "train-b")
+        await apply(s.kube, gpu_pool("rtx", minNodes=1))  # two pods, floor of one: 1 floor + 1 demand node
+        nodes = await ready_nodes(s, "ml", "rtx", 2)
+        timeouts = {n["workflowId"]: await idle_timeout(n["workflowId"]) for n in nodes}
+        assert sorted(timeouts.values(), key=str) == [timedelta(seconds=2), None], "one floor node, one demand node"
+
+

@@ -56,3 +56,9 @@ def test_a_node_notready_for_longer_than_the_grace_is_lost() -> None:
     assert v.end is EndReason.LOST and "missing" in v.detail
     v = judge_observation(look(), v.state, T0 + NODE_LOST_AFTER, TIMEOUTS)
     assert v.state.unhealthy_since is None, "recovery clears the clock"
+
+
+def test_a_node_without_an_idle_timeout_never_idles_out() -> None:
+    floor = TIMEOUTS.model_copy(update={"idle": None})
+    v = judge_observation(look(), WatchState(ready_at=T0, idle_since=T0), T0 + timedelta(days=3), floor)
+    assert v.end is None

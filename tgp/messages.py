@@ -114,6 +114,7 @@ class PoolNode(Msg):
     created_at: datetime
     phase_at: datetime
     reason: str | None = None
+    floor: bool = Field(False, description="Launched for minNodes; does not idle out.")
 
 
 class PoolState(Msg):

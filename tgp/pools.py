@@ -61,10 +61,12 @@ def node_request(
     pool: GPUNodePoolSpec,
     klass: GPUNodeClassSpec,
     watch_interval: timedelta | None = None,
+    floor: bool = False,
 ) -> NodeRequest:
-    """Everything a node workflow of this pool needs."""
+    """Everything a node workflow of this pool needs. A `floor` node keeps the pool at its
+    minNodes and never idles out (it would only be replaced at once)."""
     d = pool.disruption
-    timeouts = LifecycleTimeouts(idle=d.idle_timeout, drain=d.drain_timeout, expire_after=d.expire_after)
+    timeouts = LifecycleTimeouts(idle=None if floor else d.idle_timeout, drain=d.drain_timeout, expire_after=d.expire_after)
     if watch_interval is not None:
         timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
     return NodeRequest(

@@ -152,7 +152,7 @@ class LifecycleTimeouts(Model):
     tailnet_join: timedelta = TAILNET_JOIN_TIMEOUT
     node_ready: timedelta = NODE_READY_TIMEOUT
     drain: timedelta = DRAIN_TIMEOUT
-    idle: timedelta = IDLE_TIMEOUT
+    idle: timedelta | None = Field(IDLE_TIMEOUT, description="None: never idle out (a pool's minNodes floor).")
     watch_interval: timedelta = WATCH_INTERVAL
     api_call: timedelta = API_CALL_TIMEOUT
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")

@@ -106,6 +106,7 @@ class GPUNodePoolWorkflow:
             created_at=old.created_at if old else r.at,
             phase_at=r.at if old is None or old.phase is not r.phase else old.phase_at,
             reason=r.reason,
+            floor=old.floor if old else False,
         )
         self.state.nodes[r.workflow_id] = node
         if old is None or old.phase is not r.phase:
@@ -220,7 +221,9 @@ class GPUNodePoolWorkflow:
             pending_pods=len(self.state.demand), launching=launching, live=len(live), min_nodes=u.spec.min_nodes, max_nodes=u.spec.max_nodes
         )
         class_name = u.spec.node_class_ref.name
-        for _ in range(count):
+        floor_missing = max(0, u.spec.min_nodes - sum(1 for n in live if n.floor))
+        for i in range(count):
+            floor = i < floor_missing
             node_name = f"{self.inp.name}-{workflow.uuid4().hex[:5]}"
             req = node_request(
                 namespace=self.inp.namespace,
@@ -230,6 +233,7 @@ class GPUNodePoolWorkflow:
                 pool=u.spec,
                 klass=u.node_class,
                 watch_interval=self.inp.watch_interval,
+                floor=floor,
             )
             price = self.state.offer_check.cheapest if self.state.offer_check else None
             result = await workflow.execute_activity_method(
@@ -245,7 +249,9 @@ class GPUNodePoolWorkflow:
             if not result.started:
                 return ("False", "BudgetExhausted", f"not launching more nodes: {result.reason}")
             # A report may already have arrived while the start was in flight: keep it.
-            self.state.nodes.setdefault(req.workflow_id, PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now))
+            self.state.nodes.setdefault(
+                req.workflow_id, PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now, floor=floor)
+            )
             self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} for {len(self.state.demand)} pending pod(s)"))
         return ("True", "WithinBudget", "")
 
