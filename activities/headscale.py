@@ -23,7 +23,6 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta, timezone
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
@@ -33,7 +32,7 @@ from pydantic import SecretStr
 
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, error_message, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, scrubbed, send
 from tgp.types import TailnetDevice
 
 __all__ = ["HeadscaleTailnet"]
@@ -43,8 +42,6 @@ log = structlog.get_logger(__name__)
 SYSTEM = "Headscale API"
 # Headscale's own rules for an ACL tag (hscontrol validateTag): prefix, lowercase, no spaces.
 _TAG = re.compile(r"^tag:[^\sA-Z]+$")
-# Pre-auth keys (hskey-auth-...) and API keys (hskey-api-...) since 0.28.
-_HSKEY = re.compile(r"hskey-[A-Za-z0-9_-]+")
 # protojson writes up to nine fractional digits; datetime takes six.
 _FRACTION = re.compile(r"(\.\d{6})\d+")
 
@@ -71,7 +68,7 @@ def _parse_time(value: object) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-class HeadscaleTailnet:
+class HeadscaleTailnet(HttpAdapter):
     """`Tailnet` over the Headscale v1 REST API.
 
     `user` owns the keys: a numeric user id, or a user name looked up once. Leave it unset to
@@ -121,19 +118,6 @@ class HeadscaleTailnet:
         """The URL nodes pass to `tailscale up --login-server` (the same server)."""
         return self._base_url
 
-    async def __aenter__(self) -> HeadscaleTailnet:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._owns_client:
-            await self._client.aclose()
-
     # --- the Tailnet port -------------------------------------------------------------
 
     async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta) -> AuthKey:
@@ -167,7 +151,7 @@ class HeadscaleTailnet:
             raise
         if response.status_code == 400:
             raise self._error(ConfigError, f"Headscale refused the pre-auth key request (400): {error_message(response)}")
-        key = self._json(response).get("preAuthKey")
+        key = json_object(response, system=SYSTEM).get("preAuthKey")
         key_id = key.get("id") if isinstance(key, dict) else None
         secret = key.get("key") if isinstance(key, dict) else None
         if key_id in (None, "") or not isinstance(secret, str) or not secret:
@@ -193,7 +177,7 @@ class HeadscaleTailnet:
             log.info("tailnet.keys_revoked_for", hostname=hostname, revoked=0, known_keys=0)
             return 0
         response = await self._call("GET", "/api/v1/preauthkey")
-        by_id = {str(k.get("id")): k for k in self._list(response, "preAuthKeys")}
+        by_id = {str(k.get("id")): k for k in json_items(response, "preAuthKeys", system=SYSTEM)}
         now = self._now()
         revoked = 0
         for key_id in ids:
@@ -214,7 +198,7 @@ class HeadscaleTailnet:
         wanted = set(tags)
         matches = [
             n
-            for n in self._list(response, "nodes")
+            for n in json_items(response, "nodes", system=SYSTEM)
             if hostname in (n.get("name"), n.get("givenName")) and wanted <= _node_tags(n)
         ]
         if not matches:
@@ -259,7 +243,7 @@ class HeadscaleTailnet:
             return self._user_id
         assert self._user is not None
         response = await self._call("GET", "/api/v1/user", params={"name": self._user})
-        for entry in self._list(response, "users"):
+        for entry in json_items(response, "users", system=SYSTEM):
             if entry.get("name") == self._user and entry.get("id") not in (None, ""):
                 self._user_id = str(entry["id"])
                 return self._user_id
@@ -285,7 +269,7 @@ class HeadscaleTailnet:
                 **kwargs,
             )
         except TgpError as exc:
-            raise self._scrubbed(exc) from None
+            raise scrubbed(exc, self._secrets()) from None
         status = response.status_code
         if status < 300 or status in accepted:
             return response
@@ -307,31 +291,12 @@ class HeadscaleTailnet:
 
     # --- answers and errors -----------------------------------------------------------
 
-    def _json(self, response: httpx.Response) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise self._error(TransientError, f"{SYSTEM}: {response.request.method} {response.request.url.path} answered non-JSON")
-        return data
-
-    def _list(self, response: httpx.Response, field: str) -> list[dict[str, Any]]:
-        items = self._json(response).get(field) or []
-        return [item for item in items if isinstance(item, dict)]
-
-    def _scrub(self, text: str) -> str:
-        secret = self._api_key.get_secret_value()
-        if secret:
-            text = text.replace(secret, "[redacted]")
-        return _HSKEY.sub("hskey-[redacted]", text)
+    def _secrets(self) -> list[str]:
+        """What must never reach a message: the API key."""
+        return [self._api_key.get_secret_value()]
 
     def _error(self, kind: type[TgpError], message: str) -> TgpError:
-        return kind(self._scrub(message))
-
-    def _scrubbed(self, exc: TgpError) -> TgpError:
-        exc.args = tuple(self._scrub(str(a)) for a in exc.args)
-        return exc
+        return kind(scrub(message, self._secrets()))
 
 
 def _says_not_found(exc: TgpError) -> bool:

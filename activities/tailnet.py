@@ -15,7 +15,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
@@ -25,7 +24,7 @@ from pydantic import SecretStr
 
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, error_message, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, scrubbed, send
 from tgp.types import TailnetDevice
 
 __all__ = ["DEFAULT_BASE_URL", "TailscaleTailnet", "key_description"]
@@ -43,8 +42,6 @@ TOKEN_REFRESH_MARGIN = timedelta(minutes=5)
 DESCRIPTION_MAX_LEN = 50
 DESCRIPTION_PREFIX = "tgp "
 _DESCRIPTION_UNSAFE = re.compile(r"[^A-Za-z0-9-]")
-# Anything shaped like a Tailscale secret (tskey-client-, tskey-api-, tskey-auth-).
-_TSKEY = re.compile(r"tskey-[A-Za-z0-9_-]+")
 
 Sleep = Callable[[float], Awaitable[object]]
 
@@ -69,7 +66,7 @@ def key_description(hostname: str) -> str:
     return f"{DESCRIPTION_PREFIX}{clean[:room]} {digest}"
 
 
-class TailscaleTailnet:
+class TailscaleTailnet(HttpAdapter):
     """`Tailnet` over the Tailscale API v2 with an OAuth client (scopes `auth_keys` and
     `devices:core`, write).
 
@@ -116,19 +113,6 @@ class TailscaleTailnet:
     def __repr__(self) -> str:
         return f"TailscaleTailnet(base_url={self._base_url!r}, tailnet={self._tailnet!r}, client_id={self._client_id!r})"
 
-    async def __aenter__(self) -> TailscaleTailnet:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._owns_client:
-            await self._client.aclose()
-
     # --- the Tailnet port -------------------------------------------------------------
 
     async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta) -> AuthKey:
@@ -156,7 +140,7 @@ class TailscaleTailnet:
         response = await self._call("POST", self._keys_path(), json=body, ok=(400, 403))
         if response.status_code in (400, 403):
             raise self._mint_refused(response, tags)
-        data = self._json(response)
+        data = json_object(response, system=SYSTEM)
         key_id, secret = data.get("id"), data.get("key")
         if not isinstance(key_id, str) or not isinstance(secret, str):
             raise self._error(TransientError, f"{SYSTEM}: key creation answered without an id or key")
@@ -174,7 +158,7 @@ class TailscaleTailnet:
         description = key_description(hostname)
         response = await self._call("GET", self._keys_path(), params={"all": "true"})
         revoked = 0
-        for entry in self._list(response, "keys"):
+        for entry in json_items(response, "keys", system=SYSTEM):
             key_id = entry.get("id")
             if not isinstance(key_id, str):
                 continue
@@ -196,7 +180,7 @@ class TailscaleTailnet:
         response = await self._call("GET", f"/api/v2/tailnet/{quote(self._tailnet, safe='')}/devices")
         wanted = set(tags)
         matches = [
-            d for d in self._list(response, "devices") if d.get("hostname") == hostname and wanted <= set(d.get("tags") or [])
+            d for d in json_items(response, "devices", system=SYSTEM) if d.get("hostname") == hostname and wanted <= set(d.get("tags") or [])
         ]
         if not matches:
             return None
@@ -221,7 +205,7 @@ class TailscaleTailnet:
 
     async def _get_key(self, key_id: str) -> dict[str, Any] | None:
         response = await self._call("GET", f"{self._keys_path()}/{quote(key_id, safe='')}", ok=(404,))
-        return None if response.status_code == 404 else self._json(response)
+        return None if response.status_code == 404 else json_object(response, system=SYSTEM)
 
     async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
         """One authenticated API call. A 401 on a cached token gets one fresh token and one
@@ -276,7 +260,7 @@ class TailscaleTailnet:
                 **kwargs,
             )
         except TgpError as exc:
-            raise self._scrubbed(exc) from None
+            raise scrubbed(exc, self._secrets()) from None
 
     async def _bearer(self, stale: SecretStr | None = None) -> tuple[SecretStr, bool]:
         """The cached access token, or a new one when it is near expiry or equals `stale`.
@@ -310,7 +294,7 @@ class TailscaleTailnet:
                 timeout=self._timeout,
             )
         except TgpError as exc:
-            raise self._scrubbed(exc) from None
+            raise scrubbed(exc, self._secrets()) from None
         if response.status_code in (400, 401, 403):
             raise self._error(
                 AuthError,
@@ -318,7 +302,7 @@ class TailscaleTailnet:
                 f"{error_message(response)}): check the `client_id` and `client_secret` keys of "
                 f"{self._secret_ref} (the secret starts with tskey-client-)",
             )
-        data = self._json(response)
+        data = json_object(response, system=SYSTEM)
         token = data.get("access_token")
         if not isinstance(token, str) or not token:
             raise self._error(TransientError, f"{SYSTEM}: the OAuth token response carried no access_token")
@@ -344,31 +328,12 @@ class TailscaleTailnet:
             )
         return self._error(ConfigError, f"{SYSTEM} rejected the auth key request ({response.status_code}): {message}")
 
-    def _json(self, response: httpx.Response) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise self._error(TransientError, f"{SYSTEM}: {response.request.method} {response.request.url.path} answered non-JSON")
-        return data
-
-    def _list(self, response: httpx.Response, field: str) -> list[dict[str, Any]]:
-        items = self._json(response).get(field) or []
-        return [item for item in items if isinstance(item, dict)]
-
-    def _scrub(self, text: str) -> str:
-        for secret in (self._client_secret, self._token):
-            if secret is not None and secret.get_secret_value():
-                text = text.replace(secret.get_secret_value(), "[redacted]")
-        return _TSKEY.sub("tskey-[redacted]", text)
+    def _secrets(self) -> list[str]:
+        """What must never reach a message: the OAuth client secret and the access token."""
+        return [s.get_secret_value() for s in (self._client_secret, self._token) if s is not None]
 
     def _error(self, kind: type[TgpError], message: str) -> TgpError:
-        return kind(self._scrub(message))
-
-    def _scrubbed(self, exc: TgpError) -> TgpError:
-        exc.args = tuple(self._scrub(str(a)) for a in exc.args)
-        return exc
+        return kind(scrub(message, self._secrets()))
 
 
 def _key_usable(entry: dict[str, Any]) -> bool:

@@ -3,19 +3,25 @@
 Each call has a timeout (set on the client) and a short, bounded retry on 429 / 5xx /
 connection errors that honours `Retry-After`. Past that the caller gets a TransientError and
 Temporal's activity retry policy takes over, so a long outage never blocks a worker slot.
+A request that buys something is retried only after a 429 (see `send`).
+
+Error messages reach workflow history, so adapters pass them through `scrub`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Callable, Iterable
 from email.utils import parsedate_to_datetime
 from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any, Self
 
 import httpx
 
-from tgp.errors import AuthError, PermissionDenied, TransientError
+from tgp.errors import AuthError, PermissionDenied, TgpError, TransientError
 
 # Requests to cloud APIs answer in well under a second; 30 s catches a hung connection.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
@@ -25,6 +31,38 @@ IN_CALL_ATTEMPTS = 3
 MAX_IN_CALL_WAIT = 5.0
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+# Tailnet credentials by their shape: Tailscale's tskey-client-/-api-/-auth- and Headscale's
+# hskey-api-/-auth-. Boot payloads carry either kind, whichever cloud they go to.
+_TAILNET_KEY = re.compile(r"(tskey|hskey)-[A-Za-z0-9_-]+")
+
+
+class HttpAdapter:
+    """Base of an adapter that talks to one HTTP API through one httpx.AsyncClient, `_client`.
+    Use it as `async with Adapter(...) as a:` or call `aclose()`. The client is closed only
+    when the adapter created it (`_owns_client`); one passed in belongs to whoever made it."""
+
+    _client: httpx.AsyncClient
+    _owns_client: bool
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this adapter created it."""
+        if self._owns_client:
+            await self._client.aclose()
+
+
+class OutcomeUnknown(TransientError):
+    """A request that is not idempotent (a create that buys) failed without a clear answer:
+    a timeout, a connection error, 408, 425 or 5xx. It may have taken effect, so the caller
+    looks the result up before sending it again."""
 
 
 def retry_after_seconds(response: httpx.Response) -> float | None:
@@ -56,6 +94,8 @@ async def send(
     system: str,
     ok: Iterable[int] = (),
     attempts: int = IN_CALL_ATTEMPTS,
+    idempotent: bool = True,
+    rate_limit_wait: float | None = None,
     sleep: Callable[[float], object] = asyncio.sleep,
     **kwargs: object,
 ) -> httpx.Response:
@@ -65,6 +105,11 @@ async def send(
     delete). 401 -> AuthError, 403 -> PermissionDenied, 429/5xx/network -> retried, then
     TransientError. Other statuses are returned for the adapter to interpret.
     `system` names the API in messages ("Tailscale API", "RunPod").
+
+    A request that buys something is not idempotent (`idempotent=False`): only a 429, which
+    the API answers before doing any work, is retried; a timeout, connection error, 408, 425
+    or 5xx raises OutcomeUnknown at once. `rate_limit_wait` is the wait assumed after a 429
+    without Retry-After (default: exponential backoff), for an API with a documented interval.
     """
     ok = set(ok)
     last: TransientError | None = None
@@ -72,7 +117,10 @@ async def send(
         try:
             response = await client.request(method, url, **kwargs)  # type: ignore[arg-type]
         except httpx.TransportError as exc:
-            last = TransientError(f"{system}: {method} {_path(url)} failed: {type(exc).__name__}")
+            message = f"{system}: {method} {_path(url)} failed: {type(exc).__name__}"
+            if not idempotent:
+                raise OutcomeUnknown(message) from None
+            last = TransientError(message)
             wait = backoff(attempt)
         else:
             status = response.status_code
@@ -85,10 +133,12 @@ async def send(
             if status not in RETRYABLE_STATUSES:
                 return response
             retry_after = retry_after_seconds(response)
-            last = TransientError(
-                f"{system}: {method} {_path(url)} answered {status}: {error_message(response)}",
-                retry_after=retry_after,
-            )
+            if retry_after is None and status == 429:
+                retry_after = rate_limit_wait
+            message = f"{system}: {method} {_path(url)} answered {status}: {error_message(response)}"
+            if not idempotent and status != 429:
+                raise OutcomeUnknown(message, retry_after=retry_after)
+            last = TransientError(message, retry_after=retry_after)
             wait = retry_after if retry_after is not None else backoff(attempt)
             if wait > MAX_IN_CALL_WAIT:
                 break
@@ -96,6 +146,39 @@ async def send(
             await sleep(wait)  # type: ignore[func-returns-value]
     assert last is not None
     raise last
+
+
+def json_object(response: httpx.Response, *, system: str) -> dict[str, Any]:
+    """The body as a JSON object; TransientError when it is anything else (a proxy's error
+    page, a cut-off answer)."""
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise TransientError(f"{system}: {response.request.method} {response.request.url.path} answered non-JSON")
+    return data
+
+
+def json_items(response: httpx.Response, field: str, *, system: str) -> list[dict[str, Any]]:
+    """The objects listed under `field` of a JSON object body; other entries are skipped."""
+    return [item for item in json_object(response, system=system).get(field) or [] if isinstance(item, dict)]
+
+
+def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """`text` with each of `secrets`, and anything shaped like a tailnet key, replaced by
+    [redacted]."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return _TAILNET_KEY.sub(r"\1-[redacted]", text)
+
+
+def scrubbed(exc: TgpError, secrets: Iterable[str | None] = ()) -> TgpError:
+    """`exc` itself (type and retry_after kept) with its message scrubbed of `secrets`."""
+    known = list(secrets)
+    exc.args = tuple(scrub(str(a), known) for a in exc.args)
+    return exc
 
 
 def error_message(response: httpx.Response, limit: int = 300) -> str:

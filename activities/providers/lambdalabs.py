@@ -35,7 +35,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from decimal import Decimal
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
@@ -45,7 +44,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, error_message, retry_after_seconds, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, scrub, scrubbed, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.ratelimit import MinInterval
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -65,9 +64,9 @@ MAX_USER_DATA_BYTES = 1024 * 1024
 _HOSTNAME = re.compile(r"^[a-z0-9][0-9a-z-]{0,62}$")
 # "8x H100 (80 GB SXM5)" -> "H100 (80 GB SXM5)" when gpu_description is missing.
 _COUNT_PREFIX = re.compile(r"^\s*\d+\s*x\s*", re.IGNORECASE)
-_TSKEY = re.compile(r"tskey-[A-Za-z0-9_-]+")
-# Statuses a launch answers that mean "not done, say why"; 408/425/5xx may hide a created VM.
-_CREATE_ANSWERS = frozenset(range(400, 500)) - {408, 425}
+# Statuses a launch answers that mean "not done, say why"; 408/425/5xx may hide a created
+# VM, and send retries a 429.
+_CREATE_ANSWERS = frozenset(range(400, 500)) - {408, 425, 429}
 
 _STATES = {
     "booting": InstanceState.PENDING,
@@ -91,7 +90,7 @@ def wire_name(name: str) -> str:
     return f"{name[: MAX_NAME_LEN - 9]}-{digest}"
 
 
-class LambdaProvider:
+class LambdaProvider(HttpAdapter):
     """CloudProvider over the Lambda Cloud API v1.
 
     `ssh_key_name` is the name of an SSH key already registered with Lambda (launch requires
@@ -137,19 +136,6 @@ class LambdaProvider:
 
     def __repr__(self) -> str:
         return f"LambdaProvider(base_url={self._base_url!r}, ssh_key_name={self._ssh_key_name!r})"
-
-    async def __aenter__(self) -> LambdaProvider:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._owns_client:
-            await self._client.aclose()
 
     # --- the CloudProvider port -------------------------------------------------------
 
@@ -294,7 +280,7 @@ class LambdaProvider:
 
     # --- requests ---------------------------------------------------------------------
 
-    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), attempts: int = IN_CALL_ATTEMPTS, **kwargs: Any) -> httpx.Response:
+    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
         """One paced, authenticated request through `send`. Returns 2xx and `ok` statuses;
         words 401 (which Secret to fix) and 403 (billing) here; other errors become typed."""
         accepted = set(ok)
@@ -306,13 +292,12 @@ class LambdaProvider:
                     self._base_url + path,
                     system=SYSTEM,
                     ok=accepted | {401, 403},
-                    attempts=attempts,
                     sleep=self._sleep,
                     headers={"Authorization": f"Bearer {self._api_key.get_secret_value()}"},
                     **kwargs,
                 )
         except TgpError as exc:
-            raise self._scrubbed(exc) from None
+            raise scrubbed(exc, [self._api_key.get_secret_value()]) from None
         status = response.status_code
         if status == 401:
             raise AuthError(
@@ -333,26 +318,20 @@ class LambdaProvider:
         raise ConfigError(f"{SYSTEM}: {method} {path} answered {status} {code}: {self._scrub(error_message(response))}")
 
     async def _create(self, path: str, body: dict[str, Any], *, what: str) -> httpx.Response:
-        """POST a launch. Only a 429 (refused before any work) is retried here; a 5xx or
-        timeout may have launched the VM, so it becomes TransientError for the caller's
-        find-by-name to settle. A 429 without Retry-After waits out the launch interval."""
-        for attempt in range(1, IN_CALL_ATTEMPTS + 1):
-            try:
-                response = await self._call("POST", path, json=body, ok=_CREATE_ANSWERS, attempts=1)
-            except TransientError as exc:
-                raise TransientError(
-                    f"{exc}; Lambda may have launched {what} anyway: look it up by name before launching again",
-                    retry_after=exc.retry_after,
-                ) from None
-            if response.status_code != 429:
-                return response
-            wait = retry_after_seconds(response)
-            # Lambda documents 1 launch per 12 s whatever this adapter's own pacing is set to.
-            wait = LAUNCH_INTERVAL if wait is None else wait
-            if wait > MAX_IN_CALL_WAIT or attempt == IN_CALL_ATTEMPTS:
-                raise TransientError(f"Lambda rate-limited the launch of {what} (429); retry in {wait:.0f} s", retry_after=wait)
-            await self._sleep(wait)
-        raise AssertionError("unreachable")
+        """POST a launch. Only a 429 (refused before any work) is retried; a 5xx or timeout
+        may have launched the VM, so it becomes TransientError for the caller's find-by-name
+        to settle."""
+        try:
+            # A 429 without Retry-After waits out the 12 s Lambda documents between launches,
+            # whatever this adapter's own pacing is set to.
+            return await self._call(
+                "POST", path, json=body, ok=_CREATE_ANSWERS, idempotent=False, rate_limit_wait=LAUNCH_INTERVAL
+            )
+        except OutcomeUnknown as exc:
+            raise TransientError(
+                f"{exc}; Lambda may have launched {what} anyway: look it up by name before launching again",
+                retry_after=exc.retry_after,
+            ) from None
 
     def _gone(self, response: httpx.Response) -> bool:
         """True for Lambda's 404 `global/object-does-not-exist`. Any other 404 (a wrong base
@@ -376,12 +355,7 @@ class LambdaProvider:
         return body["data"]
 
     def _scrub(self, text: str) -> str:
-        text = text.replace(self._api_key.get_secret_value(), "[redacted]")
-        return _TSKEY.sub("tskey-[redacted]", text)
-
-    def _scrubbed(self, exc: TgpError) -> TgpError:
-        exc.args = tuple(self._scrub(str(a)) for a in exc.args)
-        return exc
+        return scrub(text, [self._api_key.get_secret_value()])
 
 
 def _dollars(cents: int) -> Decimal:

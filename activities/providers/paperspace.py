@@ -32,7 +32,6 @@ from contextlib import aclosing
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import httpx
@@ -41,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, backoff, retry_after_seconds, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -130,7 +129,7 @@ def machine_state(raw: Mapping[str, Any]) -> InstanceState | None:
     return _STATES.get(str(raw.get("state") or ""), InstanceState.PENDING)
 
 
-class PaperspaceProvider:
+class PaperspaceProvider(HttpAdapter):
     """CloudProvider over the Paperspace API. Offers come from the static catalog (prices may
     be stale, see `catalog_as_of`); launches need the id of an OS template (`template_id`).
 
@@ -175,19 +174,6 @@ class PaperspaceProvider:
 
     def __repr__(self) -> str:
         return f"PaperspaceProvider(base_url={self._base!r}, template_id={self.template_id!r})"
-
-    async def __aenter__(self) -> PaperspaceProvider:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._owns_client:
-            await self._client.aclose()
 
     @property
     def catalog_as_of(self) -> date:
@@ -388,30 +374,12 @@ class PaperspaceProvider:
     async def _create(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
         """POST that buys something: a 429 is retried (nothing happened), a 5xx or timeout is
         not (something may have), so the caller can look the machine up by name first."""
-        last: TransientError | None = None
-        for attempt in range(1, IN_CALL_ATTEMPTS + 1):
-            try:
-                response = await self._call("POST", path, ok=(408, 429, 500, 502, 503, 504), attempts=1, json=dict(body))
-            except TransientError as exc:
-                raise TransientError(f"{exc}; the machine may exist: look it up by name before retrying") from None
-            status = response.status_code
-            if status == 408 or status >= 500:
-                code, message = _error(response)
-                raise TransientError(
-                    f"Paperspace answered {status} to POST {path} ({code}: {message}); "
-                    "the machine may exist: look it up by name before retrying"
-                )
-            if status != 429:
-                return response
-            retry_after = retry_after_seconds(response)
-            last = TransientError(f"Paperspace rate-limited POST {path} (429)", retry_after=retry_after)
-            wait = retry_after if retry_after is not None else backoff(attempt)
-            if wait > MAX_IN_CALL_WAIT:
-                break
-            if attempt < IN_CALL_ATTEMPTS:
-                await self._sleep(wait)
-        assert last is not None
-        raise last
+        try:
+            return await self._call("POST", path, idempotent=False, json=dict(body))
+        except OutcomeUnknown as exc:
+            raise TransientError(
+                f"{exc}; the machine may exist: look it up by name before retrying", retry_after=exc.retry_after
+            ) from None
 
 
 def _json(response: httpx.Response) -> Any:

@@ -37,7 +37,6 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from decimal import Decimal
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
@@ -47,7 +46,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, backoff, error_message, retry_after_seconds, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, json_items, json_object, scrub, scrubbed, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -77,11 +76,11 @@ _STATES = {
 }
 # Substrings of RunPod's capacity messages (v2 400 detail, v1 500 error, GraphQL errors[]).
 _CAPACITY_TEXT = ("no longer any instances available", "no instances currently available", "does not have the resources")
-_TSKEY = re.compile(r"tskey-[A-Za-z0-9_-]+")
 # Env variables whose values are kept out of error messages.
 _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASS", re.IGNORECASE)
-# Statuses a create answers that mean "not done, say why"; 408/425/5xx may hide a created pod.
-_CREATE_ANSWERS = frozenset(range(400, 500)) - {408, 425}
+# Statuses a create answers that mean "not done, say why"; 408/425/5xx may hide a created
+# pod, and send retries a 429.
+_CREATE_ANSWERS = frozenset(range(400, 500)) - {408, 425, 429}
 _OFFER_SEP = "|"
 
 Sleep = Callable[[float], Awaitable[object]]
@@ -101,7 +100,7 @@ def parse_offer_id(value: str) -> tuple[str, int, str]:
     return parts[0], int(parts[1]), parts[2]
 
 
-class RunPodProvider:
+class RunPodProvider(HttpAdapter):
     """CloudProvider over RunPod REST v2, secure cloud, on-demand pods.
 
     `gpu_counts` are the pod sizes offered (one catalog request each: RunPod scopes stock to a
@@ -153,19 +152,6 @@ class RunPodProvider:
     def __repr__(self) -> str:
         return f"RunPodProvider(base_url={self._base_url!r})"
 
-    async def __aenter__(self) -> RunPodProvider:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._owns_client:
-            await self._client.aclose()
-
     # --- the CloudProvider port -------------------------------------------------------
 
     async def list_offers(self) -> list[Offer]:
@@ -177,7 +163,7 @@ class RunPodProvider:
         for count in self._gpu_counts:
             params = {"include": "AVAILABILITY", "product": "POD", "cloud": CLOUD, "count": str(count)}
             response = await self._call("GET", "/catalog/gpus", params=params)
-            for gpu in self._items(response, "gpus"):
+            for gpu in json_items(response, "gpus", system=SYSTEM):
                 offers.extend(self._offers(gpu, count))
         return offers
 
@@ -201,7 +187,7 @@ class RunPodProvider:
         response = await self._create("/pods", body, what=f"pod {name}", secrets=secrets)
         status = response.status_code
         if status < 300:
-            instance = self._instance(self._json(response))
+            instance = self._instance(json_object(response, system=SYSTEM))
             log.info("runpod.pod_created", pod_id=instance.instance_id, name=name, offer=offer.key)
             return instance
         message = self._scrub(error_message(response), *secrets)
@@ -224,7 +210,8 @@ class RunPodProvider:
         """The live pod called `name`. Names are not unique on RunPod: terminated pods are
         skipped, and if several live pods share the name the running, newest one wins."""
         response = await self._call("GET", "/pods")
-        live = [p for p in self._items(response, "pods") if p.get("name") == name and p.get("status") != "TERMINATED"]
+        pods = json_items(response, "pods", system=SYSTEM)
+        live = [p for p in pods if p.get("name") == name and p.get("status") != "TERMINATED"]
         if not live:
             return None
         if len(live) > 1:
@@ -237,7 +224,7 @@ class RunPodProvider:
         response = await self._call("GET", f"/pods/{quote(instance_id, safe='')}", ok=(404,))
         if self._gone(response):
             return None
-        return self._instance(self._json(response))
+        return self._instance(json_object(response, system=SYSTEM))
 
     async def terminate(self, instance_id: str) -> None:
         """Delete the pod (204); one already gone (404) counts as terminated."""
@@ -299,7 +286,7 @@ class RunPodProvider:
 
     # --- requests ---------------------------------------------------------------------
 
-    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), attempts: int = IN_CALL_ATTEMPTS, **kwargs: Any) -> httpx.Response:
+    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
         """One authenticated request through `send`. Returns 2xx and `ok` statuses; words
         401 (which Secret to fix) and 403 here; other 4xx become ConfigError."""
         accepted = set(ok)
@@ -310,13 +297,12 @@ class RunPodProvider:
                 self._base_url + path,
                 system=SYSTEM,
                 ok=accepted | {401, 403},
-                attempts=attempts,
                 sleep=self._sleep,
                 headers={"Authorization": f"Bearer {self._api_key.get_secret_value()}"},
                 **kwargs,
             )
         except TgpError as exc:
-            raise self._scrubbed(exc) from None
+            raise scrubbed(exc, self._secrets()) from None
         status = response.status_code
         if status == 401:
             raise AuthError(
@@ -333,26 +319,17 @@ class RunPodProvider:
         raise ConfigError(f"{SYSTEM}: {method} {path} answered {status}: {self._scrub(error_message(response))}")
 
     async def _create(self, path: str, body: dict[str, Any], *, what: str, secrets: list[str]) -> httpx.Response:
-        """POST a create. Only a 429 (refused before any work) is retried here; a 5xx or
-        timeout may have created the pod, so it becomes TransientError for the caller's
-        find-by-name to settle."""
-        for attempt in range(1, IN_CALL_ATTEMPTS + 1):
-            try:
-                response = await self._call("POST", path, json=body, ok=_CREATE_ANSWERS, attempts=1)
-            except TransientError as exc:
-                raise TransientError(
-                    f"{self._scrub(str(exc), *secrets)}; RunPod may have created {what} anyway: "
-                    "look it up by name before creating again",
-                    retry_after=exc.retry_after,
-                ) from None
-            if response.status_code != 429:
-                return response
-            wait = retry_after_seconds(response)
-            wait = backoff(attempt) if wait is None else wait
-            if wait > MAX_IN_CALL_WAIT or attempt == IN_CALL_ATTEMPTS:
-                raise TransientError(f"RunPod rate-limited the create of {what} (429); retry in {wait:.0f} s", retry_after=wait)
-            await self._sleep(wait)
-        raise AssertionError("unreachable")
+        """POST a create. Only a 429 (refused before any work) is retried; a 5xx or timeout
+        may have created the pod, so it becomes TransientError for the caller's find-by-name
+        to settle."""
+        try:
+            return await self._call("POST", path, json=body, ok=_CREATE_ANSWERS, idempotent=False)
+        except OutcomeUnknown as exc:
+            raise TransientError(
+                f"{self._scrub(str(exc), *secrets)}; RunPod may have created {what} anyway: "
+                "look it up by name before creating again",
+                retry_after=exc.retry_after,
+            ) from None
 
     def _gone(self, response: httpx.Response) -> bool:
         """True for RunPod's problem+json 404. Any other 404 (a wrong base URL, a proxy) is a
@@ -370,27 +347,13 @@ class RunPodProvider:
             )
         return True
 
-    def _json(self, response: httpx.Response) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise TransientError(f"{SYSTEM}: {response.request.method} {response.request.url.path} answered non-JSON")
-        return data
-
-    def _items(self, response: httpx.Response, field: str) -> list[dict[str, Any]]:
-        return [item for item in self._json(response).get(field) or [] if isinstance(item, dict)]
+    def _secrets(self, *extra: str) -> list[str]:
+        """The API key and `extra` values to keep out of messages. Values under 8 characters
+        ("1", "true" in an env) are left alone: replacing them would shred the message."""
+        return [s for s in (self._api_key.get_secret_value(), *extra) if len(s) >= 8]
 
     def _scrub(self, text: str, *extra: str) -> str:
-        for secret in (self._api_key.get_secret_value(), *extra):
-            if secret and len(secret) >= 8:
-                text = text.replace(secret, "[redacted]")
-        return _TSKEY.sub("tskey-[redacted]", text)
-
-    def _scrubbed(self, exc: TgpError) -> TgpError:
-        exc.args = tuple(self._scrub(str(a)) for a in exc.args)
-        return exc
+        return scrub(text, self._secrets(*extra))
 
 
 def _env_of(boot: BootPayload) -> dict[str, str]:

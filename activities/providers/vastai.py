@@ -27,7 +27,6 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from decimal import Decimal
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -36,7 +35,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, backoff, retry_after_seconds, send
+from tgp.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, HttpAdapter, OutcomeUnknown, backoff, retry_after_seconds, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.ratelimit import MinInterval, Unlimited
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -138,7 +137,7 @@ def instance_state(raw: Mapping[str, Any]) -> tuple[InstanceState, bool]:
     return _STATES.get(actual, InstanceState.PENDING), False
 
 
-class VastProvider:
+class VastProvider(HttpAdapter):
     """CloudProvider over Vast.ai. Containers by default; `vm=True` rents KVM VMs, which can
     join the cluster. `spot=True` also lists interruptible (bid) offers at each ask's min_bid.
 
@@ -194,19 +193,6 @@ class VastProvider:
 
     def __repr__(self) -> str:
         return f"VastProvider(base_url={self._v0!r}, vm={self.vm})"
-
-    async def __aenter__(self) -> VastProvider:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._owns_client:
-            await self._client.aclose()
 
     # --- CloudProvider -----------------------------------------------------------------
 
@@ -388,12 +374,10 @@ class VastProvider:
         **kwargs: Any,
     ) -> httpx.Response:
         """One request, paced per endpoint. A 429 re-enters the endpoint's pacing before the
-        retry (Vast sends no Retry-After). A create is never retried after a 5xx or timeout:
-        it may have bought the instance."""
+        retry (Vast sends no Retry-After), so it is retried here rather than in `send`. A
+        create is never retried after a 5xx or timeout: it may have bought the instance."""
         limiter = self._limiters.get(endpoint) or Unlimited()
         accepted = set(ok) | {429}
-        if create:
-            accepted |= {408, 500, 502, 503, 504}
         last: TransientError | None = None
         for attempt in range(1, IN_CALL_ATTEMPTS + 1):
             async with limiter:
@@ -404,22 +388,17 @@ class VastProvider:
                         url,
                         system=SYSTEM,
                         ok=accepted,
-                        attempts=1 if create else IN_CALL_ATTEMPTS,
+                        idempotent=not create,
                         sleep=self._sleep,
                         **kwargs,
                     )
                 except AuthError:
                     raise AuthError(self._auth_message) from None
-                except TransientError as exc:
-                    if create:
-                        raise TransientError(f"{exc}; the instance may exist: look it up by label before retrying") from None
-                    raise
+                except OutcomeUnknown as exc:
+                    raise TransientError(
+                        f"{exc}; the instance may exist: look it up by label before retrying", retry_after=exc.retry_after
+                    ) from None
             status = response.status_code
-            if create and (status == 408 or status >= 500):
-                raise TransientError(
-                    f"Vast.ai answered {status} to {method} {httpx.URL(url).path}; "
-                    "the instance may exist: look it up by label before retrying"
-                )
             if status != 429 or 429 in set(ok):
                 return response
             retry_after = retry_after_seconds(response)

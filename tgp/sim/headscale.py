@@ -22,22 +22,19 @@ Not part of the real API:
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
-import json
 import secrets
-import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from tgp.sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
 
 __all__ = ["FakeHeadscale", "FakeNode", "FakePreAuthKey", "FakeRequest", "FakeUser", "RegistrationRejected"]
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # gRPC status codes as grpc-gateway reports them in `code`.
 GRPC_UNKNOWN = 2
@@ -152,28 +149,10 @@ class FakeNode:
         return data
 
 
-@dataclass
-class FakeRequest:
-    """One request the fake received (the Authorization header is not kept)."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    json: Any = None
-    status: int = 0
+FakeRequest = RecordedRequest
 
 
-@dataclass
-class _Fault:
-    pattern: str
-    method: str | None
-    status: int
-    remaining: int
-    retry_after: str | None
-    message: str
-
-
-class FakeHeadscale:
+class FakeHeadscale(FakeServer):
     """The Headscale v1 REST API on 127.0.0.1, port chosen by the OS.
 
     `api_keys` are the accepted Bearer keys; `users` are created in order with ids "1", "2", ...
@@ -190,6 +169,7 @@ class FakeHeadscale:
         missing_key_status: int = 500,
         host: str = "127.0.0.1",
     ) -> None:
+        super().__init__(host=host)
         self.api_keys = set(api_keys)
         self.now = now
         self.missing_key_status = missing_key_status
@@ -198,29 +178,12 @@ class FakeHeadscale:
             self.add_user(name)
         self.keys: dict[str, FakePreAuthKey] = {}
         self.nodes: dict[str, FakeNode] = {}
-        self.requests: list[FakeRequest] = []
-        self._faults: list[_Fault] = []
         self._key_ids = itertools.count(1)
         self._node_ids = itertools.count(1)
-        self._host = host
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------
 
-    async def __aenter__(self) -> FakeHeadscale:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Listen on a free loopback port; `url` is then the base URL to give the adapter."""
-        app = web.Application(middlewares=[self._record, self._inject_faults, self._authenticate])
-        r = app.router
+    def _add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/api/v1/preauthkey", self._create_key)
         r.add_get("/api/v1/preauthkey", self._list_keys)
         r.add_post("/api/v1/preauthkey/expire", self._expire_key)
@@ -230,20 +193,9 @@ class FakeHeadscale:
         r.add_delete("/api/v1/node/{node_id}", self._delete_node)
         r.add_get("/api/v1/user", self._list_users)
         r.add_post("/_fake/register", self._register)
-        # Binding the socket ourselves gives a free port without reaching into aiohttp.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, 0))
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        self.url = f"http://{self._host}:{sock.getsockname()[1]}"
 
-    async def stop(self) -> None:
-        """Stop listening."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def _middlewares(self) -> list[Middleware]:
+        return [self._record, self._inject_faults, self._authenticate]
 
     # --- test controls ----------------------------------------------------------------
 
@@ -253,7 +205,7 @@ class FakeHeadscale:
         self.users[user.id] = user
         return user
 
-    def fail(
+    def fail(  # type: ignore[override]  # Headscale's errors have a message, not a body
         self,
         path: str,
         status: int = 429,
@@ -266,9 +218,8 @@ class FakeHeadscale:
         """Answer the next `times` requests whose path matches `path` (an fnmatch pattern,
         e.g. "/api/v1/node/*"), and `method` if given, with `status` and a gRPC-gateway error
         body, plus a Retry-After header when `retry_after` is given."""
-        ra = None if retry_after is None else str(retry_after)
         text = message or ("rate limited" if status == 429 else "injected failure")
-        self._faults.append(_Fault(path, method.upper() if method else None, status, times, ra, text))
+        super().fail(path, status, times=times, retry_after=retry_after, method=method, body=text)
 
     def register(self, auth_key: str, hostname: str) -> FakeNode:
         """Join with `auth_key` as tailscaled would. Raises RegistrationRejected for an
@@ -305,38 +256,9 @@ class FakeHeadscale:
 
     # --- middleware -------------------------------------------------------------------
 
-    @web.middleware
-    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        entry = FakeRequest(method=request.method, path=request.path, query=dict(request.query))
-        if request.can_read_body:
-            raw = await request.read()  # cached: the handler can read it again
-            try:
-                entry.json = json.loads(raw or b"null")
-            except ValueError:
-                entry.json = None
-        self.requests.append(entry)
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            entry.status = exc.status
-            raise
-        entry.status = response.status
-        return response
-
-    @web.middleware
-    async def _inject_faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        for fault in self._faults:
-            if fault.remaining > 0 and fnmatch.fnmatchcase(request.path, fault.pattern) and (
-                fault.method is None or fault.method == request.method
-            ):
-                fault.remaining -= 1
-                headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else None
-                code = 8 if fault.status == 429 else 14  # RESOURCE_EXHAUSTED, UNAVAILABLE
-                return web.json_response(
-                    {"code": code, "message": fault.message, "details": []}, status=fault.status, headers=headers
-                )
-        self._faults = [f for f in self._faults if f.remaining > 0]
-        return await handler(request)
+    def _fault_response(self, fault: Fault) -> web.Response:
+        code = 8 if fault.status == 429 else 14  # RESOURCE_EXHAUSTED, UNAVAILABLE
+        return web.json_response({"code": code, "message": fault.body, "details": []}, status=fault.status, headers=fault.headers)
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:

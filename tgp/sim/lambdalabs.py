@@ -32,20 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fnmatch
 import itertools
-import json
 import math
 import re
 import secrets
-import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from tgp.sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
 
 __all__ = ["DEFAULT_CAPACITY", "DEFAULT_CATALOG", "REGIONS", "FakeInstance", "FakeInstanceType", "FakeLambda"]
 
@@ -61,8 +60,6 @@ REGIONS = {
     "us-south-1": "Texas, USA",
     "europe-central-1": "Germany",
 }
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -149,33 +146,18 @@ class FakeInstance:
         }
 
 
-@dataclass
-class FakeRequest:
-    method: str
-    path: str
-    query: dict[str, str]
-    json: Any = None
-    status: int = 0
+FakeRequest = RecordedRequest
 
 
-@dataclass
-class _Fault:
-    pattern: str
-    method: str | None
-    status: int
-    remaining: int
-    retry_after: str | None
-    code: str
-    message: str
-
-
-class FakeLambda:
+class FakeLambda(FakeServer):
     """The Lambda Cloud API v1 on 127.0.0.1, port chosen by the OS; `url` is the base URL
     (with /api/v1). `api_key` is the only key accepted; `ssh_keys` are the registered SSH key
     names; `quota` caps live instances; `clock` drives the launch throttle (tests pass a
     controllable one); `request_interval`, when set, answers 429 to requests closer together
     than that; `boot_delay`, when set, makes instances active on a timer.
     """
+
+    base_path = fault_prefix = _PREFIX
 
     def __init__(
         self,
@@ -193,6 +175,7 @@ class FakeLambda:
         clock: Callable[[], float] = time.monotonic,
         host: str = "127.0.0.1",
     ) -> None:
+        super().__init__(host=host)
         self.api_key = api_key
         self.catalog = {t.name: t for t in catalog}
         self.capacity: dict[tuple[str, str], int] = dict(DEFAULT_CAPACITY if capacity is None else capacity)
@@ -206,53 +189,26 @@ class FakeLambda:
         self.clock = clock
         self.instances: dict[str, FakeInstance] = {}
         self.create_requests = 0
-        self.requests: list[FakeRequest] = []
-        self._faults: list[_Fault] = []
         self._numbers = itertools.count(1)
         self._last_launch: float | None = None
         self._last_request: float | None = None
-        self._host = host
-        self._runner: web.AppRunner | None = None
-        self.root = ""
-        self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------
 
-    async def __aenter__(self) -> FakeLambda:
-        await self.start()
-        return self
+    @property
+    def root(self) -> str:
+        """The server's origin, without /api/v1."""
+        return self.origin
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Listen on a free loopback port; `url` is then the base URL to give the adapter."""
-        app = web.Application(middlewares=[self._record, self._auth, self._inject_faults])
-        r = app.router
+    def _add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_get(f"{_PREFIX}/instance-types", self._instance_types)
         r.add_get(f"{_PREFIX}/instances", self._list_instances)
         r.add_get(f"{_PREFIX}/instances/{{instance_id}}", self._get_instance)
         r.add_post(f"{_PREFIX}/instance-operations/launch", self._launch)
         r.add_post(f"{_PREFIX}/instance-operations/terminate", self._terminate)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, 0))
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        self.root = f"http://{self._host}:{sock.getsockname()[1]}"
-        self.url = self.root + _PREFIX
 
-    async def stop(self) -> None:
-        """Stop listening and cancel boot timers."""
-        for inst in self.instances.values():
-            if inst.timer is not None:
-                inst.timer.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def _middlewares(self) -> list[Middleware]:
+        return [self._record, self._auth, self._inject_faults]
 
     # --- test controls ----------------------------------------------------------------
 
@@ -260,7 +216,7 @@ class FakeLambda:
         """How many more launches of `type_name` can succeed in `region` (0 = sold out)."""
         self.capacity[(type_name, region)] = n
 
-    def fail(
+    def fail(  # type: ignore[override]  # Lambda's errors have a code and a message, not a body
         self,
         path: str = "*",
         status: int = 500,
@@ -276,8 +232,7 @@ class FakeLambda:
         Retry-After when `retry_after` is given."""
         default_code = {429: "global/too-many-requests", 503: "provider/internal-unavailable"}.get(status, "global/internal-error")
         text = message or ("Try again shortly." if status >= 500 else "Too many requests." if status == 429 else "Injected failure.")
-        ra = None if retry_after is None else str(retry_after)
-        self._faults.append(_Fault(path, method.upper() if method else None, status, times, ra, code or default_code, text))
+        super().fail(path, status, times=times, retry_after=retry_after, method=method, body=(code or default_code, text))
 
     def advance(self, instance_id: str | None = None) -> None:
         """Move one instance (or all) one step: booting -> active, terminating -> terminated
@@ -299,19 +254,6 @@ class FakeLambda:
     # --- middleware -------------------------------------------------------------------
 
     @web.middleware
-    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        entry = FakeRequest(method=request.method, path=request.path, query=dict(request.query))
-        if request.can_read_body:
-            try:
-                entry.json = json.loads(await request.read() or b"null")
-            except ValueError:
-                entry.json = None
-        self.requests.append(entry)
-        response = await handler(request)
-        entry.status = response.status
-        return response
-
-    @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self._presented_key(request.headers.get("Authorization", "")) != self.api_key:
             return _error(401, "global/invalid-api-key", "API key was invalid, expired, or deleted.")
@@ -321,16 +263,9 @@ class FakeLambda:
         self._last_request = now
         return await handler(request)
 
-    @web.middleware
-    async def _inject_faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        path = request.path.removeprefix(_PREFIX)
-        for fault in self._faults:
-            if fault.remaining > 0 and fnmatch.fnmatchcase(path, fault.pattern) and fault.method in (None, request.method):
-                fault.remaining -= 1
-                headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else None
-                return _error(fault.status, fault.code, fault.message, headers=headers)
-        self._faults = [f for f in self._faults if f.remaining > 0]
-        return await handler(request)
+    def _fault_response(self, fault: Fault) -> web.Response:
+        code, message = fault.body
+        return _error(fault.status, code, message, headers=fault.headers)
 
     @staticmethod
     def _presented_key(header: str) -> str | None:
@@ -428,7 +363,7 @@ class FakeLambda:
         )
         self.instances[inst.id] = inst
         if self.boot_delay is not None:
-            inst.timer = asyncio.get_running_loop().call_later(self.boot_delay, self._boot, inst.id)
+            inst.timer = self._call_later(self.boot_delay, self._boot, inst.id)
         return web.json_response({"data": {"instance_ids": [inst.id]}})
 
     def _launch_problem(self, body: dict[str, Any]) -> web.Response | None:

@@ -25,22 +25,18 @@ Not part of the real API: the Python knobs (`set_capacity`, `set_state`, `make_r
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
-import json
 import secrets
-import socket
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from tgp.sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
 
 __all__ = ["DEFAULT_TEMPLATE_ID", "FakeMachine", "FakePaperspace", "PaperspaceRequest"]
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 DEFAULT_TEMPLATE_ID = "tkni3aa4"
 DEFAULT_MACHINE_TYPES = ("H100", "H100x8", "A100-80G", "A6000", "A5000", "A4000", "RTX4000", "P4000", "V100-32G")
@@ -98,35 +94,19 @@ class FakeMachine:
         }
 
 
-@dataclass
-class PaperspaceRequest:
-    """One request the fake received (the Authorization header is not kept)."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    json: Any = None
-    status: int = 0
+PaperspaceRequest = RecordedRequest
 
 
-@dataclass
-class _Fault:
-    pattern: str
-    method: str | None
-    status: int
-    remaining: int
-    retry_after: str | None
-    body: Any
-    after_handling: bool
-
-
-class FakePaperspace:
+class FakePaperspace(FakeServer):
     """The Paperspace API on 127.0.0.1 (port chosen by the OS); `url` is the `/v1` base URL to
     give the adapter. Requests must carry `Authorization: Bearer <api_key>`.
 
     `capacity` maps (machineType, region name) to how many more machines may be created
-    there; a pair not listed is unlimited.
+    there; a pair not listed is unlimited. `fail(path, status=429, ...)` matches the full path
+    (e.g. "/v1/machines*"); its default body is `{code, message}`.
     """
+
+    base_path = "/v1"
 
     def __init__(
         self,
@@ -137,6 +117,7 @@ class FakePaperspace:
         page_size: int = 20,
         host: str = "127.0.0.1",
     ) -> None:
+        super().__init__(host=host)
         self.api_key = api_key
         self.template_id = DEFAULT_TEMPLATE_ID
         self.templates: list[dict[str, Any]] = templates if templates is not None else [
@@ -162,29 +143,11 @@ class FakePaperspace:
         self.machines: dict[str, FakeMachine] = {}
         self.scripts: dict[str, dict[str, Any]] = {}
         self.creates = 0
-        self.requests: list[PaperspaceRequest] = []
-        self._faults: list[_Fault] = []
         self._ids = itertools.count(1)
-        self._host = host
-        self._runner: web.AppRunner | None = None
-        self.origin = ""
-        self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------
 
-    async def __aenter__(self) -> FakePaperspace:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Listen on a free loopback port."""
-        app = web.Application(middlewares=[self._record, self._inject_faults, self._auth])
-        r = app.router
+    def _add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_get("/v1/os-templates", self._list_templates)
         r.add_get("/v1/billing/account-standing", self._standing)
         r.add_post("/v1/startup-scripts", self._create_script)
@@ -195,20 +158,9 @@ class FakePaperspace:
         r.add_get("/v1/machines/{id}", self._get_machine)
         r.add_delete("/v1/machines/{id}", self._delete_machine)
         r.add_patch("/v1/machines/{id}/stop", self._stop_machine)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, 0))
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        self.origin = f"http://{self._host}:{sock.getsockname()[1]}"
-        self.url = f"{self.origin}/v1"
 
-    async def stop(self) -> None:
-        """Stop listening."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def _middlewares(self) -> list[Middleware]:
+        return [self._record, self._inject_faults, self._auth]
 
     # --- knobs ------------------------------------------------------------------------
 
@@ -230,60 +182,21 @@ class FakePaperspace:
         m = self.machines[machine_id]
         m.state, m.public_ip = "ready", f"198.51.100.{len(self.machines) % 250 + 1}"
 
-    def fail(
-        self,
-        path: str,
-        status: int = 429,
-        *,
-        times: int = 1,
-        retry_after: float | str | None = None,
-        method: str | None = None,
-        body: Any = None,
-        after_handling: bool = False,
-    ) -> None:
-        """Answer the next `times` requests whose path matches `path` (fnmatch, e.g.
-        "/v1/machines*") with `status` and `body` (default `{code, message}`), plus Retry-After
-        when given. `after_handling` lets the request take effect first (create-then-500)."""
-        ra = None if retry_after is None else str(retry_after)
-        self._faults.append(_Fault(path, method.upper() if method else None, status, times, ra, body, after_handling))
-
     def live_machines(self) -> list[FakeMachine]:
         """Machines not deleted."""
         return [m for m in self.machines.values() if m.dt_deleted is None]
 
     # --- middleware -------------------------------------------------------------------
 
-    @web.middleware
-    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        entry = PaperspaceRequest(method=request.method, path=request.path, query=dict(request.query))
-        if request.can_read_body:
-            try:
-                entry.json = json.loads(await request.read() or b"null")
-            except ValueError:
-                entry.json = None
-        self.requests.append(entry)
-        response = await handler(request)
-        entry.status = response.status
-        return response
-
-    @web.middleware
-    async def _inject_faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        for fault in self._faults:
-            if fault.remaining > 0 and fnmatch.fnmatchcase(request.path, fault.pattern) and fault.method in (None, request.method):
-                fault.remaining -= 1
-                if fault.after_handling:
-                    await handler(request)
-                headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else None
-                body = fault.body
-                if body is None:
-                    body = (
-                        {"code": "TOO_MANY_REQUESTS", "message": "Too many requests"}
-                        if fault.status == 429
-                        else {"code": "INTERNAL_SERVER_ERROR", "message": "injected failure"}
-                    )
-                return web.json_response(body, status=fault.status, headers=headers)
-        self._faults = [f for f in self._faults if f.remaining > 0]
-        return await handler(request)
+    def _fault_response(self, fault: Fault) -> web.Response:
+        body = fault.body
+        if body is None:
+            body = (
+                {"code": "TOO_MANY_REQUESTS", "message": "Too many requests"}
+                if fault.status == 429
+                else {"code": "INTERNAL_SERVER_ERROR", "message": "injected failure"}
+            )
+        return web.json_response(body, status=fault.status, headers=fault.headers)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:

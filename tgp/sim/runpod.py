@@ -28,20 +28,19 @@ Python-level knobs (not part of the real API):
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import itertools
-import json
 import math
 import secrets
-import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from tgp.sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
 
 __all__ = ["DEFAULT_CATALOG", "DEFAULT_STOCK", "FakeGpu", "FakePod", "FakeRunPod", "CAPACITY_DETAIL"]
 
@@ -53,8 +52,6 @@ DATA_CENTERS = {"US-KS-2": "US Kansas 2", "EU-RO-1": "Europe Romania 1", "CA-MTL
 # The spec's example quota: 60 requests a minute (plus hour/day windows, reported, not enforced).
 POLICY = '"minute";q=60;w=60, "hour";q=3000;w=3600, "day";q=50000;w=86400'
 _PREFIX = "/v2"
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -162,26 +159,10 @@ class FakePod:
         }
 
 
-@dataclass
-class FakeRequest:
-    method: str
-    path: str
-    query: dict[str, str]
-    json: Any = None
-    status: int = 0
+FakeRequest = RecordedRequest
 
 
-@dataclass
-class _Fault:
-    pattern: str
-    method: str | None
-    status: int
-    remaining: int
-    retry_after: str | None
-    detail: str
-
-
-class FakeRunPod:
+class FakeRunPod(FakeServer):
     """RunPod REST v2 on 127.0.0.1, port chosen by the OS; `url` is the base URL (with /v2).
 
     `api_key` is the only key accepted. `start_status` is what a new pod reports first: the
@@ -190,6 +171,8 @@ class FakeRunPod:
     call `advance`. `rate_limit_per_minute`, when set, answers 429 past that many requests in
     a minute of `clock`.
     """
+
+    base_path = fault_prefix = _PREFIX
 
     def __init__(
         self,
@@ -205,6 +188,7 @@ class FakeRunPod:
     ) -> None:
         if start_status not in ("RUNNING", "PROVISIONING"):
             raise ValueError("start_status must be RUNNING or PROVISIONING")
+        super().__init__(host=host)
         self.api_key = api_key
         self.catalog = {g.id: g for g in catalog}
         self.stock: dict[tuple[str, str], int] = dict(DEFAULT_STOCK if stock is None else stock)
@@ -214,53 +198,27 @@ class FakeRunPod:
         self.clock = clock
         self.instances: dict[str, FakePod] = {}
         self.create_requests = 0
-        self.requests: list[FakeRequest] = []
-        self._faults: list[_Fault] = []
         self._create_failures: list[int] = []
         self._ids = itertools.count(1)
         self._window: tuple[float, int] = (0.0, 0)
-        self._host = host
-        self._runner: web.AppRunner | None = None
-        self.root = ""
-        self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------
 
-    async def __aenter__(self) -> FakeRunPod:
-        await self.start()
-        return self
+    @property
+    def root(self) -> str:
+        """The server's origin, without /v2."""
+        return self.origin
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Listen on a free loopback port; `url` is then the base URL to give the adapter."""
-        app = web.Application(middlewares=[self._record, self._auth, self._inject_faults])
-        r = app.router
+    def _add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_get(f"{_PREFIX}/catalog/gpus", self._catalog)
         r.add_get(f"{_PREFIX}/pods", self._list_pods)
         r.add_post(f"{_PREFIX}/pods", self._create_pod)
         r.add_get(f"{_PREFIX}/pods/{{pod_id}}", self._get_pod)
         r.add_delete(f"{_PREFIX}/pods/{{pod_id}}", self._delete_pod)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, 0))
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        self.root = f"http://{self._host}:{sock.getsockname()[1]}"
-        self.url = self.root + _PREFIX
 
-    async def stop(self) -> None:
-        """Stop listening and cancel boot timers."""
-        for pod in self.instances.values():
-            if pod.timer is not None:
-                pod.timer.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def _middlewares(self) -> list[Middleware]:
+        # Faults after authentication: RunPod's limiter is per key.
+        return [self._record, self._auth, self._inject_faults]
 
     # --- test controls ----------------------------------------------------------------
 
@@ -268,7 +226,7 @@ class FakeRunPod:
         """Free GPUs of `gpu_id` in `dc_id` (0 = sold out: listed NONE, creates answer 400)."""
         self.stock[(gpu_id, dc_id)] = gpus
 
-    def fail(
+    def fail(  # type: ignore[override]  # RunPod's errors have a detail, not a body
         self,
         path: str = "*",
         status: int = 500,
@@ -282,8 +240,7 @@ class FakeRunPod:
         `path`, and `method` if given, with a `status` problem+json, plus Retry-After when
         `retry_after` is given. Checked after authentication, as RunPod's limiter is per key."""
         text = detail or {429: "rate limit exceeded", 402: "insufficient balance"}.get(status, "injected failure")
-        ra = None if retry_after is None else str(retry_after)
-        self._faults.append(_Fault(path, method.upper() if method else None, status, times, ra, text))
+        super().fail(path, status, times=times, retry_after=retry_after, method=method, body=text)
 
     def create_then_fail(self, *, times: int = 1, status: int = 500) -> None:
         """The next `times` creates buy and start the pod, then answer `status` anyway."""
@@ -324,19 +281,6 @@ class FakeRunPod:
     # --- middleware -------------------------------------------------------------------
 
     @web.middleware
-    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        entry = FakeRequest(method=request.method, path=request.path, query=dict(request.query))
-        if request.can_read_body:
-            try:
-                entry.json = json.loads(await request.read() or b"null")
-            except ValueError:
-                entry.json = None
-        self.requests.append(entry)
-        response = await handler(request)
-        entry.status = response.status
-        return response
-
-    @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         header = request.headers.get("Authorization", "")
         if not header.startswith("Bearer "):
@@ -350,16 +294,8 @@ class FakeRunPod:
         response.headers.update(self._rate_headers())
         return response
 
-    @web.middleware
-    async def _inject_faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        path = request.path.removeprefix(_PREFIX)
-        for fault in self._faults:
-            if fault.remaining > 0 and fnmatch.fnmatchcase(path, fault.pattern) and fault.method in (None, request.method):
-                fault.remaining -= 1
-                headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
-                return _problem(fault.status, fault.detail, headers=headers)
-        self._faults = [f for f in self._faults if f.remaining > 0]
-        return await handler(request)
+    def _fault_response(self, fault: Fault) -> web.Response:
+        return _problem(fault.status, fault.body, headers=fault.headers)
 
     def _count_request(self) -> web.Response | None:
         start, used = self._window
@@ -474,7 +410,7 @@ class FakeRunPod:
         )
         self.instances[pod.id] = pod
         if self.boot_delay is not None:
-            pod.timer = asyncio.get_running_loop().call_later(self.boot_delay, self.make_ready, pod.id)
+            pod.timer = self._call_later(self.boot_delay, self.make_ready, pod.id)
         if self._create_failures:
             # Bought and started, but the answer says otherwise.
             return _problem(self._create_failures.pop(0), "create pod: internal error")

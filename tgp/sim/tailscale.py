@@ -17,20 +17,19 @@ Not part of the real API:
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import itertools
 import json
 import re
 import secrets
-import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tgp.sim.fakeserver import Fault, FakeServer, RecordedRequest
 
 __all__ = ["FakeDevice", "FakeKey", "FakeRequest", "FakeTailscale", "RegistrationRejected"]
 
@@ -39,8 +38,6 @@ DEFAULT_KEY_EXPIRY = timedelta(days=90)
 # Tailscale's OAuth access tokens live one hour.
 DEFAULT_TOKEN_TTL = timedelta(hours=1)
 _DESCRIPTION_OK = re.compile(r"^[A-Za-z0-9 -]*$")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _iso(when: datetime) -> str:
@@ -142,29 +139,10 @@ class FakeDevice:
         }
 
 
-@dataclass
-class FakeRequest:
-    """One request the fake received. The OAuth form's client_secret is not kept."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    json: Any = None
-    form: dict[str, str] | None = None
-    status: int = 0
+FakeRequest = RecordedRequest
 
 
-@dataclass
-class _Fault:
-    pattern: str
-    method: str | None
-    status: int
-    remaining: int
-    retry_after: str | None
-    message: str
-
-
-class FakeTailscale:
+class FakeTailscale(FakeServer):
     """The Tailscale API v2 on 127.0.0.1, port chosen by the OS.
 
     `clients` maps OAuth client id to (client secret, tags the client may put on keys: its own
@@ -184,6 +162,7 @@ class FakeTailscale:
         now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
         host: str = "127.0.0.1",
     ) -> None:
+        super().__init__(host=host)
         self.clients = {cid: (secret, list(tags)) for cid, (secret, tags) in clients.items()}
         self.tailnet = tailnet
         self.token_ttl = token_ttl
@@ -191,29 +170,12 @@ class FakeTailscale:
         self.now = now
         self.keys: dict[str, FakeKey] = {}
         self.devices: dict[str, FakeDevice] = {}  # by nodeId
-        self.requests: list[FakeRequest] = []
         self.tokens: dict[str, tuple[str, datetime]] = {}  # access token -> (client id, expiry)
-        self._faults: list[_Fault] = []
         self._ids = itertools.count(1)
-        self._host = host
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------
 
-    async def __aenter__(self) -> FakeTailscale:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Listen on a free loopback port; `url` is then the base URL to give the adapter."""
-        app = web.Application(middlewares=[self._record, self._inject_faults])
-        r = app.router
+    def _add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/api/v2/oauth/token", self._token)
         r.add_post("/api/v2/tailnet/{tailnet}/keys", self._create_key)
         r.add_get("/api/v2/tailnet/{tailnet}/keys", self._list_keys)
@@ -223,24 +185,10 @@ class FakeTailscale:
         r.add_get("/api/v2/device/{device_id}", self._get_device)
         r.add_delete("/api/v2/device/{device_id}", self._delete_device)
         r.add_post("/_fake/register", self._register)
-        # Binding the socket ourselves gives a free port without reaching into aiohttp.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, 0))
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        self.url = f"http://{self._host}:{sock.getsockname()[1]}"
-
-    async def stop(self) -> None:
-        """Stop listening."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     # --- test controls ----------------------------------------------------------------
 
-    def fail(
+    def fail(  # type: ignore[override]  # Tailscale's errors have a message, not a body
         self,
         path: str,
         status: int = 429,
@@ -253,9 +201,8 @@ class FakeTailscale:
         """Answer the next `times` requests whose path matches `path` (an fnmatch pattern,
         e.g. "/api/v2/tailnet/*/keys"), and `method` if given, with `status` and
         `{"message": message}`, plus a Retry-After header when `retry_after` is given."""
-        ra = None if retry_after is None else str(retry_after)
         text = message or ("rate limited" if status == 429 else "injected failure")
-        self._faults.append(_Fault(path, method.upper() if method else None, status, times, ra, text))
+        super().fail(path, status, times=times, retry_after=retry_after, method=method, body=text)
 
     def expire_tokens(self) -> None:
         """Invalidate every issued access token, as if they had expired server-side."""
@@ -309,39 +256,20 @@ class FakeTailscale:
 
     # --- middleware -------------------------------------------------------------------
 
-    @web.middleware
-    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        entry = FakeRequest(method=request.method, path=request.path, query=dict(request.query))
-        if request.can_read_body:
-            raw = await request.read()  # cached: the handler can read it again
-            if request.content_type == "application/json":
-                try:
-                    entry.json = json.loads(raw or b"null")
-                except ValueError:
-                    entry.json = None
-            elif request.content_type == "application/x-www-form-urlencoded":
-                form = await request.post()
-                entry.form = {k: str(v) for k, v in form.items() if k != "client_secret"}
-        self.requests.append(entry)
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            entry.status = exc.status
-            raise
-        entry.status = response.status
-        return response
+    async def _record_body(self, request: web.Request, entry: RecordedRequest) -> None:
+        # JSON or the OAuth token form, whose client_secret is not kept.
+        raw = await request.read()  # cached: the handler can read it again
+        if request.content_type == "application/json":
+            try:
+                entry.json = json.loads(raw or b"null")
+            except ValueError:
+                entry.json = None
+        elif request.content_type == "application/x-www-form-urlencoded":
+            form = await request.post()
+            entry.form = {k: str(v) for k, v in form.items() if k != "client_secret"}
 
-    @web.middleware
-    async def _inject_faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        for fault in self._faults:
-            if fault.remaining > 0 and fnmatch.fnmatchcase(request.path, fault.pattern) and (
-                fault.method is None or fault.method == request.method
-            ):
-                fault.remaining -= 1
-                headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else None
-                return web.json_response({"message": fault.message}, status=fault.status, headers=headers)
-        self._faults = [f for f in self._faults if f.remaining > 0]
-        return await handler(request)
+    def _fault_response(self, fault: Fault) -> web.Response:
+        return web.json_response({"message": fault.body}, status=fault.status, headers=fault.headers)
 
     # --- OAuth ------------------------------------------------------------------------
 

@@ -31,22 +31,20 @@ Not part of the real API: the Python knobs (`add_ask`, `rent_away`, `withdraw`, 
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import json
-import socket
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
-from types import TracebackType
 from typing import Any, Literal
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from tgp.sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
 
 __all__ = ["FakeAsk", "FakeVast", "FakeVastInstance", "VastRequest"]
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 RATE_LIMIT_TEXT = "API requests too frequent endpoint threshold={threshold}"
 # Hours in Vast's storage month: storage_cost is $/GB/month.
@@ -158,27 +156,7 @@ class FakeVastInstance:
         }
 
 
-@dataclass
-class VastRequest:
-    """One request the fake received (the Authorization header is not kept)."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    json: Any = None
-    status: int = 0
-
-
-@dataclass
-class _Fault:
-    pattern: str
-    method: str | None
-    status: int
-    remaining: int
-    retry_after: str | None
-    body: Any
-    after_handling: bool
-
+VastRequest = RecordedRequest
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "eq": lambda a, b: a == b,
@@ -194,9 +172,15 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
 _SEARCH_OPTIONS = {"type", "order", "limit", "allocated_storage", "disable_bundling", "extra_ids"}
 
 
-class FakeVast:
+class FakeVast(FakeServer):
     """The Vast.ai API on 127.0.0.1 (port chosen by the OS); `url` is the `/api/v0` base URL
-    to give the adapter. Requests must carry `Authorization: Bearer <api_key>`."""
+    to give the adapter. Requests must carry `Authorization: Bearer <api_key>`.
+
+    `fail(path, status=429, ...)` matches the full path (e.g. "/api/v0/asks/*"); its default
+    body is Vast's plain-text 429 or a JSON `{success: false, error, msg}`, and a Retry-After
+    header is sent only when `retry_after` is given."""
+
+    base_path = "/api/v0"
 
     def __init__(
         self,
@@ -210,6 +194,7 @@ class FakeVast:
         clock: Callable[[], float] = time.monotonic,
         host: str = "127.0.0.1",
     ) -> None:
+        super().__init__(host=host)
         self.api_key = api_key
         self.asks: dict[int, FakeAsk] = {a.id: a for a in asks or []}
         self.instances: dict[int, FakeVastInstance] = {}
@@ -220,50 +205,21 @@ class FakeVast:
         self.min_intervals = dict(min_intervals or {})
         self.clock = clock
         self.creates = 0
-        self.requests: list[VastRequest] = []
         self.rate_limited = 0
         self._last_call: dict[str, float] = {}
-        self._faults: list[_Fault] = []
         self._ids = itertools.count(7_000_001)
-        self._host = host
-        self._runner: web.AppRunner | None = None
-        self.origin = ""
-        self.url = ""
 
     # --- lifecycle --------------------------------------------------------------------
 
-    async def __aenter__(self) -> FakeVast:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Listen on a free loopback port."""
-        app = web.Application(middlewares=[self._record, self._inject_faults, self._auth, self._pace])
-        r = app.router
+    def _add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_post("/api/v0/bundles/", self._search)
         r.add_put("/api/v0/asks/{id}/", self._rent)
         r.add_get("/api/v0/instances/{id}/", self._show)
         r.add_delete("/api/v0/instances/{id}/", self._destroy)
         r.add_get("/api/v1/instances/", self._list)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, 0))
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
-        self.origin = f"http://{self._host}:{sock.getsockname()[1]}"
-        self.url = f"{self.origin}/api/v0"
 
-    async def stop(self) -> None:
-        """Stop listening."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def _middlewares(self) -> list[Middleware]:
+        return [self._record, self._inject_faults, self._auth, self._pace]
 
     # --- knobs ------------------------------------------------------------------------
 
@@ -306,24 +262,6 @@ class FakeVast:
         """Vast no longer knows the instance (host gone): describe answers {"instances": null}."""
         self.instances[int(instance_id)].destroyed = True
 
-    def fail(
-        self,
-        path: str,
-        status: int = 429,
-        *,
-        times: int = 1,
-        retry_after: float | str | None = None,
-        method: str | None = None,
-        body: Any = None,
-        after_handling: bool = False,
-    ) -> None:
-        """Answer the next `times` requests whose path matches `path` (fnmatch, e.g.
-        "/api/v0/asks/*") with `status`. The body defaults to Vast's plain-text 429 or a JSON
-        `{success: false, error, msg}`; a Retry-After header only when `retry_after` is given.
-        `after_handling` lets the request take effect first (create-then-500)."""
-        ra = None if retry_after is None else str(retry_after)
-        self._faults.append(_Fault(path, method.upper() if method else None, status, times, ra, body, after_handling))
-
     def mark_called(self, endpoint: str) -> None:
         """Another client of the same key just called `endpoint` (see `min_intervals`)."""
         self._last_call[endpoint] = self.clock()
@@ -334,32 +272,8 @@ class FakeVast:
 
     # --- middleware -------------------------------------------------------------------
 
-    @web.middleware
-    async def _record(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        entry = VastRequest(method=request.method, path=request.path, query=dict(request.query))
-        if request.can_read_body:
-            try:
-                entry.json = json.loads(await request.read() or b"null")
-            except ValueError:
-                entry.json = None
-        self.requests.append(entry)
-        response = await handler(request)
-        entry.status = response.status
-        return response
-
-    @web.middleware
-    async def _inject_faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        for fault in self._faults:
-            if fault.remaining > 0 and fnmatch.fnmatchcase(request.path, fault.pattern) and fault.method in (None, request.method):
-                fault.remaining -= 1
-                if fault.after_handling:
-                    await handler(request)
-                return self._fault_response(fault)
-        self._faults = [f for f in self._faults if f.remaining > 0]
-        return await handler(request)
-
-    def _fault_response(self, fault: _Fault) -> web.Response:
-        headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else None
+    def _fault_response(self, fault: Fault) -> web.Response:
+        headers = fault.headers
         if fault.body is not None:
             if isinstance(fault.body, str):
                 return web.Response(text=fault.body, status=fault.status, headers=headers)
