@@ -24,15 +24,18 @@ from temporalio.testing import WorkflowEnvironment
 from activities.cluster import KubernetesCluster
 from crd_bridge.bridge import Bridge
 from tests.conftest import eventually
+from tests.kube_env import KUBECONFIG_ENV, KubeApi
 from tgp.sim.world import SimWorld, sim_world
 from tgp.temporal import DATA_CONVERTER
 from workflows.node import NodeWorkflowInput
 from workers.main import WorkerConfig, build_activities, make_worker
 
-# The simulated cloud registers its Nodes in the emulator and the tests play the scheduler.
-pytestmark = pytest.mark.skipif(
-    bool(os.environ.get("TGP_TEST_KUBECONFIG")), reason="the bridge end-to-end tests run on the project's API emulator only"
-)
+# On the emulator the tests play the scheduler (bind) and the kubelet (pod phase); on a real
+# cluster (TGP_TEST_KUBECONFIG) the simulated cloud registers KWOK-style Nodes there, the real
+# scheduler binds, and what only an emulator can do (compacting history, cutting streams) skips.
+NS = "ml"
+# Cluster-scoped names the tests create (deleted after each test on a real cluster).
+TEST_CLASSES = ("sim", "tpl", "creds", "y", "standard-gpu-class")
 
 CRDS = Path(__file__).resolve().parent.parent / "deploy" / "crds"
 POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
@@ -78,19 +81,19 @@ def new_bridge(env: WorkflowEnvironment, cluster: KubernetesCluster, queue: str)
 
 
 @asynccontextmanager
-async def running_stack(env: WorkflowEnvironment) -> AsyncIterator[Stack]:
+async def running_stack(env: WorkflowEnvironment, kube_api: KubeApi) -> AsyncIterator[Stack]:
     async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
-        for path in sorted(CRDS.glob("*.yaml")):
-            world.kube.install_crd(yaml.safe_load(path.read_text()))
+        world = await stack.enter_async_context(
+            sim_world(boot_delay=0.2, kube_url=kube_api.url, kube_client=kube_api.http, kubeconfig=os.environ.get(KUBECONFIG_ENV))
+        )
+        world.kube = kube_api.emulator
+        await install_crds(kube_api)
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=0.1)
         queue = f"bridge-{uuid.uuid4().hex[:8]}"
         await stack.enter_async_context(make_worker(env.client, activities, task_queue=queue))
-        cluster = await stack.enter_async_context(KubernetesCluster.from_url(world.kube.url))
-        kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube.url, timeout=10))
-        bridge = new_bridge(env, cluster, queue)
-        s = Stack(world, env, queue, kube, bridge, asyncio.create_task(bridge.run()), cluster)
+        bridge = new_bridge(env, kube_api.cluster, queue)
+        s = Stack(world, env, queue, kube_api.http, bridge, asyncio.create_task(bridge.run()), kube_api.cluster)
         try:
             yield s
         finally:
@@ -102,6 +105,50 @@ async def running_stack(env: WorkflowEnvironment) -> AsyncIterator[Stack]:
                     await env.client.get_workflow_handle(w.id, run_id=w.run_id).terminate("test finished")
                 except RPCError:
                     pass  # it finished meanwhile
+            if kube_api.real:
+                await clean_real_cluster(kube_api)
+
+
+async def install_crds(kube_api: KubeApi) -> None:
+    """The generated CRDs, as `kubectl apply -f deploy/crds/` would install them."""
+    for path in sorted(CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        if kube_api.emulator is not None:
+            kube_api.emulator.install_crd(crd)
+            continue
+        crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        r = await kube_api.http.post(crds, json=crd)
+        if r.status_code == 409:
+            current = (await kube_api.http.get(f"{crds}/{crd['metadata']['name']}")).json()
+            crd["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            r = await kube_api.http.put(f"{crds}/{crd['metadata']['name']}", json=crd)
+        assert r.status_code in (200, 201), r.text
+
+        async def established(name: str = crd["metadata"]["name"]) -> bool:
+            conditions = (await kube_api.http.get(f"{crds}/{name}")).json().get("status", {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        await eventually(established, what=f"CRD {crd['metadata']['name']} to be established")
+    if kube_api.real:
+        for ns in (NS, "tgp-system"):
+            await kube_api.http.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+
+async def clean_real_cluster(kube_api: KubeApi) -> None:
+    """Leave a real cluster as found: pools (finalizers dropped), classes, pods, simulated Nodes."""
+    http = kube_api.http
+    merge = {"Content-Type": "application/merge-patch+json"}
+    pools = [f"{POOLS.format(ns=NS)}/{p['metadata']['name']}" for p in (await http.get(POOLS.format(ns=NS))).json().get("items") or []]
+    for path in [*pools, f"{POOLS.format(ns='default')}/ml-workload-pool"]:  # the seed example's pool
+        await http.patch(path, json={"metadata": {"finalizers": None}}, headers=merge)
+        await http.delete(path)
+    for name in TEST_CLASSES:
+        await http.delete(f"{CLASSES}/{name}")
+    for pod in (await http.get(f"/api/v1/namespaces/{NS}/pods")).json().get("items") or []:
+        await http.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}", json={"gracePeriodSeconds": 0})
+    nodes = (await http.get("/api/v1/nodes", params={"labelSelector": f"tgp.io/pool-namespace={NS}"})).json().get("items") or []
+    for node in nodes:
+        await http.delete(f"/api/v1/nodes/{node['metadata']['name']}")
 
 
 def gpu_class(name: str = "sim", **limits: object) -> dict[str, Any]:
@@ -156,8 +203,16 @@ async def pending_pod(kube: httpx.AsyncClient, name: str, *, selector: dict[str,
     (await kube.patch(f"/api/v1/namespaces/ml/pods/{name}/status", json=status, headers=merge)).raise_for_status()
 
 
-async def bind(kube: httpx.AsyncClient, pod: str, node: str) -> None:
-    """Do what the scheduler and kubelet would: put the pod on the node and run it."""
+async def bind(kube: httpx.AsyncClient, pod: str, node: str, *, real: bool = False) -> None:
+    """Do what the scheduler and kubelet would: put the pod on the node and run it. On a real
+    cluster the scheduler binds it (the simulated Node is Ready with GPU capacity)."""
+    if real:
+
+        async def bound() -> bool:
+            return (await kube.get(f"/api/v1/namespaces/ml/pods/{pod}")).json()["spec"].get("nodeName") == node
+
+        await eventually(bound, what=f"the scheduler to bind {pod} to {node}")
+        return
     merge = {"Content-Type": "application/merge-patch+json"}
     (await kube.patch(f"/api/v1/namespaces/ml/pods/{pod}", json={"spec": {"nodeName": node}}, headers=merge)).raise_for_status()
     running = {"status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
@@ -173,8 +228,8 @@ async def ready_nodes(s: Stack, ns: str, pool: str, count: int) -> list[dict[str
     return await eventually(check, timeout=30, what=f"{count} Ready nodes in {ns}/{pool}")
 
 
-async def test_pending_pod_to_node_to_idle_to_zero(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_pending_pod_to_node_to_idle_to_zero(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         assert (await apply(s.kube, gpu_class())).status_code == 201
         assert (await apply(s.kube, gpu_pool("rtx"))).status_code == 201
         await pending_pod(s.kube, "train")
@@ -190,7 +245,7 @@ async def test_pending_pod_to_node_to_idle_to_zero(temporal: WorkflowEnvironment
         assert conditions["Ready"]["status"] == "True" and conditions["Ready"]["observedGeneration"] == 1
         assert pool["status"]["hourlyCost"] == "0.44"
 
-        await bind(s.kube, "train", node["name"])
+        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
         await asyncio.sleep(0)  # let the bridge see the pod leave the pending set
         (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
 
@@ -210,8 +265,8 @@ async def test_pending_pod_to_node_to_idle_to_zero(temporal: WorkflowEnvironment
         await eventually(events, what="NodeLaunched, NodeReady and NodeTerminated Events on the pool")
 
 
-async def test_the_heavier_pool_gets_the_pod(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_the_heavier_pool_gets_the_pod(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("light", weight=1))
         await apply(s.kube, gpu_pool("heavy", weight=50))
@@ -222,8 +277,8 @@ async def test_the_heavier_pool_gets_the_pod(temporal: WorkflowEnvironment) -> N
         assert len(await s.node_workflows()) == 1
 
 
-async def test_class_budget_of_two_nodes_with_five_pods_pending(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_class_budget_of_two_nodes_with_five_pods_pending(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class(maxNodes=2))
         await apply(s.kube, gpu_pool("rtx"))
         for i in range(5):
@@ -241,8 +296,8 @@ async def test_class_budget_of_two_nodes_with_five_pods_pending(temporal: Workfl
         assert len(await s.node_workflows()) == 2
 
 
-async def test_deleting_a_pool_terminates_its_nodes_before_the_finalizer_goes(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_deleting_a_pool_terminates_its_nodes_before_the_finalizer_goes(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("rtx", minNodes=1))
         [node] = await ready_nodes(s, "ml", "rtx", 1)
@@ -259,13 +314,15 @@ async def test_deleting_a_pool_terminates_its_nodes_before_the_finalizer_goes(te
         assert (await s.kube.get(f"/api/v1/nodes/{node['name']}")).status_code == 404
 
 
-async def test_bridge_restart_410_and_cut_streams_change_nothing(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_bridge_restart_410_and_cut_streams_change_nothing(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("rtx"))
         await pending_pod(s.kube, "train")
         await ready_nodes(s, "ml", "rtx", 1)
 
+        if s.world.kube is None:
+            pytest.skip("compacting history and cutting watch streams need the emulator")
         await s.restart_bridge()
         await eventually(lambda: _synced(s.bridge), what="the restarted bridge to list everything")
         # Move the server past the pods watch's resourceVersion, forget history, cut streams:
@@ -288,8 +345,8 @@ async def _synced(bridge: Bridge) -> bool:
     return bool(bridge.informers) and all(i.synced.is_set() for i in bridge.informers)
 
 
-async def test_missing_class_and_too_low_price_are_conditions_not_crashes(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_missing_class_and_too_low_price_are_conditions_not_crashes(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_pool("orphan", klass="nope"))
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("cheap", maxHourlyPrice="0.10"))
@@ -313,8 +370,8 @@ async def test_missing_class_and_too_low_price_are_conditions_not_crashes(tempor
         assert s.world.cloud.instances == {}, "nothing was launched"
 
 
-async def test_schema_violations_are_rejected_at_apply_time(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_schema_violations_are_rejected_at_apply_time(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         bad_weight = gpu_pool("x", weight=200)
         r = await apply(s.kube, bad_weight)
         assert r.status_code == 422 and "weight" in r.text
@@ -327,8 +384,8 @@ async def test_schema_violations_are_rejected_at_apply_time(temporal: WorkflowEn
         assert (await apply(s.kube, seed[1])).status_code == 201, "the original README's pool applies unchanged"
 
 
-async def test_evict_annotation_on_a_node_drains_and_terminates_it(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_evict_annotation_on_a_node_drains_and_terminates_it(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("rtx", minNodes=1))
         [node] = await ready_nodes(s, "ml", "rtx", 1)
@@ -348,8 +405,8 @@ async def test_evict_annotation_on_a_node_drains_and_terminates_it(temporal: Wor
         assert result["end_reason"] == "evicted: bad GPU"
 
 
-async def test_a_class_with_a_missing_secret_says_which(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_a_class_with_a_missing_secret_says_which(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         klass = gpu_class("creds")
         klass["spec"]["providers"] = [{"name": "simulated", "credentialsRef": {"name": "cloud-keys", "key": "SIM_KEY", "namespace": "tgp-system"}}]
         await apply(s.kube, klass)
@@ -364,8 +421,8 @@ async def test_a_class_with_a_missing_secret_says_which(temporal: WorkflowEnviro
         assert "Secret tgp-system/cloud-keys does not exist" in condition["message"]
 
 
-async def test_a_class_template_with_an_undefined_variable_names_it(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_a_class_template_with_an_undefined_variable_names_it(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         klass = gpu_class("tpl")
         klass["spec"]["bootstrapTemplate"] = "#cloud-config\nhostname: {{ .NodeName }}\nruncmd: [echo {{ .NoSuchThing }}]\n"
         assert (await apply(s.kube, klass)).status_code == 201
@@ -380,8 +437,8 @@ async def test_a_class_template_with_an_undefined_variable_names_it(temporal: Wo
         assert "NoSuchThing" in condition["message"] and condition["reason"] == "InvalidSpec"
 
 
-async def test_min_nodes_floor_nodes_do_not_idle_out_but_demand_nodes_do(temporal: WorkflowEnvironment) -> None:
-    async with running_stack(temporal) as s:
+async def test_min_nodes_floor_nodes_do_not_idle_out_but_demand_nodes_do(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
         async def idle_timeout(workflow_id: str) -> timedelta | None:
             history = await s.env.client.get_workflow_handle(workflow_id).fetch_history()
             payload = history.events[0].workflow_execution_started_event_attributes.input.payloads[0]

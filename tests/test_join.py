@@ -58,7 +58,7 @@ async def test_each_tailnet_backend_leaves_no_key_and_no_device(temporal: Workfl
 
 async def test_a_class_template_renders_with_the_join_secret_and_boots(temporal: WorkflowEnvironment) -> None:
     async with running_world(temporal) as (world, _, queue):
-        await put_secret(world.kube.url, "cluster-join", JOIN)
+        await put_secret(world.kube_url, "cluster-join", JOIN)
         req = request(boot=CLOUD_INIT)
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY)
@@ -75,7 +75,7 @@ async def test_a_class_template_renders_with_the_join_secret_and_boots(temporal:
 
 async def test_a_join_secret_without_the_bootstrap_token_fails_fast_and_buys_nothing(temporal: WorkflowEnvironment) -> None:
     async with running_world(temporal) as (world, _, queue):
-        await put_secret(world.kube.url, "cluster-join", {k: v for k, v in JOIN.items() if k != "bootstrapToken"})
+        await put_secret(world.kube_url, "cluster-join", {k: v for k, v in JOIN.items() if k != "bootstrapToken"})
         final: NodeStatus = await (await start(temporal, queue, request(boot=CLOUD_INIT))).result()
 
         assert final.phase is NodePhase.FAILED

@@ -87,7 +87,7 @@ def assert_nothing_left(world: SimWorld, node_name: str) -> None:
 
 
 async def node_exists(world: SimWorld, name: str) -> bool:
-    async with httpx.AsyncClient(base_url=world.kube.url) as client:
+    async with httpx.AsyncClient(base_url=world.kube_url) as client:
         return (await client.get(f"/api/v1/nodes/{name}")).status_code == 200
 
 
@@ -149,7 +149,7 @@ async def test_happy_path_evicted_with_the_temporal_cli(temporal: WorkflowEnviro
         assert ready.provider == "simulated" and ready.gpu_type == "RTX4090"
         assert ready.hourly_price == Decimal("0.44"), "the cheapest matching on-demand offer"
         assert [s for s in ("Pending", "Launching", "Joining", "TailnetJoined", "Ready") if s not in ready.stage_times] == []
-        async with httpx.AsyncClient(base_url=world.kube.url) as client:
+        async with httpx.AsyncClient(base_url=world.kube_url) as client:
             node = (await client.get(f"/api/v1/nodes/{req.node_name}")).json()
         assert node["metadata"]["labels"][LABEL_POOL] == "rtx"
         assert node["metadata"]["labels"][LABEL_GPU_TYPE] == "RTX4090"

@@ -21,7 +21,7 @@ async def put_pod(world: SimWorld, node: str, name: str, owner_kind: str | None 
     if owner_kind:
         meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner_kind, "name": "x", "uid": "u-1", "controller": True}]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}}
-    async with httpx.AsyncClient(base_url=world.kube.url) as kube:
+    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
         (await kube.post("/api/v1/namespaces/default/pods", json=pod)).raise_for_status()
         (
             await kube.patch(
@@ -33,12 +33,12 @@ async def put_pod(world: SimWorld, node: str, name: str, owner_kind: str | None 
 
 
 async def remove_pod(world: SimWorld, name: str) -> None:
-    async with httpx.AsyncClient(base_url=world.kube.url) as kube:
+    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
         (await kube.delete(f"/api/v1/namespaces/default/pods/{name}")).raise_for_status()
 
 
 async def pod_exists(world: SimWorld, name: str) -> bool:
-    async with httpx.AsyncClient(base_url=world.kube.url) as kube:
+    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
         return (await kube.get(f"/api/v1/namespaces/default/pods/{name}")).status_code == 200
 
 

@@ -87,7 +87,7 @@ async def _run_gpu_job(world: SimWorld, node_name: str, seconds: float) -> None:
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         },
     }
-    async with httpx.AsyncClient(base_url=world.kube.url, timeout=10) as kube:
+    async with httpx.AsyncClient(base_url=world.kube_url, timeout=10) as kube:
         await kube.post("/api/v1/namespaces/default/pods", json=pod)
         await kube.patch(
             "/api/v1/namespaces/default/pods/train-job/status",

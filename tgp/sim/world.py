@@ -10,6 +10,8 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+
+import httpx
 from datetime import datetime, timezone
 
 from tgp.sim.cloud import DEFAULT_CATALOG, SimOffer, SimulatedCloud
@@ -24,7 +26,7 @@ NODE_TAG = "tag:tgp-node"
 
 @dataclass
 class SimWorld:
-    kube: KubeEmulator
+    kube: KubeEmulator | None  # None when the world uses an external API server
     tailscale: FakeTailscale
     cloud: SimulatedCloud
     oauth_client_id: str
@@ -34,6 +36,8 @@ class SimWorld:
     boot_delay: float = 1.0
     headscale: FakeHeadscale | None = None
     headscale_api_key: str = ""
+    kube_url: str = ""
+    kubeconfig: str | None = None
 
     def tailnet_devices(self, hostname: str) -> list[str]:
         """Ids of devices (Tailscale) or nodes (Headscale) called `hostname`."""
@@ -75,7 +79,7 @@ class SimWorld:
             "TGP_TAILSCALE_API_URL": self.tailscale.url,
             "TS_OAUTH_CLIENT_ID": self.oauth_client_id,
             "TS_OAUTH_CLIENT_SECRET": self.oauth_client_secret,
-            "TGP_KUBE_URL": self.kube.url,
+            **({"KUBECONFIG": self.kubeconfig} if self.kubeconfig else {"TGP_KUBE_URL": self.kube_url}),
         }
 
     def secrets(self) -> list[str]:
@@ -89,15 +93,24 @@ class SimWorld:
 
 @asynccontextmanager
 async def sim_world(
-    *, boot_delay: float = 1.0, catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG, headscale: bool = False
+    *,
+    boot_delay: float = 1.0,
+    catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG,
+    headscale: bool = False,
+    kube_url: str | None = None,
+    kube_client: httpx.AsyncClient | None = None,
+    kubeconfig: str | None = None,
 ) -> AsyncIterator[SimWorld]:
     """Start the simulated world on loopback; everything stops when the block exits. With
     `headscale`, a Headscale control server runs beside the Tailscale API, and machines
-    whose payload carries a Headscale key join it."""
+    whose payload carries a Headscale key join it. With `kube_url` (and an authenticated
+    `kube_client`, and the `kubeconfig` workers should use) the simulated machines register
+    their Nodes in that API server instead of a fresh emulator, like Karpenter's KWOK."""
     client_id = "k" + secrets.token_hex(6) + "CNTRL"
     client_secret = f"tskey-client-{client_id}-{secrets.token_hex(16)}"
     async with AsyncExitStack() as stack:
-        kube = await stack.enter_async_context(KubeEmulator())
+        kube = None if kube_url else await stack.enter_async_context(KubeEmulator())
+        api_url = kube_url or (kube.url if kube is not None else "")  # an empty emulator is falsy
         tailscale = await stack.enter_async_context(FakeTailscale(clients={client_id: (client_secret, [NODE_TAG])}))
 
         headscale_api_key = "hskey-api-" + secrets.token_hex(16)
@@ -110,7 +123,7 @@ async def sim_world(
                 tailscale.register(auth_key, hostname)
 
         async def join_cluster(name: str, labels: dict[str, str]) -> None:
-            await register_node(kube.url, name, labels=labels)
+            await register_node(api_url, name, labels=labels, client=kube_client)
 
         cloud_api_key = "sim-" + secrets.token_hex(16)
         cloud = await stack.enter_async_context(
@@ -122,4 +135,17 @@ async def sim_world(
                 api_key=cloud_api_key,
             )
         )
-        yield SimWorld(kube, tailscale, cloud, client_id, client_secret, cloud_api_key, stack, boot_delay, hs, headscale_api_key)
+        yield SimWorld(
+            kube=kube,
+            tailscale=tailscale,
+            cloud=cloud,
+            oauth_client_id=client_id,
+            oauth_client_secret=client_secret,
+            cloud_api_key=cloud_api_key,
+            stack=stack,
+            boot_delay=boot_delay,
+            headscale=hs,
+            headscale_api_key=headscale_api_key,
+            kube_url=api_url,
+            kubeconfig=kubeconfig,
+        )
