@@ -193,12 +193,13 @@ class Bridge:
         assigned = assign_pods(self.pending.values(), candidates)
         for key, pods in assigned.items():
             names = sorted(p.key for p in pods)
+            max_gpus = max((p.gpus for p in pods), default=1)
             if self.sent_demand.get(key) == names:
                 continue
             namespace, name = key.split("/", 1)
             try:
                 await self.client.get_workflow_handle(pool_workflow_id(namespace, name)).signal(
-                    GPUNodePoolWorkflow.demand, Demand(pods=names, observed_at=_now())
+                    GPUNodePoolWorkflow.demand, Demand(pods=names, observed_at=_now(), max_gpus=max_gpus)
                 )
                 self.sent_demand[key] = names
             except RPCError as exc:

@@ -105,3 +105,14 @@ def test_batch_closes_after_idle_or_max_window() -> None:
         b = b.add(T0 + timedelta(milliseconds=900 * i))  # a steady trickle keeps it open ...
     assert b.due(T0 + timedelta(seconds=10)), "... but not beyond the maximum window"
     assert Batch().add(T0).wait(T0) == timedelta(seconds=1)
+
+
+def test_a_multi_gpu_pod_asks_the_pool_for_nodes_with_that_many_gpus() -> None:
+    from tgp.crds import GPUNodeClassSpec
+    from tgp.pools import node_request
+
+    klass = GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated"}], "instanceRequirements": {"minGpuCount": 1}})
+    p = pool("rtx", gpus=["RTX4090"]).spec
+    req = node_request(namespace="ml", pool_name="rtx", class_name="c", node_name="n", pool=p, klass=klass, min_gpus=4)
+    assert req.requirements.min_gpu_count == 4
+    assert node_request(namespace="ml", pool_name="rtx", class_name="c", node_name="n", pool=p, klass=klass).requirements.min_gpu_count == 1

@@ -89,6 +89,7 @@ class Demand(Msg):
 
     pods: list[str]
     observed_at: datetime
+    max_gpus: int = Field(1, description="The most GPUs one of these pods asks for; new nodes get at least that many.")
 
 
 class NodeReport(Msg):
@@ -115,16 +116,6 @@ class PoolNode(Msg):
     phase_at: datetime
     reason: str | None = None
     floor: bool = Field(False, description="Launched for minNodes; does not idle out.")
-
-
-class PoolState(Msg):
-    update: PoolUpdate | None = None
-    demand: list[str] = []
-    nodes: dict[str, PoolNode] = {}
-    conditions: dict[str, tuple[str, str, str]] = Field({}, description="type -> (status, reason, message)")
-    offers_checked_generation: int | None = None
-    last_status: str = ""
-    launched_total: int = 0
 
 
 class StartNodeInput(Msg):

@@ -62,10 +62,15 @@ def node_request(
     klass: GPUNodeClassSpec,
     watch_interval: timedelta | None = None,
     floor: bool = False,
+    min_gpus: int = 1,
 ) -> NodeRequest:
     """Everything a node workflow of this pool needs. A `floor` node keeps the pool at its
     minNodes and never idles out (it would only be replaced at once)."""
     d = pool.disruption
+    requirements = offer_requirements(pool, klass)
+    if min_gpus > requirements.min_gpu_count:
+        # A pod asking for more GPUs than the class minimum needs a node that has them.
+        requirements = requirements.model_copy(update={"min_gpu_count": min_gpus})
     timeouts = LifecycleTimeouts(idle=None if floor else d.idle_timeout, drain=d.drain_timeout, expire_after=d.expire_after)
     if watch_interval is not None:
         timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
@@ -74,7 +79,7 @@ def node_request(
         pool=pool_name,
         node_name=node_name,
         node_class=class_name,
-        requirements=offer_requirements(pool, klass),
+        requirements=requirements,
         labels=dict(pool.template.metadata.labels),
         taints=list(pool.template.spec.taints),
         tailnet_tags=list(klass.tailscale_config.tags),

@@ -51,6 +51,7 @@ class PoolState(BaseModel):
     model_config = ConfigDict(extra="forbid")
     update: PoolUpdate | None = None
     demand: list[str] = []
+    demand_gpus: int = 1
     nodes: dict[str, PoolNode] = {}
     offer_check: OfferCheck | None = None
     offer_check_key: str = ""
@@ -90,6 +91,7 @@ class GPUNodePoolWorkflow:
     def demand(self, d: Demand) -> None:
         """The pending GPU pods this pool should serve now."""
         self.state.demand = list(d.pods)
+        self.state.demand_gpus = d.max_gpus
         self.dirty = True
 
     @workflow.signal
@@ -234,6 +236,7 @@ class GPUNodePoolWorkflow:
                 klass=u.node_class,
                 watch_interval=self.inp.watch_interval,
                 floor=floor,
+                min_gpus=self.state.demand_gpus,
             )
             price = self.state.offer_check.cheapest if self.state.offer_check else None
             result = await workflow.execute_activity_method(
