@@ -65,6 +65,13 @@ class Stack:
         r = await self.kube.get(f"{POOLS.format(ns=ns)}/{name}")
         return r.json().get("status") or {} if r.status_code == 200 else {}
 
+    async def class_condition(self, name: str, type_: str, status: str) -> dict[str, Any] | None:
+        """The GPUNodeClass's condition `type_` if it has `status`."""
+        r = await self.kube.get(f"{CLASSES}/{name}")
+        conditions = {c["type"]: c for c in (r.json().get("status") or {}).get("conditions") or []}
+        c = conditions.get(type_)
+        return c if c and c["status"] == status else None
+
     async def node_workflows(self) -> list[str]:
         return [w.id async for w in self.env.client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TaskQueue = '{self.queue}'")]
 
@@ -411,13 +418,7 @@ async def test_a_class_with_a_missing_secret_says_which(temporal: WorkflowEnviro
         klass["spec"]["providers"] = [{"name": "simulated", "credentialsRef": {"name": "cloud-keys", "key": "SIM_KEY", "namespace": "tgp-system"}}]
         await apply(s.kube, klass)
 
-        async def not_ready() -> dict[str, Any] | None:
-            r = await s.kube.get(f"{CLASSES}/creds")
-            conditions = {c["type"]: c for c in (r.json().get("status") or {}).get("conditions") or []}
-            ready = conditions.get("Ready")
-            return ready if ready and ready["status"] == "False" else None
-
-        condition = await eventually(not_ready, what="the class to be Ready=False")
+        condition = await eventually(lambda: s.class_condition("creds", "Ready", "False"), what="the class to be Ready=False")
         assert "Secret tgp-system/cloud-keys does not exist" in condition["message"]
 
 
@@ -427,13 +428,7 @@ async def test_a_class_template_with_an_undefined_variable_names_it(temporal: Wo
         klass["spec"]["bootstrapTemplate"] = "#cloud-config\nhostname: {{ .NodeName }}\nruncmd: [echo {{ .NoSuchThing }}]\n"
         assert (await apply(s.kube, klass)).status_code == 201
 
-        async def not_ready() -> dict[str, Any] | None:
-            r = await s.kube.get(f"{CLASSES}/tpl")
-            conditions = {c["type"]: c for c in (r.json().get("status") or {}).get("conditions") or []}
-            ready = conditions.get("Ready")
-            return ready if ready and ready["status"] == "False" else None
-
-        condition = await eventually(not_ready, what="the class to be Ready=False")
+        condition = await eventually(lambda: s.class_condition("tpl", "Ready", "False"), what="the class to be Ready=False")
         assert "NoSuchThing" in condition["message"] and condition["reason"] == "InvalidSpec"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
@@ -293,18 +294,12 @@ class GPUNodeWorkflow:
             raise LaunchAttemptFailed(_describe(exc)) from None
         self._launched(result)
         self._record(attempt, "launched", result.instance.instance_id)
-        await self._until_evicted(
-            workflow.start_activity_method(
-                NodeActivities.wait_for_instance_running,
-                self.state.instance,
-                start_to_close_timeout=self.req.timeouts.launch,
-                schedule_to_close_timeout=self.req.timeouts.launch,
-                heartbeat_timeout=POLL_HEARTBEAT_TIMEOUT,
-                retry_policy=API_RETRY,
-                summary="wait for instance to run",
-            ),
-            timeout_error="launch timeout: the instance did not reach running within {}",
+        await self._wait_for(
+            NodeActivities.wait_for_instance_running,
+            self.state.instance,
             timeout=self.req.timeouts.launch,
+            summary="wait for instance to run",
+            timeout_error="launch timeout: the instance did not reach running within {}",
         )
 
     def _launched(self, result: LaunchResult) -> None:
@@ -317,32 +312,20 @@ class GPUNodeWorkflow:
         """Both halves of joining, each with its own timeout and failure reason."""
         self._enter(NodePhase.JOINING)
         t = self.req.timeouts
-        await self._until_evicted(
-            workflow.start_activity_method(
-                NodeActivities.wait_for_tailnet_device,
-                DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet),
-                start_to_close_timeout=t.tailnet_join,
-                schedule_to_close_timeout=t.tailnet_join,
-                heartbeat_timeout=POLL_HEARTBEAT_TIMEOUT,
-                retry_policy=API_RETRY,
-                summary="wait for tailnet device",
-            ),
-            timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
+        await self._wait_for(
+            NodeActivities.wait_for_tailnet_device,
+            DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet),
             timeout=t.tailnet_join,
+            summary="wait for tailnet device",
+            timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
         )
         self._stamp("TailnetJoined")
-        await self._until_evicted(
-            workflow.start_activity_method(
-                NodeActivities.wait_for_node_ready,
-                self.req.node_name,
-                start_to_close_timeout=t.node_ready,
-                schedule_to_close_timeout=t.node_ready,
-                heartbeat_timeout=POLL_HEARTBEAT_TIMEOUT,
-                retry_policy=API_RETRY,
-                summary="wait for Node Ready",
-            ),
-            timeout_error="join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)",
+        await self._wait_for(
+            NodeActivities.wait_for_node_ready,
+            self.req.node_name,
             timeout=t.node_ready,
+            summary="wait for Node Ready",
+            timeout_error="join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)",
         )
 
     async def _label_and_taint(self) -> None:
@@ -475,9 +458,19 @@ class GPUNodeWorkflow:
 
     # --- helpers -------------------------------------------------------------------------
 
-    async def _until_evicted(self, handle: workflow.ActivityHandle, *, timeout_error: str, timeout: timedelta) -> object:
-        """Await a waiting activity, but give it up when an `evict` signal arrives. A timeout
-        becomes a failed launch attempt with `timeout_error` as its reason."""
+    async def _wait_for(self, activity: Any, arg: Any, *, timeout: timedelta, summary: str, timeout_error: str) -> object:
+        """Run a polling (heartbeating) activity for at most `timeout`, but give it up when an
+        `evict` signal arrives. A timeout becomes a failed launch attempt whose reason is
+        `timeout_error`."""
+        handle = workflow.start_activity_method(
+            activity,
+            arg,
+            start_to_close_timeout=timeout,
+            schedule_to_close_timeout=timeout,
+            heartbeat_timeout=POLL_HEARTBEAT_TIMEOUT,
+            retry_policy=API_RETRY,
+            summary=summary,
+        )
         evicted = asyncio.ensure_future(workflow.wait_condition(lambda: self.state.evict_reason is not None))
         try:
             await workflow.wait([handle, evicted], return_when=asyncio.FIRST_COMPLETED)
