@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from decimal import Decimal
 
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -233,6 +232,3 @@ class FleetActivities:
             self.validate_class,
         ]
 
-
-def price_text(price: Decimal | None) -> str:
-    return "?" if price is None else f"${price}/h"

@@ -131,7 +131,7 @@ class NodeActivities:
             providers = [self._provider(n) for n in names]
             listed = await asyncio.gather(*(p.list_offers() for p in providers), return_exceptions=True)
         offers = []
-        for provider, result in zip(providers, listed):
+        for provider, result in zip(providers, listed, strict=True):
             if isinstance(result, BaseException):
                 log.warning("offers_unavailable", provider=provider.name, error=str(result))
             else:

@@ -118,12 +118,12 @@ async def running_stack(env: WorkflowEnvironment, kube_api: KubeApi) -> AsyncIte
 
 async def install_crds(kube_api: KubeApi) -> None:
     """The generated CRDs, as `kubectl apply -f deploy/crds/` would install them."""
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     for path in sorted(CRDS.glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
         if kube_api.emulator is not None:
             kube_api.emulator.install_crd(crd)
             continue
-        crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
         r = await kube_api.http.post(crds, json=crd)
         if r.status_code == 409:
             current = (await kube_api.http.get(f"{crds}/{crd['metadata']['name']}")).json()

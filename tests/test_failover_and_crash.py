@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from contextlib import AsyncExitStack
 from datetime import timedelta

@@ -10,7 +10,6 @@ import sys
 from collections.abc import Mapping
 from decimal import Decimal
 
-from pydantic import SecretStr
 
 from tgp.errors import ConfigError
 from tgp.normalize import normalize_gpu, normalize_region
@@ -58,7 +57,7 @@ async def list_offers(args: argparse.Namespace, env: Mapping[str, str]) -> tuple
         await asyncio.gather(*(p.aclose() for p in providers.values()), return_exceptions=True)  # type: ignore[attr-defined]
     offers: list[Offer] = []
     errors: dict[str, str] = {}
-    for name, result in zip(providers, results):
+    for name, result in zip(providers, results, strict=True):
         if isinstance(result, BaseException):
             errors[name] = f"{type(result).__name__}: {result}"
         else:
@@ -77,7 +76,7 @@ def render_table(offers: list[Offer]) -> str:
     header = ("PROVIDER", "GPU", "COUNT", "REGION", "$/H", "SPOT", "OFFER")
     rows = [header] + [(o.provider, o.gpu_type, str(o.gpu_count), o.region, f"{o.hourly_price:.3f}", "yes" if o.spot else "", o.offer_id) for o in offers]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 async def run_offers(args: argparse.Namespace) -> int:
