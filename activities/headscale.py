@@ -194,24 +194,21 @@ class HeadscaleTailnet(HttpAdapter):
     async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None:
         """The node whose hostname (`name`) or DNS name (`givenName`) is `hostname` and that
         carries all of `tags`; of several, the online and newest one."""
-        response = await self._call("GET", "/api/v1/node")
-        wanted = set(tags)
-        matches = [
-            n
-            for n in json_items(response, "nodes", system=SYSTEM)
-            if hostname in (n.get("name"), n.get("givenName")) and wanted <= _node_tags(n)
-        ]
+        matches = [n for n in await self._nodes(tags) if hostname in (n.get("name"), n.get("givenName"))]
         if not matches:
             return None
         # Several nodes of one name: an ephemeral predecessor not yet collected. Prefer the live one.
         best = max(matches, key=lambda n: (bool(n.get("online")), _parse_time(n.get("createdAt")) or _EPOCH))
-        return TailnetDevice(
-            device_id=str(best.get("id")),
-            hostname=hostname,
-            addresses=[str(a) for a in best.get("ipAddresses") or []],
-            tags=sorted(_node_tags(best)),
-            connected=bool(best.get("online")),
-        )
+        return _device(best, hostname)
+
+    async def list_devices(self, tags: list[str]) -> list[TailnetDevice]:
+        """Every node carrying all of `tags` (the sweeper looks for ones without a GPU node)."""
+        return [_device(n, str(n.get("name") or n.get("givenName") or "")) for n in await self._nodes(tags)]
+
+    async def _nodes(self, tags: list[str]) -> list[dict[str, Any]]:
+        response = await self._call("GET", "/api/v1/node")
+        wanted = set(tags)
+        return [n for n in json_items(response, "nodes", system=SYSTEM) if wanted <= _node_tags(n)]
 
     async def delete_device(self, device_id: str) -> None:
         """Delete the node; one already gone (404) counts as deleted."""
@@ -318,3 +315,13 @@ def _key_usable(entry: dict[str, Any], now: datetime) -> bool:
     expiration = _parse_time(entry.get("expiration"))
     # A zero timestamp (0001-01-01) means no expiration was set.
     return expiration is None or expiration.year <= 1 or expiration > now
+
+
+def _device(raw: dict[str, Any], hostname: str) -> TailnetDevice:
+    return TailnetDevice(
+        device_id=str(raw.get("id")),
+        hostname=hostname,
+        addresses=[str(a) for a in raw.get("ipAddresses") or []],
+        tags=sorted(_node_tags(raw)),
+        connected=bool(raw.get("online")),
+    )

@@ -28,6 +28,10 @@ class CloudProvider(Protocol):
         """The live (not terminated) instance called `name`, if any."""
         ...
 
+    async def list_instances(self, prefix: str) -> list[Instance]:
+        """Every live instance whose name starts with `prefix` (the sweeper's view)."""
+        ...
+
     async def describe(self, instance_id: str) -> Instance | None:
         """Current state, or None when the provider no longer knows the instance."""
         ...
@@ -62,6 +66,10 @@ class Tailnet(Protocol):
         ...
 
     async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None: ...
+
+    async def list_devices(self, tags: list[str]) -> list[TailnetDevice]:
+        """Every device carrying all of `tags`."""
+        ...
 
     async def delete_device(self, device_id: str) -> None:
         """Delete; a device already gone (404) counts as deleted."""

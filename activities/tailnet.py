@@ -177,21 +177,19 @@ class TailscaleTailnet(HttpAdapter):
     async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None:
         """The device called `hostname` carrying all of `tags`; when several match (a node
         re-registered before the old ephemeral device was removed), the connected, newest one."""
-        response = await self._call("GET", f"/api/v2/tailnet/{quote(self._tailnet, safe='')}/devices")
-        wanted = set(tags)
-        matches = [
-            d for d in json_items(response, "devices", system=SYSTEM) if d.get("hostname") == hostname and wanted <= set(d.get("tags") or [])
-        ]
+        matches = [d for d in await self._devices(tags) if d.get("hostname") == hostname]
         if not matches:
             return None
-        best = max(matches, key=lambda d: (bool(d.get("connectedToControl")), str(d.get("created") or "")))
-        return TailnetDevice(
-            device_id=str(best.get("nodeId") or best.get("id")),
-            hostname=hostname,
-            addresses=list(best.get("addresses") or []),
-            tags=list(best.get("tags") or []),
-            connected=bool(best.get("connectedToControl")),
-        )
+        return _device(max(matches, key=lambda d: (bool(d.get("connectedToControl")), str(d.get("created") or ""))))
+
+    async def list_devices(self, tags: list[str]) -> list[TailnetDevice]:
+        """Every device carrying all of `tags` (the sweeper looks for ones without a node)."""
+        return [_device(d) for d in await self._devices(tags)]
+
+    async def _devices(self, tags: list[str]) -> list[dict[str, Any]]:
+        response = await self._call("GET", f"/api/v2/tailnet/{quote(self._tailnet, safe='')}/devices")
+        wanted = set(tags)
+        return [d for d in json_items(response, "devices", system=SYSTEM) if wanted <= set(d.get("tags") or [])]
 
     async def delete_device(self, device_id: str) -> None:
         """Delete the device; one already gone (404) counts as deleted."""
@@ -343,3 +341,13 @@ def _key_usable(entry: dict[str, Any]) -> bool:
     if revoked and not str(revoked).startswith("0001-"):
         return False
     return not entry.get("invalid")
+
+
+def _device(raw: dict[str, Any]) -> TailnetDevice:
+    return TailnetDevice(
+        device_id=str(raw.get("nodeId") or raw.get("id")),
+        hostname=str(raw.get("hostname") or ""),
+        addresses=list(raw.get("addresses") or []),
+        tags=list(raw.get("tags") or []),
+        connected=bool(raw.get("connectedToControl")),
+    )

@@ -299,3 +299,9 @@ async def test_a_404_from_the_wrong_url_is_not_read_as_gone(lam: FakeLambda, clo
     finally:
         await p.aclose()
     assert "/api/v0" in str(exc.value)
+
+
+async def test_list_instances_by_name_prefix(lam: FakeLambda, provider: LambdaProvider) -> None:
+    ours = await provider.launch(A10_EAST, name="tgp-gpu-a-1", boot=BOOT)
+    await provider.launch(A10_EAST, name="someone-elses", boot=BOOT)
+    assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]

@@ -286,3 +286,9 @@ async def test_launch_needs_a_template_and_a_startup_script(ps: FakePaperspace, 
         with pytest.raises(ConfigError, match="not in the catalog"):
             await p.launch(a4000("fra1"), name=NAME, boot=BOOT)
     assert ps.creates == 0
+
+
+async def test_list_instances_by_name_prefix(provider: PaperspaceProvider, ps: FakePaperspace) -> None:
+    ours = await provider.launch(a4000(), name="tgp-gpu-a-1", boot=BOOT)
+    await provider.launch(a4000(), name="someone-elses", boot=BOOT)
+    assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]

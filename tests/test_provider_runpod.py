@@ -281,3 +281,11 @@ async def test_a_404_from_the_wrong_url_is_not_read_as_gone(rp: FakeRunPod, slee
     finally:
         await p.aclose()
     assert "/v9" in str(exc.value)
+
+
+async def test_list_instances_by_name_prefix(rp: FakeRunPod, provider: RunPodProvider) -> None:
+    ours = await provider.launch(rtx_offer(), name="tgp-gpu-a-1", boot=BOOT)
+    await provider.launch(rtx_offer(), name="someone-elses", boot=BOOT)
+    assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]
+    await provider.terminate(ours.instance_id)
+    assert await provider.list_instances("tgp-") == []

@@ -353,3 +353,9 @@ async def test_429_without_retry_after_waits_out_the_endpoint_interval(vast: Fak
         assert await p.describe(a.instance_id) is not None
     assert vast.rate_limited == 1
     assert sum(sleeps) == pytest.approx(2.0)  # the retry waited out the endpoint's interval
+
+
+async def test_list_instances_by_label_prefix(provider: VastProvider, vast: FakeVast) -> None:
+    ours = await provider.launch(offer(101, "0.31"), name="tgp-gpu-a-1", boot=BOOT)
+    await provider.launch(offer(102, "0.21"), name="someone-elses", boot=BOOT)
+    assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]

@@ -8,18 +8,29 @@ inside the activities object, never in workflow inputs.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 import structlog
 from pydantic import SecretStr
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+)
 from temporalio.worker import Worker
 
 from activities.cluster import KubernetesCluster
 from activities.fleet import FleetActivities
 from activities.node import NodeActivities
+from activities.sweeper import SweeperActivities
 from activities.ports import CloudProvider
 from activities.providers.registry import API_KEY_ENV, providers_from_env
 from activities.headscale import HeadscaleTailnet
@@ -30,10 +41,12 @@ from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow
+from workflows.sweeper import SWEEP_EVERY, SweeperWorkflow, SweepRequest
 
 log = structlog.get_logger("tgp.worker")
 
-WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow]
+WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, SweeperWorkflow]
+SWEEPER_SCHEDULE_ID = "tgp-sweeper"
 
 
 @dataclass
@@ -42,9 +55,10 @@ class Activities:
 
     node: NodeActivities
     fleet: FleetActivities
+    sweeper: SweeperActivities
 
     def all(self) -> list[object]:
-        return [*self.node.all(), *self.fleet.all()]
+        return [*self.node.all(), *self.fleet.all(), *self.sweeper.all()]
 
 
 @dataclass
@@ -105,7 +119,21 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
     return Activities(
         node=NodeActivities(providers=providers, tailnets=tailnets, cluster=cluster),
         fleet=FleetActivities(cluster=cluster, providers=providers),
+        sweeper=SweeperActivities(providers=providers, tailnets=tailnets),
     )
+
+
+async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timedelta = SWEEP_EVERY) -> None:
+    """Create the sweeper's Schedule unless it exists (every worker calls this at start)."""
+    schedule = Schedule(
+        action=ScheduleActionStartWorkflow(SweeperWorkflow.run, SweepRequest(), id=SWEEPER_SCHEDULE_ID, task_queue=task_queue),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    )
+    try:
+        await client.create_schedule(SWEEPER_SCHEDULE_ID, schedule)
+    except ScheduleAlreadyRunningError:
+        pass
 
 
 def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:

@@ -201,6 +201,16 @@ class LambdaProvider(HttpAdapter):
             log.warning("lambdalabs.duplicate_instance_name", name=wanted, instance_ids=[i.get("id") for i in live])
         return self._instance(max(live, key=lambda i: i.get("status") == "active"))
 
+    async def list_instances(self, prefix: str) -> list[Instance]:
+        """Every live instance whose name starts with `prefix`."""
+        data = self._data(await self._call("GET", "/instances"))
+        items = data if isinstance(data, list) else []
+        return [
+            self._instance(i)
+            for i in items
+            if isinstance(i, dict) and str(i.get("name") or "").startswith(prefix) and i.get("status") not in _GONE
+        ]
+
     async def describe(self, instance_id: str) -> Instance | None:
         """The instance's state; None once Lambda no longer knows it (404)."""
         response = await self._call("GET", f"/instances/{quote(instance_id, safe='')}", ok=(404,))

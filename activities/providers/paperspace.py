@@ -267,6 +267,17 @@ class PaperspaceProvider(HttpAdapter):
                         return instance
         return None
 
+    async def list_instances(self, prefix: str) -> list[Instance]:
+        """Every live machine whose name starts with `prefix` (every page)."""
+        found: list[Instance] = []
+        async with aclosing(self._pages("/machines", {})) as machines:
+            async for raw in machines:
+                if str(raw.get("name") or "").startswith(prefix):
+                    instance = self._instance(raw)
+                    if instance is not None:
+                        found.append(instance)
+        return found
+
     async def describe(self, instance_id: str) -> Instance | None:
         """Current state; None for 404 or a machine with dtDeleted set."""
         response = await self._call("GET", f"/machines/{instance_id}", ok=(404,))

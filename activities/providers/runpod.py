@@ -219,6 +219,11 @@ class RunPodProvider(HttpAdapter):
         best = max(live, key=lambda p: (_has_public_port(p), str(p.get("createdAt") or "")))
         return self._instance(best)
 
+    async def list_instances(self, prefix: str) -> list[Instance]:
+        """Every live pod whose name starts with `prefix`."""
+        pods = json_items(await self._call("GET", "/pods"), "pods", system=SYSTEM)
+        return [self._instance(p) for p in pods if str(p.get("name") or "").startswith(prefix) and p.get("status") != "TERMINATED"]
+
     async def describe(self, instance_id: str) -> Instance | None:
         """The pod's state; None once RunPod no longer knows it (404)."""
         response = await self._call("GET", f"/pods/{quote(instance_id, safe='')}", ok=(404,))

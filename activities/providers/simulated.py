@@ -66,6 +66,10 @@ class SimulatedProvider:
         found = [self._instance(i) for i in response.json().get("instances") or []]
         return found[0] if found else None
 
+    async def list_instances(self, prefix: str) -> list[Instance]:
+        response = await send(self._client, "GET", "/v1/instances", system="simulated cloud")
+        return [self._instance(i) for i in response.json().get("instances") or [] if str(i.get("name", "")).startswith(prefix)]
+
     async def describe(self, instance_id: str) -> Instance | None:
         response = await send(self._client, "GET", f"/v1/instances/{instance_id}", system="simulated cloud", ok=[404])
         return None if response.status_code == 404 else self._instance(response.json())

@@ -269,6 +269,18 @@ class VastProvider(HttpAdapter):
                 return None
             params["after_token"] = token
 
+    async def list_instances(self, prefix: str) -> list[Instance]:
+        """Every instance whose label starts with `prefix`, from the v1 instance list."""
+        params: dict[str, str | int] = {"limit": LIST_PAGE_SIZE}
+        found: list[Instance] = []
+        while True:
+            data = _json(await self._call("list", "GET", f"{self._v1}/instances/", params=params))
+            found += [self._instance(raw) for raw in data.get("instances") or [] if str(raw.get("label") or "").startswith(prefix)]
+            token = data.get("next_token")
+            if not token:
+                return found
+            params["after_token"] = token
+
     async def describe(self, instance_id: str) -> Instance | None:
         """Current state; None for `{"instances": null}` or 404 (destroyed or unknown)."""
         response = await self._call("show", "GET", f"{self._v0}/instances/{instance_id}/", ok=(404,), params={"owner": "me"})

@@ -1,0 +1,64 @@
+"""The sweeper removes what no running node workflow owns, after a grace, and nothing else."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+from pydantic import SecretStr
+from temporalio.testing import WorkflowEnvironment
+
+from activities.sweeper import Orphan, SweepInput, node_of_instance
+from activities.tailnet import TailscaleTailnet
+from tests.conftest import running_world
+from tests.test_node_lifecycle import request, start, wait_phase
+from tgp.sim.world import NODE_TAG
+from tgp.types import NodePhase
+from workers.main import SWEEPER_SCHEDULE_ID, ensure_sweeper_schedule
+from workflows.node import GPUNodeWorkflow
+from workflows.sweeper import SweeperWorkflow, SweepRequest
+
+
+def test_node_names_are_read_from_instance_names() -> None:
+    assert node_of_instance("tgp-gpu-a1b2c-3") == "gpu-a1b2c"
+    assert node_of_instance("tgp-pool-x-12345-1") == "pool-x-12345"
+    assert node_of_instance("someone-elses-vm") is None
+    assert node_of_instance("tgp-no-attempt") is None
+
+
+async def test_orphans_are_removed_and_live_nodes_kept(temporal: WorkflowEnvironment) -> None:
+    async with running_world(temporal) as (world, _, queue):
+        live = request()
+        handle = await start(temporal, queue, live)
+        ready = await wait_phase(handle, NodePhase.READY)
+
+        # What a workflow terminated by hand leaves behind: an instance and a tailnet device.
+        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
+            ghost = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": "tgp-ghost-1"})).json()
+            other = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": "not-ours"})).json()
+        async with TailscaleTailnet(base_url=world.tailscale.url, client_id=world.oauth_client_id, client_secret=SecretStr(world.oauth_client_secret)) as ts:
+            key = await ts.mint_auth_key(hostname="ghost", tags=[NODE_TAG], expiry=timedelta(hours=1))
+        world.tailscale.register(key.secret.get_secret_value(), "ghost")
+
+        removed: list[Orphan] = await temporal.client.execute_workflow(
+            SweeperWorkflow.run, SweepRequest(sweep=SweepInput(tags=[NODE_TAG]), grace=timedelta(seconds=1)), id="sweep-test", task_queue=queue
+        )
+
+        assert {(o.kind, o.name) for o in removed} == {("instance", "tgp-ghost-1"), ("device", "ghost")}
+        assert world.cloud.instances[ghost["id"]].status == "terminated"
+        assert world.cloud.instances[other["id"]].status != "terminated", "not ours: never touched"
+        assert world.cloud.instances[ready.instance_id or ""].status == "running", "a live node keeps its instance"
+        assert world.tailnet_devices(live.node_name) and not world.tailnet_devices("ghost")
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await handle.result()
+
+
+async def test_the_sweeper_schedule_is_created_once(temporal: WorkflowEnvironment) -> None:
+    await ensure_sweeper_schedule(temporal.client, "nowhere")
+    await ensure_sweeper_schedule(temporal.client, "nowhere")  # a second worker starting
+    handle = temporal.client.get_schedule_handle(SWEEPER_SCHEDULE_ID)
+    try:
+        desc = await handle.describe()
+        assert desc.schedule.spec.intervals[0].every == timedelta(minutes=15)
+    finally:
+        await handle.delete()

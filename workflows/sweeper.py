@@ -1,0 +1,44 @@
+"""SweeperWorkflow: on a Temporal Schedule, remove instances and tailnet devices that carry
+tgp's marks but belong to no running node workflow, after a grace period (so a node that is
+just starting is never swept)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.sweeper import Orphan, SweeperActivities, SweepInput
+
+# Long enough for a node workflow to start and upsert its TgpNodeName search attribute.
+SWEEP_GRACE = timedelta(minutes=5)
+SWEEP_EVERY = timedelta(minutes=15)
+SWEEP_CALL_TIMEOUT = timedelta(minutes=5)
+
+
+class SweepRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sweep: SweepInput = SweepInput()
+    grace: timedelta = SWEEP_GRACE
+
+
+@workflow.defn(name="SweeperWorkflow")
+class SweeperWorkflow:
+    @workflow.run
+    async def run(self, req: SweepRequest) -> list[Orphan]:
+        retry = RetryPolicy(maximum_interval=timedelta(minutes=1), maximum_attempts=5)
+        suspects = await workflow.execute_activity_method(
+            SweeperActivities.find_orphans, req.sweep, start_to_close_timeout=SWEEP_CALL_TIMEOUT, retry_policy=retry
+        )
+        if not suspects:
+            return []
+        await workflow.sleep(req.grace, summary="grace before removing orphans")
+        return await workflow.execute_activity_method(
+            SweeperActivities.remove_orphans,
+            args=[req.sweep, suspects],
+            start_to_close_timeout=SWEEP_CALL_TIMEOUT,
+            retry_policy=retry,
+        )
