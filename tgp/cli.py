@@ -1,4 +1,4 @@
-"""`tgp` command line: `tgp worker`, `tgp bridge`, `tgp offers`, `tgp demo`."""
+"""`tgp` command line: `tgp worker`, `tgp bridge`, `tgp offers`, `tgp demo`, `tgp codec-server`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from contextlib import AsyncExitStack
 
-from tgp.errors import TgpError
+from tgp.errors import ConfigError, TgpError
 from tgp.logs import configure_logging
 from tgp.types import DEFAULT_TASK_QUEUE
 
@@ -27,10 +27,11 @@ def _temporal_flags(parser: argparse.ArgumentParser) -> None:
 
 async def run_worker(args: argparse.Namespace) -> None:
     from tgp.temporal import connect, ensure_search_attributes
-    from workers.main import WorkerConfig, build_activities, make_worker
+    from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker
 
     client = await connect(args.address, args.namespace)
     await ensure_search_attributes(client)
+    await ensure_sweeper_schedule(client, args.task_queue)
     async with AsyncExitStack() as stack:
         activities = await build_activities(WorkerConfig.from_env(), stack)
         worker = make_worker(client, activities, task_queue=args.task_queue)
@@ -48,6 +49,23 @@ async def run_bridge(args: argparse.Namespace) -> None:
     async with KubernetesCluster.from_url(kube_url) if kube_url else KubernetesCluster.from_kubeconfig(os.environ.get("KUBECONFIG")) as cluster:
         print(f"tgp bridge watching GPUNodeClasses, GPUNodePools, pods and nodes; signalling {args.task_queue!r} on {args.address}", file=sys.stderr)
         await Bridge(client, cluster, task_queue=args.task_queue).run()
+
+
+async def run_codec_server(args: argparse.Namespace) -> None:
+    from tgp import codec as payload_codec
+
+    codec = payload_codec.EncryptionCodec.from_env()
+    if codec is None:
+        raise ConfigError(
+            f"set {payload_codec.PAYLOAD_KEYS_ENV} (the worker's keys) for the codec server to decrypt with; see docs/security.md"
+        )
+    await payload_codec.run_codec_server(
+        codec,
+        host=args.host,
+        port=args.port,
+        token=payload_codec.codec_token_from_env(),
+        cors_origins=args.cors_origin or [payload_codec.DEFAULT_UI_ORIGIN],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--idle-seconds", type=float, default=15.0, help="idle timeout of the demo node")
     demo.add_argument("--exit-when-done", action="store_true", help="stop when the node's life ends instead of keeping the Web UI up")
 
+    codec = sub.add_parser(
+        "codec-server", help="decrypt payloads for the Web UI and `temporal --codec-endpoint` (keys: TGP_PAYLOAD_KEYS)"
+    )
+    codec.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback only with TGP_CODEC_TOKEN)")
+    codec.add_argument("--port", type=int, default=8081, help="port to listen on")
+    codec.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="Web UI origin allowed to call it, repeatable (default http://localhost:8233, the dev server's UI)",
+    )
+
     args = parser.parse_args(argv)
     configure_logging()
     try:
@@ -87,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             from tgp.demo import run_demo
 
             return asyncio.run(run_demo(args))
+        elif args.command == "codec-server":
+            asyncio.run(run_codec_server(args))
     except TgpError as exc:
         print(f"tgp: {exc}", file=sys.stderr)
         return 2

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Mapping
+
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
 
+from tgp.codec import EncryptionCodec
 from tgp.types import SEARCH_ATTRIBUTES
 
 # Pydantic models (with timedelta, Decimal, datetime) cross the Temporal boundary as JSON.
+# Unencrypted: the tests, the demo and replays of tests/histories/ use it as is.
 DATA_CONVERTER = pydantic_data_converter
 
 _INDEXED = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE}
@@ -31,8 +38,21 @@ def dev_server_args() -> list[str]:
     return args
 
 
+def data_converter(env: Mapping[str, str] = os.environ) -> DataConverter:
+    """The pydantic converter, plus AES-GCM payload encryption when `TGP_PAYLOAD_KEYS` is set
+    (see docs/security.md). Failure messages and stack traces then move into an encoded (so
+    encrypted) attribute too; otherwise they would reach history in plain text."""
+    codec = EncryptionCodec.from_env(env)
+    if codec is None:
+        return DATA_CONVERTER
+    return dataclasses.replace(
+        DATA_CONVERTER, payload_codec=codec, failure_converter_class=DefaultFailureConverterWithEncodedAttributes
+    )
+
+
 async def connect(address: str, namespace: str) -> Client:
-    return await Client.connect(address, namespace=namespace, data_converter=DATA_CONVERTER)
+    """A client (and so its workers) using `data_converter()` of this process's environment."""
+    return await Client.connect(address, namespace=namespace, data_converter=data_converter())
 
 
 async def ensure_search_attributes(client: Client) -> None:
