@@ -32,7 +32,7 @@ from pydantic import SecretStr
 
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, scrubbed, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, send
 from tgp.types import TailnetDevice
 
 __all__ = ["HeadscaleTailnet"]
@@ -251,22 +251,19 @@ class HeadscaleTailnet(HttpAdapter):
     async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
         """One authenticated call; statuses outside 2xx and `ok` become typed errors."""
         accepted = set(ok)
-        headers = {"Authorization": f"Bearer {self._api_key.get_secret_value()}"}
-        try:
-            response = await send(
-                self._client,
-                method,
-                path,
-                system=SYSTEM,
-                # 401/403/404 come back as responses so this adapter can word the error.
-                ok=accepted | {401, 403, 404},
-                sleep=self._sleep,
-                headers=headers,
-                timeout=self._timeout,
-                **kwargs,
-            )
-        except TgpError as exc:
-            raise scrubbed(exc, self._secrets()) from None
+        response = await send(
+            self._client,
+            method,
+            path,
+            system=SYSTEM,
+            # 401/403/404 come back as responses so this adapter can word the error.
+            ok=accepted | {401, 403, 404},
+            sleep=self._sleep,
+            bearer=self._api_key,
+            secrets=self._secrets(),
+            timeout=self._timeout,
+            **kwargs,
+        )
         status = response.status_code
         if status < 300 or status in accepted:
             return response

@@ -24,7 +24,7 @@ from pydantic import SecretStr
 
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, scrubbed, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, send
 from tgp.types import TailnetDevice
 
 __all__ = ["DEFAULT_BASE_URL", "TailscaleTailnet", "key_description"]
@@ -244,21 +244,18 @@ class TailscaleTailnet(HttpAdapter):
     ) -> httpx.Response:
         # 401 and 403 come back as responses so that this adapter words the error (send's
         # generic messages cannot name the Secret keys or the tag).
-        headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
-        try:
-            return await send(
-                self._client,
-                method,
-                path,
-                system=SYSTEM,
-                ok=accepted | {401, 403, 404},
-                sleep=self._sleep,
-                headers=headers,
-                timeout=self._timeout,
-                **kwargs,
-            )
-        except TgpError as exc:
-            raise scrubbed(exc, self._secrets()) from None
+        return await send(
+            self._client,
+            method,
+            path,
+            system=SYSTEM,
+            ok=accepted | {401, 403, 404},
+            sleep=self._sleep,
+            bearer=token,
+            secrets=self._secrets(),
+            timeout=self._timeout,
+            **kwargs,
+        )
 
     async def _bearer(self, stale: SecretStr | None = None) -> tuple[SecretStr, bool]:
         """The cached access token, or a new one when it is near expiry or equals `stale`.
@@ -280,19 +277,17 @@ class TailscaleTailnet(HttpAdapter):
             "client_secret": self._client_secret.get_secret_value(),
             "grant_type": "client_credentials",
         }
-        try:
-            response = await send(
-                self._client,
-                "POST",
-                TOKEN_PATH,
-                system=SYSTEM,
-                ok=(400, 401, 403),
-                sleep=self._sleep,
-                data=form,
-                timeout=self._timeout,
-            )
-        except TgpError as exc:
-            raise scrubbed(exc, self._secrets()) from None
+        response = await send(
+            self._client,
+            "POST",
+            TOKEN_PATH,
+            system=SYSTEM,
+            ok=(400, 401, 403),
+            sleep=self._sleep,
+            secrets=self._secrets(),
+            data=form,
+            timeout=self._timeout,
+        )
         if response.status_code in (400, 401, 403):
             raise self._error(
                 AuthError,

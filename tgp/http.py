@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
+from pydantic import SecretStr
 
 from tgp.errors import AuthError, PermissionDenied, TgpError, TransientError
 
@@ -97,9 +98,14 @@ async def send(
     idempotent: bool = True,
     rate_limit_wait: float | None = None,
     sleep: Callable[[float], object] = asyncio.sleep,
+    bearer: SecretStr | None = None,
+    secrets: Iterable[str | None] = (),
     **kwargs: object,
 ) -> httpx.Response:
     """Send a request, retrying transient failures; raise typed errors for the rest.
+
+    `bearer` is sent as `Authorization: Bearer ...`; it and `secrets` are scrubbed from the
+    message of any error raised here, since messages reach workflow history.
 
     Returns the response for 2xx and for any status listed in `ok` (for example 404 on a
     delete). 401 -> AuthError, 403 -> PermissionDenied, 429/5xx/network -> retried, then
@@ -111,7 +117,30 @@ async def send(
     or 5xx raises OutcomeUnknown at once. `rate_limit_wait` is the wait assumed after a 429
     without Retry-After (default: exponential backoff), for an API with a documented interval.
     """
-    ok = set(ok)
+    hidden = [*secrets]
+    if bearer is not None:
+        hidden.append(bearer.get_secret_value())
+        kwargs["headers"] = {**dict(kwargs.get("headers") or {}), "Authorization": f"Bearer {bearer.get_secret_value()}"}  # type: ignore[dict-item]
+    try:
+        return await _send(client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, kwargs)
+    except TgpError as exc:
+        if hidden:
+            raise scrubbed(exc, hidden) from None
+        raise
+
+
+async def _send(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    system: str,
+    ok: set[int],
+    attempts: int,
+    idempotent: bool,
+    rate_limit_wait: float | None,
+    sleep: Callable[[float], object],
+    kwargs: dict[str, object],
+) -> httpx.Response:
     last: TransientError | None = None
     for attempt in range(1, attempts + 1):
         try:

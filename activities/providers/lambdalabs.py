@@ -44,7 +44,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, scrub, scrubbed, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, scrub, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.ratelimit import MinInterval
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -294,20 +294,17 @@ class LambdaProvider(HttpAdapter):
         """One paced, authenticated request through `send`. Returns 2xx and `ok` statuses;
         words 401 (which Secret to fix) and 403 (billing) here; other errors become typed."""
         accepted = set(ok)
-        try:
-            async with self._requests:
-                response = await send(
-                    self._client,
-                    method,
-                    self._base_url + path,
-                    system=SYSTEM,
-                    ok=accepted | {401, 403},
-                    sleep=self._sleep,
-                    headers={"Authorization": f"Bearer {self._api_key.get_secret_value()}"},
-                    **kwargs,
-                )
-        except TgpError as exc:
-            raise scrubbed(exc, [self._api_key.get_secret_value()]) from None
+        async with self._requests:
+            response = await send(
+                self._client,
+                method,
+                self._base_url + path,
+                system=SYSTEM,
+                ok=accepted | {401, 403},
+                sleep=self._sleep,
+                bearer=self._api_key,
+                **kwargs,
+            )
         status = response.status_code
         if status == 401:
             raise AuthError(

@@ -45,8 +45,8 @@ import structlog
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, json_items, json_object, scrub, scrubbed, send
+from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TransientError
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, json_items, json_object, scrub, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -295,19 +295,17 @@ class RunPodProvider(HttpAdapter):
         """One authenticated request through `send`. Returns 2xx and `ok` statuses; words
         401 (which Secret to fix) and 403 here; other 4xx become ConfigError."""
         accepted = set(ok)
-        try:
-            response = await send(
-                self._client,
-                method,
-                self._base_url + path,
-                system=SYSTEM,
-                ok=accepted | {401, 403},
-                sleep=self._sleep,
-                headers={"Authorization": f"Bearer {self._api_key.get_secret_value()}"},
-                **kwargs,
-            )
-        except TgpError as exc:
-            raise scrubbed(exc, self._secrets()) from None
+        response = await send(
+            self._client,
+            method,
+            self._base_url + path,
+            system=SYSTEM,
+            ok=accepted | {401, 403},
+            sleep=self._sleep,
+            bearer=self._api_key,
+            secrets=self._secrets(),
+            **kwargs,
+        )
         status = response.status_code
         if status == 401:
             raise AuthError(
