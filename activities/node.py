@@ -22,7 +22,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.bootstrap import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
 from activities.ports import Cluster, CloudProvider, EvictionBlocked, Tailnet
-from tgp.errors import CapacityError, ConfigError, TgpError, TransientError
+from tgp.errors import CapacityError, ConfigError, OfferRefused, TgpError, TransientError
 from tgp.lifecycle import pod_keeps_node_busy
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
@@ -56,6 +56,11 @@ T = TypeVar("T")
 POLL_INTERVAL = timedelta(seconds=5)
 # Upper bound on devices removed for one hostname in one cleanup (guards a runaway loop).
 MAX_DEVICES_PER_HOSTNAME = 10
+# Long calls (a create behind a provider's pacer) heartbeat at least this often.
+HEARTBEAT_EVERY = timedelta(seconds=5)
+# After a create that answered nothing clear (timeout, 5xx), how long to look for the instance
+# by name before concluding it was not bought: clouds list a new instance within seconds.
+CREATE_SETTLE = timedelta(seconds=30)
 
 
 @contextmanager
@@ -77,6 +82,24 @@ def temporal_errors(*, always_retry: bool = False) -> Iterator[None]:
         ) from None
 
 
+@contextmanager
+def heartbeating() -> Iterator[None]:
+    """Heartbeat in the background while the block runs, a few times per heartbeat timeout."""
+    timeout = activity.info().heartbeat_timeout
+    every = min(HEARTBEAT_EVERY, timeout / 3 if timeout else HEARTBEAT_EVERY).total_seconds()
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(every)
+
+    task = asyncio.get_running_loop().create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
 class NodeActivities:
     """Activities of GPUNodeWorkflow, bound to one worker's adapters."""
 
@@ -88,12 +111,14 @@ class NodeActivities:
         cluster: Cluster,
         unavailable: UnavailableOffers | None = None,
         poll_interval: timedelta = POLL_INTERVAL,
+        create_settle: timedelta = CREATE_SETTLE,
     ) -> None:
         self.providers = dict(providers)
         self.tailnets = dict(tailnets)
         self.cluster = cluster
         self.unavailable = unavailable or UnavailableOffers()
         self.poll_interval = poll_interval
+        self.create_settle = create_settle
 
     def _provider(self, name: str) -> CloudProvider:
         try:
@@ -165,12 +190,14 @@ class NodeActivities:
         """
         name = instance_name(inp.node_name, inp.attempt)
         bound = log.bind(node=inp.node_name, provider=inp.offer.provider, offer=inp.offer.key, instance_name=name)
-        with temporal_errors():
+        # The heartbeat runs through the whole call, pacing waits included: a live attempt is
+        # never timed out and retried beside itself; a dead worker's attempt is, within the
+        # heartbeat timeout.
+        with heartbeating(), temporal_errors():
             provider = self._provider(inp.offer.provider)
             tailnet = self._tailnet(inp.tailnet)
-            existing = await provider.find_by_name(name)
+            existing = await self._adopt(provider, name, bound)
             if existing is not None:
-                bound.info("instance_adopted", instance_id=existing.instance_id)
                 return LaunchResult(instance=existing, adopted=True)
             # Read the join material before minting: a missing Secret must not cost a key.
             join = await self._join_secrets(inp.boot.join_secret, inp.boot.template) if inp.boot.join_secret else None
@@ -184,6 +211,7 @@ class NodeActivities:
                 talos_install_image=inp.boot.talos_image,
             )
             key = await tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry)
+            sent = False
             try:
                 boot = render_boot_payload(
                     provider.capabilities.boot_payload,
@@ -194,26 +222,63 @@ class NodeActivities:
                     join=join,
                     node_index=inp.attempt - 1,
                 )
+                # Once more right before buying: an earlier attempt's create may have landed
+                # while this one minted and rendered.
+                existing = await self._adopt(provider, name, bound)
+                if existing is not None:
+                    await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
+                    return LaunchResult(instance=existing, adopted=True)
+                sent = True
                 instance = await self._create_or_find(provider, inp, name, boot)
             except BaseException as exc:
-                if isinstance(exc, CapacityError):
+                if isinstance(exc, (CapacityError, OfferRefused)):
                     self.unavailable.mark(inp.offer.key, inp.unavailable_offer_ttl)
-                # The key was never handed to a machine: revoke it now rather than let it age out.
-                await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
+                if not (sent and isinstance(exc, TransientError)):
+                    # The key was never handed to a machine: revoke it now rather than let it
+                    # age out. After an unanswered create it may be in one: keep it, so the
+                    # instance that appears later can still join (cleanup revokes by hostname).
+                    await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
                 bound.warning("launch_failed", error=str(exc), error_type=type(exc).__name__)
                 raise
+            # Clouds do not enforce unique names: a create that overlapped this one (a retry
+            # while the first was still in flight) bought a twin. Only ours joins; end the rest.
+            await self._terminate_twins(provider, name, keep=instance.instance_id, bound=bound)
         bound.info("instance_launched", instance_id=instance.instance_id, key_id=key.key_id)
         return LaunchResult(instance=instance, key_id=key.key_id)
+
+    async def _adopt(self, provider: CloudProvider, name: str, bound: structlog.BoundLogger) -> Instance | None:
+        """The live instance an earlier attempt bought under `name`, if any; twins beyond the
+        first are terminated, so at most one instance per name is left running."""
+        found = sorted(await provider.find_all_by_name(name), key=lambda i: i.instance_id)
+        if not found:
+            return None
+        keep = next((i for i in found if i.state is InstanceState.RUNNING), found[0])
+        await self._terminate_twins(provider, name, keep=keep.instance_id, bound=bound, known=found)
+        bound.info("instance_adopted", instance_id=keep.instance_id)
+        return keep
+
+    async def _terminate_twins(
+        self, provider: CloudProvider, name: str, *, keep: str, bound: structlog.BoundLogger, known: list[Instance] | None = None
+    ) -> None:
+        for twin in known if known is not None else await provider.find_all_by_name(name):
+            if twin.instance_id != keep:
+                bound.warning("duplicate_instance_terminated", instance_id=twin.instance_id, kept=keep)
+                await provider.terminate(twin.instance_id)
 
     async def _create_or_find(self, provider: CloudProvider, inp: LaunchInput, name: str, boot) -> Instance:  # type: ignore[no-untyped-def]
         try:
             return await provider.launch(inp.offer, name=name, boot=boot)
         except TransientError:
-            # A 5xx or timeout on create may still have bought the instance.
-            found = await provider.find_by_name(name)
-            if found is None:
-                raise
-            return found
+            # A 5xx or timeout on create may still have bought the instance, and a cloud may
+            # take a while to list it: look for it before giving up (the heartbeat goes on).
+            deadline = time.monotonic() + self.create_settle.total_seconds()
+            while True:
+                found = await provider.find_all_by_name(name)
+                if found:
+                    return min(found, key=lambda i: i.instance_id)
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(self.poll_interval.total_seconds())
 
     async def _revoke_quietly(self, tailnet: Tailnet, key_id: str) -> None:
         try:
@@ -334,9 +399,11 @@ class NodeActivities:
                 inst = await provider.describe(ref.instance_id)
                 if inst is not None and inst.state is not InstanceState.TERMINATED:
                     targets.append(inst)
-            by_name = await provider.find_by_name(ref.instance_name)
-            if by_name is not None and all(t.instance_id != by_name.instance_id for t in targets):
-                targets.append(by_name)
+            # Every live instance carrying the attempt's name: a twin bought by an overlapping
+            # create bills as much as the one the workflow recorded.
+            for by_name in await provider.find_all_by_name(ref.instance_name):
+                if all(t.instance_id != by_name.instance_id for t in targets):
+                    targets.append(by_name)
             for inst in targets:
                 await provider.terminate(inst.instance_id)
                 log.info("instance_terminated", provider=ref.provider, instance_id=inst.instance_id)

@@ -28,6 +28,11 @@ class CloudProvider(Protocol):
         """The live (not terminated) instance called `name`, if any."""
         ...
 
+    async def find_all_by_name(self, name: str) -> list[Instance]:
+        """Every live instance called `name`. Clouds do not enforce unique names, so a create
+        that overlapped itself shows up here as twins."""
+        ...
+
     async def list_instances(self, prefix: str) -> list[Instance]:
         """Every live instance whose name starts with `prefix` (the sweeper's view)."""
         ...

@@ -26,6 +26,15 @@ class CapacityError(TgpError):
     retryable = False
 
 
+class OfferRefused(TgpError):
+    """The provider refused this one offer (the type is not sold in that region, the ask was
+    withdrawn, the bid or a per-type limit is not met, ...) while the class itself is fine:
+    mark the offer unavailable and fail over to the next. Distinct from ConfigError, which
+    would fail on every offer and so ends the node."""
+
+    retryable = False
+
+
 class LaunchFailed(TgpError):
     """The instance could not be started (it failed or vanished while booting)."""
 

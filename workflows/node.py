@@ -74,7 +74,7 @@ LAUNCH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=2),
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=5,
-    non_retryable_error_types=["CapacityError", "AuthError", "PermissionDenied", "ConfigError", "LaunchFailed"],
+    non_retryable_error_types=["CapacityError", "OfferRefused", "AuthError", "PermissionDenied", "ConfigError", "LaunchFailed"],
 )
 # Cleanup never gives up: a leaked instance costs money every hour.
 CLEANUP_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(minutes=2), maximum_attempts=0)
@@ -274,8 +274,12 @@ class GPUNodeWorkflow:
                 taints=self.req.taints,
                 unavailable_offer_ttl=self.req.unavailable_offer_ttl,
             ),
-            start_to_close_timeout=self.req.timeouts.api_call,
+            # The whole stage budget, not one API call's: a create may wait behind a provider's
+            # pacer. The heartbeat notices a dead worker; a live attempt is never retried
+            # beside itself (that is how twins get bought).
+            start_to_close_timeout=self.req.timeouts.launch,
             schedule_to_close_timeout=self.req.timeouts.launch,
+            heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
             retry_policy=LAUNCH_RETRY,
             summary=f"launch {offer.gpu_type} on {offer.provider} ({offer.region}, ${offer.hourly_price}/h)",
         )

@@ -22,8 +22,11 @@ Limits: about 1 request/s in general and 1 launch per 12 s, so requests are pace
 `MinInterval` rather than discovered through 429s. Errors: 401 -> AuthError naming the Secret;
 400 `instance-operations/launch/insufficient-capacity` -> CapacityError; `global/quota-exceeded`
 and 403 `global/account-inactive` / `global/invalid-address` -> PermissionDenied (stop using
-the provider until the account is fixed); 429/5xx -> retried in `tgp.http.send`, then
-TransientError. A launch is never retried in-call on a 5xx or timeout (no idempotency key):
+the provider until the account is fixed); on launch, `global/invalid-parameters` and
+`global/object-does-not-exist` naming the SSH key or image (what the class configured) ->
+ConfigError, while `global/object-does-not-exist` for the offer's region or instance type and
+any other refusal -> OfferRefused (fail over to the next offer); 429/5xx -> retried in
+`tgp.http.send`, then TransientError. A launch is never retried in-call on a 5xx or timeout (no idempotency key):
 the caller looks the instance up by name first.
 """
 
@@ -43,7 +46,7 @@ import structlog
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, scrub, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.ratelimit import MinInterval
@@ -67,6 +70,9 @@ _COUNT_PREFIX = re.compile(r"^\s*\d+\s*x\s*", re.IGNORECASE)
 # Statuses a launch answers that mean "not done, say why"; 408/425/5xx may hide a created
 # VM, and send retries a 429.
 _CREATE_ANSWERS = frozenset(range(400, 500)) - {408, 425, 429}
+# A launch names four objects; `global/object-does-not-exist` does not say which is missing
+# except in its message. These words mean one the class configured, not the offer's.
+_CLASS_OBJECTS = ("ssh", "image", "file system", "filesystem", "firewall")
 
 _STATES = {
     "booting": InstanceState.PENDING,
@@ -188,6 +194,13 @@ class LambdaProvider(HttpAdapter):
             )
         raise self._launch_refused(response, offer)
 
+    async def find_all_by_name(self, name: str) -> list[Instance]:
+        """Every live instance called `name` (Lambda names are not unique)."""
+        wanted = wire_name(name)
+        data = self._data(await self._call("GET", "/instances"))
+        items = data if isinstance(data, list) else []
+        return [self._instance(i) for i in items if isinstance(i, dict) and i.get("name") == wanted and i.get("status") not in _GONE]
+
     async def find_by_name(self, name: str) -> Instance | None:
         """The live instance called `name` (terminating ones are skipped); if several share
         the name, an active one wins."""
@@ -281,12 +294,17 @@ class LambdaProvider(HttpAdapter):
             )
         if code.startswith("provider/"):
             return TransientError(f"Lambda's upstream failed the launch of {where} ({code}: {message}); try again shortly")
-        if code == "global/object-does-not-exist":
+        if code == "global/object-does-not-exist" and any(word in message.lower() for word in _CLASS_OBJECTS):
             return ConfigError(
-                f"Lambda does not know something in the launch of {where} ({message}): check that the SSH key "
-                f"{self._ssh_key_name!r} is registered with Lambda and that the region and instance type exist"
+                f"Lambda does not know something the launch of {where} names ({message}): check that the SSH key "
+                f"{self._ssh_key_name!r} is registered with Lambda"
+                + (f" and that image family {self._image_family!r} exists (GET /images)" if self._image_family else "")
             )
-        return ConfigError(f"Lambda rejected the launch of {where} ({response.status_code} {code}: {message})")
+        if code == "global/invalid-parameters" or not code:
+            # A body tgp built, or no Lambda envelope at all (a wrong base URL): wrong for every offer.
+            return ConfigError(f"Lambda rejected the launch of {where} ({response.status_code} {code or 'no error code'}: {message})")
+        # The region or instance type no longer exists, or another refusal of this one offer.
+        return OfferRefused(f"Lambda refused {where} ({response.status_code} {code}: {message})")
 
     # --- requests ---------------------------------------------------------------------
 

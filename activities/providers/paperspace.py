@@ -19,8 +19,12 @@ Wire format (reference/providers.md section 4), translated once here into Offer/
     GET    /v1/machines/{id}                     -> Machine | 404
     GET    /v1/machines?name=NAME&after=CURSOR   -> {items, hasMore, nextPage}
     DELETE /v1/machines/{id}                     -> Machine | 404
-Errors are `{code, message}`. The startup script carries the tailnet auth key, so it is deleted
-when its machine is (and when the machine could not be created).
+Errors are `{code, message}`; the create's refusals are undocumented, so they are sorted by
+what they mention: billing -> PermissionDenied, capacity -> CapacityError, the template,
+startup script or a required field (what the class configured or tgp built) -> ConfigError,
+anything else (a machine type not sold in that region, a per-type limit) -> OfferRefused.
+The startup script carries the tailnet auth key, so it is deleted when its machine is (and
+when the machine could not be created).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -83,7 +87,10 @@ _STATES: Mapping[str, InstanceState] = {
 }
 # The new API's capacity error text is undocumented; the Gradient-era one said "out of capacity".
 _CAPACITY_MARKERS = ("capacity", "out of stock", "sold out", "not available", "unavailable", "no machines available")
-_BILLING_MARKERS = ("billing", "payment", "credit", "balance", "standing", "quota")
+_BILLING_MARKERS = ("billing", "payment", "credit", "balance", "standing")
+# A refusal naming what the class configured (template) or tgp built (script, fields) fails on
+# every offer; any other refusal is about this machine type in this region.
+_CLASS_MARKERS = ("template", "startup script", "startupscript", "missing required", "disksize", "disk size")
 
 Sleep = Callable[[float], Awaitable[object]]
 
@@ -215,8 +222,8 @@ class PaperspaceProvider(HttpAdapter):
         """Create machine `name` of type `offer.offer_id` in the offer's region, started, with
         `boot` as a run-once startup script.
 
-        CapacityError when Paperspace has no stock, PermissionDenied when the account is not in
-        good standing. A 5xx or timeout raises TransientError without retrying: the machine may
+        CapacityError when Paperspace has no stock, OfferRefused when it refuses this machine
+        type in this region otherwise, PermissionDenied when the account is not in good standing. A 5xx or timeout raises TransientError without retrying: the machine may
         exist, and the caller looks it up by name.
         """
         if not self.template_id:
@@ -250,7 +257,9 @@ class PaperspaceProvider(HttpAdapter):
                 raise PermissionDenied(f"Paperspace refused to create {offer.offer_id} for billing reasons ({code}: {message}): check the account's billing")
             if _mentions(code, message, _CAPACITY_MARKERS):
                 raise CapacityError(f"Paperspace has no {offer.offer_id} capacity in {region}: {message or code}")
-            raise ConfigError(f"Paperspace rejected the creation of {offer.offer_id} in {region} ({response.status_code} {code}): {message}")
+            if _mentions(code, message, _CLASS_MARKERS):
+                raise ConfigError(f"Paperspace rejected the creation of {offer.offer_id} in {region} ({response.status_code} {code}): {message}")
+            raise OfferRefused(f"Paperspace refused {offer.offer_id} in {region} ({response.status_code} {code}): {message or 'no reason given'}")
         data = _json(response)
         machine = data.get("data") if isinstance(data.get("data"), dict) else data
         return self._instance(machine) or Instance(
@@ -259,13 +268,19 @@ class PaperspaceProvider(HttpAdapter):
 
     async def find_by_name(self, name: str) -> Instance | None:
         """The live machine called `name` (`GET /machines?name=`, every page)."""
+        found = await self.find_all_by_name(name)
+        return found[0] if found else None
+
+    async def find_all_by_name(self, name: str) -> list[Instance]:
+        """Every live machine called `name` (names are not unique), every page."""
+        found: list[Instance] = []
         async with aclosing(self._pages("/machines", {"name": name})) as machines:
             async for raw in machines:
                 if raw.get("name") == name:
                     instance = self._instance(raw)
                     if instance is not None:
-                        return instance
-        return None
+                        found.append(instance)
+        return found
 
     async def list_instances(self, prefix: str) -> list[Instance]:
         """Every live machine whose name starts with `prefix` (every page)."""

@@ -25,9 +25,12 @@ Wire format, translated once here (reference/providers.md section 2):
 A pod reads `RUNNING` before its container has ports (`runtime` and `ssh.direct` null); it is
 running for tgp only once a public port mapping exists.
 
-Errors: 401 -> AuthError naming the Secret; 402 -> PermissionDenied (add funds); 400 on create ->
-CapacityError (RunPod's guidance: 400 means try the next candidate); 429/5xx -> retried in
-`tgp.http.send`, then TransientError. A create is never retried in-call on a 5xx or timeout:
+Errors: 401 -> AuthError naming the Secret; 402 -> PermissionDenied (add funds). On create,
+RunPod's guidance is "400: try the next candidate, 403: skip that pool, 422: fix the request":
+400 with the capacity text -> CapacityError, any other 400 and 403 -> OfferRefused, 422 whose
+`errors` are all about the offer's own fields (`$.gpu.*`, `$.dataCenterIds`, e.g. a GPU type
+since retired) -> OfferRefused, any other 422 (image, name, env: what the class built) ->
+ConfigError. 429/5xx -> retried in `tgp.http.send`, then TransientError. A create is never retried in-call on a 5xx or timeout:
 RunPod is known to create the pod and still answer 500, so the caller looks it up by name.
 """
 
@@ -45,7 +48,7 @@ import structlog
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TransientError
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, json_items, json_object, scrub, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -81,6 +84,9 @@ _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASS", re.IGNORECASE)
 # Statuses a create answers that mean "not done, say why"; 408/425/5xx may hide a created
 # pod, and send retries a 429.
 _CREATE_ANSWERS = frozenset(range(400, 500)) - {408, 425, 429}
+# Create-body fields that come from the offer, not the class: a 422 naming only these refuses
+# this offer (RunPod's 422 `errors` read "$.<field>: <why>").
+_OFFER_FIELDS = ("$.gpu", "$.dataCenterIds")
 _OFFER_SEP = "|"
 
 Sleep = Callable[[float], Awaitable[object]]
@@ -169,8 +175,9 @@ class RunPodProvider(HttpAdapter):
 
     async def launch(self, offer: Offer, *, name: str, boot: BootPayload) -> Instance:
         """Create the pod `name` for `offer` with `boot`'s env. CapacityError when RunPod
-        has no such machine free; TransientError after a 5xx or timeout, when the pod may
-        exist anyway (the caller finds it by name)."""
+        has no such machine free, OfferRefused when it refuses this offer otherwise;
+        TransientError after a 5xx or timeout, when the pod may exist anyway (the caller
+        finds it by name)."""
         gpu_id, count, data_center = parse_offer_id(offer.offer_id)
         env = _env_of(boot)
         body = {
@@ -190,21 +197,13 @@ class RunPodProvider(HttpAdapter):
             instance = self._instance(json_object(response, system=SYSTEM))
             log.info("runpod.pod_created", pod_id=instance.instance_id, name=name, offer=offer.key)
             return instance
-        message = self._scrub(error_message(response), *secrets)
-        if status == 400:
-            # No machine-readable capacity code exists; RunPod's guidance is that a 400 on create
-            # means "try the next candidate", so every 400 fails over, worded by what it says.
-            reason = "has no capacity for" if _is_capacity(message) else "refused (400, try another offer)"
-            raise CapacityError(f"RunPod {reason} {count}x {gpu_id} in {data_center}: {message}")
-        if status == 402:
-            raise PermissionDenied(
-                f"RunPod refused to create pod {name}: insufficient balance (402: {message}); add funds or "
-                "enable auto-pay on the RunPod account that owns the API key, then retry"
-            )
-        if status == 403:
-            # No access to that pool: skip this candidate rather than stop the provider.
-            raise CapacityError(f"RunPod denies this account {count}x {gpu_id} in {data_center} (403): {message}")
-        raise ConfigError(f"RunPod rejected the create of pod {name} ({status}): {message}")
+        raise self._create_refused(response, f"{count}x {gpu_id} in {data_center}", name, secrets)
+
+    async def find_all_by_name(self, name: str) -> list[Instance]:
+        """Every live pod called `name` (RunPod names are not unique)."""
+        response = await self._call("GET", "/pods")
+        pods = json_items(response, "pods", system=SYSTEM)
+        return [self._instance(p) for p in pods if p.get("name") == name and p.get("status") != "TERMINATED"]
 
     async def find_by_name(self, name: str) -> Instance | None:
         """The live pod called `name`. Names are not unique on RunPod: terminated pods are
@@ -288,6 +287,30 @@ class RunPodProvider(HttpAdapter):
             # tgp never stops pods, it terminates them: an EXITED pod was ended by the host.
             interrupted=status == "EXITED",
         )
+
+    def _create_refused(self, response: httpx.Response, what: str, name: str, secrets: list[str]) -> TgpError:
+        """The error for a create RunPod answered 4xx. Only a problem with what the class built
+        is a ConfigError (it would fail on every offer); a refusal of this offer fails over."""
+        status, message = response.status_code, self._scrub(_problem_text(response), *secrets)
+        if status == 400 and _is_capacity(message):
+            return CapacityError(f"RunPod has no capacity for {what}: {message}")
+        if status == 400:
+            # No machine-readable code exists; RunPod's guidance is that a 400 means "try the next candidate".
+            return OfferRefused(f"RunPod refused {what} (400): {message}")
+        if status == 402:
+            return PermissionDenied(
+                f"RunPod refused to create pod {name}: insufficient balance (402: {message}); add funds or "
+                "enable auto-pay on the RunPod account that owns the API key, then retry"
+            )
+        if status == 403:
+            # No access to that pool: skip this candidate rather than stop the provider.
+            return OfferRefused(
+                f"RunPod denies this account {what} (403: {message}); if every offer says so, the API key in "
+                f"{self._secret_ref} needs read/write access to pods"
+            )
+        if status == 422 and _only_offer_fields(response):
+            return OfferRefused(f"RunPod refused {what} (422): {message}")
+        return ConfigError(f"RunPod rejected the create of pod {name} ({status}): {message}")
 
     # --- requests ---------------------------------------------------------------------
 
@@ -381,6 +404,29 @@ def _has_public_port(pod: dict[str, Any]) -> bool:
         return True
     ports = (pod.get("runtime") or {}).get("ports") or []
     return any(isinstance(p, dict) and p.get("public") for p in ports)
+
+
+def _problem_errors(response: httpx.Response) -> list[str]:
+    """The `errors` list of a problem+json body ("$.<field>: <why>" strings), if any."""
+    try:
+        body = response.json()
+    except ValueError:
+        return []
+    errors = body.get("errors") if isinstance(body, dict) else None
+    return [str(e) for e in errors] if isinstance(errors, list) else []
+
+
+def _problem_text(response: httpx.Response) -> str:
+    """`detail` plus the field `errors` (a 422's detail alone just says "validation failed")."""
+    errors = _problem_errors(response)
+    detail = error_message(response) if not errors else str((response.json() or {}).get("detail") or "")
+    return "; ".join(x for x in [detail, *errors] if x)[:300]
+
+
+def _only_offer_fields(response: httpx.Response) -> bool:
+    """True when a 422's `errors` all name fields that come from the offer (see _OFFER_FIELDS)."""
+    errors = _problem_errors(response)
+    return bool(errors) and all(e.startswith(_OFFER_FIELDS) for e in errors)
 
 
 def _is_capacity(message: str) -> bool:

@@ -14,7 +14,7 @@ import httpx
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import CapacityError, ConfigError, TransientError
+from tgp.errors import CapacityError, OfferRefused, TransientError
 from tgp.http import DEFAULT_TIMEOUT, error_message, send
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -54,17 +54,23 @@ class SimulatedProvider:
             "/v1/instances",
             system="simulated cloud",
             json={"offerId": offer.offer_id, "name": name, "userData": boot.content},
+            # A create buys: never resent blindly after a 5xx or timeout (the caller looks it up).
+            idempotent=False,
         )
         if response.status_code == 409:
             raise CapacityError(f"simulated cloud has no capacity for {offer.key}: {error_message(response)}")
         if response.status_code >= 400:
-            raise ConfigError(f"simulated cloud rejected the launch of {offer.key}: {error_message(response)}")
+            # The offer id is unknown or was withdrawn: this offer is refused, the next may work.
+            raise OfferRefused(f"simulated cloud refused the launch of {offer.key}: {error_message(response)}")
         return self._instance(response.json())
 
     async def find_by_name(self, name: str) -> Instance | None:
-        response = await send(self._client, "GET", "/v1/instances", system="simulated cloud", params={"name": name})
-        found = [self._instance(i) for i in response.json().get("instances") or []]
+        found = await self.find_all_by_name(name)
         return found[0] if found else None
+
+    async def find_all_by_name(self, name: str) -> list[Instance]:
+        response = await send(self._client, "GET", "/v1/instances", system="simulated cloud", params={"name": name})
+        return [self._instance(i) for i in response.json().get("instances") or []]
 
     async def list_instances(self, prefix: str) -> list[Instance]:
         response = await send(self._client, "GET", "/v1/instances", system="simulated cloud")

@@ -258,15 +258,19 @@ class VastProvider(HttpAdapter):
 
     async def find_by_name(self, name: str) -> Instance | None:
         """The instance labelled `name`, from the v1 instance list filtered by label."""
+        found = await self.find_all_by_name(name)
+        return found[0] if found else None
+
+    async def find_all_by_name(self, name: str) -> list[Instance]:
+        """Every instance labelled `name` (labels are not unique), every page."""
         params: dict[str, str | int] = {"select_filters": json.dumps({"label": {"eq": name}}), "limit": LIST_PAGE_SIZE}
+        found: list[Instance] = []
         while True:
             data = _json(await self._call("list", "GET", f"{self._v1}/instances/", params=params))
-            for raw in data.get("instances") or []:
-                if raw.get("label") == name:
-                    return self._instance(raw)
+            found += [self._instance(raw) for raw in data.get("instances") or [] if raw.get("label") == name]
             token = data.get("next_token")
             if not token:
-                return None
+                return found
             params["after_token"] = token
 
     async def list_instances(self, prefix: str) -> list[Instance]:

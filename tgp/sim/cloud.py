@@ -3,7 +3,12 @@
 Like Karpenter's KWOK provider: a launched instance "boots" after a delay, joins the tailnet
 with the auth key found in its boot payload (as tailscaled would), and registers a Node in the
 cluster (as a kubelet would). Faults are injected from Python: capacity errors per offer, boot
-failures, preemption, and a gate that holds create requests in flight.
+failures, preemption, a gate that holds create requests in flight, creates that answer slower
+than the caller waits or answer 5xx after buying (as real clouds do under load), and terminates
+that fail for a while.
+
+Names are not unique, as on every real cloud: two creates with the same name buy two
+instances. `max_live_per_name` records the most live instances one name ever had at once.
 
 Wire format (tgp's own, documented here because no real cloud speaks it):
     GET    /v1/offers                -> {"offers": [{id, gpu, gpuCount, region, pricePerHour, spot}]}
@@ -30,7 +35,7 @@ from aiohttp import web
 
 BootFailure = Literal["never_runs", "never_joins"]
 TailnetRegister = Callable[[str, str], Awaitable[object]]
-NodeRegister = Callable[[str, dict[str, str]], Awaitable[object]]
+NodeRegister = Callable[[str, dict[str, str], int], Awaitable[object]]
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,11 @@ class SimulatedCloud:
         self.create_arrived = asyncio.Event()
         self._delete_gate: asyncio.Event | None = None
         self.delete_arrived = asyncio.Event()
+        self._create_delay = 0.0
+        self._creates_failing_after_buy = 0
+        self._deletes_failing = 0
+        self.delete_requests = 0
+        self.max_live_per_name: dict[str, int] = {}
         self._host, self._port = host, port
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -147,6 +157,22 @@ class SimulatedCloud:
         if self._delete_gate is not None:
             self._delete_gate.set()
             self._delete_gate = None
+
+    def slow_creates(self, seconds: float) -> None:
+        """Creates take this long: the provider works on the request, then buys and answers
+        (the answer can come after the caller has given up waiting)."""
+        self._create_delay = seconds
+
+    def fail_creates_after_buying(self, count: int) -> None:
+        """The next `count` creates buy the instance and then answer 503."""
+        self._creates_failing_after_buy = count
+
+    def fail_deletes(self, count: int) -> None:
+        """The next `count` terminate requests answer 500 and terminate nothing."""
+        self._deletes_failing = count
+
+    def live_named(self, name: str) -> list[SimInstance]:
+        return [i for i in self.live_instances() if i.name == name]
 
     def release_creates(self) -> None:
         if self._create_gate is not None:
@@ -221,13 +247,21 @@ class SimulatedCloud:
         self.create_requests += 1
         if offer.id in self._no_capacity:
             return _error(409, "insufficient-capacity", f"no capacity for offer {offer.id} right now")
+        if self._create_delay:
+            # The provider is still working on it: nothing is visible by name yet.
+            await asyncio.sleep(self._create_delay)
         inst = SimInstance(id=f"sim-{next(self._ids):04d}", name=body["name"], offer=offer, user_data=body.get("userData", ""))
         self.instances[inst.id] = inst
+        live = len(self.live_named(inst.name))
+        self.max_live_per_name[inst.name] = max(live, self.max_live_per_name.get(inst.name, 0))
         self.create_arrived.set()
+        inst.boot = asyncio.create_task(self._boot(inst))
         if self._create_gate is not None:
             # Bought, but the answer is still on its way: the case a cancelled launch must survive.
             await self._create_gate.wait()
-        inst.boot = asyncio.create_task(self._boot(inst))
+        if self._creates_failing_after_buy:
+            self._creates_failing_after_buy -= 1
+            return _error(503, "service-unavailable", "upstream timeout, please retry")
         return web.json_response(inst.to_json(), status=201)
 
     async def _list_instances(self, request: web.Request) -> web.Response:
@@ -245,9 +279,13 @@ class SimulatedCloud:
         inst = self.instances.get(request.match_info["id"])
         if inst is None:
             return _error(404, "not-found", "instance not found")
+        self.delete_requests += 1
         self.delete_arrived.set()
         if self._delete_gate is not None:
             await self._delete_gate.wait()
+        if self._deletes_failing:
+            self._deletes_failing -= 1
+            return _error(500, "internal", "could not terminate the instance, try again")
         self._stop_boot(inst)
         inst.status = "terminated"
         return web.json_response(inst.to_json())
@@ -269,7 +307,7 @@ class SimulatedCloud:
             await self._tailnet_register(env["TS_AUTHKEY"], hostname)
         if self._node_register is not None:
             labels = {"kubernetes.io/hostname": hostname, "nvidia.com/gpu.present": "true"}
-            await self._node_register(hostname, labels)
+            await self._node_register(hostname, labels, inst.offer.gpu_count)
 
     def _stop_boot(self, inst: SimInstance) -> None:
         if inst.boot is not None and not inst.boot.done():

@@ -122,8 +122,8 @@ async def sim_world(
             else:
                 tailscale.register(auth_key, hostname)
 
-        async def join_cluster(name: str, labels: dict[str, str]) -> None:
-            await register_node(api_url, name, labels=labels, client=kube_client)
+        async def join_cluster(name: str, labels: dict[str, str], gpus: int) -> None:
+            await register_node(api_url, name, labels=labels, gpus=gpus, client=kube_client)
 
         cloud_api_key = "sim-" + secrets.token_hex(16)
         cloud = await stack.enter_async_context(
