@@ -1,11 +1,20 @@
-"""Headscale (0.28 / 0.29) behind the `Tailnet` port: single-use, ephemeral, tagged pre-auth
+"""Headscale (0.23 to 0.29) behind the `Tailnet` port: single-use, ephemeral, tagged pre-auth
 keys, and the nodes they create.
 
 REST under `/api/v1` with `Authorization: Bearer <API key>` (`headscale apikeys create`). JSON
 is protojson: lowerCamelCase, uint64 ids as strings, RFC 3339 timestamps, errors as
-`{"code", "message", "details"}`. Keys are expired by id (`POST /api/v1/preauthkey/expire`),
-which needs 0.28 or later; older servers name users instead of numbering them and are not
-supported (reference/network-bootstrap.md 2.3).
+`{"code", "message", "details"}`.
+
+The pre-auth key calls changed shape twice (reference/network-bootstrap.md 2.3), so the
+adapter finds out once, on first use, which shape the server speaks (`_keys_api`):
+* 0.28+: keys are expired by id (`{"id"}`), the list shows every key, `user` is an optional
+  numeric id (a key may be owned by its tags alone);
+* 0.26-0.27: every key needs a `user`, given as its numeric id; the list needs `?user=`, and
+  a key is expired with `{user, key}` (the whole key, which that list shows);
+* 0.23-0.25: as 0.26-0.27, but the user is given by name.
+It asks by capability, not `/version`, which older servers do not serve: 0.28+ lists keys
+without a user, older servers answer "user not found"; of those, 0.26+ accept the user's id.
+0.22 and older (nodes were "machines") answer 404 on `/api/v1/node` and are refused.
 
 Headscale keys carry no description, so nothing on the server ties a key to the hostname it
 was minted for. `revoke_keys_for` therefore works from an in-process map of the keys this
@@ -46,6 +55,11 @@ _TAG = re.compile(r"^tag:[^\sA-Z]+$")
 _FRACTION = re.compile(r"(\.\d{6})\d+")
 
 _EPOCH = datetime.min.replace(tzinfo=timezone.utc)
+
+# The pre-auth key API generations (see the module docstring), named by the versions speaking them.
+KEYS_BY_ID = "0.28+"
+KEYS_BY_USER_ID = "0.26-0.27"
+KEYS_BY_USER_NAME = "0.23-0.25"
 
 Sleep = Callable[[float], Awaitable[object]]
 
@@ -99,6 +113,9 @@ class HeadscaleTailnet(HttpAdapter):
         self._api_key = api_key
         self._user = user or None
         self._user_id: str | None = user if user and user.isdigit() else None
+        self._user_name: str | None = user if user and not user.isdigit() else None
+        # Which pre-auth key API the server speaks; found on first use (`_keys_api`).
+        self._api: str | None = None
         self._timeout = timeout
         self._sleep = sleep
         self._now = now
@@ -140,8 +157,9 @@ class HeadscaleTailnet(HttpAdapter):
             "expiration": _iso(self._now() + expiry),
             "aclTags": list(tags),
         }
+        api = await self._keys_api()
         if self._user:
-            body["user"] = await self._resolve_user()
+            body["user"] = await self._key_owner(api)
         try:
             response = await self._call("POST", "/api/v1/preauthkey", json=body, ok=(400,))
         except TransientError as exc:
@@ -176,15 +194,14 @@ class HeadscaleTailnet(HttpAdapter):
         if not ids:
             log.info("tailnet.keys_revoked_for", hostname=hostname, revoked=0, known_keys=0)
             return 0
-        response = await self._call("GET", "/api/v1/preauthkey")
-        by_id = {str(k.get("id")): k for k in json_items(response, "preAuthKeys", system=SYSTEM)}
+        by_id = {str(k.get("id")): k for k in await self._list_keys()}
         now = self._now()
         revoked = 0
         for key_id in ids:
             entry = by_id.get(key_id)
             if entry is None or not _key_usable(entry, now):
                 continue
-            if not await self._expire_key(key_id):
+            if not await self._expire_key(key_id, entry):
                 revoked += 1
         # Only forget the keys once every one was dealt with, so a failure can be retried.
         self._minted.pop(hostname, None)
@@ -223,9 +240,20 @@ class HeadscaleTailnet(HttpAdapter):
 
     # --- requests ---------------------------------------------------------------------
 
-    async def _expire_key(self, key_id: str) -> bool:
-        """Expire one key by id; True when it no longer existed. 0.30 answers 404 for a
-        missing key, 0.29 may answer 500 with a "not found" message: both mean gone."""
+    async def _expire_key(self, key_id: str, entry: dict[str, Any] | None = None) -> bool:
+        """Expire one key by id; True when it no longer existed. 0.28/0.29 answer 200 for a
+        missing id (nothing to expire: done), 0.30 answers 404: gone. Before 0.28 the key is
+        named by its user and whole key, read from the user's key list (or `entry`)."""
+        api = await self._keys_api()
+        if api != KEYS_BY_ID:
+            if entry is None:
+                entry = next((k for k in await self._list_keys() if str(k.get("id")) == key_id), None)
+            secret = entry.get("key") if entry else None
+            if not isinstance(secret, str) or not secret:
+                return True
+            owner = await self._key_owner(api)
+            await self._call("POST", "/api/v1/preauthkey/expire", json={"user": owner, "key": secret}, secrets=[secret])
+            return False
         try:
             response = await self._call("POST", "/api/v1/preauthkey/expire", json={"id": key_id}, ok=(404,))
         except TransientError as exc:
@@ -233,6 +261,59 @@ class HeadscaleTailnet(HttpAdapter):
                 return True
             raise
         return response.status_code == 404
+
+    async def _keys_api(self) -> str:
+        """Which pre-auth key API the server speaks (KEYS_BY_*), found once by what it accepts.
+        A 5xx that does not say "not found" is an outage, not an answer: it is not cached."""
+        if self._api is not None:
+            return self._api
+        probe = await self._call("GET", "/api/v1/preauthkey", ok=(400, 500))
+        if probe.status_code < 300:
+            self._api = KEYS_BY_ID
+        else:
+            self._require_user_not_found(probe)
+            if not self._user:
+                raise self._error(
+                    ConfigError,
+                    f"the Headscale server {self._base_url!r} is older than 0.28 (it lists pre-auth keys only per user), "
+                    "so every key needs an owner: set HEADSCALE_USER for the worker, or upgrade Headscale to 0.28 or later",
+                )
+            by_id = await self._call("GET", "/api/v1/preauthkey", params={"user": await self._resolve_user()}, ok=(400, 500))
+            if by_id.status_code >= 300:
+                self._require_user_not_found(by_id)
+            self._api = KEYS_BY_USER_ID if by_id.status_code < 300 else KEYS_BY_USER_NAME
+        log.info("tailnet.headscale_api", base_url=self._base_url, preauthkey_api=self._api)
+        return self._api
+
+    def _require_user_not_found(self, response: httpx.Response) -> None:
+        """An older server refuses a key list without a user it knows with "user not found";
+        anything else is not a version answer."""
+        message = error_message(response)
+        if "not found" not in message.lower():
+            raise self._error(
+                TransientError, f"{SYSTEM}: GET /api/v1/preauthkey answered {response.status_code}: {message}"
+            )
+
+    async def _key_owner(self, api: str) -> str:
+        """The configured user as this server's key calls name it: its name before 0.26, else its id."""
+        return await self._resolve_user_name() if api == KEYS_BY_USER_NAME else await self._resolve_user()
+
+    async def _list_keys(self) -> list[dict[str, Any]]:
+        """The pre-auth keys this adapter can see: every key (0.28+) or the user's keys."""
+        api = await self._keys_api()
+        params = {"user": await self._key_owner(api)} if api != KEYS_BY_ID else {}
+        return json_items(await self._call("GET", "/api/v1/preauthkey", params=params), "preAuthKeys", system=SYSTEM)
+
+    async def _resolve_user_name(self) -> str:
+        """The configured user's name, looked up by id once (for servers before 0.26)."""
+        if self._user_name is not None:
+            return self._user_name
+        user_id = await self._resolve_user()
+        for entry in json_items(await self._call("GET", "/api/v1/user"), "users", system=SYSTEM):
+            if str(entry.get("id")) == user_id and entry.get("name"):
+                self._user_name = str(entry["name"])
+                return self._user_name
+        raise self._error(ConfigError, f"Headscale user {self._user!r} does not exist: create it with `headscale users create`")
 
     async def _resolve_user(self) -> str:
         """The numeric id of the configured user, looked up by name once."""
@@ -248,9 +329,13 @@ class HeadscaleTailnet(HttpAdapter):
             ConfigError, f"Headscale user {self._user!r} does not exist: create it with `headscale users create {self._user}`"
         )
 
-    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
-        """One authenticated call; statuses outside 2xx and `ok` become typed errors."""
+    async def _call(
+        self, method: str, path: str, *, ok: Iterable[int] = (), secrets: Iterable[str] = (), **kwargs: Any
+    ) -> httpx.Response:
+        """One authenticated call; statuses outside 2xx and `ok` become typed errors. `secrets`
+        (a whole key sent to a server before 0.28) are kept out of messages too."""
         accepted = set(ok)
+        hidden = [*self._secrets(), *secrets]
         response = await send(
             self._client,
             method,
@@ -260,7 +345,7 @@ class HeadscaleTailnet(HttpAdapter):
             ok=accepted | {401, 403, 404},
             sleep=self._sleep,
             bearer=self._api_key,
-            secrets=self._secrets(),
+            secrets=hidden,
             timeout=self._timeout,
             **kwargs,
         )
@@ -274,14 +359,15 @@ class HeadscaleTailnet(HttpAdapter):
                 f"{self._secret_ref} (make one with `headscale apikeys create`; they expire, 90 days by default)",
             )
         if status == 403:
-            raise self._error(PermissionDenied, f"{SYSTEM} refused {method} {path} (403): {error_message(response)}")
+            raise self._error(PermissionDenied, f"{SYSTEM} refused {method} {path} (403): {scrub(error_message(response), hidden)}")
         if status == 404:
             raise self._error(
                 ConfigError,
                 f"{SYSTEM}: {method} {path} not found (404): check the Headscale URL {self._base_url!r} and that "
-                "the server runs Headscale 0.28 or later",
+                "the server runs Headscale 0.23 or later (0.22 and older call nodes machines)",
             )
-        raise self._error(ConfigError, f"{SYSTEM}: {method} {path} answered {status}: {error_message(response)}")
+        message = scrub(error_message(response), hidden)
+        raise self._error(ConfigError, f"{SYSTEM}: {method} {path} answered {status}: {message}")
 
     # --- answers and errors -----------------------------------------------------------
 

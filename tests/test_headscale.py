@@ -111,7 +111,7 @@ async def test_user_name_is_resolved_to_its_id_once(hs: FakeHeadscale, clock: Cl
         await tailnet.mint_auth_key(hostname="gpu-2", tags=TAGS, expiry=HOUR)
     lookups = [r for r in hs.requests if r.path == "/api/v1/user"]
     assert len(lookups) == 1 and lookups[0].query == {"name": "other"}
-    assert [r.json["user"] for r in hs.requests if r.path == "/api/v1/preauthkey"] == ["2", "2"]
+    assert [r.json["user"] for r in hs.requests if r.path == "/api/v1/preauthkey" and r.method == "POST"] == ["2", "2"]
 
 
 async def test_unknown_user_is_a_config_error(hs: FakeHeadscale, clock: Clock, sleeps: Sleeps) -> None:
@@ -130,7 +130,8 @@ async def test_tag_only_keys_without_a_user(hs: FakeHeadscale, clock: Clock, sle
         key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
         with pytest.raises(ConfigError, match="tags or a user"):
             await tailnet.mint_auth_key(hostname="gpu-1", tags=[], expiry=HOUR)
-    assert "user" not in hs.requests[0].json and hs.keys[key.key_id].user is None
+    created = next(r for r in hs.requests if r.method == "POST" and r.path == "/api/v1/preauthkey")
+    assert "user" not in created.json and hs.keys[key.key_id].user is None
 
 
 @pytest.mark.parametrize("tag", ["gpu-node", "tag:GPU", "tag:gpu node"])
@@ -221,7 +222,7 @@ async def test_delete_twice_is_fine(tailnet: HeadscaleTailnet, hs: FakeHeadscale
 # --- revoking ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("missing_status", [500, 404])  # 0.29 and 0.30 answers for a missing key
+@pytest.mark.parametrize("missing_status", [200, 404])  # 0.28/0.29 and 0.30 answers for a missing key
 async def test_revoke_expires_the_key_and_a_missing_key_counts_as_revoked(
     tailnet: HeadscaleTailnet, hs: FakeHeadscale, missing_status: int
 ) -> None:
@@ -257,3 +258,61 @@ async def test_revoke_keys_for_after_a_restart_finds_nothing(hs: FakeHeadscale, 
         assert await after.revoke_keys_for("gpu-1") == 0
         await after.revoke_auth_key(key.key_id)
     assert hs.keys[key.key_id].expired(clock.now())
+
+
+async def test_expiring_a_key_that_no_longer_exists_is_done_at_once(tailnet: HeadscaleTailnet, hs: FakeHeadscale, sleeps: Sleeps) -> None:
+    # 0.28/0.29 expire with an UPDATE by id: a missing id answers 200, not an error to retry.
+    await tailnet.revoke_auth_key("9999")
+    expires = [r for r in hs.requests if r.path == "/api/v1/preauthkey/expire"]
+    assert [(r.json, r.status) for r in expires] == [({"id": "9999"}, 200)]
+    assert sleeps == []
+
+
+# --- older servers ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("version", "owner"), [("0.27", "1"), ("0.25", "tgp")])
+@pytest.mark.parametrize("user", ["tgp", "1"])
+async def test_servers_before_0_28_get_their_own_key_shapes(clock: Clock, sleeps: Sleeps, version: str, owner: str, user: str) -> None:
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version=version) as hs:
+        async with make_tailnet(hs, clock, sleeps, user=user) as tailnet:
+            key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+            spare = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+            assert [r.json["user"] for r in hs.requests if r.method == "POST" and r.path == "/api/v1/preauthkey"] == [owner, owner]
+
+            # Nodes carry the key's tags as forcedTags before 0.28.
+            node = hs.register(key.secret.get_secret_value(), "gpu-1")
+            device = await tailnet.find_device("gpu-1", TAGS)
+            assert device is not None and device.device_id == node.id and device.tags == TAGS
+
+            # Expired by user and whole key, read from the user's key list.
+            await tailnet.revoke_auth_key(spare.key_id)
+            assert [r.json for r in hs.requests if r.path == "/api/v1/preauthkey/expire"] == [
+                {"user": owner, "key": spare.secret.get_secret_value()}
+            ]
+            with pytest.raises(RegistrationRejected, match="expired"):
+                hs.register(spare.secret.get_secret_value(), "gpu-1")
+            await tailnet.revoke_auth_key("9999")  # never existed: nothing to expire
+            assert await tailnet.revoke_keys_for("gpu-1") == 0  # one spent, one expired
+    # The server's key API was worked out once.
+    assert sum(1 for r in hs.requests if r.method == "GET" and r.path == "/api/v1/preauthkey" and not r.query) == 1
+    assert sleeps == []
+
+
+async def test_a_server_before_0_28_without_a_user_is_refused_with_what_to_do(clock: Clock, sleeps: Sleeps) -> None:
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version="0.27") as hs:
+        async with make_tailnet(hs, clock, sleeps, user=None) as tailnet:
+            with pytest.raises(ConfigError) as caught:
+                await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    message = str(caught.value)
+    assert "older than 0.28" in message and "user" in message and hs.url in message and API_KEY not in message
+    assert hs.keys == {}
+
+
+async def test_an_outage_while_probing_is_not_taken_for_an_old_server(tailnet: HeadscaleTailnet, hs: FakeHeadscale) -> None:
+    hs.fail("/api/v1/preauthkey", 500, method="GET", message="database is locked")
+    with pytest.raises(TransientError, match="database is locked"):
+        await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+    await tailnet.revoke_auth_key(key.key_id)
+    assert [r.json for r in hs.requests if r.path == "/api/v1/preauthkey/expire"] == [{"id": key.key_id}]

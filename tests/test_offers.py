@@ -41,3 +41,25 @@ def test_unavailable_entries_expire() -> None:
     assert cache.keys() == {"a/1/us"}
     now[0] += 2
     assert cache.keys() == set()
+
+
+def test_the_requirements_carry_the_tie_break() -> None:
+    # Without an explicit provider_priority, ranking uses the one in the requirements.
+    offers = [offer("vastai", "1", "0.50"), offer("runpod", "2", "0.50"), offer("lambdalabs", "3", "0.60")]
+    req = OfferRequirements(provider_priority={"runpod": 1, "vastai": 2, "lambdalabs": 1})
+    assert [o.offer_id for o in rank_offers(offers, req)] == ["2", "1", "3"]  # price first, then priority
+    req = OfferRequirements(provider_priority={"runpod": 2, "vastai": 1})
+    assert [o.offer_id for o in rank_offers(offers, req)] == ["1", "2", "3"]
+
+
+def test_class_provider_priority_reaches_the_ranking() -> None:
+    from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
+    from tgp.pools import offer_requirements
+
+    klass = GPUNodeClassSpec.model_validate(
+        {"providers": [{"name": "vastai", "priority": 2}, {"name": "runpod", "priority": 1}, {"name": "lambdalabs", "enabled": False}]}
+    )
+    req = offer_requirements(GPUNodePoolSpec.model_validate({"nodeClassRef": {"name": "c"}}), klass)
+    assert req.provider_priority == {"runpod": 1, "vastai": 2}
+    tied = [offer("vastai", "1", "0.50"), offer("runpod", "2", "0.50")]
+    assert [o.provider for o in rank_offers(tied, req)] == ["runpod", "vastai"]

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from activities.ports import CloudProvider
 from activities.providers.lambdalabs import LambdaProvider, wire_name
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TransientError
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
 from tgp.sim.lambdalabs import FakeLambda
 from tgp.types import BootPayload, InstanceState, Offer
 
@@ -223,6 +223,43 @@ async def test_unknown_ssh_key_is_config_error(lam: FakeLambda, clock: Clock) ->
     finally:
         await p.aclose()
     assert "'nope'" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("offer", "reason"),
+    [
+        (A10_EAST, "instance type does not exist"),  # retired since it was listed
+        (A10_EAST.model_copy(update={"region": "asia-south-1"}), "region does not exist"),
+    ],
+)
+async def test_a_type_or_region_lambda_no_longer_knows_refuses_the_offer(
+    lam: FakeLambda, provider: LambdaProvider, offer: Offer, reason: str
+) -> None:
+    lam.retire("gpu_1x_a10")
+    with pytest.raises(OfferRefused) as exc:
+        await provider.launch(offer, name="n", boot=BOOT)
+    message = str(exc.value)
+    assert not exc.value.retryable
+    assert "gpu_1x_a10" in message and offer.region in message and reason in message.lower()
+    assert "global/object-does-not-exist" in message
+    assert API_KEY not in message and AUTH_KEY not in message
+    assert lam.live_instances() == []
+
+
+async def test_unknown_image_family_is_config_error(lam: FakeLambda, clock: Clock) -> None:
+    p = make_provider(lam, clock, image_family="no-such-family")
+    try:
+        with pytest.raises(ConfigError) as exc:
+            await p.launch(A10_EAST, name="n", boot=BOOT)
+    finally:
+        await p.aclose()
+    assert "'no-such-family'" in str(exc.value) and AUTH_KEY not in str(exc.value)
+
+
+async def test_invalid_parameters_is_config_error(lam: FakeLambda, provider: LambdaProvider) -> None:
+    lam.fail("/instance-operations/launch", 400, method="POST", code="global/invalid-parameters", message="Bad user_data.")
+    with pytest.raises(ConfigError, match="invalid-parameters"):
+        await provider.launch(A10_EAST, name="n", boot=BOOT)
 
 
 async def test_wrong_key_is_auth_error_naming_the_secret(lam: FakeLambda, clock: Clock) -> None:

@@ -15,8 +15,8 @@ from pydantic import SecretStr
 
 from activities.ports import CloudProvider
 from activities.providers.paperspace import CATALOG_PATH, CatalogEntry, PaperspaceCatalog, PaperspaceProvider, load_catalog
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TransientError
-from tgp.sim.paperspace import FakePaperspace
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
+from tgp.sim.paperspace import SOLD_IN, FakePaperspace
 from tgp.types import BootPayload, InstanceState, Offer
 
 API_KEY = "ps-key-0123456789abcdef-never-logged"
@@ -96,6 +96,20 @@ async def test_offers_are_cross_checked_against_the_templates_machine_types(ps: 
     async with make(ps, sleeps, template_id="tmissing") as p:
         with pytest.raises(ConfigError, match="tmissing"):
             await p.list_offers()
+
+
+async def test_catalog_lists_each_machine_type_only_where_paperspace_sells_it(provider: PaperspaceProvider, ps: FakePaperspace) -> None:
+    # A5000 and A6000 are sold in NY2 and CA1 only (DigitalOcean's Machines availability table).
+    for entry in load_catalog().machine_types:
+        assert set(entry.regions) <= set(SOLD_IN[entry.machine_type]), entry.machine_type
+    offers = await provider.list_offers()
+    keys = {(o.offer_id, o.region) for o in offers}
+    assert ("A6000", "ams1") not in keys and ("A5000", "ams1") not in keys
+    assert {("A6000", "ny2"), ("A6000", "ca1"), ("A5000", "ny2"), ("A5000", "ca1")} <= keys
+    # Every offer the catalog makes is one the API accepts.
+    for n, offer in enumerate(offers):
+        await provider.launch(offer, name=f"tgp-gpu-{n}", boot=BOOT)
+    assert len(ps.live_machines()) == len(offers)
 
 
 def test_stale_catalog_is_detected() -> None:
@@ -206,6 +220,31 @@ async def test_no_capacity_is_a_capacity_error_and_leaves_no_script(provider: Pa
     await provider.launch(a4000(), name=NAME, boot=BOOT)
     with pytest.raises(CapacityError):
         await provider.launch(a4000(), name="tgp-gpu-b-1", boot=BOOT)
+
+
+async def test_machine_type_not_sold_in_the_region_refuses_the_offer_and_leaves_no_script(ps: FakePaperspace, sleeps: Sleeps) -> None:
+    # A catalog that still lists A6000 in AMS1: Paperspace refuses that one offer, not the class.
+    stale = PaperspaceCatalog(
+        as_of=date(2026, 1, 1),
+        source="test",
+        machine_types=[CatalogEntry(machine_type="A6000", gpu="A6000", hourly_price=Decimal("1.89"), regions=[NY2, "Europe (AMS1)"])],
+    )
+    offer = Offer(provider="paperspace", offer_id="A6000", gpu_type="A6000", region="ams1", hourly_price=Decimal("1.89"))
+    async with make(ps, sleeps, catalog=stale) as p:
+        with pytest.raises(OfferRefused) as err:
+            await p.launch(offer, name=NAME, boot=BOOT)
+    message = str(err.value)
+    assert not err.value.retryable
+    assert "A6000" in message and "Europe (AMS1)" in message and "not offered" in message
+    assert API_KEY not in message and "example.invalid" not in message
+    assert ps.live_machines() == [] and ps.scripts == {}
+
+
+async def test_a_template_the_server_does_not_know_is_still_a_config_error(ps: FakePaperspace, sleeps: Sleeps) -> None:
+    async with make(ps, sleeps, template_id="tgone", check_templates=False) as p:
+        with pytest.raises(ConfigError, match="tgone"):
+            await p.launch(a4000(), name=NAME, boot=BOOT)
+    assert ps.scripts == {}
 
 
 async def test_bad_key_is_a_non_retryable_auth_error_naming_the_credential(ps: FakePaperspace, sleeps: Sleeps) -> None:

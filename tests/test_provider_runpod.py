@@ -13,7 +13,7 @@ from pydantic import SecretStr
 
 from activities.ports import CloudProvider
 from activities.providers.runpod import RunPodProvider, offer_id, parse_offer_id
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TransientError
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
 from tgp.sim.runpod import CAPACITY_DETAIL, FakeRunPod
 from tgp.types import BootPayload, InstanceState, Offer
 
@@ -178,6 +178,41 @@ async def test_capacity_error_is_the_400_problem(rp: FakeRunPod, provider: RunPo
     create = next(r for r in rp.requests if r.method == "POST")
     assert create.status == 400
     assert rp.live_instances() == []
+
+
+async def test_retired_gpu_type_refuses_the_offer_and_fails_over(rp: FakeRunPod, provider: RunPodProvider) -> None:
+    # Listed a moment ago; RunPod has since dropped the type, so the create answers 422 on $.gpu.id.
+    assert any(o.offer_id == rtx_offer().offer_id for o in await provider.list_offers())
+    rp.retire(RTX4090)
+    with pytest.raises(OfferRefused) as exc:
+        await provider.launch(rtx_offer(), name="n", boot=BOOT)
+    message = str(exc.value)
+    assert not exc.value.retryable
+    assert RTX4090 in message and "US-KS-2" in message and "$.gpu.id" in message
+    assert API_KEY not in message and AUTH_KEY not in message
+    assert rp.live_instances() == []
+
+
+@pytest.mark.parametrize(
+    ("status", "detail"),
+    [(400, "The requested GPU type is not offered in this data center."), (403, "This account has no access to this GPU pool.")],
+)
+async def test_other_refusals_of_an_offer_fail_over(rp: FakeRunPod, provider: RunPodProvider, status: int, detail: str) -> None:
+    # RunPod's guidance: 400 -> try the next candidate, 403 -> skip that pool.
+    rp.fail("/pods", status, method="POST", detail=detail)
+    with pytest.raises(OfferRefused) as exc:
+        await provider.launch(rtx_offer(), name="n", boot=BOOT)
+    assert detail in str(exc.value) and "US-KS-2" in str(exc.value) and API_KEY not in str(exc.value)
+
+
+async def test_a_422_about_what_the_class_built_is_still_a_config_error(rp: FakeRunPod, sleeps: Sleeps) -> None:
+    p = RunPodProvider(SecretStr(API_KEY), base_url=rp.url, sleep=sleeps, image="")
+    try:
+        with pytest.raises(ConfigError) as exc:
+            await p.launch(rtx_offer(), name="n", boot=BOOT)
+    finally:
+        await p.aclose()
+    assert "$.image" in str(exc.value) and AUTH_KEY not in str(exc.value)
 
 
 async def test_capacity_detail_is_the_observed_text() -> None:

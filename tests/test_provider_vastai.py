@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from activities.ports import CloudProvider
 from activities.providers.vastai import VastProvider
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TransientError
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
 from tgp.types import BootPayload, InstanceState, Offer
 from tgp.sim.vastai import FakeAsk, FakeVast
 
@@ -199,6 +199,28 @@ async def test_ask_rented_away_is_a_capacity_error(provider: VastProvider, vast:
     with pytest.raises(CapacityError, match="no longer available"):
         await provider.launch(offer(101, "0.31"), name=NAME, boot=BOOT)
     assert vast.live_instances() == []
+
+
+async def test_host_only_ask_refuses_the_offer_not_the_account(provider: VastProvider, vast: FakeVast) -> None:
+    vast.asks[101].host_only = True  # listed by the search, rentable only by its host
+    assert "101" in {o.offer_id for o in await provider.list_offers()}
+    with pytest.raises(OfferRefused) as err:
+        await provider.launch(offer(101, "0.31"), name=NAME, boot=BOOT)
+    message = str(err.value)
+    assert not err.value.retryable
+    assert "ask 101" in message and "not your own" in message and "403" in message
+    assert API_KEY not in message and "echo join" not in message
+    assert vast.live_instances() == []
+    # The next offer rents as usual.
+    assert (await provider.launch(offer(102, "0.21"), name=NAME, boot=BOOT)).state is InstanceState.PENDING
+
+
+async def test_vm_without_an_account_ssh_key_is_still_a_config_error(vast: FakeVast, sleeps: Sleeps, clock: Clock) -> None:
+    vast.account_ssh_key = False
+    async with make(vast, sleeps, clock, vm=True) as p:
+        with pytest.raises(ConfigError, match="no_ssh_key_for_vm") as err:
+            await p.launch(offer(103, "2.11"), name=NAME, boot=BOOT)
+    assert API_KEY not in str(err.value) and vast.live_instances() == []
 
 
 async def test_bid_launch_sends_the_price(provider: VastProvider, vast: FakeVast) -> None:

@@ -35,11 +35,12 @@ def rank_offers(
 ) -> list[Offer]:
     """Offers that satisfy `req` and are not excluded, cheapest first.
 
-    Ties on price go to the provider with the lower priority number (1 = preferred), then
-    to the offer key so the order is stable.
+    Ties on price go to the provider with the lower priority number (1 = preferred; from
+    `req.provider_priority` unless `provider_priority` is given; unlisted providers last),
+    then to the offer key so the order is stable.
     """
     excluded = set(exclude)
-    priority = provider_priority or {}
+    priority = req.provider_priority if provider_priority is None else provider_priority
     eligible = [o for o in offers if o.key not in excluded and offer_satisfies(o, req)]
     return sorted(eligible, key=lambda o: (o.hourly_price, priority.get(o.provider, 1_000), o.key))
 

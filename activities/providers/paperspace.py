@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, send
+from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, scrub, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -253,6 +253,7 @@ class PaperspaceProvider(HttpAdapter):
             # The machine was definitely not created: its script (with the auth key) must not linger.
             await self._delete_script_quietly(script_id)
             code, message = _error(response)
+            message = scrub(message)  # an echo of the startup script must not carry its tailnet key
             if response.status_code == 402 or _mentions(code, message, _BILLING_MARKERS):
                 raise PermissionDenied(f"Paperspace refused to create {offer.offer_id} for billing reasons ({code}: {message}): check the account's billing")
             if _mentions(code, message, _CAPACITY_MARKERS):

@@ -16,6 +16,11 @@ Wire format (reference/providers.md section 3), translated once here into Offer/
     GET    /api/v1/instances/?select_filters={"label": {"eq": name}} -> {instances, next_token}
     DELETE /api/v0/instances/{id}/ -> {"success": true} | 404 (already gone)
 
+A refused rental is sorted by what it says: `no_such_ask` and a low bid -> CapacityError;
+billing -> PermissionDenied; `invalid_args` and `no_ssh_key_for_vm` (the body tgp built, the
+account's setup) -> ConfigError; a host-only ask (403 "Offer N is not your own") and any other
+refusal of this one ask -> OfferRefused, so the node fails over to the next offer.
+
 Vast enforces a minimum interval per endpoint and its 429 carries no Retry-After, so each
 endpoint has its own `MinInterval` and a 429 re-enters that pacing before retrying.
 """
@@ -34,8 +39,8 @@ import structlog
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, HttpAdapter, OutcomeUnknown, backoff, retry_after_seconds, send
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
+from tgp.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, HttpAdapter, OutcomeUnknown, backoff, retry_after_seconds, scrub, send
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.ratelimit import MinInterval, Unlimited
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -116,6 +121,8 @@ _STATES: Mapping[str | None, InstanceState] = {
 # What Vast says when an ask was rented away or withdrawn.
 _GONE_ASK_MARKERS = ("no_such_ask", "not available", "no longer available")
 _BILLING_MARKERS = ("credit", "balance", "payment", "billing")
+# Refusals of what tgp sent or how the account is set up: wrong for every ask.
+_CONFIG_CODES = frozenset({"invalid_args", "no_ssh_key_for_vm"})
 
 Sleep = Callable[[float], Awaitable[object]]
 
@@ -210,7 +217,8 @@ class VastProvider(HttpAdapter):
         """Rent ask `offer.offer_id` labelled `name`; a spot offer bids its hourly price.
 
         CapacityError when the ask was rented away or the bid is below the market (the stopped
-        instance Vast creates anyway is destroyed). A 5xx or timeout raises TransientError
+        instance Vast creates anyway is destroyed); OfferRefused when Vast refuses this ask
+        for another reason (a host-only ask). A 5xx or timeout raises TransientError
         without retrying: the instance may exist, and the caller looks it up by label.
         """
         body: dict[str, Any] = {
@@ -226,9 +234,10 @@ class VastProvider(HttpAdapter):
         if offer.spot:
             body["price"] = float(offer.hourly_price)
         # On-demand and bid rentals are the same endpoint, so they share its pacing.
-        response = await self._call("create", "PUT", f"{self._v0}/asks/{offer.offer_id}/", create=True, ok=(404, 410), json=body)
+        response = await self._call("create", "PUT", f"{self._v0}/asks/{offer.offer_id}/", create=True, ok=(403, 404, 410), json=body)
         data = _json(response)
         code, message = _vast_error(data)
+        message = scrub(message)  # an echo of the onstart script must not carry its tailnet key
         contract = data.get("new_contract") if isinstance(data, dict) else None
         if response.status_code < 300 and isinstance(data, dict) and data.get("success") and contract is not None:
             return Instance(
@@ -254,7 +263,12 @@ class VastProvider(HttpAdapter):
             raise CapacityError(f"Vast.ai refused a bid of ${offer.hourly_price}/h for ask {offer.offer_id}: {message or code}")
         if response.status_code == 402 or _mentions(code, message, _BILLING_MARKERS):
             raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} for billing reasons ({message or code}): add credit to the Vast.ai account")
-        raise ConfigError(f"Vast.ai rejected the launch of ask {offer.offer_id} ({response.status_code}): {message or code or 'no reason given'}")
+        if response.status_code == 403 and "not your own" not in message.lower():
+            # Not the documented host-only answer: the key may not rent at all.
+            raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} (403): {message or code or 'no reason given'}")
+        if code in _CONFIG_CODES:
+            raise ConfigError(f"Vast.ai rejected the launch of ask {offer.offer_id} ({response.status_code} {code}): {message or 'no reason given'}")
+        raise OfferRefused(f"Vast.ai refused ask {offer.offer_id} ({response.status_code}): {message or code or 'no reason given'}")
 
     async def find_by_name(self, name: str) -> Instance | None:
         """The instance labelled `name`, from the v1 instance list filtered by label."""

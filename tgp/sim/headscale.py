@@ -6,9 +6,19 @@ Shapes and errors follow the real server (reference/network-bootstrap.md 2.x): B
 uint64 ids as strings, RFC 3339 times), pre-auth keys whose full secret is returned only on
 create and shown as a prefix in the list, users by numeric id, tagged nodes with `online`, and
 gRPC-gateway errors `{"code": <grpc code>, "message": ..., "details": []}`. A node that does
-not exist answers 404 (0.29 returns gRPC NotFound). A key or user that does not exist answers
-500: 0.29's handlers return those as plain Go errors, which grpc-gateway maps to Unknown/500
-(read from the source, not observed); 0.30 answers 404, which `missing_key_status=404` gives.
+not exist answers 404 (0.29 returns gRPC NotFound). A user that does not exist answers 500:
+0.29's handlers return that as a plain Go error, which grpc-gateway maps to Unknown/500 (read
+from the source, not observed). Expiring or deleting a key id that does not exist answers 200
+`{}`: 0.28/0.29 run `UPDATE ... WHERE id = ?` / a delete by id, which match nothing without an
+error (hscontrol/db/preauth_keys.go); 0.30 answers 404, which `missing_key_status=404` gives.
+
+`version` ("0.29" by default) makes the fake answer as an older server for the calls whose
+shape changed (reference/network-bootstrap.md 2.3): before 0.28 a pre-auth key belongs to a
+user (`user` is required; tag-only keys do not exist), the key list needs `?user=` and shows
+whole keys (they were stored in plain text), a key is expired with `{user, key}`, and nodes
+carry `forcedTags` instead of `tags` and stay owned by the key's user. 0.26-0.27 name the user
+by numeric id (a name in `?user=` is a 400 type mismatch); 0.23-0.25 by name. Without a
+`user`, the old key list answers 500 "user not found".
 
 Not part of the real API:
 * `POST /_fake/register {"authKey": ..., "hostname": ...}` (and `FakeHeadscale.register`):
@@ -92,11 +102,12 @@ class FakePreAuthKey:
     def expired(self, now: datetime) -> bool:
         return self.expiration is not None and now >= self.expiration
 
-    def to_json(self, *, with_secret: bool = False) -> dict[str, Any]:
+    def to_json(self, *, with_secret: bool = False, version: tuple[int, int] = (0, 29)) -> dict[str, Any]:
+        legacy = version < (0, 28)
         data: dict[str, Any] = {
             "id": self.id,
             # Since 0.28 only the create call shows the whole key; lists show its prefix.
-            "key": self.secret if with_secret else self.secret.rsplit("-", 1)[0] + "-***",
+            "key": self.secret if with_secret or legacy else self.secret.rsplit("-", 1)[0] + "-***",
             "reusable": self.reusable,
             "ephemeral": self.ephemeral,
             "used": self.used,
@@ -105,7 +116,8 @@ class FakePreAuthKey:
             "aclTags": list(self.acl_tags),
         }
         if self.user is not None:
-            data["user"] = self.user.to_json()
+            # 0.26 made `user` the whole user; before, it was the user's name.
+            data["user"] = self.user.name if version < (0, 26) else self.user.to_json()
         return data
 
 
@@ -124,7 +136,7 @@ class FakeNode:
     key: FakePreAuthKey
     online: bool = True
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, version: tuple[int, int] = (0, 29)) -> dict[str, Any]:
         data: dict[str, Any] = {
             "id": self.id,
             "machineKey": f"mkey:{self.id:0>64}",
@@ -135,15 +147,19 @@ class FakeNode:
             "givenName": self.given_name,
             "lastSeen": _iso(self.last_seen),
             "expiry": None,  # tagged nodes do not expire by default
-            "preAuthKey": self.key.to_json(),
+            "preAuthKey": self.key.to_json(version=version),
             "createdAt": _iso(self.created_at),
             "registerMethod": "REGISTER_METHOD_AUTH_KEY",
             "online": self.online,
             "approvedRoutes": [],
             "availableRoutes": [],
             "subnetRoutes": [],
-            "tags": list(self.tags),
         }
+        if version < (0, 28):
+            # Before tags became an identity, a key's tags were forced onto a user's node.
+            data.update(forcedTags=list(self.tags), validTags=[], invalidTags=[])
+        else:
+            data["tags"] = list(self.tags)
         if self.user is not None:
             data["user"] = self.user.to_json()
         return data
@@ -157,7 +173,8 @@ class FakeHeadscale(FakeServer):
 
     `api_keys` are the accepted Bearer keys; `users` are created in order with ids "1", "2", ...
     `now` is the clock for key expiry (tests pass a controllable one). `missing_key_status` is
-    the status for expiring a key that does not exist: 500 like 0.29, 404 like 0.30.
+    the status for expiring or deleting a key id that does not exist: 200 like 0.28/0.29, 404
+    like 0.30. `version` ("major.minor", e.g. "0.27" or "0.25") answers as that older server.
     """
 
     def __init__(
@@ -166,10 +183,15 @@ class FakeHeadscale(FakeServer):
         api_keys: Iterable[str],
         users: Iterable[str] = ("tgp",),
         now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-        missing_key_status: int = 500,
+        missing_key_status: int = 200,
+        version: str = "0.29",
         host: str = "127.0.0.1",
     ) -> None:
         super().__init__(host=host)
+        major, minor = (int(part) for part in version.split(".")[:2])
+        if (major, minor) < (0, 23):
+            raise ValueError("the fake speaks Headscale 0.23 and later (0.22 calls nodes machines)")
+        self.version = (major, minor)
         self.api_keys = set(api_keys)
         self.now = now
         self.missing_key_status = missing_key_status
@@ -244,9 +266,9 @@ class FakeHeadscale(FakeServer):
             name=hostname,
             given_name=given,
             ip_addresses=[f"100.64.{n // 256}.{n % 256}", f"fd7a:115c:a1e0::{n:x}"],
-            # A tagged key makes a tagged node, owned by its tags rather than the user.
+            # A tagged key makes a tagged node, owned by its tags rather than the user (0.28+).
             tags=list(key.acl_tags),
-            user=None if key.acl_tags else key.user,
+            user=None if key.acl_tags and self.version >= (0, 28) else key.user,
             created_at=now,
             last_seen=now,
             key=key,
@@ -286,10 +308,11 @@ class FakeHeadscale(FakeServer):
                 return _error(400, GRPC_INVALID_ARGUMENT, "tag should be lowercase")
             if len(tag.split()) > 1:
                 return _error(400, GRPC_INVALID_ARGUMENT, "tags must not contain spaces")
-        user_id = str(body.get("user") or "")
+        user_ref = str(body.get("user") or "")
         user: FakeUser | None = None
-        if user_id and user_id != "0":
-            user = self.users.get(user_id)
+        if self.version < (0, 28) or (user_ref and user_ref != "0"):
+            # Before 0.28 every key belongs to a user.
+            user = self._user(user_ref)
             if user is None:
                 return _error(500, GRPC_UNKNOWN, "user not found")
         if user is None and not tags:
@@ -303,7 +326,8 @@ class FakeHeadscale(FakeServer):
         key_id = str(next(self._key_ids))
         key = FakePreAuthKey(
             id=key_id,
-            secret=f"hskey-auth-{secrets.token_hex(6)}-{secrets.token_urlsafe(32)}",
+            # Before 0.28 keys were plain random hex, stored as is.
+            secret=f"hskey-auth-{secrets.token_hex(6)}-{secrets.token_urlsafe(32)}" if self.version >= (0, 28) else secrets.token_hex(24),
             user=user,
             reusable=bool(body.get("reusable", False)),
             ephemeral=bool(body.get("ephemeral", False)),
@@ -313,22 +337,42 @@ class FakeHeadscale(FakeServer):
             body=body,
         )
         self.keys[key_id] = key
-        return web.json_response({"preAuthKey": key.to_json(with_secret=True)})
+        return web.json_response({"preAuthKey": key.to_json(with_secret=True, version=self.version)})
 
     async def _list_keys(self, request: web.Request) -> web.Response:
-        # Since 0.28 the list holds every key, whatever `user` says.
         keys = sorted(self.keys.values(), key=lambda k: int(k.id))
-        return web.json_response({"preAuthKeys": [k.to_json() for k in keys]})
+        if self.version < (0, 28):
+            # Before 0.28 the list is per user, and `user` is required.
+            ref = request.query.get("user", "")
+            if self.version >= (0, 26) and ref and not ref.isdigit():
+                return _error(400, GRPC_INVALID_ARGUMENT, f'type mismatch, parameter: user, error: strconv.ParseUint: parsing "{ref}": invalid syntax')
+            user = self._user(ref)
+            if user is None:
+                return _error(500, GRPC_UNKNOWN, "user not found")
+            keys = [k for k in keys if k.user is user]
+        # Since 0.28 the list holds every key, whatever `user` says.
+        return web.json_response({"preAuthKeys": [k.to_json(version=self.version) for k in keys]})
 
     async def _expire_key(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
         except ValueError:
             return _error(400, GRPC_INVALID_ARGUMENT, "invalid JSON body")
-        key = self.keys.get(str((body or {}).get("id") or ""))
+        body = body if isinstance(body, dict) else {}
+        if self.version < (0, 28):
+            # Before 0.28 a key is named by its user and whole key.
+            user = self._user(str(body.get("user") or ""))
+            if user is None:
+                return _error(500, GRPC_UNKNOWN, "user not found")
+            key = next((k for k in self.keys.values() if k.user is user and k.secret == body.get("key")), None)
+            if key is None:
+                return _error(500, GRPC_UNKNOWN, "AuthKey not found")
+        else:
+            key = self.keys.get(str(body.get("id") or ""))
         if key is None:
-            code = GRPC_NOT_FOUND if self.missing_key_status == 404 else GRPC_UNKNOWN
-            return _error(self.missing_key_status, code, "preauth key not found")
+            if self.missing_key_status < 300:
+                return web.json_response({})  # an UPDATE that matched no row
+            return _error(self.missing_key_status, GRPC_NOT_FOUND, "preauth key not found")
         now = self.now()
         if key.expiration is None or key.expiration > now:
             key.expiration = now
@@ -336,9 +380,8 @@ class FakeHeadscale(FakeServer):
 
     async def _delete_key(self, request: web.Request) -> web.Response:
         key = self.keys.pop(request.query.get("id", ""), None)
-        if key is None:
-            code = GRPC_NOT_FOUND if self.missing_key_status == 404 else GRPC_UNKNOWN
-            return _error(self.missing_key_status, code, "preauth key not found")
+        if key is None and self.missing_key_status >= 300:
+            return _error(self.missing_key_status, GRPC_NOT_FOUND, "preauth key not found")
         return web.json_response({})
 
     # --- nodes and users --------------------------------------------------------------
@@ -350,13 +393,13 @@ class FakeHeadscale(FakeServer):
             if not any(u.name == user_name for u in self.users.values()):
                 return _error(500, GRPC_UNKNOWN, "user not found")
             nodes = [n for n in nodes if n.user is not None and n.user.name == user_name]
-        return web.json_response({"nodes": [n.to_json() for n in nodes]})
+        return web.json_response({"nodes": [n.to_json(self.version) for n in nodes]})
 
     async def _get_node(self, request: web.Request) -> web.Response:
         node = self.nodes.get(request.match_info["node_id"])
         if node is None:
             return _error(404, GRPC_NOT_FOUND, "node not found")
-        return web.json_response({"node": node.to_json()})
+        return web.json_response({"node": node.to_json(self.version)})
 
     async def _delete_node(self, request: web.Request) -> web.Response:
         node = self.nodes.pop(request.match_info["node_id"], None)
@@ -383,7 +426,13 @@ class FakeHeadscale(FakeServer):
             node = self.register(auth_key, hostname)
         except RegistrationRejected as exc:
             return _error(401, 16, str(exc))
-        return web.json_response({"node": node.to_json()})
+        return web.json_response({"node": node.to_json(self.version)})
+
+    def _user(self, ref: str) -> FakeUser | None:
+        """The user a request names: by name before 0.26, by numeric id since."""
+        if self.version < (0, 26):
+            return next((u for u in self.users.values() if u.name == ref), None)
+        return self.users.get(ref)
 
 
 def _error(status: int, code: int, message: str) -> web.Response:

@@ -7,8 +7,8 @@ Shapes and failures follow reference/providers.md section 1:
   hour, and `regions_with_capacity_available` from the per-(type, region) capacity;
 * `POST /api/v1/instance-operations/launch` checks the body like the 1.8.3 schema, answers
   400 `instance-operations/launch/insufficient-capacity`, 400 `global/quota-exceeded`,
-  403 `global/account-inactive`, 400 `global/object-does-not-exist` (unknown region, type or
-  SSH key), and throttles launches to one per `launch_interval` seconds of `clock` (429);
+  403 `global/account-inactive`, 400 `global/object-does-not-exist` (unknown region, type,
+  SSH key or image family), and throttles launches to one per `launch_interval` seconds of `clock` (429);
 * instances go `booting` (no ip) -> `active` (ip) and, once terminated, `terminating` ->
   gone (404 `global/object-does-not-exist`; `GET /instances` lists non-terminated only);
 * a wrong or missing key is 401 `global/invalid-api-key` (Bearer, or Basic `key:`).
@@ -18,8 +18,10 @@ and whether a 429 carries Retry-After (off unless `throttle_retry_after=True`).
 
 Python-level knobs (not part of the real API):
 * `set_capacity(type_name, region, n)`: launches that can still succeed there.
+* `retire(type_name)`: Lambda stops selling a type (launches of it: object-does-not-exist).
 * `fail(path, status, times=, retry_after=, method=, code=, message=)`: the next requests fail.
-* `quota`, `account_inactive`, `ssh_keys`, `launch_interval`, `request_interval`: account state.
+* `quota`, `account_inactive`, `ssh_keys`, `image_families`, `launch_interval`,
+  `request_interval`: account state.
 * `advance(instance_id=None)` / `set_status(instance_id, status)`: booting -> active,
   terminating -> gone; or unhealthy / preempted. `boot_delay` boots on a timer instead.
 * `instances`, `live_instances()`, `create_requests`, `requests`: state and a request log.
@@ -166,6 +168,7 @@ class FakeLambda(FakeServer):
         catalog: tuple[FakeInstanceType, ...] = DEFAULT_CATALOG,
         capacity: dict[tuple[str, str], int] | None = None,
         ssh_keys: Iterable[str] = ("tgp",),
+        image_families: Iterable[str] = ("lambda-stack-22-04", "lambda-stack-24-04", "ubuntu-22-04"),
         quota: int | None = None,
         account_inactive: bool = False,
         launch_interval: float = 12.0,
@@ -180,6 +183,7 @@ class FakeLambda(FakeServer):
         self.catalog = {t.name: t for t in catalog}
         self.capacity: dict[tuple[str, str], int] = dict(DEFAULT_CAPACITY if capacity is None else capacity)
         self.ssh_keys = set(ssh_keys)
+        self.image_families = set(image_families)
         self.quota = quota
         self.account_inactive = account_inactive
         self.launch_interval = launch_interval
@@ -215,6 +219,11 @@ class FakeLambda(FakeServer):
     def set_capacity(self, type_name: str, region: str, n: int) -> None:
         """How many more launches of `type_name` can succeed in `region` (0 = sold out)."""
         self.capacity[(type_name, region)] = n
+
+    def retire(self, type_name: str) -> None:
+        """Lambda stops selling `type_name`: it leaves the catalog and launches of it answer
+        400 global/object-does-not-exist."""
+        self.catalog.pop(type_name, None)
 
     def fail(  # type: ignore[override]  # Lambda's errors have a code and a message, not a body
         self,
@@ -389,6 +398,9 @@ class FakeLambda(FakeServer):
             return _error(400, "global/object-does-not-exist", "Specified instance type does not exist.")
         if keys[0] not in self.ssh_keys:
             return _error(400, "global/object-does-not-exist", "Specified SSH key does not exist.")
+        image = body.get("image")
+        if isinstance(image, dict) and "family" in image and image["family"] not in self.image_families:
+            return _error(400, "global/object-does-not-exist", "Specified image does not exist.")
         return None
 
     def _boot(self, instance_id: str) -> None:

@@ -11,12 +11,15 @@ Shapes and failures follow reference/providers.md section 4:
 * `GET /v1/machines/{id}` is the Machine, 404 once deleted (or, with `deleted_visible`, the
   Machine with `dtDeleted` set). `DELETE /v1/machines/{id}` answers the Machine.
 * Errors are `{"code", "message"}`: 401 for a bad key, a 400 "out of capacity" when a
-  (machine type, region) has none left, 429/5xx injected with `fail`.
+  (machine type, region) has none left, a 400 refusal for a machine type not sold in that
+  region at all (DigitalOcean's Machines availability table: A5000/A6000 only NY2 and CA1,
+  H100/A100/V100-32G only NY2; the wording is assumed, the API does not document it) or not
+  sold at all, 429/5xx injected with `fail`.
 * `GET /v1/billing/account-standing` reports the `standing` knob.
 
 Not part of the real API: the Python knobs (`set_capacity`, `set_state`, `make_ready`,
 `fail`, the attributes `standing`, `page_size`, `deleted_visible`, `delete_requires_off`,
-`honour_name_filter`, `templates`, `capacity`) and the introspection (`machines`,
+`honour_name_filter`, `templates`, `capacity`, `sold_in`) and the introspection (`machines`,
 `live_machines()`, `scripts`, `creates`, `requests`).
 
     async with FakePaperspace(api_key="k") as ps:
@@ -36,10 +39,25 @@ from aiohttp.typedefs import Middleware
 
 from tgp.sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
 
-__all__ = ["DEFAULT_TEMPLATE_ID", "FakeMachine", "FakePaperspace", "PaperspaceRequest"]
+__all__ = ["DEFAULT_TEMPLATE_ID", "SOLD_IN", "FakeMachine", "FakePaperspace", "PaperspaceRequest"]
 
 DEFAULT_TEMPLATE_ID = "tkni3aa4"
 DEFAULT_MACHINE_TYPES = ("H100", "H100x8", "A100-80G", "A6000", "A5000", "A4000", "RTX4000", "P4000", "V100-32G")
+NY2, CA1, AMS1 = "East Coast (NY2)", "West Coast (CA1)", "Europe (AMS1)"
+# Where each GPU machine type is sold: DigitalOcean's Paperspace Machines availability table
+# (docs.digitalocean.com/products/paperspace/machines/details/availability). H100x8 is not in
+# the table; it follows H100.
+SOLD_IN: dict[str, tuple[str, ...]] = {
+    "H100": (NY2,),
+    "H100x8": (NY2,),
+    "A100-80G": (NY2,),
+    "V100-32G": (NY2,),
+    "A6000": (NY2, CA1),
+    "A5000": (NY2, CA1),
+    "A4000": (NY2, AMS1, CA1),
+    "RTX4000": (NY2, AMS1, CA1),
+    "P4000": (NY2, AMS1, CA1),
+}
 # Machine states a test may set (providers.md 4.4).
 STATES = ("provisioning", "starting", "serviceready", "ready", "stopping", "off", "restarting", "upgrading")
 
@@ -102,7 +120,8 @@ class FakePaperspace(FakeServer):
     give the adapter. Requests must carry `Authorization: Bearer <api_key>`.
 
     `capacity` maps (machineType, region name) to how many more machines may be created
-    there; a pair not listed is unlimited. `fail(path, status=429, ...)` matches the full path
+    there; a pair not listed is unlimited. `sold_in` maps each machine type to the regions
+    that sell it at all (default SOLD_IN); creating one elsewhere is refused. `fail(path, status=429, ...)` matches the full path
     (e.g. "/v1/machines*"); its default body is `{code, message}`.
     """
 
@@ -114,6 +133,7 @@ class FakePaperspace(FakeServer):
         api_key: str,
         templates: list[dict[str, Any]] | None = None,
         capacity: dict[tuple[str, str], int] | None = None,
+        sold_in: dict[str, tuple[str, ...]] | None = None,
         page_size: int = 20,
         host: str = "127.0.0.1",
     ) -> None:
@@ -132,6 +152,7 @@ class FakePaperspace(FakeServer):
             }
         ]
         self.capacity: dict[tuple[str, str], int] = dict(capacity or {})
+        self.sold_in: dict[str, tuple[str, ...]] = dict(SOLD_IN if sold_in is None else sold_in)
         self.page_size = page_size
         self.standing: dict[str, Any] = {"isInGoodStanding": True, "hasPaymentMethod": True, "isAdminLocked": False, "messages": []}
         # Answer GET of a deleted machine with dtDeleted set instead of 404.
@@ -255,6 +276,10 @@ class FakePaperspace(FakeServer):
             return _error(404, "NOT_FOUND", f"Template {body['templateId']} not found")
         if body.get("startupScriptId") and body["startupScriptId"] not in self.scripts:
             return _error(404, "NOT_FOUND", f"Startup script {body['startupScriptId']} not found")
+        if body["machineType"] not in self.sold_in:
+            return _error(400, "BAD_REQUEST", f"Invalid machine type {body['machineType']}")
+        if body["region"] not in self.sold_in[body["machineType"]]:
+            return _error(400, "BAD_REQUEST", f"Machine type {body['machineType']} is not offered in region {body['region']}")
         key = (body["machineType"], body["region"])
         left = self.capacity.get(key)
         if left is not None and left <= 0:

@@ -5,7 +5,10 @@ Shapes and failures follow reference/providers.md section 2:
 * `GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&count=N` with per-GPU-hour prices,
   `availability` NONE|LOW|MEDIUM|HIGH and per-datacenter stock (scoped to `count`);
 * `POST /v2/pods` -> 201 Pod; capacity failure is a **400 problem+json** whose `detail` is the
-  observed "There are no longer any instances available ..." (no machine-readable code);
+  observed "There are no longer any instances available ..." (no machine-readable code); a body
+  the schema refuses is **422** with `errors: ["$.<field>: <why>"]`, including a `gpu.id` or
+  `dataCenterIds` entry outside the spec's enums (a GPU type RunPod has since retired: the
+  enum wording is assumed from the documented `"$.action: value must be one of ..."`);
 * a new pod reads `RUNNING` at once with `runtime: null` and `ssh.direct: null`; ports appear
   only when the test (or `boot_delay`) says the container is up;
 * `DELETE /v2/pods/{id}` -> 204 (404 unknown); errors are `application/problem+json`
@@ -14,6 +17,7 @@ Shapes and failures follow reference/providers.md section 2:
 
 Python-level knobs (not part of the real API):
 * `set_capacity(gpu_id, dc_id, gpus)`: free GPUs of a type in a datacenter (per (type, region)).
+* `retire(gpu_id)`: RunPod stops selling a GPU type (gone from the catalog; creates answer 422).
 * `fail(path, status, times=, retry_after=, method=, detail=)`: the next requests answer an error.
 * `create_then_fail(times=, status=)`: the next creates buy the pod, then answer 500 (the
   create-then-500 bug RunPod v1 showed in June 2026).
@@ -226,6 +230,10 @@ class FakeRunPod(FakeServer):
         """Free GPUs of `gpu_id` in `dc_id` (0 = sold out: listed NONE, creates answer 400)."""
         self.stock[(gpu_id, dc_id)] = gpus
 
+    def retire(self, gpu_id: str) -> None:
+        """RunPod stops selling `gpu_id`: the catalog drops it and creates naming it answer 422."""
+        self.catalog.pop(gpu_id, None)
+
     def fail(  # type: ignore[override]  # RunPod's errors have a detail, not a body
         self,
         path: str = "*",
@@ -379,12 +387,12 @@ class FakeRunPod(FakeServer):
         except ValueError:
             return _problem(400, "request body is not valid JSON")
         problems = _validate_create(body)
+        if not problems and body.get("gpu") and body["gpu"]["id"] not in self.catalog:
+            problems = [f"$.gpu.id: value must be one of {', '.join(map(repr, self.catalog))}"]
         if problems:
             return _problem(422, "validation failed", errors=problems)
         self.create_requests += 1
-        gpu = self.catalog.get(body["gpu"]["id"])
-        if gpu is None:
-            return _problem(422, "validation failed", errors=[f"$.gpu.id: unknown GPU type {body['gpu']['id']!r}"])
+        gpu = self.catalog[body["gpu"]["id"]]
         count = int(body["gpu"].get("count", 1))
         # The endpoint places the one GPU type in the first listed datacenter with stock.
         dc = next((d for d in body.get("dataCenterIds") or gpu.data_centers if self.stock.get((gpu.id, d), 0) >= count), None)
@@ -441,6 +449,9 @@ def _validate_create(body: Any) -> list[str]:
     env = body.get("env")
     if env is not None and not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
         problems.append("$.env: must be an object of strings")
+    for i, dc in enumerate(body.get("dataCenterIds") or []):
+        if dc not in DATA_CENTERS:
+            problems.append(f"$.dataCenterIds[{i}]: value must be one of {', '.join(map(repr, DATA_CENTERS))}")
     return problems
 
 

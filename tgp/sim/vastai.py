@@ -9,7 +9,9 @@ Shapes and failures follow reference/providers.md section 3:
   does not exist answers 404 and one rented away 410, both `no_such_ask`. A bid (`price`) below
   the ask's market price creates the instance **stopped** (cur_state, intended_status and
   next_state all "stopped") and, by default, answers an error that still carries
-  `new_contract` (`low_bid_reply="error"`), or a plain success (`"success"`).
+  `new_contract` (`low_bid_reply="error"`), or a plain success (`"success"`). A host-only ask
+  (`FakeAsk.host_only`) answers 403 "Offer N is not your own…" (the tail of that text is
+  assumed); `vm: true` without an SSH key on the account answers 400 `no_ssh_key_for_vm`.
 * `GET /api/v0/instances/{id}/` answers `{"instances": {...}}`, or `{"instances": null}` for an
   unknown or destroyed id.
 * `GET /api/v1/instances/?select_filters=...&limit=&after_token=` pages `{instances, next_token}`.
@@ -21,7 +23,7 @@ Shapes and failures follow reference/providers.md section 3:
 
 Not part of the real API: the Python knobs (`add_ask`, `rent_away`, `withdraw`, `raise_market`,
 `set_status`, `start_instance`, `outbid`, `forget`, `fail`, `mark_called`, the attributes
-`low_bid_reply`, `bad_key_search_status`, `page_size`, `min_intervals`) and the introspection
+`low_bid_reply`, `bad_key_search_status`, `page_size`, `min_intervals`, `account_ssh_key`) and the introspection
 (`asks`, `instances`, `live_instances()`, `creates`, `rate_limited`, `requests`).
 
     async with FakeVast(api_key="k") as vast:
@@ -72,6 +74,8 @@ class FakeAsk:
     gpu_ram: int = 24564
     # A bid below this starts the instance stopped; defaults to min_bid.
     market_bid: Decimal | None = None
+    # Listed, but only its host may rent it (Vast answers 403 to anyone else).
+    host_only: bool = False
 
     def dph_total(self, storage_gb: int) -> Decimal:
         """$/h including `storage_gb` of disk, as Vast computes it."""
@@ -189,6 +193,7 @@ class FakeVast(FakeServer):
         asks: list[FakeAsk] | None = None,
         low_bid_reply: Literal["error", "success"] = "error",
         bad_key_search_status: int = 401,
+        account_ssh_key: bool = True,
         page_size: int = 25,
         min_intervals: dict[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -200,6 +205,8 @@ class FakeVast(FakeServer):
         self.instances: dict[int, FakeVastInstance] = {}
         self.low_bid_reply = low_bid_reply
         self.bad_key_search_status = bad_key_search_status
+        # VMs take their SSH key from the account; without one, renting a VM is refused.
+        self.account_ssh_key = account_ssh_key
         self.page_size = page_size
         # Endpoint name (search, create, show, list, destroy) -> minimum seconds between calls.
         self.min_intervals = dict(min_intervals or {})
@@ -330,8 +337,12 @@ class FakeVast(FakeServer):
             return _error(404, "no_such_ask", f"error 404/3603: no_such_ask Instance type by id {ask_id} is not available.")
         if ask.rented or not ask.rentable:
             return _error(410, "no_such_ask", f"no_such_ask Instance type by id {ask_id} is no longer available.")
+        if ask.host_only:
+            return web.json_response({"success": False, "msg": f"Offer {ask_id} is not your own; only its host can rent it."}, status=403)
         if not body.get("image"):
             return _error(400, "invalid_args", "image is required")
+        if body.get("vm") and not self.account_ssh_key:
+            return _error(400, "no_ssh_key_for_vm", "You must add an SSH key to your account before creating a VM.")
         if body.get("vm") and not ask.vms_enabled:
             return _error(400, "invalid_args", f"machine for ask {ask_id} does not support VMs")
         self.creates += 1
