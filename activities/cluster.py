@@ -378,14 +378,26 @@ class KubernetesCluster:
 
     async def create_event(self, ref: CustomResource, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
         """Record a core/v1 Event about `ref` (shown by `kubectl describe`)."""
+        involved = k8s.V1ObjectReference(
+            api_version=f"{ref.group}/{ref.version}", kind=ref.kind, name=ref.name, namespace=ref.namespace, uid=ref.uid
+        )
+        await self._record_event(involved, ref.namespace or "default", str(ref), type=type, reason=reason, message=message, component=component)
+
+    async def record_pod_event(self, pod: PodSummary, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
+        """Record a core/v1 Event about a Pod (shown by `kubectl describe pod`, which finds it by uid)."""
+        involved = k8s.V1ObjectReference(api_version="v1", kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid or None)
+        await self._record_event(
+            involved, pod.namespace, f"Pod {pod.namespace}/{pod.name}", type=type, reason=reason, message=message, component=component
+        )
+
+    async def _record_event(
+        self, involved: k8s.V1ObjectReference, namespace: str, what: str, *, type: str, reason: str, message: str, component: str
+    ) -> None:
         core = await self._client()
-        namespace = ref.namespace or "default"
         now = datetime.now(UTC)
         event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{ref.name}.", namespace=namespace),
-            involved_object=k8s.V1ObjectReference(
-                api_version=f"{ref.group}/{ref.version}", kind=ref.kind, name=ref.name, namespace=ref.namespace, uid=ref.uid
-            ),
+            metadata=k8s.V1ObjectMeta(generate_name=f"{involved.name}.", namespace=namespace),
+            involved_object=involved,
             type=type,
             reason=reason,
             message=message[:1024],
@@ -394,7 +406,7 @@ class KubernetesCluster:
             last_timestamp=now,
             count=1,
         )
-        await self._call(f"record Event {reason} on {ref}", core.create_namespaced_event(namespace, event, _request_timeout=self._timeout))
+        await self._call(f"record Event {reason} on {what}", core.create_namespaced_event(namespace, event, _request_timeout=self._timeout))
 
     # --- error mapping ---------------------------------------------------------------
 
@@ -498,6 +510,7 @@ def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
     return PodSummary(
         namespace=(meta.namespace if meta else None) or "",
         name=(meta.name if meta else None) or "",
+        uid=(meta.uid if meta else None) or "",
         phase=(pod.status.phase if pod.status else None) or "Pending",
         owner_kind=controller.kind if controller else None,
         is_mirror=bool(meta and MIRROR_ANNOTATION in (meta.annotations or {})),

@@ -21,7 +21,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.bootstrap import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
-from activities.ports import Cluster, CloudProvider, EvictionBlocked, Tailnet
+from activities.drain import drain
+from activities.ports import Cluster, CloudProvider, Tailnet
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TgpError, TransientError
 from tgp.lifecycle import pod_keeps_node_busy
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
@@ -356,34 +357,11 @@ class NodeActivities:
 
     @activity.defn
     async def drain_node(self, inp: DrainInput) -> DrainResult:
-        """Cordon, then evict every workload pod through the Eviction API (PDB-aware) until
-        none is left or the drain timeout passes. Never fails for a stuck pod: the result says
-        which pods were still there, and the workflow terminates anyway."""
-        deadline = time.monotonic() + inp.timeout.total_seconds()
-        evicted: set[str] = set()
+        """Cordon, evict the workload pods and wait until they are gone, as `kubectl drain`
+        does (activities.drain). Never fails for a stuck pod: the result says which pods were
+        not evicted or still shutting down, and the workflow terminates anyway."""
         with temporal_errors():
-            if await self.cluster.get_node(inp.node_name) is None:
-                return DrainResult(evicted=0)
-            await self.cluster.cordon(inp.node_name)
-            while True:
-                pods = [
-                    p
-                    for p in await self.cluster.list_pods_on_node(inp.node_name)
-                    if p.owner_kind != "DaemonSet" and not p.is_mirror and not p.deleting
-                ]
-                if not pods:
-                    return DrainResult(evicted=len(evicted))
-                for pod in pods:
-                    try:
-                        await self.cluster.evict_pod(pod.namespace, pod.name)
-                        evicted.add(f"{pod.namespace}/{pod.name}")
-                    except EvictionBlocked:
-                        log.info("eviction_blocked_by_pdb", node=inp.node_name, pod=f"{pod.namespace}/{pod.name}")
-                if time.monotonic() >= deadline:
-                    remaining = [f"{p.namespace}/{p.name}" for p in pods if f"{p.namespace}/{p.name}" not in evicted]
-                    return DrainResult(evicted=len(evicted), remaining=remaining)
-                activity.heartbeat(len(evicted))
-                await asyncio.sleep(self.poll_interval.total_seconds())
+            return await drain(self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat)
 
     # --- terminate -------------------------------------------------------------------------
 

@@ -103,6 +103,10 @@ class Cluster(Protocol):
         a pod already gone counts as evicted."""
         ...
 
+    async def record_pod_event(self, pod: PodSummary, *, type: str, reason: str, message: str) -> None:
+        """Record a core/v1 Event (type Normal or Warning) about the pod, for `kubectl describe pod`."""
+        ...
+
     async def delete_node(self, name: str) -> None:
         """Delete the Node object; one already gone counts as deleted."""
         ...

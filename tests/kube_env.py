@@ -90,8 +90,10 @@ class KubeApi:
         owner_kind: str | None = None,
         owner_name: str | None = None,
         mirror: bool = False,
+        grace_period: int = 0,
     ) -> dict[str, Any]:
-        """A pod bound to `node`; `phase="Running"` also reports it Ready, as a kubelet would."""
+        """A pod bound to `node`; `phase="Running"` also reports it Ready, as a kubelet would.
+        `grace_period` is its terminationGracePeriodSeconds (0: a deletion removes it at once)."""
         container: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.9"}
         if gpu:
             container["resources"] = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
@@ -106,7 +108,7 @@ class KubeApi:
         pod = await self.create(
             f"/api/v1/namespaces/{self.namespace}/pods",
             {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-             "spec": {"nodeName": node, "containers": [container], "terminationGracePeriodSeconds": 0}},
+             "spec": {"nodeName": node, "containers": [container], "terminationGracePeriodSeconds": grace_period}},
         )
         if phase != "Pending":
             conditions = [{"type": "Ready", "status": "True"}] if phase == "Running" else []

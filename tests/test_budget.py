@@ -1,7 +1,7 @@
 from decimal import Decimal
 
 from tgp.budget import admit
-from tgp.crds import ClassLimits
+from tgp.crds import DEFAULT_CLASS_MAX_NODES, ClassLimits, GPUNodeClassSpec
 from tgp.messages import Ledger, Reservation
 
 
@@ -26,3 +26,11 @@ def test_max_hourly_cost_uses_known_prices() -> None:
 
 def test_no_limits_grants_everything() -> None:
     assert admit(Ledger(), r("x", "99")).granted
+
+
+def test_a_class_without_limits_stops_at_the_default_cap() -> None:
+    """A class that names no limits still bounds spend: a pool typo cannot buy without end."""
+    limits = GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated"}]}).limits
+    ledger = Ledger(limits=limits, reservations={f"n{i}": r(f"n{i}") for i in range(DEFAULT_CLASS_MAX_NODES)})
+    denied = admit(ledger, r("one-more"))
+    assert not denied.granted and f"allows {DEFAULT_CLASS_MAX_NODES} nodes" in denied.reason

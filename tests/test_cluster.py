@@ -369,7 +369,8 @@ async def test_eviction_falls_back_to_policy_v1beta1_on_an_old_server() -> None:
         await cluster.evict_pod("ns", "p")
         sent = [r.data["apiVersion"] for r in kube["post /api/v1/namespaces/ns/pods/p/eviction"]]
         assert sent == ["policy/v1", "policy/v1beta1"]
-        assert (await http.get("/api/v1/namespaces/ns/pods/p")).status_code == 404
+        # Accepted: the pod is Terminating for its (default, 30 s) grace period.
+        assert (await http.get("/api/v1/namespaces/ns/pods/p")).json()["metadata"]["deletionGracePeriodSeconds"] == 30
 
 
 async def test_eviction_429_without_budget_details_is_still_blocked() -> None:

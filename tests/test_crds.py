@@ -1,11 +1,32 @@
 """The CRD models and the manifests generated from them."""
 
+import re
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
+from pydantic import ValidationError
 
 from tgp import crdgen
-from tgp.crds import GPUNodeClass, GPUNodePool
+from tgp.crds import (
+    DEFAULT_CLASS_MAX_NODES,
+    DURATION_PATTERN,
+    MAX_MIN_NODES,
+    MAX_NODES,
+    MIN_IDLE_TIMEOUT,
+    ClassLimits,
+    Disruption,
+    DisruptionBounds,
+    GPUNodeClass,
+    GPUNodeClassSpec,
+    GPUNodePool,
+    GPUNodePoolSpec,
+    format_duration,
+    parse_duration,
+)
 
 SEED = Path(__file__).parent / "data" / "seed_examples.yaml"
 
@@ -33,3 +54,140 @@ def test_schema_has_descriptions_printer_columns_and_status() -> None:
     undocumented = [name for name, prop in spec["properties"].items() if not prop.get("description")]
     assert undocumented == []
     assert pool["spec"]["names"]["shortNames"] == ["gnp"]
+
+
+# --- defaults, bounds and durations (issue 10 items 4-5, issue 8 item 6) ----------------------
+
+
+def _schema_errors(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """A small OpenAPI v3 structural-schema check (type, enum, pattern, bounds, lengths,
+    required, properties, items), independent of the emulator's."""
+    if value is None:
+        return [] if schema.get("nullable") else [f"{path}: null is not nullable"]
+    kinds = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
+    wanted = schema.get("type")
+    if wanted and (not isinstance(value, kinds[wanted]) or (wanted in ("integer", "number") and isinstance(value, bool))):
+        return [f"{path}: {value!r} is not of type {wanted}"]
+    errors = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{path}: {value!r} not in {schema['enum']}")
+    if isinstance(value, str):
+        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+            errors.append(f"{path}: {value!r} does not match {schema['pattern']}")
+        if len(value) < schema.get("minLength", 0):
+            errors.append(f"{path}: {value!r} is shorter than {schema['minLength']}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{path}: {value} < {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{path}: {value} > {schema['maximum']}")
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            errors += _schema_errors(item, schema.get("items") or {}, f"{path}[{i}]")
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        errors += [f"{path}.{name}: required" for name in schema.get("required") or [] if name not in value]
+        for key, item in value.items():
+            sub = properties.get(key, schema.get("additionalProperties"))
+            if not isinstance(sub, dict):
+                errors.append(f"{path}.{key}: unknown field")
+            elif not (item is None and not sub.get("nullable")):  # the API server drops such nulls
+                errors += _schema_errors(item, sub, f"{path}.{key}")
+    return errors
+
+
+def _defaults(schema: dict[str, Any], path: str) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+    """Every (path, default, schema of that field) in a schema tree."""
+    if "default" in schema:
+        yield path, schema["default"], schema
+    if isinstance(schema.get("items"), dict):
+        yield from _defaults(schema["items"], f"{path}[]")
+    for name, sub in (schema.get("properties") or {}).items():
+        yield from _defaults(sub, f"{path}.{name}")
+
+
+def _committed_schemas() -> dict[str, dict[str, Any]]:
+    return {
+        path.name: yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for path in sorted(crdgen.OUT_DIR.glob("*.yaml"))
+    }
+
+
+def test_every_committed_default_is_valid_against_its_own_schema() -> None:
+    """A real API server refuses the whole CRD when one default does not match its field
+    (`…default: Invalid value: "PT10M": … should match '…'`)."""
+    checked = 0
+    for name, schema in _committed_schemas().items():
+        for path, default, field_schema in _defaults(schema, name):
+            assert _schema_errors(default, field_schema, path) == []
+            checked += 1
+    assert checked > 20
+
+
+def test_schema_defaults_are_the_model_defaults() -> None:
+    """The API server fills a pool's missing fields from the schema; the workflows read them
+    with pydantic: both must mean the same thing (10m is 10 minutes on both sides)."""
+    disruption = _committed_schemas()["gpunodepools.tgp.io.yaml"]["properties"]["spec"]["properties"]["disruption"]
+    assert disruption["properties"]["idleTimeout"]["default"] == "10m"
+    assert Disruption.model_validate(disruption["default"]) == Disruption()
+    limits = _committed_schemas()["gpunodeclasses.tgp.io.yaml"]["properties"]["spec"]["properties"]["limits"]
+    assert ClassLimits.model_validate(limits["default"]) == ClassLimits()
+
+
+@pytest.mark.parametrize("text", ["90s", "10m", "1h30m", "720h", "1h0m0s", "0s"])
+def test_a_kubernetes_style_duration_is_accepted_by_schema_and_model(text: str) -> None:
+    assert re.search(DURATION_PATTERN, text)
+    assert re.search(DURATION_PATTERN, format_duration(parse_duration(text)))
+
+
+@pytest.mark.parametrize("text", ["", "PT10M", "10", "1d", "1.5h", "10M", "m"])
+def test_other_durations_are_refused_by_schema_and_model(text: str) -> None:
+    assert re.search(DURATION_PATTERN, text) is None
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_spend_is_bounded_in_the_schema() -> None:
+    schemas = _committed_schemas()
+    pool = schemas["gpunodepools.tgp.io.yaml"]["properties"]["spec"]["properties"]
+    assert (pool["minNodes"]["maximum"], pool["maxNodes"]["maximum"]) == (MAX_MIN_NODES, MAX_NODES)
+    limits = schemas["gpunodeclasses.tgp.io.yaml"]["properties"]["spec"]["properties"]["limits"]["properties"]
+    assert limits["maxNodes"]["default"] == DEFAULT_CLASS_MAX_NODES and not limits["maxNodes"].get("nullable")
+    assert limits["maxNodes"]["maximum"] == MAX_NODES
+    assert re.search(limits["maxHourlyCost"]["pattern"], "99999.99")
+    assert re.search(limits["maxHourlyCost"]["pattern"], "100000") is None
+    with pytest.raises(ValidationError, match="maxHourlyCost"):
+        ClassLimits.model_validate({"maxHourlyCost": "100000"})
+    with pytest.raises(ValidationError, match="minNodes"):
+        GPUNodePoolSpec.model_validate({"nodeClassRef": {"name": "c"}, "minNodes": 1_000_000_000})
+
+
+def test_a_class_without_limits_gets_the_default_cap() -> None:
+    spec = GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated"}]})
+    assert spec.limits.max_nodes == DEFAULT_CLASS_MAX_NODES
+    # A ledger recorded before the cap (maxNodes null) still decodes, and gets the cap.
+    assert ClassLimits.model_validate({"max_nodes": None}).max_nodes == DEFAULT_CLASS_MAX_NODES
+
+
+def _pool(**disruption: str) -> dict[str, Any]:
+    return {"metadata": {"name": "p"}, "spec": {"nodeClassRef": {"name": "c"}, "disruption": disruption}}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "bound"),
+    [("idleTimeout", "0s", "minimum of 30s"), ("idleTimeout", "1s", "minimum of 30s"),
+     ("expireAfter", "5m", "minimum of 10m"), ("drainTimeout", "25h", "maximum of 24h")],
+)
+def test_admission_refuses_churning_durations_naming_field_and_bound(field: str, value: str, bound: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        GPUNodePool.admit(_pool(**{field: value}))
+    [error] = refused.value.errors()
+    assert error["loc"] == ("spec", "disruption", field) and bound in error["msg"]
+    # A spec that was admitted before (carried in a workflow message) always decodes.
+    assert GPUNodePool.model_validate(_pool(**{field: value}))
+
+
+def test_admission_accepts_the_bounds_themselves() -> None:
+    pool = GPUNodePool.admit(_pool(idleTimeout="30s", expireAfter="10m", drainTimeout="24h"))
+    assert pool.spec.disruption.idle_timeout == MIN_IDLE_TIMEOUT
+    assert GPUNodePool.admit(_pool(idleTimeout="2s"), DisruptionBounds(min_idle_timeout=timedelta(seconds=2)))

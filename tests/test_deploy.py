@@ -10,6 +10,8 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 # activities/fleet.py and crd_bridge/bridge.py.
 BRIDGE_USES = {("tgp.io", r, v) for r in ("gpunodeclasses", "gpunodepools") for v in ("get", "list", "watch")} | {
     ("tgp.io", "gpunodepools", "patch"),
+    ("tgp.io", "gpunodepools/status", "patch"),
+    ("", "events", "create"),
     *{("", r, v) for r in ("pods", "nodes") for v in ("get", "list", "watch")},
 }
 WORKER_USES = {

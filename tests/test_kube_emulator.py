@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -28,6 +29,8 @@ from kubernetes.aio import config as k8s_config
 from kubernetes.aio import watch as k8s_watch
 from tests.kube_env import KUBECONFIG_ENV, KubeApi
 
+from tgp import crdgen
+from tgp.crds import DEFAULT_CLASS_MAX_NODES, GPUNodePoolSpec
 from tgp.sim.kube import KubeEmulator
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -271,6 +274,107 @@ async def test_defaults_applied_and_unknown_fields_pruned(kube_api: KubeApi) -> 
 
         numeric = await kube_api.create(base, pool("numeric", group, {"gpu": "l4", "maxNodes": 4}))
         assert numeric["spec"]["maxNodes"] == 4
+
+
+def generated_crd(file_name: str, group: str) -> Obj:
+    """A CRD as tgp.crdgen writes it, under a test-only group (a real cluster keeps tgp.io for
+    the bridge tests)."""
+    crd = copy.deepcopy(crdgen.manifests()[file_name])
+    crd["spec"]["group"] = group
+    crd["metadata"]["name"] = f"{crd['spec']['names']['plural']}.{group}"
+    return crd
+
+
+@pytest.mark.parametrize(
+    ("field_schema", "expected"),
+    [
+        ({"type": "string", "pattern": "^[0-9]+m$", "default": "PT10M"}, "Invalid value: \"PT10M\": {field} in body should match '^[0-9]+m$'"),
+        ({"type": "integer", "maximum": 100, "default": 200}, "Invalid value: 200: {field} in body should be less than or equal to 100"),
+        ({"type": "string", "enum": ["a", "b"], "default": "c"}, 'Unsupported value: "c"'),
+        ({"type": "integer", "default": "ten"}, "{field} in body must be of type integer"),
+        ({"type": "object", "properties": {"a": {"type": "string"}}, "default": {"b": "x"}}, "must not have unknown fields"),
+    ],
+)
+async def test_a_crd_whose_default_breaks_its_own_schema_is_refused(kube_api: KubeApi, field_schema: Obj, expected: str) -> None:
+    """apiextensions validates every default against its own field's schema when a CRD is
+    created or updated; one bad default refuses the whole CRD (docs/reference)."""
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    crd = gpu_pool_crd(unique_group())
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["odd"] = field_schema
+    response = await kube_api.http.post(crds, json=crd)
+    assert response.status_code == 422, response.text
+    field = "spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[odd].default"
+    message = response.json()["message"]
+    assert f"{field}: " in message and expected.format(field=field) in message
+    assert (await kube_api.http.get(f"{crds}/{crd['metadata']['name']}")).status_code == 404
+
+
+async def test_a_crd_update_to_a_bad_default_is_refused_and_null_members_are_dropped(kube_api: KubeApi) -> None:
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    group = unique_group()
+    crd = gpu_pool_crd(group)
+    properties = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    # A null member of an object default, for a non-nullable field, is dropped, not refused.
+    properties["owner"] = {"type": "object", "default": {"team": None}, "properties": {"team": {"type": "string"}}}
+    async with installed_crd(kube_api, crd) as stored:
+        created = await kube_api.create(f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools", pool("nulls", group))
+        assert created["spec"]["owner"] == {}
+
+        properties["weight"]["default"] = 1000
+        crd["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"]
+        response = await kube_api.http.put(f"{crds}/{crd['metadata']['name']}", json=crd)
+        assert response.status_code == 422, response.text
+        assert "properties[weight].default: Invalid value: 1000" in response.json()["message"]
+
+
+async def test_generated_pool_crd_installs_and_fills_a_partial_disruption_block(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, generated_crd("gpunodepools.tgp.io.yaml", group)):
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpunodepools"
+
+        def gpu_pool(name: str, **spec: Any) -> Obj:
+            return {"apiVersion": f"{group}/v1", "kind": "GPUNodePool", "metadata": {"name": name}, "spec": {"nodeClassRef": {"name": "c"}, **spec}}
+
+        partial = await kube_api.create(base, gpu_pool("partial", disruption={"idleTimeout": "5m"}))
+        assert partial["spec"]["disruption"] == {"idleTimeout": "5m", "drainTimeout": "10m"}
+        assert GPUNodePoolSpec.model_validate(partial["spec"]).disruption.drain_timeout == timedelta(minutes=10)
+        bare = await kube_api.create(base, gpu_pool("bare"))
+        assert (bare["spec"]["disruption"]["idleTimeout"], bare["spec"]["disruption"]["drainTimeout"]) == ("10m", "10m")
+        assert bare["spec"]["minNodes"] == 0 and bare["spec"]["template"]["spec"]["taints"] == []
+
+        for spec, field, detail in [
+            ({"minNodes": 1_000_000_000}, "spec.minNodes", "should be less than or equal to 100"),
+            ({"maxNodes": 5000}, "spec.maxNodes", "should be less than or equal to 1000"),
+            ({"disruption": {"idleTimeout": ""}}, "spec.disruption.idleTimeout", "should match"),
+            ({"disruption": {"drainTimeout": "PT10M"}}, "spec.disruption.drainTimeout", "should match"),
+        ]:
+            response = await kube_api.http.post(base, json=gpu_pool("bad", **spec))
+            assert response.status_code == 422, spec
+            assert [c["field"] for c in response.json()["details"]["causes"]] == [field]
+            assert detail in response.json()["message"]
+
+
+async def test_generated_class_crd_caps_a_class_without_limits(kube_api: KubeApi) -> None:
+    group = unique_group()
+    async with installed_crd(kube_api, generated_crd("gpunodeclasses.tgp.io.yaml", group)):
+        base = f"/apis/{group}/v1/gpunodeclasses"
+
+        def gpu_class(name: str, **limits: Any) -> Obj:
+            spec: Obj = {"providers": [{"name": "simulated"}], **({"limits": limits} if limits else {})}
+            return {"apiVersion": f"{group}/v1", "kind": "GPUNodeClass", "metadata": {"name": name}, "spec": spec}
+
+        try:
+            bare = await kube_api.create(base, gpu_class(f"bare-{secrets.token_hex(3)}"))
+            assert bare["spec"]["limits"]["maxNodes"] == DEFAULT_CLASS_MAX_NODES
+            cost_only = await kube_api.create(base, gpu_class(f"cost-{secrets.token_hex(3)}", maxHourlyCost="5.0"))
+            assert cost_only["spec"]["limits"] == {"maxNodes": DEFAULT_CLASS_MAX_NODES, "maxHourlyCost": "5.0"}
+            for limits, field in [({"maxNodes": 5000}, "spec.limits.maxNodes"), ({"maxHourlyCost": "1000000"}, "spec.limits.maxHourlyCost")]:
+                response = await kube_api.http.post(base, json=gpu_class("bad", **limits))
+                assert response.status_code == 422, limits
+                assert [c["field"] for c in response.json()["details"]["causes"]] == [field]
+        finally:
+            for item in (await kube_api.http.get(base)).json().get("items") or []:
+                await kube_api.http.delete(f"{base}/{item['metadata']['name']}")
 
 
 async def test_status_subresource_is_isolated_and_generation_follows_spec(kube_api: KubeApi) -> None:

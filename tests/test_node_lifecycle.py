@@ -322,3 +322,36 @@ async def test_an_api_outage_while_watching_keeps_the_node(temporal: WorkflowEnv
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         assert (await handle.result()).phase is NodePhase.TERMINATED
         assert_nothing_left(world, req.node_name)
+
+
+async def test_eviction_waits_for_pods_to_shut_down_before_terminating_the_instance(temporal: WorkflowEnvironment) -> None:
+    # A training job checkpoints on SIGTERM within its grace period; destroying the machine while
+    # the pod is Terminating loses the checkpoint.
+    async with running_world(temporal) as (world, _, queue):
+        req = request()
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        pod = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "trainer", "namespace": "ml", "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-1", "controller": True},
+            ]},
+            "spec": {"nodeName": req.node_name, "containers": [{"name": "c", "image": "pytorch"}], "terminationGracePeriodSeconds": 4},
+        }
+        path = "/api/v1/namespaces/ml/pods/trainer"
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            (await kube.post("/api/v1/namespaces/ml/pods", json=pod)).raise_for_status()
+            running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+            (await kube.patch(f"{path}/status", json=running, headers={"Content-Type": "application/merge-patch+json"})).raise_for_status()
+
+            world.cloud.hold_deletes()
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+            await asyncio.wait_for(world.cloud.delete_arrived.wait(), 30)
+            # The instance's terminate call is in flight: the pod must be gone by now.
+            pod_at_terminate = (await kube.get(path)).status_code
+            world.cloud.release_deletes()
+        final: NodeStatus = await handle.result()
+
+        assert pod_at_terminate == 404, "the instance was terminated while its pod was still shutting down"
+        assert final.phase is NodePhase.TERMINATED and final.last_error is None
+        assert_nothing_left(world, req.node_name)

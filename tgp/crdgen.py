@@ -4,7 +4,8 @@
     python -m tgp.crdgen --check    # exit 1 when the committed files are stale
 
 Pydantic's JSON Schema is turned into a Kubernetes structural schema: $refs inlined, titles
-and `additionalProperties: false` dropped, `X | None` as `nullable: true`, constants as one-value enums.
+and `additionalProperties: false` dropped, `X | None` as `nullable: true`, constants as one-value enums,
+defaults written the way the model serializes them (a duration as `10m`).
 """
 
 from __future__ import annotations
@@ -14,17 +15,36 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
 import yaml
 from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from tgp.crds import GROUP, VERSION, GPUNodeClassSpec, GPUNodeClassStatus, GPUNodePoolSpec, GPUNodePoolStatus
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "deploy" / "crds"
 
 
+class _SerializedDefaults(GenerateJsonSchema):
+    """Input (validation-mode) schema whose defaults are written by the field's own serializer.
+
+    Plain pydantic encodes a `timedelta` default as ISO 8601 (`PT10M`) next to a pattern that
+    wants `10m`; the API server validates every default against its field's schema and refuses
+    the whole CRD when one does not match.
+    """
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        json_schema = super().default_schema(schema)
+        if "default" in json_schema:
+            serializer = pydantic_core.SchemaSerializer(schema["schema"])
+            json_schema["default"] = serializer.to_python(self.get_default_value(schema), mode="json", by_alias=self.by_alias)
+        return json_schema
+
+
 def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's schema (by camelCase alias), in the subset Kubernetes accepts."""
-    raw = model.model_json_schema(by_alias=True, mode="validation")
+    raw = model.model_json_schema(by_alias=True, mode="validation", schema_generator=_SerializedDefaults)
     defs = raw.pop("$defs", {})
     return _clean(raw, defs)
 

@@ -8,11 +8,23 @@ Kubernetes users expect; Python code uses snake_case.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasGenerator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    AliasGenerator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, Taint
@@ -22,8 +34,33 @@ VERSION = "v1"
 PROVIDER_NAMES = ("runpod", "lambdalabs", "paperspace", "vastai", "simulated")
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+# One duration convention everywhere (schema, defaults, docs, Python): Kubernetes/Go style
+# `90s`, `10m`, `1h30m`, with at least one component, so `""` is refused by the API server and
+# not silently dropped later. RE2 has no lookahead, hence the alternation.
+DURATION_PATTERN = r"^([0-9]+h([0-9]+m)?([0-9]+s)?|[0-9]+m([0-9]+s)?|[0-9]+s)$"
 PRICE_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+
+# Bounds that keep a typo from buying without end (a `minNodes: 1000000000` once did). The API
+# server refuses larger values (422 naming the field); ask for more in several pools or classes.
+MAX_MIN_NODES = 100  # a pool's floor: nodes kept (and paid for) even without demand
+MAX_NODES = 1000  # a pool's or a class's maxNodes
+# limits.maxHourlyCost below 10^5 US$/h (about 3000 top-end GPU nodes): the pattern allows at
+# most 5 integer digits, since a decimal string cannot carry a schema `maximum`.
+MAX_HOURLY_COST_DIGITS = 5
+HOURLY_COST_LIMIT_PATTERN = rf"^[0-9]{{1,{MAX_HOURLY_COST_DIGITS}}}(\.[0-9]+)?$"
+# A class that gives no limits.maxNodes still caps its nodes here, so a pool's typo or a demand
+# storm buys at most this many; a class that needs more says so explicitly (up to MAX_NODES).
+DEFAULT_CLASS_MAX_NODES = 10
+
+# Durations that would churn buy -> terminate, or hold a node hostage: a node idle for less than
+# MIN_IDLE_TIMEOUT is often only waiting for its GPU device plugin or the scheduler; expiring it
+# sooner than MIN_EXPIRE_AFTER replaces it about as fast as it boots; a drain longer than
+# MAX_DRAIN_TIMEOUT keeps paying for a node that is leaving. A pattern cannot express these and
+# CEL rules are not checked by every API server tgp supports, so the bridge checks them at
+# admission (`DisruptionBounds`) and reports a refused pool as a condition and a Warning Event.
+MIN_IDLE_TIMEOUT = timedelta(seconds=30)
+MIN_EXPIRE_AFTER = timedelta(minutes=10)
+MAX_DRAIN_TIMEOUT = timedelta(hours=24)
 
 
 def parse_duration(value: Any) -> Any:
@@ -44,6 +81,17 @@ def format_duration(value: timedelta) -> str:
     return "".join(f"{n}{unit}" for n, unit in ((h, "h"), (m, "m"), (s, "s")) if n) or "0s"
 
 
+def _below_cost_limit(value: Decimal) -> Decimal:
+    if value >= 10**MAX_HOURLY_COST_DIGITS:
+        raise ValueError(f"must be below {10**MAX_HOURLY_COST_DIGITS} US$/h")
+    return value
+
+
+def _default_max_nodes(value: Any) -> Any:
+    """No maxNodes (null, as ledgers written before the default cap carry it) is the default cap."""
+    return DEFAULT_CLASS_MAX_NODES if value is None else value
+
+
 Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),
@@ -57,6 +105,30 @@ Price = Annotated[
     PlainSerializer(lambda d: str(d), return_type=str),
     WithJsonSchema({"type": "string", "pattern": PRICE_PATTERN}),
 ]
+HourlyCostLimit = Annotated[
+    Price, AfterValidator(_below_cost_limit), WithJsonSchema({"type": "string", "pattern": HOURLY_COST_LIMIT_PATTERN})
+]
+
+
+@dataclass(frozen=True)
+class DisruptionBounds:
+    """The disruption durations the bridge admits (see MIN_IDLE_TIMEOUT). Tests that need
+    nodes to idle out within seconds pass smaller ones to their bridge."""
+
+    min_idle_timeout: timedelta = MIN_IDLE_TIMEOUT
+    min_expire_after: timedelta = MIN_EXPIRE_AFTER
+    max_drain_timeout: timedelta = MAX_DRAIN_TIMEOUT
+
+
+# Validation-context key holding the DisruptionBounds to enforce. Only admission (the bridge)
+# sets it: a spec already admitted and carried in a workflow message must always decode, even
+# after the bounds changed.
+ADMISSION = "tgp.admission"
+
+
+def _admission_bounds(info: ValidationInfo) -> DisruptionBounds | None:
+    bounds = info.context.get(ADMISSION) if isinstance(info.context, dict) else None
+    return bounds if isinstance(bounds, DisruptionBounds) else None
 
 
 class Spec(BaseModel):
@@ -106,8 +178,18 @@ class InstanceRequirements(Spec):
 
 
 class ClassLimits(Spec):
-    max_nodes: int | None = Field(None, ge=0, description="Most nodes alive at once across every pool of this class.")
-    max_hourly_cost: Price | None = Field(None, description="Most US$ per hour across every node of this class, e.g. \"50.0\".")
+    max_nodes: Annotated[int, BeforeValidator(_default_max_nodes)] = Field(
+        DEFAULT_CLASS_MAX_NODES,
+        ge=0,
+        le=MAX_NODES,
+        description=f"Most nodes alive at once across every pool of this class; at most {MAX_NODES}. "
+        f"Unset means {DEFAULT_CLASS_MAX_NODES}, so that a typo in a pool cannot buy without end.",
+    )
+    max_hourly_cost: HourlyCostLimit | None = Field(
+        None,
+        description=f"Most US$ per hour across every node of this class, e.g. \"50.0\"; below {10**MAX_HOURLY_COST_DIGITS}. "
+        "Unset = only maxNodes bounds the spend.",
+    )
 
 
 class GPUNodeClassSpec(Spec):
@@ -153,9 +235,47 @@ class PoolTemplate(Spec):
 
 
 class Disruption(Spec):
-    idle_timeout: Duration = Field(timedelta(minutes=10), description="Drain and terminate a node with no workload pods for this long.")
-    expire_after: Duration | None = Field(None, description="Replace nodes older than this (e.g. 720h); unset = never.")
-    drain_timeout: Duration = Field(timedelta(minutes=10), description="Give up waiting for evictions after this and terminate anyway.")
+    idle_timeout: Duration = Field(
+        timedelta(minutes=10),
+        description=f"Drain and terminate a node with no workload pods for this long, e.g. 10m; at least {format_duration(MIN_IDLE_TIMEOUT)} (the bridge refuses less).",
+    )
+    expire_after: Duration | None = Field(
+        None, description=f"Replace nodes older than this, e.g. 720h; at least {format_duration(MIN_EXPIRE_AFTER)} (the bridge refuses less); unset = never."
+    )
+    drain_timeout: Duration = Field(
+        timedelta(minutes=10),
+        description=f"Give up waiting for evictions after this and terminate anyway, e.g. 10m; at most {format_duration(MAX_DRAIN_TIMEOUT)} (the bridge refuses more).",
+    )
+
+    @field_validator("idle_timeout")
+    @classmethod
+    def _idle_timeout_bound(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        bounds = _admission_bounds(info)
+        if bounds is not None and value < bounds.min_idle_timeout:
+            raise ValueError(
+                f"{format_duration(value)} is below the minimum of {format_duration(bounds.min_idle_timeout)}: "
+                "nodes would be terminated before pods reach them, then bought again"
+            )
+        return value
+
+    @field_validator("expire_after")
+    @classmethod
+    def _expire_after_bound(cls, value: timedelta | None, info: ValidationInfo) -> timedelta | None:
+        bounds = _admission_bounds(info)
+        if bounds is not None and value is not None and value < bounds.min_expire_after:
+            raise ValueError(
+                f"{format_duration(value)} is below the minimum of {format_duration(bounds.min_expire_after)}: "
+                "nodes would be replaced about as fast as they boot"
+            )
+        return value
+
+    @field_validator("drain_timeout")
+    @classmethod
+    def _drain_timeout_bound(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        bounds = _admission_bounds(info)
+        if bounds is not None and value > bounds.max_drain_timeout:
+            raise ValueError(f"{format_duration(value)} is above the maximum of {format_duration(bounds.max_drain_timeout)}")
+        return value
 
 
 class GPUNodePoolSpec(Spec):
@@ -163,8 +283,10 @@ class GPUNodePoolSpec(Spec):
     template: PoolTemplate = Field(PoolTemplate(), description="What the pool's nodes look like.")
     max_hourly_price: Price | None = Field(None, description="Most US$ per hour for one node, e.g. \"2.0\".")
     weight: int = Field(0, ge=0, le=100, description="Among pools that fit a pod, the highest weight gets it.")
-    min_nodes: int = Field(0, ge=0, description="Nodes kept even without demand.")
-    max_nodes: int | None = Field(None, ge=0, description="Most nodes of this pool at once.")
+    min_nodes: int = Field(0, ge=0, le=MAX_MIN_NODES, description=f"Nodes kept even without demand; at most {MAX_MIN_NODES}.")
+    max_nodes: int | None = Field(
+        None, ge=0, le=MAX_NODES, description=f"Most nodes of this pool at once; at most {MAX_NODES}; unset = only the class's limits."
+    )
     disruption: Disruption = Field(Disruption(), description="When nodes are drained and terminated.")
 
     def allowed(self, key: str) -> list[str] | None:
@@ -256,3 +378,8 @@ class GPUNodePool(BaseModel):
     metadata: ObjectMeta
     spec: GPUNodePoolSpec
     status: GPUNodePoolStatus | None = None
+
+    @classmethod
+    def admit(cls, obj: Any, bounds: DisruptionBounds | None = None) -> GPUNodePool:
+        """Validate a pool as the bridge admits it: the schema plus the disruption bounds."""
+        return cls.model_validate(obj, context={ADMISSION: bounds or DisruptionBounds()})

@@ -15,17 +15,23 @@ each following the real API server as recorded in docs/reference (kubernetes-tes
 * finalizers: deleting an object that has some only sets `deletionTimestamp` (a MODIFIED event);
   it goes when the last finalizer is removed;
 * CustomResourceDefinitions (`install_crd` or POST): discovery, REST paths for every served
-  version, structural-schema pruning, defaulting and validation (422 naming the field);
+  version, structural-schema pruning, defaulting and validation (422 naming the field); a CRD
+  whose `default` breaks its own field's schema is refused at create and update (422);
 * watches resume from a `resourceVersion` (410 Gone once it left the retained window, see
   `watch_window` and `compact`), end after `timeoutSeconds`, apply label and field selectors the
   way the watch cache does; `cut_watches` drops open streams; lists carry the collection RV;
 * Events in `v1` and `events.k8s.io/v1` share one storage, as in a real cluster;
 * Nodes carry `node.kubernetes.io/not-ready:NoSchedule` until their Ready condition is True
   (the admission plugin and node-lifecycle controller of a real cluster, applied instantly);
-* the Eviction subresource with PodDisruptionBudget checks (policy/v1 and policy/v1beta1).
+* the Eviction subresource with PodDisruptionBudget checks (policy/v1 and policy/v1beta1);
+* graceful deletion of Pods: a DELETE or an accepted Eviction sets `deletionTimestamp` (now plus
+  the grace period) and `deletionGracePeriodSeconds` (from the DeleteOptions, else the pod's
+  `terminationGracePeriodSeconds`, defaulted to 30 at create); the pod stays, Terminating, until
+  the grace period has passed, then goes (DELETED). Unbound and finished pods and a grace period
+  of 0 go at once; a later delete may shorten the grace period, never lengthen it.
 
-Evicted and deleted pods disappear at once (a real cluster waits for the kubelet and the grace
-period; with no kubelet here there is nothing to wait for).
+The emulator plays the kubelet's last step of a graceful deletion (the final delete once the
+containers stopped) with a wall-clock timer, as if every container used its whole grace period.
 
 `register_node` and `set_node_ready` play the kubelet for a simulated cloud. They use plain HTTP,
 so they work the same against this emulator and a real API server.
@@ -95,6 +101,8 @@ _SCALABLE_OWNERS = {
 # The cluster-wide revision starts high enough to look like a real one and to catch clients
 # that compare resourceVersions as strings.
 _FIRST_RESOURCE_VERSION = 1000
+# A Pod's spec.terminationGracePeriodSeconds when its creator sets none (API defaulting).
+_DEFAULT_GRACE_SECONDS = 30
 # Metadata only the server writes; a patch or PUT cannot change it.
 _SERVER_OWNED_METADATA = (
     "name", "namespace", "uid", "creationTimestamp", "resourceVersion", "generation",
@@ -139,6 +147,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _horizon: int = attrs.field(default=_FIRST_RESOURCE_VERSION, init=False)
     _watches: set[_Watch] = attrs.field(factory=set, init=False)
     _custom: dict[tuple[str, str], _CustomResource] = attrs.field(factory=dict, init=False)
+    # The kubelet's final delete of each pod in graceful deletion, due when its grace period ends.
+    _grace_timers: dict[tuple[kmock.resource, str | None, str], asyncio.TimerHandle] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* overrides below
@@ -165,6 +175,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             # Open watches end cleanly first; the server would otherwise wait for them.
             for watch in list(self._watches):
                 watch.end("closed")
+            for timer in self._grace_timers.values():
+                timer.cancel()
+            self._grace_timers.clear()
             server, self._server = self._server, None
             await server.__aexit__(exc_type, exc_value, traceback)
         await super().__aexit__(exc_type, exc_value, traceback)
@@ -291,6 +304,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
             ))
         if resource == CRDS:
             return self._present(resource, self._delete_crd(key, current))
+        if resource == PODS:
+            # DeleteOptions come from the body when there is one, else from the query.
+            requested = options.get("gracePeriodSeconds") if request.data else request.params.get("gracePeriodSeconds")
+            return self._present(resource, self._delete_pod(key, current, _grace_seconds(requested)))
         obj, removed = self._delete(key, current)
         if removed and self._custom_version(resource) is not None:
             # The generic registry answers with a Status unless the store returns the object
@@ -490,6 +507,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta["generation"] = 1
         if resource == PODS:
             obj["status"] = {"phase": "Pending"}
+            if isinstance(obj.setdefault("spec", {}), dict):
+                obj["spec"].setdefault("terminationGracePeriodSeconds", _DEFAULT_GRACE_SECONDS)
         if resource == NODES:
             _taint_by_readiness(obj)
 
@@ -525,9 +544,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if stored == current:
             return presented  # a no-op writes nothing and keeps the resourceVersion
         meta = stored["metadata"]
-        if current["metadata"].get("deletionTimestamp") and not meta.get("finalizers"):
-            # The last finalizer is gone: the object is deleted instead of written. The reply is
-            # the object as sent; watchers see DELETED with its last stored state.
+        if _last_finalizer_removed(current, stored):
+            # The object is deleted instead of written. The reply is the object as sent;
+            # watchers see DELETED with its last stored state.
             self._remove(key, current)
             return self._present(resource, stored)
         meta["resourceVersion"] = self._next_resource_version()
@@ -646,6 +665,60 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.objects[key].history.append(marked)
         self._publish(key[0], "MODIFIED", marked, current)
         return marked, False
+
+    def _delete_pod(self, key: tuple[kmock.resource, str | None, str], current: Obj, requested: int | None) -> Obj:
+        """Delete a Pod gracefully, as the API server's pod strategy and generic registry do
+        (CheckGracefulDelete, BeforeDelete); the pod afterwards. `requested` is the
+        DeleteOptions' gracePeriodSeconds."""
+        meta, spec = current["metadata"], current.get("spec") or {}
+        if requested is not None and requested < 0:
+            requested = 1  # a negative grace period means 1 s
+        now = datetime.now(UTC).timestamp()
+        pending = meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp"):
+            if pending and (requested is None or requested >= pending):
+                return current  # a graceful deletion under way can only be shortened
+            period = requested if pending and requested is not None else 0
+            if not pending and meta.get("finalizers"):
+                return current  # due already, waiting for its finalizers
+            # The deletionTimestamp is when the deletion is due: it moves earlier by the difference.
+            due = _parse_time(meta["deletionTimestamp"]) - pending + period if pending else now
+        else:
+            default = spec.get("terminationGracePeriodSeconds")
+            period = requested if requested is not None else (_DEFAULT_GRACE_SECONDS if default is None else int(default))
+            if not spec.get("nodeName") or (current.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                period = 0  # no kubelet runs it, or its containers have stopped already
+            due = now + period
+        timer = self._grace_timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        if period == 0 and not meta.get("finalizers"):
+            return self._remove(key, current)
+        marked = copy.deepcopy(current)
+        marked_meta = marked["metadata"]
+        if not meta.get("deletionTimestamp") and int(marked_meta.get("generation") or 0) > 0:
+            marked_meta["generation"] = int(marked_meta["generation"]) + 1
+        marked_meta.update(deletionTimestamp=_format_time(due), deletionGracePeriodSeconds=period)
+        marked_meta["resourceVersion"] = self._next_resource_version()
+        self.objects[key].history.append(marked)
+        self._publish(key[0], "MODIFIED", marked, current)
+        if period > 0:
+            self._grace_timers[key] = asyncio.get_running_loop().call_later(
+                max(0.0, due - now), self._grace_elapsed, key, meta.get("uid"),
+            )
+        return marked
+
+    def _grace_elapsed(self, key: tuple[kmock.resource, str | None, str], uid: str | None) -> None:
+        """The kubelet's final delete (grace period 0) of a pod whose grace period has passed."""
+        self._grace_timers.pop(key, None)
+        if key not in self.objects or self.objects[key].deleted:
+            return
+        current = self.objects[key].raw
+        if current["metadata"].get("uid") == uid and current["metadata"].get("deletionTimestamp"):
+            try:
+                self._delete_pod(key, current, 0)
+            except Exception as exc:  # a timer's exception would only be logged; tests check `errors`
+                self.errors.append(exc)
 
     def _remove(self, key: tuple[kmock.resource, str | None, str], current: Obj) -> Obj:
         """Remove a stored object now; the DELETED event carries its last state and a new RV."""
@@ -853,7 +926,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             raise ApiStatus(400, "BadRequest", "name in URL does not match name in Eviction object")
         key, pod = self._existing(PODS, request.namespace, request.name)
         self._check_disruption_budget(pod, request.namespace)
-        self._delete(key, pod)
+        self._delete_pod(key, pod, _grace_seconds((body.get("deleteOptions") or {}).get("gracePeriodSeconds")))
         return kmock.Response(status=201, payload={
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201,
         })
@@ -993,6 +1066,25 @@ def _too_old(since: int, horizon: int) -> str:
     return f"too old resource version: {since} ({horizon})"
 
 
+def _grace_seconds(value: Any) -> int | None:
+    """DeleteOptions.gracePeriodSeconds from a JSON body or a query parameter."""
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ApiStatus(400, "BadRequest", f"invalid gracePeriodSeconds: {value!r}") from None
+
+
+def _last_finalizer_removed(current: Obj, changed: Obj) -> bool:
+    """Whether an update deletes the object (the generic store's shouldDeleteDuringUpdate): it
+    had finalizers, has none now, and its deletion is due (grace period 0). A pod in graceful
+    deletion without finalizers is written as usual."""
+    old, new = current["metadata"], changed["metadata"]
+    return bool(old.get("finalizers")) and not new.get("finalizers") and bool(new.get("deletionTimestamp")) \
+        and new.get("deletionGracePeriodSeconds") == 0
+
+
 def _with_version(obj: Obj, revision: int) -> Obj:
     return {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(revision)}}
 
@@ -1101,8 +1193,29 @@ def _check_crd(crd: Obj) -> None:
             errors.append(_FieldError.required(f"{path}.schema.openAPIV3Schema.type", "must not be empty at the root"))
         elif schema["type"] != "object":
             errors.append(_FieldError.invalid(f"{path}.schema.openAPIV3Schema.type", schema["type"], "must be object at the root"))
+        else:
+            _default_errors(schema, f"{path}.schema.openAPIV3Schema", errors)
     if errors:
         raise _invalid("apiextensions.k8s.io", "CustomResourceDefinition", name, errors)
+
+
+def _default_errors(schema: Mapping[str, Any], path: str, errors: list[_FieldError]) -> None:
+    """apiextensions' ValidateDefaults at CRD create and update: each `default` must have no
+    unknown fields and be valid against its own field's schema (nulls of non-nullable members
+    dropped first), or the whole CRD is refused. additionalProperties is not followed: defaults
+    are forbidden there."""
+    if schema.get("default") is not None:
+        default = copy.deepcopy(schema["default"])
+        _drop_nulls(default, schema)
+        pruned = copy.deepcopy(default)
+        _prune(pruned, schema)
+        if pruned != default:
+            errors.append(_FieldError.invalid(f"{path}.default", schema["default"], "must not have unknown fields"))
+        _validate(default, schema, f"{path}.default", errors)
+    if isinstance(schema.get("items"), Mapping):
+        _default_errors(schema["items"], f"{path}.items", errors)
+    for key, sub in (schema.get("properties") or {}).items():
+        _default_errors(sub, f"{path}.properties[{key}]", errors)
 
 
 def _default_crd(crd: Obj) -> None:
@@ -1212,6 +1325,7 @@ def _apply_defaults(value: Any, schema: Mapping[str, Any]) -> None:
         for key, sub in (schema.get("properties") or {}).items():
             if "default" in sub and (key not in value or (value[key] is None and not sub.get("nullable"))):
                 value[key] = copy.deepcopy(sub["default"])
+                _drop_nulls(value[key], sub)  # a default's null members of non-nullable fields are dropped
         for key, item in value.items():
             sub = _child_schema(schema, key)
             if sub is not None:
@@ -1649,6 +1763,15 @@ def _invalid(group: str, kind: str, name: str, errors: list[_FieldError]) -> Api
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _format_time(timestamp: float) -> str:
+    """RFC 3339 with whole seconds, as metav1.Time is written."""
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(value: str) -> float:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
 def _content_type(request: kmock.Request) -> str:

@@ -1,0 +1,98 @@
+"""Drain a Node the way `kubectl drain` does, before its machine is destroyed.
+
+Cordon it; evict every workload pod through the Eviction API (DaemonSet and static pods stay,
+as with `kubectl drain --ignore-daemonsets`), retrying the ones a PodDisruptionBudget blocks;
+then wait until the evicted pods are *gone*, not just accepted for eviction: a pod in graceful
+deletion is still running its shutdown (a training job writing its checkpoint) for up to its
+terminationGracePeriodSeconds, and destroying the machine under it loses that work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import structlog
+
+from activities.ports import Cluster, EvictionBlocked
+from tgp.errors import TgpError, TransientError
+from tgp.types import DrainInput, DrainResult, PodSummary
+
+log = structlog.get_logger("tgp.drain")
+
+EVENT_UNMANAGED = "EvictedUnmanagedPod"
+
+
+def drains(pod: PodSummary) -> bool:
+    """Whether the drain removes this pod: DaemonSet pods would be recreated on the node at once
+    (they tolerate the cordon) and mirror pods belong to the kubelet's static manifests."""
+    return pod.owner_kind != "DaemonSet" and not pod.is_mirror
+
+
+async def drain(
+    cluster: Cluster,
+    inp: DrainInput,
+    *,
+    poll_interval: timedelta,
+    heartbeat: Callable[[int], None],
+    clock: Callable[[], float] = time.monotonic,
+) -> DrainResult:
+    """Cordon `inp.node_name`, evict its workload pods and wait until they are gone, for at
+    most `inp.timeout`. Never fails for a stuck pod: the result names the pods not evicted
+    (`remaining`, e.g. blocked by a budget) and those still shutting down (`terminating`).
+
+    Each poll lists the node's pods, evicts those not yet being deleted and calls `heartbeat`
+    with the number of pods evicted so far. A transient API error skips one poll (the deadline
+    still holds) rather than start the drain over.
+    """
+    deadline = clock() + inp.timeout.total_seconds()
+    if await cluster.get_node(inp.node_name) is None:
+        return DrainResult(evicted=0)
+    await cluster.cordon(inp.node_name)
+    evicted: set[str] = set()
+    pods: list[PodSummary] = []
+    while True:
+        try:
+            pods = [p for p in await cluster.list_pods_on_node(inp.node_name) if drains(p)]
+            if not pods:
+                return DrainResult(evicted=len(evicted))
+            for pod in pods:
+                if not pod.deleting and await _evict(cluster, inp.node_name, pod):
+                    evicted.add(_key(pod))
+        except TransientError as exc:
+            log.info("drain_transient_error", node=inp.node_name, error=str(exc))
+        if clock() >= deadline:
+            # A pod evicted in this very poll is in graceful deletion now, whatever the list said.
+            terminating = [_key(p) for p in pods if p.deleting or _key(p) in evicted]
+            remaining = [_key(p) for p in pods if _key(p) not in terminating]
+            return DrainResult(evicted=len(evicted), remaining=remaining, terminating=terminating)
+        heartbeat(len(evicted))
+        await asyncio.sleep(poll_interval.total_seconds())
+
+
+async def _evict(cluster: Cluster, node: str, pod: PodSummary) -> bool:
+    """Evict one pod; False when a disruption budget says not now (the next poll asks again)."""
+    try:
+        await cluster.evict_pod(pod.namespace, pod.name)
+    except EvictionBlocked as exc:
+        log.info("eviction_blocked_by_pdb", node=node, pod=_key(pod), reason=str(exc))
+        return False
+    if pod.owner_kind is None:
+        await _warn_unmanaged(cluster, node, pod)
+    return True
+
+
+async def _warn_unmanaged(cluster: Cluster, node: str, pod: PodSummary) -> None:
+    """No controller will recreate a bare pod elsewhere: say so where `kubectl describe pod`
+    and the namespace's events show it. Best effort: the drain goes on without the Event."""
+    message = f"Evicted from Node {node}, which tgp is draining and terminating; no controller owns this pod, so it will not be recreated"
+    try:
+        await cluster.record_pod_event(pod, type="Warning", reason=EVENT_UNMANAGED, message=message)
+    except TgpError as exc:
+        log.warning("pod_event_failed", pod=_key(pod), reason=EVENT_UNMANAGED, error=str(exc))
+
+
+def _key(pod: PodSummary) -> str:
+    return f"{pod.namespace}/{pod.name}"

@@ -1,0 +1,187 @@
+"""activities.drain over the real `KubernetesCluster` adapter and HTTP, against the emulator or
+(with TGP_TEST_KUBECONFIG) a real cluster: a drain is over when the evicted pods are gone, not
+when their evictions were accepted (docs/reference/kubernetes-testing.md).
+
+On a real cluster the test Nodes have no kubelet, so `kubelet_of` plays its part of a graceful
+deletion (the final delete once the grace period has passed); the emulator does that itself.
+Pods owned by a made-up controller run on the emulator only: a real garbage collector deletes
+pods whose owner does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from tests.kube_env import KubeApi, eventually
+
+from activities.drain import EVENT_UNMANAGED, drain
+from tgp.types import DrainInput, DrainResult
+
+POLL = timedelta(seconds=0.1)
+# Long enough for every drain here to finish; the tests that hit a deadline set a short one.
+TIMEOUT = timedelta(seconds=30)
+LONG_GRACE = 120  # seconds: a pod that is still shutting down when the test ends
+
+
+@contextlib.asynccontextmanager
+async def kubelet_of(kube_api: KubeApi, node: str) -> AsyncIterator[None]:
+    """On a real cluster, finish the graceful deletions of pods on `node` once due, as its
+    kubelet would when the containers have stopped."""
+    if not kube_api.real:
+        yield
+        return
+
+    async def confirm_deletions() -> None:
+        while True:
+            listing = await kube_api.get(f"/api/v1/namespaces/{kube_api.namespace}/pods?fieldSelector=spec.nodeName={node}")
+            for pod in (listing or {}).get("items") or []:
+                meta = pod["metadata"]
+                due = meta.get("deletionTimestamp")
+                if due and datetime.strptime(due, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) <= datetime.now(UTC):
+                    await kube_api.http.request(
+                        "DELETE", f"/api/v1/namespaces/{kube_api.namespace}/pods/{meta['name']}",
+                        json={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+                    )
+            await asyncio.sleep(0.2)
+
+    task = asyncio.create_task(confirm_deletions())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def run_drain(kube_api: KubeApi, node: str, timeout: timedelta = TIMEOUT, heartbeats: list[int] | None = None) -> DrainResult:
+    beats = heartbeats if heartbeats is not None else []
+    return await drain(kube_api.cluster, DrainInput(node_name=node, timeout=timeout), poll_interval=POLL, heartbeat=beats.append)
+
+
+async def pod(kube_api: KubeApi, name: str) -> dict[str, Any] | None:
+    return await kube_api.get(f"/api/v1/namespaces/{kube_api.namespace}/pods/{name}")
+
+
+async def events_about(kube_api: KubeApi, name: str) -> list[dict[str, Any]]:
+    listing = await kube_api.get(f"/api/v1/namespaces/{kube_api.namespace}/events")
+    return [e for e in (listing or {}).get("items") or [] if e["involvedObject"].get("name") == name]
+
+
+async def test_drain_waits_until_evicted_pods_are_gone(kube_api: KubeApi) -> None:
+    node = kube_api.unique("drain")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("trainer", node=node, grace_period=2)
+    await kube_api.create_pod("static", node=node, mirror=True)
+    heartbeats: list[int] = []
+
+    async with kubelet_of(kube_api, node):
+        started = asyncio.get_running_loop().time()
+        result = await run_drain(kube_api, node, heartbeats=heartbeats)
+        took = asyncio.get_running_loop().time() - started
+
+    assert result == DrainResult(evicted=1)
+    assert await pod(kube_api, "trainer") is None, "the drain returned while the pod was still shutting down"
+    assert took >= 2, "the pod had a 2 s grace period"
+    assert await pod(kube_api, "static") is not None, "mirror pods belong to the kubelet"
+    assert heartbeats and heartbeats[-1] == 1, "a heartbeat on every poll"
+    drained = await kube_api.cluster.get_node(node)
+    assert drained is not None and drained.unschedulable
+
+
+async def test_drain_retries_a_pod_its_budget_blocks_until_the_budget_allows(kube_api: KubeApi) -> None:
+    node, elsewhere = kube_api.unique("pdb"), kube_api.unique("elsewhere")
+    await kube_api.create_node(node)
+    await kube_api.create_node(elsewhere)
+    for name in ("a", "b"):
+        await kube_api.create_pod(name, node=node, labels={"app": "web"}, grace_period=1)
+    await kube_api.create_pdb("web", match_labels={"app": "web"}, min_available=1)
+
+    async with kubelet_of(kube_api, node):
+        draining = asyncio.create_task(run_drain(kube_api, node))
+
+        async def one_gone_one_blocked() -> bool:
+            left = await kube_api.cluster.list_pods_on_node(node)
+            return len(left) == 1 and not left[0].deleting
+
+        await eventually(one_gone_one_blocked, timeout=20)
+        [blocked] = await kube_api.cluster.list_pods_on_node(node)
+        assert not draining.done(), "the drain waits for the blocked pod"
+        if kube_api.emulator is not None:
+            path = f"post /api/v1/namespaces/{kube_api.namespace}/pods/{blocked.name}/eviction"
+            assert len(kube_api.emulator[path]) >= 2, "the blocked eviction was retried"
+
+        # The replacement starts elsewhere (a controller would create it): the budget has room again.
+        await kube_api.create_pod("c", node=elsewhere, labels={"app": "web"})
+        result = await asyncio.wait_for(draining, TIMEOUT.total_seconds())
+
+    assert result == DrainResult(evicted=2)
+    assert await kube_api.cluster.list_pods_on_node(node) == []
+
+
+async def test_drain_reports_pods_not_evicted_and_pods_still_shutting_down_at_the_deadline(kube_api: KubeApi) -> None:
+    node = kube_api.unique("deadline")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("slow", node=node, grace_period=LONG_GRACE)
+    await kube_api.create_pod("guarded", node=node, labels={"app": "db"})
+    await kube_api.create_pdb("db", match_labels={"app": "db"}, min_available=1)
+
+    async with kubelet_of(kube_api, node):
+        result = await run_drain(kube_api, node, timeout=timedelta(seconds=1))
+
+    ns = kube_api.namespace
+    assert result == DrainResult(evicted=1, remaining=[f"{ns}/guarded"], terminating=[f"{ns}/slow"])
+    slow = await pod(kube_api, "slow")
+    assert slow is not None and slow["metadata"]["deletionGracePeriodSeconds"] == LONG_GRACE
+
+
+async def test_drain_waits_for_pods_someone_else_deleted(kube_api: KubeApi) -> None:
+    # A pod deleted before the drain started is shutting down on this machine all the same.
+    node = kube_api.unique("predeleted")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("job", node=node, grace_period=LONG_GRACE)
+    response = await kube_api.http.delete(f"/api/v1/namespaces/{kube_api.namespace}/pods/job")
+    assert response.status_code == 200, response.text
+
+    async with kubelet_of(kube_api, node):
+        result = await run_drain(kube_api, node, timeout=timedelta(seconds=1))
+
+    assert result == DrainResult(evicted=0, terminating=[f"{kube_api.namespace}/job"])
+
+
+async def test_evicting_an_unmanaged_pod_records_a_warning_event_on_it(kube_api: KubeApi) -> None:
+    node = kube_api.unique("bare")
+    await kube_api.create_node(node)
+    created = await kube_api.create_pod("scratch", node=node)
+
+    async with kubelet_of(kube_api, node):
+        assert await run_drain(kube_api, node) == DrainResult(evicted=1)
+
+    [event] = await events_about(kube_api, "scratch")
+    assert (event["type"], event["reason"]) == ("Warning", EVENT_UNMANAGED)
+    involved = event["involvedObject"]
+    assert (involved["kind"], involved["namespace"], involved["uid"]) == ("Pod", kube_api.namespace, created["metadata"]["uid"])
+    assert node in event["message"] and "will not be recreated" in event["message"]
+
+
+async def test_drain_leaves_daemonset_pods_and_records_no_event_for_managed_pods(kube_api: KubeApi) -> None:
+    if kube_api.real:
+        pytest.skip("a real garbage collector deletes pods whose made-up owner does not exist")
+    node = kube_api.unique("managed")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("web", node=node, owner_kind="ReplicaSet")
+    await kube_api.create_pod("agent", node=node, owner_kind="DaemonSet")
+
+    assert await run_drain(kube_api, node) == DrainResult(evicted=1)
+    assert [p.name for p in await kube_api.cluster.list_pods_on_node(node)] == ["agent"]
+    assert await events_about(kube_api, "web") == []
+
+
+async def test_drain_of_a_node_that_is_gone_does_nothing(kube_api: KubeApi) -> None:
+    heartbeats: list[int] = []
+    assert await run_drain(kube_api, kube_api.unique("gone"), heartbeats=heartbeats) == DrainResult(evicted=0)
+    assert heartbeats == []
