@@ -5,6 +5,8 @@ the same signals again, which the workflows (stable ids, signal-with-start) abso
 * GPUNodeClass -> signal-with-start `update_class` on gpunodeclass/<name>.
 * GPUNodePool  -> add the finalizer, then signal-with-start `update` on gpunodepool/<ns>/<name>
   (with the class it refers to, or None), including `deleting` once it is being deleted.
+  A pool the API server stored but tgp cannot admit (a disruption duration outside
+  `DisruptionBounds`) is not sent: it gets Ready=False (InvalidSpec) and a Warning Event.
 * Pods         -> unschedulable GPU pods, batched, assigned to pools (tgp.demand) -> `demand`.
 * Nodes        -> `tgp.io/evict=<reason>` on a managed Node -> `evict` on its node workflow.
 """
@@ -24,10 +26,13 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.cluster import CustomResource, KubernetesCluster
 from activities.fleet import FINALIZER
 from crd_bridge.informer import Informer, Obj, object_key
-from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool
-from tgp.demand import BATCH_IDLE, BATCH_MAX, Batch, PendingPod, PoolCandidate, assign_pods, pending_gpu_pod
+from crd_bridge.metrics import OBJECTS_SKIPPED
+from tgp.conditions import condition_list
+from tgp.crds import GROUP, VERSION, DisruptionBounds, GPUNodeClass, GPUNodePool
+from tgp.errors import TgpError
+from tgp.demand import BATCH_IDLE, BATCH_MAX, Batch, PendingPod, PoolCandidate, UnreadablePod, assign_pods, gpu_request, pending_gpu_pod
 from tgp.messages import ClassInput, ClassUpdate, Demand, PoolUpdate, class_workflow_id, pool_workflow_id
-from tgp.types import DEFAULT_TASK_QUEUE, LABEL_MANAGED, LABEL_POOL, LABEL_POOL_NAMESPACE, node_workflow_id
+from tgp.types import DEFAULT_TASK_QUEUE, GPU_RESOURCE, LABEL_MANAGED, LABEL_POOL, LABEL_POOL_NAMESPACE, node_workflow_id
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow, PoolInput
 
@@ -46,16 +51,23 @@ class Bridge:
         batch_idle: timedelta = BATCH_IDLE,
         batch_max: timedelta = BATCH_MAX,
         pool_watch_interval: timedelta | None = None,
+        disruption_bounds: DisruptionBounds = DisruptionBounds(),
     ) -> None:
         self.client = client
         self.cluster = cluster
         self.task_queue = task_queue
         self.batch_idle, self.batch_max = batch_idle, batch_max
         self.pool_watch_interval = pool_watch_interval
+        self.disruption_bounds = disruption_bounds
+        self.refused: dict[str, str] = {}  # pool key -> what was last reported about its invalid spec
         self.classes: dict[str, GPUNodeClass] = {}
         self.pools: dict[str, GPUNodePool] = {}
         self.pending: dict[str, PendingPod] = {}
-        self.sent_demand: dict[str, list[str]] = {}
+        self.sent_demand: dict[str, str] = {}
+        # GPUs in use by bound, unfinished pods (pod key -> node, GPUs) and the managed Nodes
+        # (name -> pool key, allocatable GPUs, schedulable and Ready): the pools' free capacity.
+        self.bound: dict[str, tuple[str, int]] = {}
+        self.gpu_nodes: dict[str, tuple[str, int, bool]] = {}
         self.evicted: set[str] = set()
         self._batch = Batch()
         self._batch_changed = asyncio.Event()
@@ -96,6 +108,7 @@ class Bridge:
                 klass = GPUNodeClass.model_validate(obj)
             except ValidationError as exc:
                 log.warning("class_invalid", name=name, error=str(exc)[:500])
+                OBJECTS_SKIPPED.labels("GPUNodeClass", "invalid").inc()
                 return
             self.classes[name] = klass
             update = ClassUpdate(spec=klass.spec, generation=klass.metadata.generation, uid=klass.metadata.uid)
@@ -115,12 +128,18 @@ class Bridge:
             self.sent_demand.pop(key.lstrip("/"), None)
         if kind == "DELETED":
             self.pools.pop(key, None)
+            self.refused.pop(key, None)
             return  # the workflow removed the finalizer; nothing left to do
         try:
-            pool = GPUNodePool.model_validate(obj)
+            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                pool = GPUNodePool.model_validate(obj)  # bounds never block a deletion
+            else:
+                pool = GPUNodePool.admit(obj, self.disruption_bounds)
         except ValidationError as exc:
-            log.warning("pool_invalid", pool=key, error=str(exc)[:500])
+            OBJECTS_SKIPPED.labels("GPUNodePool", "invalid").inc()
+            await self._refuse_pool(key, obj, exc)
             return
+        self.refused.pop(key, None)
         self.pools[key] = pool
         meta = pool.metadata
         if not meta.deletionTimestamp and FINALIZER not in meta.finalizers:
@@ -128,6 +147,30 @@ class Bridge:
         await self._send_pool(pool)
         self._batch = self._batch.add(_now())  # pools changed: demand may go elsewhere
         self._batch_changed.set()
+
+    async def _refuse_pool(self, key: str, obj: Obj, exc: ValidationError) -> None:
+        """Say on the pool, once per generation, why tgp does not act on it (a log line alone
+        left users with a pool that silently did nothing)."""
+        meta = obj.get("metadata") or {}
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        message = f"tgp does not act on this pool: {problems}"
+        fingerprint = f"{meta.get('uid')}/{meta.get('generation')}/{message}"
+        if self.refused.get(key) == fingerprint:
+            return  # our own status write (or a resync) brought it back
+        log.warning("pool_invalid", pool=key, error=message[:500])
+        ref = CustomResource(
+            GROUP, VERSION, "gpunodepools", "GPUNodePool", meta.get("name", ""), meta.get("namespace") or "default", meta.get("uid")
+        )
+        generation = meta.get("generation")
+        conditions = condition_list({"Ready": ("False", "InvalidSpec", message)}, generation, _now())
+        status = {"observedGeneration": generation, "conditions": [c.model_dump(mode="json", by_alias=True) for c in conditions]}
+        try:
+            await self.cluster.patch_custom_status(ref, status)
+            await self.cluster.create_event(ref, type="Warning", reason="InvalidSpec", message=message, component="tgp-bridge")
+        except TgpError as error:
+            log.warning("pool_invalid_not_reported", pool=key, error=str(error))
+            return  # reported on the next event or resync
+        self.refused[key] = fingerprint
 
     async def _send_pool(self, pool: GPUNodePool) -> None:
         meta = pool.metadata
@@ -153,15 +196,66 @@ class Bridge:
 
     async def on_pod(self, kind: str, obj: Obj) -> None:
         key = object_key(obj).lstrip("/")
-        pod = None if kind == "DELETED" else pending_gpu_pod(obj)
+        try:
+            pod = None if kind == "DELETED" else pending_gpu_pod(obj)
+        except UnreadablePod as exc:  # not demand; every other pod still is
+            log.warning("pod_skipped", pod=key, reason=exc.reason, detail=exc.detail[:500])
+            OBJECTS_SKIPPED.labels("Pod", exc.reason).inc()
+            pod = None
         changed = (key in self.pending) != (pod is not None)
         if pod is None:
             self.pending.pop(key, None)
         else:
             self.pending[key] = pod
+        changed |= self._track_bound(key, kind, obj)
         if changed:
             self._batch = self._batch.add(_now())
             self._batch_changed.set()
+
+    def _track_bound(self, key: str, kind: str, obj: Obj) -> bool:
+        """Record the GPUs a bound, unfinished pod holds on its node; True when that changed."""
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        node, gpus = spec.get("nodeName"), 0
+        if kind != "DELETED" and node and status.get("phase") not in ("Succeeded", "Failed"):
+            try:
+                gpus = gpu_request(obj)
+            except (UnreadablePod, ValueError, TypeError):
+                gpus = 0  # not ours to count; the scheduler decides
+        old = self.bound.get(key)
+        if gpus:
+            self.bound[key] = (node, gpus)
+        else:
+            self.bound.pop(key, None)
+        return old != self.bound.get(key)
+
+    def _track_node(self, kind: str, obj: Obj) -> bool:
+        """Record a managed Node's pool, allocatable GPUs and readiness; True when that changed."""
+        meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+        labels, name = meta.get("labels") or {}, meta.get("name", "")
+        old = self.gpu_nodes.get(name)
+        if kind == "DELETED" or LABEL_POOL not in labels:
+            self.gpu_nodes.pop(name, None)
+        else:
+            gpus = (status.get("allocatable") or {}).get(GPU_RESOURCE) or (status.get("capacity") or {}).get(GPU_RESOURCE) or 0
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+            try:
+                count = int(str(gpus))
+            except ValueError:
+                count = 0
+            pool = f"{labels.get(LABEL_POOL_NAMESPACE, 'default')}/{labels[LABEL_POOL]}"
+            self.gpu_nodes[name] = (pool, count, ready and not spec.get("unschedulable"))
+        return old != self.gpu_nodes.get(name)
+
+    def free_gpus(self, pool: str) -> dict[str, int]:
+        """Free GPUs of each schedulable, Ready node of `pool` (pool key namespace/name)."""
+        used: dict[str, int] = {}
+        for node, gpus in self.bound.values():
+            used[node] = used.get(node, 0) + gpus
+        return {
+            name: max(gpus - used.get(name, 0), 0)
+            for name, (owner, gpus, usable) in sorted(self.gpu_nodes.items())
+            if owner == pool and usable
+        }
 
     async def _demand_loop(self) -> None:
         """Send demand once a batch of pod changes has settled (idle window) or grown old
@@ -192,16 +286,20 @@ class Bridge:
         ]
         assigned = assign_pods(self.pending.values(), candidates)
         for key, pods in assigned.items():
-            names = sorted(p.key for p in pods)
-            max_gpus = max((p.gpus for p in pods), default=1)
-            if self.sent_demand.get(key) == names:
+            demand = Demand(
+                pods=sorted(p.key for p in pods),
+                observed_at=_now(),
+                max_gpus=max((p.gpus for p in pods), default=1),
+                pod_gpus={p.key: p.gpus for p in pods if p.gpus != 1},
+                free_gpus=self.free_gpus(key),
+            )
+            fingerprint = demand.model_dump_json(exclude={"observed_at"})
+            if self.sent_demand.get(key) == fingerprint:
                 continue
             namespace, name = key.split("/", 1)
             try:
-                await self.client.get_workflow_handle(pool_workflow_id(namespace, name)).signal(
-                    GPUNodePoolWorkflow.demand, Demand(pods=names, observed_at=_now(), max_gpus=max_gpus)
-                )
-                self.sent_demand[key] = names
+                await self.client.get_workflow_handle(pool_workflow_id(namespace, name)).signal(GPUNodePoolWorkflow.demand, demand)
+                self.sent_demand[key] = fingerprint
             except RPCError as exc:
                 log.warning("demand_not_sent", pool=key, error=str(exc))
                 if exc.status is not RPCStatusCode.NOT_FOUND:
@@ -211,6 +309,9 @@ class Bridge:
     # --- nodes ---------------------------------------------------------------------------
 
     async def on_node(self, kind: str, obj: Obj) -> None:
+        if self._track_node(kind, obj):
+            self._batch = self._batch.add(_now())  # the pool's free GPUs changed
+            self._batch_changed.set()
         meta = obj.get("metadata") or {}
         reason = (meta.get("annotations") or {}).get(EVICT_ANNOTATION)
         labels = meta.get("labels") or {}

@@ -5,6 +5,10 @@ and on every event move the resourceVersion forward. A stream that ends or break
 from the last resourceVersion; a 410 Gone (the server forgot that version) means list again,
 and the difference between the old cache and the new list is delivered as events, so nothing
 is missed. Any other failure backs off and starts over with a list.
+
+A handler that fails for one object never holds up the others: the failure is logged and
+counted, the object is retried (with backoff, or by the next list) until its handler succeeds
+or a newer event about it does, and the informer goes on listing, syncing and watching.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 import aiohttp
 import structlog
+
+from crd_bridge.metrics import HANDLER_ERRORS
 
 log = structlog.get_logger("tgp.bridge.informer")
 
@@ -64,6 +70,10 @@ class Informer:
         self.synced = asyncio.Event()
         self.relists = 0
         self.rewatches = 0
+        # Objects whose handler failed on their latest event: key -> (event type, object).
+        self.failed: dict[str, tuple[str, Obj]] = {}
+        self._retry_at: float | None = None
+        self._retry_rounds = 0
 
     async def run(self) -> None:
         """Run until cancelled."""
@@ -88,14 +98,19 @@ class Informer:
         body = await _json_body(response)
         self.relists += 1
         fresh = {object_key(o): o for o in body.get("items") or []}
+        retry, self.failed, self._retry_at = self.failed, {}, None  # this list delivers them again
         for key, obj in fresh.items():
             old = self.cache.get(key)
-            if old is None or _version(old) != _version(obj):
+            if old is None or key in retry or _version(old) != _version(obj):
                 self.cache[key] = obj
                 await self._deliver("ADDED" if old is None else "MODIFIED", key, obj)
         for key in [k for k in self.cache if k not in fresh]:
             await self._deliver("DELETED", key, self.cache.pop(key))
-        self.synced.set()
+        for key, (kind, obj) in retry.items():
+            if kind == "DELETED" and key not in fresh:
+                await self._deliver("DELETED", key, obj)
+        self._schedule_retry()
+        self.synced.set()  # objects that failed are retried; they must not hide all the others
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _watch(self, version: str) -> None:
@@ -115,15 +130,23 @@ class Informer:
             if response.status >= 300:
                 text = await response.text()
                 raise RuntimeError(f"watch {self.name} answered {response.status}: {text[:200]}")
+            # One read stays pending across retry rounds: cancelling a readline could lose half a line.
+            read = asyncio.ensure_future(response.content.readline())
             try:
                 while True:
-                    line = await response.content.readline()
+                    done, _ = await asyncio.wait({read}, timeout=self._retry_wait())
+                    if not done:
+                        await self._retry_failed()  # between two events: the cache is consistent
+                        continue
+                    line = read.result()
                     if not line:
                         break  # the server closed the stream (timeout) or the connection was cut
                     version = await self._dispatch(json.loads(line), version)
+                    read = asyncio.ensure_future(response.content.readline())
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionResetError):
                 pass  # a cut stream: resume from the last version we saw
             finally:
+                read.cancel()
                 response.release()
             self.rewatches += 1
 
@@ -145,15 +168,39 @@ class Informer:
         return new_version
 
     async def _deliver(self, kind: str, key: str, obj: Obj) -> None:
-        """Hand one event to the handler. If it fails, forget the object so that the re-list
-        that follows delivers it again (an unchanged resourceVersion would otherwise hide it)."""
+        """Hand one event to the handler. A failure is logged, counted and remembered for a
+        retry; it never propagates, so the events after it are still delivered."""
         try:
             await self._handler(kind, obj)
-        except Exception:
-            self.cache.pop(key, None)
-            if kind == "DELETED":
-                self.cache[key] = obj  # stays known, so the re-list reports it deleted again
-            raise
+        except Exception as exc:  # noqa: BLE001 - whatever one object does, the others go on
+            self.failed[key] = (kind, obj)
+            HANDLER_ERRORS.labels(self.name).inc()
+            log.warning("informer_handler_failed", resource=self.name, object=key, event_type=kind, error=f"{type(exc).__name__}: {exc}"[:300])
+            if self._retry_at is None:
+                self._schedule_retry()
+        else:
+            self.failed.pop(key, None)  # this event supersedes a failed one about the same object
+
+    def _schedule_retry(self) -> None:
+        """Retry failed objects after a doubling wait; reset once none is left."""
+        if not self.failed:
+            self._retry_at, self._retry_rounds = None, 0
+            return
+        wait = min(BACKOFF_START.total_seconds() * 2**self._retry_rounds, BACKOFF_MAX.total_seconds())
+        self._retry_at = asyncio.get_running_loop().time() + random.uniform(wait / 2, wait)
+
+    def _retry_wait(self) -> float | None:
+        """Seconds until failed objects are due again (None: nothing to retry)."""
+        if self._retry_at is None:
+            return None
+        return max(self._retry_at - asyncio.get_running_loop().time(), 0.0)
+
+    async def _retry_failed(self) -> None:
+        retry, self.failed, self._retry_at = self.failed, {}, None
+        for key, (kind, obj) in retry.items():
+            await self._deliver(kind, key, obj)
+        self._retry_rounds = self._retry_rounds + 1 if self.failed else 0
+        self._schedule_retry()
 
 
 def _version(obj: Obj) -> str:

@@ -77,6 +77,17 @@ async def running_world(
         yield world, worker, task_queue
 
 
+async def skip_time(env: WorkflowEnvironment, duration: timedelta, *, step: timedelta) -> None:
+    """Move the time-skipping server's clock by `duration`, `step` per call. A `sleep` is one RPC
+    that must answer within the client's 30 s call timeout, but the server's clock moves only as
+    fast as the worker runs the timers and activities it passes: choose `step` so that one call
+    passes a handful of them (a month of 2-hour checks in one call failed on a busy machine)."""
+    left = duration
+    while left > timedelta(0):
+        await env.sleep(min(step, left))
+        left -= step
+
+
 async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float = 30.0, what: str = "condition") -> T:
     """Wait until `check` returns something truthy (polling, not a timing assumption)."""
     deadline = asyncio.get_running_loop().time() + timeout

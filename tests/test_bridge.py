@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
@@ -25,6 +26,8 @@ from activities.cluster import KubernetesCluster
 from crd_bridge.bridge import Bridge
 from tests.conftest import eventually
 from tests.kube_env import KUBECONFIG_ENV, KubeApi
+from tgp.crds import DEFAULT_CLASS_MAX_NODES, DisruptionBounds
+from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
 from tgp.sim.world import SimWorld, sim_world
 from tgp.temporal import DATA_CONVERTER
 from workflows.node import NodeWorkflowInput
@@ -52,13 +55,13 @@ class Stack:
     bridge_task: asyncio.Task[None]
     cluster: KubernetesCluster
 
-    async def restart_bridge(self) -> None:
+    async def restart_bridge(self, bounds: DisruptionBounds | None = None) -> None:
         self.bridge_task.cancel()
         try:
             await self.bridge_task
         except asyncio.CancelledError:
             pass
-        self.bridge = new_bridge(self.env, self.cluster, self.queue)
+        self.bridge = new_bridge(self.env, self.cluster, self.queue, bounds or TEST_BOUNDS)
         self.bridge_task = asyncio.create_task(self.bridge.run())
 
     async def pool_status(self, ns: str, name: str) -> dict[str, Any]:
@@ -76,7 +79,12 @@ class Stack:
         return [w.id async for w in self.env.client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TaskQueue = '{self.queue}'")]
 
 
-def new_bridge(env: WorkflowEnvironment, cluster: KubernetesCluster, queue: str) -> Bridge:
+# The pools here idle out after 2s so that scale-to-zero takes seconds; production bounds are
+# tested on their own (test_a_pool_that_would_churn_is_refused_on_the_pool).
+TEST_BOUNDS = DisruptionBounds(min_idle_timeout=timedelta(seconds=1))
+
+
+def new_bridge(env: WorkflowEnvironment, cluster: KubernetesCluster, queue: str, bounds: DisruptionBounds = TEST_BOUNDS) -> Bridge:
     return Bridge(
         env.client,
         cluster,
@@ -84,6 +92,7 @@ def new_bridge(env: WorkflowEnvironment, cluster: KubernetesCluster, queue: str)
         batch_idle=timedelta(milliseconds=200),
         batch_max=timedelta(seconds=2),
         pool_watch_interval=timedelta(seconds=1),
+        disruption_bounds=bounds,
     )
 
 
@@ -202,6 +211,8 @@ async def pending_pod(kube: httpx.AsyncClient, name: str, *, selector: dict[str,
             "containers": [{"name": "train", "image": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "nodeSelector": selector or {},
+            # Shuts down within a second of its deletion (the default is 30 s): a drain waits for it.
+            "terminationGracePeriodSeconds": 1,
         },
     }
     (await kube.post("/api/v1/namespaces/ml/pods", json=pod)).raise_for_status()
@@ -324,7 +335,9 @@ async def test_deleting_a_pool_terminates_its_nodes_before_the_finalizer_goes(te
 async def test_bridge_restart_410_and_cut_streams_change_nothing(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
-        await apply(s.kube, gpu_pool("rtx"))
+        # The first node must outlive the restart however slow the machine: with a 2 s idle
+        # timeout (its pod is never bound), a busy machine saw it idle out and a third node bought.
+        await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "1h", "drainTimeout": "10s"}))
         await pending_pod(s.kube, "train")
         await ready_nodes(s, "ml", "rtx", 1)
 
@@ -449,3 +462,93 @@ async def test_min_nodes_floor_nodes_do_not_idle_out_but_demand_nodes_do(tempora
         assert sorted(timeouts.values(), key=str) == [timedelta(seconds=2), None], "one floor node, one demand node"
 
 
+async def test_odd_pending_pods_in_one_namespace_stop_no_demand_in_another(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """Pods demand cannot use are skipped one by one (logged and counted); the pods informer
+    still syncs, so a normal pod elsewhere gets its node."""
+    gpu = {"name": "c", "image": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+    def required(term: dict[str, Any]) -> dict[str, Any]:
+        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+    # All valid for a real API server, and beyond what demand used to read.
+    odd: dict[str, dict[str, Any]] = {
+        "cuda-gt": {"containers": [gpu], "tolerations": [toleration], "affinity": required({"matchExpressions": [{"key": "cuda", "operator": "Gt", "values": ["11"]}]})},
+        "pinned": {"containers": [gpu], "tolerations": [toleration], "affinity": required({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]})},
+        "thousand": {"containers": [{**gpu, "resources": {"limits": {"nvidia.com/gpu": "1k"}}}]},  # no toleration: fits no pool
+    }
+    if not kube_api.real:  # shapes a real API server refuses, only the emulator stores them
+        odd["garbage"] = {"containers": [{**gpu, "resources": {"limits": {"nvidia.com/gpu": "500m"}}}], "tolerations": [{"operator": "Sometimes"}, 7]}
+        odd["unread-toleration"] = {"containers": [gpu], "tolerations": [{"key": "nvidia.com/gpu", "operator": "Sometimes"}]}
+
+    def skipped(reason: str) -> float:
+        return REGISTRY.get_sample_value("tgp_bridge_objects_skipped_total", {"kind": "Pod", "reason": reason}) or 0.0
+
+    before = skipped("match_fields")
+    async with running_stack(temporal, kube_api) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx"))
+        merge = {"Content-Type": "application/merge-patch+json"}
+        unschedulable = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+        for name, spec in odd.items():
+            await kube_api.create(f"/api/v1/namespaces/{kube_api.namespace}/pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+            r = await s.kube.patch(f"/api/v1/namespaces/{kube_api.namespace}/pods/{name}/status", json=unschedulable, headers=merge)
+            r.raise_for_status()
+        await s.restart_bridge()  # its first list meets the odd pods, as a bridge starting on this cluster would
+        await pending_pod(s.kube, "train")
+
+        await ready_nodes(s, "ml", "rtx", 1)
+        pods = next(i for i in s.bridge.informers if i.name == "pods")
+        assert pods.synced.is_set() and pods.failed == {}
+        assert sorted(s.bridge.pending) == ["ml/train"], "only the normal pod is demand"
+        assert len(await s.node_workflows()) == 1
+        assert skipped("match_fields") > before
+
+
+async def test_a_pool_that_would_churn_is_refused_on_the_pool(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """The API server stores `idleTimeout: 1s` (a pattern cannot bound a duration); the bridge,
+    with the production bounds, does not act on it and says why on the pool."""
+    async with running_stack(temporal, kube_api) as s:
+        await s.restart_bridge(DisruptionBounds())
+        await apply(s.kube, gpu_class())
+        churning = gpu_pool("churn")
+        churning["spec"]["disruption"] = {"idleTimeout": "1s"}
+        assert (await apply(s.kube, churning)).status_code == 201
+
+        async def refused() -> dict[str, Any] | None:
+            conditions = {c["type"]: c for c in (await s.pool_status("ml", "churn")).get("conditions") or []}
+            ready = conditions.get("Ready") or {}
+            return ready if ready.get("reason") == "InvalidSpec" and ready.get("status") == "False" else None
+
+        condition = await eventually(refused, what="Ready=False (InvalidSpec) on the pool")
+        assert "spec.disruption.idleTimeout" in condition["message"] and "minimum of 30s" in condition["message"]
+
+        async def warning() -> dict[str, Any] | None:
+            items = (await s.kube.get("/api/v1/namespaces/ml/events")).json()["items"]
+            return next((e for e in items if e["involvedObject"]["name"] == "churn" and e["reason"] == "InvalidSpec"), None)
+
+        event = await eventually(warning, what="an InvalidSpec Warning Event")
+        assert event["type"] == "Warning" and "minimum of 30s" in event["message"]
+        handle = s.env.client.get_workflow_handle(pool_workflow_id("ml", "churn"))
+        with pytest.raises(RPCError):
+            await handle.describe()  # no workflow: nothing was bought for it
+
+
+async def test_schema_bounds_spend_and_a_class_without_limits_is_capped(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    async with running_stack(temporal, kube_api) as s:
+        r = await apply(s.kube, gpu_pool("typo", minNodes=1_000_000_000))
+        assert r.status_code == 422 and "spec.minNodes" in r.text and "less than or equal to 100" in r.text
+        empty = gpu_pool("empty")
+        empty["spec"]["disruption"] = {"idleTimeout": ""}
+        r = await apply(s.kube, empty)
+        assert r.status_code == 422 and "spec.disruption.idleTimeout" in r.text
+
+        assert (await apply(s.kube, gpu_class())).status_code == 201  # no limits at all
+
+        async def ledger() -> Ledger | None:
+            try:
+                return await s.env.client.get_workflow_handle(class_workflow_id("sim")).query("budget", result_type=Ledger)
+            except RPCError:
+                return None  # not started yet
+
+        assert (await eventually(ledger, what="the class ledger")).limits.max_nodes == DEFAULT_CLASS_MAX_NODES

@@ -2,8 +2,10 @@
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from tgp.crds import GPUNodePoolSpec
-from tgp.demand import Batch, PendingPod, PoolCandidate, Toleration, assign_pods, nodes_to_launch, pending_gpu_pod, pod_fits_pool
+from tgp.demand import Batch, PendingPod, PoolCandidate, Toleration, UnreadablePod, assign_pods, gpu_request, nodes_to_launch, pending_gpu_pod, pod_fits_pool
 from tgp.crds import NodeSelectorRequirement as Req
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -116,3 +118,85 @@ def test_a_multi_gpu_pod_asks_the_pool_for_nodes_with_that_many_gpus() -> None:
     req = node_request(namespace="ml", pool_name="rtx", class_name="c", node_name="n", pool=p, klass=klass, min_gpus=4)
     assert req.requirements.min_gpu_count == 4
     assert node_request(namespace="ml", pool_name="rtx", class_name="c", node_name="n", pool=p, klass=klass).requirements.min_gpu_count == 1
+
+
+def unschedulable_pod(**spec: object) -> dict:
+    """A pending, unschedulable pod object asking for one GPU, with `spec` fields on top."""
+    container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    return {
+        "metadata": {"name": "odd", "namespace": "ml"},
+        "spec": {"containers": [container], "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}], **spec},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+    }
+
+
+def required_terms(*terms: dict) -> dict:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+def test_gt_and_lt_compare_label_values_as_integers() -> None:
+    def with_cuda(op: str, value: str) -> dict:
+        return unschedulable_pod(affinity=required_terms({"matchExpressions": [{"key": "cuda-major", "operator": op, "values": [value]}]}))
+
+    cuda12 = pool("a", labels={"cuda-major": "12"})
+    assert pod_fits_pool(pending_gpu_pod(with_cuda("Gt", "11")), cuda12)  # type: ignore[arg-type]
+    assert not pod_fits_pool(pending_gpu_pod(with_cuda("Gt", "12")), cuda12)  # type: ignore[arg-type]
+    assert pod_fits_pool(pending_gpu_pod(with_cuda("Lt", "100")), cuda12)  # type: ignore[arg-type]
+    assert not pod_fits_pool(pending_gpu_pod(with_cuda("Lt", "9")), cuda12)  # type: ignore[arg-type]
+    assert not pod_fits_pool(pending_gpu_pod(with_cuda("Gt", "1")), pool("b")), "no such label on the pool's nodes"  # type: ignore[arg-type]
+    assert not pod_fits_pool(pending_gpu_pod(with_cuda("Gt", "1")), pool("c", labels={"cuda-major": "twelve"}))  # type: ignore[arg-type]
+    gpu_type_gt = unschedulable_pod(affinity=required_terms({"matchExpressions": [{"key": "tgp.io/gpu-type", "operator": "Gt", "values": ["3"]}]}))
+    assert not pod_fits_pool(pending_gpu_pod(gpu_type_gt), pool("d")), "GPU types are names, never integers"  # type: ignore[arg-type]
+
+
+def test_a_pod_pinned_to_a_node_name_fits_no_new_node() -> None:
+    pinned = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]}
+    with pytest.raises(UnreadablePod) as skipped:
+        pending_gpu_pod(unschedulable_pod(affinity=required_terms(pinned)))
+    assert skipped.value.reason == "match_fields"
+    either = unschedulable_pod(affinity=required_terms(pinned, {"matchExpressions": [{"key": "tgp.io/gpu-type", "operator": "In", "values": ["RTX4090"]}]}))
+    p = pending_gpu_pod(either)
+    assert p is not None and pod_fits_pool(p, pool("rtx", gpus=["RTX4090"])), "the other term can still be met"
+    assert not pod_fits_pool(p, pool("a100", gpus=["A100-80GB"]))
+
+
+def test_gpu_quantities_are_kubernetes_quantities() -> None:
+    def gpus(value: object, kind: str = "limits") -> int:
+        obj = unschedulable_pod()
+        obj["spec"]["containers"] = [{"name": "c", "resources": {kind: {"nvidia.com/gpu": value}}}]
+        return gpu_request(obj)
+
+    assert gpus("1") == 1 and gpus(2) == 2 and gpus("+3", "requests") == 3
+    assert gpus("1k") == 1000 and gpus("2e1") == 20 and gpus("1Ki") == 1024 and gpus("2000m") == 2
+    for bad in ("500m", "1.5", "-1", "one", "", "1kk", "0x10", True):
+        with pytest.raises(UnreadablePod) as skipped:
+            gpus(bad)
+        assert skipped.value.reason == "gpu_quantity", bad
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Sometimes"}]},
+        {"tolerations": [{"key": "nvidia.com/gpu", "operator": None}]},
+        {"tolerations": "all"},
+        {"tolerations": [7]},
+        {"nodeSelector": ["tgp.io/gpu-type"]},
+        {"affinity": required_terms({"matchExpressions": [{"key": "k", "operator": "Near", "values": ["x"]}]})},
+        {"affinity": required_terms({"matchExpressions": [{"key": "k", "operator": "Gt", "values": ["1", "2"]}]})},
+        {"affinity": required_terms({"matchExpressions": [{"key": "k", "operator": "Lt", "values": ["high"]}]})},
+        {"affinity": required_terms({})},
+        {"affinity": {"nodeAffinity": "yes"}},
+        {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "500m"}}}]},
+        {"containers": {"c": {}}},
+    ],
+)
+def test_odd_pod_shapes_are_skipped_or_read_never_raise_anything_else(spec: dict) -> None:
+    try:
+        result = pending_gpu_pod(unschedulable_pod(**spec))
+    except UnreadablePod as skipped:
+        assert skipped.reason and isinstance(skipped.reason, str)
+        return
+    assert result is not None
+    assert not pod_fits_pool(result, pool("a")), "a toleration it cannot read does not tolerate the pool's taint"
+    assert pod_fits_pool(result, pool("b", taint=False))

@@ -37,6 +37,48 @@ async def test_an_event_whose_handler_failed_is_delivered_again() -> None:
                 return any(s.endswith(" train") for s in seen)
 
             await eventually(delivered, timeout=10, what="the pod to be delivered after the handler failed")
-            assert informer.relists >= 2, "the failure led to a re-list that delivered it again"
+            assert informer.failed == {}
+        finally:
+            task.cancel()
+
+
+async def test_an_object_whose_handler_always_fails_holds_up_no_other() -> None:
+    """The informer lists past it, syncs, keeps watching, and retries it with backoff."""
+    async with KubeEmulator() as kube, KubernetesCluster.from_url(kube.url) as cluster, httpx.AsyncClient(base_url=kube.url) as http:
+        core = await cluster._client()
+        seen: list[str] = []
+        attempts = {"bad": 0}
+
+        async def create(namespace: str, name: str) -> None:
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+            (await http.post(f"/api/v1/namespaces/{namespace}/pods", json=pod)).raise_for_status()
+
+        async def handler(kind: str, obj: dict) -> None:
+            name = obj["metadata"]["name"]
+            if name == "bad" and kind != "DELETED":
+                attempts["bad"] += 1
+                raise ValueError("a shape this handler cannot read")
+            seen.append(name)
+
+        await create("aaa", "bad")  # listed first: before the fix, nothing after it was ever delivered
+        await create("ml", "listed")
+        informer = Informer("pods", core.list_pod_for_all_namespaces_without_preload_content, handler)
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 10)
+            assert "listed" in seen
+            await create("ml", "watched")
+
+            async def watched_and_retried() -> bool:
+                return "watched" in seen and attempts["bad"] >= 3
+
+            await eventually(watched_and_retried, timeout=10, what="a watched pod, and the bad one retried")
+            assert list(informer.failed) == ["aaa/bad"] and informer.relists == 1, "retried alone, without re-listing"
+            (await http.delete("/api/v1/namespaces/aaa/pods/bad")).raise_for_status()
+
+            async def forgotten() -> bool:
+                return not informer.failed
+
+            await eventually(forgotten, timeout=10, what="its deletion to end the retries")
         finally:
             task.cancel()

@@ -62,3 +62,22 @@ def test_a_node_without_an_idle_timeout_never_idles_out() -> None:
     floor = TIMEOUTS.model_copy(update={"idle": None})
     v = judge_observation(look(), WatchState(ready_at=T0, idle_since=T0), T0 + timedelta(days=3), floor)
     assert v.end is None
+
+
+def test_one_unhealthy_provider_reading_is_a_blip_not_a_death() -> None:
+    failed = RUNNING.model_copy(update={"state": InstanceState.FAILED})
+    v = judge_observation(look(busy=1, instance=failed), WatchState(ready_at=T0), T0, TIMEOUTS)
+    assert v.end is None, "a single FAILED (Lambda `unhealthy`) reading must not end a Ready node"
+    v = judge_observation(look(busy=1), v.state, T0 + timedelta(seconds=30), TIMEOUTS)
+    assert v.end is None and v.state.unhealthy_since is None, "a healthy reading clears the clock"
+
+
+def test_lasting_provider_trouble_drains_a_reachable_node_and_loses_an_unreachable_one() -> None:
+    failed = RUNNING.model_copy(update={"state": InstanceState.FAILED})
+    v = judge_observation(look(busy=1, instance=failed), WatchState(ready_at=T0), T0, TIMEOUTS)
+    v = judge_observation(look(busy=1, instance=failed), v.state, T0 + NODE_LOST_AFTER - timedelta(seconds=1), TIMEOUTS)
+    assert v.end is None
+    reachable = judge_observation(look(busy=1, instance=failed), v.state, T0 + NODE_LOST_AFTER, TIMEOUTS)
+    assert reachable.end is EndReason.UNHEALTHY and "failed" in reachable.detail, "a node that still answers is drained"
+    gone = judge_observation(look(busy=1, instance=failed, node=NodeSummary(name="n", ready=False)), v.state, T0 + NODE_LOST_AFTER, TIMEOUTS)
+    assert gone.end is EndReason.LOST

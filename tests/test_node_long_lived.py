@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import httpx
+import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import running_world
+from tests.conftest import running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, node_exists, replay, request, start, wait_phase
 from tgp.sim.world import SimWorld
 from tgp.types import LifecycleTimeouts, NodePhase, NodeStatus
@@ -20,7 +21,9 @@ async def put_pod(world: SimWorld, node: str, name: str, owner_kind: str | None 
     meta: dict[str, object] = {"name": name, "namespace": "default"}
     if owner_kind:
         meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner_kind, "name": "x", "uid": "u-1", "controller": True}]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}}
+    # It shuts down within a second of being deleted: the drain waits for that in real time.
+    spec = {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}], "terminationGracePeriodSeconds": 1}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
     async with httpx.AsyncClient(base_url=world.kube_url) as kube:
         (await kube.post("/api/v1/namespaces/default/pods", json=pod)).raise_for_status()
         (
@@ -51,7 +54,7 @@ async def test_idle_node_is_drained_and_terminated(time_skipping: WorkflowEnviro
         await put_pod(world, req.node_name, "job")
         await put_pod(world, req.node_name, "logs-agent", owner_kind="DaemonSet")
 
-        await time_skipping.sleep(timedelta(hours=2))
+        await skip_time(time_skipping, timedelta(hours=2), step=timedelta(minutes=10))  # 10 checks per call
         busy: NodeStatus = await handle.query(GPUNodeWorkflow.status)
         assert busy.phase is NodePhase.READY, "a node with a workload pod is not idle"
 
@@ -68,6 +71,8 @@ async def test_idle_node_is_drained_and_terminated(time_skipping: WorkflowEnviro
         await replay(handle, "idle_drained")
 
 
+# 360 real watch checks: ~40 s alone, minutes on a loaded machine (no deadline inside the test).
+@pytest.mark.timeout(900)
 async def test_a_node_living_30_days_keeps_each_run_history_small(time_skipping: WorkflowEnvironment) -> None:
     timeouts = LifecycleTimeouts(watch_interval=timedelta(hours=2))
     async with running_world(time_skipping) as (world, _, queue):
@@ -76,7 +81,7 @@ async def test_a_node_living_30_days_keeps_each_run_history_small(time_skipping:
         await wait_phase(handle, NodePhase.READY)
         await put_pod(world, req.node_name, "long-training")
 
-        await time_skipping.sleep(timedelta(days=30))
+        await skip_time(time_skipping, timedelta(days=30), step=timedelta(hours=12))  # 6 checks per call
 
         current = time_skipping.client.get_workflow_handle_for(GPUNodeWorkflow.run, req.workflow_id)
         desc = await current.describe()

@@ -9,11 +9,13 @@ the last new pod, and a maximum window after the first.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from tgp.crds import GPUNodePoolSpec, NodeSelectorRequirement
 from tgp.types import GPU_RESOURCE, LABEL_GPU_TYPE, LABEL_POOL, LABEL_PROVIDER, LABEL_REGION, Taint
@@ -30,9 +32,20 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+class UnreadablePod(ValueError):
+    """A pending GPU pod whose spec demand cannot use; the pod is skipped, never the informer.
+    `reason` is short and stable (a metric label), `detail` says what was found."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason, self.detail = reason, detail
+
+
 class Toleration(Frozen):
     key: str | None = None
-    operator: Literal["Equal", "Exists"] = "Equal"
+    # Missing means Equal (the API's default). Operators we do not know (newer API versions add
+    # some) tolerate nothing here: the pod then fits fewer pools, never a node it cannot use.
+    operator: str | None = "Equal"
     value: str | None = None
     effect: str | None = None
 
@@ -41,7 +54,26 @@ class Toleration(Frozen):
             return False
         if self.operator == "Exists":
             return self.key in (None, "", taint.key)
+        if self.operator not in (None, "", "Equal"):
+            return False
         return self.key == taint.key and (self.value or "") == taint.value
+
+
+class PodRequirement(Frozen):
+    """One requirement of a pod's required node affinity. Wider than a pool's requirement
+    (tgp.crds, also the CRD schema): pods may use Gt/Lt, which compare a label as an integer."""
+
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = []
+
+    @model_validator(mode="after")
+    def _gt_lt_take_one_integer(self) -> Self:
+        if self.operator in ("Gt", "Lt") and (len(self.values) != 1 or _integer(self.values[0]) is None):
+            raise ValueError(f"{self.operator} takes exactly one integer value, not {self.values!r}")
+        return self
 
 
 class PendingPod(Frozen):
@@ -50,7 +82,7 @@ class PendingPod(Frozen):
     gpus: int = 1
     node_selector: dict[str, str] = {}
     # Required node affinity: OR of terms, each an AND of requirements.
-    affinity_terms: list[list[NodeSelectorRequirement]] = []
+    affinity_terms: list[list[PodRequirement]] = []
     tolerations: list[Toleration] = []
     created: datetime | None = None
 
@@ -71,18 +103,76 @@ class PoolCandidate(Frozen):
         return f"{self.namespace}/{self.name}"
 
 
+# A Kubernetes quantity: signed decimal number, then a binary-SI, decimal-SI or exponent suffix.
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:(Ki|Mi|Gi|Ti|Pi|Ei)|[eE]([+-]?\d+)|(m|k|M|G|T|P|E)?)")
+_BINARY_SI = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL_SI = {"m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _integer(value: str) -> int | None:
+    """A label value as the scheduler reads it for Gt/Lt (a base-10 integer), else None."""
+    return int(value) if _INTEGER.fullmatch(value) and abs(int(value)) < 2**63 else None
+
+
+def _gpu_quantity(value: object) -> int:
+    """A GPU count from a quantity ("1", 2, "1k" = 1000). Extended resources must be whole."""
+    match = _QUANTITY.fullmatch(str(value)) if isinstance(value, str | int) and not isinstance(value, bool) else None
+    if match is None:
+        raise UnreadablePod("gpu_quantity", f"{GPU_RESOURCE}: {value!r} is not a quantity")
+    number, binary, exponent, decimal = match.groups()
+    try:
+        amount = Decimal(number) * _BINARY_SI[binary] if binary else Decimal(number).scaleb(int(exponent or _DECIMAL_SI.get(decimal or "", 0)))
+    except (InvalidOperation, ArithmeticError) as exc:
+        raise UnreadablePod("gpu_quantity", f"{GPU_RESOURCE}: {value!r}: {exc}") from None
+    if amount != amount.to_integral_value() or not 0 <= amount < 2**63:
+        raise UnreadablePod("gpu_quantity", f"{GPU_RESOURCE}: {value!r} is not a whole, non-negative number")
+    return int(amount)
+
+
 def gpu_request(pod: Mapping[str, Any]) -> int:
     """GPUs a pod asks for (the largest of requests/limits per container, summed)."""
     total = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
         resources = container.get("resources") or {}
         values = [(resources.get(kind) or {}).get(GPU_RESOURCE) for kind in ("requests", "limits")]
-        total += max((int(str(v)) for v in values if v is not None), default=0)
+        total += max((_gpu_quantity(v) for v in values if v is not None), default=0)
     return total
 
 
 def pending_gpu_pod(pod: Mapping[str, Any]) -> PendingPod | None:
-    """The pod as demand, if it is an unschedulable, unbound pod asking for GPUs."""
+    """The pod as demand, if it is an unschedulable, unbound pod asking for GPUs. Raises
+    UnreadablePod (only) for a pod it cannot use: an odd pod must not stop the bridge."""
+    try:
+        return _pending_gpu_pod(pod)
+    except UnreadablePod:
+        raise
+    except (ValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise UnreadablePod("invalid", f"{type(exc).__name__}: {exc}"[:300]) from None
+
+
+def _affinity_terms(spec: Mapping[str, Any]) -> list[list[PodRequirement]]:
+    """The required node affinity's terms that a new node could meet (any one must be)."""
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    raw_terms = required.get("nodeSelectorTerms") or []
+    terms: list[list[PodRequirement]] = []
+    dropped: list[UnreadablePod] = []
+    for term in raw_terms:
+        if term.get("matchFields"):  # a node's name (metadata.name): no node we launch has it yet
+            dropped.append(UnreadablePod("match_fields", f"matchFields {term['matchFields']!r}"))
+        elif not term.get("matchExpressions"):  # the API: an empty term matches no node
+            dropped.append(UnreadablePod("empty_affinity_term", f"term {term!r}"))
+        else:
+            try:
+                terms.append([PodRequirement.model_validate(e) for e in term["matchExpressions"]])
+            except ValidationError as exc:
+                dropped.append(UnreadablePod("unsupported_requirement", str(exc)[:300]))
+    if raw_terms and not terms:
+        raise dropped[0]
+    return terms
+
+
+def _pending_gpu_pod(pod: Mapping[str, Any]) -> PendingPod | None:
     spec, status, meta = pod.get("spec") or {}, pod.get("status") or {}, pod.get("metadata") or {}
     if spec.get("nodeName") or meta.get("deletionTimestamp") or status.get("phase", "Pending") != "Pending":
         return None
@@ -90,14 +180,12 @@ def pending_gpu_pod(pod: Mapping[str, Any]) -> PendingPod | None:
         c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
         for c in status.get("conditions") or []
     )
-    gpus = gpu_request(pod)
-    if not unschedulable or gpus == 0:
+    if not unschedulable:
         return None
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = [
-        [NodeSelectorRequirement.model_validate(e) for e in term.get("matchExpressions") or []]
-        for term in required.get("nodeSelectorTerms") or []
-    ]
+    gpus = gpu_request(pod)
+    if gpus == 0:
+        return None
+    terms = _affinity_terms(spec)
     return PendingPod(
         namespace=meta.get("namespace", "default"),
         name=meta["name"],
@@ -133,8 +221,16 @@ class _AnyExcept(set[str]):
         self.excluded = set(excluded)
 
 
-def _requirement_met(pool: PoolCandidate, req: NodeSelectorRequirement) -> bool:
+def _requirement_met(pool: PoolCandidate, req: NodeSelectorRequirement | PodRequirement) -> bool:
     possible = _possible_values(pool, req.key)
+    if req.operator in ("Gt", "Lt"):
+        # Integer comparison like the scheduler's. Values chosen at launch (GPU type, region,
+        # provider) are names, never integers, so only a fixed pool label can satisfy it.
+        bound = _integer(req.values[0]) if len(req.values) == 1 else None
+        if possible is None or bound is None:
+            return False
+        numbers = [n for n in map(_integer, possible) if n is not None]
+        return any(n > bound if req.operator == "Gt" else n < bound for n in numbers)
     if isinstance(possible, _AnyExcept):
         if req.operator == "In":
             return bool(set(req.values) - possible.excluded)

@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict
 from tgp.types import InstanceState, LifecycleTimeouts, NodeObservation, PodSummary
 
 # A Ready node that stays missing or NotReady this long is given up as lost (the kubelet's
-# default node-monitor grace is 40 s; 5 minutes rides out a tailnet blip or a reboot).
+# default node-monitor grace is 40 s; 5 minutes rides out a tailnet blip or a reboot). The
+# provider's own health readings (Lambda's `unhealthy`, a stopped VM) get the same grace: one
+# bad reading is often a monitoring blip while the machine keeps running its job.
 NODE_LOST_AFTER = timedelta(minutes=5)
 
 
@@ -20,6 +22,7 @@ class EndReason(StrEnum):
     EVICTED = "evicted"
     INTERRUPTED = "interrupted"
     LOST = "lost"
+    UNHEALTHY = "unhealthy"  # the provider reports trouble past the grace, the Node still answers: drain
 
 
 def pod_keeps_node_busy(pod: PodSummary) -> bool:
@@ -49,19 +52,22 @@ class WatchVerdict(BaseModel):
 def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, timeouts: LifecycleTimeouts) -> WatchVerdict:
     """Decide from one look at the node whether its life should end, and why."""
     instance = obs.instance
-    if instance is None or instance.state in (InstanceState.TERMINATED, InstanceState.FAILED) or instance.interrupted:
-        what = "no longer exists" if instance is None else f"is {instance.state.value.lower()}"
+    if instance is None or instance.state is InstanceState.TERMINATED or instance.interrupted:
+        what = "no longer exists" if instance is None else ("was interrupted" if instance.interrupted else "is terminated")
         return WatchVerdict(state=state, end=EndReason.INTERRUPTED, detail=f"the provider's instance {what}")
 
     healthy = obs.node is not None and obs.node.ready
-    unhealthy_since = None if healthy else (state.unhealthy_since or now)
+    provider_trouble = instance.state in (InstanceState.FAILED, InstanceState.STOPPED)
+    unhealthy_since = None if healthy and not provider_trouble else (state.unhealthy_since or now)
     if unhealthy_since is not None and now - unhealthy_since >= NODE_LOST_AFTER:
+        lasting = _minutes(now - unhealthy_since)
+        kept = state.model_copy(update={"unhealthy_since": unhealthy_since})
+        if healthy:
+            # The machine still serves the cluster: drain its pods before it goes.
+            detail = f"the provider has reported the instance {instance.state.value.lower()} for {lasting}"
+            return WatchVerdict(state=kept, end=EndReason.UNHEALTHY, detail=detail)
         what = "missing" if obs.node is None else "NotReady"
-        return WatchVerdict(
-            state=state.model_copy(update={"unhealthy_since": unhealthy_since}),
-            end=EndReason.LOST,
-            detail=f"the Node has been {what} for {_minutes(now - unhealthy_since)}",
-        )
+        return WatchVerdict(state=kept, end=EndReason.LOST, detail=f"the Node has been {what} for {lasting}")
 
     if timeouts.expire_after is not None and now - state.ready_at >= timeouts.expire_after:
         return WatchVerdict(state=state, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")

@@ -3,7 +3,7 @@ Small serializable types so they can grow compatibly; no secrets."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,6 +90,8 @@ class Demand(Msg):
     pods: list[str]
     observed_at: datetime
     max_gpus: int = Field(1, description="The most GPUs one of these pods asks for; new nodes get at least that many.")
+    pod_gpus: dict[str, int] = Field({}, description="GPUs each pod asks for (absent: 1).")
+    free_gpus: dict[str, int] = Field({}, description="Free GPUs of each Ready node of the pool, by Node name.")
 
 
 class NodeReport(Msg):
@@ -115,7 +117,8 @@ class PoolNode(Msg):
     created_at: datetime
     phase_at: datetime
     reason: str | None = None
-    floor: bool = Field(False, description="Launched for minNodes; does not idle out.")
+    floor: bool = Field(False, description="Keeps the pool at minNodes; does not idle out.")
+    timeouts_sent: str = Field("", description="The disruption settings the node last got (JSON), to send changes once.")
 
 
 class StartNodeInput(Msg):
@@ -136,7 +139,3 @@ class OfferCheck(Msg):
     cheapest_any_price: Decimal | None = None
     cheapest_description: str = ""
 
-
-# How long a freshly Ready node is assumed to be taking a pending pod (the scheduler binds in
-# seconds); within it, pending pods are not counted again.
-NOMINATION_WINDOW = timedelta(minutes=2)

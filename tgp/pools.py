@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.messages import class_workflow_id, pool_workflow_id
-from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, OPERATOR_NAMESPACE, BootConfig, LifecycleTimeouts, NodeRequest, OfferRequirements
+from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, OPERATOR_NAMESPACE, BootConfig, LifecycleTimeouts, NodeRequest, OfferRequirements, TimeoutsUpdate
 
 
 def _intersect(a: list[str], b: list[str] | None) -> list[str]:
@@ -35,6 +35,7 @@ def offer_requirements(pool: GPUNodePoolSpec, klass: GPUNodeClassSpec) -> OfferR
         gpu_types=[g for g in gpus if g not in pool.excluded(LABEL_GPU_TYPE)],
         regions=[r for r in regions if r not in pool.excluded(LABEL_REGION)],
         providers=[p.name for p in enabled],
+        provider_priority={p.name: p.priority for p in enabled},
         min_gpu_count=ir.min_gpu_count,
         max_hourly_price=pool.max_hourly_price,
         allow_spot=ir.spot_allowed,
@@ -52,6 +53,13 @@ def boot_config(klass: GPUNodeClassSpec) -> BootConfig:
     )
 
 
+def node_timeouts(pool: GPUNodePoolSpec, *, floor: bool) -> TimeoutsUpdate:
+    """The pool's disruption settings for one node. A `floor` node keeps the pool at its
+    minNodes and never idles out (it would only be replaced at once)."""
+    d = pool.disruption
+    return TimeoutsUpdate(idle=None if floor else d.idle_timeout, drain=d.drain_timeout, expire_after=d.expire_after)
+
+
 def node_request(
     *,
     namespace: str,
@@ -66,12 +74,11 @@ def node_request(
 ) -> NodeRequest:
     """Everything a node workflow of this pool needs. A `floor` node keeps the pool at its
     minNodes and never idles out (it would only be replaced at once)."""
-    d = pool.disruption
     requirements = offer_requirements(pool, klass)
     if min_gpus > requirements.min_gpu_count:
         # A pod asking for more GPUs than the class minimum needs a node that has them.
         requirements = requirements.model_copy(update={"min_gpu_count": min_gpus})
-    timeouts = LifecycleTimeouts(idle=None if floor else d.idle_timeout, drain=d.drain_timeout, expire_after=d.expire_after)
+    timeouts = LifecycleTimeouts(**node_timeouts(pool, floor=floor).model_dump())
     if watch_interval is not None:
         timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
     return NodeRequest(

@@ -49,6 +49,7 @@ class NodePhase(StrEnum):
     READY = "Ready"  # labelled and tainted, serving pods, watched until idle/expired/evicted
     DRAINING = "Draining"  # cordoned, pods evicted through the Eviction API
     TERMINATING = "Terminating"  # instance, tailnet device, key and Node object being removed
+    TERMINATION_STUCK = "TerminationStuck"  # the provider has not confirmed termination for a while; still retrying
     TERMINATED = "Terminated"  # ended as planned (idle, expired, evicted)
     INTERRUPTED = "Interrupted"  # the provider took the instance away (preemption, host loss)
     FAILED = "Failed"  # could not bring a node up; see lastError
@@ -121,6 +122,8 @@ class OfferRequirements(Model):
     min_gpu_count: int = 1
     max_hourly_price: Decimal | None = None
     allow_spot: bool = True
+    # The class's providers[].priority: the tie-break between equally priced offers (lower wins).
+    provider_priority: dict[str, int] = {}
 
 
 # Named defaults for the lifecycle's timeouts, each with the reason for its value.
@@ -145,6 +148,10 @@ API_CALL_TIMEOUT = timedelta(minutes=2)
 MAX_LAUNCH_ATTEMPTS = 3
 # Tailnet auth keys are single-use and expire soon after the boot that should consume them.
 AUTH_KEY_EXPIRY = timedelta(hours=1)
+# A terminate the provider has not confirmed after this long is shown as TerminationStuck (it is
+# still retried for ever): long enough for a provider's usual API hiccups, short enough that a
+# human looks before an hour of GPU time is billed.
+TERMINATION_STUCK_AFTER = timedelta(minutes=10)
 
 
 class LifecycleTimeouts(Model):
@@ -156,6 +163,16 @@ class LifecycleTimeouts(Model):
     watch_interval: timedelta = WATCH_INTERVAL
     api_call: timedelta = API_CALL_TIMEOUT
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")
+    termination_stuck: timedelta = Field(TERMINATION_STUCK_AFTER, description="Report TerminationStuck after this long.")
+
+
+class TimeoutsUpdate(Model):
+    """Input of the node's `update_timeouts` signal: the pool's disruption settings changed, or
+    the node joined or left the pool's minNodes floor (a floor node has no idle timeout)."""
+
+    idle: timedelta | None
+    drain: timedelta
+    expire_after: timedelta | None
 
 
 class BootConfig(Model):
@@ -246,6 +263,7 @@ class TailnetDevice(Model):
 class PodSummary(Model):
     namespace: str
     name: str
+    uid: str = ""
     phase: str = "Running"
     owner_kind: str | None = None
     is_mirror: bool = False
@@ -271,7 +289,8 @@ class NodeObservation(Model):
 
 class DrainResult(Model):
     evicted: int
-    remaining: list[str] = Field([], description="namespace/name of pods still there at the deadline.")
+    remaining: list[str] = Field([], description="namespace/name of pods not evicted by the deadline (e.g. blocked by a PodDisruptionBudget).")
+    terminating: list[str] = Field([], description="namespace/name of pods evicted or deleted but still shutting down at the deadline.")
 
 
 class CleanupReport(Model):

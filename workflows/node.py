@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         Offer,
         SelectOfferInput,
         TailnetCleanupInput,
+        TimeoutsUpdate,
         instance_name,
     )
 
@@ -125,6 +126,12 @@ class GPUNodeWorkflow:
         """Drain and terminate this node now. The first reason wins."""
         if self.state.evict_reason is None:
             self.state.evict_reason = request.reason or "manual"
+
+    @workflow.signal
+    def update_timeouts(self, u: TimeoutsUpdate) -> None:
+        """The pool's new idle, drain and expiry settings; they apply from the next look."""
+        timeouts = self.req.timeouts.model_copy(update={"idle": u.idle, "drain": u.drain, "expire_after": u.expire_after})
+        self.req = self.req.model_copy(update={"timeouts": timeouts})
 
     @workflow.query
     def status(self) -> NodeStatus:
@@ -356,9 +363,9 @@ class GPUNodeWorkflow:
 
     async def _watch_until_done(self) -> EndReason:
         """Look at the node every watch interval until it is idle, expired, gone or evicted."""
-        t = self.req.timeouts
         assert self.state.instance is not None and self.state.watch is not None
         while True:
+            t = self.req.timeouts  # `update_timeouts` may have changed them since the last look
             if self._history_is_long():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await asyncio.gather(*self._reports)
@@ -405,8 +412,12 @@ class GPUNodeWorkflow:
             retry_policy=API_RETRY,
             summary="drain",
         )
-        if result.remaining:
-            self.state.last_error = f"drain timed out after {self.req.timeouts.drain}; terminated with pods still on the node: {', '.join(result.remaining)}"
+        stuck = [
+            *([f"not evicted (disruption budget?): {', '.join(result.remaining)}"] if result.remaining else []),
+            *([f"still shutting down: {', '.join(result.terminating)}"] if result.terminating else []),
+        ]
+        if stuck:
+            self.state.last_error = f"drain timed out after {self.req.timeouts.drain}; terminated with pods still on the node; {'; '.join(stuck)}"
 
     # --- release what was bought ---------------------------------------------------------
 
@@ -414,13 +425,7 @@ class GPUNodeWorkflow:
         """Give back everything the current launch attempt bought: instance, tailnet key and
         device, Node object. Idempotent, retried until it succeeds."""
         if self.state.instance is not None:
-            await workflow.execute_activity_method(
-                NodeActivities.terminate_instance,
-                self.state.instance,
-                start_to_close_timeout=self.req.timeouts.api_call,
-                retry_policy=CLEANUP_RETRY,
-                summary="terminate instance",
-            )
+            await self._terminate(self.state.instance)
         await workflow.execute_activity_method(
             NodeActivities.remove_from_tailnet,
             TailnetCleanupInput(hostname=self.req.node_name, tags=self.req.tailnet_tags, key_ids=self.state.key_ids, tailnet=self.req.tailnet),
@@ -436,6 +441,31 @@ class GPUNodeWorkflow:
             summary="delete Node",
         )
         self.state.key_ids = []
+
+    async def _terminate(self, instance: InstanceRef) -> None:
+        """Terminate until the provider confirms. Past `termination_stuck` the node shows
+        TerminationStuck (search attribute, pool Event and condition) while it keeps trying."""
+        terminate = workflow.start_activity_method(
+            NodeActivities.terminate_instance,
+            instance,
+            start_to_close_timeout=self.req.timeouts.api_call,
+            retry_policy=CLEANUP_RETRY,
+            summary="terminate instance",
+        )
+        stuck_after = self.req.timeouts.termination_stuck
+        done, _ = await workflow.wait([terminate], timeout=stuck_after.total_seconds())
+        if not done:
+            before, error = self.state.phase, self.state.last_error
+            self.state.last_error = (
+                f"{instance.provider} has not confirmed the termination of {instance.instance_id or instance.instance_name} "
+                f"after {_human(stuck_after)}; still retrying (the pending terminate_instance activity shows the provider's answer)"
+            )
+            self._enter(NodePhase.TERMINATION_STUCK)
+            await terminate
+            self.state.last_error = error
+            self._enter(before)
+        else:
+            await terminate
 
     async def _release_all(self) -> None:
         """The way out of every path: terminate whatever any attempt may have bought."""

@@ -8,6 +8,7 @@ nodes before it lets the finalizer go. Scale to zero happens through the nodes' 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict
@@ -15,11 +16,11 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.fleet import EventSpec, FleetActivities, StatusWrite
+    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, Nomination, plan_capacity
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
     from tgp.messages import (
-        NOMINATION_WINDOW,
         Demand,
         NodeReport,
         ObjectRef,
@@ -29,8 +30,8 @@ with workflow.unsafe.imports_passed_through():
         Reservation,
         StartNodeInput,
     )
-    from tgp.pools import node_request, offer_requirements
-    from tgp.types import NodePhase
+    from tgp.pools import node_request, node_timeouts, offer_requirements
+    from tgp.types import NodePhase, TimeoutsUpdate
 
 # Even with no news the pool looks again this often (a lost signal cannot stall it).
 RESYNC_INTERVAL = timedelta(minutes=1)
@@ -41,8 +42,15 @@ HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
 # Offers come and go; "no offer" and the price used for reservations are re-checked this often.
 OFFER_CHECK_TTL = timedelta(minutes=5)
 ACTIVITY_TIMEOUT = timedelta(seconds=60)
+# Node workflows started in one pass, at once; the next pass (after the class ledger and the
+# deletion flag are looked at again) starts more. Bounds what one typo can buy before it is seen.
+MAX_STARTS_PER_PASS = 10
+# Pods named in a PodDoesNotFit message (the rest are counted).
+MAX_PODS_NAMED = 5
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
+# Nodes whose disruption settings still matter (later phases are on their way out).
+_TUNABLE = _LAUNCHING | {NodePhase.READY}
 
 
 class PoolState(BaseModel):
@@ -52,6 +60,10 @@ class PoolState(BaseModel):
     update: PoolUpdate | None = None
     demand: list[str] = []
     demand_gpus: int = 1
+    pod_gpus: dict[str, int] = {}
+    free_gpus: dict[str, int] = {}
+    nominations: dict[str, Nomination] = {}
+    unfit: list[str] = []
     nodes: dict[str, PoolNode] = {}
     offer_check: OfferCheck | None = None
     offer_check_key: str = ""
@@ -67,6 +79,8 @@ class PoolInput(BaseModel):
     namespace: str
     name: str
     watch_interval: timedelta | None = None
+    resync_interval: timedelta = RESYNC_INTERVAL
+    bind_grace: timedelta = POD_BIND_GRACE
     state: PoolState = PoolState()
 
 
@@ -84,6 +98,9 @@ class GPUNodePoolWorkflow:
     @workflow.signal
     def update(self, u: PoolUpdate) -> None:
         """The pool (and its class) as the bridge sees them now."""
+        old = self.state.update
+        if old is not None and old.generation != u.generation:
+            self.state.unfit = []  # the user changed the pool: give those pods another look
         self.state.update = u
         self.dirty = True
 
@@ -92,6 +109,8 @@ class GPUNodePoolWorkflow:
         """The pending GPU pods this pool should serve now."""
         self.state.demand = list(d.pods)
         self.state.demand_gpus = d.max_gpus
+        self.state.pod_gpus = dict(d.pod_gpus)
+        self.state.free_gpus = dict(d.free_gpus)
         self.dirty = True
 
     @workflow.signal
@@ -109,6 +128,7 @@ class GPUNodePoolWorkflow:
             phase_at=r.at if old is None or old.phase is not r.phase else old.phase_at,
             reason=r.reason,
             floor=old.floor if old else False,
+            timeouts_sent=old.timeouts_sent if old else "",
         )
         self.state.nodes[r.workflow_id] = node
         if old is None or old.phase is not r.phase:
@@ -148,9 +168,9 @@ class GPUNodePoolWorkflow:
     def _next_wake(self) -> timedelta:
         if self.state.backoff_until is not None:
             remaining = self.state.backoff_until - workflow.now()
-            if timedelta(0) < remaining < RESYNC_INTERVAL:
+            if timedelta(0) < remaining < self.inp.resync_interval:
                 return remaining
-        return RESYNC_INTERVAL
+        return self.inp.resync_interval
 
     async def _reconcile(self) -> bool:
         """One pass: returns True when the pool is deleted and its nodes are gone."""
@@ -167,6 +187,7 @@ class GPUNodePoolWorkflow:
             name = u.spec.node_class_ref.name
             wanted["ClassReady"] = ("False", "ClassNotFound", f"GPUNodeClass {name} not found: create it or fix spec.nodeClassRef.name")
         else:
+            self._assign_floor(live, u.spec.min_nodes)
             wanted["ClassReady"] = ("True", "Found", "")
             wanted["OffersAvailable"] = await self._check_offers(u)
         ok = all(status == "True" for status, _, _ in wanted.values())
@@ -184,6 +205,10 @@ class GPUNodePoolWorkflow:
         else:
             failing = next(f"{t}: {m}" for t, (s, _, m) in wanted.items() if s != "True")
             wanted["Ready"] = ("False", "NotReady", failing)
+        wanted["PodsFit"] = self._pods_fit()
+        wanted["InstancesReleased"] = self._instances_released(live)
+        if not u.deleting and klass is not None:
+            await self._sync_timeouts(u, live)
         await self._publish(wanted)
         # Ended nodes have been reported (status and Events); forget them.
         self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}
@@ -215,48 +240,133 @@ class GPUNodePoolWorkflow:
 
     async def _launch(self, u: PoolUpdate, live: list[PoolNode]) -> tuple[str, str, str]:
         assert u.node_class is not None
+        plan = self._account(live)
         if self.state.backoff_until is not None and workflow.now() < self.state.backoff_until:
             return ("True", "WithinBudget", "")
-        now = workflow.now()
-        launching = sum(1 for n in live if n.phase in _LAUNCHING or (n.phase is NodePhase.READY and now - n.phase_at < NOMINATION_WINDOW))
         count = nodes_to_launch(
-            pending_pods=len(self.state.demand), launching=launching, live=len(live), min_nodes=u.spec.min_nodes, max_nodes=u.spec.max_nodes
+            pending_pods=len(plan.uncovered), launching=0, live=len(live), min_nodes=u.spec.min_nodes, max_nodes=u.spec.max_nodes
         )
-        class_name = u.spec.node_class_ref.name
-        floor_missing = max(0, u.spec.min_nodes - sum(1 for n in live if n.floor))
-        for i in range(count):
-            floor = i < floor_missing
-            node_name = f"{self.inp.name}-{workflow.uuid4().hex[:5]}"
-            req = node_request(
-                namespace=self.inp.namespace,
-                pool_name=self.inp.name,
-                class_name=class_name,
-                node_name=node_name,
-                pool=u.spec,
-                klass=u.node_class,
-                watch_interval=self.inp.watch_interval,
-                floor=floor,
-                min_gpus=self.state.demand_gpus,
-            )
-            price = self.state.offer_check.cheapest if self.state.offer_check else None
-            result = await workflow.execute_activity_method(
-                FleetActivities.reserve_and_start_node,
-                StartNodeInput(
-                    class_name=req.class_workflow_id or class_name,
-                    reservation=Reservation(node_id=req.workflow_id, pool=f"{self.inp.namespace}/{self.inp.name}", hourly_price=price),
-                    request_json=req.model_dump_json(),
-                ),
-                start_to_close_timeout=ACTIVITY_TIMEOUT,
-                summary=f"start node {node_name}",
-            )
-            if not result.started:
-                return ("False", "BudgetExhausted", f"not launching more nodes: {result.reason}")
-            # A report may already have arrived while the start was in flight: keep it.
-            self.state.nodes.setdefault(
-                req.workflow_id, PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now, floor=floor)
-            )
-            self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} for {len(self.state.demand)} pending pod(s)"))
+        count = min(count, MAX_STARTS_PER_PASS)
+        floor_missing = max(0, u.spec.min_nodes - sum(1 for n in self.state.nodes.values() if n.floor and not n.phase.is_final))
+        starts = [self._start_node(u, floor=i < floor_missing, pods=plan.uncovered[i : i + 1]) for i in range(count)]
+        refused = [reason for started, reason in await asyncio.gather(*starts) if not started]
+        if refused:
+            return ("False", "BudgetExhausted", f"not launching more nodes: {refused[0]}")
         return ("True", "WithinBudget", "")
+
+    async def _start_node(self, u: PoolUpdate, *, floor: bool, pods: list[str]) -> tuple[bool, str]:
+        """Reserve a class slot and start one node workflow, bought for `pods`."""
+        assert u.node_class is not None
+        now = workflow.now()
+        node_name = f"{self.inp.name}-{workflow.uuid4().hex[:5]}"
+        req = node_request(
+            namespace=self.inp.namespace,
+            pool_name=self.inp.name,
+            class_name=u.spec.node_class_ref.name,
+            node_name=node_name,
+            pool=u.spec,
+            klass=u.node_class,
+            watch_interval=self.inp.watch_interval,
+            floor=floor,
+            min_gpus=self.state.demand_gpus,
+        )
+        price = self.state.offer_check.cheapest if self.state.offer_check else None
+        result = await workflow.execute_activity_method(
+            FleetActivities.reserve_and_start_node,
+            StartNodeInput(
+                class_name=req.class_workflow_id or u.spec.node_class_ref.name,
+                reservation=Reservation(node_id=req.workflow_id, pool=f"{self.inp.namespace}/{self.inp.name}", hourly_price=price),
+                request_json=req.model_dump_json(),
+            ),
+            start_to_close_timeout=ACTIVITY_TIMEOUT,
+            summary=f"start node {node_name}",
+        )
+        if not result.started:
+            return False, result.reason
+        # A report may already have arrived while the start was in flight: keep its phase, but
+        # the floor flag and the settings sent are known only here.
+        node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
+        sent = node_timeouts(u.spec, floor=floor).model_dump_json()
+        self.state.nodes[req.workflow_id] = node.model_copy(update={"floor": floor, "timeouts_sent": sent})
+        for pod in pods:
+            self.state.nominations[pod] = Nomination(workflow_id=req.workflow_id, since=now)
+        why = f"for pod {pods[0]}" if pods else "to keep minNodes"
+        self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} {why}"))
+        return True, ""
+
+    def _account(self, live: list[PoolNode]) -> CapacityPlan:
+        """Which pending pods the live nodes already cover; pods that did not fit the node
+        bought for them are remembered (and reported) instead of buying more nodes."""
+        nodes = [
+            CapacityNode(
+                workflow_id=n.workflow_id,
+                node_name=n.node_name,
+                ready_at=n.phase_at if n.phase is NodePhase.READY else None,
+                free_gpus=self.state.free_gpus.get(n.node_name, 0),
+            )
+            for n in live
+            if n.phase in _TUNABLE
+        ]
+        pending = {pod: self.state.pod_gpus.get(pod, 1) for pod in self.state.demand}
+        unfit = set(self.state.unfit) & set(pending)
+        plan = plan_capacity(pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace)
+        self.state.nominations = dict(plan.nominations)
+        self.state.unfit = sorted(unfit | set(plan.newly_unfit))
+        for pod in plan.newly_unfit:
+            self.events.append(
+                self._event(
+                    "Warning",
+                    "PodDoesNotFit",
+                    f"pod {pod} stayed pending on the Ready node bought for it: it asks for something the pool's nodes "
+                    "do not have (memory, CPU, a volume's zone, anti-affinity...); no more nodes are bought for it "
+                    "until it changes or the pool does",
+                )
+            )
+        return plan
+
+    def _pods_fit(self) -> tuple[str, str, str]:
+        unfit = self.state.unfit
+        if not unfit:
+            return ("True", "AllPodsFit", "")
+        named = ", ".join(unfit[:MAX_PODS_NAMED]) + (f" and {len(unfit) - MAX_PODS_NAMED} more" if len(unfit) > MAX_PODS_NAMED else "")
+        return ("False", "PodDoesNotFit", f"{named} stayed pending on nodes bought for them; see their events for what does not fit")
+
+    def _instances_released(self, live: list[PoolNode]) -> tuple[str, str, str]:
+        stuck = [n for n in live if n.phase is NodePhase.TERMINATION_STUCK]
+        if not stuck:
+            return ("True", "Released", "")
+        detail = "; ".join(f"{n.node_name}: {n.reason}" for n in stuck)
+        return ("False", "TerminationStuck", f"{len(stuck)} node(s) still billing while tgp retries termination: {detail}")
+
+    def _assign_floor(self, live: list[PoolNode], min_nodes: int) -> None:
+        """Exactly `min_nodes` live nodes carry the floor. Lowering minNodes releases the
+        dearest floor nodes (they idle out like the rest); raising it adopts live nodes first."""
+        floor = [n for n in live if n.floor and n.phase in _TUNABLE]
+        if len(floor) > min_nodes:
+            chosen = sorted(floor, key=lambda n: (-(n.hourly_price or 0), n.created_at, n.workflow_id))[: len(floor) - min_nodes]
+            update = {"floor": False}
+        else:
+            spare = [n for n in live if not n.floor and n.phase in _TUNABLE]
+            chosen = sorted(spare, key=lambda n: (n.phase is not NodePhase.READY, n.created_at, n.workflow_id))[: min_nodes - len(floor)]
+            update = {"floor": True}
+        for n in chosen:
+            self.state.nodes[n.workflow_id] = n.model_copy(update=update)
+
+    async def _sync_timeouts(self, u: PoolUpdate, live: list[PoolNode]) -> None:
+        """Send each running node the pool's current disruption settings when they changed."""
+        for wid in sorted(n.workflow_id for n in live):
+            node = self.state.nodes[wid]
+            if node.phase not in _TUNABLE:
+                continue
+            wanted: TimeoutsUpdate = node_timeouts(u.spec, floor=node.floor)
+            fingerprint = wanted.model_dump_json()
+            if node.timeouts_sent == fingerprint:
+                continue
+            try:
+                await workflow.get_external_workflow_handle(wid).signal("update_timeouts", wanted)
+            except Exception as exc:  # noqa: BLE001 - a node that just ended has nothing to update
+                workflow.logger.info("could not update the timeouts of %s: %s", wid, exc)
+            self.state.nodes[wid] = self.state.nodes[wid].model_copy(update={"timeouts_sent": fingerprint})
 
     async def _tear_down(self, live: list[PoolNode]) -> bool:
         """Pool deleted: evict every node, and let the finalizer go once none is left."""
@@ -313,7 +423,7 @@ class GPUNodePoolWorkflow:
         for c in conditions:
             old = self.state.conditions.get(c.type)
             # A problem the user must fix is also an Event, once, when it appears.
-            if c.status == "False" and c.type != "Ready" and (old is None or old.status != "False" or old.reason != c.reason):
+            if c.status == "False" and c.type not in ("Ready", "PodsFit", "InstancesReleased") and (old is None or old.status != "False" or old.reason != c.reason):
                 self.events.append(self._event("Warning", c.reason, c.message))
         self.state.conditions = {c.type: c for c in conditions}
         status = self._status()
@@ -340,6 +450,8 @@ class GPUNodePoolWorkflow:
             self.events.append(self._event("Normal", "NodeReady", f"node {n.node_name} is Ready ({where})"))
         elif n.phase is NodePhase.FAILED:
             self.events.append(self._event("Warning", "LaunchFailed", f"node {n.node_name} could not be launched: {n.reason}"))
+        elif n.phase is NodePhase.TERMINATION_STUCK:
+            self.events.append(self._event("Warning", "TerminationStuck", f"node {n.node_name} is still billing: {n.reason}"))
         elif n.phase is NodePhase.INTERRUPTED:
             self.events.append(self._event("Warning", "NodeInterrupted", f"node {n.node_name} was lost: {n.reason}"))
         elif n.phase in (NodePhase.TERMINATED, NodePhase.CANCELLED):

@@ -1,0 +1,107 @@
+"""The pool's demand accounting over simulated minutes, on the time-skipping test server: a pod
+that never binds buys exactly one node, however long it stays pending.
+
+The pool, class and node workflows run for real against the simulated world; the test sends
+the signals the bridge would (the pool, its class, the pending pod) and plays a scheduler that
+never binds the pod (it asks for something the node does not have)."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+from datetime import datetime, timedelta, timezone
+
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from tests.conftest import eventually, running_world, skip_time
+from tests.test_node_lifecycle import FAST, request, start, wait_phase
+from tgp.capacity import POD_BIND_GRACE
+from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus
+from tgp.types import NodePhase, NodeStatus
+from workflows.node import GPUNodeWorkflow
+from tgp.messages import ClassInput, ClassUpdate, Demand, PoolUpdate, class_workflow_id, pool_workflow_id
+from workflows.node_class import GPUNodeClassWorkflow
+from workflows.pool import RESYNC_INTERVAL, GPUNodePoolWorkflow, PoolInput
+
+CLASS = GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated"}], "tailscaleConfig": {"tags": ["tag:tgp-node"]}})
+
+
+def pool_spec(class_name: str, **fields: object) -> GPUNodePoolSpec:
+    return GPUNodePoolSpec.model_validate(
+        {
+            "nodeClassRef": {"name": class_name},
+            "template": {"spec": {"requirements": [{"key": "tgp.io/gpu-type", "operator": "In", "values": ["RTX4090"]}]}},
+            **fields,
+        }
+    )
+
+
+async def start_pool(env: WorkflowEnvironment, queue: str, spec: GPUNodePoolSpec) -> WorkflowHandle:
+    class_name = spec.node_class_ref.name
+    await env.client.start_workflow(
+        GPUNodeClassWorkflow.run,
+        ClassInput(name=class_name),
+        id=class_workflow_id(class_name),
+        task_queue=queue,
+        start_signal="update_class",
+        start_signal_args=[ClassUpdate(spec=CLASS, generation=1)],
+    )
+    name = f"pool-{uuid.uuid4().hex[:6]}"
+    return await env.client.start_workflow(
+        GPUNodePoolWorkflow.run,
+        PoolInput(namespace="ml", name=name),
+        id=pool_workflow_id("ml", name),
+        task_queue=queue,
+        start_signal="update",
+        start_signal_args=[PoolUpdate(spec=spec, generation=1, node_class=CLASS)],
+    )
+
+
+async def test_a_pod_that_never_binds_buys_exactly_one_node(time_skipping: WorkflowEnvironment) -> None:
+    async with running_world(time_skipping) as (world, _, queue):
+        pool = await start_pool(time_skipping, queue, pool_spec(f"ts-{uuid.uuid4().hex[:6]}"))
+        await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=["ml/needs-2tb-ram"], observed_at=datetime.now(timezone.utc)))
+
+        async def ready() -> GPUNodePoolStatus | None:
+            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+            return status if status.ready_nodes == 1 else None
+
+        await eventually(ready, timeout=60, what="the node bought for the pod to be Ready")
+        # The scheduler never binds the pod; ten resync intervals pass.
+        await skip_time(time_skipping, 10 * RESYNC_INTERVAL + POD_BIND_GRACE, step=RESYNC_INTERVAL)
+
+        assert world.cloud.create_requests == 1, "the pool bought another node for a pod that does not fit"
+        status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+        fit = next(c for c in status.conditions if c.type == "PodsFit")
+        assert fit.status == "False" and fit.reason == "PodDoesNotFit" and "ml/needs-2tb-ram" in fit.message
+        await pool.terminate("test finished")
+
+
+async def test_a_terminate_the_provider_refuses_for_a_while_shows_termination_stuck_then_terminated(temporal: WorkflowEnvironment) -> None:
+    """On the dev server with a 1-second threshold: Temporal's activity retry backoff is not
+    skipped by the time-skipping server, so a real clock it is."""
+    async with running_world(temporal) as (world, _, queue):
+        pool = await start_pool(temporal, queue, pool_spec(f"stuck-{uuid.uuid4().hex[:6]}"))
+        namespace, name = pool.id.split("/")[1:]
+        req = request(namespace=namespace, pool=name, pool_workflow_id=pool.id, timeouts=FAST.model_copy(update={"termination_stuck": timedelta(seconds=1)}))
+        node = await start(temporal, queue, req)
+        await wait_phase(node, NodePhase.READY)
+        # Terminates answer 500 for a while: three Temporal attempts (1 s, 2 s apart) fail.
+        world.cloud.fail_deletes(3 * 3)
+        await node.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        final: NodeStatus = await node.result()
+
+        assert final.phase is NodePhase.TERMINATED and final.last_error is None
+        assert "TerminationStuck" in final.stage_times, "a terminate stuck past the threshold is shown"
+        assert world.cloud.live_instances() == [], "termination never gave up"
+
+        async def warned() -> list[dict[str, object]] | None:
+            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+                items = (await kube.get(f"/api/v1/namespaces/{namespace}/events")).json()["items"]
+            return [e for e in items if e.get("reason") == "TerminationStuck"] or None
+
+        [event] = await eventually(warned, what="a TerminationStuck Warning Event on the pool")
+        assert event["type"] == "Warning" and req.node_name in str(event["message"])
+        await pool.terminate("test finished")
