@@ -25,7 +25,7 @@ clean:
 
 # Re-record tests/histories/ after an intended (patched) workflow change.
 histories: $(STAMP)
-	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q tests/test_node_lifecycle.py tests/test_node_long_lived.py
+	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q tests/test_node_lifecycle.py tests/test_node_long_lived.py tests/test_entities_heal.py
 
 # Benchmarks print figures; they are not part of the test suite.
 bench: $(STAMP)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from decimal import Decimal
 
 import structlog
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -21,9 +22,10 @@ from activities.ports import CloudProvider
 from activities.providers.registry import CAPABILITIES
 from tgp.capabilities import capability_problems
 from tgp.crds import GROUP, VERSION, GPUNodeClassSpec
-from tgp.messages import Grant, ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult
+from tgp.messages import Grant, NodeSighting, ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult
+from tgp.errors import TransientError
 from tgp.offers import offer_satisfies
-from tgp.types import NodeRequest, OfferRequirements
+from tgp.types import NodePhase, NodeRequest, OfferRequirements
 
 log = structlog.get_logger("tgp.fleet")
 
@@ -56,6 +58,17 @@ class ValidateClassInput(BaseModel):
     name: str
     spec: GPUNodeClassSpec
     operator_namespace: str = "tgp-system"
+
+
+async def _template_problems(field: str, template: str) -> list[str]:
+    """A class template's problems, each naming `field`. check_template reports rather than
+    raises; anything it still raises is a problem of the class too, never a failed activity
+    (which would leave the class without a status)."""
+    try:
+        problems = await asyncio.to_thread(check_template, template)
+    except Exception as exc:  # noqa: BLE001
+        problems = [f"could not be checked ({type(exc).__name__}: {str(exc)[:300]})"]
+    return [f"{field}: {m}" for m in problems]
 
 
 def _resource(ref: ObjectRef) -> CustomResource:
@@ -138,6 +151,46 @@ class FleetActivities:
 
         return [w for w in await asyncio.gather(*(evict(w) for w in workflow_ids)) if w is not None]
 
+    @activity.defn
+    async def running_nodes(self, query: str) -> list[NodeSighting]:
+        """Running node workflows matching `query` (a visibility filter on tgp's search
+        attributes, e.g. `TgpPool = 'ml/rtx'`): what a pool or class rebuilds its state from."""
+        client = activity.client()
+        found: list[NodeSighting] = []
+        visibility = f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND {query}"
+        async for wf in client.list_workflows(visibility):
+            sa = wf.search_attributes or {}
+            phase = (sa.get("TgpPhase") or [None])[0]
+            price = (sa.get("TgpHourlyPrice") or [None])[0]
+            found.append(
+                NodeSighting(
+                    workflow_id=wf.id,
+                    node_name=(sa.get("TgpNodeName") or [""])[0],
+                    phase=NodePhase(phase) if phase in NodePhase._value2member_map_ else None,
+                    provider=(sa.get("TgpProvider") or [None])[0],
+                    hourly_price=Decimal(str(price)) if price is not None else None,
+                    started_at=wf.start_time,
+                )
+            )
+        return found
+
+    @activity.defn
+    async def closed_workflows(self, workflow_ids: list[str]) -> list[str]:
+        """Those of `workflow_ids` whose latest run is closed or that never existed (read from
+        the workflows themselves, not from eventually consistent visibility)."""
+        client = activity.client()
+
+        async def closed(wid: str) -> str | None:
+            try:
+                desc = await client.get_workflow_handle(wid).describe()
+            except RPCError as exc:
+                if exc.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+                return wid
+            return None if desc.status is WorkflowExecutionStatus.RUNNING else wid
+
+        return [w for w in await asyncio.gather(*(closed(w) for w in workflow_ids)) if w is not None]
+
     # --- Kubernetes objects ---------------------------------------------------------------
 
     @activity.defn
@@ -164,13 +217,20 @@ class FleetActivities:
     async def check_offers(self, req: OfferRequirements) -> OfferCheck:
         """Is there any offer for these requirements, and what is the cheapest with and
         without the price cap? Used to tell a user their maxHourlyPrice is below every offer."""
-        names = req.providers or sorted(self.providers)
-        offers = []
-        with temporal_errors():
-            for name in names:
-                provider = self.providers.get(name)
-                if provider is not None:
-                    offers.extend(await provider.list_offers())
+        names = [n for n in req.providers or sorted(self.providers) if n in self.providers]
+        # One provider failing (a rotated key, an inactive account, an outage) must not hide
+        # the others' offers; it is named in the result instead.
+        listed = await asyncio.gather(*(self.providers[n].list_offers() for n in names), return_exceptions=True)
+        offers, failed = [], {}
+        for name, result in zip(names, listed, strict=True):
+            if isinstance(result, BaseException):
+                failed[name] = str(result)[:300]
+                log.warning("offers_unavailable", provider=name, error=str(result))
+            else:
+                offers.extend(result)
+        if names and len(failed) == len(names):
+            with temporal_errors():
+                raise TransientError(f"no provider could list offers: {'; '.join(f'{n}: {m}' for n, m in failed.items())}")
         uncapped = req.model_copy(update={"max_hourly_price": None})
         matching = sorted((o for o in offers if offer_satisfies(o, req)), key=lambda o: o.hourly_price)
         any_price = sorted((o for o in offers if offer_satisfies(o, uncapped)), key=lambda o: o.hourly_price)
@@ -180,6 +240,7 @@ class FleetActivities:
             cheapest=matching[0].hourly_price if matching else None,
             cheapest_any_price=best.hourly_price if best else None,
             cheapest_description=f"{best.gpu_type} on {best.provider} in {best.region}" if best else "",
+            failed=failed,
         )
 
     @activity.defn
@@ -200,10 +261,11 @@ class FleetActivities:
                 if caps is not None:
                     # spotAllowed permits spot, it does not require it: only node-ness and Talos matter.
                     problems += capability_problems(p.name, caps, wants_talos=inp.spec.talos_config is not None, wants_spot=False)
+            # Off the event loop: a check renders in a child process for up to a few seconds.
             if inp.spec.talos_config is not None:
-                problems += [f"talosConfig.machineConfigTemplate: {m}" for m in check_template(inp.spec.talos_config.machine_config_template)]
+                problems += await _template_problems("talosConfig.machineConfigTemplate", inp.spec.talos_config.machine_config_template)
             if inp.spec.bootstrap_template is not None:
-                problems += [f"bootstrapTemplate: {m}" for m in check_template(inp.spec.bootstrap_template)]
+                problems += await _template_problems("bootstrapTemplate", inp.spec.bootstrap_template)
             ts = inp.spec.tailscale_config
             if ts.oauth_secret_ref:
                 keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")
@@ -230,5 +292,7 @@ class FleetActivities:
             self.remove_finalizer,
             self.check_offers,
             self.validate_class,
+            self.running_nodes,
+            self.closed_workflows,
         ]
 

@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.node import NodeActivities
 from activities.providers.simulated import SimulatedProvider
-from tests.conftest import binary
+from tests.conftest import binary, running_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
 from tgp.sim.cloud import SimOffer
 from tgp.sim.world import sim_world
@@ -93,3 +93,22 @@ async def test_a_worker_killed_mid_launch_buys_exactly_one_instance(temporal: Wo
         assert world.cloud.create_requests == 1, "the retried launch adopted the instance instead of buying another"
         assert list(world.cloud.instances) == [ready.instance_id]
         assert_nothing_left(world, req.node_name)
+
+
+async def test_a_refused_offer_fails_over_and_is_skipped_by_the_next_node(temporal: WorkflowEnvironment) -> None:
+    """A provider refusing one offer (withdrawn, not sold in that region) is not a broken class:
+    the node moves to the next offer, and the refused one is out of rotation for a while."""
+    async with running_world(temporal) as (world, _, queue):
+        world.cloud.refuse_offer("rtx4090-us-east")
+        first = await start(temporal, queue, request(unavailable_offer_ttl=timedelta(minutes=10)))
+        ready = await wait_phase(first, NodePhase.READY)
+        assert [a.offer.offer_id for a in ready.attempts] == ["rtx4090-us-east", "rtx4090-eu-west"]
+        assert "OfferRefused" in (ready.attempts[0].outcome or "")
+
+        second = await start(temporal, queue, request())
+        ready2 = await wait_phase(second, NodePhase.READY)
+        assert [a.offer.offer_id for a in ready2.attempts] == ["rtx4090-eu-west"], "the refused offer is skipped while cached"
+        for handle in (first, second):
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+            assert (await handle.result()).phase is NodePhase.TERMINATED
+        assert world.cloud.live_instances() == []

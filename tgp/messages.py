@@ -3,7 +3,7 @@ Small serializable types so they can grow compatibly; no secrets."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,6 +40,7 @@ class Reservation(Msg):
     node_id: str = Field(description="The node workflow id.")
     pool: str
     hourly_price: Decimal | None = Field(None, description="Known once an offer is chosen.")
+    reserved_at: datetime | None = Field(None, description="When the ledger granted it (set by the ledger).")
 
 
 class Grant(Msg):
@@ -63,6 +64,11 @@ class ClassInput(Msg):
     generation: int | None = None
     uid: str | None = None
     ledger: Ledger = Ledger()
+    problems: list[str] | None = Field(None, description="What validation found; None until the class was validated once.")
+    resync_interval: timedelta = Field(timedelta(minutes=1), description="How often the ledger is checked against running nodes.")
+    reservation_grace: timedelta = Field(
+        timedelta(minutes=2), description="A reservation younger than this is never taken for an orphan (its node may not be started yet)."
+    )
 
 
 class ClassUpdate(Msg):
@@ -121,6 +127,17 @@ class PoolNode(Msg):
     timeouts_sent: str = Field("", description="The disruption settings the node last got (JSON), to send changes once.")
 
 
+class NodeSighting(Msg):
+    """A running node workflow as Temporal's visibility sees it (its search attributes)."""
+
+    workflow_id: str
+    node_name: str = ""
+    phase: NodePhase | None = None
+    provider: str | None = None
+    hourly_price: Decimal | None = None
+    started_at: datetime | None = None
+
+
 class StartNodeInput(Msg):
     class_name: str
     reservation: Reservation
@@ -138,4 +155,5 @@ class OfferCheck(Msg):
     cheapest: Decimal | None = None
     cheapest_any_price: Decimal | None = None
     cheapest_description: str = ""
+    failed: dict[str, str] = Field({}, description="Providers whose offers could not be listed, with why.")
 

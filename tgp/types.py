@@ -10,8 +10,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tgp.labels import LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, QUALIFIED_NAME_MAX_LENGTH, QUALIFIED_NAME_PATTERN
 
 # Search attributes a node workflow keeps current, so the Web UI can filter by them.
 SEARCH_ATTRIBUTES: dict[str, str] = {
@@ -21,6 +24,7 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
     "TgpGpuType": "Keyword",
     "TgpHourlyPrice": "Double",
     "TgpNodeName": "Keyword",
+    "TgpClass": "Keyword",
 }
 
 DEFAULT_TASK_QUEUE = "tgp"
@@ -108,9 +112,18 @@ class BootPayload(Model):
 
 
 class Taint(Model):
-    key: str
-    value: str = ""
-    effect: str = Field("NoSchedule", pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
+    # The patterns are for the CRD schema (the API server checks them at apply); a pool's keys are
+    # also checked at the bridge's admission (tgp/labels.py), not on every decode of history.
+    key: str = Field(
+        description="Taint key: a Kubernetes qualified name, e.g. example.com/gpu; not under tgp.io/ or node-role.kubernetes.io/.",
+        json_schema_extra={"maxLength": QUALIFIED_NAME_MAX_LENGTH, "pattern": QUALIFIED_NAME_PATTERN},
+    )
+    value: str = Field(
+        "",
+        description="Taint value: empty, or up to 63 of A-Z a-z 0-9 - _ . (alphanumeric at both ends).",
+        json_schema_extra={"maxLength": LABEL_VALUE_MAX_LENGTH, "pattern": LABEL_VALUE_PATTERN},
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field("NoSchedule", description="What the taint does to pods that do not tolerate it.")
 
 
 class OfferRequirements(Model):
@@ -345,6 +358,23 @@ class DeviceQuery(Model):
     hostname: str
     tags: list[str]
     tailnet: str = "tailscale"
+
+
+class StageCheck(Model):
+    """Input of `check_stage`: the one look taken when a wait stage's deadline passes, before
+    the attempt is failed over. Every part given must be up: the instance running, the device
+    in the tailnet, the Node Ready."""
+
+    instance: InstanceRef | None = None
+    device: DeviceQuery | None = None
+    node_name: str | None = None
+
+
+class StageLook(Model):
+    """What `check_stage` saw: `up` when everything asked about is there; `seen` says what."""
+
+    up: bool
+    seen: str
 
 
 class LabelInput(Model):

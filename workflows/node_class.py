@@ -7,7 +7,7 @@ the next: `maxNodes` and `maxHourlyCost` hold however many pools launch at once.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 
@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodeClassStatus
     from tgp.messages import ClassInput, ClassUpdate, Grant, Ledger, ObjectRef, Reservation
+    from workflows.entity import best_effort, history_is_long
 
 # Continue-as-new well before Temporal's suggestion; the ledger is small, history is not.
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
@@ -25,6 +26,10 @@ REVALIDATE_INTERVAL = timedelta(minutes=10)
 STATUS_TIMEOUT = timedelta(seconds=30)
 # Released node ids remembered to refuse a late reserve/settle (a retried activity).
 RELEASED_REMEMBERED = 1000
+# How often the ledger is checked against the node workflows actually running
+# (ClassInput.resync_interval), and how old a reservation must be before it can be taken for an
+# orphan (ClassInput.reservation_grace): a reservation is made before its node workflow starts,
+# and visibility lags.
 
 
 @workflow.defn(name="GPUNodeClassWorkflow")
@@ -35,13 +40,19 @@ class GPUNodeClassWorkflow:
         self.ledger = inp.ledger
         self.dirty = True
         self.validate = True
-        self.problems: list[str] = []
+        # None until validated: a class nobody has checked grants nothing.
+        self.problems: list[str] | None = inp.problems
         self.written = ""
+        self.seen_at: datetime | None = None
+        self.validated_at: datetime | None = None
         self.conditions: dict[str, Condition] = {}
 
     @workflow.update
-    def reserve(self, r: Reservation) -> Grant:
-        """Hold a node slot (and its price, if known) for a node about to launch."""
+    async def reserve(self, r: Reservation) -> Grant:
+        """Hold a node slot (and its price, if known) for a node about to launch. Waits for the
+        class's first validation; everything after that wait runs without awaiting, so
+        concurrent reservations are still decided one at a time."""
+        await workflow.wait_condition(lambda: self.problems is not None or self.inp.spec is None)
         if self.inp.spec is None:
             return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} does not exist")
         if self.problems:
@@ -82,6 +93,8 @@ class GPUNodeClassWorkflow:
         return self.ledger
 
     def _hold(self, r: Reservation) -> None:
+        held = self.ledger.reservations.get(r.node_id)
+        r = r.model_copy(update={"reserved_at": held.reserved_at if held and held.reserved_at else workflow.now()})
         self.ledger = self.ledger.model_copy(update={"reservations": {**self.ledger.reservations, r.node_id: r}})
         self.dirty = True
 
@@ -91,10 +104,12 @@ class GPUNodeClassWorkflow:
             self.ledger = self.ledger.model_copy(update={"limits": inp.spec.limits})
         while True:
             try:
-                await workflow.wait_condition(lambda: self.dirty, timeout=REVALIDATE_INTERVAL)
+                await workflow.wait_condition(lambda: self.dirty, timeout=self.inp.resync_interval)
             except TimeoutError:
-                self.validate = True
+                pass
             self.dirty = False
+            if self.validated_at is None or workflow.now() - self.validated_at >= REVALIDATE_INTERVAL:
+                self.validate = True
             if self.inp.spec is None:
                 if not self.ledger.reservations:
                     await workflow.wait_condition(workflow.all_handlers_finished)
@@ -102,16 +117,45 @@ class GPUNodeClassWorkflow:
                 continue
             if self.validate:
                 self.validate = False
-                self.problems = await workflow.execute_activity_method(
-                    FleetActivities.validate_class,
-                    ValidateClassInput(name=self.inp.name, spec=self.inp.spec),
-                    start_to_close_timeout=STATUS_TIMEOUT,
+                checked = await best_effort(
+                    FleetActivities.validate_class, ValidateClassInput(name=self.inp.name, spec=self.inp.spec), summary="validate the class"
                 )
+                # A class that could not be checked is not valid yet: it grants nothing.
+                self.problems = checked.value if checked.ok else [f"{checked.error}; retrying"]
+                self.validated_at = workflow.now() if checked.ok else None
+            await self._see_running_nodes()
             await self._write_status()
-            info = workflow.info()
-            if info.is_continue_as_new_suggested() or info.get_current_history_length() > HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW:
+            if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(self.inp.model_copy(update={"ledger": self.ledger}))
+                workflow.continue_as_new(self.inp.model_copy(update={"ledger": self.ledger, "problems": self.problems}))
+
+    async def _see_running_nodes(self) -> None:
+        """Reality check, once per resync: a node workflow of this class that runs without a
+        reservation (a new run of this ledger after a crash or reset) gets one, so the limits
+        count it; a reservation whose node workflow closed without releasing it (terminated
+        by hand, timed out) is released."""
+        now = workflow.now()
+        if self.seen_at is not None and now - self.seen_at < self.inp.resync_interval:
+            return
+        seen = await best_effort(FleetActivities.running_nodes, f"TgpClass = '{self.inp.name}'", summary="list running nodes")
+        if not seen.ok:
+            return
+        self.seen_at = now
+        running = {s.workflow_id: s for s in seen.value}
+        for wid, s in running.items():
+            if wid not in self.ledger.reservations and wid not in self.ledger.released:
+                pool = "/".join(wid.split("/")[1:3])
+                self._hold(Reservation(node_id=wid, pool=pool, hourly_price=s.hourly_price))
+        stale = [
+            wid
+            for wid, r in self.ledger.reservations.items()
+            if wid not in running and (r.reserved_at is None or now - r.reserved_at >= self.inp.reservation_grace)
+        ]
+        if stale:
+            closed = await best_effort(FleetActivities.closed_workflows, stale, summary="check closed nodes")
+            for wid in closed.value or []:
+                workflow.logger.info("releasing the reservation of %s: its workflow closed without releasing it", wid)
+                self.release(wid)
 
     async def _write_status(self) -> None:
         if self.problems:
@@ -129,9 +173,11 @@ class GPUNodeClassWorkflow:
         fingerprint = repr(body)
         if fingerprint == self.written:
             return
-        self.written = fingerprint
-        await workflow.execute_activity_method(
+        written = await best_effort(
             FleetActivities.write_status,
             StatusWrite(ref=ObjectRef(kind="GPUNodeClass", name=self.inp.name, uid=self.inp.uid), status=status.model_dump(mode="json", by_alias=True)),
-            start_to_close_timeout=STATUS_TIMEOUT,
+            summary="write the class status",
+            timeout=STATUS_TIMEOUT,
         )
+        if written.ok:
+            self.written = fingerprint  # else the next pass writes it again

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements
     from tgp.types import NodePhase, TimeoutsUpdate
+    from workflows.entity import best_effort, history_is_long
 
 # Even with no news the pool looks again this often (a lost signal cannot stall it).
 RESYNC_INTERVAL = timedelta(minutes=1)
@@ -47,6 +48,11 @@ ACTIVITY_TIMEOUT = timedelta(seconds=60)
 MAX_STARTS_PER_PASS = 10
 # Pods named in a PodDoesNotFit message (the rest are counted).
 MAX_PODS_NAMED = 5
+# Events kept for a later write while the API refuses them (newest kept).
+MAX_PENDING_EVENTS = 100
+# Visibility is eventually consistent: a node workflow started this recently may not be listed
+# yet, so it is not taken for closed.
+VISIBILITY_LAG = timedelta(minutes=1)
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -72,6 +78,8 @@ class PoolState(BaseModel):
     failures: int = 0
     backoff_until: datetime | None = None
     written: str = ""
+    events: list[EventSpec] = Field([], description="Events not yet written; kept across continue-as-new.")
+    seen_running_at: datetime | None = Field(None, description="Last time the running node workflows were listed.")
 
 
 class PoolInput(BaseModel):
@@ -81,6 +89,7 @@ class PoolInput(BaseModel):
     watch_interval: timedelta | None = None
     resync_interval: timedelta = RESYNC_INTERVAL
     bind_grace: timedelta = POD_BIND_GRACE
+    visibility_lag: timedelta = VISIBILITY_LAG
     state: PoolState = PoolState()
 
 
@@ -91,7 +100,10 @@ class GPUNodePoolWorkflow:
         self.inp = inp
         self.state = inp.state
         self.dirty = True
-        self.events: list[EventSpec] = []
+
+    @property
+    def events(self) -> list[EventSpec]:
+        return self.state.events
 
     # --- messages ------------------------------------------------------------------------
 
@@ -158,11 +170,12 @@ class GPUNodePoolWorkflow:
             self.dirty = False
             if await self._reconcile():
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                await self._flush_events()  # what the last handlers reported
                 return
-            info = workflow.info()
-            if info.is_continue_as_new_suggested() or info.get_current_history_length() > HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW:
+            if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush_events()
+                # Events still unwritten travel in the state; none is lost.
                 workflow.continue_as_new(self.inp.model_copy(update={"state": self.state}))
 
     def _next_wake(self) -> timedelta:
@@ -177,6 +190,7 @@ class GPUNodePoolWorkflow:
         u = self.state.update
         if u is None:
             return False
+        await self._see_running_nodes()
         live = [n for n in self.state.nodes.values() if not n.phase.is_final]
         if u.deleting:
             return await self._tear_down(live)
@@ -214,20 +228,58 @@ class GPUNodePoolWorkflow:
         self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}
         return False
 
+    async def _see_running_nodes(self) -> None:
+        """Reality check, once per resync: node workflows running for this pool that the state
+        does not know (a new run after a crash or a reset) are adopted; known ones whose
+        workflow closed without reporting (terminated by hand, timed out) are dropped."""
+        now = workflow.now()
+        if self.state.seen_running_at is not None and now - self.state.seen_running_at < self.inp.resync_interval:
+            return
+        pool = f"{self.inp.namespace}/{self.inp.name}"
+        seen = await best_effort(FleetActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
+        if not seen.ok:
+            return
+        self.state.seen_running_at = now
+        running = {s.workflow_id: s for s in seen.value}
+        for wid, s in running.items():
+            if wid not in self.state.nodes:
+                self.state.nodes[wid] = PoolNode(
+                    workflow_id=wid,
+                    node_name=s.node_name,
+                    phase=s.phase or NodePhase.PENDING,
+                    provider=s.provider,
+                    hourly_price=s.hourly_price,
+                    created_at=s.started_at or now,
+                    phase_at=now,
+                    reason="adopted from its running workflow",
+                )
+        missing = [
+            n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id not in running and now - n.created_at >= self.inp.visibility_lag
+        ]
+        if missing:
+            closed = await best_effort(FleetActivities.closed_workflows, missing, summary="check closed nodes")
+            for wid in closed.value or []:
+                node = self.state.nodes[wid].model_copy(update={"phase": NodePhase.TERMINATED, "reason": "its workflow closed without cleanup (terminated by hand?); the sweeper removes what it left"})
+                self.state.nodes[wid] = node
+                self._node_event(node)
+
     async def _check_offers(self, u: PoolUpdate) -> tuple[str, str, str]:
         assert u.node_class is not None
         req = offer_requirements(u.spec, u.node_class)
         key = req.model_dump_json()
         stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= OFFER_CHECK_TTL
         if self.state.offer_check is None or self.state.offer_check_key != key or stale:
-            self.state.offer_check = await workflow.execute_activity_method(
-                FleetActivities.check_offers, req, start_to_close_timeout=ACTIVITY_TIMEOUT, summary="check offers"
-            )
+            checked = await best_effort(FleetActivities.check_offers, req, summary="check offers")
+            if not checked.ok:
+                return ("False", "OfferCheckFailed", f"{checked.error}; retrying")
+            self.state.offer_check = checked.value
             self.state.offer_check_key = key
             self.state.offer_checked_at = workflow.now()
         oc = self.state.offer_check
+        assert oc is not None
+        unreachable = "".join(f"; offers of {name} could not be listed: {why}" for name, why in sorted(oc.failed.items()))
         if oc.matching:
-            return ("True", "OffersFound", f"{oc.matching} matching offers from ${oc.cheapest}/h")
+            return ("True", "OffersFound", f"{oc.matching} matching offers from ${oc.cheapest}/h{unreachable}")
         if oc.cheapest_any_price is not None and req.max_hourly_price is not None:
             return (
                 "False",
@@ -236,7 +288,7 @@ class GPUNodePoolWorkflow:
                 f"${oc.cheapest_any_price}/h ({oc.cheapest_description}): raise maxHourlyPrice or relax the requirements",
             )
         wants = req.model_dump(mode="json", include={"gpu_types", "regions", "providers", "min_gpu_count", "allow_spot"})
-        return ("False", "NoMatchingOffers", f"no offer matches {wants}: check the GPU types, regions and providers of the pool and class")
+        return ("False", "NoMatchingOffers", f"no offer matches {wants}: check the GPU types, regions and providers of the pool and class{unreachable}")
 
     async def _launch(self, u: PoolUpdate, live: list[PoolNode]) -> tuple[str, str, str]:
         assert u.node_class is not None
@@ -271,18 +323,19 @@ class GPUNodePoolWorkflow:
             min_gpus=self.state.demand_gpus,
         )
         price = self.state.offer_check.cheapest if self.state.offer_check else None
-        result = await workflow.execute_activity_method(
+        started = await best_effort(
             FleetActivities.reserve_and_start_node,
             StartNodeInput(
                 class_name=req.class_workflow_id or u.spec.node_class_ref.name,
                 reservation=Reservation(node_id=req.workflow_id, pool=f"{self.inp.namespace}/{self.inp.name}", hourly_price=price),
                 request_json=req.model_dump_json(),
             ),
-            start_to_close_timeout=ACTIVITY_TIMEOUT,
             summary=f"start node {node_name}",
         )
-        if not result.started:
-            return False, result.reason
+        if not started.ok:
+            return False, started.error or ""
+        if not started.value.started:
+            return False, started.value.reason
         # A report may already have arrived while the start was in flight: keep its phase, but
         # the floor flag and the settings sent are known only here.
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
@@ -373,9 +426,8 @@ class GPUNodePoolWorkflow:
         if live:
             # Signalling again is harmless (the first reason wins); a workflow that closed
             # without reporting (terminated by hand) is counted as gone.
-            closed = await workflow.execute_activity_method(
-                FleetActivities.evict_nodes, [n.workflow_id for n in live], start_to_close_timeout=ACTIVITY_TIMEOUT
-            )
+            evicted = await best_effort(FleetActivities.evict_nodes, [n.workflow_id for n in live], summary="evict nodes")
+            closed = evicted.value or []
             for wid in closed:
                 node = self.state.nodes[wid]
                 self.state.nodes[wid] = node.model_copy(update={"phase": NodePhase.TERMINATED, "reason": "its workflow is closed"})
@@ -385,7 +437,10 @@ class GPUNodePoolWorkflow:
             self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}
             return False
         await self._flush_events()
-        await workflow.execute_activity_method(FleetActivities.remove_finalizer, self._ref(), start_to_close_timeout=ACTIVITY_TIMEOUT)
+        released = await best_effort(FleetActivities.remove_finalizer, self._ref(), summary="remove the finalizer")
+        if not released.ok:
+            await self._publish({"Ready": ("False", "Deleting", f"nodes are gone; {released.error}; retrying")})
+            return False
         return True
 
     # --- status and Events -----------------------------------------------------------------
@@ -430,16 +485,22 @@ class GPUNodePoolWorkflow:
         body = status.model_dump(mode="json", by_alias=True)
         fingerprint = repr(body)
         if fingerprint != self.state.written:
-            self.state.written = fingerprint
-            await workflow.execute_activity_method(
-                FleetActivities.write_status, StatusWrite(ref=self._ref(), status=body), start_to_close_timeout=ACTIVITY_TIMEOUT
-            )
+            written = await best_effort(FleetActivities.write_status, StatusWrite(ref=self._ref(), status=body), summary="write the pool status")
+            if written.ok:
+                self.state.written = fingerprint  # else the next pass writes it again
         await self._flush_events()
 
     async def _flush_events(self) -> None:
-        if self.events:
-            events, self.events = self.events, []
-            await workflow.execute_activity_method(FleetActivities.emit_events, events, start_to_close_timeout=ACTIVITY_TIMEOUT)
+        """Write the Events so far. Events appended while a write is in flight stay for the
+        next write (they are in the state, so continue-as-new carries them); a failed write is
+        retried on the next pass, and a backlog is capped so a broken API cannot grow it."""
+        while self.state.events:
+            batch = list(self.state.events)
+            emitted = await best_effort(FleetActivities.emit_events, batch, summary="write Events")
+            if not emitted.ok:
+                self.state.events = self.state.events[-MAX_PENDING_EVENTS:]
+                return
+            self.state.events = self.state.events[len(batch) :]
 
     def _event(self, type: str, reason: str, message: str) -> EventSpec:
         return EventSpec(ref=self._ref(), type=type, reason=reason, message=message)

@@ -4,8 +4,8 @@ Like Karpenter's KWOK provider: a launched instance "boots" after a delay, joins
 with the auth key found in its boot payload (as tailscaled would), and registers a Node in the
 cluster (as a kubelet would). Faults are injected from Python: capacity errors per offer, boot
 failures, preemption, a gate that holds create requests in flight, creates that answer slower
-than the caller waits or answer 5xx after buying (as real clouds do under load), and terminates
-that fail for a while.
+than the caller waits or answer 5xx after buying (as real clouds do under load), describes that
+answer slowly, and terminates that fail for a while.
 
 Names are not unique, as on every real cloud: two creates with the same name buy two
 instances. `max_live_per_name` records the most live instances one name ever had at once.
@@ -24,6 +24,7 @@ interrupted}.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import itertools
 import re
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,8 @@ from decimal import Decimal
 from typing import Literal
 
 from aiohttp import web
+
+from tgp.sim.fakeserver import EchoMode, Fault, echo_errors
 
 BootFailure = Literal["never_runs", "never_joins"]
 TailnetRegister = Callable[[str, str], Awaitable[object]]
@@ -120,6 +123,7 @@ class SimulatedCloud:
         self._tailnet_register = tailnet_register
         self._node_register = node_register
         self._no_capacity: set[str] = set()
+        self._refused: set[str] = set()
         self._boot_failures: dict[str, BootFailure] = {}
         self._ids = itertools.count(1)
         self._create_gate: asyncio.Event | None = None
@@ -127,6 +131,10 @@ class SimulatedCloud:
         self._delete_gate: asyncio.Event | None = None
         self.delete_arrived = asyncio.Event()
         self._create_delay = 0.0
+        self._describe_delay = 0.0
+        self._slow_describes_left: int | None = None
+        self._describes_sped_up = asyncio.Event()
+        self.describe_requests = 0
         self._creates_failing_after_buy = 0
         self._deletes_failing = 0
         self.delete_requests = 0
@@ -134,11 +142,20 @@ class SimulatedCloud:
         self._host, self._port = host, port
         self._runner: web.AppRunner | None = None
         self.url = ""
+        # Quote the request (Authorization, userData) in every error answer, as many real
+        # clouds do: "json", "raw" or "base64" (tgp.sim.fakeserver.echo_request). None: do not.
+        self.echo: EchoMode | None = None
+        self._faults: list[Fault] = []
 
     # --- fault injection ---------------------------------------------------------------
 
     def set_capacity(self, offer_id: str, available: bool) -> None:
         (self._no_capacity.discard if available else self._no_capacity.add)(offer_id)
+
+    def refuse_offer(self, offer_id: str) -> None:
+        """Creates of this offer answer 400 (the offer was withdrawn), as clouds refuse a type
+        no longer sold in a region; listing still shows it, as stale price lists do."""
+        self._refused.add(offer_id)
 
     def fail_boot(self, offer_id: str, mode: BootFailure) -> None:
         self._boot_failures[offer_id] = mode
@@ -163,9 +180,23 @@ class SimulatedCloud:
         (the answer can come after the caller has given up waiting)."""
         self._create_delay = seconds
 
+    def slow_describes(self, seconds: float, *, count: int | None = None) -> None:
+        """Describes (GET /v1/instances/{id}) answer `seconds` late, as a provider's API does
+        under load or behind its rate limiter: the next `count` of them, or all of them until
+        called with 0, which also answers the describes waiting now."""
+        self._describe_delay, self._slow_describes_left = seconds, count
+        if not seconds:
+            self._describes_sped_up.set()
+            self._describes_sped_up = asyncio.Event()
+
     def fail_creates_after_buying(self, count: int) -> None:
         """The next `count` creates buy the instance and then answer 503."""
         self._creates_failing_after_buy = count
+
+    def fail(self, path: str, status: int = 500, *, times: int = 1, method: str | None = None, message: str = "injected failure") -> None:
+        """The next `times` requests whose path matches the fnmatch `path` (and `method`, if
+        given) answer `status` in this cloud's error shape, without taking effect."""
+        self._faults.append(Fault(path, method.upper() if method else None, status, times, None, message))
 
     def fail_deletes(self, count: int) -> None:
         """The next `count` terminate requests answer 500 and terminate nothing."""
@@ -191,7 +222,7 @@ class SimulatedCloud:
     # --- server ------------------------------------------------------------------------
 
     async def __aenter__(self) -> SimulatedCloud:
-        app = web.Application(middlewares=[self._auth])
+        app = web.Application(middlewares=[self._echo, self._auth, self._inject_faults])
         app.add_routes(
             [
                 web.get("/v1/offers", self._list_offers),
@@ -212,10 +243,29 @@ class SimulatedCloud:
     async def __aexit__(self, *exc: object) -> None:
         self.release_creates()
         self.release_deletes()
+        self.slow_describes(0)
         for inst in self.instances.values():
             self._stop_boot(inst)
         if self._runner is not None:
             await self._runner.cleanup()
+
+    @web.middleware
+    async def _echo(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if self.echo is None or exc.status < 400:
+                raise
+            response = web.Response(status=exc.status, text=exc.text or exc.reason)
+        return await echo_errors(request, response, self.echo)
+
+    @web.middleware
+    async def _inject_faults(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        for fault in self._faults:
+            if fault.remaining > 0 and fnmatch.fnmatchcase(request.path, fault.pattern) and fault.method in (None, request.method):
+                fault.remaining -= 1
+                return _error(fault.status, "injected", str(fault.body))
+        return await handler(request)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
@@ -245,6 +295,8 @@ class SimulatedCloud:
         if not body.get("name"):
             return _error(400, "invalid-name", "name is required")
         self.create_requests += 1
+        if offer.id in self._refused:
+            return _error(400, "offer-unavailable", f"offer {offer.id} is no longer available in {offer.region}")
         if offer.id in self._no_capacity:
             return _error(409, "insufficient-capacity", f"no capacity for offer {offer.id} right now")
         if self._create_delay:
@@ -270,6 +322,14 @@ class SimulatedCloud:
         return web.json_response({"instances": found})
 
     async def _get(self, request: web.Request) -> web.Response:
+        self.describe_requests += 1
+        if self._describe_delay and self._slow_describes_left != 0:
+            if self._slow_describes_left is not None:
+                self._slow_describes_left -= 1
+            try:
+                await asyncio.wait_for(self._describes_sped_up.wait(), self._describe_delay)
+            except asyncio.TimeoutError:
+                pass
         inst = self.instances.get(request.match_info["id"])
         if inst is None:
             return _error(404, "not-found", "instance not found")

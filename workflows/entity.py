@@ -1,0 +1,61 @@
+"""What the entity workflows (pool, class) share: they live as long as their custom resource,
+so an activity error never ends them. It becomes a condition or a Warning Event, and the next
+pass tries again (the Temporal samples' entity pattern)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+
+T = TypeVar("T")
+
+# A few quick retries inside one pass; past them the pass reports the problem and the next
+# pass (a minute later, or on the next signal) tries again. An unbounded retry here would
+# freeze the entity's loop behind one failing call.
+BEST_EFFORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=3)
+BEST_EFFORT_TIMEOUT = timedelta(seconds=60)
+
+
+class Outcome(Generic[T]):
+    """The result of a best-effort activity: `value`, or `error` saying what went wrong."""
+
+    def __init__(self, value: T | None = None, error: str | None = None) -> None:
+        self.value = value
+        self.error = error
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+async def best_effort(activity: Callable[..., Any], arg: Any, *, summary: str, timeout: timedelta = BEST_EFFORT_TIMEOUT) -> Outcome[Any]:
+    """Run an activity; an error (non-retryable, or retries spent) is returned, not raised."""
+    try:
+        value = await workflow.execute_activity_method(
+            activity, arg, start_to_close_timeout=timeout, retry_policy=BEST_EFFORT_RETRY, summary=summary
+        )
+    except ActivityError as exc:
+        message = describe(exc)
+        workflow.logger.warning("%s failed: %s", summary, message)
+        return Outcome(error=f"{summary} failed: {message}")
+    return Outcome(value=value)
+
+
+def describe(exc: ActivityError) -> str:
+    cause = exc.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type}: {cause.message}" if cause.type else cause.message
+    if isinstance(cause, TimeoutError):
+        return f"activity timed out ({cause.type.name if cause.type else 'timeout'})"
+    return str(cause or exc)
+
+
+def history_is_long(limit: int) -> bool:
+    """Time to continue as new: Temporal suggests it, or this run passed `limit` events."""
+    info = workflow.info()
+    return info.is_continue_as_new_suggested() or info.get_current_history_length() > limit
