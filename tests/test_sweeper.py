@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import httpx
@@ -11,11 +12,13 @@ from temporalio.testing import WorkflowEnvironment
 from activities.sweeper import Orphan, SweepInput, node_of_instance
 from activities.tailnet import TailscaleTailnet
 from tests.conftest import running_world
-from tests.test_node_lifecycle import request, start, wait_phase
+from tests.test_node_lifecycle import node_exists, request, start, wait_phase
+from tgp.messages import class_workflow_id
 from tgp.sim.world import NODE_TAG
-from tgp.types import NodePhase
+from tgp.types import NodePhase, instance_name
 from workers.main import SWEEPER_SCHEDULE_ID, ensure_sweeper_schedule
 from workflows.node import GPUNodeWorkflow
+from workflows.node_class import GPUNodeClassWorkflow
 from workflows.sweeper import SweeperWorkflow, SweepRequest
 
 
@@ -62,3 +65,47 @@ async def test_the_sweeper_schedule_is_created_once(temporal: WorkflowEnvironmen
         assert desc.schedule.spec.intervals[0].every == timedelta(minutes=15)
     finally:
         await handle.delete()
+
+
+async def test_a_node_workflow_terminated_by_hand_leaves_nothing_after_a_sweep(temporal: WorkflowEnvironment) -> None:
+    """The sweeper removes the instance and the tailnet device, deletes the Node object and
+    gives the class its budget back (the class's own resync would too, a minute later)."""
+    from tests.test_entities_heal import start_class
+
+    async with running_world(temporal) as (world, _, queue):
+        klass = f"sweep-{uuid.uuid4().hex[:6]}"
+        ledger = await start_class(temporal, queue, klass)
+        req = request(node_class=klass, class_workflow_id=class_workflow_id(klass))
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        assert req.workflow_id in (await ledger.query(GPUNodeClassWorkflow.budget)).reservations
+        await handle.terminate("by hand")
+
+        removed: list[Orphan] = await temporal.client.execute_workflow(
+            SweeperWorkflow.run, SweepRequest(sweep=SweepInput(tags=[NODE_TAG]), grace=timedelta(seconds=1)), id=f"sweep-{uuid.uuid4().hex[:6]}", task_queue=queue
+        )
+
+        assert {o.kind for o in removed} == {"instance", "device"}
+        assert world.cloud.live_instances() == []
+        assert not await node_exists(world, req.node_name), "the Node object the workflow left is deleted"
+        assert req.workflow_id not in (await ledger.query(GPUNodeClassWorkflow.budget)).reservations, "the budget is given back"
+        await ledger.terminate("test finished")
+
+
+async def test_an_instance_named_after_a_running_node_but_not_its_own_is_flagged_not_removed(temporal: WorkflowEnvironment) -> None:
+    async with running_world(temporal) as (world, _, queue):
+        req = request()
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY)
+        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
+            stray = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": instance_name(req.node_name, 1)})).json()
+
+        found: list[Orphan] = await temporal.client.execute_workflow(
+            SweeperWorkflow.run, SweepRequest(sweep=SweepInput(tags=[NODE_TAG]), grace=timedelta(seconds=1)), id=f"sweep-{uuid.uuid4().hex[:6]}", task_queue=queue
+        )
+        assert found == [], "a stray is reported (logged), never removed by the sweeper"
+        assert world.cloud.instances[stray["id"]].status != "terminated"
+        assert world.cloud.instances[ready.instance_id or ""].status == "running"
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await handle.result()
+        assert world.cloud.live_instances() == [], "the node's cleanup ends every instance of its name, the stray too"

@@ -119,7 +119,7 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
     return Activities(
         node=NodeActivities(providers=providers, tailnets=tailnets, cluster=cluster),
         fleet=FleetActivities(cluster=cluster, providers=providers),
-        sweeper=SweeperActivities(providers=providers, tailnets=tailnets),
+        sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster),
     )
 
 
