@@ -4,38 +4,59 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
+import traceback
 from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, NoReturn
 
 from tgp.errors import ConfigError, TgpError
 from tgp.logs import configure_logging
 from tgp.types import DEFAULT_TASK_QUEUE
 
+if TYPE_CHECKING:
+    from tgp.temporal import TemporalSettings
+
 
 def _temporal_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--address", default=os.environ.get("TEMPORAL_ADDRESS", "localhost:7233"), help="Temporal frontend (env TEMPORAL_ADDRESS)"
+    """Connection flags; each overrides the temporal CLI's variable of the same meaning."""
+    group = parser.add_argument_group("Temporal connection (flags override the environment; see docs/security.md)")
+    group.add_argument("--address", help="Temporal frontend host:port (env TEMPORAL_ADDRESS, default localhost:7233)")
+    group.add_argument("--namespace", help="Temporal namespace (env TEMPORAL_NAMESPACE, default default)")
+    group.add_argument(
+        "--tls", action=argparse.BooleanOptionalAction, default=None,
+        help="TLS with the system CAs (env TEMPORAL_TLS); on by itself when any --tls-* option or an API key is set",
     )
-    parser.add_argument(
-        "--namespace", default=os.environ.get("TEMPORAL_NAMESPACE", "default"), help="Temporal namespace (env TEMPORAL_NAMESPACE)"
-    )
+    group.add_argument("--tls-cert-path", help="client certificate for mutual TLS, PEM (env TEMPORAL_TLS_CLIENT_CERT_PATH)")
+    group.add_argument("--tls-key-path", help="its private key, PEM (env TEMPORAL_TLS_CLIENT_KEY_PATH)")
+    group.add_argument("--tls-ca-path", help="CA that signed the server's certificate, PEM (env TEMPORAL_TLS_SERVER_CA_CERT_PATH)")
+    group.add_argument("--tls-server-name", help="name to expect in the server's certificate (env TEMPORAL_TLS_SERVER_NAME)")
+    group.add_argument("--api-key", help="API key, e.g. Temporal Cloud's; prefer env TEMPORAL_API_KEY (a flag shows in `ps`)")
     parser.add_argument(
         "--task-queue", default=os.environ.get("TGP_TASK_QUEUE", DEFAULT_TASK_QUEUE), help="task queue (env TGP_TASK_QUEUE)"
     )
+
+
+def _temporal_settings(args: argparse.Namespace) -> TemporalSettings:
+    from tgp.temporal import TemporalSettings
+
+    flags = ("address", "namespace", "tls", "tls_cert_path", "tls_key_path", "tls_ca_path", "tls_server_name", "api_key")
+    return TemporalSettings.from_env(os.environ, **{name: getattr(args, name) for name in flags})
 
 
 async def run_worker(args: argparse.Namespace) -> None:
     from tgp.temporal import connect, ensure_search_attributes
     from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker
 
-    client = await connect(args.address, args.namespace)
+    settings = _temporal_settings(args)
+    client = await connect(settings)
     await ensure_search_attributes(client)
     await ensure_sweeper_schedule(client, args.task_queue)
     async with AsyncExitStack() as stack:
         activities = await build_activities(WorkerConfig.from_env(), stack)
         worker = make_worker(client, activities, task_queue=args.task_queue)
-        print(f"tgp worker polling {args.task_queue!r} on {args.address} (namespace {args.namespace})", file=sys.stderr)
+        print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
         await worker.run()
 
 
@@ -44,10 +65,11 @@ async def run_bridge(args: argparse.Namespace) -> None:
     from crd_bridge.bridge import Bridge
     from tgp.temporal import connect
 
-    client = await connect(args.address, args.namespace)
+    settings = _temporal_settings(args)
+    client = await connect(settings)
     kube_url = os.environ.get("TGP_KUBE_URL")
     async with KubernetesCluster.from_url(kube_url) if kube_url else KubernetesCluster.from_kubeconfig(os.environ.get("KUBECONFIG")) as cluster:
-        print(f"tgp bridge watching GPUNodeClasses, GPUNodePools, pods and nodes; signalling {args.task_queue!r} on {args.address}", file=sys.stderr)
+        print(f"tgp bridge watching GPUNodeClasses, GPUNodePools, pods and nodes; signalling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
         await Bridge(client, cluster, task_queue=args.task_queue).run()
 
 
@@ -65,6 +87,7 @@ async def run_codec_server(args: argparse.Namespace) -> None:
         port=args.port,
         token=payload_codec.codec_token_from_env(),
         cors_origins=args.cors_origin or [payload_codec.DEFAULT_UI_ORIGIN],
+        allowed_hosts=args.allowed_host,
     )
 
 
@@ -83,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(offers)
 
-    demo = sub.add_parser("demo", help="one full node lifecycle on a simulated cloud and cluster, with the Web UI")
+    demo = sub.add_parser(
+        "demo", help="the whole system on a simulated cloud and cluster: kubectl apply -> a GPU node -> scale to zero, with the Web UI"
+    )
     demo.add_argument("--port", type=int, default=7233, help="Temporal dev server port (Web UI on port+1000)")
     demo.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
-    demo.add_argument("--job-seconds", type=float, default=20.0, help="how long the demo's GPU pod runs on the node")
-    demo.add_argument("--idle-seconds", type=float, default=15.0, help="idle timeout of the demo node")
-    demo.add_argument("--exit-when-done", action="store_true", help="stop when the node's life ends instead of keeping the Web UI up")
+    demo.add_argument("--state-dir", default=".demo", help="where the demo writes its kubeconfig")
+    demo.add_argument("--exit-when-done", action="store_true", help="stop once the pool is back to zero instead of keeping everything up")
 
     codec = sub.add_parser(
         "codec-server", help="decrypt payloads for the Web UI and `temporal --codec-endpoint` (keys: TGP_PAYLOAD_KEYS)"
@@ -101,9 +125,34 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ORIGIN",
         help="Web UI origin allowed to call it, repeatable (default http://localhost:8233, the dev server's UI)",
     )
+    codec.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients use to reach it (the Host header), repeatable; loopback names and --host always "
+        "work, others are refused (DNS rebinding); needs TGP_CODEC_TOKEN",
+    )
 
     args = parser.parse_args(argv)
     configure_logging()
+    if args.command in ("worker", "bridge"):
+        _exit_without_finalizing(_run(args))
+    return _run(args)
+
+
+def _exit_without_finalizing(code: int) -> NoReturn:
+    """End a process that used a Temporal client without interpreter teardown: the SDK's Rust
+    threads can outlive the event loop and abort the process during finalization ("Fatal
+    Python error: PyGILState_Release", temporalio/sdk-python#300), printing a dump after the
+    one-line error and turning exit status 2 into 134."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "worker":
             asyncio.run(run_worker(args))
@@ -124,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        traceback.print_exc()
+        return 1
     return 0
 
 

