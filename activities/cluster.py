@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
-from collections.abc import Awaitable, Callable, Collection, Mapping
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -22,6 +24,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import aiohttp
+import httpx
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
@@ -559,3 +562,21 @@ def _merge_taints(current: list[dict[str, str]], wanted: list[Taint]) -> list[di
         elif same.get("value", "") != taint.value:
             merged[merged.index(same)] = entry
     return merged
+
+
+@contextlib.asynccontextmanager
+async def authenticated_http(kubeconfig: str, *, timeout: float = 10.0) -> AsyncIterator[httpx.AsyncClient]:
+    """A plain httpx client with the kubeconfig's server, CA, client certificate and token,
+    for the few callers that speak raw HTTP to the API (the simulated kubelet, tests)."""
+    configuration = k8s.Configuration()
+    await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration, persist_config=False)
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    token = await configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+    headers = {"Authorization": token} if token else {}
+    async with httpx.AsyncClient(base_url=configuration.host, verify=context, timeout=timeout, headers=headers) as client:
+        yield client

@@ -180,21 +180,9 @@ async def kube_api() -> AsyncIterator[KubeApi]:
             await _clean_real_cluster(api)
 
 
-@contextlib.asynccontextmanager
-async def _real_http(kubeconfig: str) -> AsyncIterator[httpx.AsyncClient]:
+def _real_http(kubeconfig: str) -> contextlib.AbstractAsyncContextManager[httpx.AsyncClient]:
     """An httpx client with the kubeconfig's server, CA, client certificate and token."""
-    configuration = k8s.Configuration()
-    await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration, persist_config=False)
-    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
-    if not configuration.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    token = await configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
-    headers = {"Authorization": token} if token else {}
-    async with httpx.AsyncClient(base_url=configuration.host, verify=context, timeout=10.0, headers=headers) as client:
-        yield client
+    return authenticated_http(kubeconfig)
 
 
 async def _clean_real_cluster(api: KubeApi) -> None:

@@ -114,6 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--state-dir", default=".demo", help="where the demo writes its kubeconfig")
     demo.add_argument("--exit-when-done", action="store_true", help="stop once the pool is back to zero instead of keeping everything up")
 
+    dev = sub.add_parser(
+        "dev", help="the demo's processes (Temporal dev server, worker, bridge) against your current kube context"
+    )
+    dev.add_argument("--port", type=int, default=7233, help="Temporal dev server port (Web UI on port+1000)")
+    dev.add_argument(
+        "--simulated-cloud", action=argparse.BooleanOptionalAction, default=None,
+        help="buy from the simulated cloud (KWOK-style Nodes in your cluster); default: on unless a provider API key is set",
+    )
+    dev.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
+
     codec = sub.add_parser(
         "codec-server", help="decrypt payloads for the Web UI and `temporal --codec-endpoint` (keys: TGP_PAYLOAD_KEYS)"
     )
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     configure_logging()
-    if args.command in ("worker", "bridge"):
+    if args.command in ("worker", "bridge", "demo", "dev"):
         _exit_without_finalizing(_run(args))
     return _run(args)
 
@@ -166,6 +176,10 @@ def _run(args: argparse.Namespace) -> int:
             from tgp.demo import run_demo
 
             return asyncio.run(run_demo(args))
+        elif args.command == "dev":
+            from tgp.demo import run_dev
+
+            return asyncio.run(run_dev(args))
         elif args.command == "codec-server":
             asyncio.run(run_codec_server(args))
     except TgpError as exc:

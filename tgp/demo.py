@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import signal
 import socket
@@ -31,7 +32,8 @@ import httpx
 import yaml
 from temporalio.client import Client
 
-from activities.cluster import KubernetesCluster
+from activities.cluster import KubernetesCluster, authenticated_http
+from activities.providers.registry import API_KEY_ENV
 from crd_bridge.bridge import Bridge
 from tgp.crdgen import manifests
 from tgp.errors import ConfigError
@@ -270,6 +272,54 @@ def report(world: SimWorld) -> None:
     live = world.cloud.live_instances()
     devices = len(world.tailscale.devices)
     print(f"\nLeft behind: {len(live)} instance(s), {devices} tailnet device(s), {len(world.usable_keys())} usable tailnet key(s)")
+
+
+async def run_dev(args: argparse.Namespace) -> int:
+    """`tgp dev`: the demo's processes against the current kube context: the documented first
+    step on a real cluster. With --simulated-cloud (the default when no provider key is set)
+    machines come from the simulated cloud and register KWOK-style Nodes in that cluster."""
+    kubeconfig = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if not Path(kubeconfig.split(os.pathsep)[0]).exists():
+        raise ConfigError(f"no kubeconfig at {kubeconfig}: set KUBECONFIG or run `tgp demo` for a simulated cluster")
+    check_ports_free(args.port, args.port + 1000)
+    async with AsyncExitStack() as stack:
+        cluster = await stack.enter_async_context(KubernetesCluster.from_kubeconfig(kubeconfig))
+        http = await stack.enter_async_context(authenticated_http(kubeconfig))
+        if (await http.get("/apis/tgp.io/v1")).status_code == 404:
+            raise ConfigError(f"the tgp CRDs are not installed in {http.base_url}: kubectl apply -f deploy/crds/")
+        print(f"Starting the Temporal dev server (Web UI), a worker and the bridge against {http.base_url} ...")
+        client = await start_dev_server(args.port, stack)
+        simulated = args.simulated_cloud if args.simulated_cloud is not None else not any(os.environ.get(k) for k in API_KEY_ENV.values())
+        env = dict(os.environ)
+        if simulated:
+            world = await stack.enter_async_context(
+                sim_world(boot_delay=args.boot_delay, kube_url=str(http.base_url), kube_client=http, kubeconfig=kubeconfig)
+            )
+            env |= world.worker_env()
+        env["KUBECONFIG"] = kubeconfig
+        activities = await build_activities(WorkerConfig.from_env(env), stack)
+        await stack.enter_async_context(make_worker(client, activities, task_queue=TASK_QUEUE))
+        bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE).run())
+        stack.push_async_callback(_cancel, bridge)
+        print(
+            f"\nWeb UI:  http://localhost:{args.port + 1000}\n"
+            f"cloud:   {'simulated (KWOK-style Nodes in your cluster)' if simulated else 'the providers configured in the environment'}\n"
+            "next:    kubectl apply -f examples/gpunodeclass.yaml -f examples/gpunodepool.yaml -f examples/gpu-job.yaml\n"
+            "Ctrl-C stops the processes; node workflows live in the dev server's memory and stop with it, so\n"
+            "delete your pools first (their nodes are drained and terminated before the finalizer goes).\n",
+            flush=True,
+        )
+        interrupted = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+        loop.add_signal_handler(signal.SIGTERM, interrupted.set)
+        stop = asyncio.ensure_future(interrupted.wait())
+        await asyncio.wait([stop, bridge], return_when=asyncio.FIRST_COMPLETED)
+        if bridge.done() and not stop.done():
+            stop.cancel()
+            raise ConfigError(f"the CRD bridge stopped: {bridge.exception()!r}")
+        print("Stopping ...")
+    return 0
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -1,0 +1,100 @@
+"""`tgp dev` against "your" cluster (here the emulator, reached through a kubeconfig as a real
+one would be), and its honest startup errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.conftest import binary, eventually
+from tgp.crdgen import manifests
+from tgp.demo import EXAMPLES, apply, write_kubeconfig
+from tgp.sim.kube import KubeEmulator
+from tgp.sim.scheduler import SimScheduler
+
+
+def free_port_pair() -> int:
+    """A port p with p and p+1000 free (the dev server and its Web UI)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 1000 < 65535:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 1000))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair")
+
+
+async def tgp(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        binary("tgp"), *args, env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+
+
+async def test_tgp_dev_runs_the_product_against_the_current_kube_context(tmp_path: Path) -> None:
+    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url, timeout=10) as http, SimScheduler(kube.url, interval=0.2):
+        for crd in manifests().values():
+            kube.install_crd(crd)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+        port = free_port_pair()
+        proc = await tgp("dev", "--port", str(port), "--simulated-cloud", "--boot-delay", "0.2", env={"KUBECONFIG": str(kubeconfig)})
+        try:
+            assert proc.stdout is not None
+            banner = b""
+            while b"Web UI" not in banner:
+                line = await asyncio.wait_for(proc.stdout.readline(), 60)
+                assert line, f"tgp dev ended early: {(await proc.stderr.read()).decode()[-2000:] if proc.stderr else ''}"
+                banner += line
+            for name in ("gpunodeclass.yaml", "gpunodepool.yaml", "gpu-job.yaml"):
+                for obj in yaml.safe_load_all((EXAMPLES / name).read_text()):
+                    await apply(http, obj)
+
+            async def running() -> bool:
+                pod = (await http.get("/api/v1/namespaces/default/pods/train-job")).json()
+                return (pod.get("status") or {}).get("phase") in ("Running", "Succeeded")
+
+            await eventually(running, timeout=90, what="the GPU pod to run on a node tgp dev bought")
+
+            async def labelled() -> bool:
+                nodes = (await http.get("/api/v1/nodes", params={"labelSelector": "tgp.io/pool=ml-workload-pool"})).json()["items"]
+                return len(nodes) == 1
+
+            await eventually(labelled, what="one Node labelled with the pool")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            await asyncio.wait_for(proc.wait(), 60)
+        assert proc.returncode == 0
+
+
+async def test_tgp_dev_says_what_is_missing_in_one_line(tmp_path: Path) -> None:
+    missing = await tgp("dev", env={"KUBECONFIG": str(tmp_path / "nope")})
+    _, err = await asyncio.wait_for(missing.communicate(), 60)
+    assert missing.returncode == 2 and err.decode().strip().startswith("tgp: no kubeconfig at"), err.decode()
+    assert "Traceback" not in err.decode()
+
+    async with KubeEmulator() as kube:  # no CRDs installed
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+        bare = await tgp("dev", "--port", str(free_port_pair()), env={"KUBECONFIG": str(kubeconfig)})
+        _, err = await asyncio.wait_for(bare.communicate(), 60)
+    assert bare.returncode == 2 and "kubectl apply -f deploy/crds/" in err.decode(), err.decode()
+    assert len(err.decode().strip().splitlines()) == 1
+
+
+async def test_a_taken_port_is_an_error_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = await tgp("demo", "--port", str(port), env={})
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2 and f"port {port} is in use" in err.decode(), err.decode()
