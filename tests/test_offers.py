@@ -63,3 +63,22 @@ def test_class_provider_priority_reaches_the_ranking() -> None:
     assert req.provider_priority == {"runpod": 1, "vastai": 2}
     tied = [offer("vastai", "1", "0.50"), offer("runpod", "2", "0.50")]
     assert [o.provider for o in rank_offers(tied, req)] == ["runpod", "vastai"]
+
+
+def test_rejection_reasons_say_what_to_change() -> None:
+    from decimal import Decimal
+
+    from tgp.offers import rejection_reasons
+    from tgp.types import Offer, OfferRequirements
+
+    offer = Offer(provider="vastai", offer_id="1", gpu_type="A100-80GB", region="eu-west", hourly_price=Decimal("1.5"), spot=True)
+    req = OfferRequirements(gpu_types=["RTX4090"], regions=["us-east"], providers=["runpod"], min_gpu_count=2, max_hourly_price=Decimal("1.0"), allow_spot=False)
+    assert rejection_reasons(offer, req) == [
+        "GPU A100-80GB not in RTX4090",
+        "region eu-west not in us-east",
+        "provider vastai not enabled in the class",
+        "1 GPU(s), fewer than 2",
+        "$1.5/h above maxHourlyPrice $1.0/h",
+        "spot, and the class does not allow spot",
+    ]
+    assert rejection_reasons(offer, OfferRequirements()) == []

@@ -1,4 +1,11 @@
-"""`tgp` command line: `tgp worker`, `tgp bridge`, `tgp offers`, `tgp demo`, `tgp codec-server`."""
+"""`tgp` command line.
+
+Processes: `worker`, `bridge`, `codec-server`, and `demo` / `dev` (all of them at once on this
+machine). Operator verbs: `offers`, `plan`, `status`, `evict`, `temporal setup`.
+
+Exit status: 0 done; 2 the input or the environment is wrong, and the one-line message says
+what to fix; 1 an unexpected error (a traceback follows: please report it); 130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -73,6 +80,27 @@ async def run_bridge(args: argparse.Namespace) -> None:
         await Bridge(client, cluster, task_queue=args.task_queue).run()
 
 
+async def run_ops(args: argparse.Namespace) -> int:
+    """`tgp plan`, `tgp status`, `tgp evict`, `tgp temporal setup`."""
+    from workers import ops
+
+    if args.command == "plan":
+        print(await ops.plan(args.pool, limit=args.limit))
+        return 0
+    from tgp.temporal import connect, ensure_search_attributes
+
+    settings = _temporal_settings(args)
+    client = await connect(settings)
+    if args.command == "status":
+        print(await ops.status(client))
+    elif args.command == "evict":
+        print(await ops.evict(client, args.node, args.reason))
+    else:
+        await ensure_search_attributes(client)
+        print(f"tgp's search attributes are registered on {settings.describe()}")
+    return 0
+
+
 async def run_codec_server(args: argparse.Namespace) -> None:
     from tgp import codec as payload_codec
 
@@ -114,6 +142,23 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--state-dir", default=".demo", help="where the demo writes its kubeconfig")
     demo.add_argument("--exit-when-done", action="store_true", help="stop once the pool is back to zero instead of keeping everything up")
 
+    plan = sub.add_parser("plan", help="dry run for a GPUNodePool: the offer a new node would get and why each other was not chosen")
+    plan.add_argument("pool", help="the GPUNodePool, NAMESPACE/NAME (or NAME in default)")
+    plan.add_argument("--limit", type=int, default=20, help="offers to list besides the chosen one")
+
+    status = sub.add_parser("status", help="running GPU nodes by pool: phase, provider, $/h, age, cost so far")
+    _temporal_flags(status)
+
+    evict = sub.add_parser("evict", help="drain and terminate a GPU node now (the `evict` signal)")
+    evict.add_argument("node", help="the Node name")
+    evict.add_argument("--reason", default="manual", help="recorded as the node's end reason")
+    _temporal_flags(evict)
+
+    temporal = sub.add_parser("temporal", help="Temporal housekeeping")
+    temporal_sub = temporal.add_subparsers(dest="temporal_command", required=True)
+    setup = temporal_sub.add_parser("setup", help="register tgp's search attributes on the namespace (once per namespace)")
+    _temporal_flags(setup)
+
     dev = sub.add_parser(
         "dev", help="the demo's processes (Temporal dev server, worker, bridge) against your current kube context"
     )
@@ -146,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     configure_logging()
-    if args.command in ("worker", "bridge", "demo", "dev"):
+    if args.command in ("worker", "bridge", "demo", "dev", "status", "evict", "temporal"):
         _exit_without_finalizing(_run(args))
     return _run(args)
 
@@ -176,6 +221,8 @@ def _run(args: argparse.Namespace) -> int:
             from tgp.demo import run_demo
 
             return asyncio.run(run_demo(args))
+        elif args.command in ("plan", "status", "evict", "temporal"):
+            return asyncio.run(run_ops(args))
         elif args.command == "dev":
             from tgp.demo import run_dev
 

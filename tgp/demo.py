@@ -120,6 +120,20 @@ def write_kubeconfig(path: Path, server: str) -> Path:
     return path.resolve()
 
 
+def write_env(path: Path, kubeconfig: Path, world: SimWorld, port: int) -> Path:
+    """Shell variables that point kubectl, `tgp plan`, `tgp status` and `tgp evict` at the demo."""
+    env = {
+        "KUBECONFIG": str(kubeconfig),
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{port}",
+        "TGP_SIMULATED_CLOUD_URL": world.cloud.url,
+        "TGP_SIMULATED_CLOUD_API_KEY": world.cloud_api_key,  # a throwaway key of the simulated cloud
+        "PATH": f"{Path(sys.executable).parent}:$PATH",
+    }
+    path.write_text("".join(f'export {k}="{v}"\n' for k, v in env.items()))
+    path.chmod(0o600)
+    return path.resolve()
+
+
 async def apply(kube: httpx.AsyncClient, obj: dict[str, Any]) -> None:
     """Create `obj` (what `kubectl apply` does for a new object)."""
     kind, meta = obj["kind"], obj["metadata"]
@@ -212,6 +226,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         stack.push_async_callback(_cancel, bridge)
         kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url, timeout=10))
         kubeconfig = write_kubeconfig(Path(args.state_dir) / "kubeconfig", world.kube_url)
+        env_file = write_env(Path(args.state_dir) / "env", kubeconfig, world, args.port)
         ui = f"http://localhost:{args.port + 1000}"
         bin_dir = Path(sys.executable).parent
         print(
@@ -220,6 +235,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             f"         kubectl get gnp -A    kubectl get nodes -L tgp.io/gpu-type    kubectl get pods -w\n"
             f"         kubectl apply -f examples/burst.yaml          (three GPU pods: three nodes in one batch)\n"
             f"         kubectl annotate node <node> tgp.io/evict=manual\n"
+            f"tgp:     source {env_file}; tgp plan default/ml-workload-pool; tgp status; tgp evict <node>\n"
             f"evict:   {temporal_binary()} workflow signal --address 127.0.0.1:{args.port} "
             f"--workflow-id <node workflow id> --name evict --input '{{\"reason\":\"manual\"}}'\n"
         )

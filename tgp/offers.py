@@ -11,19 +11,25 @@ from tgp.types import Offer, OfferRequirements
 
 def offer_satisfies(offer: Offer, req: OfferRequirements) -> bool:
     """True when `offer` meets every requirement of `req`."""
+    return not rejection_reasons(offer, req)
+
+
+def rejection_reasons(offer: Offer, req: OfferRequirements) -> list[str]:
+    """Why `offer` does not meet `req` (empty when it does), in words a user can act on."""
+    reasons = []
     if req.gpu_types and offer.gpu_type not in req.gpu_types:
-        return False
+        reasons.append(f"GPU {offer.gpu_type} not in {', '.join(req.gpu_types)}")
     if req.regions and offer.region not in req.regions:
-        return False
+        reasons.append(f"region {offer.region} not in {', '.join(req.regions)}")
     if req.providers and offer.provider not in req.providers:
-        return False
+        reasons.append(f"provider {offer.provider} not enabled in the class")
     if offer.gpu_count < req.min_gpu_count:
-        return False
+        reasons.append(f"{offer.gpu_count} GPU(s), fewer than {req.min_gpu_count}")
     if req.max_hourly_price is not None and offer.hourly_price > req.max_hourly_price:
-        return False
+        reasons.append(f"${offer.hourly_price}/h above maxHourlyPrice ${req.max_hourly_price}/h")
     if offer.spot and not req.allow_spot:
-        return False
-    return True
+        reasons.append("spot, and the class does not allow spot")
+    return reasons
 
 
 def rank_offers(

@@ -1,0 +1,150 @@
+"""Operator verbs of the `tgp` CLI: `plan`, `status`, `evict` and `temporal setup`.
+
+Each says what to fix when the input is wrong (a `ConfigError`, exit status 2) and never prints a
+secret. They read the cluster through the same adapter as the bridge and Temporal through the
+same connection settings as the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from temporalio.client import Client
+
+from activities.cluster import CustomResource, KubernetesCluster
+from activities.providers.registry import providers_from_env
+from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool
+from tgp.errors import ConfigError
+from tgp.offers import rank_offers, rejection_reasons
+from tgp.pools import offer_requirements
+from tgp.types import Offer
+
+# Phases in which a node's instance bills (bought, not yet confirmed terminated).
+_BILLING = {"Launching", "Joining", "Ready", "Draining", "Terminating", "TerminationStuck"}
+
+
+def _cluster() -> KubernetesCluster:
+    url = os.environ.get("TGP_KUBE_URL")
+    return KubernetesCluster.from_url(url) if url else KubernetesCluster.from_kubeconfig(os.environ.get("KUBECONFIG"))
+
+
+def _split(ref: str) -> tuple[str, str]:
+    namespace, _, name = ref.rpartition("/")
+    if not name:
+        raise ConfigError(f"{ref!r}: expected NAMESPACE/NAME or NAME")
+    return namespace or "default", name
+
+
+async def plan(pool_ref: str, *, limit: int = 20) -> str:
+    """Dry run for a GPUNodePool: the offer a new node would get, and why every other one
+    would not be chosen. Buys nothing."""
+    namespace, name = _split(pool_ref)
+    async with _cluster() as cluster:
+        raw_pool = await cluster.get_custom(CustomResource(GROUP, VERSION, "gpunodepools", "GPUNodePool", name, namespace))
+        if raw_pool is None:
+            raise ConfigError(f"GPUNodePool {namespace}/{name} not found (kubectl get gnp -A lists them)")
+        pool = GPUNodePool.model_validate(raw_pool)
+        class_name = pool.spec.node_class_ref.name
+        raw_class = await cluster.get_custom(CustomResource(GROUP, VERSION, "gpunodeclasses", "GPUNodeClass", class_name, None))
+    if raw_class is None:
+        raise ConfigError(f"GPUNodeClass {class_name} (spec.nodeClassRef of {namespace}/{name}) not found")
+    klass = GPUNodeClass.model_validate(raw_class)
+    req = offer_requirements(pool.spec, klass.spec)
+    providers = providers_from_env(os.environ, only=req.providers or None)
+    if not providers:
+        raise ConfigError(
+            f"none of the class's providers ({', '.join(req.providers)}) has credentials in this environment: "
+            "set their API key variables (docs/providers.md), or `source .demo/env` for the demo"
+        )
+    names = sorted(providers)
+    listed = await asyncio.gather(*(providers[n].list_offers() for n in names), return_exceptions=True)
+    for provider in providers.values():
+        await provider.aclose()  # type: ignore[attr-defined]
+    offers: list[Offer] = []
+    lines = [f"Plan for GPUNodePool {namespace}/{name} (class {class_name}): nothing is bought.", ""]
+    for n, result in zip(names, listed, strict=True):
+        if isinstance(result, BaseException):
+            lines.append(f"  provider {n}: could not list offers: {result}")
+        else:
+            offers.extend(result)
+    ranked = rank_offers(offers, req)
+    if ranked:
+        best = ranked[0]
+        lines.append(f"CHOSEN  {_describe(best)}")
+    else:
+        lines.append("CHOSEN  nothing: no offer meets the requirements (see the reasons below)")
+    shown = 0
+    for offer in ranked[1:]:
+        if shown >= limit:
+            break
+        lines.append(f"  next  {_describe(offer)}  (more expensive, or later in the tie-break)")
+        shown += 1
+    rejected = sorted(((o, rejection_reasons(o, req)) for o in offers if o not in ranked), key=lambda x: (x[0].hourly_price, x[0].key))
+    for offer, reasons in rejected[: max(limit - shown, 0)]:
+        lines.append(f"  no    {_describe(offer)}  {'; '.join(reasons)}")
+    hidden = len(ranked) - 1 - shown + max(len(rejected) - max(limit - shown, 0), 0)
+    if hidden > 0:
+        lines.append(f"  ... and {hidden} more (--limit)")
+    return "\n".join(lines)
+
+
+def _describe(o: Offer) -> str:
+    spot = " spot" if o.spot else ""
+    return f"{o.provider:<11} {o.gpu_type} x{o.gpu_count:<2} {o.region:<14} ${o.hourly_price}/h{spot}"
+
+
+async def status(client: Client) -> str:
+    """Running nodes by pool: phase, provider, GPU, $/h, age and cost so far (since the node
+    workflow started: an upper bound of what its instance billed)."""
+    now = datetime.now(UTC)
+    rows: dict[str, list[tuple[str, ...]]] = {}
+    totals: dict[str, tuple[Decimal, Decimal]] = {}
+    async for wf in client.list_workflows("WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"):
+        sa = wf.search_attributes or {}
+
+        def first(key: str, default: object = "") -> object:
+            return (sa.get(key) or [default])[0]
+
+        pool, phase = str(first("TgpPool", "?")), str(first("TgpPhase", "?"))
+        price = Decimal(str(first("TgpHourlyPrice", 0) or 0)).quantize(Decimal("0.01"))
+        hours = Decimal((now - wf.start_time).total_seconds()) / 3600 if wf.start_time else Decimal(0)
+        cost = (price * hours).quantize(Decimal("0.01")) if phase in _BILLING else Decimal(0)
+        age = _age(now - wf.start_time) if wf.start_time else "?"
+        rows.setdefault(pool, []).append((str(first("TgpNodeName", wf.id)), phase, str(first("TgpProvider", "-")), str(first("TgpGpuType", "-")), f"{price}", age, f"{cost}"))
+        rate, spent = totals.get(pool, (Decimal(0), Decimal(0)))
+        totals[pool] = (rate + (price if phase in _BILLING else 0), spent + cost)
+    if not rows:
+        return "No running GPU nodes."
+    out = []
+    header = ("NODE", "PHASE", "PROVIDER", "GPU", "$/H", "AGE", "COST")
+    for pool in sorted(rows):
+        rate, spent = totals[pool]
+        out.append(f"pool {pool}: {len(rows[pool])} node(s), ${rate}/h now, ${spent} so far")
+        table = [header, *sorted(rows[pool])]
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        out += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in table]
+    return "\n".join(out)
+
+
+def _age(delta: object) -> str:
+    seconds = int(delta.total_seconds())  # type: ignore[attr-defined]
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600}h"
+
+
+async def evict(client: Client, node_name: str, reason: str) -> str:
+    """Send `evict` to the running workflow of Node `node_name`."""
+    if not node_name.replace("-", "").replace(".", "").isalnum():
+        raise ConfigError(f"{node_name!r} is not a Node name")
+    found = [wf.id async for wf in client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND TgpNodeName = '{node_name}'")]
+    if not found:
+        raise ConfigError(f"no running node workflow for node {node_name} (tgp status lists them)")
+    for workflow_id in found:
+        await client.get_workflow_handle(workflow_id).signal("evict", {"reason": reason})
+    return f"evict sent to {', '.join(found)}: the node drains and terminates (watch it in the Web UI)"
