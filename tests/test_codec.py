@@ -15,6 +15,7 @@ from datetime import timedelta
 import httpx
 import pytest
 from aiohttp.test_utils import TestServer
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf import json_format
 from pydantic import BaseModel
 from temporalio import activity, workflow
@@ -29,11 +30,13 @@ from temporalio.worker import Worker
 from tests.test_node_lifecycle import readable, temporal_cli
 from tgp.codec import (
     ENCODING,
+    NONCE_BYTES,
     EncryptionCodec,
     PayloadDecryptError,
     build_codec_server,
     codec_token_from_env,
     parse_payload_keys,
+    run_codec_server,
 )
 from tgp.errors import ConfigError
 from tgp.temporal import DATA_CONVERTER, data_converter
@@ -228,8 +231,9 @@ def _payloads(node: object) -> list[dict[str, dict[str, str]]]:
 
 @asynccontextmanager
 async def codec_server(c: EncryptionCodec, token: str | None) -> AsyncIterator[httpx.AsyncClient]:
+    # As the Web UI and the temporal CLI send them (the codec server protocol): JSON bodies.
     async with TestServer(build_codec_server(c, token=token), host="127.0.0.1") as server, httpx.AsyncClient(
-        base_url=str(server.make_url(""))
+        base_url=str(server.make_url("")), headers={"Content-Type": "application/json"}
     ) as http:
         yield http
 
@@ -291,3 +295,91 @@ def test_an_empty_codec_token_is_a_config_error() -> None:
     assert codec_token_from_env({"TGP_CODEC_TOKEN": "t"}) == "t"
     with pytest.raises(ConfigError, match="TGP_CODEC_TOKEN is set but empty"):
         codec_token_from_env({"TGP_CODEC_TOKEN": " "})
+
+
+# -- hardening: key-id binding and the codec server against web pages ----------------------------
+
+
+async def test_a_payload_relabelled_with_another_configured_key_id_does_not_decrypt() -> None:
+    # The same key material under two ids (say, re-added under a new id during a rotation):
+    # without binding the id into the ciphertext, a relabelled payload would still decrypt.
+    secret = key_entry("k1").split(":", 1)[1]
+    c = codec(f"k1:{secret}", f"k2:{secret}", key_entry("k3"))
+    [encrypted] = await c.encode([plain("tskey-marker")])
+    for other in (b"k2", b"k3"):
+        relabelled = Payload()
+        relabelled.CopyFrom(encrypted)
+        relabelled.metadata["encryption-key-id"] = other
+        with pytest.raises(PayloadDecryptError, match="does not decrypt"):
+            await c.decode([relabelled])
+    assert await c.decode([encrypted]) == [plain("tskey-marker")]
+
+
+async def test_a_payload_written_before_the_key_id_was_bound_still_decodes() -> None:
+    # The earlier format: the same nonce + ciphertext, but no associated data.
+    entry = key_entry("k1")
+    secret = base64.b64decode(entry.split(":", 1)[1])
+    nonce = os.urandom(NONCE_BYTES)
+    legacy = Payload(
+        metadata={"encoding": ENCODING, "encryption-key-id": b"k1"},
+        data=nonce + AESGCM(secret).encrypt(nonce, plain("old history").SerializeToString(), None),
+    )
+    assert await codec(entry).decode([legacy]) == [plain("old history")]
+
+
+async def test_codec_server_refuses_a_host_it_does_not_serve() -> None:
+    # DNS rebinding: a page on evil.example re-points its name at 127.0.0.1 and calls the codec
+    # server "same-origin", so no CORS check stops it; only the Host header tells.
+    c = codec(key_entry("k1"))
+    encrypted = body(await c.encode([plain("tskey-marker")]))
+    async with codec_server(c, None) as http:
+        port = http.base_url.port
+        for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}"):
+            r = await http.post("/decode", content=encrypted, headers={"Host": host})
+            assert r.status_code == 421 and "tskey-marker" not in r.text, (host, r.text)
+            r = await http.options("/decode", headers={"Host": host, "Origin": f"http://{host}"})
+            assert r.status_code == 421
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}"):
+            r = await http.post("/decode", content=encrypted, headers={"Host": host})
+            assert r.status_code == 200, (host, r.text)
+    async with TestServer(build_codec_server(c, token="t", allowed_hosts=["codec.example"]), host="127.0.0.1") as server:
+        async with httpx.AsyncClient(base_url=str(server.make_url(""))) as http:
+            ok = {"Authorization": "Bearer t", "Content-Type": "application/json"}
+            assert (await http.post("/decode", content=encrypted, headers={**ok, "Host": "codec.example:443"})).status_code == 200
+            assert (await http.post("/decode", content=encrypted, headers={**ok, "Host": "localhost"})).status_code == 421
+
+
+async def test_encode_needs_the_token_and_is_off_without_one() -> None:
+    # /encode makes payloads that workers accept as genuine (a forged signal or input).
+    c = codec(key_entry("k1"))
+    async with codec_server(c, None) as http:
+        r = await http.post("/encode", content=body([plain("forged")]))
+        assert r.status_code == 401 and "TGP_CODEC_TOKEN" in r.text
+        r = await http.post("/default/encode", content=body([plain("forged")]))
+        assert r.status_code == 401
+        assert (await http.post("/decode", content=body(await c.encode([plain("x")])))).status_code == 200
+    async with codec_server(c, "s3cret") as http:
+        assert (await http.post("/encode", content=body([plain("y")]))).status_code == 401
+        r = await http.post("/encode", content=body([plain("y")]), headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+
+
+async def test_codec_server_refuses_bodies_a_page_can_send_without_a_preflight() -> None:
+    # text/plain, form and multipart POSTs are CORS-"simple": a browser sends them cross-site
+    # without asking first. JSON needs the preflight, which only configured origins pass.
+    c = codec(key_entry("k1"))
+    encrypted = body(await c.encode([plain("x")]))
+    async with codec_server(c, None) as http:
+        for kind in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            r = await http.post("/decode", content=encrypted, headers={"Content-Type": kind})
+            assert r.status_code == 415, (kind, r.text)
+        r = await http.post("/decode", content=encrypted, headers={"Content-Type": "application/json; charset=utf-8"})
+        assert r.status_code == 200
+    async with codec_server(c, "s3cret") as http:
+        r = await http.post("/decode", content=encrypted, headers={"Content-Type": "text/plain", "Authorization": "Bearer s3cret"})
+        assert r.status_code == 415
+
+
+async def test_other_host_names_need_the_token() -> None:
+    with pytest.raises(ConfigError, match="TGP_CODEC_TOKEN to answer to --allowed-host"):
+        await run_codec_server(codec(key_entry("k1")), host="127.0.0.1", port=0, token=None, cors_origins=[], allowed_hosts=["codec.example"])

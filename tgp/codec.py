@@ -4,8 +4,10 @@ Web UI and `temporal --codec-endpoint` show decrypted payloads.
 
 Wire format (the scheme of Temporal's encryption sample): `data` is a 12-byte random nonce
 followed by the AES-GCM ciphertext of the whole serialized original `Payload`; metadata
-`encoding=binary/encrypted` and `encryption-key-id=<id>`, so keys can rotate. Search attributes
-never pass through a codec: they stay plaintext.
+`encoding=binary/encrypted` and `encryption-key-id=<id>`, so keys can rotate. The key id is
+also GCM's associated data (`associated_data`), binding the ciphertext to the id it names;
+payloads written before that (no associated data) still decrypt. Search attributes never pass
+through a codec: they stay plaintext.
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ GENERATE_KEY = """python -c "import os,base64;print('k1:'+base64.b64encode(os.ur
 # Ids travel in payload metadata and in error messages. At most 40 characters and no '=', so a
 # 32-byte key in base64 (44 characters, '='-padded) can never pass for an id and be quoted.
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,40}")
+
+
+def associated_data(key_id: str) -> bytes:
+    """What AES-GCM authenticates beside the ciphertext: the key id the payload names. So a
+    payload relabelled with another configured id fails to decrypt even where that id holds
+    the same key material, instead of being read under a name it was not written with."""
+    return f"tgp-payload;{KEY_ID_METADATA}={key_id}".encode()
 
 
 class PayloadDecryptError(ConfigError):
@@ -118,7 +127,7 @@ class EncryptionCodec(PayloadCodec):
             out.append(
                 Payload(
                     metadata={"encoding": ENCODING, KEY_ID_METADATA: self._encrypt_id.encode()},
-                    data=nonce + cipher.encrypt(nonce, payload.SerializeToString(), None),
+                    data=nonce + cipher.encrypt(nonce, payload.SerializeToString(), associated_data(self._encrypt_id)),
                 )
             )
         return out
@@ -135,8 +144,15 @@ class EncryptionCodec(PayloadCodec):
                 f"(it has {', '.join(self.key_ids)}): add that key back, after the current one"
             )
         data = payload.data
+        nonce, sealed = data[:NONCE_BYTES], data[NONCE_BYTES:]
         try:
-            return Payload.FromString(cipher.decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], None))
+            try:
+                plain = cipher.decrypt(nonce, sealed, associated_data(key_id))
+            except InvalidTag:
+                # Written before the key id was bound (no associated data). A payload written
+                # since cannot pass this way: its tag covers the associated data.
+                plain = cipher.decrypt(nonce, sealed, None)
+            return Payload.FromString(plain)
         except (InvalidTag, ValueError, DecodeError):
             raise PayloadDecryptError(
                 f"payload encrypted with key id {key_id!r} does not decrypt with the key {PAYLOAD_KEYS_ENV} "
@@ -156,15 +172,40 @@ def codec_token_from_env(env: Mapping[str, str] = os.environ) -> str | None:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+# Host names a loopback server answers to. A request naming any other host reached it through
+# DNS rebinding (a web page's own name re-pointed at 127.0.0.1), not from the Web UI or the CLI.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def _host_name(host_header: str) -> str:
+    """`Host` without its port, lower-cased; IPv6 literals without their brackets."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
 def build_codec_server(
-    codec: PayloadCodec, *, token: str | None = None, cors_origins: Sequence[str] = (DEFAULT_UI_ORIGIN,)
+    codec: PayloadCodec,
+    *,
+    token: str | None = None,
+    cors_origins: Sequence[str] = (DEFAULT_UI_ORIGIN,),
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
 ) -> web.Application:
     """The codec server contract of the Web UI and the `temporal` CLI: `POST /encode` and
     `POST /decode` (also under `/{namespace}/`) take and return JSON `Payloads`. With a token,
     every POST must carry `Authorization: Bearer <token>`; preflights need none (browsers send
-    no credentials with them)."""
+    no credentials with them).
+
+    Hardening against web pages in the operator's browser: a `Host` outside `allowed_hosts`
+    ("*" allows any) is refused (DNS rebinding); a POST body must be `application/json`, which
+    a cross-origin page can only send after a CORS preflight that we answer for the configured
+    origins only (a "simple" `text/plain` or form POST skips the preflight); and `/encode`,
+    which would let anyone make payloads that workers accept as genuine, needs the token —
+    without one it is off."""
     allowed = set(cors_origins)
     expected = f"Bearer {token}".encode() if token else None
+    hosts = {_host_name(h) for h in allowed_hosts}
 
     def allow_origin(request: web.Request, headers: MutableMapping[str, str]) -> None:
         origin = request.headers.get(hdrs.ORIGIN)
@@ -188,11 +229,29 @@ def build_codec_server(
         return response
 
     @web.middleware
+    async def host(request: web.Request, handler: Handler) -> web.StreamResponse:
+        name = _host_name(request.headers.get(hdrs.HOST, ""))
+        if "*" not in hosts and name not in hosts:
+            raise web.HTTPMisdirectedRequest(
+                text=f"codec server: Host {name[:100]!r} is not one it serves; add it with --allowed-host\n"
+            )
+        return await handler(request)
+
+    @web.middleware
     async def bearer(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and request.method != hdrs.METH_OPTIONS:
+        if request.method != hdrs.METH_OPTIONS:
+            if expected is None and request.path.endswith("/encode"):
+                raise web.HTTPUnauthorized(
+                    text=f"codec server: /encode needs {CODEC_TOKEN_ENV}; it is off on a server without one\n",
+                    headers={hdrs.WWW_AUTHENTICATE: "Bearer"},
+                )
             given = request.headers.get(hdrs.AUTHORIZATION, "").encode()
-            if not hmac.compare_digest(given, expected):
+            if expected is not None and not hmac.compare_digest(given, expected):
                 raise web.HTTPUnauthorized(text="codec server: missing or wrong bearer token\n", headers={hdrs.WWW_AUTHENTICATE: "Bearer"})
+            if request.content_type != "application/json":
+                raise web.HTTPUnsupportedMediaType(
+                    text=f"codec server: send Content-Type: application/json, not {request.content_type[:100]!r}\n"
+                )
         return await handler(request)
 
     def endpoint(convert: Callable[[Sequence[Payload]], Awaitable[list[Payload]]]) -> Handler:
@@ -212,7 +271,7 @@ def build_codec_server(
     async def preflight(request: web.Request) -> web.Response:
         return web.Response()
 
-    app = web.Application(middlewares=[cors, bearer])
+    app = web.Application(middlewares=[cors, host, bearer])
     for prefix in ("", "/{namespace}"):
         app.router.add_post(f"{prefix}/encode", endpoint(codec.encode))
         app.router.add_post(f"{prefix}/decode", endpoint(codec.decode))
@@ -224,13 +283,24 @@ _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 async def run_codec_server(
-    codec: PayloadCodec, *, host: str, port: int, token: str | None, cors_origins: Sequence[str]
+    codec: PayloadCodec,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    cors_origins: Sequence[str],
+    allowed_hosts: Sequence[str] = (),
 ) -> None:
     """Serve `build_codec_server` until cancelled. Refuses to listen beyond loopback without a
-    token: whoever can reach it can decrypt every payload."""
+    token: whoever can reach it can decrypt every payload. It answers to the loopback names,
+    the address it listens on and `allowed_hosts` (the names clients use to reach it)."""
     if token is None and host not in _LOOPBACK:
         raise ConfigError(f"set {CODEC_TOKEN_ENV} to serve the codec server on {host}: it decrypts every payload")
-    runner = web.AppRunner(build_codec_server(codec, token=token, cors_origins=cors_origins), access_log=None)
+    if token is None and set(allowed_hosts) - set(LOOPBACK_HOSTS):
+        raise ConfigError(f"set {CODEC_TOKEN_ENV} to answer to --allowed-host names other than loopback")
+    names = [*LOOPBACK_HOSTS, *([host] if host not in ("0.0.0.0", "::", "") else []), *allowed_hosts]
+    app = build_codec_server(codec, token=token, cors_origins=cors_origins, allowed_hosts=names)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
