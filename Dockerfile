@@ -1,0 +1,30 @@
+# The tgp image: `tgp worker` and `tgp bridge` (deploy/kustomize/), `tgp codec-server`.
+#   docker build -t <your-registry>/tgp:0.1.0 . && docker push <your-registry>/tgp:0.1.0
+# then set that reference in your overlay's `images:` (docs/install.md).
+# tests/test_deploy.py lints this file (hadolint) and builds and imports what it installs.
+
+# Build stage: tgp and its runtime dependencies (no dev extras) in a virtualenv.
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY tgp ./tgp
+COPY workflows ./workflows
+COPY activities ./activities
+COPY workers ./workers
+COPY crd_bridge ./crd_bridge
+RUN python -m venv /opt/tgp && /opt/tgp/bin/pip install .
+
+# Runtime stage: the virtualenv alone, run as an unprivileged user.
+FROM python:3.11-slim
+ENV PATH=/opt/tgp/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+RUN groupadd --system --gid 10001 tgp \
+    && useradd --system --uid 10001 --gid tgp --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin tgp
+COPY --from=build /opt/tgp /opt/tgp
+# The shipped boot templates are read from deploy/templates next to the installed packages
+# (activities.bootstrap.TEMPLATES_DIR); the wheel does not carry them.
+COPY deploy/templates /opt/tgp/lib/python3.11/site-packages/deploy/templates
+# Numeric, so the kubelet can check runAsNonRoot without reading /etc/passwd.
+USER 10001:10001
+ENTRYPOINT ["tgp"]
+CMD ["--help"]
