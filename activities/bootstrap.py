@@ -4,8 +4,11 @@ A payload is either the built-in `env` payload (KEY=VALUE lines for container-st
 or a GPUNodeClass template rendered with Jinja2. Templates run in a sandbox (no attribute
 access to Python internals, no mutation), with StrictUndefined (a misspelt variable is an error
 naming it, never an empty string) and without autoescaping (the output is YAML or shell, not
-HTML). The original operator's Go-template placeholders (`{{.MachineToken}}`,
-`{{ .ClusterCA }}`) are translated to Jinja first, so its examples render unchanged.
+HTML): values go through the filter for their context instead (`quote`, `to_json`,
+`shell_quote`, `systemd_quote`, `kubelet_labels`). Every render runs in a child process with
+bounded time, memory, output and loop work (activities/template_sandbox.py). The original
+operator's Go-template placeholders (`{{.MachineToken}}`, `{{ .ClusterCA }}`) are translated to
+Jinja first, so its examples render unchanged.
 
 Rendered inside the launch activity, next to the freshly minted auth key and the join secrets
 read from the class's Secret, and handed straight to the provider: a payload is never returned,
@@ -20,10 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
-import json
 import re
-import shlex
-import traceback
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,14 @@ from urllib.parse import urlsplit
 
 import structlog
 import yaml
-from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, meta, nodes
-from jinja2 import TemplateError as JinjaTemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2 import TemplateSyntaxError, meta, nodes
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from activities import template_sandbox
+from activities.template_sandbox import RenderFailed
+from tgp.crds import MAX_TEMPLATE_LENGTH
 from tgp.errors import ConfigError
+from tgp.labels import label_problems, taint_problems
 from tgp.types import BootPayload, Taint
 
 __all__ = [
@@ -390,33 +392,9 @@ _SAMPLE_SETTINGS = BootSettings(
 # --- rendering ---------------------------------------------------------------------------
 
 
-def _quote(value: object) -> str:
-    """A YAML/JSON double-quoted string (JSON strings are valid YAML scalars)."""
-    return json.dumps(str(value))
-
-
-def _to_json(value: object) -> str:
-    """A value as JSON, which YAML reads as a flow collection."""
-    return json.dumps(value)
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    # trim_blocks/lstrip_blocks: `{% if %}` lines leave no blank lines or indentation behind,
-    # which matters in YAML. keep_trailing_newline: cloud-init and shells expect one.
-    env = ImmutableSandboxedEnvironment(
-        undefined=StrictUndefined,
-        autoescape=False,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    env.filters["quote"] = _quote
-    env.filters["to_json"] = _to_json
-    env.filters["shell_quote"] = lambda value: shlex.quote(str(value))
-    return env
-
-
-_ENV = _environment()
+# The sandbox, its bounds and the escaping filters: activities/template_sandbox.py. This copy
+# only parses (syntax, variables used); every render runs in a bounded child process.
+_ENV = template_sandbox.environment()
 
 
 def translate_go_placeholders(text: str) -> str:
@@ -427,6 +405,8 @@ def translate_go_placeholders(text: str) -> str:
 
 def _prepare(text: str) -> str:
     """Translate Go placeholders and refuse the Go constructs that would not survive."""
+    if len(text) > MAX_TEMPLATE_LENGTH:
+        raise TemplateError(f"the template is {len(text)} characters long; at most {MAX_TEMPLATE_LENGTH} (see docs/bootstrap.md)")
     translated = translate_go_placeholders(text)
     match = _GO_LEFTOVER.search(translated)
     if match:
@@ -446,43 +426,47 @@ def _parse(text: str) -> nodes.Template:
         return _ENV.parse(text)
     except TemplateSyntaxError as exc:
         raise TemplateError(f"syntax error: {exc.message}", line=exc.lineno) from None
+    except RecursionError:
+        raise TemplateError("the template is nested too deeply to parse") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the parser chokes on is the template's problem
+        raise TemplateError(f"the template cannot be parsed: {type(exc).__name__}: {str(exc)[:300]}") from None
 
 
 def render_template(text: str, variables: Mapping[str, Any]) -> str:
     """Render `text` (Jinja, or Go-style `{{.Name}}` placeholders) with `variables`.
 
-    Raises TemplateError for syntax errors, undefined variables and sandbox violations, with
-    the line number; values of SECRET_VARIABLES are scrubbed from every message.
+    Rendering runs in a child process with bounded time, memory, output and loop work
+    (activities/template_sandbox.py), so this blocks for up to a few seconds: from async code,
+    call it through `asyncio.to_thread`. Raises TemplateError for syntax errors, undefined
+    variables, sandbox violations, values a filter refuses and exceeded bounds, with the line
+    number; values of SECRET_VARIABLES are scrubbed from every message.
     """
     secrets = [str(variables[name]) for name in SECRET_VARIABLES if variables.get(name)]
     try:
-        source = _prepare(text)
-        try:
-            compiled = _ENV.from_string(source)
-        except TemplateSyntaxError as exc:
-            raise TemplateError(f"syntax error: {exc.message}", line=exc.lineno) from None
-        return compiled.render(dict(variables))
+        return template_sandbox.render(_prepare(text), variables)
     except TemplateError as exc:
         exc.args = (_scrub(str(exc), secrets),)
         raise
-    except SecurityError as exc:
-        raise TemplateError(
-            _scrub(f"the template sandbox refused: {exc}", secrets), line=_template_line(exc)
-        ) from None
-    except UndefinedError as exc:
-        raise _undefined(exc, variables, secrets) from None
-    except JinjaTemplateError as exc:
-        raise TemplateError(_scrub(f"{type(exc).__name__}: {exc}", secrets), line=_template_line(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - a filter or operator failed on a value
-        raise TemplateError(_scrub(f"{type(exc).__name__}: {exc}", secrets), line=_template_line(exc)) from None
+    except RenderFailed as exc:
+        raise _render_error(exc, variables, secrets) from None
 
 
-def _undefined(exc: UndefinedError, variables: Mapping[str, Any], secrets: list[str]) -> TemplateError:
-    line = _template_line(exc)
-    match = _UNDEFINED_NAME.match(str(exc))
+def _render_error(exc: RenderFailed, variables: Mapping[str, Any], secrets: list[str]) -> TemplateError:
+    message = _scrub(exc.message, secrets)
+    if exc.kind == "syntax":
+        return TemplateError(f"syntax error: {message}", line=exc.line)
+    if exc.kind == "undefined":
+        return _undefined(message, exc.line, variables)
+    if exc.kind == "security":
+        return TemplateError(f"the template sandbox refused: {message}", line=exc.line)
+    return TemplateError(message, line=exc.line)
+
+
+def _undefined(message: str, line: int | None, variables: Mapping[str, Any]) -> TemplateError:
+    match = _UNDEFINED_NAME.match(message)
     if not match:
-        # An attribute or key that does not exist; the message may quote a value (d[secret]).
-        return TemplateError(_scrub(str(exc), secrets), line=line)
+        # An attribute or key that does not exist; the message (already scrubbed) may quote a value.
+        return TemplateError(message, line=line)
     name = match.group(1)
     defined = ", ".join(sorted(variables))
     hint = ""
@@ -493,15 +477,6 @@ def _undefined(exc: UndefinedError, variables: Mapping[str, Any], secrets: list[
     elif name not in TEMPLATE_VARIABLES:
         hint = " (not a tgp template variable: see docs/bootstrap.md)"
     return TemplateError(f"template variable {name!r} is not defined{hint}; defined: {defined}", line=line, variable=name)
-
-
-def _template_line(exc: BaseException) -> int | None:
-    """The template line Jinja's rewritten traceback points at."""
-    line = None
-    for frame, lineno in traceback.walk_tb(exc.__traceback__):
-        if frame.f_code.co_filename == "<template>":
-            line = lineno
-    return line
 
 
 def _scrub(text: str, secrets: Iterable[str]) -> str:
@@ -517,7 +492,7 @@ def _scrub(text: str, secrets: Iterable[str]) -> str:
 def template_join_keys(text: str) -> list[str]:
     """The join Secret keys a template uses, plus the ones every join needs: what to pass as
     `required` to join_secrets_from_secret. Raises TemplateError if the template does not parse."""
-    names = meta.find_undeclared_variables(_parse(_prepare(text)))
+    names = _undeclared(_parse(_prepare(text)))
     used = {_VARIABLE_TO_JOIN_KEY[n] for n in names if n in _VARIABLE_TO_JOIN_KEY}
     # ControlPlaneAddress is derived from the endpoint.
     if "ControlPlaneAddress" in names:
@@ -533,15 +508,33 @@ def check_template(text: str, settings: BootSettings | None = None) -> list[str]
     keys the strict Talos parser would reject (such as machine.systemd). With the class's
     `settings` the trial render uses them, so a template needing an unset KubernetesVersion is
     reported; without, sample settings define every optional variable.
+
+    Never raises: whatever goes wrong is a problem of the template, reported as one (a class
+    whose check crashed would get no status at all). The trial render is bounded like every
+    render (activities/template_sandbox.py), so this blocks for up to a few seconds: from
+    async code, call it through `asyncio.to_thread`.
     """
     try:
-        source = _prepare(text)
-        ast = _parse(source)
+        return _check_template(text, settings)
     except TemplateError as exc:
         return [str(exc)]
+    except Exception as exc:  # noqa: BLE001 - a bug in a check must still give the class a status
+        log.warning("bootstrap.check_failed", error_type=type(exc).__name__)
+        return [f"the template could not be checked ({type(exc).__name__}: {str(exc)[:300]})"]
+
+
+def _undeclared(ast: nodes.Template) -> set[str]:
+    try:
+        return meta.find_undeclared_variables(ast)
+    except RecursionError:
+        raise TemplateError("the template is nested too deeply to check") from None
+
+
+def _check_template(text: str, settings: BootSettings | None) -> list[str]:
+    ast = _parse(_prepare(text))
     problems: list[str] = []
     known = set(TEMPLATE_VARIABLES) | set(_ENV.globals)
-    for name in sorted(meta.find_undeclared_variables(ast) - known):
+    for name in sorted(_undeclared(ast) - known):
         line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), None)
         problems.append(
             str(
@@ -560,10 +553,7 @@ def check_template(text: str, settings: BootSettings | None = None) -> list[str]
         settings=settings or _SAMPLE_SETTINGS,
         join=_SAMPLE_JOIN,
     )
-    try:
-        rendered = render_template(text, sample)
-    except TemplateError as exc:
-        return [str(exc)]
+    rendered = render_template(text, sample)
     return _yaml_problems(rendered)
 
 
@@ -607,6 +597,8 @@ def _yaml_problems(rendered: str) -> list[str]:
         mark = getattr(exc, "problem_mark", None)
         where = f"rendered line {mark.line + 1}: " if mark is not None else ""
         return [f"{where}the rendered template is not valid YAML: {getattr(exc, 'problem', None) or exc}"]
+    except RecursionError:
+        return ["the rendered template is YAML nested too deeply to read"]
     problems: list[str] = []
     for doc in documents:
         if not isinstance(doc, dict):
@@ -644,9 +636,16 @@ def _talos_v1alpha1_problems(doc: dict[str, Any]) -> list[str]:
                 for k in kubelet
                 if k not in _TALOS_KUBELET_KEYS
             )
-        for entry in machine.get("files") or []:
-            path = str((entry or {}).get("path", "")) if isinstance(entry, dict) else ""
-            if (entry or {}).get("op") == "create" and not (path.startswith("/var/") or path.startswith("/etc/cri/conf.d/")):
+        files = machine.get("files") or []
+        if not isinstance(files, list):
+            problems.append("machine.files must be a list of {content, path, op}")
+            files = []
+        for entry in files:
+            if not isinstance(entry, dict):
+                problems.append("each machine.files entry must be a mapping with content, path and op")
+                continue
+            path = str(entry.get("path", ""))
+            if entry.get("op") == "create" and not (path.startswith("/var/") or path.startswith("/etc/cri/conf.d/")):
                 problems.append(
                     f"machine.files creates {path!r}: Talos refuses op create outside /var "
                     "(except the CRI customization part under /etc/cri/conf.d/)"
@@ -690,8 +689,16 @@ def render_boot_payload(
     Without one: `env` is the container-style payload (KEY=VALUE lines the Tailscale
     container/extension reads), `cloud-init` is the shipped Ubuntu template (needs `join` and
     a kubernetes_version in `settings`). `login_server` (Headscale) overrides the settings'.
+
+    Labels and taints not in Kubernetes syntax are refused (ConfigError) before anything is
+    rendered: the bridge admits no such pool, but a spec admitted before that check may still
+    be in flight. A template render blocks for up to a few seconds (bounded child process):
+    from async code, call this through `asyncio.to_thread`.
     """
     s = settings or BootSettings()
+    problems = label_problems(s.node_labels, tenant=False) + taint_problems([t.model_dump() for t in s.node_taints], tenant=False)
+    if problems:
+        raise ConfigError(f"the pool's labels or taints cannot go on a node: {'; '.join(problems)}")
     if login_server:
         s = s.model_copy(update={"tailscale_login_server": login_server})
     if template is None and kind == "env":

@@ -20,6 +20,7 @@ from activities.node import temporal_errors
 from activities.bootstrap import check_template
 from activities.ports import CloudProvider
 from activities.providers.registry import CAPABILITIES
+from tgp import metrics
 from tgp.capabilities import capability_problems
 from tgp.crds import GROUP, VERSION, GPUNodeClassSpec
 from tgp.messages import Grant, NodeSighting, ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult
@@ -227,6 +228,7 @@ class FleetActivities:
                 failed[name] = str(result)[:300]
                 log.warning("offers_unavailable", provider=name, error=str(result))
             else:
+                metrics.OFFER_AGES.listed(name)
                 offers.extend(result)
         if names and len(failed) == len(names):
             with temporal_errors():

@@ -42,6 +42,7 @@ from pydantic import SecretStr
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, send
+from tgp.secrets import register_process
 from tgp.types import TailnetDevice
 
 __all__ = ["HeadscaleTailnet"]
@@ -109,6 +110,7 @@ class HeadscaleTailnet(HttpAdapter):
             raise ConfigError(f"Headscale API key is empty: set the `apiKey` key of {secret_ref}")
         if not base_url:
             raise ConfigError("Headscale URL is empty: set the login server URL in the GPUNodeClass")
+        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
         self._base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._user = user or None

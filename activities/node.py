@@ -23,10 +23,13 @@ from temporalio.exceptions import ApplicationError
 from activities.bootstrap import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
 from activities.drain import drain
 from activities.ports import Cluster, CloudProvider, Tailnet
+from tgp import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TgpError, TransientError
+from tgp.secrets import register, register_model, scrub, scrub_exception, secret_scope
 from tgp.lifecycle import pod_keeps_node_busy
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
+    LABEL_PROVIDER,
     DeviceQuery,
     DrainInput,
     DrainResult,
@@ -42,6 +45,8 @@ from tgp.types import (
     ObserveInput,
     OfferChoice,
     SelectOfferInput,
+    StageCheck,
+    StageLook,
     TailnetCleanupInput,
     TailnetCleanupResult,
     TailnetDevice,
@@ -76,11 +81,16 @@ def temporal_errors(*, always_retry: bool = False) -> Iterator[None]:
     except TgpError as exc:
         retry_after = getattr(exc, "retry_after", None)
         raise ApplicationError(
-            str(exc),
+            scrub(str(exc)),
             type=type(exc).__name__,
             non_retryable=not (exc.retryable or always_retry),
             next_retry_delay=timedelta(seconds=retry_after) if retry_after else None,
         ) from None
+    except Exception as exc:
+        # Temporal records any other exception's message (and traceback) as it is.
+        if not isinstance(exc, ApplicationError):
+            scrub_exception(exc)
+        raise
 
 
 @contextmanager
@@ -161,6 +171,7 @@ class NodeActivities:
             if isinstance(result, BaseException):
                 log.warning("offers_unavailable", provider=provider.name, error=str(result))
             else:
+                metrics.OFFER_AGES.listed(provider.name)
                 offers.extend(result)
         if not offers and any(isinstance(r, BaseException) for r in listed):
             with temporal_errors():
@@ -194,7 +205,10 @@ class NodeActivities:
         # The heartbeat runs through the whole call, pacing waits included: a live attempt is
         # never timed out and retried beside itself; a dead worker's attempt is, within the
         # heartbeat timeout.
-        with heartbeating(), temporal_errors():
+        # The secret scope holds the minted key and the join material (tgp.secrets): every
+        # error message and log line of this activity is scrubbed of them.
+        launching = metrics.counting_launch(inp.offer.provider, demand_since=inp.demand_since)
+        with secret_scope(), heartbeating(), temporal_errors(), launching:
             provider = self._provider(inp.offer.provider)
             tailnet = self._tailnet(inp.tailnet)
             existing = await self._adopt(provider, name, bound)
@@ -202,6 +216,8 @@ class NodeActivities:
                 return LaunchResult(instance=existing, adopted=True)
             # Read the join material before minting: a missing Secret must not cost a key.
             join = await self._join_secrets(inp.boot.join_secret, inp.boot.template) if inp.boot.join_secret else None
+            if join is not None:
+                register_model(join)
             settings = BootSettings(
                 node_pool=inp.pool,
                 node_labels=inp.labels,
@@ -212,9 +228,11 @@ class NodeActivities:
                 talos_install_image=inp.boot.talos_image,
             )
             key = await tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry)
+            register(key.secret)
             sent = False
             try:
-                boot = render_boot_payload(
+                boot = await asyncio.to_thread(  # off the event loop: a render takes up to a few seconds
+                    render_boot_payload,
                     provider.capabilities.boot_payload,
                     hostname=inp.node_name,
                     auth_key=key.secret,
@@ -295,6 +313,7 @@ class NodeActivities:
             inst = await self._provider(ref.provider).describe(ref.instance_id or "")
             if inst is None or inst.interrupted or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED, InstanceState.STOPPED):
                 state = "vanished" if inst is None else ("was interrupted" if inst.interrupted else inst.state.value.lower())
+                metrics.LAUNCH_FAILURES.labels(ref.provider, "LaunchFailed").inc()
                 raise ApplicationError(
                     f"instance {ref.instance_id} on {ref.provider} {state} while booting", type="LaunchFailed", non_retryable=True
                 )
@@ -320,27 +339,60 @@ class NodeActivities:
         return await self._poll(ready)
 
     async def _poll(self, check: Callable[[], Awaitable[T | None]]) -> T:
-        """Look until `check` returns a value; heartbeat between looks. The caller's
-        schedule-to-close timeout bounds the wait; transient errors just mean look again."""
-        while True:
-            try:
-                with temporal_errors():
-                    result = await check()
-            except ApplicationError as exc:
-                if exc.non_retryable:
-                    raise
-                log.info("poll_transient_error", activity=activity.info().activity_type, error=str(exc))
-            else:
-                if result is not None:
-                    return result
-            activity.heartbeat()
-            await asyncio.sleep(self.poll_interval.total_seconds())
+        """Look until `check` returns a value; transient errors just mean look again.
+
+        The heartbeat goes on through each look, not only between them: one look may be slow
+        (an API's in-call retries, a wait behind a provider's pacer), and a missed heartbeat
+        must mean a dead or stalled worker, never a slow API. How long to wait is the
+        workflow's stage deadline, not this activity's."""
+        with heartbeating():
+            while True:
+                try:
+                    with temporal_errors():
+                        result = await check()
+                except ApplicationError as exc:
+                    if exc.non_retryable:
+                        raise
+                    log.info("poll_transient_error", activity=activity.info().activity_type, error=str(exc))
+                else:
+                    if result is not None:
+                        return result
+                await asyncio.sleep(self.poll_interval.total_seconds())
+
+    @activity.defn
+    async def check_stage(self, inp: StageCheck) -> StageLook:
+        """One more look when a wait stage's deadline has passed, before the attempt is failed
+        over: is the instance running, the device in the tailnet, the Node Ready? The wait
+        may have missed them by a slow look or by a worker that died; a healthy instance must
+        not be released for that."""
+        with heartbeating(), temporal_errors():
+            seen: list[str] = []
+            if inp.instance is not None:
+                ref = inp.instance
+                inst = await self._provider(ref.provider).describe(ref.instance_id or "")
+                state = "gone" if inst is None else ("interrupted" if inst.interrupted else inst.state.value.lower())
+                if inst is None or inst.interrupted or inst.state is not InstanceState.RUNNING:
+                    return StageLook(up=False, seen=f"instance {ref.instance_id} is {state}")
+                seen.append(f"instance {ref.instance_id} is {state}")
+            if inp.device is not None:
+                device = await self._tailnet(inp.device.tailnet).find_device(inp.device.hostname, inp.device.tags)
+                if device is None:
+                    return StageLook(up=False, seen=f"no tailnet device {inp.device.hostname}")
+                seen.append(f"tailnet device {inp.device.hostname} is there")
+            if inp.node_name is not None:
+                node = await self.cluster.get_node(inp.node_name)
+                if node is None or not node.ready:
+                    return StageLook(up=False, seen=f"Node {inp.node_name} is {'missing' if node is None else 'not Ready'}")
+                seen.append(f"Node {inp.node_name} is Ready")
+        return StageLook(up=True, seen=", ".join(seen))
 
     @activity.defn
     async def label_and_taint_node(self, inp: LabelInput) -> None:
         """Give the Node its pool's labels and taints (idempotent)."""
         with temporal_errors():
             await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints)
+        if inp.launched_at is not None:
+            metrics.LAUNCH_TO_READY.labels(inp.labels.get(LABEL_PROVIDER, "")).observe(metrics.seconds_since(inp.launched_at))
 
     # --- watch -----------------------------------------------------------------------------
 
@@ -360,8 +412,12 @@ class NodeActivities:
         """Cordon, evict the workload pods and wait until they are gone, as `kubectl drain`
         does (activities.drain). Never fails for a stuck pod: the result says which pods were
         not evicted or still shutting down, and the workflow terminates anyway."""
+        started = time.monotonic()
         with temporal_errors():
-            return await drain(self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat)
+            result = await drain(self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat)
+        outcome = "timed_out" if result.remaining or result.terminating else "drained"
+        metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
+        return result
 
     # --- terminate -------------------------------------------------------------------------
 
@@ -370,7 +426,7 @@ class NodeActivities:
         """Stop paying for the instance of a launch attempt. Works without an instance id (a
         launch cancelled in flight) by finding the instance by its deterministic name.
         Returns whether anything was still running."""
-        with temporal_errors(always_retry=True):
+        with temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
             provider = self._provider(ref.provider)
             targets: list[Instance] = []
             if ref.instance_id:
@@ -384,6 +440,7 @@ class NodeActivities:
                     targets.append(by_name)
             for inst in targets:
                 await provider.terminate(inst.instance_id)
+                metrics.TERMINATIONS.labels(ref.provider).inc()
                 log.info("instance_terminated", provider=ref.provider, instance_id=inst.instance_id)
         return bool(targets)
 
@@ -419,6 +476,7 @@ class NodeActivities:
             self.wait_for_instance_running,
             self.wait_for_tailnet_device,
             self.wait_for_node_ready,
+            self.check_stage,
             self.label_and_taint_node,
             self.observe_node,
             self.drain_node,

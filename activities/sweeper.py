@@ -20,6 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.node import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
+from tgp import metrics
 from tgp.messages import class_workflow_id
 from tgp.types import LABEL_MANAGED
 
@@ -103,7 +104,10 @@ class SweeperActivities:
     @activity.defn
     async def find_orphans(self, inp: SweepInput) -> list[Orphan]:
         """Instances and devices marked as tgp's whose node has no running workflow."""
-        return await self._orphans(inp)
+        found = await self._orphans(inp)
+        for orphan in found:
+            metrics.ORPHANS_FOUND.labels(orphan.kind, orphan.system).inc()
+        return found
 
     @activity.defn
     async def remove_orphans(self, inp: SweepInput, suspects: list[Orphan]) -> list[Orphan]:
@@ -117,6 +121,7 @@ class SweeperActivities:
                     await self._forget_node(orphan.node_name)
                 else:
                     await self.tailnets[orphan.system].delete_device(orphan.id)
+                metrics.ORPHANS_REMOVED.labels(orphan.kind, orphan.system).inc()
                 log.warning("orphan_removed", kind=orphan.kind, system=orphan.system, id=orphan.id, node=orphan.node_name)
         return sorted(still, key=lambda o: (o.kind, o.id))
 

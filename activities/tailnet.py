@@ -25,6 +25,7 @@ from pydantic import SecretStr
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, send
+from tgp.secrets import register_process
 from tgp.types import TailnetDevice
 
 __all__ = ["DEFAULT_BASE_URL", "TailscaleTailnet", "key_description"]
@@ -94,6 +95,7 @@ class TailscaleTailnet(HttpAdapter):
             raise ConfigError(f"Tailscale OAuth client id is empty: set the `client_id` key of {secret_ref}")
         if not client_secret.get_secret_value():
             raise ConfigError(f"Tailscale OAuth client secret is empty: set the `client_secret` key of {secret_ref}")
+        register_process(client_secret)  # kept out of every message and log line (tgp.secrets)
         self._base_url = base_url.rstrip("/")
         self._client_id = client_id
         self._client_secret = client_secret

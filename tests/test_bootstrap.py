@@ -3,8 +3,13 @@ Go-template example, the sandbox, and that secrets stay out of messages and logs
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
+import re
+import shlex
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,10 @@ from activities.bootstrap import (
     template_variables,
     translate_go_placeholders,
 )
+from activities.fleet import FleetActivities, ValidateClassInput
+from activities.template_sandbox import RENDER_TIMEOUT_SECONDS, UnsafeValue, kubelet_labels, shell_quote, systemd_quote, to_json, yaml_quote
+from tests.hostile import HOSTILE_VALUES
+from tgp.crds import MAX_TEMPLATE_LENGTH, GPUNodeClassSpec
 from tgp.errors import ConfigError
 from tgp.types import Taint
 
@@ -200,7 +209,9 @@ def test_ubuntu_cloud_init_joins_over_the_tailnet(settings: BootSettings, join: 
         "--advertise-tags=tag:gpu-node",
     ]
     assert AUTH_KEY not in script  # read from the 0600 file, never on a command line
-    assert "core:/stable:/v1.34/deb/" in script and "nvidia-container-toolkit" in script
+    assert {"K8S_VERSION=1.34.1", "K8S_MINOR=1.34"} <= {line.strip() for line in script.splitlines()}
+    assert "core:/stable:/v${K8S_MINOR}/deb/" in script and "nvidia-container-toolkit" in script
+    assert_bash_syntax(script)
     assert doc["runcmd"] == [["bash", "/usr/local/sbin/tgp-join"]]
 
 
@@ -386,3 +397,272 @@ def test_env_payload_is_unchanged() -> None:
     assert render_boot_payload("env", hostname="gpu-1", auth_key=SecretStr(AUTH_KEY)).content.count("\n") == 2
     with pytest.raises(ConfigError, match="needs a template"):
         render_boot_payload("startup-script", hostname="gpu-1", auth_key=SecretStr(AUTH_KEY))
+
+
+# --- tenant values in boot payloads (issue 10 item 1) -----------------------------------------
+
+_CONTROLS = [v for v in HOSTILE_VALUES if any(ord(c) < 0x20 or c in "\x85\u2028\u2029" for c in v)]
+
+
+def systemd_words(line: str) -> list[str]:
+    """A systemd command line split into words as systemd does (quotes, C escapes), then `$$`
+    and `%%` unescaped: what the process would get as argv."""
+    words: list[str] = []
+    word: list[str] | None = None
+    i, quote = 0, None
+    escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "s": " "}
+    while i < len(line):
+        c = line[i]
+        if c == "\\" and i + 1 < len(line):
+            nxt = line[i + 1]
+            width = {"x": 2, "u": 4, "U": 8}.get(nxt)
+            word = word if word is not None else []
+            if width:
+                word.append(chr(int(line[i + 2 : i + 2 + width], 16)))
+                i += 2 + width
+            else:
+                word.append(escapes[nxt])
+                i += 2
+            continue
+        if quote:
+            if c == quote:
+                quote = None
+            else:
+                word.append(c)  # type: ignore[union-attr]
+        elif c in "\"'":
+            quote, word = c, word if word is not None else []
+        elif c == " ":
+            if word is not None:
+                words.append("".join(word))
+            word = None
+        else:
+            word = word if word is not None else []
+            word.append(c)
+        i += 1
+    assert quote is None, f"unterminated quote in {line!r}"
+    if word is not None:
+        words.append("".join(word))
+    return [w.replace("$$", "$").replace("%%", "%") for w in words]
+
+
+def assert_bash_syntax(script: str) -> None:
+    done = subprocess.run(["bash", "-n"], input=script.encode(), capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES, ids=range(len(HOSTILE_VALUES)))
+def test_every_filter_keeps_a_hostile_value_inert(value: str) -> None:
+    # YAML: one line of printable ASCII that reads back as the value, also inside a block scalar.
+    quoted = yaml_quote(value)
+    assert quoted.isascii() and quoted.isprintable()
+    assert yaml.safe_load(f"k: {quoted}\nafter: 1\n") == {"k": value, "after": 1}
+    block = yaml.safe_load(f"file: |\n  x: {quoted}\n  y: 2\nafter: 1\n")
+    assert block["after"] == 1 and yaml.safe_load(block["file"]) == {"x": value, "y": 2}
+    if len(value) > 1000:  # YAML reads no longer implicit key: refused rather than unloadable
+        with pytest.raises(UnsafeValue, match="longer than the 1024 characters"):
+            to_json({"a": [{value: 1}]})
+    else:
+        flow = yaml.safe_load(f"k: {to_json({value: [value]})}\n")
+        if all(ord(c) < 0x10000 for c in value):  # JSON's surrogate pairs: PyYAML does not join them
+            assert flow == {"k": {value: [value]}}
+
+    # systemd: one word, one line.
+    word = systemd_quote(value)
+    assert word.isascii() and word.isprintable()
+    assert systemd_words(f"/usr/bin/kubelet {word} --x") == ["/usr/bin/kubelet", value, "--x"]
+
+    # shell: one word, or refused when no quoting keeps it on one line.
+    if value in _CONTROLS:
+        with pytest.raises(UnsafeValue, match="line break or control character"):
+            shell_quote(value)
+    else:
+        out = subprocess.run(["bash", "-c", f"printf '%s' {shell_quote(value)}"], capture_output=True, check=True)
+        assert out.stdout.decode() == value
+
+    # --node-labels: a value outside label syntax would add a label or stop the kubelet.
+    with pytest.raises(UnsafeValue, match="not Kubernetes label syntax"):
+        kubelet_labels({"team": value})
+    with pytest.raises(UnsafeValue, match="not Kubernetes label syntax"):
+        kubelet_labels({value: "x"})
+
+
+def test_kubelet_labels_takes_kubernetes_label_syntax() -> None:
+    assert kubelet_labels({"b": "", "example.com/a": "v1.2_x-Y"}) == "b=,example.com/a=v1.2_x-Y"
+    assert kubelet_labels({}) == ""
+    long = {f"{'d' * 200}.example.com/{'n' * 63}": "v" * 63}
+    assert kubelet_labels(long) == f"{next(iter(long))}={'v' * 63}"
+
+
+def test_a_pool_label_or_taint_outside_kubernetes_syntax_never_reaches_a_payload(settings: BootSettings, join: JoinSecrets) -> None:
+    """The bridge refuses such pools; a spec admitted before that check reaches the launch,
+    which refuses it before anything is bought (ConfigError: the node fails, saying why)."""
+    for labels, taints in (
+        ({"team": "a\nExecStartPre=/bin/sh -c id"}, []),
+        ({"--register-with-taints=x:NoSchedule": "1"}, []),
+        ({}, [Taint(key="x\nExecStartPre=/bin/sh", value="1")]),
+        ({}, [Taint(key="k", value="$(reboot)")]),
+    ):
+        hostile = settings.model_copy(update={"node_labels": labels, "node_taints": taints})
+        for template in (None, shipped_template(TALOS_WORKER_TEMPLATE)):
+            with pytest.raises(ConfigError, match="labels or taints cannot go on a node") as caught:
+                render_boot_payload("cloud-init", hostname="gpu-1", auth_key=SecretStr(AUTH_KEY), template=template, settings=hostile, join=join)
+            assert "\n" not in str(caught.value)
+
+
+def test_hostile_labels_are_refused_by_the_ubuntu_template_itself(settings: BootSettings, join: JoinSecrets) -> None:
+    """Defence in depth, below render_boot_payload's check: the template's own filter (which
+    test_every_filter_keeps_a_hostile_value_inert feeds every hostile value)."""
+    template = shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE)
+    for labels in ({"team": HOSTILE_VALUES[0]}, {"team": "a,tgp.io/managed=false"}, {"--register-with-taints=evil:NoSchedule": "1"}):
+        hostile = variables(settings, join) | {"NodeLabels": labels}
+        with pytest.raises(TemplateError, match="kubelet_labels") as caught:
+            render_template(template, hostile)
+        assert caught.value.line is not None
+
+
+def test_hostile_labels_and_taints_stay_data_in_the_talos_template(settings: BootSettings, join: JoinSecrets) -> None:
+    """Talos reads labels and taints from YAML only: there, any value is just data."""
+    template = shipped_template(TALOS_WORKER_TEMPLATE)
+    bmp = [v for v in HOSTILE_VALUES if all(ord(c) < 0x10000 for c in v)]
+    labels = {f"k{i}": v for i, v in enumerate(bmp)} | {v: "key" for v in bmp if len(v) <= 1000}
+    taints = [{"key": v, "value": v, "effect": "NoSchedule"} for v in bmp]
+    text = render_template(template, variables(settings, join) | {"NodeLabels": labels, "NodeTaints": taints})
+    config, tailscale, hostname = yaml.safe_load_all(text)
+    assert config["machine"]["nodeLabels"] == labels
+    assert config["machine"]["kubelet"]["extraConfig"]["registerWithTaints"] == taints
+    assert set(config) <= TALOS_TOP_KEYS and tailscale["kind"] == "ExtensionServiceConfig" and hostname["kind"] == "HostnameConfig"
+    with pytest.raises(TemplateError, match="to_json: key"):  # YAML reads no implicit key this long
+        render_template(template, variables(settings, join) | {"NodeLabels": {"y" * 5000: "v"}})
+
+
+_BENIGN: dict[str, Any] = {}
+
+
+def _benign_ubuntu(settings: BootSettings, join: JoinSecrets) -> dict[str, Any]:
+    """The shipped Ubuntu template rendered with the fixtures' values (once per run)."""
+    if not _BENIGN:
+        _BENIGN.update(yaml.safe_load(render_template(shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE), variables(settings, join))))
+    return _BENIGN
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES, ids=range(len(HOSTILE_VALUES)))
+def test_hostile_values_in_the_ubuntu_template_are_escaped_or_refused(settings: BootSettings, join: JoinSecrets, value: str) -> None:
+    """NodeName is tgp's (a DNS label), yet every place it lands is escaped for its context:
+    feed it a hostile value and the payload keeps its shape. Values with line breaks cannot be
+    one shell word on one line: the render is refused."""
+    template = shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE)
+    benign = _benign_ubuntu(settings, join)
+    if value in _CONTROLS:
+        with pytest.raises(TemplateError, match="shell_quote"):
+            render_template(template, variables(settings, join) | {"NodeName": value})
+        return
+    doc = yaml.safe_load(render_template(template, variables(settings, join) | {"NodeName": value}))
+    assert doc["hostname"] == value
+    assert set(doc) == set(benign)
+    files = {f["path"]: f["content"] for f in doc["write_files"]}
+    assert set(files) == {f["path"] for f in benign["write_files"]}
+
+    unit = files["/etc/systemd/system/kubelet.service.d/10-tgp.conf"]
+    benign_unit = next(f["content"] for f in benign["write_files"] if f["path"].endswith("10-tgp.conf"))
+    assert len(unit.splitlines()) == len(benign_unit.splitlines())
+    assert [line.split("=", 1)[0] for line in unit.splitlines()] == [line.split("=", 1)[0] for line in benign_unit.splitlines()]
+    exec_start = [line for line in unit.splitlines() if line.startswith("ExecStart=/")]
+    assert len(exec_start) == 1 and exec_start[0].isascii() and exec_start[0].isprintable()
+    argv = systemd_words(exec_start[0].removeprefix("ExecStart="))
+    assert f"--hostname-override={value}" in argv
+    assert "--node-labels=tgp.io/gpu-type=A100,tgp.io/pool=a100-spot" in argv
+
+    script = files["/usr/local/sbin/tgp-join"]
+    benign_script = next(f["content"] for f in benign["write_files"] if f["path"] == "/usr/local/sbin/tgp-join")
+    assert len(script.splitlines()) == len(benign_script.splitlines())
+    assert_bash_syntax(script)
+    up = next(line for line in script.splitlines() if line.startswith("tailscale up"))
+    assert shlex.split(up)[3] == f"--hostname={value}"
+
+
+# --- bounded rendering (issue 10 item 3) ------------------------------------------------------
+
+# Each of these used to hang the worker, eat its memory, or make check_template raise (so the
+# class got no status). Now: a problem naming what is wrong, within a bound.
+HOSTILE_TEMPLATES = {
+    "nested loops": ("{% for a in range(10000) %}{% for b in range(10000) %}{% endfor %}{% endfor %}", "loops ran more than"),
+    "nested loops over data": (
+        "{% for a in NodeName * 1000 %}{% for b in NodeName * 1000 %}x{% endfor %}{% endfor %}",
+        "loops ran more than",
+    ),
+    "range": ("{% set n = range(10**9) | length %}{{ n }}", "range() of 1000000000 items"),
+    "lipsum": ("{{ lipsum(100000000) }}", "'lipsum' is not defined"),
+    "huge string": ("#cloud-config\nx: {{ 'x' * 1000000000 }}\n", "would build 1000000000 items"),
+    "huge output": ("{% for i in range(2000) %}{{ 'x' * 1000 }}{% endfor %}", "larger than 1024 KiB"),
+    "huge power": ("{{ 9 ** (9 ** 9) }}", "exponent of 387420489"),
+    "memory": (
+        "{% set ns = namespace(s='xx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+        "MiB of memory",
+    ),
+    "recursive macro": ("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "recursed too deeply"),
+    "recursive loop": ("{% for x in [1] recursive %}{{ loop([x]) }}{% endfor %}", "recursed too deeply"),
+    "deep expression": ("{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "nested too deeply"),
+    "attribute error": ("{{ NodeName.no.such.attribute }}", "has no attribute"),
+    "type error": ("{{ NodeIndex + 'x' }}", "TypeError"),
+    "talos files not a list": ("machine:\n  files: 5\n", "machine.files must be a list"),
+    "talos file not a mapping": ("machine:\n  files: [x]\n", "machine.files entry must be a mapping"),
+    "deep yaml": ("#cloud-config\nx: {{ '[' * 5000 }}{{ ']' * 5000 }}\n", "nested too deeply"),
+    "slow filter": ("{% for i in range(100) %}{{ ('a ' * 500000) | wordwrap(1) | length }}{% endfor %}", "longer than 5 s"),
+}
+# The render bound, plus room for a loaded test machine.
+BOUND_SECONDS = RENDER_TIMEOUT_SECONDS + 5
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_TEMPLATES))
+def test_hostile_templates_are_problems_within_a_bound(name: str, settings: BootSettings) -> None:
+    source, expected = HOSTILE_TEMPLATES[name]
+    started = time.monotonic()
+    problems = check_template(source)
+    took = time.monotonic() - started
+    assert len(problems) == 1 and expected in problems[0], problems
+    assert took < BOUND_SECONDS
+    assert len(problems[0]) < 1000
+    # Rendering itself fails the same way at launch (the slow ones once is enough: same child).
+    if not {"talos", "yaml", "slow", "memory"} & set(name.split()):
+        started = time.monotonic()
+        with pytest.raises(TemplateError, match=re.escape(expected)):
+            render_template(source, variables(settings, None))
+        assert time.monotonic() - started < BOUND_SECONDS
+
+
+def test_a_template_longer_than_the_bound_is_refused() -> None:
+    [problem] = check_template("x" * (MAX_TEMPLATE_LENGTH + 1))
+    assert f"at most {MAX_TEMPLATE_LENGTH}" in problem
+
+
+async def test_class_validation_does_not_block_the_event_loop() -> None:
+    """validate_class used to render on the worker's event loop: 10 million empty loop
+    iterations stalled every other activity, heartbeat and poll for seconds (and a bigger
+    loop, for good). Now the check runs in a thread and the render in a bounded child."""
+    fleet = FleetActivities(cluster=None, providers={})  # type: ignore[arg-type]  # no Secret is read
+    spec = GPUNodeClassSpec.model_validate(
+        {
+            "providers": [{"name": "simulated"}],
+            "bootstrapTemplate": "#cloud-config\n{% for a in range(10000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}\n",
+        }
+    )
+    ticks = [time.monotonic()]
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(0.02)
+            ticks.append(time.monotonic())
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)  # the ticker is running
+    try:
+        started = time.monotonic()
+        problems = await fleet.validate_class(ValidateClassInput(name="c", spec=spec))
+        took = time.monotonic() - started
+    finally:
+        ticker.cancel()
+    ticks.append(time.monotonic())
+    longest = max(b - a for a, b in zip(ticks, ticks[1:]))
+    assert longest < 0.5, f"the event loop stalled for {longest:.2f} s"
+    assert any(p.startswith("bootstrapTemplate: ") and "loops ran more than" in p for p in problems), problems
+    assert took < BOUND_SECONDS

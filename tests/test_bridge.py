@@ -25,6 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.cluster import KubernetesCluster
 from crd_bridge.bridge import Bridge
 from tests.conftest import eventually
+from tests.hostile import HOSTILE_KEYS, HOSTILE_VALUES
 from tests.kube_env import KUBECONFIG_ENV, KubeApi
 from tgp.crds import DEFAULT_CLASS_MAX_NODES, DisruptionBounds
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
@@ -176,6 +177,11 @@ def gpu_class(name: str = "sim", **limits: object) -> dict[str, Any]:
     }
 
 
+# For pools whose nodes must not idle out during the test: the pods the tests leave pending are
+# never bound, so with the default 2 s idle timeout a busy machine sees nodes go and get re-bought.
+NO_IDLING = {"idleTimeout": "1h", "drainTimeout": "10s"}
+
+
 def gpu_pool(name: str, *, weight: int = 0, gpu: str = "RTX4090", klass: str = "sim", **spec: object) -> dict[str, Any]:
     return {
         "apiVersion": "tgp.io/v1",
@@ -287,7 +293,7 @@ async def test_the_heavier_pool_gets_the_pod(temporal: WorkflowEnvironment, kube
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("light", weight=1))
-        await apply(s.kube, gpu_pool("heavy", weight=50))
+        await apply(s.kube, gpu_pool("heavy", weight=50, disruption=NO_IDLING))
         await pending_pod(s.kube, "train", selector={"tgp.io/gpu-type": "RTX4090"})
 
         await ready_nodes(s, "ml", "heavy", 1)
@@ -298,7 +304,7 @@ async def test_the_heavier_pool_gets_the_pod(temporal: WorkflowEnvironment, kube
 async def test_class_budget_of_two_nodes_with_five_pods_pending(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class(maxNodes=2))
-        await apply(s.kube, gpu_pool("rtx"))
+        await apply(s.kube, gpu_pool("rtx", disruption=NO_IDLING))
         for i in range(5):
             await pending_pod(s.kube, f"train-{i}")
 
@@ -335,9 +341,7 @@ async def test_deleting_a_pool_terminates_its_nodes_before_the_finalizer_goes(te
 async def test_bridge_restart_410_and_cut_streams_change_nothing(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
-        # The first node must outlive the restart however slow the machine: with a 2 s idle
-        # timeout (its pod is never bound), a busy machine saw it idle out and a third node bought.
-        await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "1h", "drainTimeout": "10s"}))
+        await apply(s.kube, gpu_pool("rtx", disruption=NO_IDLING))  # under load the first node idled out: 3 bought
         await pending_pod(s.kube, "train")
         await ready_nodes(s, "ml", "rtx", 1)
 
@@ -487,7 +491,7 @@ async def test_odd_pending_pods_in_one_namespace_stop_no_demand_in_another(tempo
     before = skipped("match_fields")
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
-        await apply(s.kube, gpu_pool("rtx"))
+        await apply(s.kube, gpu_pool("rtx", disruption=NO_IDLING))
         merge = {"Content-Type": "application/merge-patch+json"}
         unschedulable = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
         for name, spec in odd.items():
@@ -500,7 +504,9 @@ async def test_odd_pending_pods_in_one_namespace_stop_no_demand_in_another(tempo
         await ready_nodes(s, "ml", "rtx", 1)
         pods = next(i for i in s.bridge.informers if i.name == "pods")
         assert pods.synced.is_set() and pods.failed == {}
-        assert sorted(s.bridge.pending) == ["ml/train"], "only the normal pod is demand"
+        ns = kube_api.namespace
+        assert f"{ns}/pinned" not in s.bridge.pending and f"{ns}/garbage" not in s.bridge.pending, "skipped"
+        assert f"{ns}/cuda-gt" in s.bridge.pending and f"{ns}/thousand" in s.bridge.pending, "read; they fit no pool"
         assert len(await s.node_workflows()) == 1
         assert skipped("match_fields") > before
 
@@ -552,3 +558,71 @@ async def test_schema_bounds_spend_and_a_class_without_limits_is_capped(temporal
                 return None  # not started yet
 
         assert (await eventually(ledger, what="the class ledger")).limits.max_nodes == DEFAULT_CLASS_MAX_NODES
+
+
+async def test_hostile_labels_and_taints_are_refused_at_apply_or_by_the_bridge(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """Pool labels and taints end up in boot payloads (--node-labels in a systemd unit,
+    registerWithTaints) and on Nodes. Values and taints the API server refuses (422 naming the
+    field); label keys it cannot check (no propertyNames in a structural schema), so the bridge
+    refuses them, and tgp's own and role prefixes, on the pool: nothing is bought for it."""
+    async with running_stack(temporal, kube_api) as s:
+        await apply(s.kube, gpu_class())
+
+        def hostile_pool(name: str, *, labels: dict[str, str] | None = None, taint: dict[str, str] | None = None) -> dict[str, Any]:
+            pool = gpu_pool(name, minNodes=1)  # admitted, it would buy a node at once
+            if labels is not None:
+                pool["spec"]["template"]["metadata"]["labels"] = labels
+            if taint is not None:
+                pool["spec"]["template"]["spec"]["taints"] = [{"effect": "NoSchedule", **taint}]
+            return pool
+
+        for i, value in enumerate(HOSTILE_VALUES):
+            r = await apply(s.kube, hostile_pool(f"value-{i}", labels={"team": value}))
+            assert r.status_code == 422 and "spec.template.metadata.labels" in r.text, (value, r.text)
+            r = await apply(s.kube, hostile_pool(f"taint-value-{i}", taint={"key": "example.com/gpu", "value": value}))
+            assert r.status_code == 422 and "spec.template.spec.taints[0].value" in r.text, (value, r.text)
+            r = await apply(s.kube, hostile_pool(f"taint-key-{i}", taint={"key": value}))
+            assert r.status_code == 422 and "spec.template.spec.taints[0].key" in r.text, (value, r.text)
+        r = await apply(s.kube, hostile_pool("taint-effect", taint={"key": "example.com/gpu", "effect": "NoSchedule\nx"}))
+        assert r.status_code == 422 and "spec.template.spec.taints[0].effect" in r.text and "Unsupported value" in r.text
+
+        stored = {f"key-{i}": {key: "v"} for i, key in enumerate(HOSTILE_KEYS)}
+        stored["taint-tgp"] = {}
+        for name, labels in stored.items():
+            pool = hostile_pool(name, labels=labels, taint={"key": "tgp.io/initializing"} if name == "taint-tgp" else None)
+            r = await apply(s.kube, pool)
+            assert r.status_code == 201, (labels, r.text)
+        fine = hostile_pool("fine", labels={f"{'d' * 200}.example.com/{'n' * 63}": "v" * 63, "team": "", "node.kubernetes.io/x": "y"})
+        fine["spec"]["minNodes"] = 0
+        assert (await apply(s.kube, fine)).status_code == 201
+
+        async def conditions() -> dict[str, dict[str, Any]] | None:
+            found = {}
+            for pool in (await s.kube.get(POOLS.format(ns="ml"))).json()["items"]:
+                ready = {c["type"]: c for c in (pool.get("status") or {}).get("conditions") or []}.get("Ready") or {}
+                if ready.get("reason") == "InvalidSpec" and ready.get("status") == "False":
+                    found[pool["metadata"]["name"]] = ready
+            return found if set(stored) <= set(found) else None
+
+        refused = await eventually(conditions, timeout=30, what="Ready=False (InvalidSpec) on every pool with a hostile key")
+        for name, condition in refused.items():
+            field = "spec.template.spec.taints" if name == "taint-tgp" else "spec.template.metadata.labels"
+            assert field in condition["message"], condition
+        assert "are tgp's own" in refused[f"key-{HOSTILE_KEYS.index('tgp.io/managed')}"]["message"]
+        assert "role in the cluster" in refused[f"key-{HOSTILE_KEYS.index('node-role.kubernetes.io/control-plane')}"]["message"]
+        assert "kubelet refuses" in refused[f"key-{HOSTILE_KEYS.index('kubernetes.io/custom')}"]["message"]
+        assert "\\n" in refused["key-0"]["message"] and "\n" not in refused["key-0"]["message"], "keys are shown escaped"
+
+        async def warnings() -> set[str] | None:
+            items = (await s.kube.get("/api/v1/namespaces/ml/events")).json()["items"]
+            named = {e["involvedObject"]["name"] for e in items if e["reason"] == "InvalidSpec" and e["type"] == "Warning"}
+            return named if set(stored) <= named else None
+
+        await eventually(warnings, what="an InvalidSpec Warning Event on every refused pool")
+        async def admitted() -> bool:
+            return "ml/fine" in s.bridge.pools
+
+        await eventually(admitted, what="the pool with valid edge-case labels to be admitted")
+        assert not any(p in s.bridge.pools for p in (f"ml/{n}" for n in stored))
+        assert s.world.cloud.instances == {}, "nothing was bought for a refused pool"
+        assert await s.node_workflows() == []

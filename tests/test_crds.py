@@ -10,12 +10,16 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from tests.hostile import HOSTILE_KEYS, HOSTILE_VALUES
 from tgp import crdgen
 from tgp.crds import (
     DEFAULT_CLASS_MAX_NODES,
     DURATION_PATTERN,
     MAX_MIN_NODES,
     MAX_NODES,
+    MAX_POOL_LABELS,
+    MAX_POOL_TAINTS,
+    MAX_TEMPLATE_LENGTH,
     MIN_IDLE_TIMEOUT,
     ClassLimits,
     Disruption,
@@ -27,6 +31,8 @@ from tgp.crds import (
     format_duration,
     parse_duration,
 )
+from tgp.labels import TAINT_EFFECTS, label_value_problems, qualified_name_problems
+from tgp.sim.kube import _go_regexp
 
 SEED = Path(__file__).parent / "data" / "seed_examples.yaml"
 
@@ -191,3 +197,89 @@ def test_admission_accepts_the_bounds_themselves() -> None:
     pool = GPUNodePool.admit(_pool(idleTimeout="30s", expireAfter="10m", drainTimeout="24h"))
     assert pool.spec.disruption.idle_timeout == MIN_IDLE_TIMEOUT
     assert GPUNodePool.admit(_pool(idleTimeout="2s"), DisruptionBounds(min_idle_timeout=timedelta(seconds=2)))
+
+
+# --- tenant labels and taints (issue 10 item 1) ------------------------------------------------
+
+
+def _labelled(labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    template = {"metadata": {"labels": labels or {}}, "spec": {"taints": taints or []}}
+    return {"metadata": {"name": "p"}, "spec": {"nodeClassRef": {"name": "c"}, "template": template}}
+
+
+def _pool_schema() -> dict[str, Any]:
+    return _committed_schemas()["gpunodepools.tgp.io.yaml"]["properties"]["spec"]["properties"]["template"]["properties"]
+
+
+def _schema_accepts(value: str, schema: dict[str, Any]) -> bool:
+    """pattern and maxLength as the API server applies them (Go RE2: `$` is the end of text)."""
+    return len(value) <= schema["maxLength"] and _go_regexp(schema["pattern"]).search(value) is not None
+
+
+VALID_KEYS = ["team", "example.com/team", "a.b-c.example/Name_1.x", f"{'d' * 200}.example.com/{'n' * 63}", "node.kubernetes.io/x", "kubernetes.io/hostname"]
+VALID_VALUES = ["", "a", "v1.2_x-Y", "9" * 63]
+
+
+def test_the_schema_checks_label_values_and_taints_as_admission_does() -> None:
+    """The API server refuses what tgp's own check refuses, for values and taint keys alike."""
+    template = _pool_schema()
+    value_schema = template["metadata"]["properties"]["labels"]["additionalProperties"]
+    taint = template["spec"]["properties"]["taints"]["items"]["properties"]
+    assert taint["effect"]["enum"] == list(TAINT_EFFECTS)
+    for value in [*HOSTILE_VALUES, *VALID_VALUES]:
+        expected = label_value_problems(value) == []
+        assert _schema_accepts(value, value_schema) is expected, value
+        assert _schema_accepts(value, taint["value"]) is expected, value
+    for key in [*HOSTILE_KEYS, *VALID_KEYS]:
+        if len(key.rpartition("/")[0]) <= 253:  # a prefix's length is admission's alone (no lookahead in RE2)
+            assert _schema_accepts(key, taint["key"]) is (qualified_name_problems(key) == []), key
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS, ids=range(len(HOSTILE_KEYS)))
+def test_admission_refuses_hostile_and_reserved_label_keys_naming_the_field(key: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        GPUNodePool.admit(_labelled({key: "v"}))
+    [error] = refused.value.errors()
+    assert error["loc"] == ("spec", "template", "metadata", "labels")
+    assert "label key" in error["msg"] and "\n" not in error["msg"] and len(error["msg"]) < 1000
+    # A spec admitted before this check (carried in a workflow message) still decodes.
+    assert GPUNodePool.model_validate(_labelled({key: "v"}))
+
+
+def test_admission_refuses_reserved_taint_keys_and_bad_values() -> None:
+    for taint, expected in (
+        ({"key": "tgp.io/initializing"}, "tgp's own"),
+        ({"key": "x.tgp.io/y"}, "tgp's own"),
+        ({"key": "node-role.kubernetes.io/worker"}, "role in the cluster"),
+        ({"key": "a b"}, "name part"),
+        ({"key": "k", "value": "$(reboot)"}, "taints[0].value"),
+    ):
+        with pytest.raises(ValidationError) as refused:
+            GPUNodePool.admit(_labelled(taints=[taint]))
+        [error] = refused.value.errors()
+        assert error["loc"] == ("spec", "template", "spec", "taints") and expected in error["msg"], error
+    with pytest.raises(ValidationError, match="effect"):
+        GPUNodePool.model_validate(_labelled(taints=[{"key": "k", "effect": "NoSchedule\nx"}]))
+
+
+def test_admission_accepts_kubernetes_label_syntax() -> None:
+    labels = {key: VALID_VALUES[i % len(VALID_VALUES)] for i, key in enumerate(VALID_KEYS)}
+    taints = [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}, {"key": "example.com/x", "effect": "NoExecute"}]
+    pool = GPUNodePool.admit(_labelled(labels, taints))
+    assert pool.spec.template.metadata.labels == labels and len(pool.spec.template.spec.taints) == 2
+
+
+def test_label_and_taint_counts_are_bounded_at_admission_and_in_the_schema() -> None:
+    template = _pool_schema()
+    assert template["metadata"]["properties"]["labels"]["maxProperties"] == MAX_POOL_LABELS
+    assert template["spec"]["properties"]["taints"]["maxItems"] == MAX_POOL_TAINTS
+    many_labels = {f"k{i}": "v" for i in range(MAX_POOL_LABELS + 1)}
+    many_taints = [{"key": f"k{i}"} for i in range(MAX_POOL_TAINTS + 1)]
+    with pytest.raises(ValidationError, match=f"at most {MAX_POOL_LABELS}"):
+        GPUNodePool.admit(_labelled(many_labels))
+    with pytest.raises(ValidationError, match=f"at most {MAX_POOL_TAINTS}"):
+        GPUNodePool.admit(_labelled(taints=many_taints))
+    assert GPUNodePool.model_validate(_labelled(many_labels, many_taints))  # history still decodes
+    klass = _committed_schemas()["gpunodeclasses.tgp.io.yaml"]["properties"]["spec"]["properties"]
+    assert klass["bootstrapTemplate"]["maxLength"] == MAX_TEMPLATE_LENGTH
+    assert klass["talosConfig"]["properties"]["machineConfigTemplate"]["maxLength"] == MAX_TEMPLATE_LENGTH

@@ -28,7 +28,7 @@ async def test_an_event_whose_handler_failed_is_delivered_again() -> None:
         informer = Informer("pods", core.list_pod_for_all_namespaces_without_preload_content, handler)
         task = asyncio.create_task(informer.run())
         try:
-            await asyncio.wait_for(informer.synced.wait(), 10)
+            await asyncio.wait_for(informer.synced.wait(), 30)
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "ml"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
             async with httpx.AsyncClient(base_url=kube.url) as http:
                 (await http.post("/api/v1/namespaces/ml/pods", json=pod)).raise_for_status()
@@ -36,7 +36,7 @@ async def test_an_event_whose_handler_failed_is_delivered_again() -> None:
             async def delivered() -> bool:
                 return any(s.endswith(" train") for s in seen)
 
-            await eventually(delivered, timeout=10, what="the pod to be delivered after the handler failed")
+            await eventually(delivered, what="the pod to be delivered after the handler failed")
             assert informer.failed == {}
         finally:
             task.cancel()
@@ -65,20 +65,20 @@ async def test_an_object_whose_handler_always_fails_holds_up_no_other() -> None:
         informer = Informer("pods", core.list_pod_for_all_namespaces_without_preload_content, handler)
         task = asyncio.create_task(informer.run())
         try:
-            await asyncio.wait_for(informer.synced.wait(), 10)
+            await asyncio.wait_for(informer.synced.wait(), 30)
             assert "listed" in seen
             await create("ml", "watched")
 
             async def watched_and_retried() -> bool:
                 return "watched" in seen and attempts["bad"] >= 3
 
-            await eventually(watched_and_retried, timeout=10, what="a watched pod, and the bad one retried")
+            await eventually(watched_and_retried, what="a watched pod, and the bad one retried")
             assert list(informer.failed) == ["aaa/bad"] and informer.relists == 1, "retried alone, without re-listing"
             (await http.delete("/api/v1/namespaces/aaa/pods/bad")).raise_for_status()
 
             async def forgotten() -> bool:
                 return not informer.failed
 
-            await eventually(forgotten, timeout=10, what="its deletion to end the retries")
+            await eventually(forgotten, what="its deletion to end the retries")
         finally:
             task.cancel()

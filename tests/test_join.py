@@ -83,3 +83,15 @@ async def test_a_join_secret_without_the_bootstrap_token_fails_fast_and_buys_not
         assert len(final.attempts) == 1, "a bad Secret is not a reason to try another offer"
         assert world.cloud.instances == {} and world.tailscale.keys == {}, "no instance bought, no key minted"
         assert json.dumps(final.model_dump(mode="json")).count(PEM.splitlines()[1]) == 0
+
+
+async def test_a_template_that_cannot_render_ends_the_node_at_once_without_trying_other_offers(temporal: WorkflowEnvironment) -> None:
+    """Every offer would fail the same way: fail over to none, buy nothing, name the problem."""
+    async with running_world(temporal) as (world, _, queue):
+        req = request(boot=BootConfig(template="#cloud-config\nruncmd: [echo {% for x in %}]\n"))
+        status: NodeStatus = await (await start(temporal, queue, req)).result()
+        assert status.phase is NodePhase.FAILED
+        assert len(status.attempts) == 1, "a broken class template is not retried on the next offer"
+        assert "TemplateError" in (status.last_error or "")
+        assert world.cloud.create_requests == 0
+        assert_nothing_left(world, req.node_name)

@@ -256,6 +256,19 @@ async def test_schema_violation_is_422_naming_the_field(kube_api: KubeApi) -> No
         assert fine is not None and "zones" not in fine["spec"]  # nothing was written
 
 
+async def test_a_pattern_takes_no_trailing_newline(kube_api: KubeApi) -> None:
+    """The API server's patterns are Go RE2: `$` is the end of the text. (Python's `$` also
+    matches before a final newline, which let "abc\n" past `^[a-z]+$` in the emulator.)"""
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group)):
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools"
+        for bad in ("abc\n", "abc\nExecStartPre=/bin/sh"):
+            response = await kube_api.http.post(base, json=pool("nl", group, {"gpu": "a100", "pool": bad}))
+            assert response.status_code == 422, response.text
+            assert response.json()["details"]["causes"][0]["field"] == "spec.pool"
+        await kube_api.create(base, pool("plain", group, {"gpu": "a100", "pool": "abc"}))
+
+
 async def test_defaults_applied_and_unknown_fields_pruned(kube_api: KubeApi) -> None:
     group = unique_group()
     async with installed_crd(kube_api, gpu_pool_crd(group)):

@@ -355,3 +355,17 @@ async def test_eviction_waits_for_pods_to_shut_down_before_terminating_the_insta
         assert pod_at_terminate == 404, "the instance was terminated while its pod was still shutting down"
         assert final.phase is NodePhase.TERMINATED and final.last_error is None
         assert_nothing_left(world, req.node_name)
+
+
+async def test_tgp_labels_win_over_the_pool_labels_on_the_node(temporal: WorkflowEnvironment) -> None:
+    """A pool spec admitted before the bridge refused tgp.io/ keys must not override tgp's own
+    labels: `tgp.io/managed: "false"` hid the Node from the bridge (no evict annotation)."""
+    async with running_world(temporal) as (world, _, queue):
+        req = request(labels={"team": "research", "tgp.io/managed": "false", LABEL_POOL: "someone-else"})
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            labels = (await kube.get(f"/api/v1/nodes/{req.node_name}")).json()["metadata"]["labels"]
+        assert labels["tgp.io/managed"] == "true" and labels[LABEL_POOL] == "rtx" and labels["team"] == "research"
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await handle.result()).phase is NodePhase.TERMINATED

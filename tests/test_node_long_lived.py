@@ -15,6 +15,11 @@ from tgp.sim.world import SimWorld
 from tgp.types import LifecycleTimeouts, NodePhase, NodeStatus
 from workflows.node import HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW, GPUNodeWorkflow
 
+# Every skipped watch interval is a real timer + activity round trip (360 for the 30 days): under
+# a minute alone, several minutes on a loaded machine. No deadline inside the tests; this is the
+# outer guard only.
+pytestmark = pytest.mark.timeout(900)
+
 
 async def put_pod(world: SimWorld, node: str, name: str, owner_kind: str | None = None) -> None:
     """A Running pod bound to `node` (the emulator has no scheduler or kubelet)."""
@@ -71,8 +76,6 @@ async def test_idle_node_is_drained_and_terminated(time_skipping: WorkflowEnviro
         await replay(handle, "idle_drained")
 
 
-# 360 real watch checks: ~40 s alone, minutes on a loaded machine (no deadline inside the test).
-@pytest.mark.timeout(900)
 async def test_a_node_living_30_days_keeps_each_run_history_small(time_skipping: WorkflowEnvironment) -> None:
     timeouts = LifecycleTimeouts(watch_interval=timedelta(hours=2))
     async with running_world(time_skipping) as (world, _, queue):

@@ -53,15 +53,23 @@ def _temporal_settings(args: argparse.Namespace) -> TemporalSettings:
 
 
 async def run_worker(args: argparse.Namespace) -> None:
+    from tgp.metrics import METRICS_PORT_ENV, WORKER_METRICS_PORT, metrics_port, sdk_metrics
     from tgp.temporal import connect, ensure_search_attributes
     from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker
+    from workers.metrics import start_worker_metrics
 
     settings = _temporal_settings(args)
-    client = await connect(settings)
+    port = metrics_port(os.environ, WORKER_METRICS_PORT)
+    sdk = sdk_metrics("tgp-worker") if port is not None else None
+    client = await connect(settings, runtime=sdk.runtime if sdk else None)  # type: ignore[arg-type]
     await ensure_search_attributes(client)
     await ensure_sweeper_schedule(client, args.task_queue)
     async with AsyncExitStack() as stack:
         activities = await build_activities(WorkerConfig.from_env(), stack)
+        if port is not None and await start_worker_metrics(
+            client, stack, port=port, unavailable=lambda: len(activities.node.unavailable.keys()), forward=sdk.url if sdk else None
+        ):
+            print(f"tgp worker metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
         worker = make_worker(client, activities, task_queue=args.task_queue)
         print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
         await worker.run()
@@ -70,10 +78,16 @@ async def run_worker(args: argparse.Namespace) -> None:
 async def run_bridge(args: argparse.Namespace) -> None:
     from activities.cluster import KubernetesCluster
     from crd_bridge.bridge import Bridge
+    from tgp.metrics import BRIDGE_METRICS_PORT, METRICS_PORT_ENV, metrics_port, sdk_metrics, serve_metrics_or_log
     from tgp.temporal import connect
 
     settings = _temporal_settings(args)
-    client = await connect(settings)
+    port = metrics_port(os.environ, BRIDGE_METRICS_PORT)
+    sdk = sdk_metrics("tgp-bridge") if port is not None else None
+    client = await connect(settings, runtime=sdk.runtime if sdk else None)  # type: ignore[arg-type]
+    served = await serve_metrics_or_log(port, forward=sdk.url if sdk else None) if port is not None else None  # until the process ends
+    if served is not None:
+        print(f"tgp bridge metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
     kube_url = os.environ.get("TGP_KUBE_URL")
     async with KubernetesCluster.from_url(kube_url) if kube_url else KubernetesCluster.from_kubeconfig(os.environ.get("KUBECONFIG")) as cluster:
         print(f"tgp bridge watching GPUNodeClasses, GPUNodePools, pods and nodes; signalling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)

@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from tgp.labels import LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, label_problems, taint_problems
 from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, Taint
 
 GROUP = "tgp.io"
@@ -61,6 +62,18 @@ DEFAULT_CLASS_MAX_NODES = 10
 MIN_IDLE_TIMEOUT = timedelta(seconds=30)
 MIN_EXPIRE_AFTER = timedelta(minutes=10)
 MAX_DRAIN_TIMEOUT = timedelta(hours=24)
+
+# Tenant input that reaches boot payloads and Nodes, bounded in the schema. Label values and
+# taints are checked by the API server (pattern, maxLength, enum); label *keys* cannot be: a
+# structural schema has no propertyNames, and CEL is not checked by every API server tgp
+# supports. The bridge checks keys, and refuses tgp's own and role prefixes, at admission
+# (tgp/labels.py), reporting a refused pool like a churning one. Like the disruption bounds,
+# these are checked at admission and by the API server, not on every decode: a spec admitted
+# before them and carried in a workflow message must still decode.
+MAX_POOL_LABELS = 64
+MAX_POOL_TAINTS = 32
+# A class's boot template; provider user data is smaller still (Lambda: 1 MB, most: 16-64 KiB).
+MAX_TEMPLATE_LENGTH = 256 * 1024
 
 
 def parse_duration(value: Any) -> Any:
@@ -131,6 +144,10 @@ def _admission_bounds(info: ValidationInfo) -> DisruptionBounds | None:
     return bounds if isinstance(bounds, DisruptionBounds) else None
 
 
+def _admitting(info: ValidationInfo) -> bool:
+    return isinstance(info.context, dict) and ADMISSION in info.context
+
+
 class Spec(BaseModel):
     """Base of every CRD part: camelCase on the wire, unknown fields rejected in Python."""
 
@@ -156,7 +173,9 @@ class ProviderSpec(Spec):
 class TalosConfig(Spec):
     image: str = Field(description="Talos installer image, e.g. ghcr.io/siderolabs/talos:v1.10.5 (or an Image Factory image with the tailscale and NVIDIA extensions).")
     machine_config_template: str = Field(
-        description="Talos machine config template (Jinja2, or Go-template placeholders like {{.MachineToken}}); see docs/bootstrap.md for the variables."
+        json_schema_extra={"maxLength": MAX_TEMPLATE_LENGTH},  # checked again by check_template
+        description="Talos machine config template (Jinja2, or Go-template placeholders like {{.MachineToken}}); see docs/bootstrap.md "
+        f"for the variables. At most {MAX_TEMPLATE_LENGTH // 1024} KiB; it must render within the bounds in docs/bootstrap.md.",
     )
 
 
@@ -196,7 +215,10 @@ class GPUNodeClassSpec(Spec):
     providers: list[ProviderSpec] = Field(min_length=1, description="Providers to buy from, with credentials.")
     talos_config: TalosConfig | None = Field(None, description="Boot Talos (providers that cannot will be reported).")
     bootstrap_template: str | None = Field(
-        None, description="A cloud-init / startup-script template for Ubuntu GPU VMs instead of Talos; see docs/bootstrap.md."
+        None,
+        json_schema_extra={"maxLength": MAX_TEMPLATE_LENGTH},  # checked again by check_template
+        description="A cloud-init / startup-script template for Ubuntu GPU VMs instead of Talos; see docs/bootstrap.md. "
+        f"At most {MAX_TEMPLATE_LENGTH // 1024} KiB; it must render within the bounds in docs/bootstrap.md.",
     )
     join_secret_ref: str | None = Field(
         None, description="Secret with the cluster join material (Talos secrets bundle or bootstrap token and CA); see docs/bootstrap.md."
@@ -222,11 +244,49 @@ class NodeSelectorRequirement(Spec):
 
 class PoolTemplateSpec(Spec):
     requirements: list[NodeSelectorRequirement] = Field([], description="Constraints on the pool's nodes (tgp.io/gpu-type, tgp.io/region).")
-    taints: list[Taint] = Field([], description="Taints put on every node of the pool; pods must tolerate them.")
+    taints: list[Taint] = Field(
+        [],
+        json_schema_extra={"maxItems": MAX_POOL_TAINTS},
+        description=f"Taints put on every node of the pool (at registration); pods must tolerate them. At most {MAX_POOL_TAINTS}; "
+        "keys and values in Kubernetes label syntax, keys not under tgp.io/ or node-role.kubernetes.io/.",
+    )
+
+    @field_validator("taints")
+    @classmethod
+    def _tenant_taints(cls, value: list[Taint], info: ValidationInfo) -> list[Taint]:
+        if _admitting(info):
+            problems = taint_problems([t.model_dump() for t in value], tenant=True)
+            if len(value) > MAX_POOL_TAINTS:
+                problems.append(f"{len(value)} taints; at most {MAX_POOL_TAINTS}")
+            if problems:
+                raise ValueError("; ".join(problems))
+        return value
 
 
 class PoolTemplateMetadata(Spec):
-    labels: dict[str, str] = Field({}, description="Labels put on every node of the pool.")
+    labels: dict[str, str] = Field(
+        {},
+        description=f"Labels put on every node of the pool (also passed to the kubelet at registration). At most {MAX_POOL_LABELS}. "
+        "Keys are Kubernetes qualified names (optional DNS-subdomain prefix and '/', then up to 63 of A-Z a-z 0-9 - _ .) and "
+        "may not be under tgp.io/ (tgp's own labels always win), node-role.kubernetes.io/, or the kubernetes.io/k8s.io "
+        "namespaces the kubelet refuses; the bridge refuses such a pool (Ready=False, InvalidSpec). Values: empty or up to "
+        "63 of A-Z a-z 0-9 - _ . (alphanumeric at both ends).",
+        json_schema_extra={
+            "maxProperties": MAX_POOL_LABELS,
+            "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE_MAX_LENGTH, "pattern": LABEL_VALUE_PATTERN},
+        },
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _tenant_labels(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if _admitting(info):
+            problems = label_problems(value, tenant=True)
+            if len(value) > MAX_POOL_LABELS:
+                problems.append(f"{len(value)} labels; at most {MAX_POOL_LABELS}")
+            if problems:
+                raise ValueError("; ".join(problems))
+        return value
 
 
 class PoolTemplate(Spec):

@@ -1,15 +1,21 @@
 """Typed errors that adapters raise; the activity layer maps them to Temporal retry behaviour.
 
-Messages must say what to fix and must never contain a secret (they reach workflow history).
+Messages must say what to fix and must never contain a secret (they reach workflow history):
+every secret registered with `tgp.secrets` is scrubbed from a message when the error is made.
 """
 
 from __future__ import annotations
+
+from tgp.secrets import scrub
 
 
 class TgpError(Exception):
     """Base of every error an adapter raises on purpose."""
 
     retryable: bool = True
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
 
 
 class TransientError(TgpError):

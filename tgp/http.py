@@ -5,14 +5,16 @@ connection errors that honours `Retry-After`. Past that the caller gets a Transi
 Temporal's activity retry policy takes over, so a long outage never blocks a worker slot.
 A request that buys something is retried only after a 429 (see `send`).
 
-Error messages reach workflow history, so adapters pass them through `scrub`.
+Error messages reach workflow history, and many APIs echo the request (Authorization header,
+user-data) in their error bodies: `send` registers the credentials it sends with
+`tgp.secrets`, scrubs every error body it receives before anyone reads it, and scrubs the
+message of every error it raises (docs/security.md, "Scrubbing").
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import re
 from collections.abc import Callable, Iterable
 from email.utils import parsedate_to_datetime
 from datetime import datetime, timezone
@@ -22,6 +24,7 @@ from typing import Any, Self
 import httpx
 from pydantic import SecretStr
 
+from tgp import secrets as secret_registry
 from tgp.errors import AuthError, PermissionDenied, TgpError, TransientError
 
 # Requests to cloud APIs answer in well under a second; 30 s catches a hung connection.
@@ -32,10 +35,6 @@ IN_CALL_ATTEMPTS = 3
 MAX_IN_CALL_WAIT = 5.0
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-
-# Tailnet credentials by their shape: Tailscale's tskey-client-/-api-/-auth- and Headscale's
-# hskey-api-/-auth-. Boot payloads carry either kind, whichever cloud they go to.
-_TAILNET_KEY = re.compile(r"(tskey|hskey)-[A-Za-z0-9_-]+")
 
 
 class HttpAdapter:
@@ -104,8 +103,10 @@ async def send(
 ) -> httpx.Response:
     """Send a request, retrying transient failures; raise typed errors for the rest.
 
-    `bearer` is sent as `Authorization: Bearer ...`; it and `secrets` are scrubbed from the
-    message of any error raised here, since messages reach workflow history.
+    `bearer` is sent as `Authorization: Bearer ...`. It, `secrets` and the credential in the
+    client's own Authorization header are registered with `tgp.secrets`; every error body
+    (status >= 400) is scrubbed before it is returned or quoted, and so is the message of any
+    error raised here, since messages reach workflow history.
 
     Returns the response for 2xx and for any status listed in `ok` (for example 404 on a
     delete). 401 -> AuthError, 403 -> PermissionDenied, 429/5xx/network -> retried, then
@@ -117,16 +118,23 @@ async def send(
     or 5xx raises OutcomeUnknown at once. `rate_limit_wait` is the wait assumed after a 429
     without Retry-After (default: exponential backoff), for an API with a documented interval.
     """
-    hidden = [*secrets]
+    hidden = [*secrets, _credential(client.headers.get("Authorization"))]
     if bearer is not None:
         hidden.append(bearer.get_secret_value())
         kwargs["headers"] = {**dict(kwargs.get("headers") or {}), "Authorization": f"Bearer {bearer.get_secret_value()}"}  # type: ignore[dict-item]
+    hidden.append(_credential(dict(kwargs.get("headers") or {}).get("Authorization")))  # type: ignore[call-overload]
+    secret_registry.register(*hidden)
     try:
         return await _send(client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, kwargs)
     except TgpError as exc:
-        if hidden:
-            raise scrubbed(exc, hidden) from None
-        raise
+        raise scrubbed(exc, hidden) from None
+
+
+def _credential(header: str | None) -> str | None:
+    """The credential in an Authorization header value ("Bearer x", "Basic x", "x")."""
+    if not header:
+        return None
+    return header.partition(" ")[2] or header
 
 
 async def _send(
@@ -153,6 +161,9 @@ async def _send(
             wait = backoff(attempt)
         else:
             status = response.status_code
+            if status >= 400:
+                # Many APIs quote the request (credentials, user-data) in their errors.
+                response = scrubbed_response(response)
             if status < 300 or status in ok:
                 return response
             if status == 401:
@@ -195,28 +206,39 @@ def json_items(response: httpx.Response, field: str, *, system: str) -> list[dic
 
 
 def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """`text` with each of `secrets`, and anything shaped like a tailnet key, replaced by
-    [redacted]."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-    return _TAILNET_KEY.sub(r"\1-[redacted]", text)
+    """`text` with every registered secret (tgp.secrets), each of `secrets`, in any form
+    (plain, escaped, base64), and anything shaped like a tailnet key replaced by [redacted]."""
+    return secret_registry.scrub(text, secrets)
 
 
 def scrubbed(exc: TgpError, secrets: Iterable[str | None] = ()) -> TgpError:
-    """`exc` itself (type and retry_after kept) with its message scrubbed of `secrets`."""
+    """`exc` itself (type and retry_after kept) with its message scrubbed (see `scrub`)."""
     known = list(secrets)
     exc.args = tuple(scrub(str(a), known) for a in exc.args)
     return exc
 
 
+def scrubbed_response(response: httpx.Response) -> httpx.Response:
+    """`response`, or when its body shows a secret (an API echoing the request), a copy with
+    the body scrubbed: every later reader (error_message, an adapter's own parsing) sees only
+    the scrubbed text."""
+    text = response.text
+    clean = secret_registry.scrub(text)
+    if clean == text:
+        return response
+    skip = {"content-length", "content-encoding", "transfer-encoding"}
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in skip]
+    return httpx.Response(response.status_code, headers=headers, content=clean.encode(response.encoding or "utf-8"), request=response.request)
+
+
 def error_message(response: httpx.Response, limit: int = 300) -> str:
-    """The API's own error text, shortened; never the request (which may carry credentials)."""
+    """The API's own error text, scrubbed, then shortened (a secret cut in half by the limit
+    would no longer be recognised)."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:limit] or response.reason_phrase
-    return _message_in(body)[:limit]
+        return scrub(response.text)[:limit] or response.reason_phrase
+    return scrub(_message_in(body))[:limit]
 
 
 def _message_in(body: object) -> str:

@@ -14,6 +14,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
@@ -240,9 +241,10 @@ class TemporalSettings:
         return text
 
 
-async def connect(settings: TemporalSettings) -> Client:
-    """A client (and so its workers) using `data_converter()` of this process's environment.
-    A failure is a TemporalConnectError saying which address and which setting to check."""
+async def connect(settings: TemporalSettings, *, runtime: Runtime | None = None) -> Client:
+    """A client (and so its workers) using `data_converter()` of this process's environment,
+    and `runtime` (e.g. one exporting the SDK's metrics) if given. A failure is a
+    TemporalConnectError saying which address and which setting to check."""
     tls = settings.tls_config()
     try:
         return await Client.connect(
@@ -251,6 +253,7 @@ async def connect(settings: TemporalSettings) -> Client:
             tls=tls,
             api_key=settings.api_key.get_secret_value() if settings.api_key else None,
             data_converter=data_converter(),
+            runtime=runtime,
         )
     except (RuntimeError, RPCError) as exc:
         cause = settings.scrub(str(exc))

@@ -216,6 +216,9 @@ class NodeRequest(Model):
     unavailable_offer_ttl: timedelta = UNAVAILABLE_OFFER_TTL
     pool_workflow_id: str | None = Field(None, description="Pool workflow to report phases to.")
     class_workflow_id: str | None = Field(None, description="Class ledger that holds this node's budget.")
+    demand_since: datetime | None = Field(
+        None, description="When the pool first heard of the pending pod this node is bought for (for tgp_demand_to_launch_seconds)."
+    )
 
     @property
     def workflow_id(self) -> str:
@@ -243,6 +246,7 @@ class LaunchAttempt(Model):
     offer: Offer
     instance_id: str | None = None
     outcome: str = ""
+    started_at: datetime | None = None
 
 
 class NodeStatus(Model):
@@ -340,6 +344,7 @@ class LaunchInput(Model):
     taints: list[Taint] = []
     key_expiry: timedelta = AUTH_KEY_EXPIRY
     unavailable_offer_ttl: timedelta = UNAVAILABLE_OFFER_TTL
+    demand_since: datetime | None = Field(None, description="NodeRequest.demand_since, for tgp_demand_to_launch_seconds.")
 
 
 class LaunchResult(Model):
@@ -381,6 +386,7 @@ class LabelInput(Model):
     node_name: str
     labels: dict[str, str]
     taints: list[Taint]
+    launched_at: datetime | None = Field(None, description="Start of the launch attempt that worked, for tgp_launch_to_ready_seconds.")
 
 
 class ObserveInput(Model):

@@ -37,6 +37,7 @@ from activities.headscale import HeadscaleTailnet
 from activities.ports import Tailnet
 from activities.tailnet import TailscaleTailnet
 from tgp.errors import ConfigError
+from workers.interceptors import ActivityLogContext
 from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
@@ -138,4 +139,7 @@ async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timede
 
 def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
     """A Worker hosting every tgp workflow and activity."""
-    return Worker(client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), **options)  # type: ignore[arg-type]
+    interceptors = [ActivityLogContext(), *options.pop("interceptors", [])]  # type: ignore[misc]
+    return Worker(
+        client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]
+    )

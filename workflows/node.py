@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.fleet import FleetActivities, LedgerCall
     from activities.node import NodeActivities
     from tgp.messages import NodeReport, Reservation
+    from workflows.entity import describe as _describe
     from tgp.lifecycle import EndReason, WatchState, judge_observation
     from tgp.types import (
         LABEL_GPU_TYPE,
@@ -49,6 +50,8 @@ with workflow.unsafe.imports_passed_through():
         ObserveInput,
         Offer,
         SelectOfferInput,
+        StageCheck,
+        StageLook,
         TailnetCleanupInput,
         TimeoutsUpdate,
         instance_name,
@@ -60,14 +63,21 @@ SA_PROVIDER = SearchAttributeKey.for_keyword("TgpProvider")
 SA_GPU_TYPE = SearchAttributeKey.for_keyword("TgpGpuType")
 SA_HOURLY_PRICE = SearchAttributeKey.for_float("TgpHourlyPrice")
 SA_NODE_NAME = SearchAttributeKey.for_keyword("TgpNodeName")
+SA_CLASS = SearchAttributeKey.for_keyword("TgpClass")
 
 # Continue-as-new well before Temporal's own suggestion (4,096 events), so a node that lives
 # for weeks keeps each run's history small and quick to replay.
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 600
 
-# Heartbeat of the polling activities: they heartbeat on every look, so a dead worker is
-# noticed (and the activity retried elsewhere) within this long.
+# Heartbeat timeout of the polling activities (or the request's apiCall, if shorter): they
+# heartbeat through every look, slow ones included, so a missed heartbeat means a dead or
+# stalled worker, noticed (and the attempt retried elsewhere) within this long.
 POLL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+# A wait's lost attempts (dead workers) are retried until the stage's own deadline, never
+# counted: only the deadline ends a wait, and only after one more look (`check_stage`).
+POLL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=0)
+# Marks runs whose wait stages look once more at the deadline before failing over.
+STAGE_CHECK_PATCH = "stage-deadline-check"
 
 API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=10)
 # Launch is bounded: failing over to the next offer beats hammering one provider.
@@ -75,7 +85,7 @@ LAUNCH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=2),
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=5,
-    non_retryable_error_types=["CapacityError", "OfferRefused", "AuthError", "PermissionDenied", "ConfigError", "LaunchFailed"],
+    non_retryable_error_types=["CapacityError", "OfferRefused", "AuthError", "PermissionDenied", "ConfigError", "TemplateError", "LaunchFailed"],
 )
 # Cleanup never gives up: a leaked instance costs money every hour.
 CLEANUP_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(minutes=2), maximum_attempts=0)
@@ -208,7 +218,7 @@ class GPUNodeWorkflow:
             self._check_evicted()
             offer = await self._select_offer(tried)
             self._check_evicted()  # evicted while choosing: buy nothing
-            attempt = LaunchAttempt(attempt=len(self.state.attempts) + 1, offer=offer)
+            attempt = LaunchAttempt(attempt=len(self.state.attempts) + 1, offer=offer, started_at=workflow.now())
             self.state.attempts.append(attempt)
             tried.append(offer.key)
             try:
@@ -280,6 +290,7 @@ class GPUNodeWorkflow:
                 labels=self.req.labels,
                 taints=self.req.taints,
                 unavailable_offer_ttl=self.req.unavailable_offer_ttl,
+                demand_since=self.req.demand_since,
             ),
             # The whole stage budget, not one API call's: a create may wait behind a provider's
             # pacer. The heartbeat notices a dead worker; a live attempt is never retried
@@ -300,7 +311,7 @@ class GPUNodeWorkflow:
                 pass  # nothing bought, or cleanup finds it by name
             raise
         except ActivityError as exc:
-            if isinstance(exc.cause, ApplicationError) and exc.cause.type == "ConfigError":
+            if isinstance(exc.cause, ApplicationError) and exc.cause.type in ("ConfigError", "TemplateError"):
                 raise  # a bad template or join Secret fails on every offer: end now, say what to fix
             raise LaunchAttemptFailed(_describe(exc)) from None
         self._launched(result)
@@ -311,6 +322,7 @@ class GPUNodeWorkflow:
             timeout=self.req.timeouts.launch,
             summary="wait for instance to run",
             timeout_error="launch timeout: the instance did not reach running within {}",
+            recheck=StageCheck(instance=self.state.instance),
         )
 
     def _launched(self, result: LaunchResult) -> None:
@@ -323,12 +335,14 @@ class GPUNodeWorkflow:
         """Both halves of joining, each with its own timeout and failure reason."""
         self._enter(NodePhase.JOINING)
         t = self.req.timeouts
+        device = DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet)
         await self._wait_for(
             NodeActivities.wait_for_tailnet_device,
-            DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet),
+            device,
             timeout=t.tailnet_join,
             summary="wait for tailnet device",
             timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
+            recheck=StageCheck(instance=self.state.instance, device=device),
         )
         self._stamp("TailnetJoined")
         await self._wait_for(
@@ -337,23 +351,24 @@ class GPUNodeWorkflow:
             timeout=t.node_ready,
             summary="wait for Node Ready",
             timeout_error="join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)",
+            recheck=StageCheck(instance=self.state.instance, node_name=self.req.node_name),
         )
 
     async def _label_and_taint(self) -> None:
         offer = self.state.offer
         assert offer is not None
         labels = {
+            **self.req.labels,  # first: tgp's own labels always win (tgp.io/managed must stay "true")
             LABEL_MANAGED: "true",
             LABEL_POOL: self.req.pool,
             LABEL_POOL_NAMESPACE: self.req.namespace,
             LABEL_PROVIDER: offer.provider,
             LABEL_GPU_TYPE: offer.gpu_type,
             LABEL_REGION: offer.region,
-            **self.req.labels,
         }
         await workflow.execute_activity_method(
             NodeActivities.label_and_taint_node,
-            LabelInput(node_name=self.req.node_name, labels=labels, taints=self.req.taints),
+            LabelInput(node_name=self.req.node_name, labels=labels, taints=self.req.taints, launched_at=self.state.attempts[-1].started_at),
             start_to_close_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
             summary="label and taint",
@@ -492,35 +507,76 @@ class GPUNodeWorkflow:
 
     # --- helpers -------------------------------------------------------------------------
 
-    async def _wait_for(self, activity: Any, arg: Any, *, timeout: timedelta, summary: str, timeout_error: str) -> object:
-        """Run a polling (heartbeating) activity for at most `timeout`, but give it up when an
-        `evict` signal arrives. A timeout becomes a failed launch attempt whose reason is
-        `timeout_error`."""
-        handle = workflow.start_activity_method(
-            activity,
-            arg,
-            start_to_close_timeout=timeout,
-            schedule_to_close_timeout=timeout,
-            heartbeat_timeout=POLL_HEARTBEAT_TIMEOUT,
-            retry_policy=API_RETRY,
-            summary=summary,
-        )
+    async def _wait_for(
+        self, activity: Any, arg: Any, *, timeout: timedelta, summary: str, timeout_error: str, recheck: StageCheck
+    ) -> object:
+        """Run a polling (heartbeating) activity until the stage's deadline, `timeout` from now,
+        but give it up when an `evict` signal arrives.
+
+        Only that deadline is a stage timeout. A missed heartbeat is a dead or stalled worker:
+        Temporal retries the attempt on another worker (POLL_RETRY) while the deadline allows.
+        When the deadline passes, `recheck` looks once more (on whichever worker is alive by
+        then; the instance booted on its own clock all along), and what is in fact up is kept.
+        Otherwise the stage fails over, its reason `timeout_error` plus what the look saw."""
+        deadline = workflow.now() + timeout
         evicted = asyncio.ensure_future(workflow.wait_condition(lambda: self.state.evict_reason is not None))
+        heartbeat = min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT)
+        budget = timeout
         try:
-            await workflow.wait([handle, evicted], return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                handle = workflow.start_activity_method(
+                    activity,
+                    arg,
+                    start_to_close_timeout=budget,
+                    schedule_to_close_timeout=budget,
+                    heartbeat_timeout=heartbeat,
+                    retry_policy=POLL_RETRY,
+                    summary=summary,
+                )
+                try:
+                    await workflow.wait([handle, evicted], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    # On eviction or workflow cancellation, stop the wait: cleanup takes over.
+                    if not handle.done():
+                        handle.cancel()
+                if not handle.done() or handle.cancelled():
+                    self._check_evicted()
+                try:
+                    return handle.result()
+                except ActivityError as exc:
+                    if not isinstance(exc.cause, TimeoutError):
+                        raise LaunchAttemptFailed(_describe(exc)) from None
+                    if not workflow.patched(STAGE_CHECK_PATCH):
+                        raise LaunchAttemptFailed(timeout_error.format(_human(timeout))) from None
+                budget = deadline - workflow.now()
+                if budget < timedelta(seconds=1):
+                    break
+                # Retries ran out before the deadline (the next one would have started past it):
+                # watch on for the rest of the stage.
         finally:
-            # On eviction or workflow cancellation, stop the wait: cleanup takes over.
-            for task in (evicted, handle):
-                if not task.done():
-                    task.cancel()
-        if not handle.done() or handle.cancelled():
-            self._check_evicted()
+            if not evicted.done():
+                evicted.cancel()
+        look = await self._check_stage(recheck)
+        if look is not None and look.up:
+            workflow.logger.info("%s: deadline passed, but %s: kept", summary, look.seen)
+            return look
+        seen = f"; at the deadline {look.seen}" if look is not None else ""
+        raise LaunchAttemptFailed(timeout_error.format(_human(timeout)) + seen)
+
+    async def _check_stage(self, recheck: StageCheck) -> StageLook | None:
+        """The last look before a stage fails over; None if even that look failed."""
         try:
-            return handle.result()
+            return await workflow.execute_activity_method(
+                NodeActivities.check_stage,
+                recheck,
+                start_to_close_timeout=self.req.timeouts.api_call,
+                heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
+                retry_policy=API_RETRY,
+                summary="look once more at the stage deadline",
+            )
         except ActivityError as exc:
-            if isinstance(exc.cause, TimeoutError):
-                raise LaunchAttemptFailed(timeout_error.format(_human(timeout))) from None
-            raise LaunchAttemptFailed(_describe(exc)) from None
+            self.state.last_error = f"the last look at the stage deadline failed: {_describe(exc)}"
+            return None
 
     def _check_evicted(self) -> None:
         if self.state.evict_reason is not None:
@@ -531,7 +587,13 @@ class GPUNodeWorkflow:
         self.state.phase = phase
         self._stamp(phase.value)
         workflow.upsert_search_attributes(
-            [SA_PHASE.value_set(phase.value), SA_POOL.value_set(f"{self.req.namespace}/{self.req.pool}"), SA_NODE_NAME.value_set(self.req.node_name)]
+            [
+                SA_PHASE.value_set(phase.value),
+                SA_POOL.value_set(f"{self.req.namespace}/{self.req.pool}"),
+                SA_NODE_NAME.value_set(self.req.node_name),
+                # The class ledger finds its live nodes by this after a restart.
+                SA_CLASS.value_set(self.req.node_class),
+            ]
         )
         workflow.set_current_details(self._details())
         if self.req.pool_workflow_id:
@@ -587,15 +649,6 @@ class GPUNodeWorkflow:
             lines.append(f"- last error: {self.state.last_error}")
         lines.append(f"- evict: `temporal workflow signal --workflow-id {workflow.info().workflow_id} --name evict --input '{{\"reason\":\"manual\"}}'`")
         return "\n".join(lines)
-
-
-def _describe(exc: ActivityError) -> str:
-    cause = exc.cause
-    if isinstance(cause, ApplicationError):
-        return f"{cause.type}: {cause.message}" if cause.type else cause.message
-    if isinstance(cause, TimeoutError):
-        return f"activity timed out ({cause.type.name if cause.type else 'timeout'})"
-    return str(cause or exc)
 
 
 def _human(d: timedelta) -> str:

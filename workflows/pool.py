@@ -66,6 +66,7 @@ class PoolState(BaseModel):
     update: PoolUpdate | None = None
     demand: list[str] = []
     demand_gpus: int = 1
+    pending_since: dict[str, datetime] = Field({}, description="When each pod of the demand was first reported pending (metrics).")
     pod_gpus: dict[str, int] = {}
     free_gpus: dict[str, int] = {}
     nominations: dict[str, Nomination] = {}
@@ -120,6 +121,7 @@ class GPUNodePoolWorkflow:
     def demand(self, d: Demand) -> None:
         """The pending GPU pods this pool should serve now."""
         self.state.demand = list(d.pods)
+        self.state.pending_since = {pod: self.state.pending_since.get(pod, d.observed_at) for pod in d.pods}
         self.state.demand_gpus = d.max_gpus
         self.state.pod_gpus = dict(d.pod_gpus)
         self.state.free_gpus = dict(d.free_gpus)
@@ -322,6 +324,9 @@ class GPUNodePoolWorkflow:
             floor=floor,
             min_gpus=self.state.demand_gpus,
         )
+        since = [self.state.pending_since[pod] for pod in pods if pod in self.state.pending_since]
+        if since:
+            req = req.model_copy(update={"demand_since": min(since)})  # tgp_demand_to_launch_seconds starts here
         price = self.state.offer_check.cheapest if self.state.offer_check else None
         started = await best_effort(
             FleetActivities.reserve_and_start_node,

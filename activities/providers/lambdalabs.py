@@ -48,6 +48,7 @@ from pydantic import SecretStr
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, scrub, send
+from tgp.secrets import register_process
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.ratelimit import MinInterval
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -129,6 +130,7 @@ class LambdaProvider(HttpAdapter):
             raise ConfigError(f"the Lambda Cloud API key is empty: set it in {secret_ref}")
         if not ssh_key_name:
             raise ConfigError("Lambda launches need the name of an SSH key registered with Lambda (ssh_key_name)")
+        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
         self._api_key = api_key
         self._ssh_key_name = ssh_key_name
         self._base_url = base_url.rstrip("/")

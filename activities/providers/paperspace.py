@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, scrub, send
+from tgp.secrets import register_process
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -162,6 +163,7 @@ class PaperspaceProvider(HttpAdapter):
     ) -> None:
         if not api_key.get_secret_value():
             raise ConfigError(f"the Paperspace API key is empty: set it in {secret_ref}")
+        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
         self.catalog = catalog or load_catalog()
         self.template_id = template_id
         self.disk_size_gb = disk_size_gb

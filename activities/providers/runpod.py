@@ -50,6 +50,7 @@ from pydantic import SecretStr
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, json_items, json_object, scrub, send
+from tgp.secrets import register_process
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -144,6 +145,7 @@ class RunPodProvider(HttpAdapter):
             raise ConfigError(f"the RunPod API key is empty: set it in {secret_ref}")
         if not gpu_counts or any(n < 1 for n in gpu_counts):
             raise ConfigError(f"RunPod gpu_counts must be positive integers, got {list(gpu_counts)}")
+        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
         self._api_key = api_key
         self._base_url = base_url.rstrip("/")
         self._image = image

@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, OfferRefused, TransientError
 from tgp.http import DEFAULT_TIMEOUT, error_message, send
+from tgp.secrets import register_process
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
 _STATES = {
@@ -37,6 +38,7 @@ class SimulatedProvider:
         self, base_url: str, *, api_key: SecretStr | None = None, client: httpx.AsyncClient | None = None, name: str = "simulated"
     ) -> None:
         self.name = name  # several simulated clouds can stand in for several providers
+        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
         headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key else {}
         self._client = client or httpx.AsyncClient(base_url=base_url, timeout=DEFAULT_TIMEOUT, headers=headers)
 

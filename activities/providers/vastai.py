@@ -41,6 +41,7 @@ from pydantic import SecretStr
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from tgp.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, HttpAdapter, OutcomeUnknown, backoff, retry_after_seconds, scrub, send
+from tgp.secrets import register_process
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.ratelimit import MinInterval, Unlimited
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -172,6 +173,7 @@ class VastProvider(HttpAdapter):
     ) -> None:
         if not api_key.get_secret_value():
             raise ConfigError(f"the Vast.ai API key is empty: set it in {secret_ref}")
+        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
         self.vm = vm
         self.image = image or (DEFAULT_VM_IMAGE if vm else DEFAULT_CONTAINER_IMAGE)
         if vm and not self.image.startswith(VM_IMAGE_PREFIX):

@@ -128,6 +128,8 @@ class SimulatedCloud:
         self._ids = itertools.count(1)
         self._create_gate: asyncio.Event | None = None
         self.create_arrived = asyncio.Event()
+        self._offers_gate: asyncio.Event | None = None
+        self.offers_listed = asyncio.Event()
         self._delete_gate: asyncio.Event | None = None
         self.delete_arrived = asyncio.Event()
         self._create_delay = 0.0
@@ -165,6 +167,17 @@ class SimulatedCloud:
         self._create_gate = asyncio.Event()
         self.create_arrived.clear()
 
+    def hold_offer_lists(self) -> None:
+        """Keep offer listings (GET /v1/offers) waiting until released: `offers_listed` is set
+        when one arrives, to catch a node while it chooses its offer."""
+        self._offers_gate = asyncio.Event()
+        self.offers_listed.clear()
+
+    def release_offer_lists(self) -> None:
+        if self._offers_gate is not None:
+            self._offers_gate.set()
+            self._offers_gate = None
+
     def hold_deletes(self) -> None:
         """Keep terminate requests waiting (a slow provider API) until released."""
         self._delete_gate = asyncio.Event()
@@ -193,10 +206,14 @@ class SimulatedCloud:
         """The next `count` creates buy the instance and then answer 503."""
         self._creates_failing_after_buy = count
 
-    def fail(self, path: str, status: int = 500, *, times: int = 1, method: str | None = None, message: str = "injected failure") -> None:
+    def fail(
+        self, path: str, status: int = 500, *, times: int = 1, method: str | None = None, message: str = "injected failure",
+        after_handling: bool = False,
+    ) -> None:
         """The next `times` requests whose path matches the fnmatch `path` (and `method`, if
-        given) answer `status` in this cloud's error shape, without taking effect."""
-        self._faults.append(Fault(path, method.upper() if method else None, status, times, None, message))
+        given) answer `status` in this cloud's error shape, without taking effect; with
+        `after_handling`, after taking effect (a delete that terminates, then answers 503)."""
+        self._faults.append(Fault(path, method.upper() if method else None, status, times, None, message, after_handling))
 
     def fail_deletes(self, count: int) -> None:
         """The next `count` terminate requests answer 500 and terminate nothing."""
@@ -241,6 +258,7 @@ class SimulatedCloud:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.release_offer_lists()
         self.release_creates()
         self.release_deletes()
         self.slow_describes(0)
@@ -264,6 +282,8 @@ class SimulatedCloud:
         for fault in self._faults:
             if fault.remaining > 0 and fnmatch.fnmatchcase(request.path, fault.pattern) and fault.method in (None, request.method):
                 fault.remaining -= 1
+                if fault.after_handling:
+                    await handler(request)
                 return _error(fault.status, "injected", str(fault.body))
         return await handler(request)
 
@@ -274,6 +294,9 @@ class SimulatedCloud:
         return await handler(request)
 
     async def _list_offers(self, request: web.Request) -> web.Response:
+        self.offers_listed.set()
+        if self._offers_gate is not None:
+            await self._offers_gate.wait()
         offers = [
             {
                 "id": o.id,

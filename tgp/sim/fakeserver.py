@@ -5,25 +5,100 @@ from Python (`fail`) that answer the next matching requests with an error.
 A fake subclasses `FakeServer`, adds its routes in `_add_routes`, orders its middlewares in
 `_middlewares` (its authentication before or after the injected faults, as the real API's
 limiter sits), and words an injected error the way its API does in `_fault_response`.
+
+Echo mode (`echo = "json" | "raw" | "base64"`): many real APIs quote the request in an error
+answer, Authorization header and body (user-data, startup script, env) included. With `echo`
+set, every error answer (status >= 400: injected, refused by the fake's own checks, or a
+401) carries the request in its message field, as `echo_request` words it: the JSON request
+("json"), the raw HTTP request ("raw"), or the headers and every long body field in base64
+("base64", as APIs that return user-data do). The tests use it to prove no secret an adapter
+sent comes back out of an error path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import fnmatch
 import json
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-__all__ = ["Fault", "FakeServer", "Handler", "RecordedRequest"]
+__all__ = ["ECHO_MODES", "EchoMode", "Fault", "FakeServer", "Handler", "RecordedRequest", "echo_errors", "echo_request"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+EchoMode = Literal["json", "raw", "base64"]
+ECHO_MODES: tuple[EchoMode, ...] = ("json", "raw", "base64")
+# Body strings at least this long are base64-encoded in the "base64" echo (user-data, scripts, keys).
+_ECHO_B64_MIN = 16
+
+
+def echo_request(request: web.Request, raw: bytes, mode: EchoMode) -> str:
+    """The request as an API that quotes it in its errors would: the Authorization header and
+    the body. The JSON modes quote the biggest body fields first (user-data, a script, an
+    env: what an API complaining about a field quotes), so that they fall within what an
+    adapter keeps of a message; "raw" quotes the body exactly as sent."""
+    auth = request.headers.get("Authorization", "")
+    text = raw.decode("utf-8", "replace")
+    try:
+        body: Any = json.loads(raw) if raw else None
+    except ValueError:
+        body = text
+    if isinstance(body, dict):
+        body = dict(sorted(body.items(), key=lambda kv: len(json.dumps(kv[1], default=str)), reverse=True))
+    if mode == "raw":
+        return f"Authorization: {auth}\n{request.method} {request.path_qs}\n{text}"
+    if mode == "base64":
+        encoded_auth = base64.b64encode(f"Authorization: {auth}".encode()).decode()
+        return json.dumps({"body": _b64_fields(body), "headers": encoded_auth, "method": request.method, "path": request.path_qs})
+    return json.dumps({"body": body, "headers": {"Authorization": auth}, "method": request.method, "path": request.path_qs})
+
+
+def _b64_fields(value: Any) -> Any:
+    if isinstance(value, str):
+        return base64.b64encode(value.encode()).decode() if len(value) >= _ECHO_B64_MIN else value
+    if isinstance(value, dict):
+        return {k: _b64_fields(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_b64_fields(v) for v in value]
+    return value
+
+
+def _put_echo(body: Any, echo: str) -> bool:
+    """Append `echo` to the human message of an error body (detail, message, msg, or the
+    message inside an `error` object), where an adapter would quote it from."""
+    if not isinstance(body, dict):
+        return False
+    for key in ("detail", "message", "msg", "error"):
+        value = body.get(key)
+        if isinstance(value, str) and value:
+            body[key] = f"{value} (request: {echo})"
+            return True
+    return isinstance(body.get("error"), dict) and _put_echo(body["error"], echo)
+
+
+async def echo_errors(request: web.Request, response: web.StreamResponse, mode: EchoMode | None) -> web.StreamResponse:
+    """`response`, or when it is an error and `mode` is set, the same error quoting the request."""
+    if mode is None or response.status < 400 or not isinstance(response, web.Response):
+        return response
+    echo = echo_request(request, await request.read() if request.body_exists else b"", mode)  # read() is cached
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-type", "content-length")}
+    try:
+        body = json.loads(response.body or b"") if isinstance(response.body, bytes) else None
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        if not _put_echo(body, echo):
+            body["request"] = echo
+        return web.json_response(body, status=response.status, headers=headers, content_type=response.content_type)
+    text = response.text or response.reason or ""
+    return web.Response(status=response.status, headers=headers, text=f"{text} (request: {echo})", content_type=response.content_type)
 
 
 @dataclass
@@ -66,6 +141,8 @@ class FakeServer:
 
     # Where the API lives under the origin; `url` points there.
     base_path = ""
+    # Quote the request in every error answer (see the module docstring); None: do not.
+    echo: EchoMode | None = None
     # Fault patterns are matched against the path without this prefix ("/pods", not "/v2/pods").
     fault_prefix = ""
 
@@ -167,9 +244,11 @@ class FakeServer:
             response = await handler(request)
         except web.HTTPException as exc:
             entry.status = exc.status
-            raise
+            if self.echo is None or exc.status < 400:
+                raise
+            response = web.Response(status=exc.status, text=exc.text or exc.reason)
         entry.status = response.status
-        return response
+        return await echo_errors(request, response, self.echo)
 
     @web.middleware
     async def _inject_faults(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -8,8 +8,9 @@ each following the real API server as recorded in docs/reference (kubernetes-tes
   a name already taken is 409 AlreadyExists; a new Pod starts in phase Pending;
 * one cluster-wide `resourceVersion` counter, bumped by every write; a patch or a PUT that
   carries a stale `metadata.resourceVersion` is 409 Conflict; a failed JSON-patch `test` is 422;
-* merge patch and strategic merge patch (treated as merge; 415 on custom resources), JSON patch,
-  PUT; a JSON-patch content type with an object body is 400;
+* merge patch, strategic merge patch (built-in kinds only, 415 on custom resources; list merge
+  keys and directives as kubectl sends them, see kube_patch), JSON patch, PUT; a JSON-patch
+  content type with an object body is 400;
 * the `/status` subresource changes only `status`; the main object ignores `status`;
   `generation` follows `spec` (custom resources: everything but metadata and status);
 * finalizers: deleting an object that has some only sets `deletionTimestamp` (a MODIFIED event);
@@ -28,7 +29,12 @@ each following the real API server as recorded in docs/reference (kubernetes-tes
   the grace period) and `deletionGracePeriodSeconds` (from the DeleteOptions, else the pod's
   `terminationGracePeriodSeconds`, defaulted to 30 at create); the pod stays, Terminating, until
   the grace period has passed, then goes (DELETED). Unbound and finished pods and a grace period
-  of 0 go at once; a later delete may shorten the grace period, never lengthen it.
+  of 0 go at once; a later delete may shorten the grace period, never lengthen it;
+* what kubectl reads, so that the real kubectl works against it (tests/test_kubectl.py):
+  aggregated discovery (kube_discovery), OpenAPI v3 and v2 (kube_openapi, kube_openapi_v2), Table
+  responses with CRD printer columns and built-in printers (kube_tables), `fieldValidation`
+  on writes of custom resources, strategic merge patch (kube_patch), streaming lists that end
+  their initial events with a bookmark; `write_kubeconfig` points kubectl at the emulator.
 
 The emulator plays the kubelet's last step of a graceful deletion (the final delete once the
 containers stopped) with a wall-clock timer, as if every container used its whole grace period.
@@ -48,6 +54,8 @@ import hashlib
 import importlib.resources
 import json
 import math
+import os
+import pathlib
 import re
 import secrets
 import uuid
@@ -64,6 +72,7 @@ import kmock
 from typing_extensions import override
 
 from tgp.http import error_message, send
+from tgp.sim import kube_discovery, kube_openapi, kube_openapi_v2, kube_patch, kube_tables
 from tgp.types import GPU_RESOURCE
 
 NODES = kmock.resource("", "v1", "nodes")
@@ -92,6 +101,7 @@ DEFAULT_WATCH_WINDOW = 1000
 
 _EVICTION_PATH = re.compile(r"/api/v1/namespaces/[^/]+/pods/[^/]+/eviction")
 _RESOURCE_PATH = re.compile(r"/apis?/.+")
+_OPENAPI_V3_PATH = re.compile(r"/openapi/v3(?:/(?P<path>.+))?")
 # Controllers whose `spec.replicas` a PodDisruptionBudget counts against.
 _SCALABLE_OWNERS = {
     "ReplicaSet": kmock.resource("apps", "v1", "replicasets"),
@@ -125,7 +135,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     nothing, as with a real server that failed.
 
     Test knobs: `install_crd`, `compact`, `cut_watches`, `watch_window`, `eviction_versions`,
-    `expired_watch_as_http`.
+    `expired_watch_as_http`, `field_validation`.
     """
 
     eviction_versions: frozenset[str] = frozenset({"policy/v1", "policy/v1beta1"})
@@ -140,6 +150,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
     event in the stream. Current servers do the latter; old ones (and proxies) the former, and
     clients must handle both."""
 
+    field_validation: bool = True
+    """Whether the server checks fields itself (`fieldValidation`, Kubernetes 1.25+) and says so
+    in OpenAPI v3. False plays an older server: the option is ignored, and kubectl validates on
+    the client against OpenAPI v2."""
+
     _server: kmock.Server | None = attrs.field(default=None, init=False)
     _revision: int = attrs.field(default=_FIRST_RESOURCE_VERSION, init=False)
     # Watches resume from `_changes`; every revision up to `_horizon` has been forgotten.
@@ -149,6 +164,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _custom: dict[tuple[str, str], _CustomResource] = attrs.field(factory=dict, init=False)
     # The kubelet's final delete of each pod in graceful deletion, due when its grace period ends.
     _grace_timers: dict[tuple[kmock.resource, str | None, str], asyncio.TimerHandle] = attrs.field(factory=dict, init=False)
+    # The OpenAPI documents and what they were built from (served resources, CRD versions).
+    _openapi_cache: tuple[Any, dict[str, Obj]] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* overrides below
@@ -157,6 +174,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self.resources.load_data(gzip.decompress(bundled))
         self.fallback["post", _EVICTION_PATH] << self._serve_eviction
         self.fallback["put", _RESOURCE_PATH] << self._serve_replace
+        self.fallback["get", _OPENAPI_V3_PATH] << self._serve_openapi_v3
+        self.fallback["get /openapi/v2"] << self._serve_openapi_v2
 
     async def __aenter__(self) -> Self:
         await super().__aenter__()
@@ -188,6 +207,18 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if self._server is None:
             raise RuntimeError("KubeEmulator is not running: use `async with KubeEmulator() as kube`")
         return str(self._server.url).rstrip("/")
+
+    def write_kubeconfig(
+        self, path: str | os.PathLike[str], *, context: str = "tgp", namespace: str = "default",
+    ) -> pathlib.Path:
+        """Write a kubeconfig for kubectl (or any client) that points at this emulator and return
+        its path: one cluster, user and context named `context`, plain HTTP, no credentials,
+        `namespace` as the context's default namespace. The file is only valid while the
+        emulator runs (its port is chosen at start). Use it as `KUBECONFIG=<path> kubectl get gnp -A`."""
+        target = pathlib.Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(kubeconfig(self.url, context=context, namespace=namespace), indent=2) + "\n")
+        return target
 
     # --- test knobs ------------------------------------------------------------------
 
@@ -248,15 +279,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
     @override
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
         resource = self._served(request)
-        # Always 201: kmock keeps the status of a Response returned from a reaction.
-        return kmock.Response(status=201, payload=self._create(resource, request.namespace, request.data))
+        warning = self._field_validation(request, resource, request.data)
+        # Always 201 (and the Warning header, None for none): kmock keeps the status and headers
+        # of a Response returned from a reaction.
+        created = self._create(resource, request.namespace, request.data)
+        return kmock.Response(status=201, headers={"Warning": warning}, payload=created)
 
     @override
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
         resource = self._served(request, subresources={"status"})
+        if _content_type(request).startswith(APPLY_PATCH):
+            # Before the lookup: server-side apply would create a missing object (`kubectl apply
+            # --server-side` must not read "not found").
+            raise ApiStatus(415, "UnsupportedMediaType", "server-side apply is not emulated; send a merge patch")
         key, current = self._existing(resource, request.namespace, request.name)
         proposed = self._apply_patch(request, resource, self._present(resource, current))
-        return self._update(resource, request.subresource, key, current, proposed)
+        warning = self._field_validation(request, resource, proposed)
+        updated = self._update(resource, request.subresource, key, current, proposed)
+        return kmock.Response(status=200, headers={"Warning": warning}, payload=updated)
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         """PUT: the body replaces the object (or its status); its resourceVersion must be current."""
@@ -283,7 +323,35 @@ class KubeEmulator(kmock.KubernetesEmulator):
             meta["resourceVersion"] = current_version
         elif str(meta["resourceVersion"]) != current_version:
             raise _conflict(resource, request.name)
-        return self._update(resource, request.subresource, key, current, proposed)
+        warning = self._field_validation(request, resource, proposed)
+        updated = self._update(resource, request.subresource, key, current, proposed)
+        return kmock.Response(status=200, headers={"Warning": warning}, payload=updated)
+
+    def _field_validation(self, request: kmock.Request, resource: kmock.resource, obj: Any) -> str | None:
+        """The `fieldValidation` option of a write (Strict, Warn (the default) or Ignore) applied
+        to the fields of a custom resource that its schema does not declare (and pruning would
+        drop): Strict refuses the write (400), Warn returns the Warning header to send, one
+        warning per field, as the API server does. kubectl sends Strict. Built-in kinds are not
+        checked (the emulator has no complete schemas for them)."""
+        mode = request.params.get("fieldValidation") or "Warn"
+        if mode not in ("Ignore", "Warn", "Strict"):
+            raise ApiStatus(400, "BadRequest", f'fieldValidation: Unsupported value: "{mode}": supported values: '
+                            '"Ignore", "Strict", "Warn"')
+        custom = self._custom_version(resource)
+        if custom is None or mode == "Ignore" or not self.field_validation or not isinstance(obj, Mapping):
+            return None
+        pruned = copy.deepcopy(dict(obj))
+        _prune(pruned, custom[1].schema, root=True)
+        unknown = _removed_fields(obj, pruned, "")
+        if not unknown:
+            return None
+        if mode == "Strict":
+            kind = custom[0].kind
+            raise ApiStatus(400, "BadRequest", (
+                f'{kind} in version "{resource.version}" cannot be handled as a {kind}: strict decoding error: '
+                + ", ".join(f'unknown field "{field}"' for field in unknown)
+            ))
+        return ", ".join('299 - ' + json.dumps(f'unknown field "{field}"') for field in unknown)
 
     @override
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
@@ -325,6 +393,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return await self._serve_watch(request)  # `watch=1` and `watch=True` count too
         resource = self._served(request, subresources={"status"})
         _, current = self._existing(resource, request.namespace, request.name)
+        if kube_tables.wants_table(_accept(request)):
+            return self._table(request, resource, [self._present(resource, current)])
         return self._present(resource, current)
 
     @override
@@ -346,6 +416,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             obj = self._present(resource, stored.raw)
             if selection.matches(obj):
                 items.append(obj)
+        if kube_tables.wants_table(_accept(request)):
+            return self._table(request, resource, items, str(self._revision))
         return {
             "apiVersion": _api_version(resource),
             "kind": f"{self._list_kind(resource)}",
@@ -361,13 +433,24 @@ class KubeEmulator(kmock.KubernetesEmulator):
         selection = self._selection(resource, request.params)
         since = _parse_resource_version(request.params.get("resourceVersion"))
         timeout = _parse_timeout(request.params.get("timeoutSeconds"))
+        # Streaming lists (client-go's WatchListClient, e.g. the wait of `kubectl delete`): the
+        # current state, then a bookmark marking the end of the initial events, then changes.
+        initial_events = _is_true(request.params.get("sendInitialEvents"))
+        if initial_events:
+            if request.params.get("resourceVersionMatch") != "NotOlderThan":
+                raise ApiStatus(422, "Invalid", "resourceVersionMatch: Forbidden: sendInitialEvents requires "
+                                "setting resourceVersionMatch to NotOlderThan")
+            since = None
         if since is not None and since < self._horizon and self.expired_watch_as_http:
             raise ApiStatus(410, "Expired", _too_old(since, self._horizon))
         # A Response's headers stick to the reaction (kmock), which is harmless: always JSON.
-        return kmock.Response(
-            headers={"Content-Type": "application/json"},
-            payload=self._stream(request, resource, selection, since, timeout),
+        stream = self._stream(
+            request, resource, selection, since, timeout,
+            initial_events_end=initial_events and _is_true(request.params.get("allowWatchBookmarks")),
         )
+        if kube_tables.wants_table(_accept(request)):
+            stream = self._table_events(request, resource, stream)
+        return kmock.Response(headers={"Content-Type": "application/json"}, payload=stream)
 
     async def _stream(
         self,
@@ -376,6 +459,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         selection: _Selection,
         since: int | None,
         timeout: float | None,
+        *,
+        initial_events_end: bool = False,
     ) -> AsyncIterator[kmock.Payload]:
         """The watch stream: what happened after `since` (or the current state as ADDED events
         when there is none), then every change as it happens."""
@@ -402,6 +487,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
         else:
             watch.queue.extend(c for c in self._changes if c.resource == storage and c.revision > since)
+        if initial_events_end:
+            watch.queue.append(_Change(self._revision, storage, "BOOKMARK", {
+                "kind": self._kind(resource), "apiVersion": _api_version(resource),
+                "metadata": {"resourceVersion": str(self._revision), "annotations": {"k8s.io/initial-events-end": "true"}},
+            }, None))
         self._watches.add(watch)
         try:
             yield b""  # the response headers go out now, as a real server sends them at once
@@ -428,6 +518,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     ) -> Obj | None:
         """The event a watcher sees for `change`: like the watch cache, an object that starts
         matching the selectors is ADDED for this watcher, one that stops matching is DELETED."""
+        if change.type == "BOOKMARK":
+            return {"type": "BOOKMARK", "object": change.obj}
         meta = change.obj["metadata"]
         if watch.namespace is not None and meta.get("namespace") != watch.namespace:
             return None
@@ -636,6 +728,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 raise ApiStatus(422, "Invalid", f"the server rejected our request due to an error in our request: {exc}")
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
                 raise ApiStatus(422, "Invalid", str(exc))
+        elif isinstance(patch, Mapping) and content_type == STRATEGIC_MERGE_PATCH:
+            changed = kube_patch.strategic_merge(current, patch)
         elif isinstance(patch, Mapping):
             changed = _merge_patch(current, patch)
         else:
@@ -911,6 +1005,120 @@ class KubeEmulator(kmock.KubernetesEmulator):
         namespaced = self._info(resource).namespaced
         return True if namespaced is None else namespaced
 
+    # --- what kubectl reads: discovery, OpenAPI, Tables (kube_discovery, kube_openapi*, kube_tables)
+
+    def _served_resources(self) -> dict[kmock.resource, kmock.ResourceInfo]:
+        return {r: self._info(r) for r in self._get_resources() if r.plural and r.version is not None}
+
+    @override
+    async def _serve_api(self, request: kmock.Request) -> kmock.Payload:
+        # Every answer of a reaction sets its Content-Type: kmock keeps a Response's headers.
+        if kube_discovery.wants_aggregated(_accept(request)):
+            document = kube_discovery.aggregated(self._served_resources(), core=True)
+            return kmock.Response(headers={"Content-Type": kube_discovery.AGGREGATED_V2}, payload=document)
+        return kmock.Response(headers={"Content-Type": "application/json"}, payload=await super()._serve_api(request))
+
+    @override
+    async def _serve_apis(self, request: kmock.Request) -> kmock.Payload:
+        if kube_discovery.wants_aggregated(_accept(request)):
+            document = kube_discovery.aggregated(self._served_resources(), core=False)
+            return kmock.Response(headers={"Content-Type": kube_discovery.AGGREGATED_V2}, payload=document)
+        return kmock.Response(
+            headers={"Content-Type": "application/json"}, payload=kube_discovery.legacy_groups(self._get_resources()),
+        )
+
+    @override
+    async def _serve_group(self, request: kmock.Request) -> kmock.Payload:
+        group = kube_discovery.legacy_group(self._get_resources(), (request.resource and request.resource.group) or "")
+        if group is None:
+            raise _no_such_resource()
+        return group
+
+    @override
+    async def _serve_version(self, request: kmock.Request) -> kmock.Payload:
+        document = await super()._serve_version(request)
+        return kube_discovery.legacy_resource_list(document) if isinstance(document, dict) else document
+
+    def _openapi_documents(self) -> dict[str, Obj]:
+        """OpenAPI v3 documents by index key (`api/v1`, `apis/tgp.io/v1`), for every served
+        group-version, from the served resources and the installed CRDs' schemas."""
+        served = self._served_resources()
+        crds = sorted((k[2], o.raw["metadata"]["resourceVersion"]) for k, o in self.objects.items()
+                      if k[0] == CRDS and not o.deleted)
+        key = (frozenset(served), tuple(crds), self.field_validation)
+        if self._openapi_cache is not None and self._openapi_cache[0] == key:
+            return self._openapi_cache[1]
+        documents = {}
+        for group, version in sorted({(r.group or "", str(r.version)) for r in served}):
+            custom = {
+                c.kind: c.versions[version].schema for (g, _), c in self._custom.items()
+                if g == group and version in c.versions
+            }
+            document = kube_openapi.group_version(group, version, served, custom, field_validation=self.field_validation)
+            if document is not None:
+                documents[kube_openapi.document_path(group, version)] = document
+        self._openapi_cache = (key, documents)
+        return documents
+
+    async def _serve_openapi_v3(self, request: kmock.Request) -> kmock.Payload:
+        documents = self._openapi_documents()
+        match = _OPENAPI_V3_PATH.fullmatch(request.url.path)
+        path = match.group("path") if match else None
+        if path is None:
+            payload = kube_openapi.index(documents)
+        elif path in documents:
+            payload = documents[path]
+        else:
+            raise _no_such_resource()
+        return kmock.Response(status=200, headers={"Content-Type": "application/json"}, payload=payload)
+
+    async def _serve_openapi_v2(self, request: kmock.Request) -> kmock.Payload:
+        """Swagger 2.0: protobuf when asked for (kubectl), else JSON."""
+        document = kube_openapi_v2.swagger(self._openapi_documents().values())
+        if kube_openapi_v2.wants_protobuf(_accept(request)):
+            return kmock.Response(
+                # kube-openapi answers the protobuf as octet-stream: the media type kubectl asks
+                # for has an `@`, which Go's media-type parser refuses in a Content-Type.
+                status=200, headers={"Content-Type": "application/octet-stream"}, payload=kube_openapi_v2.protobuf(document),
+            )
+        return kmock.Response(status=200, headers={"Content-Type": "application/json"}, payload=document)
+
+    def _table_convertor(self, resource: kmock.resource) -> kube_tables.Convertor:
+        custom = self._custom_version(resource)
+        if custom is not None:
+            return kube_tables.custom_resource(custom[1].printer_columns)
+        return kube_tables.built_in(resource.group or "", self._kind(resource))
+
+    def _table(
+        self, request: kmock.Request, resource: kmock.resource, objects: list[Obj], resource_version: str | None = None,
+    ) -> Obj:
+        """`objects` as the Table a client asked for with `Accept: ...;as=Table;g=meta.k8s.io`."""
+        include = _include_object(request)
+        return kube_tables.table(self._table_convertor(resource), objects, include=include, resource_version=resource_version)
+
+    def _table_events(
+        self, request: kmock.Request, resource: kmock.resource, events: AsyncIterator[kmock.Payload],
+    ) -> AsyncIterator[kmock.Payload]:
+        """A watch whose objects are one-row Tables (`kubectl get -w`); as from a real server,
+        only the first carries the column definitions."""
+        include = _include_object(request)  # a bad option is a 400 before the stream starts
+        convertor = self._table_convertor(resource)
+
+        async def tables() -> AsyncIterator[kmock.Payload]:
+            first = True
+            async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]
+                async for event in stream:
+                    if isinstance(event, dict) and event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        obj = event["object"]
+                        version = (obj.get("metadata") or {}).get("resourceVersion")
+                        event = {"type": event["type"], "object": kube_tables.table(
+                            convertor, [obj], include=include, resource_version=version, columns=first,
+                        )}
+                        first = False
+                    yield event
+
+        return tables()
+
     # --- eviction --------------------------------------------------------------------
 
     async def _serve_eviction(self, request: kmock.Request) -> kmock.Payload:
@@ -1011,7 +1219,7 @@ class _Change:
 
     revision: int
     resource: kmock.resource  # where the object is stored
-    type: str  # ADDED, MODIFIED or DELETED
+    type: str  # ADDED, MODIFIED or DELETED (or BOOKMARK, for one watcher only)
     obj: Obj  # after the write; for DELETED the last state with the deletion's revision
     previous: Obj | None  # before the write
 
@@ -1105,6 +1313,7 @@ class _CustomVersion:
     schema: Mapping[str, Any]
     subresources: frozenset[str]
     selectable_fields: frozenset[str]
+    printer_columns: tuple[Mapping[str, Any], ...] = ()  # additionalPrinterColumns, for Tables
 
     @classmethod
     def from_crd(cls, version: Mapping[str, Any]) -> _CustomVersion:
@@ -1114,6 +1323,7 @@ class _CustomVersion:
             selectable_fields=frozenset(
                 str(f.get("jsonPath", "")).lstrip(".") for f in version.get("selectableFields") or []
             ),
+            printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
         )
 
     def shape(self, obj: Obj) -> Obj:
@@ -1294,6 +1504,19 @@ def _prune_declared(value: Any, schema: Mapping[str, Any], *, root: bool = False
             _prune_declared(item, schema["items"])
 
 
+def _removed_fields(before: Any, after: Any, path: str) -> list[str]:
+    """The fields of `before` that pruning removed (`spec.foo`, `spec.items[0].bar`)."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        removed = []
+        for key, value in before.items():
+            field = _child_path(path, key)
+            removed += [field] if key not in after else _removed_fields(value, after[key], field)
+        return removed
+    if isinstance(before, list) and isinstance(after, list):
+        return [f for i, (b, a) in enumerate(zip(before, after, strict=False)) for f in _removed_fields(b, a, f"{path}[{i}]")]
+    return []
+
+
 def _child_schema(schema: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     properties: Mapping[str, Mapping[str, Any]] = schema.get("properties") or {}
     if key in properties:
@@ -1362,7 +1585,7 @@ def _validate(value: Any, schema: Mapping[str, Any], path: str, errors: list[_Fi
             errors.append(_FieldError("FieldValueTooLong", path, f"Too long: may not be longer than {schema['maxLength']}"))
         if "minLength" in schema and length < schema["minLength"]:
             errors.append(_FieldError.invalid(path, value, f"{path} in body should be at least {schema['minLength']} chars long"))
-        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+        if "pattern" in schema and _go_regexp(schema["pattern"]).search(value) is None:
             errors.append(_FieldError.invalid(path, value, f"{path} in body should match '{schema['pattern']}'"))
     elif actual in ("integer", "number"):
         _validate_number(value, schema, path, errors)
@@ -1390,6 +1613,36 @@ def _validate(value: Any, schema: Mapping[str, Any], path: str, errors: list[_Fi
             sub = _child_schema(schema, key)
             if sub is not None:
                 _validate(item, sub, _child_path(path, key), errors)
+
+
+_GO_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _go_regexp(pattern: str) -> re.Pattern[str]:
+    """A schema pattern with Go's RE2 meaning of `$`: the very end of the text. Python's `$`
+    also matches before a final newline, so `^[a-z]+$` would take "abc\n", which the API
+    server refuses (the difference an injected newline slips through)."""
+    compiled = _GO_PATTERNS.get(pattern)
+    if compiled is None:
+        out, i, n = [], 0, len(pattern)
+        while i < n:
+            char = pattern[i]
+            if char == "\\" and i + 1 < n:
+                out.append("\\Z" if pattern[i + 1] == "z" else pattern[i : i + 2])  # RE2 \z: end of text
+                i += 2
+            elif char == "[":  # a character class is copied as is ($ is literal in it)
+                j = i + 1
+                j += pattern[j : j + 1] == "^"
+                j += pattern[j : j + 1] == "]"
+                while j < n and pattern[j] != "]":
+                    j += 2 if pattern[j] == "\\" else 1
+                out.append(pattern[i : j + 1])
+                i = j + 1
+            else:
+                out.append("\\Z" if char == "$" else char)
+                i += 1
+        compiled = _GO_PATTERNS[pattern] = re.compile("".join(out))
+    return compiled
 
 
 def _validate_number(value: float, schema: Mapping[str, Any], path: str, errors: list[_FieldError]) -> None:
@@ -1671,6 +1924,20 @@ async def set_node_ready(api_url: str, name: str, ready: bool, *, client: httpx.
         raise RuntimeError(f"Node {name} kept changing while its readiness was reported")
 
 
+def kubeconfig(url: str, *, context: str = "tgp", namespace: str = "default") -> Obj:
+    """A kubeconfig (as a dict; JSON is valid YAML) for an API server at `url` that needs no
+    credentials, such as the emulator."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": url}}],
+        "users": [{"name": context, "user": {}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}],
+        "current-context": context,
+        "preferences": {},
+    }
+
+
 @contextlib.asynccontextmanager
 async def _kubelet_client(client: httpx.AsyncClient | None) -> AsyncIterator[httpx.AsyncClient]:
     """The caller's client, or a short-lived one without credentials (for the emulator)."""
@@ -1781,6 +2048,17 @@ def _content_type(request: kmock.Request) -> str:
     return ""
 
 
+def _accept(request: kmock.Request) -> str:
+    return next((value for key, value in request.headers.items() if key.lower() == "accept"), "")
+
+
+def _include_object(request: kmock.Request) -> str:
+    try:
+        return kube_tables.include_object(request.params)
+    except ValueError as exc:
+        raise ApiStatus(400, "BadRequest", str(exc)) from None
+
+
 def _api_version(resource: kmock.resource) -> str:
     return f"{resource.group}/{resource.version}" if resource.group else str(resource.version)
 
@@ -1792,7 +2070,7 @@ def _is_builtin(resource: kmock.resource) -> bool:
 
 
 def _merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch; strategic merge is treated the same (lists are replaced)."""
+    """RFC 7386 JSON merge patch (lists are replaced)."""
     if not isinstance(patch, Mapping):
         return copy.deepcopy(patch)
     result = dict(target) if isinstance(target, Mapping) else {}

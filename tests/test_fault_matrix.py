@@ -1,0 +1,882 @@
+"""The fault matrix: every lifecycle stage × every fault, each cell one real node life.
+
+A cell is a GPUNodeClass, a GPUNodePool and one pending GPU pod applied to a Kubernetes API
+(the emulator), served by real `tgp worker` and `tgp bridge` processes on a real Temporal dev
+server; the node launches, joins, runs the pod, is evicted (annotation), drains and terminates,
+and the pool is deleted. The fault strikes when the life reaches the cell's stage, detected from
+the simulated world (an offer listing or a create held in flight, the instance booting, the
+tailnet device, the Node turning Ready, its labels, the pod bound, the pod Terminating, a
+terminate held in flight). Each cell then checks what must hold after any fault:
+
+* exactly one instance per launch attempt (never two alive under one name, never two bought);
+* every instance terminated; no usable tailnet key and no device left; no Node object left;
+* the node ended TERMINATED (evicted), the pool's status came back to no nodes and 0 ready,
+  the pool's finalizer let it go, and the class ledger holds no reservation.
+
+Faults (columns):
+  worker-kill   `tgp worker` SIGKILLed, started again at once (as its Deployment would)
+  temporal-kill the dev server SIGKILLed, started again on its database file; a worker or bridge
+                that exits meanwhile is restarted by the supervisor, as Kubernetes would
+  bridge-kill   `tgp bridge` SIGKILLed, started again at once
+  kube-burst    the API server forgets its watch history and cuts every stream (410 on resume),
+                then answers the next 8 requests tgp sends about the cell's objects with 409
+                (writes) / 429 (Retry-After) / 500 / 502 / 503 / 504
+  capacity      the cheapest offer answers 409 insufficient capacity to every create from then on
+  5xx-before    the next create answers 503 without buying, and the next 3 other instance calls
+                answer 503 without taking effect
+  5xx-after     the next create buys, then answers 503; the next 3 other instance calls take
+                effect (a delete terminates), then answer 503
+  slow-create   creates take 4 s before buying, the next 3 describes 1.5 s; at the launch stage
+                the create in flight is held 4 s more
+  delete-fails  the next 8 terminate calls answer 500 and terminate nothing
+
+A fault strikes at its stage and affects what comes after; where nothing it breaks comes
+after (no create follows the Ready stage), the cell still runs and is marked PASS°.
+
+Cells run in lanes: each lane is an independent stack (its own dev server on a database file,
+simulated world, worker and bridge processes) running its cells one after another; the lanes
+run side by side (TGP_FAULT_MATRIX_LANES, default 9). The table is printed at the end.
+
+The burst test launches 40 nodes at once for 40 pending pods while the worker is SIGKILLed three
+times, waits for all 40 Ready, then scales the pool to zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import kmock
+import pytest
+import yaml
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError
+
+from tests.conftest import binary
+from tgp.messages import Ledger, class_workflow_id
+from tgp.sim.cloud import SimulatedCloud
+from tgp.sim.kube import KubeEmulator
+from tgp.sim.world import SimWorld, sim_world
+from tgp.temporal import DATA_CONVERTER, dev_server_args
+from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, NodePhase, NodeStatus, node_workflow_id
+
+pytestmark = pytest.mark.fault_matrix
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+CRDS = ROOT / "deploy" / "crds"
+POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
+CLASSES = "/apis/tgp.io/v1/gpunodeclasses"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+STAGES = ("select", "launch", "running", "join", "ready", "label", "watch", "drain", "terminate")
+STAGE_TITLES = {
+    "select": "select offer",
+    "launch": "create in flight",
+    "running": "wait running",
+    "join": "tailnet join",
+    "ready": "node Ready",
+    "label": "label/taint",
+    "watch": "watch (pod bound)",
+    "drain": "drain",
+    "terminate": "terminate",
+}
+PROCESS_FAULTS = ("worker-kill", "temporal-kill", "bridge-kill")
+FAULTS = (*PROCESS_FAULTS, "kube-burst", "capacity", "5xx-before", "5xx-after", "slow-create", "delete-fails")
+
+CHEAPEST = "rtx4090-us-east"  # the offer every cell's pool picks first
+BOOT_DELAY = 0.2
+SLOW_BOOT = 2.5  # the "wait running" cells: long enough to strike while the instance boots
+POD_GRACE = 3  # the pod's shutdown after eviction: the "drain" cells strike meanwhile
+CELL_DEADLINE = 300.0
+LANES = int(os.environ.get("TGP_FAULT_MATRIX_LANES", "9"))
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Process:
+    """A child process the lane's supervisor keeps running: when it exits without being told
+    to, it is started again (as a Deployment's pod is)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.argv, self.env, self.log = name, argv, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0
+        self.crashes: list[int] = []  # exit codes of unexpected exits
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            out.write(f"--- start {self.name} #{self.started + 1} at {time.strftime('%H:%M:%S')}\n".encode())
+            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.started += 1
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until it is gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+        self.proc = None
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+# --- the Kubernetes API burst --------------------------------------------------------------
+
+BURST_STATUSES = (409, 429, 500, 503, 504, 429, 502, 500)
+
+
+class KubeBurst:
+    """Answers the next `n` requests tgp's processes send about one cell's objects (path or
+    query naming its namespace, pool, class or nodes) with errors; the request changes nothing.
+    The simulated kubelet and the test itself (httpx's User-Agent) are never refused."""
+
+    def __init__(self, emulator: KubeEmulator) -> None:
+        self.left = 0
+        self.served = 0
+        self.scope: tuple[str, ...] = ()
+        emulator[lambda request: True] << self._answer
+
+    def arm(self, n: int, scope: tuple[str, ...]) -> None:
+        self.left, self.scope = n, scope
+
+    def disarm(self) -> None:
+        self.left = 0
+
+    async def _answer(self, request: kmock.Request) -> kmock.Response:
+        agent = request.headers.get("User-Agent", "")
+        url = str(request.url)
+        if self.left <= 0 or agent.startswith("python-httpx") or not any(s in url for s in self.scope):
+            raise NotImplementedError  # not ours: the emulator serves it
+        self.left -= 1
+        status = BURST_STATUSES[self.served % len(BURST_STATUSES)]
+        self.served += 1
+        if status == 409 and request.method.upper() not in ("PATCH", "PUT"):
+            status = 429
+        reason = {409: "Conflict", 429: "TooManyRequests"}.get(status, "InternalError")
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": f"injected {status}", "reason": reason, "code": status}
+        headers = {"Retry-After": "1"} if status == 429 else None
+        return kmock.Response(status=status, payload=body, headers=headers)
+
+
+# --- a lane: one independent stack --------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    stage: str
+    fault: str
+    ok: bool | None = None
+    hit: bool = True
+    seconds: float = 0.0
+    note: str = ""
+    error: str = ""
+    lane: int = -1
+
+    @property
+    def name(self) -> str:
+        return f"{self.stage} × {self.fault}"
+
+
+@dataclass
+class CellNames:
+    ns: str
+    pool: str
+    klass: str
+
+    @property
+    def prefix(self) -> str:
+        """Instance names of the pool's launch attempts start with this (tgp.types.instance_name)."""
+        return f"tgp-{self.pool}-"
+
+
+class Lane:
+    """Its own Temporal dev server (SQLite file), simulated world (Kubernetes API emulator with
+    tgp's CRDs, Tailscale API, GPU cloud) and task queue, with `tgp worker` and `tgp bridge`
+    (tests/fault_matrix_proc.py) under a supervisor."""
+
+    def __init__(self, index: int, root: Path, *, watch_interval: float = 1.0) -> None:
+        self.index = index
+        self.dir = root / f"lane{index}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.queue = f"matrix-{index}"
+        self.watch_interval = watch_interval
+        self.port = free_port()
+        self.server = Process(
+            "temporal",
+            [
+                binary("temporal"), "server", "start-dev", "--db-filename", str(self.dir / "temporal.db"),
+                "--ip", "127.0.0.1", "--port", str(self.port), "--ui-port", str(free_port()), "--http-port", str(free_port()),
+                "--metrics-port", str(free_port()), "--headless", "--log-level", "error", *dev_server_args(),
+            ],
+            dict(os.environ),
+            self.dir / "temporal.log",
+        )
+        self.stack = AsyncExitStack()
+        self.counter = itertools.count(1)
+        self.worker: Process
+        self.bridge: Process
+        self.world: SimWorld
+        self.kube: httpx.AsyncClient
+        self.client: Client
+        self.burst: KubeBurst
+        self._supervisor: asyncio.Task[None] | None = None
+        self.waiting_for = ""
+        self.timeline: list[tuple[str, float]] = []
+
+    @property
+    def cloud(self) -> SimulatedCloud:
+        return self.world.cloud
+
+    @property
+    def emulator(self) -> KubeEmulator:
+        assert self.world.kube is not None
+        return self.world.kube
+
+    async def __aenter__(self) -> Lane:
+        self.server.start()
+        self.stack.callback(self.server.kill)
+        self.client = await self._connect()
+        self.world = await self.stack.enter_async_context(sim_world(boot_delay=BOOT_DELAY))
+        for path in sorted(CRDS.glob("*.yaml")):
+            self.emulator.install_crd(yaml.safe_load(path.read_text()))
+        self.burst = KubeBurst(self.emulator)
+        self.kube = await self.stack.enter_async_context(httpx.AsyncClient(base_url=self.world.kube_url, timeout=30))
+        # No metrics endpoint: the lanes' processes would all want the same port.
+        env = {**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{self.port}", "TGP_TASK_QUEUE": self.queue, "TGP_METRICS_PORT": "0"}
+        env.pop("TEMPORAL_API_KEY", None)
+        run = [sys.executable, "-m", "tests.fault_matrix_proc"]
+        self.worker = Process("worker", [*run, "worker"], {**env, **self.world.worker_env()}, self.dir / "worker.log")
+        self.bridge = Process(
+            "bridge", [*run, "bridge"], {**env, "TGP_KUBE_URL": self.world.kube_url, "TGP_MATRIX_WATCH_INTERVAL": str(self.watch_interval)},
+            self.dir / "bridge.log",
+        )
+        for p in (self.worker, self.bridge):
+            p.start()
+            self.stack.callback(p.kill)
+        self._supervisor = asyncio.create_task(self._supervise())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        await self.stack.aclose()
+
+    async def _connect(self) -> Client:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client = await Client.connect(f"127.0.0.1:{self.port}", data_converter=DATA_CONVERTER)
+                await client.count_workflows()
+                return client
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the Temporal dev server of lane {self.index} did not start:\n{self.server.tail()}") from None
+                await asyncio.sleep(0.2)
+
+    async def _supervise(self) -> None:
+        while True:
+            for p in (self.server, self.worker, self.bridge):
+                code = p.exited()
+                if code is not None:
+                    p.crashes.append(code)
+                    p.proc = None
+                    await asyncio.sleep(0.5)  # a crash-looping process is not restarted in a hot loop
+                    p.start()
+            await asyncio.sleep(0.1)
+
+    # --- faults ----------------------------------------------------------------------------
+
+    async def restart(self, p: Process) -> None:
+        p.kill()
+        p.start()
+        if p is self.server:
+            await self._connect()  # answers again; the clients reconnect by themselves
+
+    def crashes(self) -> dict[str, int]:
+        return {p.name: len(p.crashes) for p in (self.server, self.worker, self.bridge) if p.crashes}
+
+    def reset_world(self) -> None:
+        """Take every injected fault and hold away (after a cell, whatever it did)."""
+        c = self.cloud
+        c.release_offer_lists()
+        c.release_creates()
+        c.release_deletes()
+        c.slow_creates(0)
+        c.slow_describes(0)
+        c.fail_creates_after_buying(0)
+        c.fail_deletes(0)
+        c._faults.clear()
+        c.set_capacity(CHEAPEST, True)
+        c.boot_delay = BOOT_DELAY
+        self.burst.disarm()
+
+    # --- Kubernetes helpers ------------------------------------------------------------------
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        r = await self.kube.get(path)
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    async def apply(self, path: str, obj: dict[str, Any]) -> None:
+        (await self.kube.post(path, json=obj)).raise_for_status()
+
+    async def until(self, check: Callable[[], Awaitable[T | None | bool]], what: str, *, every: float = 0.05) -> T:
+        """Wait for `check` to hold (the cell's deadline bounds every wait)."""
+        self.waiting_for = what
+        while True:
+            try:
+                result = await check()
+            except (httpx.HTTPError, RPCError):
+                result = None  # an API restarting: look again
+            if result:
+                self.waiting_for = ""
+                self.timeline.append((what, time.monotonic()))
+                return result  # type: ignore[return-value]
+            await asyncio.sleep(every)
+
+    async def event(self, event: asyncio.Event, what: str) -> None:
+        self.waiting_for = what
+        await event.wait()
+        self.waiting_for = ""
+        self.timeline.append((what, time.monotonic()))
+
+
+def class_spec(name: str, max_nodes: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "tgp.io/v1",
+        "kind": "GPUNodeClass",
+        "metadata": {"name": name},
+        "spec": {"providers": [{"name": "simulated"}], "tailscaleConfig": {"tags": ["tag:tgp-node"]}, "limits": {"maxNodes": max_nodes}},
+    }
+
+
+def pool_spec(names: CellNames, *, idle: str = "1h", max_nodes: int | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeClassRef": {"name": names.klass},
+        "template": {
+            "metadata": {"labels": {"team": "ml"}},
+            "spec": {
+                "requirements": [{"key": "tgp.io/gpu-type", "operator": "In", "values": ["RTX4090"]}],
+                "taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
+            },
+        },
+        # The node ends by eviction, not by idling out; the drain waits for the pod's shutdown.
+        "disruption": {"idleTimeout": idle, "drainTimeout": "60s"},
+    }
+    if max_nodes is not None:
+        spec["maxNodes"] = max_nodes
+    return {"apiVersion": "tgp.io/v1", "kind": "GPUNodePool", "metadata": {"name": names.pool, "namespace": names.ns}, "spec": spec}
+
+
+async def pending_pod(lane: Lane, ns: str, name: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "containers": [{"name": "train", "image": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": POD_GRACE,
+        },
+    }
+    await lane.apply(f"/api/v1/namespaces/{ns}/pods", pod)
+    status = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+    (await lane.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", json=status, headers=MERGE)).raise_for_status()
+
+
+async def bind(lane: Lane, ns: str, pod: str, node: str) -> None:
+    """What the scheduler and the kubelet would do: put the pod on the node and run it."""
+    (await lane.kube.patch(f"/api/v1/namespaces/{ns}/pods/{pod}", json={"spec": {"nodeName": node}}, headers=MERGE)).raise_for_status()
+    running = {"status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}}
+    (await lane.kube.patch(f"/api/v1/namespaces/{ns}/pods/{pod}/status", json=running, headers=MERGE)).raise_for_status()
+
+
+def node_of(instance_name: str) -> str:
+    """The Node (and tailnet hostname) of a launch attempt's instance, `tgp-<node>-<attempt>`."""
+    return instance_name[len("tgp-") :].rsplit("-", 1)[0]
+
+
+def ready(node: dict[str, Any] | None) -> bool:
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+# --- one cell ------------------------------------------------------------------------------
+
+
+class Strike:
+    """The cell's fault, armed or done at its stage; records whether anything met it."""
+
+    def __init__(self, lane: Lane, cell: Cell, names: CellNames) -> None:
+        self.lane, self.cell, self.names = lane, cell, names
+        self.nodes: list[str] = []
+        self._check_hit: Callable[[], bool] = lambda: True
+        self.struck_at = 0.0
+
+    async def __call__(self) -> None:
+        lane, cloud, fault = self.lane, self.lane.cloud, self.cell.fault
+        self.struck_at = time.monotonic()
+        if fault == "worker-kill":
+            await lane.restart(lane.worker)
+        elif fault == "bridge-kill":
+            await lane.restart(lane.bridge)
+        elif fault == "temporal-kill":
+            await lane.restart(lane.server)
+        elif fault == "kube-burst":
+            lane.emulator.compact()
+            lane.emulator.cut_watches()
+            lane.burst.served = 0
+            lane.burst.arm(8, (f"/{self.names.ns}/", self.names.pool, self.names.klass, *self.nodes))
+            self._check_hit = lambda: lane.burst.served > 0
+        elif fault == "capacity":
+            cloud.set_capacity(CHEAPEST, False)
+            creates = cloud.create_requests
+            self._check_hit = lambda: cloud.create_requests > creates
+        elif fault in ("5xx-before", "5xx-after"):
+            after = fault == "5xx-after"
+            start = len(cloud._faults)
+            if after:
+                cloud.fail_creates_after_buying(1)
+            else:
+                cloud.fail("/v1/instances", 503, times=1, method="POST")
+            cloud.fail("/v1/instances", 503, times=1, method="GET", after_handling=after)
+            cloud.fail("/v1/instances/*", 503, times=2, after_handling=after)
+            faults = [(f, f.remaining) for f in cloud._faults[start:]]
+            self._check_hit = lambda: any(f.remaining < n for f, n in faults) or (after and cloud._creates_failing_after_buy == 0)
+        elif fault == "slow-create":
+            creates = cloud.create_requests
+            cloud.slow_creates(4.0)
+            cloud.slow_describes(1.5, count=3)
+            # At the launch stage the create in flight is held longer: that is the slow create.
+            self._check_hit = lambda: self.cell.stage == "launch" or cloud.create_requests > creates or cloud._slow_describes_left != 3
+        elif fault == "delete-fails":
+            cloud.fail_deletes(8)
+            self._check_hit = lambda: cloud._deletes_failing < 8
+        else:
+            raise AssertionError(f"unknown fault {fault}")
+
+    def hit(self) -> bool:
+        return self._check_hit()
+
+
+async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, notes: dict[str, Any]) -> None:
+    """One node's life with the fault striking at the cell's stage."""
+    cloud, stage, ns = lane.cloud, cell.stage, names.ns
+    await lane.apply(CLASSES, class_spec(names.klass, max_nodes=2))
+    await lane.apply(POOLS.format(ns=ns), pool_spec(names))
+
+    async def offers_checked() -> bool:
+        pool = await lane.get(f"{POOLS.format(ns=ns)}/{names.pool}") or {}
+        conditions = {c["type"]: c["status"] for c in (pool.get("status") or {}).get("conditions") or []}
+        return conditions.get("OffersAvailable") == "True" and conditions.get("Ready") == "True"
+
+    await lane.until(offers_checked, "the pool's first pass (offers checked, Ready)")
+    if stage == "select":
+        cloud.hold_offer_lists()
+    elif stage == "launch":
+        cloud.hold_creates()
+    elif stage == "running":
+        cloud.boot_delay = SLOW_BOOT
+    await pending_pod(lane, ns, "job")
+
+    if stage == "select":
+        await lane.event(cloud.offers_listed, "the node to list offers")
+        await strike()
+        cloud.release_offer_lists()
+    elif stage == "launch":
+        await lane.event(cloud.create_arrived, "the create to reach the cloud")
+        await strike()
+        if cell.fault == "slow-create":
+            await asyncio.sleep(4.0)  # the fault itself: the create stays in flight 4 s longer
+        cloud.release_creates()
+
+    def ours() -> list[Any]:
+        return [i for i in cloud.instances.values() if i.name.startswith(names.prefix)]
+
+    async def bought() -> Any:
+        live = [i for i in ours() if i.status != "terminated"]
+        return live[0] if live else None
+
+    inst = await lane.until(bought, "an instance to be bought")
+    node = node_of(inst.name)
+    strike.nodes.append(node)
+    if stage == "running":
+        describes = cloud.describe_requests
+
+        async def booting() -> bool:
+            return cloud.describe_requests > describes and inst.status == "pending"
+
+        await lane.until(booting, "the workflow to look at the booting instance", every=0.01)
+        await strike()
+        cloud.boot_delay = BOOT_DELAY
+
+    await lane.until(lambda: _async(bool(lane.world.tailnet_devices(node))), "the tailnet device", every=0.01)
+    if stage == "join":
+        await strike()
+    node_path = f"/api/v1/nodes/{node}"
+
+    async def node_ready() -> bool:
+        return ready(await lane.get(node_path))
+
+    await lane.until(node_ready, "the Node to be Ready", every=0.02)
+    if stage == "ready":
+        await strike()
+
+    async def labelled() -> bool:
+        k8s = await lane.get(node_path) or {}
+        return (k8s.get("metadata") or {}).get("labels", {}).get(LABEL_POOL) == names.pool
+
+    await lane.until(labelled, "the Node to be labelled", every=0.02)
+    if stage == "label":
+        await strike()
+    await bind(lane, ns, "job", node)
+    if stage == "watch":
+        await strike()
+
+    describes = cloud.describe_requests
+
+    async def watched() -> bool:
+        return cloud.describe_requests >= describes + 2
+
+    await lane.until(watched, "the watch stage to look at the node twice")
+    if stage == "terminate":
+        cloud.hold_deletes()
+    annotate = {"metadata": {"annotations": {"tgp.io/evict": "fault matrix"}}}
+    (await lane.kube.patch(node_path, json=annotate, headers=MERGE)).raise_for_status()
+
+    async def pod_terminating() -> bool:
+        pod = await lane.get(f"/api/v1/namespaces/{ns}/pods/job")
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+    await lane.until(pod_terminating, "the drain to evict the pod", every=0.02)
+    if stage == "drain":
+        await strike()
+    if stage == "terminate":
+        await lane.event(cloud.delete_arrived, "the terminate to reach the cloud")
+        await strike()
+        cloud.release_deletes()
+
+    handle = lane.client.get_workflow_handle(node_workflow_id(ns, names.pool, node), result_type=NodeStatus)
+
+    async def closed() -> bool:
+        return (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING
+
+    await lane.until(closed, "the node workflow to end", every=0.2)
+    final: NodeStatus = await handle.result()
+    notes["attempts"] = len(final.attempts)
+    assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted"), (
+        f"the node ended {final.phase.value}: {final.end_reason}; last error: {final.last_error}"
+    )
+
+    async def pool_empty() -> bool:
+        pool = await lane.get(f"{POOLS.format(ns=ns)}/{names.pool}") or {}
+        status = pool.get("status") or {}
+        return not status.get("nodes") and status.get("readyNodes", 0) == 0 and status.get("desiredNodes", 0) == 0
+
+    await lane.until(pool_empty, "the pool's status to show no nodes", every=0.2)
+    await lane.kube.delete(f"{POOLS.format(ns=ns)}/{names.pool}")
+
+    async def pool_gone() -> bool:
+        return await lane.get(f"{POOLS.format(ns=ns)}/{names.pool}") is None
+
+    await lane.until(pool_gone, "the pool's finalizer to let it go", every=0.2)
+
+
+async def _async(value: T) -> T:
+    return value
+
+
+async def assert_clean(lane: Lane, names: CellNames) -> list[str]:
+    """What must hold after any fault; returns what does not."""
+    world, problems = lane.world, []
+    ours = [i for i in world.cloud.instances.values() if i.name.startswith(names.prefix)]
+    bought = Counter(i.name for i in ours)
+    if twins := {n: c for n, c in bought.items() if c > 1}:
+        problems.append(f"bought more than one instance for one launch attempt: {twins}")
+    if together := {n: m for n, m in world.cloud.max_live_per_name.items() if n.startswith(names.prefix) and m > 1}:
+        problems.append(f"instances alive together under one name: {together}")
+    if live := [f"{i.id} ({i.name}, {i.status})" for i in ours if i.status != "terminated"]:
+        problems.append(f"instances not terminated: {live}")
+    now = datetime.now(timezone.utc)
+    if keys := [k.id for k in world.tailscale.keys.values() if k.description.startswith(f"tgp {names.pool}-") and not k.invalid(now)]:
+        problems.append(f"usable tailnet keys left: {keys}")
+    nodes = sorted({node_of(i.name) for i in ours})
+    if devices := [d for n in nodes for d in world.tailnet_devices(n)]:
+        problems.append(f"tailnet devices left: {devices}")
+    listed = await lane.get(f"/api/v1/nodes?labelSelector={LABEL_POOL}={names.pool},{LABEL_POOL_NAMESPACE}={names.ns}") or {}
+    left = [n["metadata"]["name"] for n in listed.get("items") or []] + [n for n in nodes if await lane.get(f"/api/v1/nodes/{n}")]
+    if left:
+        problems.append(f"Node objects left: {sorted(set(left))}")
+    if await lane.get(f"{POOLS.format(ns=names.ns)}/{names.pool}") is not None:
+        problems.append("the pool was not deleted (its finalizer stayed)")
+    try:
+        ledger = await lane.client.get_workflow_handle(class_workflow_id(names.klass)).query("budget", result_type=Ledger)
+        if ledger.reservations:
+            problems.append(f"the class ledger still holds {sorted(ledger.reservations)}")
+    except RPCError as exc:
+        problems.append(f"the class ledger could not be read: {exc}")
+    running = [w.id async for w in lane.client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TgpPool = '{names.ns}/{names.pool}' AND ExecutionStatus = 'Running'")]
+    if running:
+        problems.append(f"node workflows still running: {running}")
+    return problems
+
+
+async def run_cell(lane: Lane, cell: Cell) -> Cell:
+    n = next(lane.counter)
+    names = CellNames(ns=f"fm{lane.index}-{n}", pool=f"p{lane.index}x{n}", klass=f"k{lane.index}x{n}")
+    strike = Strike(lane, cell, names)
+    notes: dict[str, Any] = {}
+    crashes_before = lane.crashes()
+    creates_before = lane.cloud.create_requests
+    started = time.monotonic()
+    lane.timeline = []
+    cell.lane = lane.index
+    try:
+        await asyncio.wait_for(live_cell(lane, cell, names, strike, notes), CELL_DEADLINE)
+        problems = await asyncio.wait_for(assert_clean(lane, names), 60)
+        cell.ok = not problems
+        cell.error = "; ".join(problems)
+    except TimeoutError:
+        cell.ok = False
+        cell.error = f"deadline of {CELL_DEADLINE:.0f}s passed while waiting for {lane.waiting_for or '?'}"
+    except Exception as exc:  # noqa: BLE001 - a failed cell is reported, the lane goes on
+        cell.ok = False
+        cell.error = f"{type(exc).__name__}: {exc}"[:400]
+    cell.seconds = time.monotonic() - started
+    cell.hit = strike.hit()
+    crashes = {k: v - crashes_before.get(k, 0) for k, v in lane.crashes().items() if v - crashes_before.get(k, 0)}
+    bits = [f"{cell.seconds:.0f}s", f"{lane.cloud.create_requests - creates_before} create(s)"]
+    if notes.get("attempts", 1) != 1:
+        bits.append(f"{notes['attempts']} launch attempts")
+    if crashes:
+        bits.append("restarted after exiting: " + ", ".join(f"{k}×{v}" for k, v in crashes.items()))
+    cell.note = ", ".join(bits)
+    if os.environ.get("TGP_FAULT_MATRIX_TIMELINE"):
+        cell.note += " [" + ", ".join(f"{what} +{at - started:.1f}" for what, at in lane.timeline) + "]"
+    if not cell.ok:
+        cell.error += await diagnose(lane, names)
+    lane.reset_world()
+    await cleanup(lane, names)
+    return cell
+
+
+async def diagnose(lane: Lane, names: CellNames) -> str:
+    """What the node workflows said, for a failed cell's report."""
+    lines = []
+    with contextlib.suppress(Exception):
+        async for w in lane.client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TgpPool = '{names.ns}/{names.pool}'"):
+            try:
+                status: NodeStatus = await asyncio.wait_for(lane.client.get_workflow_handle(w.id).query("status", result_type=NodeStatus), 5)
+                lines.append(f"{w.id}: {w.status.name if w.status else '?'} phase={status.phase.value} last_error={status.last_error}")
+            except Exception:  # noqa: BLE001
+                lines.append(f"{w.id}: {w.status.name if w.status else '?'}")
+    return ("\n      " + "\n      ".join(lines)) if lines else ""
+
+
+async def cleanup(lane: Lane, names: CellNames) -> None:
+    """After a failed cell, let the next one start from a quiet lane: its pod and pool go."""
+    with contextlib.suppress(Exception):
+        await lane.kube.request("DELETE", f"/api/v1/namespaces/{names.ns}/pods/job", json={"gracePeriodSeconds": 0})
+        await lane.kube.delete(f"{POOLS.format(ns=names.ns)}/{names.pool}")
+
+
+# --- the matrix ----------------------------------------------------------------------------
+
+# Rough seconds per cell, to spread the slow ones over the lanes (longest first).
+COST = {"worker-kill": 60, "temporal-kill": 35, "bridge-kill": 25, "kube-burst": 25, "5xx-before": 25, "5xx-after": 22, "slow-create": 25, "delete-fails": 22, "capacity": 20}
+
+
+def plan(cells: list[Cell], lanes: int) -> list[list[Cell]]:
+    queues: list[list[Cell]] = [[] for _ in range(lanes)]
+    load = [0.0] * lanes
+    for cell in sorted(cells, key=lambda c: -COST[c.fault]):
+        i = load.index(min(load))
+        queues[i].append(cell)
+        load[i] += COST[cell.fault]
+    return queues
+
+
+def table(cells: list[Cell], seconds: float) -> str:
+    by = {(c.stage, c.fault): c for c in cells}
+    width = max(len(f) for f in FAULTS) + 1
+    out = [
+        "",
+        f"Fault matrix: {len(cells)} cells (lifecycle stage × fault), {sum(1 for c in cells if c.ok)} passed, in {seconds:.0f}s",
+        "  PASS  the life completed and every invariant held   PASS° the same, and nothing came after the fault that it breaks",
+        "",
+        f"{'stage':<18}" + "".join(f"{f:<{width}}" for f in FAULTS),
+    ]
+    failures = []
+    for stage in STAGES:
+        row = f"{STAGE_TITLES[stage]:<18}"
+        for fault in FAULTS:
+            c = by.get((stage, fault))
+            if c is None:
+                mark = "-"
+            elif c.ok:
+                mark = "PASS" if c.hit else "PASS°"
+            else:
+                failures.append(c)
+                mark = f"FAIL[{len(failures)}]"
+            row += f"{mark:<{width}}"
+        out.append(row)
+    out.append("")
+    for i, c in enumerate(failures, 1):
+        out.append(f"[{i}] {c.name} (lane {c.lane}, {c.note}): {c.error}")
+    out.append("Cells: " + "; ".join(f"{c.name}: {c.note}" for c in sorted(cells, key=lambda c: (STAGES.index(c.stage), FAULTS.index(c.fault)))))
+    return "\n".join(out)
+
+
+_CAPTURE: list[pytest.CaptureFixture[str]] = []
+
+
+def report(text: str) -> None:
+    """Past pytest's capture, so the table shows in CI output whether the test passes or not."""
+    if _CAPTURE:
+        with _CAPTURE[0].disabled():
+            print(text, flush=True)
+    else:
+        print(text, file=sys.__stdout__, flush=True)
+
+
+@pytest.fixture(autouse=True)
+def _uncaptured(capsys: pytest.CaptureFixture[str]) -> Any:
+    _CAPTURE[:] = [capsys]
+    yield
+    _CAPTURE.clear()
+
+
+@contextlib.asynccontextmanager
+async def lanes(count: int, **options: Any) -> AsyncIterator[list[Lane]]:
+    with tempfile.TemporaryDirectory(prefix="tgp-matrix-") as tmp:
+        async with AsyncExitStack() as stack:
+            started = await asyncio.gather(*(stack.enter_async_context(Lane(i, Path(tmp), **options)) for i in range(count)))
+            try:
+                yield list(started)
+            except BaseException:
+                for lane in started:
+                    report(f"--- lane {lane.index} logs\n" + "\n".join(f"{p.name}:\n{p.tail()}" for p in (lane.server, lane.worker, lane.bridge)))
+                raise
+
+
+def selected_cells() -> list[Cell]:
+    """All 81, or the ones named in TGP_FAULT_MATRIX_CELLS ("stage:fault,stage:fault", "stage:*")."""
+    wanted = [w.split(":") for w in os.environ.get("TGP_FAULT_MATRIX_CELLS", "").split(",") if w]
+    cells = [Cell(s, f) for s in STAGES for f in FAULTS]
+    if not wanted:
+        return cells
+    return [c for c in cells if any(s in (c.stage, "*") and f in (c.fault, "*") for s, f in wanted)]
+
+
+@pytest.mark.timeout(1500)
+async def test_every_stage_survives_every_fault() -> None:
+    cells = selected_cells()
+    started = time.monotonic()
+    queues = plan(cells, min(LANES, len(cells)))
+    async with lanes(len(queues)) as stacks:
+
+        async def run_lane(lane: Lane, queue: list[Cell]) -> None:
+            for cell in queue:
+                await run_cell(lane, cell)
+
+        await asyncio.gather(*(run_lane(lane, queue) for lane, queue in zip(stacks, queues, strict=True)))
+    report(table(cells, time.monotonic() - started))
+    failed = [c.name for c in cells if not c.ok]
+    assert not failed, f"{len(failed)} cell(s) failed: {', '.join(failed)} (the table above says why)"
+
+
+# --- the burst -----------------------------------------------------------------------------
+
+BURST = 40
+
+
+@pytest.mark.timeout(900)
+async def test_forty_launches_at_once_with_the_worker_killed_three_times() -> None:
+    rng = random.Random(int(os.environ.get("TGP_FAULT_MATRIX_SEED", "7")))
+    kills_at = sorted(rng.sample(range(4, BURST - 4), 3))  # creates reached before each SIGKILL
+    started = time.monotonic()
+    async with lanes(1, watch_interval=3.0) as [lane]:
+        names = CellNames(ns="burst", pool="burst", klass="burst")
+        await lane.apply(CLASSES, class_spec(names.klass, max_nodes=BURST + 10))
+        await lane.apply(POOLS.format(ns=names.ns), pool_spec(names, max_nodes=BURST + 10))
+        for i in range(BURST):
+            await pending_pod(lane, names.ns, f"job-{i}")
+
+        for threshold in kills_at:
+            await lane.until(lambda: _async(lane.cloud.create_requests >= threshold), f"{threshold} creates", every=0.02)
+            await lane.restart(lane.worker)
+
+        async def all_ready() -> bool:
+            pool = await lane.get(f"{POOLS.format(ns=names.ns)}/{names.pool}") or {}
+            return (pool.get("status") or {}).get("readyNodes") == BURST
+
+        lane.waiting_for = "40 Ready nodes"
+        await asyncio.wait_for(lane.until(all_ready, "40 Ready nodes", every=0.5), 600)
+        ready_after = time.monotonic() - started
+        bought = [i for i in lane.cloud.instances.values() if i.name.startswith(names.prefix)]
+        assert len(bought) == BURST, f"{len(bought)} instances bought for {BURST} nodes"
+
+        # Scale to zero: the pods are done, and the pool now idles its nodes out after 2 s.
+        for i in range(BURST):
+            await lane.kube.request("DELETE", f"/api/v1/namespaces/{names.ns}/pods/job-{i}", json={"gracePeriodSeconds": 0})
+        idle = {"spec": {"disruption": {"idleTimeout": "2s", "drainTimeout": "60s"}}}
+        (await lane.kube.patch(f"{POOLS.format(ns=names.ns)}/{names.pool}", json=idle, headers=MERGE)).raise_for_status()
+
+        async def zero() -> bool:
+            pool = await lane.get(f"{POOLS.format(ns=names.ns)}/{names.pool}") or {}
+            status = pool.get("status") or {}
+            return not status.get("nodes") and status.get("readyNodes", 0) == 0 and not [i for i in bought if i.status != "terminated"]
+
+        await asyncio.wait_for(lane.until(zero, "the pool to scale to zero", every=0.5), 600)
+        await lane.kube.delete(f"{POOLS.format(ns=names.ns)}/{names.pool}")
+
+        async def gone() -> bool:
+            return await lane.get(f"{POOLS.format(ns=names.ns)}/{names.pool}") is None
+
+        await asyncio.wait_for(lane.until(gone, "the pool to be deleted", every=0.5), 120)
+        problems = await assert_clean(lane, names)
+        ended = [w async for w in lane.client.list_workflows("WorkflowType = 'GPUNodeWorkflow'")]
+        report(
+            f"\nBurst: {BURST} pending pods -> {len(bought)} instances, all Ready after {ready_after:.0f}s with the worker SIGKILLed "
+            f"at {kills_at} creates; scaled to zero and deleted after {time.monotonic() - started:.0f}s; "
+            f"{len(ended)} node workflows; worker started {lane.worker.started} times; "
+            f"{'clean' if not problems else 'PROBLEMS: ' + '; '.join(problems)}"
+        )
+        assert not problems
+        assert len(ended) == BURST, f"{len(ended)} node workflows for {BURST} nodes"

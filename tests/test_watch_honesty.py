@@ -1,0 +1,172 @@
+"""Watch-stage honesty (issue 9, item 4): a wait stage (instance running, tailnet device, Node
+Ready) fails over only when its own deadline has passed and one more look finds the node not
+up. A slow look is not a dead worker, and a dead worker is not a broken instance."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+import uuid
+from contextlib import AsyncExitStack
+from datetime import timedelta
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from tests.conftest import binary, eventually, running_world
+from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
+from tgp.sim.world import sim_world
+from tgp.types import BootPayload, InstanceRef, InstanceState, NodePhase, NodeStatus, Offer
+from workers.main import WorkerConfig, build_activities, make_worker
+from workflows.node import GPUNodeWorkflow
+
+
+async def activity_attempts(handle: WorkflowHandle) -> dict[str, list[int]]:
+    """For each activity type, the attempt number of every attempt that reported back: a wait
+    retried after a heartbeat timeout completes on attempt 2 or later."""
+    scheduled: dict[int, str] = {}
+    attempts: dict[str, list[int]] = {}
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = event.activity_task_started_event_attributes
+            attempts.setdefault(scheduled[attrs.scheduled_event_id], []).append(attrs.attempt)
+    return attempts
+
+
+async def test_a_poll_heartbeats_while_one_look_is_slow() -> None:
+    """Each look goes with heartbeats, so a look slower than the heartbeat timeout (in-call
+    HTTP retries, a provider's pacer) is never mistaken for a dead worker."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        provider = activities.node.providers["simulated"]
+        offer = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price="0.44")
+        inst = await provider.launch(offer, name="tgp-slow-look-1", boot=BootPayload(kind="env", content="", hostname="slow-look"))
+        await eventually(lambda: _running(provider, inst.instance_id), what="instance running")
+        world.cloud.slow_describes(3.0, count=1)
+
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=1))
+        beats: list[float] = []
+        env.on_heartbeat = lambda *_: beats.append(time.monotonic())
+        started = time.monotonic()
+        found = await env.run(activities.node.wait_for_instance_running, InstanceRef(provider="simulated", instance_name=inst.name, instance_id=inst.instance_id))
+        ended = time.monotonic()
+
+        assert found.state is InstanceState.RUNNING
+        assert ended - started >= 3.0, "the look was slow"
+        marks = [started, *beats, ended]
+        gaps = [b - a for a, b in zip(marks, marks[1:])]
+        assert max(gaps) < 1.0, f"no heartbeat for {max(gaps):.1f}s during a look (heartbeat timeout 1s)"
+
+
+async def _running(provider, instance_id: str) -> bool:  # type: ignore[no-untyped-def]
+    found = await provider.describe(instance_id)
+    return found is not None and found.state is InstanceState.RUNNING
+
+
+async def test_looks_slower_than_the_heartbeat_timeout_do_not_fail_the_stages(temporal: WorkflowEnvironment) -> None:
+    """Describes and device listings answer in 4 s against a 2 s heartbeat timeout: the node
+    comes up on its first offer, each wait done by its first activity attempt."""
+    async with running_world(temporal) as (world, _, queue):
+        world.cloud.slow_describes(4.0)
+        world.tailscale.slow_device_lists(4.0)
+        req = request(timeouts=FAST.model_copy(update={"api_call": timedelta(seconds=2)}))
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY, timeout=60)
+        world.cloud.slow_describes(0)
+        world.tailscale.slow_device_lists(0)
+
+        assert len(ready.attempts) == 1, f"the stage was failed over: {ready.attempts}"
+        assert world.cloud.create_requests == 1
+        attempts = await activity_attempts(handle)
+        for wait in ("wait_for_instance_running", "wait_for_tailnet_device"):
+            assert attempts[wait] == [1], f"{wait} was retried after a missed heartbeat: attempts {attempts[wait]}"
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await handle.result()).phase is NodePhase.TERMINATED
+        assert_nothing_left(world, req.node_name)
+
+
+async def test_an_instance_up_when_the_stage_deadline_passes_is_kept(temporal: WorkflowEnvironment) -> None:
+    """The instance runs within a second, but the look at it takes longer than the whole stage
+    budget: at the deadline one more look finds it running, and it is kept, not blamed."""
+    async with running_world(temporal) as (world, _, queue):
+        world.cloud.slow_describes(15.0, count=1)  # the first look outlasts the 6 s stage
+        req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=6), "api_call": timedelta(seconds=3)}))
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY, timeout=60)
+
+        assert [a.outcome for a in ready.attempts] == ["launched"], f"a running instance was failed over: {ready.attempts}"
+        assert world.cloud.create_requests == 1
+        assert "check_stage" in await activity_attempts(handle), "the deadline passed and was looked at again"
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await handle.result()).phase is NodePhase.TERMINATED
+        assert_nothing_left(world, req.node_name)
+
+
+async def test_a_node_not_up_at_the_deadline_still_fails_over(temporal: WorkflowEnvironment) -> None:
+    """The last look is honest both ways: no tailnet device at the deadline is a join timeout,
+    and it says what the look saw."""
+    async with running_world(temporal) as (world, _, queue):
+        world.cloud.fail_boot("rtx4090-us-east", "never_joins")
+        req = request(timeouts=FAST.model_copy(update={"tailnet_join": timedelta(seconds=4), "api_call": timedelta(seconds=3)}))
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY, timeout=60)
+
+        first = ready.attempts[0].outcome or ""
+        assert [a.offer.offer_id for a in ready.attempts] == ["rtx4090-us-east", "rtx4090-eu-west"]
+        assert first.startswith("join timeout: no tailnet device within 4s") and "at the deadline no tailnet device" in first, first
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await handle.result()
+        assert_nothing_left(world, req.node_name)
+
+
+async def test_a_worker_dead_past_the_stage_deadline_does_not_get_the_instance_blamed(temporal: WorkflowEnvironment) -> None:
+    """The only worker dies while waiting for the instance to run, and stays dead past the
+    stage's deadline; the instance boots meanwhile. The worker that comes back looks once
+    more and keeps it."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        queue = f"watch-crash-{uuid.uuid4().hex[:6]}"
+        env = {
+            **os.environ,
+            **world.worker_env(),
+            "TEMPORAL_ADDRESS": temporal.client.service_client.config.target_host,
+            "TGP_TASK_QUEUE": queue,
+        }
+        doomed = subprocess.Popen([binary("tgp"), "worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stack.callback(lambda: doomed.poll() is None and doomed.kill())
+
+        world.cloud.slow_describes(60.0)  # the wait's first look hangs ...
+        req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=8), "api_call": timedelta(seconds=3)}))
+        handle = await start(temporal, queue, req)
+        await eventually(lambda: _true(world.cloud.describe_requests > 0), timeout=60, what="the wait's first look")
+        doomed.send_signal(signal.SIGKILL)  # ... and the worker dies in it
+        doomed.wait(10)
+        world.cloud.slow_describes(0)
+
+        async def deadline_passed() -> bool:
+            return EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT in [e.event_type async for e in handle.fetch_history_events()]
+
+        await eventually(deadline_passed, timeout=60, what="the launch stage's deadline")
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.1)
+        await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
+        ready = await wait_phase(handle, NodePhase.READY, timeout=60)
+
+        assert [a.outcome for a in ready.attempts] == ["launched"], f"the instance was blamed for the dead worker: {ready.attempts}"
+        assert world.cloud.create_requests == 1 and list(world.cloud.instances) == [ready.instance_id]
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        final: NodeStatus = await handle.result()
+        assert final.phase is NodePhase.TERMINATED
+        assert_nothing_left(world, req.node_name)
+
+
+async def _true(value: bool) -> bool:
+    return value
