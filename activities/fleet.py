@@ -17,16 +17,16 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.cluster import CustomResource, KubernetesCluster
 from activities.node import temporal_errors
-from activities.bootstrap import check_template
+from activities.bootstrap import JOIN_VARIABLES, BootSettings, check_template, class_check_settings, default_template, shipped_template, template_uses
 from activities.ports import CloudProvider
-from activities.providers.registry import CAPABILITIES
+from activities.providers.credentials import ProviderRegistry
 from tgp import metrics
 from tgp.capabilities import capability_problems
 from tgp.crds import GROUP, VERSION, GPUNodeClassSpec
 from tgp.messages import Grant, NodeSighting, ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult
 from tgp.errors import TransientError
 from tgp.offers import offer_satisfies
-from tgp.types import NodePhase, NodeRequest, OfferRequirements
+from tgp.types import CredentialsRef, NodePhase, NodeRequest, Offer, OfferRequirements
 
 log = structlog.get_logger("tgp.fleet")
 
@@ -61,15 +61,66 @@ class ValidateClassInput(BaseModel):
     operator_namespace: str = "tgp-system"
 
 
-async def _template_problems(field: str, template: str) -> list[str]:
+async def _template_problems(field: str, template: str, settings: BootSettings | None = None) -> list[str]:
     """A class template's problems, each naming `field`. check_template reports rather than
     raises; anything it still raises is a problem of the class too, never a failed activity
     (which would leave the class without a status)."""
     try:
-        problems = await asyncio.to_thread(check_template, template)
+        problems = await asyncio.to_thread(check_template, template, settings)
     except Exception as exc:  # noqa: BLE001
         problems = [f"could not be checked ({type(exc).__name__}: {str(exc)[:300]})"]
     return [f"{field}: {m}" for m in problems]
+
+
+async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list[str]]) -> list[str]:
+    """The problems of the template each node of the class would boot with: the class's own,
+    else the shipped default for each provider's boot payload kind (`payload_kinds`: kind ->
+    providers), trial-rendered with the class's settings, so a class whose every node would
+    fail at launch is not Ready."""
+    settings = class_check_settings(
+        kubernetes_version=spec.kubernetes_version,
+        login_server=spec.tailscale_config.login_server,
+        tags=spec.tailscale_config.tags,
+        accept_routes=spec.tailscale_config.accept_routes,
+    )
+    problems: list[str] = []
+    templates: list[tuple[str, str]] = []  # (what, text)
+    if spec.talos_config is not None:
+        templates.append(("talosConfig.machineConfigTemplate", spec.talos_config.machine_config_template))
+    elif spec.bootstrap_template is not None:
+        templates.append(("bootstrapTemplate", spec.bootstrap_template))
+    else:
+        for kind, names in sorted(payload_kinds.items()):
+            default = default_template(kind)
+            which = f"provider{'s' if len(names) > 1 else ''} {', '.join(names)}"
+            if default is None:
+                if kind != "env":  # env: the built-in payload, no template
+                    problems.append(
+                        f"bootstrapTemplate: {which} boot{'s' if len(names) == 1 else ''} with a {kind} payload and tgp ships no "
+                        "default template for it; "
+                        "set bootstrapTemplate (see docs/bootstrap.md)"
+                    )
+                continue
+            text = shipped_template(default)
+            if spec.kubernetes_version is None and "KubernetesVersion" in template_uses(text):
+                problems.append(
+                    f"kubernetesVersion: the default Ubuntu boot template ({default}, used by {which} without a "
+                    "bootstrapTemplate) needs it; set it to the control plane's version, e.g. 1.34.1"
+                )
+                settings = settings.model_copy(update={"kubernetes_version": "1.34.1"})  # check the rest all the same
+            templates.append((f"the default boot template {default} (used by {which})", text))
+    for what, text in templates:
+        problems += await _template_problems(what, text, settings)
+        try:
+            join = template_uses(text) & JOIN_VARIABLES
+        except Exception:  # noqa: BLE001 - a template that does not parse is reported above
+            join = set()
+        if join and not spec.join_secret_ref:
+            problems.append(
+                f"joinSecretRef: {what} uses the cluster join material ({', '.join(sorted(join))}) but the class sets "
+                "no joinSecretRef; create the join Secret and reference it (see docs/bootstrap.md)"
+            )
+    return problems
 
 
 def _resource(ref: ObjectRef) -> CustomResource:
@@ -77,10 +128,19 @@ def _resource(ref: ObjectRef) -> CustomResource:
 
 
 class FleetActivities:
-    def __init__(self, *, cluster: KubernetesCluster, providers: Mapping[str, CloudProvider], task_queue: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        cluster: KubernetesCluster,
+        providers: Mapping[str, CloudProvider],
+        task_queue: str | None = None,
+        registry: ProviderRegistry | None = None,
+    ) -> None:
         self.cluster = cluster
         self.providers = dict(providers)
         self.task_queue = task_queue
+        # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
+        self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
 
     # --- node workflows and the class ledger ---------------------------------------------
 
@@ -153,13 +213,21 @@ class FleetActivities:
         return [w for w in await asyncio.gather(*(evict(w) for w in workflow_ids)) if w is not None]
 
     @activity.defn
-    async def running_nodes(self, query: str) -> list[NodeSighting]:
+    async def running_nodes(self, query: str) -> list[NodeSighting] | None:
         """Running node workflows matching `query` (a visibility filter on tgp's search
-        attributes, e.g. `TgpPool = 'ml/rtx'`): what a pool or class rebuilds its state from."""
+        attributes, e.g. `TgpPool = 'ml/rtx'`): what a pool or class rebuilds its state from.
+        None when this Temporal server has no visibility API at all (the time-skipping test
+        server): there is nothing to rebuild from, and waiting for it would stall for ever."""
         client = activity.client()
         found: list[NodeSighting] = []
         visibility = f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND {query}"
-        async for wf in client.list_workflows(visibility):
+        try:
+            listing = [wf async for wf in client.list_workflows(visibility)]
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.UNIMPLEMENTED:
+                return None
+            raise
+        for wf in listing:
             sa = wf.search_attributes or {}
             phase = (sa.get("TgpPhase") or [None])[0]
             price = (sa.get("TgpHourlyPrice") or [None])[0]
@@ -218,10 +286,16 @@ class FleetActivities:
     async def check_offers(self, req: OfferRequirements) -> OfferCheck:
         """Is there any offer for these requirements, and what is the cheapest with and
         without the price cap? Used to tell a user their maxHourlyPrice is below every offer."""
-        names = [n for n in req.providers or sorted(self.providers) if n in self.providers]
-        # One provider failing (a rotated key, an inactive account, an outage) must not hide
-        # the others' offers; it is named in the result instead.
-        listed = await asyncio.gather(*(self.providers[n].list_offers() for n in names), return_exceptions=True)
+        names = [n for n in req.providers or sorted(self.providers) if n in self.providers or n in req.credentials]
+
+        async def offers_of(name: str) -> list[Offer]:
+            # The class's account when it names one (its Secret read now), else the worker's.
+            ref = req.credentials.get(name)
+            return await (self.providers[name] if ref is None else await self.registry.get(name, ref)).list_offers()
+
+        # One provider failing (a rotated key, an inactive account, an outage, a missing
+        # Secret) must not hide the others' offers; it is named in the result instead.
+        listed = await asyncio.gather(*(offers_of(n) for n in names), return_exceptions=True)
         offers, failed = [], {}
         for name, result in zip(names, listed, strict=True):
             if isinstance(result, BaseException):
@@ -250,24 +324,30 @@ class FleetActivities:
         """What is wrong with a GPUNodeClass, each problem saying what to fix. Reads the Secrets
         it references (never returning their contents)."""
         problems: list[str] = []
+        payload_kinds: dict[str, list[str]] = {}
         with temporal_errors():
             for p in inp.spec.providers:
                 if not p.enabled:
                     continue
                 if p.name not in self.providers and p.credentials_ref is None:
                     problems.append(f"provider {p.name} has no credentialsRef and is not configured on the worker")
+                ref = None
                 if p.credentials_ref is not None:
                     ns = p.credentials_ref.namespace or inp.operator_namespace
-                    problems += await self._check_secret_key(ns, p.credentials_ref.name, p.credentials_ref.key, f"providers[{p.name}].credentialsRef")
-                caps = CAPABILITIES.get(p.name)
+                    found = await self._check_secret_key(ns, p.credentials_ref.name, p.credentials_ref.key, f"providers[{p.name}].credentialsRef")
+                    problems += found
+                    if not found:
+                        ref = CredentialsRef(namespace=ns, name=p.credentials_ref.name, key=p.credentials_ref.key)
+                # What the adapter nodes of this class would use can do (a Vast.ai adapter with
+                # VAST_VM=true rents VMs), else the provider's table entry.
+                caps = await self.registry.capabilities(p.name, ref)
                 if caps is not None:
                     # spotAllowed permits spot, it does not require it: only node-ness and Talos matter.
                     problems += capability_problems(p.name, caps, wants_talos=inp.spec.talos_config is not None, wants_spot=False)
-            # Off the event loop: a check renders in a child process for up to a few seconds.
-            if inp.spec.talos_config is not None:
-                problems += await _template_problems("talosConfig.machineConfigTemplate", inp.spec.talos_config.machine_config_template)
-            if inp.spec.bootstrap_template is not None:
-                problems += await _template_problems("bootstrapTemplate", inp.spec.bootstrap_template)
+                    payload_kinds.setdefault(caps.boot_payload, []).append(p.name)
+            # The template every node would boot with, the shipped default included. Off the
+            # event loop: a check renders in a child process for up to a few seconds.
+            problems += await boot_problems(inp.spec, payload_kinds)
             ts = inp.spec.tailscale_config
             if ts.oauth_secret_ref:
                 keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")

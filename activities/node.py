@@ -23,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from activities.bootstrap import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
 from activities.drain import drain
 from activities.ports import Cluster, CloudProvider, Tailnet
+from activities.providers.credentials import ProviderRegistry
 from tgp import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TgpError, TransientError
 from tgp.secrets import register, register_model, scrub, scrub_exception, secret_scope
@@ -30,6 +31,7 @@ from tgp.lifecycle import pod_keeps_node_busy
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
+    CredentialsRef,
     DeviceQuery,
     DrainInput,
     DrainResult,
@@ -123,8 +125,11 @@ class NodeActivities:
         unavailable: UnavailableOffers | None = None,
         poll_interval: timedelta = POLL_INTERVAL,
         create_settle: timedelta = CREATE_SETTLE,
+        registry: ProviderRegistry | None = None,
     ) -> None:
         self.providers = dict(providers)
+        # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
+        self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
         self.tailnets = dict(tailnets)
         self.cluster = cluster
         self.unavailable = unavailable or UnavailableOffers()
@@ -138,6 +143,12 @@ class NodeActivities:
             raise ConfigError(
                 f"provider {name!r} is not configured on this worker (configured: {', '.join(sorted(self.providers)) or 'none'})"
             ) from None
+
+    async def _provider_for(self, name: str, credentials: CredentialsRef | None) -> CloudProvider:
+        """The adapter billing the class's account (`credentials`, read now), or the worker's own."""
+        if credentials is None:
+            return self._provider(name)
+        return await self.registry.get(name, credentials)
 
     def _tailnet(self, name: str) -> Tailnet:
         try:
@@ -164,7 +175,7 @@ class NodeActivities:
         """The cheapest offer that meets the requirements and has not failed recently."""
         names = inp.requirements.providers or sorted(self.providers)
         with temporal_errors():
-            providers = [self._provider(n) for n in names]
+            providers = [await self._provider_for(n, inp.requirements.credentials.get(n)) for n in names]
             listed = await asyncio.gather(*(p.list_offers() for p in providers), return_exceptions=True)
         offers = []
         for provider, result in zip(providers, listed, strict=True):
@@ -209,7 +220,7 @@ class NodeActivities:
         # error message and log line of this activity is scrubbed of them.
         launching = metrics.counting_launch(inp.offer.provider, demand_since=inp.demand_since)
         with secret_scope(), heartbeating(), temporal_errors(), launching:
-            provider = self._provider(inp.offer.provider)
+            provider = await self._provider_for(inp.offer.provider, inp.credentials)
             tailnet = self._tailnet(inp.tailnet)
             existing = await self._adopt(provider, name, bound)
             if existing is not None:
@@ -225,9 +236,10 @@ class NodeActivities:
                 tailscale_tags=inp.tailnet_tags,
                 tailscale_login_server=inp.boot.login_server or getattr(tailnet, "login_server", None),
                 kubernetes_version=inp.boot.kubernetes_version,
+                tailscale_accept_routes=inp.boot.accept_routes,
                 talos_install_image=inp.boot.talos_image,
             )
-            key = await tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry)
+            key = await tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry, ephemeral=inp.boot.ephemeral)
             register(key.secret)
             sent = False
             try:
@@ -260,8 +272,17 @@ class NodeActivities:
                 bound.warning("launch_failed", error=str(exc), error_type=type(exc).__name__)
                 raise
             # Clouds do not enforce unique names: a create that overlapped this one (a retry
-            # while the first was still in flight) bought a twin. Only ours joins; end the rest.
-            await self._terminate_twins(provider, name, keep=instance.instance_id, bound=bound)
+            # while the first was still in flight) bought a twin. Every attempt keeps the same
+            # one (the lowest id), so two overlapping attempts never end each other's.
+            live = await provider.find_all_by_name(name)
+            if all(i.instance_id != instance.instance_id for i in live):
+                live.append(instance)  # a listing that lags behind the create
+            survivor = min(live, key=lambda i: i.instance_id)
+            await self._terminate_twins(provider, name, keep=survivor.instance_id, bound=bound, known=live)
+            if survivor.instance_id != instance.instance_id:
+                await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))  # our twin is gone with its key
+                bound.info("instance_adopted", instance_id=survivor.instance_id)
+                return LaunchResult(instance=survivor, adopted=True)
         bound.info("instance_launched", instance_id=instance.instance_id, key_id=key.key_id)
         return LaunchResult(instance=instance, key_id=key.key_id)
 
@@ -271,7 +292,7 @@ class NodeActivities:
         found = sorted(await provider.find_all_by_name(name), key=lambda i: i.instance_id)
         if not found:
             return None
-        keep = next((i for i in found if i.state is InstanceState.RUNNING), found[0])
+        keep = found[0]  # the same rule as after a create: the lowest id survives
         await self._terminate_twins(provider, name, keep=keep.instance_id, bound=bound, known=found)
         bound.info("instance_adopted", instance_id=keep.instance_id)
         return keep
@@ -310,7 +331,7 @@ class NodeActivities:
         """Poll the provider until the instance runs; LaunchFailed if it fails or vanishes."""
 
         async def running() -> Instance | None:
-            inst = await self._provider(ref.provider).describe(ref.instance_id or "")
+            inst = await (await self._provider_for(ref.provider, ref.credentials)).describe(ref.instance_id or "")
             if inst is None or inst.interrupted or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED, InstanceState.STOPPED):
                 state = "vanished" if inst is None else ("was interrupted" if inst.interrupted else inst.state.value.lower())
                 metrics.LAUNCH_FAILURES.labels(ref.provider, "LaunchFailed").inc()
@@ -369,7 +390,7 @@ class NodeActivities:
             seen: list[str] = []
             if inp.instance is not None:
                 ref = inp.instance
-                inst = await self._provider(ref.provider).describe(ref.instance_id or "")
+                inst = await (await self._provider_for(ref.provider, ref.credentials)).describe(ref.instance_id or "")
                 state = "gone" if inst is None else ("interrupted" if inst.interrupted else inst.state.value.lower())
                 if inst is None or inst.interrupted or inst.state is not InstanceState.RUNNING:
                     return StageLook(up=False, seen=f"instance {ref.instance_id} is {state}")
@@ -400,7 +421,7 @@ class NodeActivities:
     async def observe_node(self, inp: ObserveInput) -> NodeObservation:
         """One look at a Ready node: is the instance alive, is the Node Ready, is it busy?"""
         with temporal_errors():
-            instance = await self._provider(inp.instance.provider).describe(inp.instance.instance_id or "")
+            instance = await (await self._provider_for(inp.instance.provider, inp.instance.credentials)).describe(inp.instance.instance_id or "")
             node = await self.cluster.get_node(inp.node_name)
             pods = await self.cluster.list_pods_on_node(inp.node_name) if node is not None else []
         return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)))
@@ -427,7 +448,7 @@ class NodeActivities:
         launch cancelled in flight) by finding the instance by its deterministic name.
         Returns whether anything was still running."""
         with temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
-            provider = self._provider(ref.provider)
+            provider = await self._provider_for(ref.provider, ref.credentials)
             targets: list[Instance] = []
             if ref.instance_id:
                 inst = await provider.describe(ref.instance_id)

@@ -200,3 +200,30 @@ def test_odd_pod_shapes_are_skipped_or_read_never_raise_anything_else(spec: dict
     assert result is not None
     assert not pod_fits_pool(result, pool("a")), "a toleration it cannot read does not tolerate the pool's taint"
     assert pod_fits_pool(result, pool("b", taint=False))
+
+
+def test_capacity_a_launching_floor_node_takes_a_pod_and_borrowing_is_tried_once() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from tgp.capacity import CapacityNode, Nomination, plan_capacity
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    floor = CapacityNode(workflow_id="floor", node_name="n-floor", launching=True)
+    plan = plan_capacity({"ns/p": 1}, [floor], {}, set(), t0)
+    assert plan.uncovered == [] and plan.nominations["ns/p"].workflow_id == "floor", "a launching node nobody waits for takes the pod"
+
+    busy = CapacityNode(workflow_id="busy", node_name="n-busy", ready_at=t0, free_gpus=1)
+    plan = plan_capacity({"ns/q": 1}, [busy], {}, set(), t0)
+    assert plan.nominations["ns/q"] == Nomination(workflow_id="busy", since=t0, bought=False)
+    later = plan_capacity({"ns/q": 1}, [busy], plan.nominations, set(), t0 + timedelta(minutes=5))
+    assert later.newly_unfit == [] and later.borrow_failed == ["ns/q"] and later.uncovered == ["ns/q"], (
+        "a pod that did not bind where it borrowed GPUs is not unfit: it gets a node of its own"
+    )
+    again = plan_capacity({"ns/q": 1}, [busy], {}, set(), t0 + timedelta(minutes=6), no_borrow={"ns/q"})
+    assert again.uncovered == ["ns/q"], "and it does not borrow from the same kind of node again"
+
+    bought = plan_capacity({"ns/r": 1}, [busy], {"ns/r": Nomination(workflow_id="busy", since=t0)}, set(), t0 + timedelta(minutes=5))
+    assert bought.newly_unfit == ["ns/r"] and bought.uncovered == [], "a pod that did not bind on its own node does not fit"
+
+    draining = CapacityNode(workflow_id="old", node_name="n-old")
+    assert plan_capacity({"ns/s": 1}, [draining], {}, set(), t0).uncovered == ["ns/s"], "a node on its way out takes nothing"

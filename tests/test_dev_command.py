@@ -47,7 +47,10 @@ async def test_tgp_dev_runs_the_product_against_the_current_kube_context(tmp_pat
             kube.install_crd(crd)
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
         port = free_port_pair()
-        proc = await tgp("dev", "--port", str(port), "--simulated-cloud", "--boot-delay", "0.2", env={"KUBECONFIG": str(kubeconfig)})
+        proc = await tgp(
+            "dev", "--port", str(port), "--simulated-cloud", "--boot-delay", "0.2", "--state-dir", str(tmp_path / "dev"),
+            env={"KUBECONFIG": str(kubeconfig)},
+        )
         try:
             assert proc.stdout is not None
             banner = b""
@@ -84,7 +87,7 @@ async def test_tgp_dev_says_what_is_missing_in_one_line(tmp_path: Path) -> None:
 
     async with KubeEmulator() as kube:  # no CRDs installed
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
-        bare = await tgp("dev", "--port", str(free_port_pair()), env={"KUBECONFIG": str(kubeconfig)})
+        bare = await tgp("dev", "--port", str(free_port_pair()), "--state-dir", str(tmp_path / "dev"), env={"KUBECONFIG": str(kubeconfig)})
         _, err = await asyncio.wait_for(bare.communicate(), 60)
     assert bare.returncode == 2 and "kubectl apply -f deploy/crds/" in err.decode(), err.decode()
     assert len(err.decode().strip().splitlines()) == 1

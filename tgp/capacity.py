@@ -18,8 +18,9 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, ConfigDict
 
 # The scheduler binds a fitting pod within seconds of a node turning Ready and getting its
-# labels and taints; a minute also covers a slow scheduler queue on a busy cluster.
-POD_BIND_GRACE = timedelta(minutes=1)
+# labels and taints; the NVIDIA device plugin may take a few minutes more to advertise the
+# GPUs, and a busy scheduler queue adds to that.
+POD_BIND_GRACE = timedelta(minutes=3)
 
 
 class Frozen(BaseModel):
@@ -27,10 +28,12 @@ class Frozen(BaseModel):
 
 
 class Nomination(Frozen):
-    """Pod -> the node expected to run it, since when."""
+    """Pod -> the node expected to run it, since when. `bought`: the node was bought (or is
+    launching) for this pod; otherwise the pod borrows free GPUs of a node already Ready."""
 
     workflow_id: str
     since: datetime
+    bought: bool = True
 
 
 class CapacityNode(Frozen):
@@ -38,7 +41,8 @@ class CapacityNode(Frozen):
 
     workflow_id: str
     node_name: str
-    ready_at: datetime | None = None  # None while it is still launching or joining
+    ready_at: datetime | None = None  # None until it is Ready
+    launching: bool = False  # choosing an offer, launching or joining: it will take a pod
     free_gpus: int = 0  # reported by the bridge for Ready nodes
 
 
@@ -46,6 +50,7 @@ class CapacityPlan(Frozen):
     nominations: dict[str, Nomination]
     newly_unfit: list[str]
     uncovered: list[str]
+    borrow_failed: list[str] = []  # did not bind on a node it borrowed from: it needs a node of its own
 
 
 def plan_capacity(
@@ -55,32 +60,45 @@ def plan_capacity(
     unfit: set[str],
     now: datetime,
     bind_grace: timedelta = POD_BIND_GRACE,
+    no_borrow: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> CapacityPlan:
-    """Cover `pending` (pod key -> GPUs) with the pool's nodes; return what is left."""
+    """Cover `pending` (pod key -> GPUs) with the pool's nodes; return what is left.
+
+    Order: a pod keeps its nomination while it lasts; else it is nominated to a launching node
+    nobody is waiting for (a floor node, say), then to free GPUs of a Ready node, and only
+    then is it uncovered (a new node). A pod that did not bind on the node bought for it is
+    unfit; one that did not bind where it borrowed GPUs is not: it gets a node of its own."""
     by_id = {n.workflow_id: n for n in nodes}
     kept: dict[str, Nomination] = {}
     newly_unfit: list[str] = []
+    borrow_failed: list[str] = []
     for pod, nom in sorted(nominations.items()):
         node = by_id.get(nom.workflow_id)
         if pod not in pending or pod in unfit or node is None:
             continue  # bound, deleted, known unfit, or its node is gone: look again below
         if node.ready_at is not None and now - max(nom.since, node.ready_at) >= bind_grace:
-            newly_unfit.append(pod)
+            (newly_unfit if nom.bought else borrow_failed).append(pod)
             continue
         kept[pod] = nom
+    waited_for = {nom.workflow_id for nom in kept.values()}
+    spare_launching = sorted(n.workflow_id for n in nodes if n.launching and n.workflow_id not in waited_for)
     left = {n.workflow_id: n.free_gpus for n in nodes if n.ready_at is not None}
     for pod, nom in kept.items():
         if nom.workflow_id in left:
             left[nom.workflow_id] -= pending[pod]
     uncovered: list[str] = []
     blocked = unfit | set(newly_unfit)
+    may_not_borrow = set(no_borrow) | set(borrow_failed)
     for pod in sorted(pending):
         if pod in kept or pod in blocked:
             continue
-        room = next((wid for wid, free in sorted(left.items()) if free >= pending[pod]), None)
+        if spare_launching:
+            kept[pod] = Nomination(workflow_id=spare_launching.pop(0), since=now)
+            continue
+        room = None if pod in may_not_borrow else next((wid for wid, free in sorted(left.items()) if free >= pending[pod]), None)
         if room is None:
             uncovered.append(pod)
             continue
         left[room] -= pending[pod]
-        kept[pod] = Nomination(workflow_id=room, since=now)
-    return CapacityPlan(nominations=kept, newly_unfit=newly_unfit, uncovered=uncovered)
+        kept[pod] = Nomination(workflow_id=room, since=now, bought=False)
+    return CapacityPlan(nominations=kept, newly_unfit=newly_unfit, uncovered=uncovered, borrow_failed=borrow_failed)

@@ -61,7 +61,7 @@ async def run_worker(args: argparse.Namespace) -> None:
     settings = _temporal_settings(args)
     port = metrics_port(os.environ, WORKER_METRICS_PORT)
     sdk = sdk_metrics("tgp-worker") if port is not None else None
-    client = await connect(settings, runtime=sdk.runtime if sdk else None)  # type: ignore[arg-type]
+    client = await connect(settings, runtime=sdk.runtime if sdk else None)
     await ensure_search_attributes(client)
     await ensure_sweeper_schedule(client, args.task_queue)
     async with AsyncExitStack() as stack:
@@ -84,7 +84,7 @@ async def run_bridge(args: argparse.Namespace) -> None:
     settings = _temporal_settings(args)
     port = metrics_port(os.environ, BRIDGE_METRICS_PORT)
     sdk = sdk_metrics("tgp-bridge") if port is not None else None
-    client = await connect(settings, runtime=sdk.runtime if sdk else None)  # type: ignore[arg-type]
+    client = await connect(settings, runtime=sdk.runtime if sdk else None)
     served = await serve_metrics_or_log(port, forward=sdk.url if sdk else None) if port is not None else None  # until the process ends
     if served is not None:
         print(f"tgp bridge metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         help="buy from the simulated cloud (KWOK-style Nodes in your cluster); default: on unless a provider API key is set",
     )
     dev.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
+    dev.add_argument("--state-dir", default=".tgp-dev", help="where the dev server keeps its database (workflows survive a restart)")
 
     codec = sub.add_parser(
         "codec-server", help="decrypt payloads for the Web UI and `temporal --codec-endpoint` (keys: TGP_PAYLOAD_KEYS)"

@@ -73,9 +73,12 @@ def check_ports_free(*ports: int) -> None:
                 raise ConfigError(f"port {port} is in use (another `tgp demo` or Temporal server?): stop it or pass --port") from None
 
 
-async def start_dev_server(port: int, stack: AsyncExitStack) -> Client:
+async def start_dev_server(port: int, stack: AsyncExitStack, db_file: Path | None = None) -> Client:
+    """The Temporal dev server; with `db_file` its state survives a restart (node workflows
+    resume and still release what they bought), else it lives in memory."""
+    persist = ["--db-filename", str(db_file)] if db_file else []
     proc = subprocess.Popen(
-        [temporal_binary(), "server", "start-dev", "--port", str(port), "--ui-port", str(port + 1000), "--log-level", "error", *dev_server_args()],
+        [temporal_binary(), "server", "start-dev", "--port", str(port), "--ui-port", str(port + 1000), "--log-level", "error", *persist, *dev_server_args()],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -304,7 +307,11 @@ async def run_dev(args: argparse.Namespace) -> int:
         if (await http.get("/apis/tgp.io/v1")).status_code == 404:
             raise ConfigError(f"the tgp CRDs are not installed in {http.base_url}: kubectl apply -f deploy/crds/")
         print(f"Starting the Temporal dev server (Web UI), a worker and the bridge against {http.base_url} ...")
-        client = await start_dev_server(args.port, stack)
+        state = Path(args.state_dir)
+        state.mkdir(parents=True, exist_ok=True)
+        # On disk: Ctrl-C must not forget node workflows that hold real instances; the next
+        # `tgp dev` resumes them (and their cleanup).
+        client = await start_dev_server(args.port, stack, db_file=state / "temporal.db")
         simulated = args.simulated_cloud if args.simulated_cloud is not None else not any(os.environ.get(k) for k in API_KEY_ENV.values())
         env = dict(os.environ)
         if simulated:
@@ -321,8 +328,8 @@ async def run_dev(args: argparse.Namespace) -> int:
             f"\nWeb UI:  http://localhost:{args.port + 1000}\n"
             f"cloud:   {'simulated (KWOK-style Nodes in your cluster)' if simulated else 'the providers configured in the environment'}\n"
             "next:    kubectl apply -f examples/gpunodeclass.yaml -f examples/gpunodepool.yaml -f examples/gpu-job.yaml\n"
-            "Ctrl-C stops the processes; node workflows live in the dev server's memory and stop with it, so\n"
-            "delete your pools first (their nodes are drained and terminated before the finalizer goes).\n",
+            f"Ctrl-C stops the processes; the node workflows are kept in {state / 'temporal.db'} and resume with the\n"
+            "next `tgp dev`. To stop paying, delete your pools first (their nodes are drained and terminated).\n",
             flush=True,
         )
         interrupted = asyncio.Event()

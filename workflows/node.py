@@ -275,7 +275,11 @@ class GPUNodeWorkflow:
         wait for the instance to run."""
         self._enter(NodePhase.LAUNCHING)
         offer = attempt.offer
-        self.state.instance = InstanceRef(provider=offer.provider, instance_name=instance_name(self.req.node_name, attempt.attempt))
+        # The class's account for this provider (a reference; the key is read by the activities).
+        credentials = self.req.requirements.credentials.get(offer.provider)
+        self.state.instance = InstanceRef(
+            provider=offer.provider, instance_name=instance_name(self.req.node_name, attempt.attempt), credentials=credentials
+        )
         self._upsert_offer_attributes(offer)
         launch = workflow.start_activity_method(
             NodeActivities.launch_instance,
@@ -283,8 +287,10 @@ class GPUNodeWorkflow:
                 node_name=self.req.node_name,
                 attempt=attempt.attempt,
                 offer=offer,
+                credentials=credentials,
                 tailnet_tags=self.req.tailnet_tags,
                 tailnet=self.req.tailnet,
+                tailnet_ref=self.req.tailnet_ref,
                 boot=self.req.boot,
                 pool=self.req.pool,
                 labels=self.req.labels,
@@ -335,7 +341,7 @@ class GPUNodeWorkflow:
         """Both halves of joining, each with its own timeout and failure reason."""
         self._enter(NodePhase.JOINING)
         t = self.req.timeouts
-        device = DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet)
+        device = DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet, tailnet_ref=self.req.tailnet_ref)
         await self._wait_for(
             NodeActivities.wait_for_tailnet_device,
             device,
@@ -443,7 +449,13 @@ class GPUNodeWorkflow:
             await self._terminate(self.state.instance)
         await workflow.execute_activity_method(
             NodeActivities.remove_from_tailnet,
-            TailnetCleanupInput(hostname=self.req.node_name, tags=self.req.tailnet_tags, key_ids=self.state.key_ids, tailnet=self.req.tailnet),
+            TailnetCleanupInput(
+                hostname=self.req.node_name,
+                tags=self.req.tailnet_tags,
+                key_ids=self.state.key_ids,
+                tailnet=self.req.tailnet,
+                tailnet_ref=self.req.tailnet_ref,
+            ),
             start_to_close_timeout=self.req.timeouts.api_call,
             retry_policy=CLEANUP_RETRY,
             summary="remove from tailnet",

@@ -52,7 +52,9 @@ class GPUNodeClassWorkflow:
         """Hold a node slot (and its price, if known) for a node about to launch. Waits for the
         class's first validation; everything after that wait runs without awaiting, so
         concurrent reservations are still decided one at a time."""
-        await workflow.wait_condition(lambda: self.problems is not None or self.inp.spec is None)
+        # Also after one look at the running node workflows: a new run of this ledger (after a
+        # crash or reset) must count the live nodes before it grants anything.
+        await workflow.wait_condition(lambda: (self.problems is not None and self.seen_at is not None) or self.inp.spec is None)
         if self.inp.spec is None:
             return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} does not exist")
         if self.problems:
@@ -111,6 +113,7 @@ class GPUNodeClassWorkflow:
             if self.validated_at is None or workflow.now() - self.validated_at >= REVALIDATE_INTERVAL:
                 self.validate = True
             if self.inp.spec is None:
+                await self._see_running_nodes()  # reservations of nodes closed by hand go too
                 if not self.ledger.reservations:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     return  # the class is gone and nothing holds its budget
@@ -141,6 +144,8 @@ class GPUNodeClassWorkflow:
         if not seen.ok:
             return
         self.seen_at = now
+        if seen.value is None:
+            return  # a server without visibility: nothing to rebuild from
         running = {s.workflow_id: s for s in seen.value}
         for wid, s in running.items():
             if wid not in self.ledger.reservations and wid not in self.ledger.released:

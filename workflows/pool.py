@@ -71,6 +71,7 @@ class PoolState(BaseModel):
     free_gpus: dict[str, int] = {}
     nominations: dict[str, Nomination] = {}
     unfit: list[str] = []
+    no_borrow: list[str] = Field([], description="Pods that did not bind on a node they borrowed GPUs from.")
     nodes: dict[str, PoolNode] = {}
     offer_check: OfferCheck | None = None
     offer_check_key: str = ""
@@ -193,6 +194,12 @@ class GPUNodePoolWorkflow:
         if u is None:
             return False
         await self._see_running_nodes()
+        if self.state.seen_running_at is None:
+            # Not a single look at the running node workflows yet (a new run after a crash or
+            # reset): buying now could duplicate a live node, and letting the finalizer go
+            # could abandon one. Say so and look again next pass.
+            await self._publish({"Ready": ("False", "ListingNodes", "could not list the running node workflows yet; retrying")})
+            return False
         live = [n for n in self.state.nodes.values() if not n.phase.is_final]
         if u.deleting:
             return await self._tear_down(live)
@@ -242,6 +249,8 @@ class GPUNodePoolWorkflow:
         if not seen.ok:
             return
         self.state.seen_running_at = now
+        if seen.value is None:
+            return  # a server without visibility: nothing to rebuild from
         running = {s.workflow_id: s for s in seen.value}
         for wid, s in running.items():
             if wid not in self.state.nodes:
@@ -360,15 +369,17 @@ class GPUNodePoolWorkflow:
                 workflow_id=n.workflow_id,
                 node_name=n.node_name,
                 ready_at=n.phase_at if n.phase is NodePhase.READY else None,
+                launching=n.phase in _LAUNCHING,
                 free_gpus=self.state.free_gpus.get(n.node_name, 0),
             )
             for n in live
-            if n.phase in _TUNABLE
         ]
         pending = {pod: self.state.pod_gpus.get(pod, 1) for pod in self.state.demand}
         unfit = set(self.state.unfit) & set(pending)
-        plan = plan_capacity(pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace)
+        no_borrow = set(self.state.no_borrow) & set(pending)
+        plan = plan_capacity(pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace, no_borrow)
         self.state.nominations = dict(plan.nominations)
+        self.state.no_borrow = sorted(no_borrow | set(plan.borrow_failed))
         self.state.unfit = sorted(unfit | set(plan.newly_unfit))
         for pod in plan.newly_unfit:
             self.events.append(
