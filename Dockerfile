@@ -21,9 +21,6 @@ ENV PATH=/opt/tgp/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN groupadd --system --gid 10001 tgp \
     && useradd --system --uid 10001 --gid tgp --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin tgp
 COPY --from=build /opt/tgp /opt/tgp
-# The shipped boot templates are read from deploy/templates next to the installed packages
-# (activities.bootstrap.TEMPLATES_DIR); the wheel does not carry them.
-COPY deploy/templates /opt/tgp/lib/python3.11/site-packages/deploy/templates
 # Numeric, so the kubelet can check runAsNonRoot without reading /etc/passwd.
 USER 10001:10001
 ENTRYPOINT ["tgp"]

@@ -15,7 +15,7 @@ read from the class's Secret, and handed straight to the provider: a payload is 
 logged or stored, and error messages carry variable names and line numbers, never values.
 
 The variables are listed in `TEMPLATE_VARIABLES` and documented in docs/bootstrap.md; shipped
-templates live in deploy/templates/.
+templates live in activities/templates/ (package data: the wheel carries them).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ from tgp.types import BootPayload, Taint
 
 __all__ = [
     "DEFAULT_TAILNET_CIDR",
+    "DEFAULT_TEMPLATES",
+    "JOIN_VARIABLES",
     "JOIN_SECRET_KEYS",
     "REQUIRED_JOIN_KEYS",
     "SECRET_VARIABLES",
@@ -54,21 +56,28 @@ __all__ = [
     "JoinSecrets",
     "TemplateError",
     "check_template",
+    "class_check_settings",
+    "default_template",
     "join_secrets_from_secret",
     "render_boot_payload",
     "render_template",
     "shipped_template",
     "template_join_keys",
+    "template_uses",
     "template_variables",
     "translate_go_placeholders",
 ]
 
 log = structlog.get_logger(__name__)
 
-# deploy/templates/ at the repository root (an image must copy it next to the packages).
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "templates"
+# activities/templates/: package data (pyproject's [tool.setuptools.package-data]), so an
+# installed wheel has them next to this module.
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 TALOS_WORKER_TEMPLATE = "talos-worker.yaml.j2"
 UBUNTU_CLOUD_INIT_TEMPLATE = "ubuntu-cloud-init.yaml.j2"
+# Boot payload kind -> the shipped template a node boots with when its class has none. `env`
+# is built in (render_boot_payload); the other kinds (startup-script, onstart) need the class's.
+DEFAULT_TEMPLATES: Mapping[str, str] = {"cloud-init": UBUNTU_CLOUD_INIT_TEMPLATE}
 
 # Tailscale and Headscale hand out IPv4 addresses from the CGNAT range; the kubelet must pick
 # its node IP from here so the node is reachable over the tailnet.
@@ -99,7 +108,8 @@ TEMPLATE_VARIABLES: Mapping[str, str] = {
     "TailscaleAuthKey": "Single-use, pre-authorized, tagged tailnet auth key minted for this node. Secret.",
     "TailscaleLoginServer": "Headscale URL, or empty for Tailscale's own control plane.",
     "TailscaleTags": "Tags of the auth key (list).",
-    "TailscaleExtraArgs": "`tailscale up` arguments for the login server and tags (derived).",
+    "TailscaleAcceptRoutes": "The class's tailscaleConfig.acceptRoutes: pass --accept-routes to `tailscale up` (bool).",
+    "TailscaleExtraArgs": "`tailscale up` arguments for the login server, tags and --accept-routes (derived).",
     "TailnetCIDR": "Range the node IP is taken from (100.64.0.0/10).",
     # Cluster settings from the class.
     "KubernetesVersion": "Kubelet version x.y.z; undefined when the class does not set it.",
@@ -130,6 +140,8 @@ JOIN_SECRET_KEYS: Mapping[str, str] = {
 # What every kubelet join needs, Talos or not; Talos templates need the rest as well.
 REQUIRED_JOIN_KEYS: tuple[str, ...] = ("controlPlaneEndpoint", "clusterCA", "bootstrapToken")
 _VARIABLE_TO_JOIN_KEY = {v: k for k, v in JOIN_SECRET_KEYS.items()}
+# The variables that come from the join Secret (ControlPlaneAddress is derived from one).
+JOIN_VARIABLES: frozenset[str] = frozenset({*JOIN_SECRET_KEYS.values(), "ControlPlaneAddress"})
 
 _BOOTSTRAP_TOKEN = re.compile(r"^[a-z0-9]{6}\.[a-z0-9]{16}$")
 _K8S_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
@@ -198,6 +210,7 @@ class BootSettings(BaseModel):
     node_taints: list[Taint] = []
     tailscale_tags: list[str] = []
     tailscale_login_server: str | None = Field(None, description="Headscale URL; None for Tailscale.")
+    tailscale_accept_routes: bool = Field(False, description="tailscaleConfig.acceptRoutes: `tailscale up --accept-routes`.")
     tailnet_cidr: str = DEFAULT_TAILNET_CIDR
     kubernetes_version: str | None = Field(None, description="Kubelet version x.y.z, matching the control plane.")
     cluster_dns_domain: str = DEFAULT_DNS_DOMAIN
@@ -340,6 +353,8 @@ def template_variables(
         extra_args.append(f"--login-server={login_server}")
     if s.tailscale_tags:
         extra_args.append(f"--advertise-tags={','.join(s.tailscale_tags)}")
+    if s.tailscale_accept_routes:
+        extra_args.append("--accept-routes")
     service_net = ipaddress.ip_network(s.service_subnets[0], strict=False)
     variables: dict[str, Any] = {
         "NodeName": hostname,
@@ -350,6 +365,7 @@ def template_variables(
         "TailscaleAuthKey": auth_key.get_secret_value(),
         "TailscaleLoginServer": login_server,
         "TailscaleTags": list(s.tailscale_tags),
+        "TailscaleAcceptRoutes": s.tailscale_accept_routes,
         "TailscaleExtraArgs": " ".join(extra_args),
         "TailnetCIDR": s.tailnet_cidr,
         "ClusterDNSDomain": s.cluster_dns_domain,
@@ -498,6 +514,26 @@ def template_join_keys(text: str) -> list[str]:
     if "ControlPlaneAddress" in names:
         used.add("controlPlaneEndpoint")
     return sorted(used | set(REQUIRED_JOIN_KEYS))
+
+
+def template_uses(text: str) -> set[str]:
+    """The variables a template reads. Raises TemplateError if it does not parse."""
+    return set(_undeclared(_parse(_prepare(text))))
+
+
+def class_check_settings(
+    *, kubernetes_version: str | None, login_server: str | None = None, tags: Iterable[str] = (), accept_routes: bool = False
+) -> BootSettings:
+    """Settings for check_template from a class: the sample pool, labels and taints, with the
+    class's own Kubernetes version (None stays undefined, as at launch), tailnet and tags."""
+    return _SAMPLE_SETTINGS.model_copy(
+        update={
+            "kubernetes_version": BootSettings(kubernetes_version=kubernetes_version).kubernetes_version,
+            "tailscale_login_server": login_server,
+            "tailscale_tags": list(tags),
+            "tailscale_accept_routes": accept_routes,
+        }
+    )
 
 
 def check_template(text: str, settings: BootSettings | None = None) -> list[str]:
@@ -662,8 +698,14 @@ def _talos_v1alpha1_problems(doc: dict[str, Any]) -> list[str]:
 # --- payloads ----------------------------------------------------------------------------
 
 
+def default_template(kind: str) -> str | None:
+    """The shipped template a `kind` boot payload uses when the class has none (None: built
+    in, for `env`, or none shipped: the class must give one)."""
+    return DEFAULT_TEMPLATES.get(kind)
+
+
 def shipped_template(name: str, *, directory: Path = TEMPLATES_DIR) -> str:
-    """The text of a template shipped in deploy/templates/ (TALOS_WORKER_TEMPLATE,
+    """The text of a template shipped in activities/templates/ (TALOS_WORKER_TEMPLATE,
     UBUNTU_CLOUD_INIT_TEMPLATE)."""
     path = directory / name
     try:
@@ -703,15 +745,19 @@ def render_boot_payload(
         s = s.model_copy(update={"tailscale_login_server": login_server})
     if template is None and kind == "env":
         lines = [f"TS_AUTHKEY={auth_key.get_secret_value()}", f"TS_HOSTNAME={hostname}"]
-        if s.tailscale_login_server:
-            lines.append(f"TS_EXTRA_ARGS=--login-server={s.tailscale_login_server}")
+        extra = ([f"--login-server={s.tailscale_login_server}"] if s.tailscale_login_server else []) + (
+            ["--accept-routes"] if s.tailscale_accept_routes else []
+        )
+        if extra:
+            lines.append(f"TS_EXTRA_ARGS={' '.join(extra)}")
         return BootPayload(kind=kind, content="\n".join(lines) + "\n", hostname=hostname)
     if template is None:
-        if kind != "cloud-init":
+        default = default_template(kind)
+        if default is None:
             raise ConfigError(
-                f"boot payload kind {kind!r} needs a template in the GPUNodeClass; built in: env, cloud-init"
+                f"boot payload kind {kind!r} needs a template in the GPUNodeClass; built in: env, {', '.join(DEFAULT_TEMPLATES)}"
             )
-        template = shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE)
+        template = shipped_template(default)
     variables = template_variables(hostname=hostname, auth_key=auth_key, settings=s, join=join, node_index=node_index)
     content = render_template(template, variables)
     # Size only: the content holds the auth key and join secrets.

@@ -29,7 +29,7 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
-from activities.ports import EvictionBlocked
+from activities.ports import EvictionBlocked, VersionedSecret
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from tgp.types import GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
@@ -368,6 +368,12 @@ class KubernetesCluster:
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         """A Secret's decoded data, or None when it does not exist. Callers must never log it."""
+        found = await self.read_secret_versioned(namespace, name)
+        return None if found is None else found.data
+
+    async def read_secret_versioned(self, namespace: str, name: str) -> VersionedSecret | None:
+        """A Secret's decoded data and resourceVersion (what a cache of what was built from it
+        compares), or None when it does not exist. Callers must never log the data."""
         core = await self._client()
         try:
             secret = await self._call(
@@ -377,7 +383,8 @@ class KubernetesCluster:
             )
         except ApiException:
             return None
-        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        return VersionedSecret(data=data, resource_version=(secret.metadata.resource_version if secret.metadata else None) or "")
 
     async def create_event(self, ref: CustomResource, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
         """Record a core/v1 Event about `ref` (shown by `kubectl describe`)."""

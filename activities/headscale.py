@@ -139,9 +139,10 @@ class HeadscaleTailnet(HttpAdapter):
 
     # --- the Tailnet port -------------------------------------------------------------
 
-    async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta) -> AuthKey:
-        """Mint a single-use, ephemeral pre-auth key carrying `tags` as aclTags, owned by the
-        configured user (or by the tags alone). Nodes it registers are tagged nodes."""
+    async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta, ephemeral: bool = True) -> AuthKey:
+        """Mint a single-use pre-auth key carrying `tags` as aclTags, owned by the configured
+        user (or by the tags alone); `ephemeral` (the class's tailscaleConfig.ephemeral) makes
+        the nodes it registers leave once offline. Nodes it registers are tagged nodes."""
         if not hostname:
             raise ConfigError("a tailnet hostname must not be empty")
         bad = [t for t in tags if not _TAG.match(t)]
@@ -155,7 +156,7 @@ class HeadscaleTailnet(HttpAdapter):
             raise ConfigError(f"auth key expiry must be positive, got {expiry}")
         body: dict[str, Any] = {
             "reusable": False,
-            "ephemeral": True,
+            "ephemeral": ephemeral,
             "expiration": _iso(self._now() + expiry),
             "aclTags": list(tags),
         }

@@ -23,7 +23,7 @@ from temporalio.exceptions import ApplicationError
 from activities.bootstrap import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
 from activities.drain import drain
 from activities.ports import Cluster, CloudProvider, Tailnet
-from activities.providers.credentials import ProviderRegistry
+from activities.providers.credentials import ProviderRegistry, TailnetRegistry
 from tgp import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TgpError, TransientError
 from tgp.secrets import register, register_model, scrub, scrub_exception, secret_scope
@@ -32,6 +32,7 @@ from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
     CredentialsRef,
+    TailnetRef,
     DeviceQuery,
     DrainInput,
     DrainResult,
@@ -126,11 +127,14 @@ class NodeActivities:
         poll_interval: timedelta = POLL_INTERVAL,
         create_settle: timedelta = CREATE_SETTLE,
         registry: ProviderRegistry | None = None,
+        tailnet_registry: TailnetRegistry | None = None,
     ) -> None:
         self.providers = dict(providers)
         # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
         self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
         self.tailnets = dict(tailnets)
+        # Tailnet adapters per class (tailscaleConfig.oauthSecretRef); `tailnets` is the fallback.
+        self.tailnet_registry = tailnet_registry or TailnetRegistry(cluster=cluster, fallback=self.tailnets)
         self.cluster = cluster
         self.unavailable = unavailable or UnavailableOffers()
         self.poll_interval = poll_interval
@@ -149,6 +153,10 @@ class NodeActivities:
         if credentials is None:
             return self._provider(name)
         return await self.registry.get(name, credentials)
+
+    async def _tailnet_for(self, name: str, ref: TailnetRef | None) -> Tailnet:
+        """The class's own tailnet (its Secret, read now), or the worker's."""
+        return self._tailnet(name) if ref is None else await self.tailnet_registry.get(name, ref)
 
     def _tailnet(self, name: str) -> Tailnet:
         try:
@@ -221,7 +229,7 @@ class NodeActivities:
         launching = metrics.counting_launch(inp.offer.provider, demand_since=inp.demand_since)
         with secret_scope(), heartbeating(), temporal_errors(), launching:
             provider = await self._provider_for(inp.offer.provider, inp.credentials)
-            tailnet = self._tailnet(inp.tailnet)
+            tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
             existing = await self._adopt(provider, name, bound)
             if existing is not None:
                 return LaunchResult(instance=existing, adopted=True)
@@ -347,7 +355,10 @@ class NodeActivities:
     @activity.defn
     async def wait_for_tailnet_device(self, q: DeviceQuery) -> TailnetDevice:
         """Poll the tailnet until a device with this hostname and tags appears."""
-        return await self._poll(lambda: self._tailnet(q.tailnet).find_device(q.hostname, q.tags))
+        async def joined() -> TailnetDevice | None:
+            return await (await self._tailnet_for(q.tailnet, q.tailnet_ref)).find_device(q.hostname, q.tags)
+
+        return await self._poll(joined)
 
     @activity.defn
     async def wait_for_node_ready(self, node_name: str) -> NodeSummary:
@@ -396,7 +407,8 @@ class NodeActivities:
                     return StageLook(up=False, seen=f"instance {ref.instance_id} is {state}")
                 seen.append(f"instance {ref.instance_id} is {state}")
             if inp.device is not None:
-                device = await self._tailnet(inp.device.tailnet).find_device(inp.device.hostname, inp.device.tags)
+                tailnet = await self._tailnet_for(inp.device.tailnet, inp.device.tailnet_ref)
+                device = await tailnet.find_device(inp.device.hostname, inp.device.tags)
                 if device is None:
                     return StageLook(up=False, seen=f"no tailnet device {inp.device.hostname}")
                 seen.append(f"tailnet device {inp.device.hostname} is there")
@@ -470,7 +482,7 @@ class NodeActivities:
         """Revoke the node's unused keys and delete its tailnet devices."""
         revoked = deleted = 0
         with temporal_errors(always_retry=True):
-            tailnet = self._tailnet(inp.tailnet)
+            tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
             for key_id in inp.key_ids:
                 await tailnet.revoke_auth_key(key_id)
             revoked = await tailnet.revoke_keys_for(inp.hostname)

@@ -3,6 +3,7 @@ tests and the demo swap the adapter (or just its base URL), never the activity c
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
@@ -59,7 +60,10 @@ class Tailnet(Protocol):
     """Tailscale or Headscale: mint ephemeral, pre-authorized, tagged, single-use keys, and
     find and remove the devices that used them."""
 
-    async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta) -> AuthKey: ...
+    async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta, ephemeral: bool = True) -> AuthKey:
+        """A single-use, pre-authorized key carrying `tags`; `ephemeral` keys register devices
+        that leave the tailnet once offline (the class's tailscaleConfig.ephemeral)."""
+        ...
 
     async def revoke_auth_key(self, key_id: str) -> None:
         """Revoke; a key already gone counts as revoked."""
@@ -79,6 +83,14 @@ class Tailnet(Protocol):
     async def delete_device(self, device_id: str) -> None:
         """Delete; a device already gone (404) counts as deleted."""
         ...
+
+
+@dataclass(frozen=True)
+class VersionedSecret:
+    """A Secret's decoded data and its resourceVersion. Never log `data`."""
+
+    data: dict[str, bytes] = field(repr=False)
+    resource_version: str
 
 
 class EvictionBlocked(Exception):
@@ -113,4 +125,8 @@ class Cluster(Protocol):
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         """A Secret's decoded data, or None when it does not exist. Never log it."""
+        ...
+
+    async def read_secret_versioned(self, namespace: str, name: str) -> VersionedSecret | None:
+        """The Secret's data with its resourceVersion, or None when it does not exist."""
         ...

@@ -117,10 +117,11 @@ class TailscaleTailnet(HttpAdapter):
 
     # --- the Tailnet port -------------------------------------------------------------
 
-    async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta) -> AuthKey:
-        """Mint a single-use, ephemeral, pre-authorized key carrying `tags`, described by
-        `key_description(hostname)`. Raises PermissionDenied when the OAuth client may not
-        use one of the tags."""
+    async def mint_auth_key(self, *, hostname: str, tags: list[str], expiry: timedelta, ephemeral: bool = True) -> AuthKey:
+        """Mint a single-use, pre-authorized key carrying `tags`, described by
+        `key_description(hostname)`; `ephemeral` (the class's tailscaleConfig.ephemeral) makes
+        its device leave the tailnet once offline. Raises PermissionDenied when the OAuth
+        client may not use one of the tags."""
         if not tags:
             # Keys minted by an OAuth client belong to the tailnet, so Tailscale requires tags.
             raise ConfigError(
@@ -133,7 +134,7 @@ class TailscaleTailnet(HttpAdapter):
         body = {
             "capabilities": {
                 "devices": {
-                    "create": {"reusable": False, "ephemeral": True, "preauthorized": True, "tags": list(tags)}
+                    "create": {"reusable": False, "ephemeral": ephemeral, "preauthorized": True, "tags": list(tags)}
                 }
             },
             "expirySeconds": seconds,

@@ -6,6 +6,7 @@ pods, nodes and custom resources cross real HTTP; Temporal is the real dev serve
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -39,7 +40,7 @@ from workers.main import WorkerConfig, build_activities, make_worker
 # scheduler binds, and what only an emulator can do (compacting history, cutting streams) skips.
 NS = "ml"
 # Cluster-scoped names the tests create (deleted after each test on a real cluster).
-TEST_CLASSES = ("sim", "tpl", "creds", "y", "standard-gpu-class")
+TEST_CLASSES = ("sim", "tpl", "creds", "y", "standard-gpu-class", "team-a", "team-b")
 
 CRDS = Path(__file__).resolve().parent.parent / "deploy" / "crds"
 POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
@@ -437,6 +438,63 @@ async def test_a_class_with_a_missing_secret_says_which(temporal: WorkflowEnviro
 
         condition = await eventually(lambda: s.class_condition("creds", "Ready", "False"), what="the class to be Ready=False")
         assert "Secret tgp-system/cloud-keys does not exist" in condition["message"]
+
+
+async def test_each_class_bills_its_own_account_and_a_rotated_key_is_picked_up(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """Two classes, two Secrets, two accounts of one cloud: each node is bought with its
+    class's key (the worker's own key buys nothing), and a key rotated in the Secret is used
+    from the next activity on, without restarting the worker."""
+    async with running_stack(temporal, kube_api) as s:
+        cloud = s.world.cloud
+        keys = {team: f"sim-{team}-{uuid.uuid4().hex}" for team in ("team-a", "team-b")}
+        for team, key in keys.items():
+            cloud.add_key(key, team)
+            await put_secret(s.kube, f"{team}-cloud", {"apiKey": key})
+            klass = gpu_class(team)
+            klass["spec"]["providers"] = [{"name": "simulated", "credentialsRef": {"name": f"{team}-cloud", "key": "apiKey"}}]
+            assert (await apply(s.kube, klass)).status_code == 201
+            assert (await apply(s.kube, gpu_pool(f"pool-{team}", klass=team, minNodes=1, disruption=NO_IDLING))).status_code == 201
+
+        [node_a] = await ready_nodes(s, "ml", "pool-team-a", 1)
+        [node_b] = await ready_nodes(s, "ml", "pool-team-b", 1)
+        billed = {i.name.rsplit("-", 1)[0].removeprefix("tgp-"): i.account for i in cloud.live_instances()}
+        assert billed == {node_a["name"]: "team-a", node_b["name"]: "team-b"}
+        for team in keys:
+            assert await eventually(lambda team=team: s.class_condition(team, "Ready", "True"), what=f"class {team} Ready")
+
+        # Rotate team-a's key: a new key for the account, the Secret updated, the old key deleted.
+        rotated = f"sim-team-a-{uuid.uuid4().hex}"
+        cloud.add_key(rotated, "team-a")
+        await put_secret(s.kube, "team-a-cloud", {"apiKey": rotated})
+
+        async def rotated_key_used() -> bool:
+            return cloud.requests_by_key[rotated] > 0  # the node's watch describes its instance
+
+        await eventually(rotated_key_used, what="the worker to use the rotated key")
+        cloud.revoke_key(keys["team-a"])
+        # Ending the node needs the new key: the instance is team-a's, the old key is refused.
+        instance_a = next(i for i in cloud.live_instances() if i.account == "team-a")
+        (await s.kube.delete(f"{POOLS.format(ns=NS)}/pool-team-a")).raise_for_status()
+
+        async def terminated() -> bool:
+            return cloud.instances[instance_a.id].status == "terminated"
+
+        await eventually(terminated, what="team-a's node to be terminated with the rotated key")
+        assert [i.account for i in cloud.live_instances()] == ["team-b"]
+        assert all(i.account != "default" for i in cloud.instances.values()), "the worker's own key bought nothing"
+        for team in keys:
+            await s.kube.delete(f"/api/v1/namespaces/tgp-system/secrets/{team}-cloud")
+
+
+async def put_secret(kube: httpx.AsyncClient, name: str, data: dict[str, str]) -> None:
+    """Create or update a Secret in tgp-system (an update changes its resourceVersion)."""
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    path = "/api/v1/namespaces/tgp-system/secrets"
+    r = await kube.post(path, json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded})
+    if r.status_code == 409:
+        merge = {"Content-Type": "application/merge-patch+json"}
+        r = await kube.patch(f"{path}/{name}", json={"data": encoded}, headers=merge)
+    r.raise_for_status()
 
 
 async def test_a_class_template_with_an_undefined_variable_names_it(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:

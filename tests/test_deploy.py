@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -428,9 +429,9 @@ def test_dockerfile_essentials() -> None:
 
 def test_the_image_contents_import_and_find_their_files(tmp_path: Path) -> None:
     """What the image holds, made as the Dockerfile makes it: the build stage's files, the wheel
-    built from them (runtime only), installed, plus the runtime stage's COPY of the boot
-    templates. The packages import, `tgp --help` runs, the shipped templates and the Paperspace
-    catalog are found."""
+    built from them (runtime only), installed. The packages import, `tgp --help` runs, the
+    Paperspace catalog is found, and both shipped boot templates come with the wheel (package
+    data, no COPY beside it) and render from where it was installed."""
     stages = dockerfile_stages()
     src = tmp_path / "src"
     src.mkdir()
@@ -453,15 +454,15 @@ def test_the_image_contents_import_and_find_their_files(tmp_path: Path) -> None:
     )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (wheel,) = wheels.glob("tgp-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {n for n in archive.namelist() if n.startswith("activities/templates/")}
+    assert shipped == {"activities/templates/talos-worker.yaml.j2", "activities/templates/ubuntu-cloud-init.yaml.j2"}, shipped
+    assert not [i for i in stages[1] if i.keyword == "COPY" and "templates" in i.arguments], "the wheel carries the templates"
     installed = subprocess.run(
         [*pip, "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
         timeout=120, capture_output=True, text=True, check=False,
     )
     assert installed.returncode == 0, installed.stderr[-2000:]
-    # COPY deploy/templates <venv>/lib/python3.11/site-packages/deploy/templates
-    (templates,) = [shlex.split(i.arguments) for i in stages[1] if i.keyword == "COPY" and "templates" in i.arguments]
-    assert templates[0] == "deploy/templates" and templates[1].endswith("/site-packages/deploy/templates")
-    shutil.copytree(ROOT / templates[0], site / "deploy" / "templates")
 
     check = """
 import importlib, sys
@@ -472,8 +473,10 @@ for package in ("tgp", "workflows", "activities", "workers", "crd_bridge"):
     assert module.__file__.startswith(site), (package, module.__file__)
 from activities import bootstrap
 from activities.providers import paperspace
-bootstrap.shipped_template(bootstrap.TALOS_WORKER_TEMPLATE)
-bootstrap.shipped_template(bootstrap.UBUNTU_CLOUD_INIT_TEMPLATE)
+assert str(bootstrap.TEMPLATES_DIR).startswith(site), bootstrap.TEMPLATES_DIR
+# Both shipped templates render from the installed wheel (a trial render with sample values).
+for name in (bootstrap.TALOS_WORKER_TEMPLATE, bootstrap.UBUNTU_CLOUD_INIT_TEMPLATE):
+    assert bootstrap.check_template(bootstrap.shipped_template(name)) == [], name
 assert paperspace.CATALOG_PATH.is_file(), paperspace.CATALOG_PATH
 (tgp,) = [e for e in entry_points(group="console_scripts") if e.name == "tgp" and e.dist.locate_file("").as_posix().startswith(site)]
 sys.argv = ["tgp", "--help"]

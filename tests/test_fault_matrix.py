@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import os
 import random
@@ -54,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import collections
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -66,13 +68,13 @@ import httpx
 import kmock
 import pytest
 import yaml
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.service import RPCError
 
 from tests.conftest import binary
 from tgp.messages import Ledger, class_workflow_id
 from tgp.sim.cloud import SimulatedCloud
-from tgp.sim.kube import KubeEmulator
+from tgp.sim.kube import NODES, PODS, KubeEmulator
 from tgp.sim.world import SimWorld, sim_world
 from tgp.temporal import DATA_CONVERTER, dev_server_args
 from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, NodePhase, NodeStatus, node_workflow_id
@@ -85,6 +87,7 @@ CRDS = ROOT / "deploy" / "crds"
 POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
 CLASSES = "/apis/tgp.io/v1/gpunodeclasses"
 MERGE = {"Content-Type": "application/merge-patch+json"}
+POOL_RESOURCE = kmock.resource("tgp.io", "v1", "gpunodepools")
 
 STAGES = ("select", "launch", "running", "join", "ready", "label", "watch", "drain", "terminate")
 STAGE_TITLES = {
@@ -134,8 +137,18 @@ class Process:
             self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.started += 1
 
+    def cpu(self) -> float:
+        """CPU seconds the running process has used."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split() if self.proc else []
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
     def kill(self) -> None:
         """SIGKILL, and wait until it is gone."""
+        if os.environ.get("TGP_FAULT_MATRIX_CPU") and self.proc is not None:
+            print(f"cpu {self.log.parent.name} {self.name}: {self.cpu():.1f}s", file=sys.__stderr__)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
@@ -268,6 +281,11 @@ class Lane:
         self.stack.callback(self.server.kill)
         self.client = await self._connect()
         self.world = await self.stack.enter_async_context(sim_world(boot_delay=BOOT_DELAY))
+        # kmock keeps every request for assertions and finds each new one's reaction by scanning
+        # that whole history once per reaction (`request in view`): over a lane's thousands of
+        # requests that is quadratic, and it was most of this process's CPU. Nothing here asserts
+        # on past requests; a request is matched right as it arrives (no await in between), so a short window is enough.
+        self.emulator._requests = collections.deque(maxlen=8)
         for path in sorted(CRDS.glob("*.yaml")):
             self.emulator.install_crd(yaml.safe_load(path.read_text()))
         self.burst = KubeBurst(self.emulator)
@@ -356,12 +374,26 @@ class Lane:
     async def apply(self, path: str, obj: dict[str, Any]) -> None:
         (await self.kube.post(path, json=obj)).raise_for_status()
 
-    async def until(self, check: Callable[[], Awaitable[T | None | bool]], what: str, *, every: float = 0.05) -> T:
-        """Wait for `check` to hold (the cell's deadline bounds every wait)."""
+    def stored(self, resource: kmock.resource, ns: str | None, name: str) -> dict[str, Any] | None:
+        """An object as the API server stores it now, read in-process (cheaper than a GET, so
+        the waits below can look often)."""
+        try:
+            obj = self.emulator.objects[resource, ns, name]
+        except KeyError:
+            return None
+        return None if obj.deleted else obj.raw
+
+    def pool(self, names: CellNames) -> dict[str, Any] | None:
+        return self.stored(POOL_RESOURCE, names.ns, names.pool)
+
+    async def until(self, check: Callable[[], Any], what: str, *, every: float = 0.05) -> Any:
+        """Wait for `check` (plain or async) to hold; the cell's deadline bounds every wait."""
         self.waiting_for = what
         while True:
             try:
-                result = await check()
+                result = check()
+                if inspect.isawaitable(result):
+                    result = await result
             except (httpx.HTTPError, RPCError):
                 result = None  # an API restarting: look again
             if result:
@@ -501,8 +533,8 @@ async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, no
     await lane.apply(CLASSES, class_spec(names.klass, max_nodes=2))
     await lane.apply(POOLS.format(ns=ns), pool_spec(names))
 
-    async def offers_checked() -> bool:
-        pool = await lane.get(f"{POOLS.format(ns=ns)}/{names.pool}") or {}
+    def offers_checked() -> bool:
+        pool = lane.pool(names) or {}
         conditions = {c["type"]: c["status"] for c in (pool.get("status") or {}).get("conditions") or []}
         return conditions.get("OffersAvailable") == "True" and conditions.get("Ready") == "True"
 
@@ -529,7 +561,7 @@ async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, no
     def ours() -> list[Any]:
         return [i for i in cloud.instances.values() if i.name.startswith(names.prefix)]
 
-    async def bought() -> Any:
+    def bought() -> Any:
         live = [i for i in ours() if i.status != "terminated"]
         return live[0] if live else None
 
@@ -539,30 +571,27 @@ async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, no
     if stage == "running":
         describes = cloud.describe_requests
 
-        async def booting() -> bool:
+        def booting() -> bool:
             return cloud.describe_requests > describes and inst.status == "pending"
 
         await lane.until(booting, "the workflow to look at the booting instance", every=0.01)
         await strike()
         cloud.boot_delay = BOOT_DELAY
 
-    await lane.until(lambda: _async(bool(lane.world.tailnet_devices(node))), "the tailnet device", every=0.01)
+    await lane.until(lambda: lane.world.tailnet_devices(node), "the tailnet device", every=0.01)
     if stage == "join":
         await strike()
     node_path = f"/api/v1/nodes/{node}"
 
-    async def node_ready() -> bool:
-        return ready(await lane.get(node_path))
-
-    await lane.until(node_ready, "the Node to be Ready", every=0.02)
+    await lane.until(lambda: ready(lane.stored(NODES, None, node)), "the Node to be Ready", every=0.01)
     if stage == "ready":
         await strike()
 
-    async def labelled() -> bool:
-        k8s = await lane.get(node_path) or {}
+    def labelled() -> bool:
+        k8s = lane.stored(NODES, None, node) or {}
         return (k8s.get("metadata") or {}).get("labels", {}).get(LABEL_POOL) == names.pool
 
-    await lane.until(labelled, "the Node to be labelled", every=0.02)
+    await lane.until(labelled, "the Node to be labelled", every=0.01)
     if stage == "label":
         await strike()
     await bind(lane, ns, "job", node)
@@ -571,7 +600,7 @@ async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, no
 
     describes = cloud.describe_requests
 
-    async def watched() -> bool:
+    def watched() -> bool:
         return cloud.describe_requests >= describes + 2
 
     await lane.until(watched, "the watch stage to look at the node twice")
@@ -580,11 +609,11 @@ async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, no
     annotate = {"metadata": {"annotations": {"tgp.io/evict": "fault matrix"}}}
     (await lane.kube.patch(node_path, json=annotate, headers=MERGE)).raise_for_status()
 
-    async def pod_terminating() -> bool:
-        pod = await lane.get(f"/api/v1/namespaces/{ns}/pods/job")
+    def pod_terminating() -> bool:
+        pod = lane.stored(PODS, ns, "job")
         return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
 
-    await lane.until(pod_terminating, "the drain to evict the pod", every=0.02)
+    await lane.until(pod_terminating, "the drain to evict the pod", every=0.01)
     if stage == "drain":
         await strike()
     if stage == "terminate":
@@ -594,32 +623,27 @@ async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, no
 
     handle = lane.client.get_workflow_handle(node_workflow_id(ns, names.pool, node), result_type=NodeStatus)
 
-    async def closed() -> bool:
-        return (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING
+    async def result() -> NodeStatus:
+        return await handle.result()  # a long poll; a restarting server fails it, so ask again
 
-    await lane.until(closed, "the node workflow to end", every=0.2)
-    final: NodeStatus = await handle.result()
+    final: NodeStatus = await lane.until(result, "the node workflow to end", every=0.2)
     notes["attempts"] = len(final.attempts)
     assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted"), (
         f"the node ended {final.phase.value}: {final.end_reason}; last error: {final.last_error}"
     )
 
-    async def pool_empty() -> bool:
-        pool = await lane.get(f"{POOLS.format(ns=ns)}/{names.pool}") or {}
+    def pool_empty() -> bool:
+        pool = lane.pool(names) or {}
         status = pool.get("status") or {}
         return not status.get("nodes") and status.get("readyNodes", 0) == 0 and status.get("desiredNodes", 0) == 0
 
     await lane.until(pool_empty, "the pool's status to show no nodes", every=0.2)
     await lane.kube.delete(f"{POOLS.format(ns=ns)}/{names.pool}")
 
-    async def pool_gone() -> bool:
-        return await lane.get(f"{POOLS.format(ns=ns)}/{names.pool}") is None
+    def pool_gone() -> bool:
+        return lane.pool(names) is None
 
     await lane.until(pool_gone, "the pool's finalizer to let it go", every=0.2)
-
-
-async def _async(value: T) -> T:
-    return value
 
 
 async def assert_clean(lane: Lane, names: CellNames) -> list[str]:
@@ -839,11 +863,11 @@ async def test_forty_launches_at_once_with_the_worker_killed_three_times() -> No
             await pending_pod(lane, names.ns, f"job-{i}")
 
         for threshold in kills_at:
-            await lane.until(lambda: _async(lane.cloud.create_requests >= threshold), f"{threshold} creates", every=0.02)
+            await lane.until(lambda: lane.cloud.create_requests >= threshold, f"{threshold} creates", every=0.02)
             await lane.restart(lane.worker)
 
-        async def all_ready() -> bool:
-            pool = await lane.get(f"{POOLS.format(ns=names.ns)}/{names.pool}") or {}
+        def all_ready() -> bool:
+            pool = lane.pool(names) or {}
             return (pool.get("status") or {}).get("readyNodes") == BURST
 
         lane.waiting_for = "40 Ready nodes"
@@ -858,16 +882,16 @@ async def test_forty_launches_at_once_with_the_worker_killed_three_times() -> No
         idle = {"spec": {"disruption": {"idleTimeout": "2s", "drainTimeout": "60s"}}}
         (await lane.kube.patch(f"{POOLS.format(ns=names.ns)}/{names.pool}", json=idle, headers=MERGE)).raise_for_status()
 
-        async def zero() -> bool:
-            pool = await lane.get(f"{POOLS.format(ns=names.ns)}/{names.pool}") or {}
+        def zero() -> bool:
+            pool = lane.pool(names) or {}
             status = pool.get("status") or {}
             return not status.get("nodes") and status.get("readyNodes", 0) == 0 and not [i for i in bought if i.status != "terminated"]
 
         await asyncio.wait_for(lane.until(zero, "the pool to scale to zero", every=0.5), 600)
         await lane.kube.delete(f"{POOLS.format(ns=names.ns)}/{names.pool}")
 
-        async def gone() -> bool:
-            return await lane.get(f"{POOLS.format(ns=names.ns)}/{names.pool}") is None
+        def gone() -> bool:
+            return lane.pool(names) is None
 
         await asyncio.wait_for(lane.until(gone, "the pool to be deleted", every=0.5), 120)
         problems = await assert_clean(lane, names)

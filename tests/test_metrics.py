@@ -9,7 +9,10 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
+import socket
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -26,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import eventually, running_world
+from tests.conftest import binary, eventually, running_world
 from tests.kube_env import KubeApi
 from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
 from tests.test_node_lifecycle import request, start, wait_phase
@@ -36,7 +39,7 @@ from tgp.logs import activity_context, configure_logging, log_format, stdlib_han
 from tgp.sim.world import sim_world
 from tgp.temporal import DATA_CONVERTER
 from tgp.types import LABEL_PROVIDER, InstanceRef, LabelInput, LaunchInput, NodePhase, NodeStatus, Offer
-from workers.main import WorkerConfig, build_activities, make_worker
+from workers.main import SWEEPER_SCHEDULE_ID, WorkerConfig, build_activities, make_worker
 from workers.metrics import FleetMetrics, NodeSample, start_worker_metrics
 from workflows.node import GPUNodeWorkflow
 
@@ -100,7 +103,7 @@ async def test_a_node_lifecycle_moves_the_counters_gauges_and_histograms(tempora
         temporal.client.service_client.config.target_host,
         namespace=temporal.client.namespace,
         data_converter=DATA_CONVERTER,
-        runtime=sdk.runtime,  # type: ignore[arg-type]
+        runtime=sdk.runtime,
     )
     async with metrics_world(client, forward=sdk.url) as (world, queue, port):
         world.cloud.set_capacity("rtx4090-us-east", False)  # type: ignore[attr-defined]
@@ -168,6 +171,58 @@ async def test_a_pool_measures_demand_to_launch_from_the_pending_pod(temporal: W
         await ready_nodes(s, "ml", pool, 1)
     after = REGISTRY.get_sample_value("tgp_demand_to_launch_seconds_count", {"provider": "simulated"}) or 0.0
     assert after - before >= 1, "the node the pool bought for the pod observed demand -> launch"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_tgp_worker_and_tgp_bridge_serve_metrics_on_tgp_metrics_port(temporal: WorkflowEnvironment) -> None:
+    """The commands the Deployments run: one port each (their probes and the ServiceMonitor use it)."""
+    try:
+        await temporal.client.get_schedule_handle(SWEEPER_SCHEDULE_ID).describe()
+        schedule_existed = True
+    except Exception:  # noqa: BLE001 - not there
+        schedule_existed = False
+    async with sim_world(boot_delay=0.2) as world:
+        env = {
+            **os.environ,
+            **world.worker_env(),
+            "TEMPORAL_ADDRESS": temporal.client.service_client.config.target_host,
+            "TEMPORAL_NAMESPACE": temporal.client.namespace,
+            "TGP_TASK_QUEUE": f"cli-{uuid.uuid4().hex[:8]}",
+            "TGP_KUBE_URL": world.kube_url,
+        }
+        ports = {"worker": free_port(), "bridge": free_port()}
+        procs = {
+            cmd: subprocess.Popen(
+                [binary("tgp"), cmd], env={**env, "TGP_METRICS_PORT": str(port)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+            for cmd, port in ports.items()
+        }
+        try:
+
+            def serving(cmd: str, *names: str):  # type: ignore[no-untyped-def]
+                async def check() -> Scrape | None:
+                    assert procs[cmd].poll() is None, f"tgp {cmd} exited: {procs[cmd].stderr.read().decode()[-2000:]}"  # type: ignore[union-attr]
+                    try:
+                        s = await scrape(ports[cmd])
+                    except httpx.HTTPError:
+                        return None
+                    return s if all(f"# TYPE {n} " in s.text for n in names) else None
+
+                return check
+
+            await eventually(serving("worker", "tgp_nodes", "tgp_launches_total", "temporal_num_pollers"), timeout=60, what="tgp worker's /metrics")
+            await eventually(serving("bridge", "tgp_bridge_objects_skipped_total"), timeout=60, what="tgp bridge's /metrics")
+        finally:
+            for proc in procs.values():
+                proc.kill()
+                proc.wait()
+            if not schedule_existed:
+                await temporal.client.get_schedule_handle(SWEEPER_SCHEDULE_ID).delete()
 
 
 # --- structured logs ---------------------------------------------------------------------

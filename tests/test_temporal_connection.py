@@ -141,8 +141,9 @@ async def test_the_worker_cli_connects_with_tls_and_an_api_key_from_the_environm
             env = {"TEMPORAL_ADDRESS": proxy.address, "TEMPORAL_TLS_SERVER_CA_CERT_PATH": str(pki.ca), "TEMPORAL_API_KEY": API_KEY}
             code, out = await tgp_cli("worker", "--task-queue", f"tls-{uuid.uuid4().hex[:8]}", env=env)
         # It got through Temporal (search attributes, the sweeper's Schedule) and stopped at the
-        # next thing this test does not give it: a cloud provider.
-        assert code == 2 and out.startswith("tgp: no cloud provider configured"), out
+        # next thing this test does not give it: a tailnet (no provider key is needed: classes
+        # may bring their own, providers[].credentialsRef).
+        assert code == 2 and out.startswith("tgp: no tailnet configured"), out
         paths = {r[":path"].rsplit("/", 1)[1] for r in proxy.requests}
         assert {"GetSystemInfo", "ListSearchAttributes", "CreateSchedule"} <= paths, paths
         assert authorization(proxy.requests) == {f"Bearer {API_KEY}"}

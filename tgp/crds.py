@@ -167,7 +167,11 @@ class ProviderSpec(Spec):
     name: Literal["runpod", "lambdalabs", "paperspace", "vastai", "simulated"] = Field(description="Cloud provider.")
     priority: int = Field(1, ge=1, le=1000, description="Tie-break between equally priced offers; 1 is preferred.")
     enabled: bool = Field(True, description="Offers from a disabled provider are never used.")
-    credentials_ref: SecretKeyRef | None = Field(None, description="Secret key holding the provider's API key.")
+    credentials_ref: SecretKeyRef | None = Field(
+        None,
+        description="Secret key holding the provider's API key: this class's nodes are bought (and billed) with it, read when "
+        "used, so a rotated key is picked up. Unset = the worker's own key (its environment, e.g. RUNPOD_API_KEY).",
+    )
 
 
 class TalosConfig(Spec):
@@ -181,11 +185,18 @@ class TalosConfig(Spec):
 
 class TailscaleConfig(Spec):
     tags: list[str] = Field(["tag:tgp-node"], description="ACL tags for node auth keys; the OAuth client must own them (tagOwners).")
-    ephemeral: bool = Field(True, description="Nodes leave the tailnet automatically once offline.")
-    accept_routes: bool = Field(False, description="Pass --accept-routes to tailscale up.")
+    ephemeral: bool = Field(
+        True, description="Auth keys register ephemeral devices: nodes leave the tailnet automatically once offline."
+    )
+    accept_routes: bool = Field(
+        False, description="Pass --accept-routes to tailscale up (the TailscaleAcceptRoutes template variable; the shipped templates honour it)."
+    )
     login_server: str | None = Field(None, description="Headscale URL; unset means Tailscale's control plane.")
     oauth_secret_ref: str | None = Field(
-        None, description="Secret with keys client-id and client-secret (Tailscale OAuth client) or api-key (Headscale)."
+        None,
+        description="Secret in the operator's namespace with keys client-id and client-secret (Tailscale OAuth client) or "
+        "api-key (Headscale): this class's nodes join with it, read when used, so a rotated credential is picked up. "
+        "Unset = the worker's own tailnet credentials.",
     )
 
 
@@ -211,8 +222,17 @@ class ClassLimits(Spec):
     )
 
 
+KUBERNETES_VERSION_PATTERN = r"^v?[0-9]+\.[0-9]+\.[0-9]+$"
+
+
 class GPUNodeClassSpec(Spec):
     providers: list[ProviderSpec] = Field(min_length=1, description="Providers to buy from, with credentials.")
+    kubernetes_version: str | None = Field(
+        None,
+        pattern=KUBERNETES_VERSION_PATTERN,
+        description="Kubelet version x.y.z (e.g. 1.34.1), matching the control plane: the KubernetesVersion template "
+        "variable. The default Ubuntu cloud-init template (providers booting cloud-init without a bootstrapTemplate) needs it.",
+    )
     talos_config: TalosConfig | None = Field(None, description="Boot Talos (providers that cannot will be reported).")
     bootstrap_template: str | None = Field(
         None,

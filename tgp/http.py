@@ -228,7 +228,7 @@ def scrubbed_response(response: httpx.Response) -> httpx.Response:
         return response
     skip = {"content-length", "content-encoding", "transfer-encoding"}
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in skip]
-    return httpx.Response(response.status_code, headers=headers, content=clean.encode(response.encoding or "utf-8"), request=response.request)
+    return httpx.Response(response.status_code, headers=headers, content=clean.encode(response.encoding or "utf-8", "replace"), request=response.request)
 
 
 def error_message(response: httpx.Response, limit: int = 300) -> str:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import structlog
@@ -28,18 +28,19 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 from temporalio.exceptions import ApplicationError
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from tgp.errors import ConfigError
 
 log = structlog.get_logger("tgp.metrics")
 
 METRICS_PORT_ENV = "TGP_METRICS_PORT"
-# Distinct defaults, so a worker and a bridge on one machine (`tgp dev`) do not collide; in
-# Kubernetes each pod has its own address and the port is named `metrics`.
+# Distinct defaults, so a worker and a bridge on one machine do not collide; in Kubernetes each
+# pod has its own address and the port is named `metrics`.
 WORKER_METRICS_PORT = 9464
 BRIDGE_METRICS_PORT = 9465
 # Reading the SDK's endpoint is a loopback call; a scrape must not hang on it.
-SDK_SCRAPE_TIMEOUT = 5.0
+SDK_SCRAPE_TIMEOUT = timedelta(seconds=5)
 
 # No `_created` series beside each counter and histogram: nothing here queries them, and they
 # double the series Prometheus stores.
@@ -190,14 +191,12 @@ def metrics_port(env: Mapping[str, str], default: int) -> int | None:
 class SdkMetrics:
     """A Temporal runtime exporting the SDK's metrics on a loopback port, for `Client.connect`."""
 
-    runtime: object  # temporalio.runtime.Runtime
+    runtime: Runtime
     url: str
 
 
 def sdk_metrics(service: str) -> SdkMetrics:
     """A Temporal runtime whose metrics (`temporal_*`, durations in seconds) `/metrics` forwards."""
-    from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-
     with socket.socket() as probe:  # a free loopback port for the SDK's own endpoint
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -217,7 +216,7 @@ async def serve_metrics(
 ) -> tuple[web.AppRunner, int]:
     """Serve `registry` (and the text of `forward`, the SDK's endpoint) at /metrics. Returns the
     runner (clean it up to stop) and the port bound (`port` 0: any free one)."""
-    client = httpx.AsyncClient(timeout=SDK_SCRAPE_TIMEOUT)
+    client = httpx.AsyncClient(timeout=SDK_SCRAPE_TIMEOUT.total_seconds())
 
     async def metrics(request: web.Request) -> web.Response:
         body = generate_latest(registry)
@@ -239,8 +238,11 @@ async def serve_metrics(
     app.on_cleanup.append(close)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner, runner.addresses[0][1]
 
 

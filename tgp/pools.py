@@ -6,7 +6,18 @@ from datetime import timedelta
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.messages import class_workflow_id, pool_workflow_id
-from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, OPERATOR_NAMESPACE, BootConfig, LifecycleTimeouts, NodeRequest, OfferRequirements, TimeoutsUpdate
+from tgp.types import (
+    LABEL_GPU_TYPE,
+    LABEL_REGION,
+    OPERATOR_NAMESPACE,
+    BootConfig,
+    CredentialsRef,
+    LifecycleTimeouts,
+    NodeRequest,
+    OfferRequirements,
+    TailnetRef,
+    TimeoutsUpdate,
+)
 
 
 def _intersect(a: list[str], b: list[str] | None) -> list[str]:
@@ -36,10 +47,30 @@ def offer_requirements(pool: GPUNodePoolSpec, klass: GPUNodeClassSpec) -> OfferR
         regions=[r for r in regions if r not in pool.excluded(LABEL_REGION)],
         providers=[p.name for p in enabled],
         provider_priority={p.name: p.priority for p in enabled},
+        credentials=provider_credentials(klass),
         min_gpu_count=ir.min_gpu_count,
         max_hourly_price=pool.max_hourly_price,
         allow_spot=ir.spot_allowed,
     )
+
+
+def provider_credentials(klass: GPUNodeClassSpec) -> dict[str, CredentialsRef]:
+    """Provider -> the Secret key its class buys with (references only; the key is read by the
+    activities). A provider without credentialsRef is absent: it uses the worker's own key."""
+    return {
+        p.name: CredentialsRef(
+            namespace=p.credentials_ref.namespace or OPERATOR_NAMESPACE, name=p.credentials_ref.name, key=p.credentials_ref.key
+        )
+        for p in klass.providers
+        if p.enabled and p.credentials_ref is not None
+    }
+
+
+def tailnet_ref(klass: GPUNodeClassSpec) -> TailnetRef | None:
+    """The class's own tailnet credentials Secret (tailscaleConfig.oauthSecretRef, in the
+    operator's namespace), or None: the worker's own tailnet."""
+    ts = klass.tailscale_config
+    return TailnetRef(name=ts.oauth_secret_ref, login_server=ts.login_server) if ts.oauth_secret_ref else None
 
 
 def boot_config(klass: GPUNodeClassSpec) -> BootConfig:
@@ -50,6 +81,9 @@ def boot_config(klass: GPUNodeClassSpec) -> BootConfig:
         join_secret=f"{OPERATOR_NAMESPACE}/{klass.join_secret_ref}" if klass.join_secret_ref else None,
         login_server=klass.tailscale_config.login_server,
         talos_image=talos.image if talos else "",
+        kubernetes_version=klass.kubernetes_version,
+        accept_routes=klass.tailscale_config.accept_routes,
+        ephemeral=klass.tailscale_config.ephemeral,
     )
 
 
@@ -91,6 +125,7 @@ def node_request(
         taints=list(pool.template.spec.taints),
         tailnet_tags=list(klass.tailscale_config.tags),
         tailnet="headscale" if klass.tailscale_config.login_server else "tailscale",
+        tailnet_ref=tailnet_ref(klass),
         boot=boot_config(klass),
         timeouts=timeouts,
         pool_workflow_id=pool_workflow_id(namespace, pool_name),

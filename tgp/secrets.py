@@ -115,8 +115,30 @@ _STANDARD = str.maketrans("-_", "+/")
 _lock = threading.RLock()
 _process: OrderedDict[str, _Secret] = OrderedDict()
 _recent: OrderedDict[str, _Secret] = OrderedDict()
+# Bumped on every change of the two above, so the index over them is rebuilt only then.
+_version = 0
+
+
+class _Scope:
+    """The secrets registered in one `secret_scope`, with their index (built when needed)."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[str, _Secret] = {}
+        self._index: _Index | None = None
+
+    def add(self, secret: _Secret) -> None:
+        self.secrets[secret.value] = secret
+        self._index = None
+
+    @property
+    def index(self) -> _Index:
+        if self._index is None:
+            self._index = _Index(self.secrets.values())
+        return self._index
+
+
 # The scopes of the running activity, innermost last.
-_scopes: ContextVar[tuple[dict[str, _Secret], ...]] = ContextVar("tgp_secret_scopes", default=())
+_scopes: ContextVar[tuple[_Scope, ...]] = ContextVar("tgp_secret_scopes", default=())
 
 
 def _usable(values: Iterable[object]) -> Iterator[str]:
@@ -138,7 +160,9 @@ def _text_of(value: object) -> str | None:
 
 
 def _remember_recent(secrets: Iterable[_Secret]) -> None:
+    global _version
     with _lock:
+        _version += 1
         for secret in secrets:
             _recent[secret.value] = secret
             _recent.move_to_end(secret.value)
@@ -151,7 +175,9 @@ def register_process(*values: object) -> None:
     Accepts str, bytes, SecretStr or None (ignored)."""
     for value in _usable(values):
         secret = _process.get(value) or _recent.get(value) or _forms(value)
+        global _version
         with _lock:
+            _version += 1
             _process[value] = secret
             _process.move_to_end(value)
             while len(_process) > PROCESS_LIMIT:
@@ -163,11 +189,11 @@ def register(*values: object) -> None:
     while after, among the recent ones). Outside a scope they go straight to the recent ones."""
     scopes = _scopes.get()
     for value in _usable(values):
-        if value in _process or (scopes and value in scopes[-1]):
+        if value in _process or (scopes and value in scopes[-1].secrets):
             continue
         secret = _recent.get(value) or _forms(value)
         if scopes:
-            scopes[-1][value] = secret
+            scopes[-1].add(secret)
         else:
             _remember_recent([secret])
 
@@ -184,30 +210,76 @@ def register_model(model: object) -> None:
 def secret_scope() -> Iterator[None]:
     """Scope for the secrets one activity handles (see `register`). Nested scopes see the
     outer ones' secrets."""
-    scope: dict[str, _Secret] = {}
+    scope = _Scope()
     token = _scopes.set((*_scopes.get(), scope))
     try:
         yield
     finally:
         _scopes.reset(token)
-        _remember_recent(scope.values())
+        _remember_recent(scope.secrets.values())
 
 
 def known_secrets() -> list[str]:
     """Every secret scrubbed right now (for tests and diagnostics; never log the result)."""
-    return [s.value for s in _known()]
+    return [secret.value for index in _indexes() for secret in index.secrets]
 
 
-def _known(extra: Iterable[object] = ()) -> list[_Secret]:
+class _Index:
+    """Secrets looked up by the first ANCHOR characters of each of their forms, so that a
+    text is checked with one pass over its substrings rather than one search per form."""
+
+    def __init__(self, secrets: Iterable[_Secret]) -> None:
+        self.secrets = sorted(secrets, key=lambda s: len(s.value), reverse=True)
+        self.text: dict[str, list[_Secret]] = {}
+        self.raw: dict[bytes, list[_Secret]] = {}
+        for secret in self.secrets:
+            for form in (*secret.plain, *secret.cores):
+                self.text.setdefault(form[:_ANCHOR], []).append(secret)
+            for raw in secret.raw:
+                self.raw.setdefault(raw[:_ANCHOR], []).append(secret)
+
+    def in_text(self, text: str) -> list[_Secret]:
+        """The secrets some form of which may be in `text` (a superset, longest first)."""
+        return _candidates(text, self.text, self.secrets)
+
+    def in_bytes(self, data: bytes) -> bool:
+        """Whether `data` holds one of the secrets."""
+        return any(raw in data for secret in _candidates(data, self.raw, self.secrets) for raw in secret.raw)
+
+
+# Every form of a secret is at least this long (MIN_LENGTH, and base64 of 6 bytes).
+_ANCHOR = 8
+
+
+def _candidates(text: Any, anchors: dict[Any, list[_Secret]], ordered: list[_Secret]) -> list[_Secret]:
+    if not anchors or len(text) < _ANCHOR:
+        return []
+    found: set[int] = set()
+    for i in range(len(text) - _ANCHOR + 1):
+        hits = anchors.get(text[i : i + _ANCHOR])
+        if hits:
+            found.update(id(s) for s in hits)
+    return [s for s in ordered if id(s) in found] if found else []
+
+
+_cached: tuple[int, _Index, frozenset[str]] | None = None
+
+
+def _indexes(extra: Iterable[object] = ()) -> list[_Index]:
+    """The index of the process-wide and recent secrets (cached until they change), those of
+    the current scopes (cached per scope), and one of `extra` (built per call)."""
+    global _cached
     with _lock:
-        found: dict[str, _Secret] = {**_process, **_recent}
-    for scope in _scopes.get():
-        found.update(scope)
-    for value in _usable(extra):
-        if value not in found:
-            found[value] = _forms(value)
-    # Longest first, so a secret that contains another is replaced whole.
-    return sorted(found.values(), key=lambda s: len(s.value), reverse=True)
+        cached = _cached
+        if cached is None or cached[0] != _version:
+            base = _Index({**_process, **_recent}.values())
+            cached = _cached = (_version, base, frozenset(s.value for s in base.secrets))
+    _, base, known = cached
+    indexes = [base, *(scope.index for scope in _scopes.get() if scope.secrets)]
+    more = {v: _forms(v) for v in _usable(extra) if v not in known}
+    if more:
+        indexes.append(_Index(more.values()))
+    return indexes
 
 
 def scrub(text: str, extra: Iterable[object] = ()) -> str:
@@ -215,16 +287,16 @@ def scrub(text: str, extra: Iterable[object] = ()) -> str:
     shaped like a tailnet key replaced by [redacted]."""
     if not text:
         return text
-    secrets = _known(extra)
-    for secret in secrets:
-        for form in secret.plain:
-            if form in text:
-                text = text.replace(form, REDACTED)
-    if secrets:
-        text = _B64_RUN.sub(lambda m: REDACTED if _decodes_to_secret(m.group(0), secrets, _B64_DEPTH) else m.group(0), text)
-        for secret in secrets:
+    indexes = _indexes(extra)
+    for index in indexes:
+        for secret in index.in_text(text):
+            for form in secret.plain:
+                if form in text:
+                    text = text.replace(form, REDACTED)
             if secret.encoded is not None and any(core in text for core in secret.cores):
                 text = secret.encoded.sub(REDACTED, text)
+    if any(index.secrets for index in indexes):
+        text = _B64_RUN.sub(lambda m: REDACTED if _decodes_to_secret(m.group(0), indexes, _B64_DEPTH) else m.group(0), text)
     return TAILNET_KEY.sub(r"\1-[redacted]", text)
 
 
@@ -233,7 +305,7 @@ def contains_secret(text: str, extra: Iterable[object] = ()) -> bool:
     return scrub(text, extra) != text
 
 
-def _decodes_to_secret(blob: str, secrets: list[_Secret], depth: int) -> bool:
+def _decodes_to_secret(blob: str, indexes: list[_Index], depth: int) -> bool:
     """Whether the base64 `blob` (either alphabet, any padding, possibly with a few foreign
     characters in front) decodes to text holding a secret or a tailnet key."""
     body = blob.rstrip("=").translate(_STANDARD)
@@ -246,12 +318,12 @@ def _decodes_to_secret(blob: str, secrets: list[_Secret], depth: int) -> bool:
             decoded = base64.b64decode(chunk)
         except (binascii.Error, ValueError):
             continue
-        if any(raw in decoded for secret in secrets for raw in secret.raw):
+        if any(index.in_bytes(decoded) for index in indexes):
             return True
         text = decoded.decode("utf-8", "ignore")
         if TAILNET_KEY.search(text):
             return True
-        if depth > 1 and any(_decodes_to_secret(m.group(0), secrets, depth - 1) for m in _B64_RUN.finditer(text)):
+        if depth > 1 and any(_decodes_to_secret(m.group(0), indexes, depth - 1) for m in _B64_RUN.finditer(text)):
             return True
     return False
 

@@ -126,6 +126,27 @@ class Taint(Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field("NoSchedule", description="What the taint does to pods that do not tolerate it.")
 
 
+class CredentialsRef(Model):
+    """Where a provider's API key lives: one key of one Secret. A reference, never the key:
+    the activities read the Secret when they need the key (activities/providers/credentials.py)."""
+
+    namespace: str = OPERATOR_NAMESPACE
+    name: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"key {self.key!r} of Secret {self.namespace}/{self.name}"
+
+
+class TailnetRef(Model):
+    """The class's own tailnet credentials (tailscaleConfig.oauthSecretRef): a reference, never
+    the values. Keys client-id and client-secret (Tailscale OAuth client) or api-key (Headscale)."""
+
+    namespace: str = OPERATOR_NAMESPACE
+    name: str
+    login_server: str | None = Field(None, description="Headscale URL; None for Tailscale.")
+
+
 class OfferRequirements(Model):
     """What a node needs from an offer. Empty lists mean 'any'."""
 
@@ -137,6 +158,9 @@ class OfferRequirements(Model):
     allow_spot: bool = True
     # The class's providers[].priority: the tie-break between equally priced offers (lower wins).
     provider_priority: dict[str, int] = {}
+    # The class's providers[].credentialsRef: whose account each provider bills. A provider not
+    # named here uses the worker's own key (its environment).
+    credentials: dict[str, CredentialsRef] = {}
 
 
 # Named defaults for the lifecycle's timeouts, each with the reason for its value.
@@ -195,7 +219,9 @@ class BootConfig(Model):
     join_secret: str | None = Field(None, description="namespace/name of the Secret with the cluster join material.")
     login_server: str | None = Field(None, description="Headscale URL; None for Tailscale.")
     talos_image: str = ""
-    kubernetes_version: str | None = None
+    kubernetes_version: str | None = Field(None, description="The class's kubernetesVersion: the kubelet version x.y.z.")
+    accept_routes: bool = Field(False, description="tailscaleConfig.acceptRoutes: `tailscale up --accept-routes`.")
+    ephemeral: bool = Field(True, description="tailscaleConfig.ephemeral: the auth key registers ephemeral devices.")
 
 
 class NodeRequest(Model):
@@ -210,6 +236,7 @@ class NodeRequest(Model):
     taints: list[Taint] = []
     tailnet_tags: list[str] = ["tag:tgp-node"]
     tailnet: str = Field("tailscale", description="Tailnet backend: tailscale or headscale.")
+    tailnet_ref: TailnetRef | None = Field(None, description="The class's tailnet credentials; None: the worker's own.")
     boot: BootConfig = BootConfig()
     timeouts: LifecycleTimeouts = LifecycleTimeouts()
     max_launch_attempts: int = MAX_LAUNCH_ATTEMPTS
@@ -336,8 +363,10 @@ class LaunchInput(Model):
     node_name: str
     attempt: int
     offer: Offer
+    credentials: CredentialsRef | None = Field(None, description="The class's Secret key for the offer's provider; None: the worker's own.")
     tailnet_tags: list[str]
     tailnet: str = "tailscale"
+    tailnet_ref: TailnetRef | None = None
     boot: BootConfig = BootConfig()
     pool: str = ""
     labels: dict[str, str] = {}
@@ -357,12 +386,14 @@ class InstanceRef(Model):
     provider: str
     instance_name: str
     instance_id: str | None = None
+    credentials: CredentialsRef | None = Field(None, description="The account the instance was bought with (None: the worker's own).")
 
 
 class DeviceQuery(Model):
     hostname: str
     tags: list[str]
     tailnet: str = "tailscale"
+    tailnet_ref: TailnetRef | None = None
 
 
 class StageCheck(Model):
@@ -403,6 +434,7 @@ class TailnetCleanupInput(Model):
     hostname: str
     tags: list[str]
     tailnet: str = "tailscale"
+    tailnet_ref: TailnetRef | None = None
     key_ids: list[str] = []
 
 

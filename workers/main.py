@@ -1,8 +1,9 @@
 """The worker process: hosts tgp's workflows and activities on one task queue.
 
-Scale out by running more replicas on the same queue. Adapters are built from the
-environment; secrets come from the environment (a Kubernetes Secret in production) and stay
-inside the activities object, never in workflow inputs.
+Scale out by running more replicas on the same queue. The worker's own adapters are built from
+the environment (a Kubernetes Secret in production); a class's own credentials
+(`credentialsRef`, `oauthSecretRef`) are read from its Secrets by the activities
+(activities/providers/credentials.py). Secrets stay inside the activities, never in workflow inputs.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from activities.fleet import FleetActivities
 from activities.node import NodeActivities
 from activities.sweeper import SweeperActivities
 from activities.ports import CloudProvider
+from activities.providers.credentials import ProviderRegistry, TailnetRegistry
 from activities.providers.registry import API_KEY_ENV, providers_from_env
 from activities.headscale import HeadscaleTailnet
 from activities.ports import Tailnet
@@ -88,14 +90,12 @@ class WorkerConfig:
 
 async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activities:
     """Adapters for every configured system; closed when `stack` closes."""
+    # The worker's own adapters, from its environment: for classes whose providers have no
+    # credentialsRef. A class's credentialsRef gets its own adapter (ProviderRegistry), so a
+    # worker without any provider key still serves classes that bring theirs.
     providers: dict[str, CloudProvider] = providers_from_env(config.env)
     for provider in providers.values():
         stack.push_async_callback(provider.aclose)  # type: ignore[attr-defined]
-    if not providers:
-        raise ConfigError(
-            f"no cloud provider configured: set one of {', '.join(API_KEY_ENV.values())} "
-            "(or TGP_SIMULATED_CLOUD_URL, or run `tgp demo`)"
-        )
     tailnets: dict[str, Tailnet] = {}
     if config.tailscale_client_id and config.tailscale_client_secret:
         tailscale = TailscaleTailnet(
@@ -115,11 +115,26 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
             "no tailnet configured: set TS_OAUTH_CLIENT_ID and TS_OAUTH_CLIENT_SECRET (Tailscale) "
             "or HEADSCALE_URL and HEADSCALE_API_KEY (Headscale)"
         )
+    if not providers:
+        log.warning(
+            "no_worker_provider_keys",
+            hint=f"only classes whose providers have a credentialsRef can buy nodes; or set one of {', '.join(API_KEY_ENV.values())}",
+        )
     cluster = KubernetesCluster.from_url(config.kube_url) if config.kube_url else KubernetesCluster.from_kubeconfig(config.kubeconfig)
     stack.push_async_callback(cluster.close)
+    # Adapters per (provider, class Secret key), shared by the node and fleet activities; the
+    # environment's adapters are the fallback. Closed before the cluster it reads through.
+    registry = ProviderRegistry(cluster=cluster, env=config.env, fallback=providers)
+    stack.push_async_callback(registry.aclose)
+    # Likewise the tailnets of classes with their own tailscaleConfig.oauthSecretRef.
+    tailnet_env = {**config.env, "TGP_TAILSCALE_API_URL": config.tailscale_api_url}
+    tailnet_registry = TailnetRegistry(cluster=cluster, env=tailnet_env, fallback=tailnets)
+    stack.push_async_callback(tailnet_registry.aclose)
     return Activities(
-        node=NodeActivities(providers=providers, tailnets=tailnets, cluster=cluster),
-        fleet=FleetActivities(cluster=cluster, providers=providers),
+        node=NodeActivities(
+            providers=providers, tailnets=tailnets, cluster=cluster, registry=registry, tailnet_registry=tailnet_registry
+        ),
+        fleet=FleetActivities(cluster=cluster, providers=providers, registry=registry),
         sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster),
     )
 

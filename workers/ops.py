@@ -15,6 +15,7 @@ from decimal import Decimal
 from temporalio.client import Client
 
 from activities.cluster import CustomResource, KubernetesCluster
+from activities.providers.credentials import ProviderRegistry
 from activities.providers.registry import providers_from_env
 from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool
 from tgp.errors import ConfigError
@@ -53,14 +54,23 @@ async def plan(pool_ref: str, *, limit: int = 20) -> str:
         raise ConfigError(f"GPUNodeClass {class_name} (spec.nodeClassRef of {namespace}/{name}) not found")
     klass = GPUNodeClass.model_validate(raw_class)
     req = offer_requirements(pool.spec, klass.spec)
+    # The class's own accounts (providers[].credentialsRef, read from their Secrets), else the
+    # keys in this environment: the offers the worker would see.
     providers = providers_from_env(os.environ, only=req.providers or None)
-    if not providers:
+    names = sorted(set(providers) | set(req.credentials))
+    if not names:
         raise ConfigError(
-            f"none of the class's providers ({', '.join(req.providers)}) has credentials in this environment: "
+            f"none of the class's providers ({', '.join(req.providers)}) has credentials in this environment or a credentialsRef: "
             "set their API key variables (docs/providers.md), or `source .demo/env` for the demo"
         )
-    names = sorted(providers)
-    listed = await asyncio.gather(*(providers[n].list_offers() for n in names), return_exceptions=True)
+    async with _cluster() as cluster:
+        registry = ProviderRegistry(cluster=cluster, env=os.environ, fallback=providers)
+
+        async def offers_of(name: str) -> list[Offer]:
+            return await (await registry.get(name, req.credentials.get(name))).list_offers()
+
+        listed = await asyncio.gather(*(offers_of(n) for n in names), return_exceptions=True)
+        await registry.aclose()
     for provider in providers.values():
         await provider.aclose()  # type: ignore[attr-defined]
     offers: list[Offer] = []

@@ -4,6 +4,10 @@ In production the worker's Deployment loads the provider Secret with `envFrom`, 
 names are the environment variables below (the same names as the original README's
 `tgp-operator-secret`). `tgp offers` reads the same names from the environment or from a
 Secret.
+
+These are the worker's own adapters, the fallback for a class that names no key: a
+GPUNodeClass's `providers[].credentialsRef` gets an adapter of its own, built with
+`build_provider` from the Secret (activities/providers/credentials.py).
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ CAPABILITIES: dict[str, ProviderCapabilities] = {
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").lower() in ("1", "true", "yes")
+
+
+def static_capabilities(name: str, env: Mapping[str, str]) -> ProviderCapabilities | None:
+    """What `name`'s adapter can do when none is built: the table, with the adapter options
+    that change it (VAST_VM=true makes Vast.ai adapters rent VMs)."""
+    if name == "vastai" and _flag(env, "VAST_VM"):
+        return CAPABILITIES["vastai-vm"]
+    return CAPABILITIES.get(name)
 
 
 def build_provider(name: str, api_key: SecretStr | None, env: Mapping[str, str]) -> CloudProvider | None:

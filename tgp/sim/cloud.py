@@ -10,6 +10,11 @@ answer slowly, and terminates that fail for a while.
 Names are not unique, as on every real cloud: two creates with the same name buy two
 instances. `max_live_per_name` records the most live instances one name ever had at once.
 
+Accounts, as on real clouds: every API key belongs to an account (`api_key` to "default",
+more with `add_key`), an instance is billed to the account whose key bought it
+(`SimInstance.account`), and a key sees and ends only its own account's instances. A key
+can be rotated (`add_key` a new one for the account, `revoke_key` the old one: 401 from then on).
+
 Wire format (tgp's own, documented here because no real cloud speaks it):
     GET    /v1/offers                -> {"offers": [{id, gpu, gpuCount, region, pricePerHour, spot}]}
     POST   /v1/instances {offerId, name, userData}
@@ -27,6 +32,7 @@ import asyncio
 import fnmatch
 import itertools
 import re
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -38,6 +44,8 @@ from tgp.sim.fakeserver import EchoMode, Fault, echo_errors
 
 BootFailure = Literal["never_runs", "never_joins"]
 TailnetRegister = Callable[[str, str], Awaitable[object]]
+# The account of the key a request came with (set by the auth middleware).
+_ACCOUNT = web.RequestKey("account", str)
 NodeRegister = Callable[[str, dict[str, str], int], Awaitable[object]]
 
 
@@ -69,6 +77,7 @@ class SimInstance:
     user_data: str
     status: str = "pending"
     interrupted: bool = False
+    account: str | None = None  # whose key bought it (None: the cloud checks no key)
     boot: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, object]:
@@ -115,7 +124,9 @@ class SimulatedCloud:
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
-        self._api_key = api_key
+        # API key -> account. Empty: no key is checked and every caller sees every instance.
+        self.accounts: dict[str, str] = {api_key: "default"} if api_key else {}
+        self.requests_by_key: Counter[str] = Counter()  # requests each key made (accepted ones)
         self.catalog = {o.id: o for o in catalog}
         self.boot_delay = boot_delay
         self.instances: dict[str, SimInstance] = {}
@@ -148,6 +159,31 @@ class SimulatedCloud:
         # clouds do: "json", "raw" or "base64" (tgp.sim.fakeserver.echo_request). None: do not.
         self.echo: EchoMode | None = None
         self._faults: list[Fault] = []
+
+    # --- accounts ----------------------------------------------------------------------
+
+    def add_key(self, api_key: str, account: str) -> None:
+        """`api_key` now works and buys for `account` (a new account, or a rotated key)."""
+        self.accounts[api_key] = account
+
+    def revoke_key(self, api_key: str) -> None:
+        """`api_key` is refused from now on (401), as a deleted key is."""
+        self.accounts.pop(api_key, None)
+
+    @property
+    def _api_key(self) -> str | None:
+        """The "default" account's key (the `api_key` given at start)."""
+        return next((k for k, a in self.accounts.items() if a == "default"), None)
+
+    @_api_key.setter
+    def _api_key(self, value: str | None) -> None:
+        """Rotate the "default" account's key: the old one answers 401 from now on."""
+        self.accounts = {k: a for k, a in self.accounts.items() if a != "default"}
+        if value:
+            self.accounts[value] = "default"
+
+    def _visible(self, request: web.Request, inst: SimInstance) -> bool:
+        return not self.accounts or inst.account == request.get(_ACCOUNT)
 
     # --- fault injection ---------------------------------------------------------------
 
@@ -289,8 +325,13 @@ class SimulatedCloud:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
-        if self._api_key and request.headers.get("Authorization") != f"Bearer {self._api_key}":
-            return _error(401, "unauthorized", "invalid or missing API key")
+        if self.accounts:
+            header = request.headers.get("Authorization", "")
+            account = self.accounts.get(header.removeprefix("Bearer ")) if header.startswith("Bearer ") else None
+            if account is None:
+                return _error(401, "unauthorized", "invalid or missing API key")
+            request[_ACCOUNT] = account
+            self.requests_by_key[header.removeprefix("Bearer ")] += 1
         return await handler(request)
 
     async def _list_offers(self, request: web.Request) -> web.Response:
@@ -325,7 +366,9 @@ class SimulatedCloud:
         if self._create_delay:
             # The provider is still working on it: nothing is visible by name yet.
             await asyncio.sleep(self._create_delay)
-        inst = SimInstance(id=f"sim-{next(self._ids):04d}", name=body["name"], offer=offer, user_data=body.get("userData", ""))
+        inst = SimInstance(
+            id=f"sim-{next(self._ids):04d}", name=body["name"], offer=offer, user_data=body.get("userData", ""), account=request.get(_ACCOUNT)
+        )
         self.instances[inst.id] = inst
         live = len(self.live_named(inst.name))
         self.max_live_per_name[inst.name] = max(live, self.max_live_per_name.get(inst.name, 0))
@@ -341,7 +384,7 @@ class SimulatedCloud:
 
     async def _list_instances(self, request: web.Request) -> web.Response:
         name = request.query.get("name")
-        found = [i.to_json() for i in self.live_instances() if name is None or i.name == name]
+        found = [i.to_json() for i in self.live_instances() if (name is None or i.name == name) and self._visible(request, i)]
         return web.json_response({"instances": found})
 
     async def _get(self, request: web.Request) -> web.Response:
@@ -354,13 +397,13 @@ class SimulatedCloud:
             except asyncio.TimeoutError:
                 pass
         inst = self.instances.get(request.match_info["id"])
-        if inst is None:
+        if inst is None or not self._visible(request, inst):
             return _error(404, "not-found", "instance not found")
         return web.json_response(inst.to_json())
 
     async def _delete(self, request: web.Request) -> web.Response:
         inst = self.instances.get(request.match_info["id"])
-        if inst is None:
+        if inst is None or not self._visible(request, inst):
             return _error(404, "not-found", "instance not found")
         self.delete_requests += 1
         self.delete_arrived.set()

@@ -88,7 +88,7 @@ class SimWorld:
         minted = [k.secret for k in self.tailscale.keys.values()]
         if self.headscale is not None:
             minted += [self.headscale_api_key, *(k.secret for k in self.headscale.keys.values())]
-        return [self.oauth_client_secret, self.cloud_api_key, *minted]
+        return [self.oauth_client_secret, self.cloud_api_key, *self.cloud.accounts, *minted]
 
 
 @asynccontextmanager
