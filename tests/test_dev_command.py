@@ -101,3 +101,15 @@ async def test_a_taken_port_is_an_error_naming_it() -> None:
         proc = await tgp("demo", "--port", str(port), env={})
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2 and f"port {port} is in use" in err.decode(), err.decode()
+
+
+async def test_the_bridge_without_a_kubeconfig_says_so_in_one_line_and_nothing_else(tmp_path: Path, temporal: object) -> None:
+    from temporalio.testing import WorkflowEnvironment
+
+    assert isinstance(temporal, WorkflowEnvironment)
+    env = {"KUBECONFIG": str(tmp_path / "missing"), "TEMPORAL_ADDRESS": temporal.client.service_client.config.target_host, "TGP_KUBE_URL": ""}
+    proc = await tgp("bridge", env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "cannot load Kubernetes credentials" in lines[0], err.decode()
+    assert "watching" not in err.decode() + out.decode()

@@ -18,7 +18,7 @@ from temporalio.worker import Replayer
 
 from tests.conftest import eventually, running_world
 from tests.test_pool_accounting import CLASS, pool_spec
-from tgp.crds import GPUNodePoolSpec, GPUNodePoolStatus
+from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus
 from tgp.messages import ClassInput, ClassUpdate, Ledger, PoolUpdate, class_workflow_id, pool_workflow_id
 from tgp.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
@@ -29,25 +29,25 @@ FAST = timedelta(seconds=1)
 HISTORIES = Path(__file__).parent / "histories"
 
 
-async def start_class(env: WorkflowEnvironment, queue: str, name: str) -> WorkflowHandle:
+async def start_class(env: WorkflowEnvironment, queue: str, name: str, spec: GPUNodeClassSpec = CLASS) -> WorkflowHandle:
     return await env.client.start_workflow(
         GPUNodeClassWorkflow.run,
         ClassInput(name=name, resync_interval=FAST, reservation_grace=timedelta(seconds=2)),
         id=class_workflow_id(name),
         task_queue=queue,
         start_signal="update_class",
-        start_signal_args=[ClassUpdate(spec=CLASS, generation=1)],
+        start_signal_args=[ClassUpdate(spec=spec, generation=1)],
     )
 
 
-async def start_pool(env: WorkflowEnvironment, queue: str, name: str, spec: GPUNodePoolSpec) -> WorkflowHandle:
+async def start_pool(env: WorkflowEnvironment, queue: str, name: str, spec: GPUNodePoolSpec, klass: GPUNodeClassSpec = CLASS) -> WorkflowHandle:
     return await env.client.start_workflow(
         GPUNodePoolWorkflow.run,
         PoolInput(namespace="ml", name=name, resync_interval=FAST, visibility_lag=timedelta(seconds=2)),
         id=pool_workflow_id("ml", name),
         task_queue=queue,
         start_signal="update",
-        start_signal_args=[PoolUpdate(spec=spec, generation=1, node_class=CLASS)],
+        start_signal_args=[PoolUpdate(spec=spec, generation=1, node_class=klass)],
     )
 
 

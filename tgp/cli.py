@@ -82,14 +82,16 @@ async def run_bridge(args: argparse.Namespace) -> None:
     from tgp.temporal import connect
 
     settings = _temporal_settings(args)
-    port = metrics_port(os.environ, BRIDGE_METRICS_PORT)
-    sdk = sdk_metrics("tgp-bridge") if port is not None else None
-    client = await connect(settings, runtime=sdk.runtime if sdk else None)
-    served = await serve_metrics_or_log(port, forward=sdk.url if sdk else None) if port is not None else None  # until the process ends
-    if served is not None:
-        print(f"tgp bridge metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
     kube_url = os.environ.get("TGP_KUBE_URL")
     async with KubernetesCluster.from_url(kube_url) if kube_url else KubernetesCluster.from_kubeconfig(os.environ.get("KUBECONFIG")) as cluster:
+        # Unusable credentials are one line, before anything else is started or printed.
+        await cluster._client()
+        port = metrics_port(os.environ, BRIDGE_METRICS_PORT)
+        sdk = sdk_metrics("tgp-bridge") if port is not None else None
+        client = await connect(settings, runtime=sdk.runtime if sdk else None)
+        served = await serve_metrics_or_log(port, forward=sdk.url if sdk else None) if port is not None else None  # until the process ends
+        if served is not None:
+            print(f"tgp bridge metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
         print(f"tgp bridge watching GPUNodeClasses, GPUNodePools, pods and nodes; signalling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
         await Bridge(client, cluster, task_queue=args.task_queue).run()
 

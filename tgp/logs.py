@@ -106,6 +106,9 @@ def configure_logging(level: str | None = None) -> None:
     )
     logging.basicConfig(level=name, handlers=[stdlib_handler(renderer, sys.stderr)])
     install_record_scrubbing()
+    # The Kubernetes client warns about a missing kubeconfig before it raises; tgp turns the
+    # error into one line that says what to fix, so the warning would only repeat it.
+    logging.getLogger("kubernetes.aio.config.kube_config").setLevel(logging.ERROR)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -622,7 +622,8 @@ class GPUNodeWorkflow:
             provider=offer.provider if offer else None,
             gpu_type=offer.gpu_type if offer else None,
             hourly_price=offer.hourly_price if offer else None,
-            reason=self.state.end_reason or self.state.last_error,
+            # A failed node's end reason is just "failed": the pool's Event needs the cause.
+            reason=self.state.last_error if phase is NodePhase.FAILED and self.state.last_error else self.state.end_reason or self.state.last_error,
             at=workflow.now(),
         )
         try:

@@ -58,7 +58,8 @@ class GPUNodeClassWorkflow:
         if self.inp.spec is None:
             return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} does not exist")
         if self.problems:
-            return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} is not valid: {'; '.join(self.problems)}")
+            # The reason reaches tenants' pool status and Events: name the class, not its Secrets.
+            return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} is not valid (its Ready condition says why; ask the cluster admin)")
         return self._admit(r)
 
     @workflow.update

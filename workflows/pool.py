@@ -282,13 +282,20 @@ class GPUNodePoolWorkflow:
         if self.state.offer_check is None or self.state.offer_check_key != key or stale:
             checked = await best_effort(FleetActivities.check_offers, req, summary="check offers")
             if not checked.ok:
-                return ("False", "OfferCheckFailed", f"{checked.error}; retrying")
+                # The cause may name the class's Secrets, which a tenant must not read: point
+                # to the class (its admin sees the details in the worker's logs and the Web UI).
+                workflow.logger.warning("offer check for pool %s/%s failed: %s", self.inp.namespace, self.inp.name, checked.error)
+                return (
+                    "False",
+                    "OfferCheckFailed",
+                    f"the offers of GPUNodeClass {u.spec.node_class_ref.name} could not be listed; retrying (the cluster admin sees why)",
+                )
             self.state.offer_check = checked.value
             self.state.offer_check_key = key
             self.state.offer_checked_at = workflow.now()
         oc = self.state.offer_check
         assert oc is not None
-        unreachable = "".join(f"; offers of {name} could not be listed: {why}" for name, why in sorted(oc.failed.items()))
+        unreachable = "".join(f"; offers of {name} could not be listed" for name in sorted(oc.failed))
         if oc.matching:
             return ("True", "OffersFound", f"{oc.matching} matching offers from ${oc.cheapest}/h{unreachable}")
         if oc.cheapest_any_price is not None and req.max_hourly_price is not None:
