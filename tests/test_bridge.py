@@ -59,10 +59,9 @@ class Stack:
 
     async def restart_bridge(self, bounds: DisruptionBounds | None = None) -> None:
         self.bridge_task.cancel()
-        try:
-            await self.bridge_task
-        except asyncio.CancelledError:
-            pass
+        # Bounded: a bridge that does not stop on cancellation is a failure to see, not a hang.
+        done, _ = await asyncio.wait([self.bridge_task], timeout=30)
+        assert done, "the bridge did not stop within 30 s of being cancelled"
         self.bridge = new_bridge(self.env, self.cluster, self.queue, bounds or TEST_BOUNDS)
         self.bridge_task = asyncio.create_task(self.bridge.run())
 
