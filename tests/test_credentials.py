@@ -114,6 +114,11 @@ async def test_a_rotated_key_gets_a_new_adapter_and_the_old_one_is_closed(kube_a
 
         await eventually(closed, what="the replaced adapter to be closed")
         assert await registry.get("simulated", ref) is after
+        # A Secret rewritten with the same key (a new resourceVersion) keeps the adapter.
+        await put_secret(kube_api.http, "rotating", {"apiKey": new})
+        merge = {"Content-Type": "application/merge-patch+json"}
+        (await kube_api.http.patch(f"/api/v1/namespaces/{NS}/secrets/rotating", json={"metadata": {"labels": {"x": "y"}}}, headers=merge)).raise_for_status()
+        assert await registry.get("simulated", ref) is after and registry.builds == 2
     finally:
         await registry.aclose()
     assert after._client.is_closed  # type: ignore[attr-defined]

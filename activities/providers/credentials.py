@@ -20,6 +20,7 @@ Secret changes; without one, the worker's own tailnet (TS_OAUTH_CLIENT_ID/..., H
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -70,7 +71,15 @@ def secret_value(data: Mapping[str, bytes], key: str, where: str, *, secret: boo
 @dataclass
 class _Entry:
     version: str
+    digest: bytes  # of the Secret's data: a new resourceVersion with the same data keeps the adapter
     adapter: Any
+
+
+def _digest(data: Mapping[str, bytes]) -> bytes:
+    h = hashlib.sha256()
+    for k in sorted(data):
+        h.update(k.encode() + b"\0" + hashlib.sha256(data[k]).digest())
+    return h.digest()
 
 
 class VersionedAdapters:
@@ -94,11 +103,15 @@ class VersionedAdapters:
         entry = self._entries.get(key)
         if entry is not None and entry.version == secret.resource_version and secret.resource_version:
             return entry.adapter
+        digest = _digest(secret.data)
+        if entry is not None and entry.digest == digest:
+            entry.version = secret.resource_version  # rewritten, not changed: keep tokens and state
+            return entry.adapter
         adapter = build(secret.data)
         self.builds += 1
         # No await since the lookup above: nothing else replaced the entry meanwhile.
         old = self._entries.get(key)
-        self._entries[key] = _Entry(secret.resource_version, adapter)
+        self._entries[key] = _Entry(secret.resource_version, digest, adapter)
         if old is not None and old.adapter is not adapter:
             log.info("credentials_rotated", secret=f"{namespace}/{name}", what=what)
             self._retire(old.adapter)
