@@ -10,6 +10,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import binary, eventually
 from tests.test_dev_command import free_port_pair
 
@@ -23,6 +25,7 @@ async def run(*argv: str, env: dict[str, str]) -> str:
     return out.decode()
 
 
+@pytest.mark.timeout(600)  # the whole product's path, minutes of it, on a loaded 2-core machine
 async def test_the_demo_path_with_kubectl_and_temporal(tmp_path: Path) -> None:
     port = free_port_pair()
     env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "state" / "kubeconfig")}
