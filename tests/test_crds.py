@@ -283,3 +283,17 @@ def test_label_and_taint_counts_are_bounded_at_admission_and_in_the_schema() -> 
     klass = _committed_schemas()["gpunodeclasses.tgp.io.yaml"]["properties"]["spec"]["properties"]
     assert klass["bootstrapTemplate"]["maxLength"] == MAX_TEMPLATE_LENGTH
     assert klass["talosConfig"]["properties"]["machineConfigTemplate"]["maxLength"] == MAX_TEMPLATE_LENGTH
+
+
+def test_a_class_needs_at_least_one_well_formed_tailnet_tag() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from tgp.crds import GPUNodeClassSpec
+
+    for tags in ([], ["gpu"], ["tag:"]):
+        with pytest.raises(ValidationError, match="tailscaleConfig"):
+            GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated"}], "tailscaleConfig": {"tags": tags}})
+    schema = yaml.safe_load((crdgen.OUT_DIR / "gpunodeclasses.tgp.io.yaml").read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    tags = schema["properties"]["spec"]["properties"]["tailscaleConfig"]["properties"]["tags"]
+    assert tags["minItems"] == 1 and tags["items"]["pattern"].startswith("^tag:")

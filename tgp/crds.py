@@ -184,7 +184,12 @@ class TalosConfig(Spec):
 
 
 class TailscaleConfig(Spec):
-    tags: list[str] = Field(["tag:tgp-node"], description="ACL tags for node auth keys; the OAuth client must own them (tagOwners).")
+    tags: list[Annotated[str, Field(pattern=r"^tag:[A-Za-z0-9][A-Za-z0-9-]*$")]] = Field(
+        ["tag:tgp-node"],
+        min_length=1,
+        description="ACL tags for node auth keys, at least one (untagged nodes would belong to the OAuth client's owner); "
+        "the OAuth client must own them (tagOwners).",
+    )
     ephemeral: bool = Field(
         True, description="Auth keys register ephemeral devices: nodes leave the tailnet automatically once offline."
     )
