@@ -6,8 +6,9 @@ the intervals a deployment never needs to change, and a test cannot wait for, ge
 first (the process is otherwise exactly what `tgp worker` / `tgp bridge` run):
 
 * worker: the wait-for-* and drain activities look every 0.2 s (tgp: 5 s); an unanswered create
-  is looked for by name for 5 s (tgp: 30 s); a node's API-call timeout, which is also how soon a
-  SIGKILLed worker's activity is retried elsewhere, is 10 s (tgp: 2 min);
+  is looked for by name for 5 s (tgp: 30 s); a node's API-call timeout and the pool's and class's
+  activity timeout, which are also how soon a SIGKILLed worker's activity is retried elsewhere,
+  are 10 s and 15 s (tgp: 2 min and 60 s);
 * bridge: pod batches settle in 0.2 s (max 2 s), nodes are looked at every second (or every
   TGP_MATRIX_WATCH_INTERVAL seconds), and a pool may
   idle its nodes out after 1 s (tgp's bounds refuse less than 30 s).
@@ -20,10 +21,12 @@ import sys
 from datetime import timedelta
 
 API_CALL = timedelta(seconds=10)
+ENTITY_ACTIVITY = timedelta(seconds=15)
 
 
 def _configure() -> None:
     import tgp.pools
+    import workflows.entity
     from activities.node import NodeActivities
     from crd_bridge.bridge import Bridge
     from tgp.crds import DisruptionBounds
@@ -43,6 +46,7 @@ def _configure() -> None:
         api_call: timedelta = API_CALL
 
     tgp.pools.LifecycleTimeouts = MatrixTimeouts  # type: ignore[misc]
+    workflows.entity.best_effort.__kwdefaults__["timeout"] = ENTITY_ACTIVITY
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from tgp.capacity import POD_BIND_GRACE
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus
 from tgp.types import NodePhase, NodeStatus
 from workflows.node import GPUNodeWorkflow
-from tgp.messages import ClassInput, ClassUpdate, Demand, PoolUpdate, class_workflow_id, pool_workflow_id
+from tgp.messages import ClassInput, ClassUpdate, Demand, NodeReport, PoolUpdate, class_workflow_id, pool_workflow_id
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import RESYNC_INTERVAL, GPUNodePoolWorkflow, PoolInput
 
@@ -105,3 +105,40 @@ async def test_a_terminate_the_provider_refuses_for_a_while_shows_termination_st
         [event] = await eventually(warned, what="a TerminationStuck Warning Event on the pool")
         assert event["type"] == "Warning" and req.node_name in str(event["message"])
         await pool.terminate("test finished")
+
+
+async def test_a_late_phase_report_never_replaces_a_newer_one(temporal: WorkflowEnvironment) -> None:
+    """A node's phase reports are separate signals, which Temporal may deliver out of order (the
+    fault matrix's 40-node burst saw Joining arrive after Ready: the pool showed the node Joining
+    for good, 36/40 ready). An older report is ignored, and so is one about a node that ended."""
+    async with running_world(temporal) as (_, _, queue):
+        pool = await start_pool(temporal, queue, pool_spec(f"order-{uuid.uuid4().hex[:6]}"))
+        t0 = datetime.now(timezone.utc)
+
+        def report(node: str, phase: NodePhase, second: float) -> NodeReport:
+            return NodeReport(workflow_id=f"gpunode/ml/x/{node}", node_name=node, phase=phase, at=t0 + timedelta(seconds=second))
+
+        async def phases() -> dict[str, str]:
+            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+            return {n.name: n.phase for n in status.nodes}
+
+        for r in (report("a", NodePhase.READY, 2), report("a", NodePhase.JOINING, 1), report("b", NodePhase.LAUNCHING, 1)):
+            await pool.signal(GPUNodePoolWorkflow.node_phase, r)
+        # Signals from one client arrive in order: once b is seen, a's late Joining was handled.
+        assert await eventually(lambda: _has(phases, "b"), what="node b") == {"a": "Ready", "b": "Launching"}
+
+        await pool.signal(GPUNodePoolWorkflow.node_phase, report("a", NodePhase.TERMINATED, 3))
+        await eventually(lambda: _lacks(phases, "a"), what="the ended node to be forgotten")
+        for r in (report("a", NodePhase.READY, 2), report("c", NodePhase.PENDING, 4)):
+            await pool.signal(GPUNodePoolWorkflow.node_phase, r)
+        assert await eventually(lambda: _has(phases, "c"), what="node c") == {"b": "Launching", "c": "Pending"}, "the ended node came back"
+        await pool.terminate("test finished")
+
+
+async def _has(phases: object, node: str) -> dict[str, str] | None:
+    seen: dict[str, str] = await phases()  # type: ignore[operator]
+    return seen if node in seen else None
+
+
+async def _lacks(phases: object, node: str) -> bool:
+    return node not in await phases()  # type: ignore[operator]

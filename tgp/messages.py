@@ -125,6 +125,7 @@ class PoolNode(Msg):
     reason: str | None = None
     floor: bool = Field(False, description="Keeps the pool at minNodes; does not idle out.")
     timeouts_sent: str = Field("", description="The disruption settings the node last got (JSON), to send changes once.")
+    reported_at: datetime | None = Field(None, description="`at` of the newest report taken from the node: an older one arriving later is stale.")
 
 
 class NodeSighting(Msg):

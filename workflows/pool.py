@@ -54,6 +54,13 @@ MAX_PENDING_EVENTS = 100
 # yet, so it is not taken for closed.
 VISIBILITY_LAG = timedelta(minutes=1)
 
+# A node's phase reports are separate signals, and Temporal does not keep separate signals in
+# order (a delivery that is retried is overtaken by the next one; seen under load): a report
+# older than the one already taken, or about a node that has ended, is stale and ignored.
+REPORT_ORDER_PATCH = "node-report-order"
+# Ended node workflows remembered for that (their late reports would bring them back as ghosts).
+ENDED_REMEMBERED = 500
+
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
 _TUNABLE = _LAUNCHING | {NodePhase.READY}
@@ -82,6 +89,7 @@ class PoolState(BaseModel):
     written: str = ""
     events: list[EventSpec] = Field([], description="Events not yet written; kept across continue-as-new.")
     seen_running_at: datetime | None = Field(None, description="Last time the running node workflows were listed.")
+    ended: list[str] = Field([], description="Node workflows that ended lately (newest last): late reports about them are stale.")
 
 
 class PoolInput(BaseModel):
@@ -132,6 +140,9 @@ class GPUNodePoolWorkflow:
     def node_phase(self, r: NodeReport) -> None:
         """A node workflow moved to a new phase."""
         old = self.state.nodes.get(r.workflow_id)
+        overtaken = old is not None and old.reported_at is not None and r.at < old.reported_at
+        if (overtaken or r.workflow_id in self.state.ended) and workflow.patched(REPORT_ORDER_PATCH):
+            return
         node = PoolNode(
             workflow_id=r.workflow_id,
             node_name=r.node_name,
@@ -144,6 +155,7 @@ class GPUNodePoolWorkflow:
             reason=r.reason,
             floor=old.floor if old else False,
             timeouts_sent=old.timeouts_sent if old else "",
+            reported_at=r.at,
         )
         self.state.nodes[r.workflow_id] = node
         if old is None or old.phase is not r.phase:
@@ -234,7 +246,7 @@ class GPUNodePoolWorkflow:
             await self._sync_timeouts(u, live)
         await self._publish(wanted)
         # Ended nodes have been reported (status and Events); forget them.
-        self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}
+        self._forget_ended()
         return False
 
     async def _see_running_nodes(self) -> None:
@@ -253,6 +265,8 @@ class GPUNodePoolWorkflow:
             return  # a server without visibility: nothing to rebuild from
         running = {s.workflow_id: s for s in seen.value}
         for wid, s in running.items():
+            if wid in self.state.ended and workflow.patched(REPORT_ORDER_PATCH):
+                continue  # visibility lags: it ended after the listing
             if wid not in self.state.nodes:
                 self.state.nodes[wid] = PoolNode(
                     workflow_id=wid,
@@ -457,7 +471,7 @@ class GPUNodePoolWorkflow:
             live = [n for n in live if n.workflow_id not in closed]
         if live:
             await self._publish({"Ready": ("False", "Deleting", f"draining and terminating {len(live)} node(s) before the pool is deleted")})
-            self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}
+            self._forget_ended()
             return False
         await self._flush_events()
         released = await best_effort(FleetActivities.remove_finalizer, self._ref(), summary="remove the finalizer")
@@ -465,6 +479,12 @@ class GPUNodePoolWorkflow:
             await self._publish({"Ready": ("False", "Deleting", f"nodes are gone; {released.error}; retrying")})
             return False
         return True
+
+    def _forget_ended(self) -> None:
+        ended = [k for k, n in self.state.nodes.items() if n.phase.is_final]
+        if ended:
+            self.state.ended = [*self.state.ended, *ended][-ENDED_REMEMBERED:]
+            self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}
 
     # --- status and Events -----------------------------------------------------------------
 
