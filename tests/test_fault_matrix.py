@@ -50,6 +50,7 @@ import inspect
 import itertools
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -72,7 +73,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from tests.conftest import binary
-from tgp.messages import Ledger, class_workflow_id
+from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
 from tgp.sim.cloud import SimulatedCloud
 from tgp.sim.kube import NODES, PODS, KubeEmulator
 from tgp.sim.world import SimWorld, sim_world
@@ -108,7 +109,7 @@ BOOT_DELAY = 0.2
 SLOW_BOOT = 2.5  # the "wait running" cells: long enough to strike while the instance boots
 POD_GRACE = 3  # the pod's shutdown after eviction: the "drain" cells strike meanwhile
 SLOW_CREATE = 12.0  # longer than the API-call timeout tests/fault_matrix_proc.py gives the nodes
-CELL_DEADLINE = 300.0
+CELL_DEADLINE = float(os.environ.get("TGP_FAULT_MATRIX_DEADLINE", "300"))
 LANES = int(os.environ.get("TGP_FAULT_MATRIX_LANES", "6"))
 
 
@@ -260,6 +261,7 @@ class Lane:
         self._supervisor: asyncio.Task[None] | None = None
         self.waiting_for = ""
         self.timeline: list[tuple[str, float]] = []
+        self.failed = False
 
     @property
     def cloud(self) -> SimulatedCloud:
@@ -290,7 +292,9 @@ class Lane:
         run = [sys.executable, "-m", "tests.fault_matrix_proc"]
         self.worker = Process("worker", [*run, "worker"], {**env, **self.world.worker_env()}, self.dir / "worker.log")
         self.bridge = Process(
-            "bridge", [*run, "bridge"], {**env, "TGP_KUBE_URL": self.world.kube_url, "TGP_MATRIX_WATCH_INTERVAL": str(self.watch_interval)},
+            "bridge", [*run, "bridge"],
+            # INFO: the informers' relists and re-watches, for the report of a failed cell.
+            {**env, "TGP_KUBE_URL": self.world.kube_url, "TGP_MATRIX_WATCH_INTERVAL": str(self.watch_interval), "TGP_LOG_LEVEL": "INFO"},
             self.dir / "bridge.log",
         )
         for p in (self.worker, self.bridge):
@@ -712,6 +716,7 @@ async def run_cell(lane: Lane, cell: Cell) -> Cell:
         bits.append("[" + ", ".join(f"{what} +{at - started:.1f}" for what, at in lane.timeline) + "]")
     cell.note = ", ".join(bits)
     if not cell.ok:
+        lane.failed = True
         cell.error += await diagnose(lane, names)
     lane.reset_world()
     await cleanup(lane, names)
@@ -719,8 +724,17 @@ async def run_cell(lane: Lane, cell: Cell) -> Cell:
 
 
 async def diagnose(lane: Lane, names: CellNames) -> str:
-    """What the node workflows said, for a failed cell's report."""
+    """What the node and pool workflows and the pool object said, for a failed cell's report."""
     lines = []
+    pool = lane.pool(names)
+    if pool is not None:
+        meta = pool.get("metadata") or {}
+        lines.append(f"pool object: deletionTimestamp={meta.get('deletionTimestamp')} finalizers={meta.get('finalizers')} status={pool.get('status')}"[:600])
+    with contextlib.suppress(Exception):
+        handle = lane.client.get_workflow_handle(pool_workflow_id(names.ns, names.pool))
+        desc = await asyncio.wait_for(handle.describe(), 5)
+        pending = [f"{a.activity_type.name} attempt {a.attempt} {a.last_failure.message[:150] if a.HasField('last_failure') else ''}" for a in desc.raw_description.pending_activities]
+        lines.append(f"pool workflow: {desc.status.name if desc.status else '?'}, pending activities {pending}")
     with contextlib.suppress(Exception):
         async for w in lane.client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TgpPool = '{names.ns}/{names.pool}'"):
             try:
@@ -728,7 +742,8 @@ async def diagnose(lane: Lane, names: CellNames) -> str:
                 lines.append(f"{w.id}: {w.status.name if w.status else '?'} phase={status.phase.value} last_error={status.last_error}")
             except Exception:  # noqa: BLE001
                 lines.append(f"{w.id}: {w.status.name if w.status else '?'}")
-    return ("\n      " + "\n      ".join(lines)) if lines else ""
+    lines.append(f"logs: {lane.dir}")
+    return "\n      " + "\n      ".join(lines)
 
 
 async def cleanup(lane: Lane, names: CellNames) -> None:
@@ -814,15 +829,25 @@ def _uncaptured(capsys: pytest.CaptureFixture[str]) -> Any:
 
 @contextlib.asynccontextmanager
 async def lanes(count: int, **options: Any) -> AsyncIterator[list[Lane]]:
-    with tempfile.TemporaryDirectory(prefix="tgp-matrix-") as tmp:
+    """`count` lanes; their processes' logs are kept (and named) when something failed."""
+    tmp = Path(tempfile.mkdtemp(prefix="tgp-matrix-"))
+    failed = False
+    try:
         async with AsyncExitStack() as stack:
-            started = await asyncio.gather(*(stack.enter_async_context(Lane(i, Path(tmp), **options)) for i in range(count)))
+            started = await asyncio.gather(*(stack.enter_async_context(Lane(i, tmp, **options)) for i in range(count)))
             try:
                 yield list(started)
             except BaseException:
+                failed = True
                 for lane in started:
                     report(f"--- lane {lane.index} logs\n" + "\n".join(f"{p.name}:\n{p.tail()}" for p in (lane.server, lane.worker, lane.bridge)))
                 raise
+            failed = failed or any(lane.failed for lane in started)
+    finally:
+        if failed:
+            report(f"The lanes' logs are in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def selected_cells() -> list[Cell]:
@@ -926,12 +951,14 @@ async def test_forty_launches_at_once_with_the_worker_killed_three_times() -> No
 
         await within(lane, names, lane.until(gone, "the pool to be deleted", every=0.5), 120)
         problems = await assert_clean(lane, names)
-        ended = [w async for w in lane.client.list_workflows("WorkflowType = 'GPUNodeWorkflow'")]
+        runs = [w async for w in lane.client.list_workflows("WorkflowType = 'GPUNodeWorkflow'")]
+        nodes = {w.id for w in runs}  # one id per node; a long life continues as new under it
+        bought = [i for i in lane.cloud.instances.values() if i.name.startswith(names.prefix)]
         report(
             f"Burst: {BURST} pending pods -> {len(bought)} instances, all Ready after {ready_after:.0f}s; "
             f"scaled to zero and deleted after {time.monotonic() - started:.0f}s; "
-            f"{len(ended)} node workflows; worker started {lane.worker.started} times; "
+            f"{len(bought)} instances and {len(nodes)} node workflows in all; worker started {lane.worker.started} times; "
             f"{'clean' if not problems else 'PROBLEMS: ' + '; '.join(problems)}"
         )
         assert not problems
-        assert len(ended) == BURST, f"{len(ended)} node workflows for {BURST} nodes"
+        assert len(nodes) == len(bought) == BURST, f"{len(nodes)} node workflows and {len(bought)} instances for {BURST} pods"

@@ -3,7 +3,7 @@
 Like Karpenter's KWOK provider: a launched instance "boots" after a delay, joins the tailnet
 with the auth key found in its boot payload (as tailscaled would), and registers a Node in the
 cluster (as a kubelet would). Faults are injected from Python: capacity errors per offer, boot
-failures, preemption, a gate that holds create requests in flight, creates that answer slower
+failures, preemption, gates that hold creates, terminates or offer listings in flight, creates that answer slower
 than the caller waits or answer 5xx after buying (as real clouds do under load), describes that
 answer slowly, and terminates that fail for a while.
 
