@@ -14,7 +14,7 @@ import yaml
 
 from tests.conftest import binary, eventually
 from tgp.crdgen import manifests
-from tgp.demo import EXAMPLES, apply, write_kubeconfig
+from tgp.demo import EXAMPLES, apply
 from tgp.sim.kube import KubeEmulator
 from tgp.sim.scheduler import SimScheduler
 
@@ -45,7 +45,7 @@ async def test_tgp_dev_runs_the_product_against_the_current_kube_context(tmp_pat
     async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url, timeout=10) as http, SimScheduler(kube.url, interval=0.2):
         for crd in manifests().values():
             kube.install_crd(crd)
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         port = free_port_pair()
         proc = await tgp(
             "dev", "--port", str(port), "--simulated-cloud", "--boot-delay", "0.2", "--state-dir", str(tmp_path / "dev"),
@@ -86,7 +86,7 @@ async def test_tgp_dev_says_what_is_missing_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in err.decode()
 
     async with KubeEmulator() as kube:  # no CRDs installed
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube.url)
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         bare = await tgp("dev", "--port", str(free_port_pair()), "--state-dir", str(tmp_path / "dev"), env={"KUBECONFIG": str(kubeconfig)})
         _, err = await asyncio.wait_for(bare.communicate(), 60)
     assert bare.returncode == 2 and "kubectl apply -f deploy/crds/" in err.decode(), err.decode()

@@ -11,13 +11,12 @@ the tests of that removal run on the emulator only, which plays it when the grac
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from tests.kube_env import KubeApi, eventually
-from tests.test_kube_emulator import STREAM_READ_TIMEOUT, read_events
+from tests.test_kube_emulator import STREAM_READ_TIMEOUT, no_server_errors, read_events  # noqa: F401 - an autouse fixture
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
 GRACE = 30  # seconds: longer than any test, so a pod in graceful deletion stays for the test
@@ -25,14 +24,6 @@ GRACE = 30  # seconds: longer than any test, so a pod in graceful deletion stays
 REMOVAL_SLACK = 5.0
 
 Obj = dict[str, Any]
-
-
-@pytest.fixture(autouse=True)
-def no_server_errors(kube_api: KubeApi) -> Iterator[None]:
-    """An emulator request that failed inside (a 500) would otherwise go unnoticed."""
-    yield
-    if kube_api.emulator is not None:
-        assert kube_api.emulator.errors == []
 
 
 def _path(kube_api: KubeApi, name: str) -> str:

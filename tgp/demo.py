@@ -108,21 +108,6 @@ async def start_dev_server(port: int, stack: AsyncExitStack, db_file: Path | Non
             await asyncio.sleep(0.3)
 
 
-def write_kubeconfig(path: Path, server: str) -> Path:
-    """A kubeconfig for the simulated cluster (plain HTTP on loopback, no credentials)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "tgp-demo", "cluster": {"server": server}}],
-        "users": [{"name": "tgp-demo", "user": {}}],
-        "contexts": [{"name": "tgp-demo", "context": {"cluster": "tgp-demo", "user": "tgp-demo", "namespace": "default"}}],
-        "current-context": "tgp-demo",
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path.resolve()
-
-
 def write_env(path: Path, kubeconfig: Path, world: SimWorld, port: int) -> Path:
     """Shell variables that point kubectl, `tgp plan`, `tgp status` and `tgp evict` at the demo."""
     env = {
@@ -228,7 +213,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE, pool_watch_interval=timedelta(seconds=5)).run())
         stack.push_async_callback(_cancel, bridge)
         kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url, timeout=10))
-        kubeconfig = write_kubeconfig(Path(args.state_dir) / "kubeconfig", world.kube_url)
+        kubeconfig = world.kube.write_kubeconfig(Path(args.state_dir) / "kubeconfig", context="tgp-demo").resolve()
         env_file = write_env(Path(args.state_dir) / "env", kubeconfig, world, args.port)
         ui = f"http://localhost:{args.port + 1000}"
         bin_dir = Path(sys.executable).parent

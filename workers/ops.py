@@ -22,9 +22,8 @@ from tgp.errors import ConfigError
 from tgp.offers import rank_offers, rejection_reasons
 from tgp.pools import offer_requirements
 from tgp.types import Offer
+from workers.metrics import BILLING_PHASES
 
-# Phases in which a node's instance bills (bought, not yet confirmed terminated).
-_BILLING = {"Launching", "Joining", "Ready", "Draining", "Terminating", "TerminationStuck"}
 
 
 def _cluster() -> KubernetesCluster:
@@ -121,11 +120,11 @@ async def status(client: Client) -> str:
         pool, phase = str(first("TgpPool", "?")), str(first("TgpPhase", "?"))
         price = Decimal(str(first("TgpHourlyPrice", 0) or 0)).quantize(Decimal("0.01"))
         hours = Decimal((now - wf.start_time).total_seconds()) / 3600 if wf.start_time else Decimal(0)
-        cost = (price * hours).quantize(Decimal("0.01")) if phase in _BILLING else Decimal(0)
+        cost = (price * hours).quantize(Decimal("0.01")) if phase in BILLING_PHASES else Decimal(0)
         age = _age(now - wf.start_time) if wf.start_time else "?"
         rows.setdefault(pool, []).append((str(first("TgpNodeName", wf.id)), phase, str(first("TgpProvider", "-")), str(first("TgpGpuType", "-")), f"{price}", age, f"{cost}"))
         rate, spent = totals.get(pool, (Decimal(0), Decimal(0)))
-        totals[pool] = (rate + (price if phase in _BILLING else 0), spent + cost)
+        totals[pool] = (rate + (price if phase in BILLING_PHASES else 0), spent + cost)
     if not rows:
         return "No running GPU nodes."
     out = []

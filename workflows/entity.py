@@ -12,6 +12,9 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
+with workflow.unsafe.imports_passed_through():
+    from activities.fleet import FleetActivities, StatusWrite
+
 T = TypeVar("T")
 
 # A few quick retries inside one pass; past them the pass reports the problem and the next
@@ -44,6 +47,15 @@ async def best_effort(activity: Callable[..., Any], arg: Any, *, summary: str, t
         workflow.logger.warning("%s failed: %s", summary, message)
         return Outcome(error=f"{summary} failed: {message}")
     return Outcome(value=value)
+
+
+async def write_status_once(write: StatusWrite, *, fingerprint: str, written: str, summary: str, timeout: timedelta = BEST_EFFORT_TIMEOUT) -> str:
+    """Write a custom resource's status unless `fingerprint` is what was written last. Returns
+    the fingerprint now written: unchanged after a failed write, so the next pass tries again."""
+    if fingerprint == written:
+        return written
+    result = await best_effort(FleetActivities.write_status, write, summary=summary, timeout=timeout)
+    return fingerprint if result.ok else written
 
 
 def describe(exc: ActivityError) -> str:

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.node import NodeActivities
     from tgp.messages import NodeReport, Reservation
     from workflows.entity import describe as _describe
+    from workflows.entity import history_is_long
     from tgp.lifecycle import EndReason, WatchState, judge_observation
     from tgp.types import (
         LABEL_GPU_TYPE,
@@ -387,7 +388,7 @@ class GPUNodeWorkflow:
         assert self.state.instance is not None and self.state.watch is not None
         while True:
             t = self.req.timeouts  # `update_timeouts` may have changed them since the last look
-            if self._history_is_long():
+            if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await asyncio.gather(*self._reports)
                 workflow.continue_as_new(NodeWorkflowInput(request=self.req, state=self.state))
@@ -418,10 +419,6 @@ class GPUNodeWorkflow:
             if verdict.end is not None:
                 self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                 return verdict.end
-
-    def _history_is_long(self) -> bool:
-        info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() > HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW
 
     async def _drain(self) -> None:
         self._enter(NodePhase.DRAINING)

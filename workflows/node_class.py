@@ -17,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodeClassStatus
     from tgp.messages import ClassInput, ClassUpdate, Grant, Ledger, ObjectRef, Reservation
-    from workflows.entity import best_effort, history_is_long
+    from workflows.entity import best_effort, history_is_long, write_status_once
 
 # Continue-as-new well before Temporal's suggestion; the ledger is small, history is not.
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
@@ -175,15 +175,12 @@ class GPUNodeClassWorkflow:
             hourly_cost=self.ledger.hourly_cost,
         )
         self.conditions = {c.type: c for c in status.conditions}
-        body = status.model_dump(mode="json", by_alias=True, exclude={"conditions": {"__all__": {"last_transition_time"}}})
-        fingerprint = repr(body)
-        if fingerprint == self.written:
-            return
-        written = await best_effort(
-            FleetActivities.write_status,
+        # Transition times alone do not make a new status worth writing.
+        unchanged = status.model_dump(mode="json", by_alias=True, exclude={"conditions": {"__all__": {"last_transition_time"}}})
+        self.written = await write_status_once(
             StatusWrite(ref=ObjectRef(kind="GPUNodeClass", name=self.inp.name, uid=self.inp.uid), status=status.model_dump(mode="json", by_alias=True)),
+            fingerprint=repr(unchanged),
+            written=self.written,
             summary="write the class status",
             timeout=STATUS_TIMEOUT,
         )
-        if written.ok:
-            self.written = fingerprint  # else the next pass writes it again

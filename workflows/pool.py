@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements
     from tgp.types import NodePhase, TimeoutsUpdate
-    from workflows.entity import best_effort, history_is_long
+    from workflows.entity import best_effort, history_is_long, write_status_once
 
 # Even with no news the pool looks again this often (a lost signal cannot stall it).
 RESYNC_INTERVAL = timedelta(minutes=1)
@@ -526,11 +526,9 @@ class GPUNodePoolWorkflow:
         self.state.conditions = {c.type: c for c in conditions}
         status = self._status()
         body = status.model_dump(mode="json", by_alias=True)
-        fingerprint = repr(body)
-        if fingerprint != self.state.written:
-            written = await best_effort(FleetActivities.write_status, StatusWrite(ref=self._ref(), status=body), summary="write the pool status")
-            if written.ok:
-                self.state.written = fingerprint  # else the next pass writes it again
+        self.state.written = await write_status_once(
+            StatusWrite(ref=self._ref(), status=body), fingerprint=repr(body), written=self.state.written, summary="write the pool status"
+        )
         await self._flush_events()
 
     async def _flush_events(self) -> None:
