@@ -8,10 +8,12 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# tgp and, beside it, the simulated world (sim/, its own distribution tgp-sim: never in the
+# runtime wheel or image) that `make demo` and the tests run on.
+$(STAMP): pyproject.toml sim/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e ./sim -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -39,4 +41,4 @@ bench: $(STAMP)
 
 # Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
 crds: $(STAMP)
-	$(BIN)/python -m tgp.crdgen
+	$(BIN)/python -m workers.crdgen

@@ -15,12 +15,12 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.cluster import CustomResource, KubernetesCluster
+from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.node import temporal_errors
-from activities.bootstrap import JOIN_VARIABLES, BootSettings, check_template, class_check_settings, default_template, shipped_template, template_uses
+from activities.boot.render import JOIN_VARIABLES, BootSettings, check_template, class_check_settings, default_template, shipped_template, template_uses
 from activities.ports import CloudProvider
-from activities.providers.credentials import ProviderRegistry
-from tgp import metrics
+from activities.accounts import ProviderRegistry
+from activities import metrics
 from tgp.capabilities import capability_problems
 from tgp.crds import GROUP, VERSION, GPUNodeClassSpec
 from tgp.messages import Grant, NodeSighting, ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult

@@ -20,11 +20,11 @@ import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.bootstrap import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
+from activities.boot.render import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
 from activities.drain import drain
 from activities.ports import Cluster, CloudProvider, Tailnet
-from activities.providers.credentials import ProviderRegistry, TailnetRegistry
-from tgp import metrics
+from activities.accounts import ProviderRegistry, TailnetRegistry
+from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TgpError, TransientError
 from tgp.secrets import register, register_model, scrub, scrub_exception, secret_scope
 from tgp.lifecycle import pod_keeps_node_busy

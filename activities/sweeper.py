@@ -20,7 +20,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.node import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
-from tgp import metrics
+from activities import metrics
 from tgp.messages import class_workflow_id
 from tgp.types import LABEL_MANAGED
 

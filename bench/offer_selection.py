@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from pydantic import SecretStr
 
-from activities.providers.vastai import VastProvider
+from activities.clouds.vastai import VastProvider
 from tgp.offers import rank_offers
 from tgp.types import OfferRequirements
 

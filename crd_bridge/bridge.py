@@ -23,7 +23,7 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.cluster import CustomResource, KubernetesCluster
+from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.fleet import FINALIZER
 from crd_bridge.informer import Informer, Obj, object_key
 from crd_bridge.metrics import OBJECTS_SKIPPED
@@ -267,8 +267,11 @@ class Bridge:
                 continue
             wait = self._batch.wait(_now(), self.batch_idle, self.batch_max).total_seconds()
             if wait > 0:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+                # that arrives as the event is set (CPython gh-86296), and the bridge never stops.
                 try:
-                    await asyncio.wait_for(self._batch_changed.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await self._batch_changed.wait()
                     self._batch_changed.clear()
                     continue
                 except TimeoutError:

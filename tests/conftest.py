@@ -17,8 +17,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tgp.sim.world import SimWorld, sim_world
-from tgp.temporal import DATA_CONVERTER, ensure_search_attributes, search_attribute_keys
+from sim.world import SimWorld, sim_world
+from workers.temporal import DATA_CONVERTER, ensure_search_attributes, search_attribute_keys
 from workers.main import WorkerConfig, build_activities, make_worker
 
 pytest_plugins = ["tests.kube_env"]

@@ -1,7 +1,7 @@
 """`python -m tests.fault_matrix_proc worker|bridge [tgp flags]`: the `tgp worker` and `tgp bridge`
 processes of the fault matrix (tests/test_fault_matrix.py).
 
-This is `tgp.cli.main` itself, configured from the environment like the real commands; only
+This is `workers.cli.main` itself, configured from the environment like the real commands; only
 the intervals a deployment never needs to change, and a test cannot wait for, get test values
 first (the process is otherwise exactly what `tgp worker` / `tgp bridge` run):
 
@@ -51,6 +51,6 @@ def _configure() -> None:
 
 if __name__ == "__main__":
     _configure()
-    from tgp.cli import main
+    from workers.cli import main
 
     sys.exit(main(sys.argv[1:]))

@@ -23,8 +23,8 @@ import pytest
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 
-from activities.cluster import MERGE_PATCH, KubernetesCluster
-from tgp.sim.kube import KubeEmulator
+from activities.kube.cluster import MERGE_PATCH, KubernetesCluster
+from sim.kube import KubeEmulator
 
 KUBECONFIG_ENV = "TGP_TEST_KUBECONFIG"
 # How long a real cluster's controllers (node lifecycle, disruption, service accounts) may take

@@ -18,7 +18,7 @@ import structlog
 import yaml
 from pydantic import SecretStr
 
-from activities.bootstrap import (
+from activities.boot.render import (
     JOIN_SECRET_KEYS,
     TALOS_WORKER_TEMPLATE,
     TEMPLATE_VARIABLES,
@@ -36,7 +36,7 @@ from activities.bootstrap import (
     translate_go_placeholders,
 )
 from activities.fleet import FleetActivities, ValidateClassInput
-from activities.template_sandbox import RENDER_TIMEOUT_SECONDS, UnsafeValue, kubelet_labels, shell_quote, systemd_quote, to_json, yaml_quote
+from activities.boot.sandbox import RENDER_TIMEOUT_SECONDS, UnsafeValue, kubelet_labels, shell_quote, systemd_quote, to_json, yaml_quote
 from tests.hostile import HOSTILE_VALUES
 from tgp.crds import MAX_TEMPLATE_LENGTH, GPUNodeClassSpec
 from tgp.errors import ConfigError

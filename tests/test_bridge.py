@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,16 @@ from prometheus_client import REGISTRY
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.cluster import KubernetesCluster
+from activities.kube.cluster import KubernetesCluster
 from crd_bridge.bridge import Bridge
 from tests.conftest import eventually
 from tests.hostile import HOSTILE_KEYS, HOSTILE_VALUES
 from tests.kube_env import KUBECONFIG_ENV, KubeApi
 from tgp.crds import DEFAULT_CLASS_MAX_NODES, DisruptionBounds
+from tgp.demand import Batch
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
-from tgp.sim.world import SimWorld, sim_world
-from tgp.temporal import DATA_CONVERTER
+from sim.world import SimWorld, sim_world
+from workers.temporal import DATA_CONVERTER
 from workflows.node import NodeWorkflowInput
 from workers.main import WorkerConfig, build_activities, make_worker
 
@@ -683,3 +684,18 @@ async def test_hostile_labels_and_taints_are_refused_at_apply_or_by_the_bridge(t
         assert not any(p in s.bridge.pools for p in (f"ml/{n}" for n in stored))
         assert s.world.cloud.instances == {}, "nothing was bought for a refused pool"
         assert await s.node_workflows() == []
+
+
+async def test_a_bridge_cancelled_as_a_pod_change_wakes_it_stops() -> None:
+    """Cancelling the bridge just as a pod change wakes its demand loop stops it. On Python 3.11
+    `asyncio.wait_for` swallowed a cancellation that arrived with the event, so the loop went on
+    waiting and a bridge restart never finished (seen under load)."""
+    bridge = Bridge(None, None, batch_idle=timedelta(minutes=1), batch_max=timedelta(minutes=5))  # type: ignore[arg-type]
+    bridge._batch = Batch().add(datetime.now(timezone.utc))
+    demand_loop = asyncio.create_task(bridge._demand_loop())
+    for _ in range(5):  # let the loop reach its wait (cooperative steps, not time)
+        await asyncio.sleep(0)
+    bridge._batch_changed.set()
+    demand_loop.cancel()
+    done, _ = await asyncio.wait([demand_loop], timeout=10)
+    assert done and demand_loop.cancelled(), "the demand loop went on after its cancellation"

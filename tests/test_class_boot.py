@@ -11,7 +11,7 @@ import pytest
 from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
-from activities.bootstrap import (
+from activities.boot.render import (
     TALOS_WORKER_TEMPLATE,
     UBUNTU_CLOUD_INIT_TEMPLATE,
     BootSettings,
@@ -20,9 +20,9 @@ from activities.bootstrap import (
     shipped_template,
 )
 from activities.fleet import FleetActivities, ValidateClassInput
-from activities.providers.lambdalabs import LambdaProvider
-from activities.providers.paperspace import PaperspaceProvider
-from activities.providers.vastai import VastProvider
+from activities.clouds.lambdalabs import LambdaProvider
+from activities.clouds.paperspace import PaperspaceProvider
+from activities.clouds.vastai import VastProvider
 from tests.conftest import running_world
 from tests.test_bootstrap import JOIN_VALUES, secret_data
 from tests.test_node_lifecycle import request, start, wait_phase

@@ -18,10 +18,10 @@ import kmock
 import pytest
 from tests.kube_env import KubeApi
 
-from activities.cluster import MERGE_PATCH, KubernetesCluster
+from activities.kube.cluster import MERGE_PATCH, KubernetesCluster
 from activities.ports import Cluster, EvictionBlocked
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TransientError
-from tgp.sim.kube import NODES, TAINT_NOT_READY, KubeEmulator, register_node, set_node_ready
+from sim.kube import NODES, TAINT_NOT_READY, KubeEmulator, register_node, set_node_ready
 from tgp.types import GPU_RESOURCE, Taint
 
 GPU_TAINT = Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")

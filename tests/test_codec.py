@@ -28,7 +28,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.test_node_lifecycle import readable, temporal_cli
-from tgp.codec import (
+from workers.codec import (
     ENCODING,
     NONCE_BYTES,
     EncryptionCodec,
@@ -39,7 +39,7 @@ from tgp.codec import (
     run_codec_server,
 )
 from tgp.errors import ConfigError
-from tgp.temporal import DATA_CONVERTER, data_converter
+from workers.temporal import DATA_CONVERTER, data_converter
 
 
 def key_entry(key_id: str) -> str:

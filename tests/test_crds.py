@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from tests.hostile import HOSTILE_KEYS, HOSTILE_VALUES
-from tgp import crdgen
+from workers import crdgen
 from tgp.crds import (
     DEFAULT_CLASS_MAX_NODES,
     DURATION_PATTERN,
@@ -32,7 +32,7 @@ from tgp.crds import (
     parse_duration,
 )
 from tgp.labels import TAINT_EFFECTS, label_value_problems, qualified_name_problems
-from tgp.sim.kube import _go_regexp
+from sim.kube import _go_regexp
 
 SEED = Path(__file__).parent / "data" / "seed_examples.yaml"
 

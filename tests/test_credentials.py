@@ -1,4 +1,4 @@
-"""Provider credentials per GPUNodeClass (activities/providers/credentials.py): one adapter per
+"""Provider credentials per GPUNodeClass (activities/accounts.py): one adapter per
 (provider, Secret key), read when an activity needs it, kept while the Secret's resourceVersion
 stays the same, replaced (and the old one closed) when the key is rotated.
 
@@ -16,17 +16,17 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.providers.credentials import ProviderRegistry
-from activities.providers.registry import CAPABILITIES
-from activities.providers.simulated import SimulatedProvider
+from activities.accounts import ProviderRegistry
+from activities.clouds.registry import CAPABILITIES
+from activities.clouds.simulated import SimulatedProvider
 from tests.conftest import eventually, running_world
 from tests.kube_env import KubeApi
 from tests.test_node_lifecycle import FAST, start, wait_phase
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.errors import AuthError, ConfigError
 from tgp.pools import node_request
-from tgp.sim.cloud import SimulatedCloud
-from tgp.sim.world import NODE_TAG
+from sim.cloud import SimulatedCloud
+from sim.world import NODE_TAG
 from tgp.types import BootPayload, CredentialsRef, NodePhase
 from workflows.node import GPUNodeWorkflow
 

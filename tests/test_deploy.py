@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from tests.conftest import binary
-from tgp.sim.kube import KubeEmulator
+from sim.kube import KubeEmulator
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -48,7 +48,7 @@ OVERLAY_IMAGE = f"<your-registry>/tgp:{PYPROJECT['project']['version']}"
 # Secrets the user creates (docs/install.md); the manifests never contain a Secret.
 USER_SECRETS = {"tgp-operator-secret", "tgp-payload-keys", "tgp-temporal-tls", "tgp-temporal-api-key"}
 
-# (group, resource, verb) each process uses; keep in step with activities/cluster.py,
+# (group, resource, verb) each process uses; keep in step with activities/kube/cluster.py,
 # activities/fleet.py and crd_bridge/bridge.py.
 BRIDGE_USES = {("tgp.io", r, v) for r in ("gpunodeclasses", "gpunodepools") for v in ("get", "list", "watch")} | {
     ("tgp.io", "gpunodepools", "patch"),
@@ -235,7 +235,7 @@ def test_deployments_are_hardened_probed_and_bounded(name: str) -> None:
 
 
 def test_metrics_ports_are_the_processes_defaults() -> None:
-    from tgp.metrics import BRIDGE_METRICS_PORT, METRICS_PORT_ENV, WORKER_METRICS_PORT
+    from activities.metrics import BRIDGE_METRICS_PORT, METRICS_PORT_ENV, WORKER_METRICS_PORT
 
     ports = {d["metadata"]["name"]: c for d, c in containers("base")}
     expected = {"tgp-worker": WORKER_METRICS_PORT, "tgp-bridge": BRIDGE_METRICS_PORT}
@@ -455,8 +455,8 @@ def test_the_image_contents_import_and_find_their_files(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (wheel,) = wheels.glob("tgp-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        shipped = {n for n in archive.namelist() if n.startswith("activities/templates/")}
-    assert shipped == {"activities/templates/talos-worker.yaml.j2", "activities/templates/ubuntu-cloud-init.yaml.j2"}, shipped
+        shipped = {n for n in archive.namelist() if n.startswith("activities/boot/templates/")}
+    assert shipped == {"activities/boot/templates/talos-worker.yaml.j2", "activities/boot/templates/ubuntu-cloud-init.yaml.j2"}, shipped
     assert not [i for i in stages[1] if i.keyword == "COPY" and "templates" in i.arguments], "the wheel carries the templates"
     installed = subprocess.run(
         [*pip, "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)],
@@ -471,8 +471,10 @@ site = sys.argv[1]
 for package in ("tgp", "workflows", "activities", "workers", "crd_bridge"):
     module = importlib.import_module(package)
     assert module.__file__.startswith(site), (package, module.__file__)
-from activities import bootstrap
-from activities.providers import paperspace
+import os
+assert not os.path.exists(os.path.join(site, "sim")), "the simulated world is not in the runtime wheel"
+from activities.boot import render as bootstrap
+from activities.clouds import paperspace
 assert str(bootstrap.TEMPLATES_DIR).startswith(site), bootstrap.TEMPLATES_DIR
 # Both shipped templates render from the installed wheel (a trial render with sample values).
 for name in (bootstrap.TALOS_WORKER_TEMPLATE, bootstrap.UBUNTU_CLOUD_INIT_TEMPLATE):
@@ -489,3 +491,35 @@ tgp.load()()
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "worker" in done.stdout and "bridge" in done.stdout
+
+
+def test_the_wheel_built_from_the_tree_carries_no_fakes_and_the_templates(tmp_path: Path) -> None:
+    """The wheel built from the whole tree (not only what the Dockerfile copies): the runtime
+    packages and the boot templates, none of the simulated world (sim/, its own distribution
+    tgp-sim) or the tests, and no runtime requirement on kmock; the fakes come only with the
+    `sim` / `dev` extras."""
+    tree = tmp_path / "tree"
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30).stdout.split()
+    for name in listed:
+        if (ROOT / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, tree / name)
+    wheels = tmp_path / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", "wheel", "--quiet", "--no-deps",
+         "--no-build-isolation", "--wheel-dir", str(wheels), str(tree)],
+        timeout=120, capture_output=True, text=True, check=False,
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (wheel,) = wheels.glob("tgp-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist:")]
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"tgp", "workflows", "activities", "workers", "crd_bridge"}, tops
+    assert not [n for n in names if n.startswith(("sim/", "tests/")) or "fake" in n], names
+    assert {"activities/boot/templates/talos-worker.yaml.j2", "activities/boot/templates/ubuntu-cloud-init.yaml.j2"} <= set(names)
+    runtime = [r for r in requires if "extra ==" not in r]
+    assert not [r for r in runtime if "kmock" in r or "tgp-sim" in r], runtime
+    assert [r for r in requires if "tgp-sim" in r and "extra == \"sim\"" in r], requires

@@ -13,10 +13,10 @@ import httpx
 import yaml
 
 from tests.conftest import binary, eventually
-from tgp.crdgen import manifests
-from tgp.demo import EXAMPLES, apply
-from tgp.sim.kube import KubeEmulator
-from tgp.sim.scheduler import SimScheduler
+from workers.crdgen import manifests
+from sim.demo import EXAMPLES, apply
+from sim.kube import KubeEmulator
+from sim.scheduler import SimScheduler
 
 
 def free_port_pair() -> int:

@@ -15,11 +15,11 @@ from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
 from activities.node import NodeActivities
-from activities.providers.simulated import SimulatedProvider
+from activities.clouds.simulated import SimulatedProvider
 from tests.conftest import binary, running_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
-from tgp.sim.cloud import SimOffer
-from tgp.sim.world import sim_world
+from sim.cloud import SimOffer
+from sim.world import sim_world
 from tgp.types import NodePhase, NodeStatus, OfferRequirements
 from workers.main import WorkerConfig, build_activities, make_worker
 from workflows.node import GPUNodeWorkflow

@@ -74,10 +74,10 @@ from temporalio.service import RPCError
 
 from tests.conftest import binary
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
-from tgp.sim.cloud import SimulatedCloud
-from tgp.sim.kube import NODES, PODS, KubeEmulator
-from tgp.sim.world import SimWorld, sim_world
-from tgp.temporal import DATA_CONVERTER, dev_server_args
+from sim.cloud import SimulatedCloud
+from sim.kube import NODES, PODS, KubeEmulator
+from sim.world import SimWorld, sim_world
+from workers.temporal import DATA_CONVERTER, dev_server_args
 from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, NodePhase, NodeStatus, instance_name, node_workflow_id
 
 pytestmark = pytest.mark.fault_matrix

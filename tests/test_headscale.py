@@ -14,10 +14,10 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
-from activities.headscale import HeadscaleTailnet
+from activities.tailnets.headscale import HeadscaleTailnet
 from activities.ports import Tailnet
 from tgp.errors import AuthError, ConfigError, TransientError
-from tgp.sim.headscale import FakeHeadscale, RegistrationRejected
+from sim.headscale import FakeHeadscale, RegistrationRejected
 
 API_KEY = "hskey-api-abcdef123456-S3cretApiKeyNeverLogged"
 TAGS = ["tag:gpu-node"]

@@ -6,10 +6,10 @@ import asyncio
 
 import httpx
 
-from activities.cluster import KubernetesCluster
+from activities.kube.cluster import KubernetesCluster
 from crd_bridge.informer import Informer
 from tests.conftest import eventually
-from tgp.sim.kube import KubeEmulator
+from sim.kube import KubeEmulator
 
 
 async def test_an_event_whose_handler_failed_is_delivered_again() -> None:

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.bootstrap import UBUNTU_CLOUD_INIT_TEMPLATE, shipped_template
+from activities.boot.render import UBUNTU_CLOUD_INIT_TEMPLATE, shipped_template
 from tests.conftest import running_world
 from tests.test_node_lifecycle import assert_nothing_left, readable, request, start, temporal_cli, wait_phase
-from tgp.sim.world import NODE_TAG
+from sim.world import NODE_TAG
 from tgp.types import BootConfig, NodePhase, NodeStatus
 from workflows.node import GPUNodeWorkflow
 

@@ -29,9 +29,9 @@ from kubernetes.aio import config as k8s_config
 from kubernetes.aio import watch as k8s_watch
 from tests.kube_env import KUBECONFIG_ENV, KubeApi
 
-from tgp import crdgen
+from workers import crdgen
 from tgp.crds import DEFAULT_CLASS_MAX_NODES, GPUNodePoolSpec
-from tgp.sim.kube import KubeEmulator
+from sim.kube import KubeEmulator
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
 # A client-side bound for reading a stream that should have produced its events long before.
@@ -290,7 +290,7 @@ async def test_defaults_applied_and_unknown_fields_pruned(kube_api: KubeApi) -> 
 
 
 def generated_crd(file_name: str, group: str) -> Obj:
-    """A CRD as tgp.crdgen writes it, under a test-only group (a real cluster keeps tgp.io for
+    """A CRD as workers.crdgen writes it, under a test-only group (a real cluster keeps tgp.io for
     the bridge tests)."""
     crd = copy.deepcopy(crdgen.manifests()[file_name])
     crd["spec"]["group"] = group

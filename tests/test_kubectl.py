@@ -6,9 +6,9 @@ against a fresh `KubeEmulator` with the generated CRDs of deploy/crds installed.
 the checks that look at the emulator's request log or at its timers skip there.
 
 What kubectl needs from a server, and where the emulator provides it: aggregated discovery
-(tgp/sim/kube_discovery.py), OpenAPI v3 with the `fieldValidation` parameter
-(tgp/sim/kube_openapi.py), Tables (tgp/sim/kube_tables.py), strategic merge patch
-(tgp/sim/kube_patch.py) and streaming lists with the initial-events bookmark (the wait of
+(sim/kube_discovery.py), OpenAPI v3 with the `fieldValidation` parameter
+(sim/kube_openapi.py), Tables (sim/kube_tables.py), strategic merge patch
+(sim/kube_patch.py) and streaming lists with the initial-events bookmark (the wait of
 `kubectl delete`).
 """
 
@@ -29,8 +29,8 @@ import yaml
 
 from tests.conftest import binary
 from tests.kube_env import KUBECONFIG_ENV, KubeApi, eventually
-from tgp.sim import kube_patch, kube_tables
-from tgp.sim.kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeEmulator, register_node
+from sim import kube_patch, kube_tables
+from sim.kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeEmulator, register_node
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = ROOT / "deploy" / "crds"

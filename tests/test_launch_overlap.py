@@ -15,10 +15,10 @@ from pydantic import SecretStr
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.node import NodeActivities
-from activities.providers.simulated import SimulatedProvider
+from activities.clouds.simulated import SimulatedProvider
 from tests.conftest import running_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
-from tgp.sim.world import SimWorld, sim_world
+from sim.world import SimWorld, sim_world
 from tgp.types import BootPayload, InstanceRef, NodePhase, NodeStatus, Offer, instance_name
 from workflows.node import GPUNodeWorkflow
 

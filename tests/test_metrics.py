@@ -33,11 +33,11 @@ from tests.conftest import binary, eventually, running_world
 from tests.kube_env import KubeApi
 from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
 from tests.test_node_lifecycle import request, start, wait_phase
-from tgp import metrics
+from activities import metrics
 from tgp.errors import ConfigError
-from tgp.logs import activity_context, configure_logging, log_format, stdlib_handler
-from tgp.sim.world import sim_world
-from tgp.temporal import DATA_CONVERTER
+from workers.logs import activity_context, configure_logging, log_format, stdlib_handler
+from sim.world import sim_world
+from workers.temporal import DATA_CONVERTER
 from tgp.types import LABEL_PROVIDER, InstanceRef, LabelInput, LaunchInput, NodePhase, NodeStatus, Offer
 from workers.main import SWEEPER_SCHEDULE_ID, WorkerConfig, build_activities, make_worker
 from workers.metrics import FleetMetrics, NodeSample, start_worker_metrics

@@ -21,8 +21,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from tests.conftest import binary, eventually, running_world
-from tgp.sim.world import NODE_TAG, SimWorld
-from tgp.temporal import DATA_CONVERTER
+from sim.world import NODE_TAG, SimWorld
+from workers.temporal import DATA_CONVERTER
 from tgp.types import (
     LABEL_GPU_TYPE,
     LABEL_POOL,

@@ -11,7 +11,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, node_exists, replay, request, start, wait_phase
-from tgp.sim.world import SimWorld
+from sim.world import SimWorld
 from tgp.types import LifecycleTimeouts, NodePhase, NodeStatus
 from workflows.node import HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW, GPUNodeWorkflow
 

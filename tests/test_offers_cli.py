@@ -8,10 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from tgp.offers_cli import add_arguments, list_offers, run_offers
-from tgp.sim.lambdalabs import FakeLambda
-from tgp.sim.runpod import FakeRunPod
-from tgp.sim.vastai import FakeAsk, FakeVast
+from workers.offers_cli import add_arguments, list_offers, run_offers
+from sim.lambdalabs import FakeLambda
+from sim.runpod import FakeRunPod
+from sim.vastai import FakeAsk, FakeVast
 
 ASKS = [
     FakeAsk(id=101, gpu_name="RTX 4090", geolocation="Helsinki, FI", dph_base=Decimal("0.31"), min_bid=Decimal("0.18")),
@@ -74,7 +74,7 @@ async def test_keys_from_a_kubernetes_secret(fakes: dict[str, str], monkeypatch:
 
     import httpx
 
-    from tgp.sim.kube import KubeEmulator
+    from sim.kube import KubeEmulator
 
     async with KubeEmulator() as kube:
         data = {"VAST_API_KEY": base64.b64encode(fakes["VAST_API_KEY"].encode()).decode()}

@@ -11,9 +11,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import binary, running_world
 from tests.test_node_lifecycle import request, start, wait_phase
-from tgp.crdgen import manifests
-from tgp.demo import EXAMPLES, apply
-from tgp.sim.world import sim_world
+from workers.crdgen import manifests
+from sim.demo import EXAMPLES, apply
+from sim.world import sim_world
 from tgp.types import NodePhase, NodeStatus
 
 import httpx

@@ -16,9 +16,9 @@ import pytest
 from pydantic import SecretStr
 
 from activities.ports import CloudProvider
-from activities.providers.lambdalabs import LambdaProvider, wire_name
+from activities.clouds.lambdalabs import LambdaProvider, wire_name
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
-from tgp.sim.lambdalabs import FakeLambda
+from sim.lambdalabs import FakeLambda
 from tgp.types import BootPayload, InstanceState, Offer
 
 API_KEY = "secret_tgp-test_0123456789abcdefSECRET"

@@ -14,9 +14,9 @@ import pytest
 from pydantic import SecretStr
 
 from activities.ports import CloudProvider
-from activities.providers.paperspace import CATALOG_PATH, CatalogEntry, PaperspaceCatalog, PaperspaceProvider, load_catalog
+from activities.clouds.paperspace import CATALOG_PATH, CatalogEntry, PaperspaceCatalog, PaperspaceProvider, load_catalog
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
-from tgp.sim.paperspace import SOLD_IN, FakePaperspace
+from sim.paperspace import SOLD_IN, FakePaperspace
 from tgp.types import BootPayload, InstanceState, Offer
 
 API_KEY = "ps-key-0123456789abcdef-never-logged"

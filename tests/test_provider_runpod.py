@@ -12,9 +12,9 @@ import pytest
 from pydantic import SecretStr
 
 from activities.ports import CloudProvider
-from activities.providers.runpod import RunPodProvider, offer_id, parse_offer_id
+from activities.clouds.runpod import RunPodProvider, offer_id, parse_offer_id
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
-from tgp.sim.runpod import CAPACITY_DETAIL, FakeRunPod
+from sim.runpod import CAPACITY_DETAIL, FakeRunPod
 from tgp.types import BootPayload, InstanceState, Offer
 
 API_KEY = "rpa_TESTKEY0123456789abcdefSECRET"

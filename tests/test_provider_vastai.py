@@ -13,10 +13,10 @@ import pytest
 from pydantic import SecretStr
 
 from activities.ports import CloudProvider
-from activities.providers.vastai import VastProvider
+from activities.clouds.vastai import VastProvider
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
 from tgp.types import BootPayload, InstanceState, Offer
-from tgp.sim.vastai import FakeAsk, FakeVast
+from sim.vastai import FakeAsk, FakeVast
 
 API_KEY = "vast-key-0123456789abcdef-never-logged"
 BOOT = BootPayload(kind="onstart", content="#!/bin/bash\necho join\n", hostname="gpu-a")
@@ -184,7 +184,7 @@ async def test_find_by_name_pages_through_unfiltered_answers(provider: VastProvi
         await provider.launch(offer(ask_id, "0.3"), name=f"other-{ask_id}", boot=BOOT)
     mine = await provider.launch(offer(103, "2.11"), name=NAME, boot=BOOT)
     # A server that ignores select_filters still pages; the adapter checks the label itself.
-    monkeypatch.setattr("tgp.sim.vastai._matches", lambda value, cond: True)
+    monkeypatch.setattr("sim.vastai._matches", lambda value, cond: True)
     found = await provider.find_by_name(NAME)
     assert found is not None and found.instance_id == mine.instance_id
     assert len([r for r in vast.requests if r.path == "/api/v1/instances/"]) == 3

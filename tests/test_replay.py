@@ -8,7 +8,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from tgp.temporal import DATA_CONVERTER
+from workers.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow

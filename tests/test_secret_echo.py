@@ -2,11 +2,11 @@
 
 Many real APIs quote the request in an error answer: the Authorization header, the JSON body
 with the user-data / startup script / env, sometimes in base64. Every fake can do the same
-(`echo`, tgp.sim.fakeserver). For every adapter x error status x operation, with the fake
+(`echo`, sim.fakeserver). For every adapter x error status x operation, with the fake
 echoing in each of its ways, the API key, a minted tailnet key and a join token carried in
 the boot payload (and their base64 forms) must appear in none of: the raised exception (str,
 repr, args, cause), the ApplicationError `temporal_errors` makes of it, and the logs at every
-level (structlog as `tgp.logs.configure_logging` sets it up, and stdlib logging).
+level (structlog as `workers.logs.configure_logging` sets it up, and stdlib logging).
 
 A launch runs through the real `launch_instance` activity (ActivityEnvironment), so the
 minted key and the join material are the ones the activity handles. One more test runs a
@@ -41,30 +41,30 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-import tgp.http
-from activities.headscale import HeadscaleTailnet
+import activities.http
+from activities.tailnets.headscale import HeadscaleTailnet
 from activities.node import NodeActivities, temporal_errors
 from activities.ports import AuthKey
-from activities.providers.lambdalabs import LambdaProvider
-from activities.providers.paperspace import PaperspaceProvider
-from activities.providers.runpod import RunPodProvider
-from activities.providers.simulated import SimulatedProvider
-from activities.providers.vastai import VastProvider
-from activities.tailnet import TailscaleTailnet
+from activities.clouds.lambdalabs import LambdaProvider
+from activities.clouds.paperspace import PaperspaceProvider
+from activities.clouds.runpod import RunPodProvider
+from activities.clouds.simulated import SimulatedProvider
+from activities.clouds.vastai import VastProvider
+from activities.tailnets.tailscale import TailscaleTailnet
 from tests.conftest import running_world
 from tests.test_join import put_secret
 from tests.test_node_lifecycle import readable, request, start, temporal_cli
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from tgp.http import OutcomeUnknown
-from tgp.logs import configure_logging
-from tgp.sim.cloud import SimulatedCloud
-from tgp.sim.fakeserver import ECHO_MODES
-from tgp.sim.headscale import FakeHeadscale
-from tgp.sim.lambdalabs import FakeLambda
-from tgp.sim.paperspace import FakePaperspace
-from tgp.sim.runpod import FakeRunPod
-from tgp.sim.tailscale import FakeTailscale
-from tgp.sim.vastai import FakeAsk, FakeVast
+from activities.http import OutcomeUnknown
+from workers.logs import configure_logging
+from sim.cloud import SimulatedCloud
+from sim.fakeserver import ECHO_MODES
+from sim.headscale import FakeHeadscale
+from sim.lambdalabs import FakeLambda
+from sim.paperspace import FakePaperspace
+from sim.runpod import FakeRunPod
+from sim.tailscale import FakeTailscale
+from sim.vastai import FakeAsk, FakeVast
 from tgp.types import BootConfig, LaunchInput, NodePhase, NodeStatus, TailnetDevice
 from workflows.node import GPUNodeWorkflow
 
@@ -152,7 +152,7 @@ def logs(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> I
 @pytest.fixture(autouse=True)
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-call retries without their jittered waits (the status matrix retries a lot)."""
-    monkeypatch.setattr(tgp.http, "backoff", lambda attempt, base=0.5: 0.0)
+    monkeypatch.setattr(activities.http, "backoff", lambda attempt, base=0.5: 0.0)
 
 
 async def no_sleep(seconds: float) -> None:

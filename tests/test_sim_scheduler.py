@@ -1,4 +1,4 @@
-"""The simulated cluster's scheduler and kubelet stand-ins (tgp.sim.scheduler): they bind what
+"""The simulated cluster's scheduler and kubelet stand-ins (sim.scheduler): they bind what
 fits, mark what does not Unschedulable, run pods for the time they declare and complete them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from tests.conftest import eventually
-from tgp.sim.kube import KubeEmulator, register_node
-from tgp.sim.scheduler import RUN_SECONDS_ANNOTATION, SimScheduler, fits
+from sim.kube import KubeEmulator, register_node
+from sim.scheduler import RUN_SECONDS_ANNOTATION, SimScheduler, fits
 
 READY_NODE = {
     "metadata": {"name": "n1", "labels": {"tgp.io/gpu-type": "RTX4090", "cuda": "12"}},

@@ -10,11 +10,11 @@ from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
 from activities.sweeper import Orphan, SweepInput, node_of_instance
-from activities.tailnet import TailscaleTailnet
+from activities.tailnets.tailscale import TailscaleTailnet
 from tests.conftest import running_world
 from tests.test_node_lifecycle import node_exists, request, start, wait_phase
 from tgp.messages import class_workflow_id
-from tgp.sim.world import NODE_TAG
+from sim.world import NODE_TAG
 from tgp.types import NodePhase, instance_name
 from workers.main import SWEEPER_SCHEDULE_ID, ensure_sweeper_schedule
 from workflows.node import GPUNodeWorkflow

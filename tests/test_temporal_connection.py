@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 
 from tests.tls_proxy import Pki, authorization, make_pki, tls_proxy
 from tgp.errors import ConfigError
-from tgp.temporal import TemporalConnectError, TemporalSettings, connect
+from workers.temporal import TemporalConnectError, TemporalSettings, connect
 from workers.main import SWEEPER_SCHEDULE_ID
 
 API_KEY = "tgp-test-api-key-" + uuid.uuid4().hex
@@ -112,7 +112,7 @@ async def tgp_cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
     """Run `tgp` in a subprocess (the proxy keeps serving on this event loop meanwhile)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "TGP_", "TS_", "HEADSCALE_"))}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tgp.cli", *args, env={**clean, **env},
+        sys.executable, "-m", "workers.cli", *args, env={**clean, **env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)

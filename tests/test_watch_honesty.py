@@ -19,7 +19,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from tests.conftest import binary, eventually, running_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
-from tgp.sim.world import sim_world
+from sim.world import sim_world
 from tgp.types import BootPayload, InstanceRef, InstanceState, NodePhase, NodeStatus, Offer
 from workers.main import WorkerConfig, build_activities, make_worker
 from workflows.node import GPUNodeWorkflow

@@ -1,6 +1,6 @@
 """GPUNodeClass and GPUNodePool (`tgp.io/v1`): the one model of each CRD.
 
-The CRD YAML in `deploy/crds/` is generated from these models (`tgp.crdgen`), so every field's
+The CRD YAML in `deploy/crds/` is generated from these models (`workers.crdgen`), so every field's
 description, default and validation lives here. Field names are camelCase on the wire, as
 Kubernetes users expect; Python code uses snake_case.
 """

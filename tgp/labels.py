@@ -12,7 +12,7 @@ The rules are apimachinery's (`IsQualifiedName`, `IsValidLabelValue`):
 * value: empty, or at most 63 characters of the same name charset.
 
 This module imports nothing outside the standard library: the template renderer's child
-process (`activities/template_sandbox.py`) uses it too.
+process (`activities/boot/sandbox.py`) uses it too.
 """
 
 from __future__ import annotations

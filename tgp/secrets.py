@@ -21,9 +21,9 @@ a secret (a whole base64 user-data). Tailnet keys are also recognised by their s
 (`tskey-...`, `hskey-...`), registered or not. Values shorter than `MIN_LENGTH` are not
 registered: replacing "true" or "1" would shred every message without hiding anything.
 
-Applied by `tgp.http.send` (error bodies and error messages), by `TgpError` itself, by
+Applied by `activities.http.send` (error bodies and error messages), by `TgpError` itself, by
 `activities.node.temporal_errors` (the ApplicationError that reaches history), and by the
-structlog processor and stdlib log-record factory that `tgp.logs` installs.
+structlog processor and stdlib log-record factory that `workers.logs` installs.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class Taint(Model):
 
 class CredentialsRef(Model):
     """Where a provider's API key lives: one key of one Secret. A reference, never the key:
-    the activities read the Secret when they need the key (activities/providers/credentials.py)."""
+    the activities read the Secret when they need the key (activities/accounts.py)."""
 
     namespace: str = OPERATOR_NAMESPACE
     name: str

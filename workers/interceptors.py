@@ -6,11 +6,11 @@ from typing import Any
 
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-from tgp.logs import activity_log
+from workers.logs import activity_log
 
 
 class ActivityLogContext(Interceptor):
-    """Binds every activity's workflow id, type, node, pool and provider (`tgp.logs.activity_log`)
+    """Binds every activity's workflow id, type, node, pool and provider (`workers.logs.activity_log`)
     once, before it runs, so none of its events has to repeat them."""
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:

@@ -3,7 +3,7 @@
 Scale out by running more replicas on the same queue. The worker's own adapters are built from
 the environment (a Kubernetes Secret in production); a class's own credentials
 (`credentialsRef`, `oauthSecretRef`) are read from its Secrets by the activities
-(activities/providers/credentials.py). Secrets stay inside the activities, never in workflow inputs.
+(activities/accounts.py). Secrets stay inside the activities, never in workflow inputs.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from temporalio.client import (
 )
 from temporalio.worker import Worker
 
-from activities.cluster import KubernetesCluster
+from activities.kube.cluster import KubernetesCluster
 from activities.fleet import FleetActivities
 from activities.node import NodeActivities
 from activities.sweeper import SweeperActivities
 from activities.ports import CloudProvider
-from activities.providers.credentials import ProviderRegistry, TailnetRegistry
-from activities.providers.registry import API_KEY_ENV, providers_from_env
-from activities.headscale import HeadscaleTailnet
+from activities.accounts import ProviderRegistry, TailnetRegistry
+from activities.clouds.registry import API_KEY_ENV, providers_from_env
+from activities.tailnets.headscale import HeadscaleTailnet
 from activities.ports import Tailnet
-from activities.tailnet import TailscaleTailnet
+from activities.tailnets.tailscale import TailscaleTailnet
 from tgp.errors import ConfigError
 from workers.interceptors import ActivityLogContext
 from tgp.types import DEFAULT_TASK_QUEUE

@@ -20,11 +20,11 @@ from decimal import Decimal
 import structlog
 from temporalio.client import Client
 
-from tgp import metrics
+from activities import metrics
 from tgp.types import NodePhase
 from workflows.node import SA_HOURLY_PRICE, SA_PHASE, SA_POOL, SA_PROVIDER
 
-log = structlog.get_logger("tgp.metrics")
+log = structlog.get_logger("activities.metrics")
 
 # Fresh enough for a dashboard; one visibility query per refresh however many nodes run.
 REFRESH_EVERY = timedelta(seconds=15)
@@ -120,7 +120,9 @@ class FleetMetrics:
         metrics.FLEET_REFRESHED.set_to_current_time()
 
     async def refresh(self) -> None:
-        self.record(await asyncio.wait_for(self.list_nodes(), REFRESH_TIMEOUT.total_seconds()))
+        async with asyncio.timeout(REFRESH_TIMEOUT.total_seconds()):  # not wait_for: it can swallow a cancel on 3.11
+            nodes = await self.list_nodes()
+        self.record(nodes)
 
     async def run(self, every: timedelta = REFRESH_EVERY) -> None:
         """Refresh until cancelled; a failed refresh is logged and counted, and tried again."""

@@ -14,9 +14,9 @@ from decimal import Decimal
 
 from temporalio.client import Client
 
-from activities.cluster import CustomResource, KubernetesCluster
-from activities.providers.credentials import ProviderRegistry
-from activities.providers.registry import providers_from_env
+from activities.kube.cluster import CustomResource, KubernetesCluster
+from activities.accounts import ProviderRegistry
+from activities.clouds.registry import providers_from_env
 from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool
 from tgp.errors import ConfigError
 from tgp.offers import rank_offers, rejection_reasons

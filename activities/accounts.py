@@ -1,0 +1,267 @@
+"""Cloud adapters per class account: one adapter per (provider, Secret key), built from the key
+the GPUNodeClass references (`providers[].credentialsRef`), read when an activity needs it.
+
+A NodeRequest carries only the reference (tgp.types.CredentialsRef: namespace, name, key);
+the activity reads the Secret through the Cluster port, and the adapter built from it is kept
+for as long as the Secret's resourceVersion stays the same. A rotated key (a new
+resourceVersion) gets a new adapter at the next activity; the replaced one is closed once the
+calls that may still hold it are done (`retire_after`). So two classes meant for two accounts
+each bill their own account, and a rotated key is picked up without restarting the worker.
+
+A provider the class gives no credentialsRef for uses the worker's own adapter, built from
+its environment (activities/clouds/registry.py `providers_from_env`): what `tgp offers`
+and the demo use.
+
+Tailnets likewise (`TailnetRegistry`): a class's tailscaleConfig.oauthSecretRef (keys client-id
+and client-secret for Tailscale, api-key for Headscale) gets its own adapter, rebuilt when the
+Secret changes; without one, the worker's own tailnet (TS_OAUTH_CLIENT_ID/..., HEADSCALE_...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from pydantic import SecretStr
+
+from activities.tailnets.headscale import HeadscaleTailnet
+from activities.ports import Cluster, CloudProvider, Tailnet
+from activities.tailnets.tailscale import DEFAULT_BASE_URL as TAILSCALE_API_URL
+from activities.tailnets.tailscale import TailscaleTailnet
+from activities.clouds.registry import build_provider, static_capabilities
+from tgp.capabilities import ProviderCapabilities
+from tgp.errors import ConfigError, TgpError
+from tgp.secrets import register_process
+from tgp.types import CredentialsRef, TailnetRef
+
+__all__ = ["RETIRE_AFTER", "ProviderRegistry", "TailnetRegistry", "VersionedAdapters", "secret_value"]
+
+log = structlog.get_logger("tgp.credentials")
+
+# How long an adapter replaced by a rotated key stays open: the longest call that may still
+# hold it (a launch waiting behind a provider's pacer) ends within the launch stage budget.
+RETIRE_AFTER = timedelta(minutes=15)
+
+Build = Callable[[str, SecretStr | None, Mapping[str, str]], CloudProvider | None]
+
+
+def secret_value(data: Mapping[str, bytes], key: str, where: str, *, secret: bool = True) -> SecretStr:
+    """The text of `key` in a Secret's data (whitespace stripped: `kubectl create secret
+    --from-file` keeps the file's newline). Raises ConfigError naming the Secret and key.
+    `secret=False` for a value that is not secret (an OAuth client id): not scrubbed."""
+    raw = data.get(key)
+    if raw is None:
+        raise ConfigError(f"{where} has no key {key!r} (keys: {', '.join(sorted(data)) or 'none'})")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"key {key!r} of {where} is not UTF-8 text") from None
+    if not text:
+        raise ConfigError(f"key {key!r} of {where} is empty")
+    if secret:
+        register_process(text)  # kept out of every message and log line (tgp.secrets)
+    return SecretStr(text)
+
+
+@dataclass
+class _Entry:
+    version: str
+    digest: bytes  # of the Secret's data: a new resourceVersion with the same data keeps the adapter
+    adapter: Any
+
+
+def _digest(data: Mapping[str, bytes]) -> bytes:
+    h = hashlib.sha256()
+    for k in sorted(data):
+        h.update(k.encode() + b"\0" + hashlib.sha256(data[k]).digest())
+    return h.digest()
+
+
+class VersionedAdapters:
+    """Adapters built from Secrets, each kept while its Secret's resourceVersion stays the same.
+
+    `get(key, namespace, name, build)` reads the Secret now; when its resourceVersion is the one
+    the cached adapter was built from, that adapter is returned, else `build(data)` makes a new
+    one and the old one is closed after `retire_after`. `aclose()` closes everything."""
+
+    def __init__(self, cluster: Cluster, *, retire_after: timedelta = RETIRE_AFTER) -> None:
+        self.cluster = cluster
+        self.retire_after = retire_after
+        self._entries: dict[Any, _Entry] = {}
+        self._retiring: dict[asyncio.Task[None], Any] = {}
+        self.builds = 0  # adapters built so far (for tests and metrics)
+
+    async def get(self, key: Any, namespace: str, name: str, build: Callable[[Mapping[str, bytes]], Any], *, what: str) -> Any:
+        secret = await self.cluster.read_secret_versioned(namespace, name)
+        if secret is None:
+            raise ConfigError(f"Secret {namespace}/{name} does not exist: create it or fix the GPUNodeClass's {what}")
+        entry = self._entries.get(key)
+        if entry is not None and entry.version == secret.resource_version and secret.resource_version:
+            return entry.adapter
+        digest = _digest(secret.data)
+        if entry is not None and entry.digest == digest:
+            entry.version = secret.resource_version  # rewritten, not changed: keep tokens and state
+            return entry.adapter
+        adapter = build(secret.data)
+        self.builds += 1
+        # No await since the lookup above: nothing else replaced the entry meanwhile.
+        old = self._entries.get(key)
+        self._entries[key] = _Entry(secret.resource_version, digest, adapter)
+        if old is not None and old.adapter is not adapter:
+            log.info("credentials_rotated", secret=f"{namespace}/{name}", what=what)
+            self._retire(old.adapter)
+        return adapter
+
+    def _retire(self, adapter: Any) -> None:
+        async def later() -> None:
+            await asyncio.sleep(self.retire_after.total_seconds())
+            await _close(adapter)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._retiring[task] = adapter
+        task.add_done_callback(lambda t: self._retiring.pop(t, None))
+
+    async def aclose(self) -> None:
+        retiring = list(self._retiring.items())
+        self._retiring.clear()
+        for task, adapter in retiring:
+            task.cancel()
+            await _close(adapter)
+        entries, self._entries = list(self._entries.values()), {}
+        for entry in entries:
+            await _close(entry.adapter)
+
+
+async def _close(adapter: Any) -> None:
+    close = getattr(adapter, "aclose", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception as exc:  # noqa: BLE001 - a failed close leaks a connection pool, nothing more
+        log.warning("adapter_close_failed", adapter=type(adapter).__name__, error=str(exc))
+
+
+class ProviderRegistry:
+    """The cloud adapter for (provider, class credentials): see the module docstring.
+
+    `fallback` is the worker's own adapters by provider name (from its environment); it is used
+    as given (not copied), so adapters added to it later are found. `env` supplies the
+    adapters' options (TGP_<PROVIDER>_API_URL, VAST_VM, LAMBDA_SSH_KEY_NAME, ...)."""
+
+    def __init__(
+        self,
+        *,
+        cluster: Cluster,
+        env: Mapping[str, str] | None = None,
+        fallback: dict[str, CloudProvider] | None = None,
+        build: Build = build_provider,
+        retire_after: timedelta = RETIRE_AFTER,
+    ) -> None:
+        self.env = dict(env or {})
+        self.fallback = fallback if fallback is not None else {}
+        self._build = build
+        self._adapters = VersionedAdapters(cluster, retire_after=retire_after)
+
+    @property
+    def builds(self) -> int:
+        return self._adapters.builds
+
+    def configured(self) -> list[str]:
+        """Providers the worker itself has a key for."""
+        return sorted(self.fallback)
+
+    async def get(self, name: str, credentials: CredentialsRef | None = None) -> CloudProvider:
+        """The adapter that bills `credentials`' account, or the worker's own without them."""
+        if credentials is None:
+            try:
+                return self.fallback[name]
+            except KeyError:
+                raise ConfigError(
+                    f"provider {name!r} is not configured on this worker (configured: {', '.join(self.configured()) or 'none'}): "
+                    f"give it a credentialsRef in the GPUNodeClass, or the worker its key"
+                ) from None
+
+        def build(data: Mapping[str, bytes]) -> CloudProvider:
+            key = secret_value(data, credentials.key, f"Secret {credentials.namespace}/{credentials.name}")
+            adapter = self._build(name, key, self.env)
+            if adapter is None:
+                raise ConfigError(f"provider {name!r} cannot be configured on this worker (for {name}, set TGP_SIMULATED_CLOUD_URL)")
+            return adapter
+
+        return await self._adapters.get((name, credentials), credentials.namespace, credentials.name, build, what=f"providers[{name}].credentialsRef")
+
+    async def capabilities(self, name: str, credentials: CredentialsRef | None = None) -> ProviderCapabilities | None:
+        """What the adapter the class would use can do (a Vast.ai adapter with VAST_VM=true
+        is a VM); the static table when no adapter can be built here."""
+        try:
+            return (await self.get(name, credentials)).capabilities
+        except TgpError:
+            return static_capabilities(name, self.env)
+
+    async def aclose(self) -> None:
+        """Close the adapters built from class credentials (not the worker's own)."""
+        await self._adapters.aclose()
+
+
+class TailnetRegistry:
+    """The tailnet adapter for (backend, class tailnet Secret): see the module docstring.
+
+    `fallback` is the worker's own tailnets by backend name (used as given, not copied); `env`
+    supplies TGP_TAILSCALE_API_URL and HEADSCALE_USER (and HEADSCALE_URL when the class names
+    no login server)."""
+
+    def __init__(
+        self,
+        *,
+        cluster: Cluster,
+        env: Mapping[str, str] | None = None,
+        fallback: dict[str, Tailnet] | None = None,
+        retire_after: timedelta = RETIRE_AFTER,
+    ) -> None:
+        self.env = dict(env or {})
+        self.fallback = fallback if fallback is not None else {}
+        self._adapters = VersionedAdapters(cluster, retire_after=retire_after)
+
+    @property
+    def builds(self) -> int:
+        return self._adapters.builds
+
+    async def get(self, backend: str, ref: TailnetRef | None = None) -> Tailnet:
+        """The class's own tailnet adapter (its Secret read now), or the worker's own."""
+        if ref is None:
+            try:
+                return self.fallback[backend]
+            except KeyError:
+                raise ConfigError(
+                    f"tailnet backend {backend!r} is not configured on this worker (configured: {', '.join(sorted(self.fallback)) or 'none'}); "
+                    "set tailscaleConfig.oauthSecretRef in the GPUNodeClass, or TS_OAUTH_CLIENT_ID/TS_OAUTH_CLIENT_SECRET (Tailscale) "
+                    "or HEADSCALE_URL/HEADSCALE_API_KEY (Headscale) on the worker"
+                ) from None
+        where = f"Secret {ref.namespace}/{ref.name}"
+
+        def build(data: Mapping[str, bytes]) -> Tailnet:
+            if backend == "headscale":
+                url = ref.login_server or self.env.get("HEADSCALE_URL")
+                if not url:
+                    raise ConfigError("a Headscale tailnet needs tailscaleConfig.loginServer in the GPUNodeClass")
+                return HeadscaleTailnet(
+                    base_url=url, api_key=secret_value(data, "api-key", where), user=self.env.get("HEADSCALE_USER"), secret_ref=where
+                )
+            return TailscaleTailnet(
+                base_url=self.env.get("TGP_TAILSCALE_API_URL", TAILSCALE_API_URL),
+                client_id=secret_value(data, "client-id", where, secret=False).get_secret_value(),
+                client_secret=secret_value(data, "client-secret", where),
+                secret_ref=where,
+            )
+
+        return await self._adapters.get((backend, ref), ref.namespace, ref.name, build, what="tailscaleConfig.oauthSecretRef")
+
+    async def aclose(self) -> None:
+        """Close the adapters built from class Secrets (not the worker's own)."""
+        await self._adapters.aclose()

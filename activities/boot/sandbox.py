@@ -1,0 +1,401 @@
+"""Where boot templates render: a Jinja sandbox with bounds, run in a child process.
+
+A GPUNodeClass template is code from the cluster admin, rendered by the worker next to join
+secrets. Jinja's sandbox stops attribute walks into Python internals; it bounds nothing else.
+Nested loops, `lipsum(10**8)`, `"x" * 10**9` or `9 ** 9 ** 9` used to run until done on the
+worker's event loop. Here:
+
+* **Loop work.** Every `{% for %}` counts its iterations against one budget per render
+  (`MAX_LOOP_ITERATIONS`); `range()` takes at most `MAX_RANGE` items; `lipsum` is gone;
+  `*` may not build a string or list longer than `MAX_OUTPUT_BYTES` and `**` takes no
+  exponent above `MAX_EXPONENT`.
+* **Output.** The template streams (`generate()`); past `MAX_OUTPUT_BYTES` it stops.
+* **Time and memory.** Every render runs in a fresh child process (`render()` in the worker,
+  `main()` in the child) that the worker kills after `RENDER_TIMEOUT_SECONDS`, with its address
+  space capped at `MEMORY_LIMIT_BYTES` and its CPU time capped by RLIMIT_CPU. A thread cannot
+  be stopped, and cooperative checks cannot interrupt work inside one C call (a huge `%`
+  format, a big sort); a process can be killed, so the bound holds for whatever the sandbox
+  did not foresee. Starting it costs about a tenth of a second, paid at class validation and
+  once per launch.
+
+The child gets the template and its variables (secrets included) on stdin and answers with JSON
+on stdout: nothing on its command line or in its environment, which holds only what Python
+needs (not the worker's credentials). It imports only the standard library, jinja2 and
+tgp.labels.
+
+Filters for putting values into each context of a boot payload (see docs/bootstrap.md):
+`quote` (YAML/JSON string), `to_json` (YAML flow collection), `shell_quote` (one shell word),
+`systemd_quote` (one word of a systemd command line) and `kubelet_labels` (the value of
+`--node-labels`). None of them lets a value start a new line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from tgp.labels import label_value_problems, qualified_name_problems, shown
+
+MAX_OUTPUT_BYTES = 1024 * 1024  # provider user data is smaller still (Lambda: 1 MB)
+MAX_LOOP_ITERATIONS = 100_000  # all loops of one render together
+MAX_RANGE = 10_000
+MAX_EXPONENT = 1024
+RENDER_TIMEOUT_SECONDS = 5.0  # wall clock, interpreter start included (about 0.1-0.5 s)
+MEMORY_LIMIT_BYTES = 512 * 1024 * 1024
+# Renders at once per worker process; more wait (each child may use MEMORY_LIMIT_BYTES).
+MAX_CONCURRENT_RENDERS = max(2, os.cpu_count() or 2)
+# Environment variables the child keeps: what finds Python and its packages, nothing else.
+_CHILD_ENVIRONMENT = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "LC_CTYPE", "SYSTEMROOT")
+_ROOT = str(Path(__file__).resolve().parents[2])
+# -s: no user site-packages; -P: no cwd on sys.path (the project root is put there instead).
+_CHILD_COMMAND = (
+    sys.executable,
+    "-s",
+    "-P",
+    "-c",
+    f"import sys; sys.path.insert(0, {_ROOT!r}); from activities.boot.sandbox import main; main()",
+)
+_SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT_RENDERS)
+_MESSAGE_LIMIT = 2000
+
+
+class RenderLimit(Exception):
+    """A bound was hit: too many loop iterations, too much output, too long, too big."""
+
+
+class UnsafeValue(Exception):
+    """A filter was given a value it cannot put into its context without changing the
+    meaning of the surrounding text (a line break into a shell line, a bad label)."""
+
+
+class RenderFailed(Exception):
+    """What went wrong in a render, as the child reported it: `kind` is syntax, undefined,
+    security, limit, unsafe or error; `line` the template line if known. The message may quote
+    a value (a secret, even): the caller scrubs it."""
+
+    def __init__(self, kind: str, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.line = kind, message, line
+
+
+# --- filters ----------------------------------------------------------------------------
+
+
+def yaml_quote(value: object) -> str:
+    """A YAML double-quoted scalar, every character outside printable ASCII escaped, so the
+    value can never end the line or the document. For text below U+10000 it is JSON too."""
+    text = str(value)
+    if all(ord(c) < 0x10000 for c in text):
+        return json.dumps(text)  # ensure_ascii: \n, \u2028, \u0085 ... all escaped
+    out = ['"']
+    for c in text:
+        code = ord(c)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif 0x20 <= code < 0x7F:
+            out.append(c)
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")  # YAML (not JSON): PyYAML does not join surrogate pairs
+    out.append('"')
+    return "".join(out)
+
+
+# YAML reads an implicit key (every key of a JSON object) of at most 1024 characters.
+MAX_FLOW_KEY = 1024
+
+
+def to_json(value: object) -> str:
+    """JSON on one line, which YAML reads as a flow collection. A mapping key longer than YAML
+    allows an implicit key to be is refused: the document would not load."""
+    text = json.dumps(value)
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, Mapping):
+            for key, sub in item.items():
+                if len(json.dumps(key)) > MAX_FLOW_KEY:
+                    raise UnsafeValue(f"to_json: key {shown(str(key), 40)} is longer than the {MAX_FLOW_KEY} characters YAML reads as a key")
+                pending.append(sub)
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return text
+
+
+# Line breaks in YAML (and so inside a block scalar holding a script or unit) and controls.
+_BREAKS = frozenset("\x85\u2028\u2029")
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F or c in _BREAKS for c in text)
+
+
+def shell_quote(value: object) -> str:
+    """One POSIX shell word (`shlex.quote`). A value with a line break or another control
+    character is refused: no quoting keeps it on one line in every shell, and the line
+    usually sits inside a YAML block scalar."""
+    text = str(value)
+    if _has_control(text):
+        raise UnsafeValue(f"shell_quote: {shown(text, 40)} holds a line break or control character; it cannot be one shell word on one line")
+    return shlex.quote(text)
+
+
+_SYSTEMD_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@+=:,./-")
+
+
+def systemd_quote(value: object) -> str:
+    """One word of a systemd command line (ExecStart=, ExecStartPre=): bare when it only holds
+    safe characters, else double-quoted with C escapes; `$` and `%` doubled so that neither
+    environment nor specifier expansion applies. The result is printable ASCII on one line."""
+    text = str(value)
+    if text and all(c in _SYSTEMD_SAFE for c in text):
+        return text
+    out = ['"']
+    for c in text:
+        code = ord(c)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c in "$%":
+            out.append(c + c)
+        elif 0x20 <= code < 0x7F:
+            out.append(c)
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def kubelet_labels(labels: Mapping[str, str]) -> str:
+    """`key=value,key=value` for the kubelet's --node-labels, sorted. Every key and value must
+    be in Kubernetes label syntax: a `,` or `=` would add another label, and anything else
+    makes the kubelet refuse to start."""
+    if not isinstance(labels, Mapping):
+        raise UnsafeValue("kubelet_labels: needs a mapping of labels")
+    pairs = []
+    for key, value in sorted(labels.items()):
+        problems = qualified_name_problems(key) + [f"value {p}" for p in label_value_problems(value)]
+        if problems:
+            raise UnsafeValue(f"kubelet_labels: label {shown(str(key), 40)} is not Kubernetes label syntax: {problems[0]}")
+        pairs.append(f"{key}={value}")
+    return ",".join(pairs)
+
+
+# --- the bounded environment ------------------------------------------------------------
+
+
+class _Budget:
+    """The bounds of the render in progress (one render per child process; the worker itself
+    only parses)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.iterations = 0
+        self.deadline = time.monotonic() + RENDER_TIMEOUT_SECONDS
+
+    def tick(self) -> None:
+        self.iterations += 1
+        if self.iterations > MAX_LOOP_ITERATIONS:
+            raise RenderLimit(f"the template's loops ran more than {MAX_LOOP_ITERATIONS} iterations")
+        if self.iterations % 1024 == 0:
+            self.check_time()
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise RenderLimit(f"rendering took longer than {RENDER_TIMEOUT_SECONDS:g} s")
+
+
+_BUDGET = _Budget()
+
+
+def counted(iterable: Iterable[Any]) -> Iterator[Any]:
+    """What every `{% for %}` iterates: the template's own iterable, each item counted."""
+    for item in iterable:
+        _BUDGET.tick()
+        yield item
+
+
+def bounded_range(*args: int) -> range:
+    items = range(*args)
+    if len(items) > MAX_RANGE:
+        raise RenderLimit(f"range() of {len(items)} items; at most {MAX_RANGE}")
+    return items
+
+
+_GLOBALS_REMOVED = ("lipsum",)  # lipsum(n) writes n paragraphs: output without a loop
+
+
+class BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with loop, range, `*` and `**` bounds (see the module doc)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_OUTPUT_BYTES:
+                    raise RenderLimit(f"'*' would build {len(seq) * times} items; at most {MAX_OUTPUT_BYTES}")
+        elif operator == "**":
+            if isinstance(right, int) and abs(right) > MAX_EXPONENT and isinstance(left, (int, float)) and abs(left) > 1:
+                raise RenderLimit(f"'**' with an exponent of {right}; at most {MAX_EXPONENT}")
+        return super().call_binop(context, operator, left, right)
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        tree = super()._parse(source, name, filename)
+        for loop in list(tree.find_all(nodes.For)):
+            loop.iter = nodes.Call(
+                nodes.ImportedName(f"{__name__}.counted", lineno=loop.lineno), [loop.iter], [], None, None, lineno=loop.lineno
+            )
+        return tree
+
+
+def environment() -> BoundedEnvironment:
+    # trim_blocks/lstrip_blocks: `{% if %}` lines leave no blank lines or indentation behind,
+    # which matters in YAML. keep_trailing_newline: cloud-init and shells expect one.
+    env = BoundedEnvironment(
+        undefined=StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    for name in _GLOBALS_REMOVED:
+        env.globals.pop(name, None)
+    env.globals["range"] = bounded_range
+    env.filters["quote"] = yaml_quote
+    env.filters["to_json"] = to_json
+    env.filters["shell_quote"] = shell_quote
+    env.filters["systemd_quote"] = systemd_quote
+    env.filters["kubelet_labels"] = kubelet_labels
+    return env
+
+
+# --- the child ------------------------------------------------------------------------------
+
+
+def render_here(source: str, variables: Mapping[str, Any]) -> str:
+    """Render with the loop and output bounds, in this process (the child calls this)."""
+    _BUDGET.reset()
+    try:
+        template = environment().from_string(source)
+    except RecursionError:
+        raise RenderLimit("the template is nested too deeply to parse") from None
+    chunks, size = [], 0
+    for chunk in template.generate(dict(variables)):
+        size += len(chunk.encode("utf-8", "surrogatepass"))
+        if size > MAX_OUTPUT_BYTES:
+            raise RenderLimit(f"the rendered template is larger than {MAX_OUTPUT_BYTES // 1024} KiB")
+        _BUDGET.check_time()
+        chunks.append(chunk)
+    return "".join(chunks)
+
+
+def _template_line(exc: BaseException) -> int | None:
+    """The template line Jinja's rewritten traceback points at."""
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == "<template>":
+            line = lineno
+    return line
+
+
+def _describe(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, TemplateSyntaxError):
+        return {"kind": "syntax", "message": exc.message or str(exc), "line": exc.lineno}
+    line = _template_line(exc)
+    if isinstance(exc, RenderLimit):
+        kind, message = "limit", str(exc)
+    elif isinstance(exc, MemoryError):
+        kind, message = "limit", f"rendering needs more than {MEMORY_LIMIT_BYTES // 2**20} MiB of memory (a string or list built too large?)"
+    elif isinstance(exc, RecursionError):
+        kind, message = "limit", "rendering recursed too deeply (a macro or recursive loop that calls itself without end?)"
+    elif isinstance(exc, UnsafeValue):
+        kind, message = "unsafe", str(exc)
+    elif isinstance(exc, SecurityError):
+        kind, message = "security", str(exc)
+    elif isinstance(exc, UndefinedError):
+        kind, message = "undefined", str(exc)
+    else:  # a filter or operator failed on a value, or Python refused the compiled template
+        kind, message = "error", f"{type(exc).__name__}: {exc}"
+    return {"kind": kind, "message": message[:_MESSAGE_LIMIT], "line": line}
+
+
+def _limit_resources() -> None:
+    try:
+        import resource
+    except ImportError:  # not POSIX: the parent's timeout still bounds the render
+        return
+    cpu = int(RENDER_TIMEOUT_SECONDS) + 1
+    for limit, value in ((resource.RLIMIT_AS, MEMORY_LIMIT_BYTES), (resource.RLIMIT_CPU, cpu)):
+        try:
+            resource.setrlimit(limit, (value, value + (1 if limit == resource.RLIMIT_CPU else 0)))
+        except (ValueError, OSError):
+            pass  # a lower hard limit is already in force
+
+
+def main() -> None:
+    """The child: one render request on stdin, one JSON answer on stdout."""
+    _limit_resources()
+    request = json.loads(sys.stdin.buffer.read())
+    try:
+        answer: dict[str, Any] = {"output": render_here(request["source"], request["variables"])}
+    except BaseException as exc:  # noqa: BLE001 - every failure is the template's, reported
+        answer = {"error": _describe(exc)}
+    data = json.dumps(answer).encode()
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+
+
+# --- the worker's side ----------------------------------------------------------------------
+
+
+def render(source: str, variables: Mapping[str, Any]) -> str:
+    """Render `source` (Jinja) with `variables` in a bounded child process. Blocks for up to
+    RENDER_TIMEOUT_SECONDS: call it from a thread (asyncio.to_thread), not an event loop.
+    Raises RenderFailed."""
+    request = json.dumps({"source": source, "variables": dict(variables)}, default=str).encode()
+    env = {k: os.environ[k] for k in _CHILD_ENVIRONMENT if k in os.environ}
+    with _SLOTS:
+        try:
+            done = subprocess.run(  # noqa: S603 - our own interpreter and module, no shell
+                _CHILD_COMMAND, input=request, capture_output=True, timeout=RENDER_TIMEOUT_SECONDS, env=env, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise RenderFailed(
+                "limit", f"rendering took longer than {RENDER_TIMEOUT_SECONDS:g} s and was stopped (a loop over too much?)"
+            ) from None
+    try:
+        answer = json.loads(done.stdout) if done.stdout else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        if done.returncode < 0:
+            raise RenderFailed(
+                "limit",
+                f"the renderer was stopped by signal {-done.returncode} (more than {RENDER_TIMEOUT_SECONDS:g} s of CPU "
+                f"or {MEMORY_LIMIT_BYTES // 2**20} MiB of memory?)",
+            )
+        detail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        raise RenderFailed("error", f"the renderer failed (exit code {done.returncode}): {detail[0][:300]}")
+    if "error" in answer:
+        error = answer["error"]
+        raise RenderFailed(str(error.get("kind", "error")), str(error.get("message", "")), error.get("line"))
+    return str(answer["output"])

@@ -1,0 +1,110 @@
+"""The `simulated` provider: the adapter for sim.cloud's HTTP API.
+
+It is written exactly like a real provider adapter (httpx, activities.http.send, wire format
+translated once into Offer/Instance), so the lifecycle exercised by the demo and the tests
+is the one real clouds get.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from tgp.capabilities import ProviderCapabilities
+from tgp.errors import CapacityError, OfferRefused, TransientError
+from activities.http import DEFAULT_TIMEOUT, error_message, send
+from tgp.secrets import register_process
+from tgp.types import BootPayload, Instance, InstanceState, Offer
+
+_STATES = {
+    "pending": InstanceState.PENDING,
+    "running": InstanceState.RUNNING,
+    "failed": InstanceState.FAILED,
+    "terminated": InstanceState.TERMINATED,
+}
+
+
+class SimulatedProvider:
+    """CloudProvider over the simulated cloud at `base_url`."""
+
+    name = "simulated"
+    # Simulated machines read the container-style env payload and always "join".
+    capabilities = ProviderCapabilities(machine="vm", boot_payload="env", joins_as_node=True, spot=True)
+
+    def __init__(
+        self, base_url: str, *, api_key: SecretStr | None = None, client: httpx.AsyncClient | None = None, name: str = "simulated"
+    ) -> None:
+        self.name = name  # several simulated clouds can stand in for several providers
+        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
+        headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key else {}
+        self._client = client or httpx.AsyncClient(base_url=base_url, timeout=DEFAULT_TIMEOUT, headers=headers)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def list_offers(self) -> list[Offer]:
+        body = (await send(self._client, "GET", "/v1/offers", system="simulated cloud")).json()
+        return [self._offer(o) for o in body.get("offers") or []]
+
+    async def launch(self, offer: Offer, *, name: str, boot: BootPayload) -> Instance:
+        response = await send(
+            self._client,
+            "POST",
+            "/v1/instances",
+            system="simulated cloud",
+            json={"offerId": offer.offer_id, "name": name, "userData": boot.content},
+            # A create buys: never resent blindly after a 5xx or timeout (the caller looks it up).
+            idempotent=False,
+        )
+        if response.status_code == 409:
+            raise CapacityError(f"simulated cloud has no capacity for {offer.key}: {error_message(response)}")
+        if response.status_code >= 400:
+            # The offer id is unknown or was withdrawn: this offer is refused, the next may work.
+            raise OfferRefused(f"simulated cloud refused the launch of {offer.key}: {error_message(response)}")
+        return self._instance(response.json())
+
+    async def find_by_name(self, name: str) -> Instance | None:
+        found = await self.find_all_by_name(name)
+        return found[0] if found else None
+
+    async def find_all_by_name(self, name: str) -> list[Instance]:
+        response = await send(self._client, "GET", "/v1/instances", system="simulated cloud", params={"name": name})
+        return [self._instance(i) for i in response.json().get("instances") or []]
+
+    async def list_instances(self, prefix: str) -> list[Instance]:
+        response = await send(self._client, "GET", "/v1/instances", system="simulated cloud")
+        return [self._instance(i) for i in response.json().get("instances") or [] if str(i.get("name", "")).startswith(prefix)]
+
+    async def describe(self, instance_id: str) -> Instance | None:
+        response = await send(self._client, "GET", f"/v1/instances/{instance_id}", system="simulated cloud", ok=[404])
+        return None if response.status_code == 404 else self._instance(response.json())
+
+    async def terminate(self, instance_id: str) -> None:
+        response = await send(self._client, "DELETE", f"/v1/instances/{instance_id}", system="simulated cloud", ok=[404])
+        if response.status_code >= 400 and response.status_code != 404:
+            raise TransientError(f"simulated cloud could not terminate {instance_id}: {error_message(response)}")
+
+    def _offer(self, raw: dict[str, Any]) -> Offer:
+        return Offer(
+            provider=self.name,
+            offer_id=raw["id"],
+            gpu_type=raw["gpu"],
+            gpu_count=int(raw.get("gpuCount", 1)),
+            region=raw["region"],
+            hourly_price=Decimal(raw["pricePerHour"]),
+            spot=bool(raw.get("spot", False)),
+        )
+
+    def _instance(self, raw: dict[str, Any]) -> Instance:
+        return Instance(
+            provider=self.name,
+            instance_id=raw["id"],
+            name=raw["name"],
+            state=_STATES.get(raw.get("status", ""), InstanceState.PENDING),
+            offer_id=raw.get("offerId", ""),
+            hourly_price=Decimal(raw["pricePerHour"]) if raw.get("pricePerHour") else None,
+            interrupted=bool(raw.get("interrupted", False)),
+        )

@@ -1,0 +1,474 @@
+"""The `vastai` provider: Vast.ai's marketplace behind the `CloudProvider` port.
+
+Vast sells individual machines ("asks"): one Offer per ask, rented with `PUT /asks/{id}/`.
+What you get is an unprivileged Docker container by default, or a KVM VM when the class asks
+for one (`vm=True`: only VM-capable hosts are searched, the image must be `docker.io/vastai/kvm:*`).
+Only VMs can run a kubelet, so only they join as nodes.
+
+Wire format (reference/providers.md section 3), translated once here into Offer/Instance:
+    POST   /api/v0/bundles/ {field: {op: value}, type: ondemand|bid, order, limit, allocated_storage}
+                                 -> {"offers": [{id, gpu_name, num_gpus, geolocation, dph_total, min_bid, ...}]}
+    PUT    /api/v0/asks/{id}/ {client_id, image, disk, label, runtype, env, onstart, vm?, price?}
+                                 -> {"success": true, "new_contract": <instance id>}
+                                 |  404/410 no_such_ask (rented away) | low bid: an error that still
+                                    carries new_contract (the instance exists, stopped)
+    GET    /api/v0/instances/{id}/?owner=me -> {"instances": {...}} | {"instances": null} (gone)
+    GET    /api/v1/instances/?select_filters={"label": {"eq": name}} -> {instances, next_token}
+    DELETE /api/v0/instances/{id}/ -> {"success": true} | 404 (already gone)
+
+A refused rental is sorted by what it says: `no_such_ask` and a low bid -> CapacityError;
+billing -> PermissionDenied; `invalid_args` and `no_ssh_key_for_vm` (the body tgp built, the
+account's setup) -> ConfigError; a host-only ask (403 "Offer N is not your own") and any other
+refusal of this one ask -> OfferRefused, so the node fails over to the next offer.
+
+Vast enforces a minimum interval per endpoint and its 429 carries no Retry-After, so each
+endpoint has its own `MinInterval` and a 429 re-enters that pacing before retrying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import structlog
+from pydantic import SecretStr
+
+from tgp.capabilities import ProviderCapabilities
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
+from activities.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, HttpAdapter, OutcomeUnknown, backoff, retry_after_seconds, scrub, send
+from tgp.secrets import register_process
+from tgp.normalize import normalize_gpu, normalize_region
+from activities.clouds.ratelimit import MinInterval, Unlimited
+from tgp.types import BootPayload, Instance, InstanceState, Offer
+
+__all__ = [
+    "CONTAINER_CAPABILITIES",
+    "DEFAULT_BASE_URL",
+    "DEFAULT_CONTAINER_IMAGE",
+    "DEFAULT_VM_IMAGE",
+    "MIN_INTERVALS",
+    "VM_CAPABILITIES",
+    "VastProvider",
+    "instance_state",
+]
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_BASE_URL = "https://console.vast.ai/api/v0"
+SYSTEM = "Vast.ai"
+DEFAULT_CONTAINER_IMAGE = "nvidia/cuda:12.4.1-base-ubuntu22.04"
+# Vast VMs boot only from its own KVM images (guides/instances/virtual-machines).
+VM_IMAGE_PREFIX = "docker.io/vastai/kvm:"
+DEFAULT_VM_IMAGE = VM_IMAGE_PREFIX + "ubuntu_terminal"
+# Disk per instance; also sent as `allocated_storage` so dph_total includes its cost.
+DEFAULT_DISK_GB = 50
+# Enough rows for ranking without paying for Vast's (quota-limited) search rows.
+SEARCH_LIMIT = 100
+# The v1 instance list serves at most 25 rows per page.
+LIST_PAGE_SIZE = 25
+
+# Seconds between calls per endpoint. Vast's spec gives thresholds create 4.5, destroy 3.0,
+# show 2.0, manage 1.0 (and 5.5 for changing a bid, which tgp never does) without a unit;
+# read as seconds they are the safe side. Search has no published number.
+MIN_INTERVALS: Mapping[str, float] = {
+    "search": 1.0,
+    "create": 4.5,
+    "show": 2.0,
+    "list": 2.0,
+    "destroy": 3.0,
+}
+
+# Base filters every search carries (the official CLI adds the same four).
+_BASE_FILTERS: dict[str, Any] = {
+    "verified": {"eq": True},
+    "external": {"eq": False},
+    "rentable": {"eq": True},
+    "rented": {"eq": False},
+    "num_gpus": {"gte": 1},
+}
+
+CONTAINER_CAPABILITIES = ProviderCapabilities(
+    machine="container-or-vm",
+    boot_payload="onstart",
+    joins_as_node=False,
+    spot=True,
+    why_not_node=(
+        "Vast.ai instances are unprivileged Docker containers by default (no systemd, no kernel "
+        "modules, no nested containers), so they cannot run a kubelet; enable VMs for this class "
+        "to rent KVM virtual machines, which can"
+    ),
+)
+VM_CAPABILITIES = ProviderCapabilities(machine="container-or-vm", boot_payload="onstart", joins_as_node=True, spot=True)
+
+# actual_status -> state (providers.md section 5). No DEGRADED in tgp: a host that went
+# offline may come back, and the Node's readiness tells the rest.
+_STATES: Mapping[str | None, InstanceState] = {
+    None: InstanceState.PENDING,
+    "loading": InstanceState.PENDING,
+    "rebooting": InstanceState.PENDING,
+    "scheduling": InstanceState.PENDING,
+    "offline": InstanceState.PENDING,
+    "unknown": InstanceState.PENDING,
+    "running": InstanceState.RUNNING,
+    "exited": InstanceState.STOPPED,
+    "stopped": InstanceState.STOPPED,
+    "frozen": InstanceState.STOPPED,
+}
+# What Vast says when an ask was rented away or withdrawn.
+_GONE_ASK_MARKERS = ("no_such_ask", "not available", "no longer available")
+_BILLING_MARKERS = ("credit", "balance", "payment", "billing")
+# Refusals of what tgp sent or how the account is set up: wrong for every ask.
+_CONFIG_CODES = frozenset({"invalid_args", "no_ssh_key_for_vm"})
+
+Sleep = Callable[[float], Awaitable[object]]
+
+
+def instance_state(raw: Mapping[str, Any]) -> tuple[InstanceState, bool]:
+    """(state, interrupted) of one Vast instance row.
+
+    An interruptible instance whose cur_state, intended_status and next_state all read
+    "stopped" was outbid, or was created stopped because the bid was below the market: it is
+    STOPPED and interrupted whatever actual_status says (often still null).
+    """
+    if raw.get("is_bid") and raw.get("cur_state") == raw.get("intended_status") == raw.get("next_state") == "stopped":
+        return InstanceState.STOPPED, True
+    actual = raw.get("actual_status")
+    if actual == "created":
+        # Created but not started: a failure when the container runtime said so (dstack checks the same).
+        message = str(raw.get("status_msg") or "").lower()
+        return (InstanceState.FAILED if "error" in message or "failed" in message else InstanceState.PENDING), False
+    return _STATES.get(actual, InstanceState.PENDING), False
+
+
+class VastProvider(HttpAdapter):
+    """CloudProvider over Vast.ai. Containers by default; `vm=True` rents KVM VMs, which can
+    join the cluster. `spot=True` also lists interruptible (bid) offers at each ask's min_bid.
+
+    `sleep`, `clock` and `min_intervals` are seams for tests; `secret_ref` names where the key
+    came from, for the message of an AuthError.
+    """
+
+    name = "vastai"
+
+    def __init__(
+        self,
+        api_key: SecretStr,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        client: httpx.AsyncClient | None = None,
+        vm: bool = False,
+        image: str | None = None,
+        disk_gb: int = DEFAULT_DISK_GB,
+        spot: bool = True,
+        search_filters: Mapping[str, Any] | None = None,
+        min_intervals: Mapping[str, float] = MIN_INTERVALS,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        secret_ref: str = "the Vast.ai API key Secret",
+    ) -> None:
+        if not api_key.get_secret_value():
+            raise ConfigError(f"the Vast.ai API key is empty: set it in {secret_ref}")
+        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
+        self.vm = vm
+        self.image = image or (DEFAULT_VM_IMAGE if vm else DEFAULT_CONTAINER_IMAGE)
+        if vm and not self.image.startswith(VM_IMAGE_PREFIX):
+            raise ConfigError(f"Vast.ai VMs boot only from {VM_IMAGE_PREFIX}* images, not {self.image!r}")
+        self.capabilities = VM_CAPABILITIES if vm else CONTAINER_CAPABILITIES
+        self.disk_gb = disk_gb
+        self.spot = spot
+        self._filters = {**_BASE_FILTERS, **({"vms_enabled": {"eq": True}} if vm else {}), **(search_filters or {})}
+        self._v0 = base_url.rstrip("/")
+        # The instance list moved to /api/v1; everything else stays on /api/v0.
+        self._v1 = self._v0[: -len("/v0")] + "/v1" if self._v0.endswith("/v0") else self._v0
+        self._sleep = sleep
+        self._auth_message = (
+            f"Vast.ai rejected the API key: fix the key in {secret_ref} "
+            "(create one at https://cloud.vast.ai/manage-keys/)"
+        )
+        self._limiters: dict[str, MinInterval | Unlimited] = {
+            endpoint: MinInterval(interval, clock=clock, sleep=sleep) if interval > 0 else Unlimited()
+            for endpoint, interval in min_intervals.items()
+        }
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=DEFAULT_TIMEOUT,
+            headers={"Authorization": f"Bearer {api_key.get_secret_value()}", "User-Agent": "tgp"},
+        )
+
+    def __repr__(self) -> str:
+        return f"VastProvider(base_url={self._v0!r}, vm={self.vm})"
+
+    # --- CloudProvider -----------------------------------------------------------------
+
+    async def list_offers(self) -> list[Offer]:
+        """Rentable, verified, unrented asks: one on-demand Offer per ask at dph_total (which
+        includes the disk), and with `spot` one interruptible Offer per ask at its min_bid, the
+        bid launch will place (storage, under a cent per hour at the default disk, is billed
+        on top of a bid)."""
+        offers = [self._offer(row, spot=False) for row in await self._search("ondemand")]
+        if self.spot:
+            offers += [self._offer(row, spot=True) for row in await self._search("bid") if row.get("min_bid") is not None]
+        return [o for o in offers if o is not None]
+
+    async def launch(self, offer: Offer, *, name: str, boot: BootPayload) -> Instance:
+        """Rent ask `offer.offer_id` labelled `name`; a spot offer bids its hourly price.
+
+        CapacityError when the ask was rented away or the bid is below the market (the stopped
+        instance Vast creates anyway is destroyed); OfferRefused when Vast refuses this ask
+        for another reason (a host-only ask). A 5xx or timeout raises TransientError
+        without retrying: the instance may exist, and the caller looks it up by label.
+        """
+        body: dict[str, Any] = {
+            "client_id": "me",
+            "image": self.image,
+            "disk": self.disk_gb,
+            "label": name,
+            "cancel_unavail": True,  # fail now instead of queueing on a busy machine
+            **self._boot_fields(boot),
+        }
+        if self.vm:
+            body["vm"] = True
+        if offer.spot:
+            body["price"] = float(offer.hourly_price)
+        # On-demand and bid rentals are the same endpoint, so they share its pacing.
+        response = await self._call("create", "PUT", f"{self._v0}/asks/{offer.offer_id}/", create=True, ok=(403, 404, 410), json=body)
+        data = _json(response)
+        code, message = _vast_error(data)
+        message = scrub(message)  # an echo of the onstart script must not carry its tailnet key
+        contract = data.get("new_contract") if isinstance(data, dict) else None
+        if response.status_code < 300 and isinstance(data, dict) and data.get("success") and contract is not None:
+            return Instance(
+                provider=self.name,
+                instance_id=str(contract),
+                name=name,
+                state=InstanceState.PENDING,
+                offer_id=offer.offer_id,
+                hourly_price=offer.hourly_price,
+            )
+        if contract is not None:
+            # Vast created the instance (stopped) and still reported an error: a bid below the market.
+            destroyed = await self._destroy_quietly(str(contract))
+            raise CapacityError(
+                f"Vast.ai did not start ask {offer.offer_id} at a bid of ${offer.hourly_price}/h ({message or code}); "
+                f"the stopped instance {contract} "
+                + ("was destroyed" if destroyed else f"could not be destroyed yet and is released by label {name!r}")
+            )
+        if response.status_code in (404, 410) or _mentions(code, message, _GONE_ASK_MARKERS):
+            raise CapacityError(f"Vast.ai ask {offer.offer_id} is no longer available (rented away): {message or code}")
+        if offer.spot and code == "invalid_price":
+            # The ask's min_bid rose since the offer was listed: this price is gone, try the next offer.
+            raise CapacityError(f"Vast.ai refused a bid of ${offer.hourly_price}/h for ask {offer.offer_id}: {message or code}")
+        if response.status_code == 402 or _mentions(code, message, _BILLING_MARKERS):
+            raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} for billing reasons ({message or code}): add credit to the Vast.ai account")
+        if response.status_code == 403 and "not your own" not in message.lower():
+            # Not the documented host-only answer: the key may not rent at all.
+            raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} (403): {message or code or 'no reason given'}")
+        if code in _CONFIG_CODES:
+            raise ConfigError(f"Vast.ai rejected the launch of ask {offer.offer_id} ({response.status_code} {code}): {message or 'no reason given'}")
+        raise OfferRefused(f"Vast.ai refused ask {offer.offer_id} ({response.status_code}): {message or code or 'no reason given'}")
+
+    async def find_by_name(self, name: str) -> Instance | None:
+        """The instance labelled `name`, from the v1 instance list filtered by label."""
+        found = await self.find_all_by_name(name)
+        return found[0] if found else None
+
+    async def find_all_by_name(self, name: str) -> list[Instance]:
+        """Every instance labelled `name` (labels are not unique), every page."""
+        params: dict[str, str | int] = {"select_filters": json.dumps({"label": {"eq": name}}), "limit": LIST_PAGE_SIZE}
+        found: list[Instance] = []
+        while True:
+            data = _json(await self._call("list", "GET", f"{self._v1}/instances/", params=params))
+            found += [self._instance(raw) for raw in data.get("instances") or [] if raw.get("label") == name]
+            token = data.get("next_token")
+            if not token:
+                return found
+            params["after_token"] = token
+
+    async def list_instances(self, prefix: str) -> list[Instance]:
+        """Every instance whose label starts with `prefix`, from the v1 instance list."""
+        params: dict[str, str | int] = {"limit": LIST_PAGE_SIZE}
+        found: list[Instance] = []
+        while True:
+            data = _json(await self._call("list", "GET", f"{self._v1}/instances/", params=params))
+            found += [self._instance(raw) for raw in data.get("instances") or [] if str(raw.get("label") or "").startswith(prefix)]
+            token = data.get("next_token")
+            if not token:
+                return found
+            params["after_token"] = token
+
+    async def describe(self, instance_id: str) -> Instance | None:
+        """Current state; None for `{"instances": null}` or 404 (destroyed or unknown)."""
+        response = await self._call("show", "GET", f"{self._v0}/instances/{instance_id}/", ok=(404,), params={"owner": "me"})
+        if response.status_code == 404:
+            return None
+        raw = _json(response).get("instances")
+        if isinstance(raw, list):  # some answers wrap the one row in a list
+            raw = raw[0] if raw else None
+        return self._instance(raw) if raw else None
+
+    async def terminate(self, instance_id: str) -> None:
+        """Destroy the instance; one already gone (404, no_such_instance) counts as destroyed."""
+        response = await self._call("destroy", "DELETE", f"{self._v0}/instances/{instance_id}/", ok=(400, 404))
+        if response.status_code < 300 or response.status_code == 404:
+            return
+        code, message = _vast_error(_json(response))
+        if _mentions(code, message, ("no_such_instance", "not_found", "not found")):
+            return
+        raise TransientError(f"Vast.ai could not destroy instance {instance_id} ({response.status_code}): {message or code}")
+
+    # --- wire format -------------------------------------------------------------------
+
+    async def _search(self, kind: str) -> list[dict[str, Any]]:
+        body = {
+            **self._filters,
+            "type": kind,
+            "order": [["dph_total", "asc"]],
+            "limit": SEARCH_LIMIT,
+            "allocated_storage": self.disk_gb,
+        }
+        response = await self._call("search", "POST", f"{self._v0}/bundles/", ok=(404,), json=body)
+        if response.status_code == 404:
+            # The offer search answers 404 rather than 401 to an invalid key.
+            raise AuthError(self._auth_message + " (the offer search answered 404, which is how it reports a bad key)")
+        if response.status_code >= 400:
+            code, message = _vast_error(_json(response))
+            raise ConfigError(f"Vast.ai rejected the offer search ({response.status_code}): {message or code}")
+        rows = _json(response).get("offers") or []
+        # The filters already say so; a row that slips through would only fail at launch.
+        return [r for r in rows if r.get("rentable", True) and not r.get("rented", False)]
+
+    def _offer(self, raw: Mapping[str, Any], *, spot: bool) -> Offer | None:
+        price = raw.get("min_bid") if spot else raw.get("dph_total")
+        if price is None or raw.get("id") is None:
+            return None
+        return Offer(
+            provider=self.name,
+            offer_id=str(raw["id"]),
+            gpu_type=normalize_gpu(str(raw.get("gpu_name") or "unknown")),
+            gpu_count=int(raw.get("num_gpus") or 1),
+            region=normalize_region(str(raw.get("geolocation") or "unknown")),
+            hourly_price=_decimal(price),
+            spot=spot,
+        )
+
+    def _instance(self, raw: Mapping[str, Any]) -> Instance:
+        state, interrupted = instance_state(raw)
+        price = raw.get("dph_total")
+        return Instance(
+            provider=self.name,
+            instance_id=str(raw["id"]),
+            name=str(raw.get("label") or ""),
+            state=state,
+            hourly_price=_decimal(price) if price is not None else None,
+            interrupted=interrupted,
+        )
+
+    def _boot_fields(self, boot: BootPayload) -> dict[str, Any]:
+        """`onstart` runs a script under Vast's SSH launch mode (the only mode VMs have); `env`
+        keeps the image's own entrypoint and hands it KEY=VALUE variables."""
+        if boot.kind == "onstart":
+            return {"runtype": "ssh", "onstart": boot.content, "env": {}}
+        if boot.kind == "env":
+            if self.vm:
+                raise ConfigError("Vast.ai VMs run only in SSH launch mode: use an onstart boot payload")
+            env = {}
+            for line in boot.content.splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip():
+                    env[key.strip()] = value.strip()
+            return {"runtype": "args", "env": env}
+        raise ConfigError(f"Vast.ai takes an onstart or env boot payload, not {boot.kind!r}")
+
+    async def _destroy_quietly(self, instance_id: str) -> bool:
+        try:
+            await self.terminate(instance_id)
+        except TgpError as exc:
+            # The workflow's cleanup finds it again by label; say so rather than fail the launch twice.
+            log.warning("vast_destroy_failed", instance_id=instance_id, error=str(exc))
+            return False
+        return True
+
+    # --- transport ---------------------------------------------------------------------
+
+    async def _call(
+        self,
+        endpoint: str,
+        method: str,
+        url: str,
+        *,
+        ok: Iterable[int] = (),
+        create: bool = False,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """One request, paced per endpoint. A 429 re-enters the endpoint's pacing before the
+        retry (Vast sends no Retry-After), so it is retried here rather than in `send`. A
+        create is never retried after a 5xx or timeout: it may have bought the instance."""
+        limiter = self._limiters.get(endpoint) or Unlimited()
+        accepted = set(ok) | {429}
+        last: TransientError | None = None
+        for attempt in range(1, IN_CALL_ATTEMPTS + 1):
+            async with limiter:
+                try:
+                    response = await send(
+                        self._client,
+                        method,
+                        url,
+                        system=SYSTEM,
+                        ok=accepted,
+                        idempotent=not create,
+                        sleep=self._sleep,
+                        **kwargs,
+                    )
+                except AuthError:
+                    raise AuthError(self._auth_message) from None
+                except OutcomeUnknown as exc:
+                    raise TransientError(
+                        f"{exc}; the instance may exist: look it up by label before retrying", retry_after=exc.retry_after
+                    ) from None
+            status = response.status_code
+            if status != 429 or 429 in set(ok):
+                return response
+            retry_after = retry_after_seconds(response)
+            last = TransientError(
+                f"Vast.ai rate-limited {method} {httpx.URL(url).path} (429): {response.text[:200]}", retry_after=retry_after
+            )
+            wait = retry_after if retry_after is not None else backoff(attempt)
+            if wait > MAX_IN_CALL_WAIT:
+                break
+            if attempt < IN_CALL_ATTEMPTS:
+                await self._sleep(wait)
+        assert last is not None
+        raise last
+
+
+def _json(response: httpx.Response) -> Any:
+    """The body with exact decimals (prices are dollars per hour); {} when it is not JSON."""
+    try:
+        return json.loads(response.content or b"null", parse_float=Decimal) or {}
+    except ValueError:
+        if response.status_code < 300:
+            raise TransientError(f"Vast.ai answered {response.status_code} with a body that is not JSON") from None
+        return {"msg": response.text[:300]}
+
+
+def _vast_error(body: Any) -> tuple[str, str]:
+    """(code, message) of Vast's loosely shaped errors: {success, error, msg} or just msg/message."""
+    if not isinstance(body, dict):
+        return "", str(body)[:300] if body else ""
+    code = body.get("error")
+    message = body.get("msg") or body.get("message") or ""
+    return (str(code) if code and not isinstance(code, bool) else ""), str(message)[:300]
+
+
+def _mentions(code: str, message: str, markers: Iterable[str]) -> bool:
+    text = f"{code} {message}".lower()
+    return any(marker in text for marker in markers)
+
+
+def _decimal(value: Any) -> Decimal:
+    return value if isinstance(value, Decimal) else Decimal(str(value))

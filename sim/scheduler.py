@@ -1,0 +1,216 @@
+"""The living parts of a simulated cluster, like KWOK: a scheduler and a kubelet stand-in that
+talk to the Kubernetes API over plain HTTP (the emulator, for the demo and the tests).
+
+Scheduler: binds each pending pod to a Ready, schedulable Node whose labels meet the pod's
+nodeSelector and required node affinity, whose NoSchedule/NoExecute taints the pod tolerates,
+and whose free `nvidia.com/gpu` (allocatable minus what bound, unfinished pods request) covers
+the pod's request. A pod no Node fits is marked `PodScheduled=False, reason=Unschedulable`, as
+the real scheduler does, which is what the bridge reads as demand.
+
+Kubelet: a bound pod starts Running at once. A pod annotated `tgp.io/sim-run-seconds: "N"`
+completes (`Succeeded`) N seconds after it started; without it, it runs until deleted. A pod
+being deleted stays Terminating for its grace period (the emulator's graceful deletion).
+
+Simplifications, on purpose: no CPU/memory accounting, no preferred affinity or pod
+(anti-)affinity, no preemption; one pass every `interval`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+import structlog
+
+from tgp.types import GPU_RESOURCE
+
+log = structlog.get_logger("sim.scheduler")
+
+RUN_SECONDS_ANNOTATION = "tgp.io/sim-run-seconds"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+
+Obj = Mapping[str, Any]
+
+
+def _gpus(pod: Obj) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        values = [(res.get(k) or {}).get(GPU_RESOURCE) for k in ("requests", "limits")]
+        try:
+            total += max((int(str(v)) for v in values if v is not None), default=0)
+        except ValueError:
+            return -1  # a quantity no node can satisfy
+    return total
+
+
+def _ready(node: Obj) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _requirement(labels: Mapping[str, str], req: Obj) -> bool:
+    key, op, values = req.get("key"), req.get("operator"), [str(v) for v in req.get("values") or []]
+    value = labels.get(str(key))
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+        except ValueError:
+            return False
+    return False
+
+
+def _tolerates(tolerations: list[Obj], taint: Obj) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def fits(pod: Obj, node: Obj, free_gpus: int) -> str | None:
+    """Why `pod` cannot run on `node` now, or None when it can."""
+    spec, labels = pod.get("spec") or {}, (node.get("metadata") or {}).get("labels") or {}
+    if not _ready(node) or (node.get("spec") or {}).get("unschedulable"):
+        return "node not ready or cordoned"
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return "node selector"
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if terms and not any(all(_requirement(labels, r) for r in t.get("matchExpressions") or []) for t in terms):
+        return "node affinity"
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(spec.get("tolerations") or [], taint):
+            return f"untolerated taint {taint.get('key')}"
+    wanted = _gpus(pod)
+    if wanted < 0 or wanted > free_gpus:
+        return "insufficient nvidia.com/gpu"
+    return None
+
+
+class SimScheduler:
+    """`async with SimScheduler(api_url):` binds, runs and completes pods until the block ends."""
+
+    def __init__(self, api_url: str, *, interval: float = 0.5, client: httpx.AsyncClient | None = None) -> None:
+        self._http = client or httpx.AsyncClient(base_url=api_url.rstrip("/"), timeout=10)
+        self._owns = client is None
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> SimScheduler:
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._owns:
+            await self._http.aclose()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except (httpx.HTTPError, ValueError) as exc:  # the API is restarting: next pass
+                log.info("sim_scheduler_pass_failed", error=str(exc))
+            await asyncio.sleep(self.interval)
+
+    async def step(self) -> None:
+        """One pass: complete finished pods, start bound ones, bind pending ones."""
+        nodes = (await self._http.get("/api/v1/nodes")).json().get("items") or []
+        pods = (await self._http.get("/api/v1/pods")).json().get("items") or []
+        used: dict[str, int] = {}
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                used[node] = used.get(node, 0) + max(_gpus(pod), 0)
+        now = datetime.now(timezone.utc)
+        for pod in pods:
+            meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+            if meta.get("deletionTimestamp"):
+                continue  # Terminating: the emulator removes it after its grace period
+            if spec.get("nodeName"):
+                await self._kubelet(pod, now)
+                continue
+            free = {n["metadata"]["name"]: _allocatable(n) - used.get(n["metadata"]["name"], 0) for n in nodes}
+            reasons = {n["metadata"]["name"]: fits(pod, n, free[n["metadata"]["name"]]) for n in nodes}
+            fitting = sorted(name for name, why in reasons.items() if why is None)
+            if fitting:
+                await self._bind(pod, fitting[0], now)
+                used[fitting[0]] = used.get(fitting[0], 0) + max(_gpus(pod), 0)
+            else:
+                await self._unschedulable(pod, reasons)
+
+    async def _bind(self, pod: Obj, node: str, now: datetime) -> None:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        await self._http.patch(path, json={"spec": {"nodeName": node}}, headers=MERGE)
+        status = {"phase": "Running", "startTime": _ts(now), "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
+        await self._http.patch(f"{path}/status", json={"status": status}, headers=MERGE)
+        log.info("sim_pod_bound", pod=f"{meta['namespace']}/{meta['name']}", node=node)
+
+    async def _unschedulable(self, pod: Obj, reasons: Mapping[str, str | None]) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        counts: dict[str, int] = {}
+        for why in reasons.values():
+            if why:
+                counts[why] = counts.get(why, 0) + 1
+        message = f"0/{len(reasons)} nodes are available" + "".join(f", {n} {why}" for why, n in sorted(counts.items()))
+        current = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+        if current and current.get("reason") == "Unschedulable" and current.get("message") == message:
+            return
+        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        await self._http.patch(path, json={"status": {"phase": "Pending", "conditions": [condition]}}, headers=MERGE)
+
+    async def _kubelet(self, pod: Obj, now: datetime) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        if status.get("phase") in (None, "", "Pending"):
+            started = {"phase": "Running", "startTime": _ts(now), "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
+            await self._http.patch(path, json={"status": started}, headers=MERGE)
+            return
+        seconds = (meta.get("annotations") or {}).get(RUN_SECONDS_ANNOTATION)
+        if status.get("phase") != "Running" or seconds is None or not status.get("startTime"):
+            return
+        try:
+            due = datetime.fromisoformat(str(status["startTime"]).replace("Z", "+00:00")).timestamp() + float(seconds)
+        except ValueError:
+            return
+        if now.timestamp() >= due:
+            done = {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}]}
+            await self._http.patch(path, json={"status": done}, headers=MERGE)
+            log.info("sim_pod_completed", pod=f"{meta['namespace']}/{meta['name']}")
+
+
+def _allocatable(node: Obj) -> int:
+    status = node.get("status") or {}
+    value = (status.get("allocatable") or {}).get(GPU_RESOURCE) or (status.get("capacity") or {}).get(GPU_RESOURCE) or 0
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def _ts(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,255 @@
+"""`tgp` command line.
+
+Processes: `worker`, `bridge`, `codec-server`. Operator verbs: `offers`, `plan`, `status`,
+`evict`, `temporal setup`. Plugins add commands through the `tgp.commands` entry points: the
+simulated world (`sim/`, the tgp-sim distribution a clone installs) adds `demo` and `dev`.
+
+Exit status: 0 done; 2 the input or the environment is wrong, and the one-line message says
+what to fix; 1 an unexpected error (a traceback follows: please report it); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import traceback
+from contextlib import AsyncExitStack
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, NoReturn
+
+from tgp.errors import ConfigError, TgpError
+from tgp.types import DEFAULT_TASK_QUEUE
+from workers.logs import configure_logging
+
+if TYPE_CHECKING:
+    from workers.temporal import TemporalSettings
+
+# Entry points of this group add commands: each is called with the subparsers object, adds its
+# parsers and sets `run` (an `async (args) -> int`) as their default.
+COMMANDS_GROUP = "tgp.commands"
+# Commands whose process ends without interpreter teardown (they hold Temporal clients).
+_HARD_EXIT = {"worker", "bridge", "status", "evict", "temporal", "demo", "dev"}
+
+
+def _temporal_flags(parser: argparse.ArgumentParser) -> None:
+    """Connection flags; each overrides the temporal CLI's variable of the same meaning."""
+    group = parser.add_argument_group("Temporal connection (flags override the environment; see docs/security.md)")
+    group.add_argument("--address", help="Temporal frontend host:port (env TEMPORAL_ADDRESS, default localhost:7233)")
+    group.add_argument("--namespace", help="Temporal namespace (env TEMPORAL_NAMESPACE, default default)")
+    group.add_argument(
+        "--tls", action=argparse.BooleanOptionalAction, default=None,
+        help="TLS with the system CAs (env TEMPORAL_TLS); on by itself when any --tls-* option or an API key is set",
+    )
+    group.add_argument("--tls-cert-path", help="client certificate for mutual TLS, PEM (env TEMPORAL_TLS_CLIENT_CERT_PATH)")
+    group.add_argument("--tls-key-path", help="its private key, PEM (env TEMPORAL_TLS_CLIENT_KEY_PATH)")
+    group.add_argument("--tls-ca-path", help="CA that signed the server's certificate, PEM (env TEMPORAL_TLS_SERVER_CA_CERT_PATH)")
+    group.add_argument("--tls-server-name", help="name to expect in the server's certificate (env TEMPORAL_TLS_SERVER_NAME)")
+    group.add_argument("--api-key", help="API key, e.g. Temporal Cloud's; prefer env TEMPORAL_API_KEY (a flag shows in `ps`)")
+    parser.add_argument(
+        "--task-queue", default=os.environ.get("TGP_TASK_QUEUE", DEFAULT_TASK_QUEUE), help="task queue (env TGP_TASK_QUEUE)"
+    )
+
+
+def _temporal_settings(args: argparse.Namespace) -> TemporalSettings:
+    from workers.temporal import TemporalSettings
+
+    flags = ("address", "namespace", "tls", "tls_cert_path", "tls_key_path", "tls_ca_path", "tls_server_name", "api_key")
+    return TemporalSettings.from_env(os.environ, **{name: getattr(args, name) for name in flags})
+
+
+async def run_worker(args: argparse.Namespace) -> None:
+    from activities.metrics import METRICS_PORT_ENV, WORKER_METRICS_PORT, metrics_port, sdk_metrics
+    from workers.temporal import connect, ensure_search_attributes
+    from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker
+    from workers.metrics import start_worker_metrics
+
+    settings = _temporal_settings(args)
+    port = metrics_port(os.environ, WORKER_METRICS_PORT)
+    sdk = sdk_metrics("tgp-worker") if port is not None else None
+    client = await connect(settings, runtime=sdk.runtime if sdk else None)
+    await ensure_search_attributes(client)
+    await ensure_sweeper_schedule(client, args.task_queue)
+    async with AsyncExitStack() as stack:
+        activities = await build_activities(WorkerConfig.from_env(), stack)
+        if port is not None and await start_worker_metrics(
+            client, stack, port=port, unavailable=lambda: len(activities.node.unavailable.keys()), forward=sdk.url if sdk else None
+        ):
+            print(f"tgp worker metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
+        worker = make_worker(client, activities, task_queue=args.task_queue)
+        print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
+        await worker.run()
+
+
+async def run_bridge(args: argparse.Namespace) -> None:
+    from activities.kube.cluster import KubernetesCluster
+    from crd_bridge.bridge import Bridge
+    from activities.metrics import BRIDGE_METRICS_PORT, METRICS_PORT_ENV, metrics_port, sdk_metrics, serve_metrics_or_log
+    from workers.temporal import connect
+
+    settings = _temporal_settings(args)
+    kube_url = os.environ.get("TGP_KUBE_URL")
+    async with KubernetesCluster.from_url(kube_url) if kube_url else KubernetesCluster.from_kubeconfig(os.environ.get("KUBECONFIG")) as cluster:
+        # Unusable credentials are one line, before anything else is started or printed.
+        await cluster._client()
+        port = metrics_port(os.environ, BRIDGE_METRICS_PORT)
+        sdk = sdk_metrics("tgp-bridge") if port is not None else None
+        client = await connect(settings, runtime=sdk.runtime if sdk else None)
+        served = await serve_metrics_or_log(port, forward=sdk.url if sdk else None) if port is not None else None  # until the process ends
+        if served is not None:
+            print(f"tgp bridge metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
+        print(f"tgp bridge watching GPUNodeClasses, GPUNodePools, pods and nodes; signalling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
+        await Bridge(client, cluster, task_queue=args.task_queue).run()
+
+
+async def run_ops(args: argparse.Namespace) -> int:
+    """`tgp plan`, `tgp status`, `tgp evict`, `tgp temporal setup`."""
+    from workers import ops
+
+    if args.command == "plan":
+        print(await ops.plan(args.pool, limit=args.limit))
+        return 0
+    from workers.temporal import connect, ensure_search_attributes
+
+    settings = _temporal_settings(args)
+    client = await connect(settings)
+    if args.command == "status":
+        print(await ops.status(client))
+    elif args.command == "evict":
+        print(await ops.evict(client, args.node, args.reason))
+    else:
+        await ensure_search_attributes(client)
+        print(f"tgp's search attributes are registered on {settings.describe()}")
+    return 0
+
+
+async def run_codec_server(args: argparse.Namespace) -> None:
+    from workers import codec as payload_codec
+
+    codec = payload_codec.EncryptionCodec.from_env()
+    if codec is None:
+        raise ConfigError(
+            f"set {payload_codec.PAYLOAD_KEYS_ENV} (the worker's keys) for the codec server to decrypt with; see docs/security.md"
+        )
+    await payload_codec.run_codec_server(
+        codec,
+        host=args.host,
+        port=args.port,
+        token=payload_codec.codec_token_from_env(),
+        cors_origins=args.cors_origin or [payload_codec.DEFAULT_UI_ORIGIN],
+        allowed_hosts=args.allowed_host,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tgp", description="Ephemeral GPU nodes for Kubernetes, run as Temporal workflows.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    worker = sub.add_parser("worker", help="run a worker hosting tgp's workflows and activities")
+    _temporal_flags(worker)
+
+    bridge = sub.add_parser("bridge", help="watch GPUNodeClass/GPUNodePool/pods/nodes and drive the workflows")
+    _temporal_flags(bridge)
+
+    offers = sub.add_parser("offers", help="live, price-sorted offers across the configured providers")
+    from workers.offers_cli import add_arguments
+
+    add_arguments(offers)
+
+    plan = sub.add_parser("plan", help="dry run for a GPUNodePool: the offer a new node would get and why each other was not chosen")
+    plan.add_argument("pool", help="the GPUNodePool, NAMESPACE/NAME (or NAME in default)")
+    plan.add_argument("--limit", type=int, default=20, help="offers to list besides the chosen one")
+
+    status = sub.add_parser("status", help="running GPU nodes by pool: phase, provider, $/h, age, cost so far")
+    _temporal_flags(status)
+
+    evict = sub.add_parser("evict", help="drain and terminate a GPU node now (the `evict` signal)")
+    evict.add_argument("node", help="the Node name")
+    evict.add_argument("--reason", default="manual", help="recorded as the node's end reason")
+    _temporal_flags(evict)
+
+    temporal = sub.add_parser("temporal", help="Temporal housekeeping")
+    temporal_sub = temporal.add_subparsers(dest="temporal_command", required=True)
+    setup = temporal_sub.add_parser("setup", help="register tgp's search attributes on the namespace (once per namespace)")
+    _temporal_flags(setup)
+
+    for command in entry_points(group=COMMANDS_GROUP):
+        command.load()(sub)
+
+    codec = sub.add_parser(
+        "codec-server", help="decrypt payloads for the Web UI and `temporal --codec-endpoint` (keys: TGP_PAYLOAD_KEYS)"
+    )
+    codec.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback only with TGP_CODEC_TOKEN)")
+    codec.add_argument("--port", type=int, default=8081, help="port to listen on")
+    codec.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="Web UI origin allowed to call it, repeatable (default http://localhost:8233, the dev server's UI)",
+    )
+    codec.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients use to reach it (the Host header), repeatable; loopback names and --host always "
+        "work, others are refused (DNS rebinding); needs TGP_CODEC_TOKEN",
+    )
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("demo", "dev") and argv[0] not in sub.choices:
+        print(
+            f"tgp: `tgp {argv[0]}` runs on the simulated world, which production installs do not carry: "
+            "run `make demo` in a clone of tgp (it installs sim/ as tgp-sim)",
+            file=sys.stderr,
+        )
+        return 2
+    args = parser.parse_args(argv)
+    configure_logging()
+    if args.command in _HARD_EXIT:
+        _exit_without_finalizing(_run(args))
+    return _run(args)
+
+
+def _exit_without_finalizing(code: int) -> NoReturn:
+    """End a process that used a Temporal client without interpreter teardown: the SDK's Rust
+    threads can outlive the event loop and abort the process during finalization ("Fatal
+    Python error: PyGILState_Release", temporalio/sdk-python#300), printing a dump after the
+    one-line error and turning exit status 2 into 134."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        if hasattr(args, "run"):  # a command of a plugin (COMMANDS_GROUP)
+            return asyncio.run(args.run(args))
+        if args.command == "worker":
+            asyncio.run(run_worker(args))
+        elif args.command == "offers":
+            from workers.offers_cli import run_offers
+
+            return asyncio.run(run_offers(args))
+        elif args.command == "bridge":
+            asyncio.run(run_bridge(args))
+        elif args.command in ("plan", "status", "evict", "temporal"):
+            return asyncio.run(run_ops(args))
+        elif args.command == "codec-server":
+            asyncio.run(run_codec_server(args))
+    except TgpError as exc:
+        print(f"tgp: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
