@@ -32,7 +32,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from tgp.errors import ConfigError
 
-log = structlog.get_logger("activities.metrics")
+log = structlog.get_logger("tgp.metrics")
 
 METRICS_PORT_ENV = "TGP_METRICS_PORT"
 # Distinct defaults, so a worker and a bridge on one machine do not collide; in Kubernetes each

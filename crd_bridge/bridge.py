@@ -24,11 +24,10 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.cluster import CustomResource, KubernetesCluster
-from activities.fleet import FINALIZER
 from crd_bridge.informer import Informer, Obj, object_key
 from crd_bridge.metrics import OBJECTS_SKIPPED
 from tgp.conditions import condition_list
-from tgp.crds import GROUP, VERSION, DisruptionBounds, GPUNodeClass, GPUNodePool
+from tgp.crds import FINALIZER, GROUP, VERSION, DisruptionBounds, GPUNodeClass, GPUNodePool
 from tgp.errors import TgpError
 from tgp.demand import BATCH_IDLE, BATCH_MAX, Batch, PendingPod, PoolCandidate, UnreadablePod, assign_pods, gpu_request, pending_gpu_pod
 from tgp.messages import ClassInput, ClassUpdate, Demand, PoolUpdate, class_workflow_id, pool_workflow_id

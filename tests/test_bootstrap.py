@@ -35,7 +35,7 @@ from activities.boot.render import (
     template_variables,
     translate_go_placeholders,
 )
-from activities.fleet import FleetActivities, ValidateClassInput
+from activities.node_class import NodeClassActivities, ValidateClassInput
 from activities.boot.sandbox import RENDER_TIMEOUT_SECONDS, UnsafeValue, kubelet_labels, shell_quote, systemd_quote, to_json, yaml_quote
 from tests.hostile import HOSTILE_VALUES
 from tgp.crds import MAX_TEMPLATE_LENGTH, GPUNodeClassSpec
@@ -639,7 +639,7 @@ async def test_class_validation_does_not_block_the_event_loop() -> None:
     """validate_class used to render on the worker's event loop: 10 million empty loop
     iterations stalled every other activity, heartbeat and poll for seconds (and a bigger
     loop, for good). Now the check runs in a thread and the render in a bounded child."""
-    fleet = FleetActivities(cluster=None, providers={})  # type: ignore[arg-type]  # no Secret is read
+    fleet = NodeClassActivities(cluster=None, providers={})  # type: ignore[arg-type]  # no Secret is read
     spec = GPUNodeClassSpec.model_validate(
         {
             "providers": [{"name": "simulated"}],

@@ -33,7 +33,7 @@ from tgp.demand import Batch
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
 from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER
-from workflows.node import NodeWorkflowInput
+from tgp.node import NodeWorkflowInput
 from workers.main import WorkerConfig, build_activities, make_worker
 
 # On the emulator the tests play the scheduler (bind) and the kubelet (pod phase); on a real

@@ -19,7 +19,7 @@ from activities.boot.render import (
     render_boot_payload,
     shipped_template,
 )
-from activities.fleet import FleetActivities, ValidateClassInput
+from activities.node_class import NodeClassActivities, ValidateClassInput
 from activities.clouds.lambdalabs import LambdaProvider
 from activities.clouds.paperspace import PaperspaceProvider
 from activities.clouds.vastai import VastProvider
@@ -38,7 +38,7 @@ def spec(*providers: str, **fields: Any) -> GPUNodeClassSpec:
     return GPUNodeClassSpec.model_validate({"providers": [{"name": p} for p in providers], **fields})
 
 
-async def validate(fleet: FleetActivities, klass: GPUNodeClassSpec) -> list[str]:
+async def validate(fleet: NodeClassActivities, klass: GPUNodeClassSpec) -> list[str]:
     return await fleet.validate_class(ValidateClassInput(name="c", spec=klass))
 
 
@@ -51,12 +51,12 @@ async def fleet() -> Any:
         "paperspace": PaperspaceProvider(KEY),
         "vastai": VastProvider(KEY, vm=True),
     }
-    yield FleetActivities(cluster=None, providers=providers)  # type: ignore[arg-type]
+    yield NodeClassActivities(cluster=None, providers=providers)  # type: ignore[arg-type]
     for p in providers.values():
         await p.aclose()
 
 
-async def test_the_default_ubuntu_path_needs_a_kubernetes_version_and_join_material(fleet: FleetActivities) -> None:
+async def test_the_default_ubuntu_path_needs_a_kubernetes_version_and_join_material(fleet: NodeClassActivities) -> None:
     """Lambda boots cloud-init: without a template, the shipped Ubuntu one, which needs
     KubernetesVersion (and the join Secret). Such a class used to be Ready while every node
     failed at launch."""
@@ -67,24 +67,24 @@ async def test_the_default_ubuntu_path_needs_a_kubernetes_version_and_join_mater
     assert await validate(fleet, spec("lambdalabs", kubernetesVersion="1.34.1", joinSecretRef="cluster-join")) == []
 
 
-async def test_a_class_template_is_checked_with_the_class_settings(fleet: FleetActivities) -> None:
+async def test_a_class_template_is_checked_with_the_class_settings(fleet: NodeClassActivities) -> None:
     template = "#cloud-config\nruncmd:\n  - [echo, {{ KubernetesVersion | quote }}, {{ NodeName | quote }}]\n"
     [problem] = await validate(fleet, spec("lambdalabs", bootstrapTemplate=template))
     assert problem.startswith("bootstrapTemplate: ") and "'KubernetesVersion' is not defined (set kubernetesVersion" in problem
     assert await validate(fleet, spec("lambdalabs", bootstrapTemplate=template, kubernetesVersion="v1.34.1")) == []
 
 
-async def test_a_payload_kind_without_a_shipped_default_needs_a_template(fleet: FleetActivities) -> None:
+async def test_a_payload_kind_without_a_shipped_default_needs_a_template(fleet: NodeClassActivities) -> None:
     [problem] = await validate(fleet, spec("paperspace"))
     assert problem.startswith("bootstrapTemplate: provider paperspace boots with a startup-script payload"), problem
     assert await validate(fleet, spec("paperspace", bootstrapTemplate=ONSTART)) == []
 
 
-async def test_a_vast_vm_class_is_validated_against_the_vm_adapter(fleet: FleetActivities) -> None:
+async def test_a_vast_vm_class_is_validated_against_the_vm_adapter(fleet: NodeClassActivities) -> None:
     """VAST_VM=true: the worker's Vast.ai adapter rents VMs, which join as nodes. Validation
     used the table's container entry, so such a class could never be Ready."""
     assert await validate(fleet, spec("vastai", bootstrapTemplate=ONSTART)) == []
-    containers = FleetActivities(cluster=None, providers={"vastai": VastProvider(KEY)})  # type: ignore[arg-type]
+    containers = NodeClassActivities(cluster=None, providers={"vastai": VastProvider(KEY)})  # type: ignore[arg-type]
     problems = await validate(containers, spec("vastai", bootstrapTemplate=ONSTART))
     assert any("cannot become a Kubernetes node" in p for p in problems), problems
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -41,7 +42,7 @@ async def test_capacity_error_on_the_cheapest_provider_fails_over_and_the_next_n
         activities = NodeActivities(providers=providers, tailnets=adapters.node.tailnets, cluster=adapters.node.cluster, poll_interval=timedelta(seconds=0.1))
         queue = f"failover-{uuid.uuid4().hex[:6]}"
         await stack.enter_async_context(
-            make_worker(temporal.client, type(adapters)(node=activities, fleet=adapters.fleet, sweeper=adapters.sweeper), task_queue=queue)
+            make_worker(temporal.client, dataclasses.replace(adapters, node=activities), task_queue=queue)
         )
         requirements = OfferRequirements(gpu_types=["RTX4090"], providers=["alpha", "beta"])
 

@@ -33,7 +33,8 @@ from tgp.types import (
     OfferRequirements,
     Taint,
 )
-from workflows.node import GPUNodeWorkflow, NodeWorkflowInput
+from tgp.node import NodeWorkflowInput
+from workflows.node import GPUNodeWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 

@@ -32,6 +32,8 @@ from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, Taint
 
 GROUP = "tgp.io"
 VERSION = "v1"
+# On every GPUNodePool: Kubernetes deletes the pool only once its nodes are terminated.
+FINALIZER = "tgp.io/nodes-terminated"
 PROVIDER_NAMES = ("runpod", "lambdalabs", "paperspace", "vastai", "simulated")
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")

@@ -9,7 +9,7 @@ from decimal import Decimal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tgp.crds import ClassLimits, GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.types import NodePhase
+from tgp.types import NodePhase, NodeRequest
 
 
 class Msg(BaseModel):
@@ -142,7 +142,7 @@ class NodeSighting(Msg):
 class StartNodeInput(Msg):
     class_name: str
     reservation: Reservation
-    request_json: str = Field(description="The NodeRequest, serialized (kept opaque to this message).")
+    request: NodeRequest
     static_summary: str = ""
 
 

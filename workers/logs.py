@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 import structlog
+from temporalio import activity
 
 from tgp.secrets import scrub, scrub_value
 from tgp.types import LABEL_PROVIDER
@@ -157,8 +158,6 @@ def _provider_of(arg: Any) -> str | None:
 def activity_log(*args: Any) -> Iterator[dict[str, str]]:
     """Bind the running activity's `activity_context` to every structlog event inside the block
     (structlog contextvars: the activity's own task, nothing leaks to others)."""
-    from temporalio import activity
-
     info = activity.info()
     fields = activity_context(info.workflow_id or "", info.activity_type, args)
     with structlog.contextvars.bound_contextvars(**fields):

@@ -29,7 +29,9 @@ from temporalio.client import (
 from temporalio.worker import Worker
 
 from activities.kube.cluster import KubernetesCluster
-from activities.fleet import FleetActivities
+from activities.entity import EntityActivities
+from activities.node_class import NodeClassActivities
+from activities.pool import PoolActivities
 from activities.node import NodeActivities
 from activities.sweeper import SweeperActivities
 from activities.ports import CloudProvider
@@ -57,11 +59,13 @@ class Activities:
     """Every activity of a worker, bound to its adapters."""
 
     node: NodeActivities
-    fleet: FleetActivities
+    pool: PoolActivities
+    node_class: NodeClassActivities
+    entity: EntityActivities
     sweeper: SweeperActivities
 
     def all(self) -> list[object]:
-        return [*self.node.all(), *self.fleet.all(), *self.sweeper.all()]
+        return [*self.node.all(), *self.pool.all(), *self.node_class.all(), *self.entity.all(), *self.sweeper.all()]
 
 
 @dataclass
@@ -134,7 +138,9 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
         node=NodeActivities(
             providers=providers, tailnets=tailnets, cluster=cluster, registry=registry, tailnet_registry=tailnet_registry
         ),
-        fleet=FleetActivities(cluster=cluster, providers=providers, registry=registry),
+        pool=PoolActivities(cluster=cluster, providers=providers, registry=registry),
+        node_class=NodeClassActivities(cluster=cluster, providers=providers, registry=registry),
+        entity=EntityActivities(cluster=cluster),
         sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster),
     )
 

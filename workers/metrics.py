@@ -24,7 +24,7 @@ from activities import metrics
 from tgp.types import NodePhase
 from workflows.node import SA_HOURLY_PRICE, SA_PHASE, SA_POOL, SA_PROVIDER
 
-log = structlog.get_logger("activities.metrics")
+log = structlog.get_logger("tgp.metrics")
 
 # Fresh enough for a dashboard; one visibility query per refresh however many nodes run.
 REFRESH_EVERY = timedelta(seconds=15)

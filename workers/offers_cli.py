@@ -10,7 +10,8 @@ import sys
 from collections.abc import Mapping
 from decimal import Decimal
 
-
+from activities.clouds.registry import API_KEY_ENV, providers_from_env
+from activities.kube.cluster import KubernetesCluster
 from tgp.errors import ConfigError
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.offers import rank_offers
@@ -30,8 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _secret_env(ref: str) -> dict[str, str]:
-    from activities.kube.cluster import KubernetesCluster
-
     namespace, _, name = ref.partition("/")
     if not name:
         raise ConfigError(f"--secret {ref!r}: expected NAMESPACE/NAME")
@@ -45,8 +44,6 @@ async def _secret_env(ref: str) -> dict[str, str]:
 
 async def list_offers(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[list[Offer], dict[str, str]]:
     """Ranked offers and, per provider, the error that kept its offers out."""
-    from activities.clouds.registry import API_KEY_ENV, providers_from_env
-
     providers = providers_from_env(env, only=args.provider or None)
     if not providers:
         wanted = args.provider or list(API_KEY_ENV)
@@ -82,8 +79,6 @@ def render_table(offers: list[Offer]) -> str:
 async def run_offers(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if args.secret:
-        from activities.clouds.registry import API_KEY_ENV
-
         # Keys from the Secret only; options (base URLs, SSH key name) still from the environment.
         env = {k: v for k, v in env.items() if k not in API_KEY_ENV.values()} | await _secret_env(args.secret)
     offers, errors = await list_offers(args, env)

@@ -9,18 +9,14 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.fleet import FleetActivities, StatusWrite
+    from activities.entity import EntityActivities, StatusWrite
+    from workflows.retries import BEST_EFFORT_RETRY
 
 T = TypeVar("T")
 
-# A few quick retries inside one pass; past them the pass reports the problem and the next
-# pass (a minute later, or on the next signal) tries again. An unbounded retry here would
-# freeze the entity's loop behind one failing call.
-BEST_EFFORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=3)
 BEST_EFFORT_TIMEOUT = timedelta(seconds=60)
 
 
@@ -54,7 +50,7 @@ async def write_status_once(write: StatusWrite, *, fingerprint: str, written: st
     the fingerprint now written: unchanged after a failed write, so the next pass tries again."""
     if fingerprint == written:
         return written
-    result = await best_effort(FleetActivities.write_status, write, summary=summary, timeout=timeout)
+    result = await best_effort(EntityActivities.write_status, write, summary=summary, timeout=timeout)
     return fingerprint if result.ok else written
 
 

@@ -17,17 +17,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel, ConfigDict
-
-    from activities.fleet import FleetActivities, LedgerCall
+    from activities.node_class import LedgerCall, NodeClassActivities
     from activities.node import NodeActivities
     from tgp.messages import NodeReport, Reservation
+    from tgp.node import NodeState, NodeWorkflowInput
     from workflows.entity import describe as _describe
     from workflows.entity import history_is_long
+    from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from tgp.lifecycle import EndReason, WatchState, judge_observation
     from tgp.types import (
         LABEL_GPU_TYPE,
@@ -74,44 +74,8 @@ HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 600
 # heartbeat through every look, slow ones included, so a missed heartbeat means a dead or
 # stalled worker, noticed (and the attempt retried elsewhere) within this long.
 POLL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
-# A wait's lost attempts (dead workers) are retried until the stage's own deadline, never
-# counted: only the deadline ends a wait, and only after one more look (`check_stage`).
-POLL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=0)
 # Marks runs whose wait stages look once more at the deadline before failing over.
 STAGE_CHECK_PATCH = "stage-deadline-check"
-
-API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=10)
-# Launch is bounded: failing over to the next offer beats hammering one provider.
-LAUNCH_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=2),
-    maximum_interval=timedelta(seconds=30),
-    maximum_attempts=5,
-    non_retryable_error_types=["CapacityError", "OfferRefused", "AuthError", "PermissionDenied", "ConfigError", "TemplateError", "LaunchFailed"],
-)
-# Cleanup never gives up: a leaked instance costs money every hour.
-CLEANUP_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(minutes=2), maximum_attempts=0)
-
-
-class NodeState(BaseModel):
-    """Everything the workflow knows; carried across continue-as-new."""
-
-    model_config = ConfigDict(extra="forbid")
-    phase: NodePhase = NodePhase.PENDING
-    attempts: list[LaunchAttempt] = []
-    offer: Offer | None = None
-    instance: InstanceRef | None = None
-    key_ids: list[str] = []
-    watch: WatchState | None = None
-    stage_times: dict[str, datetime] = {}
-    evict_reason: str | None = None
-    last_error: str | None = None
-    end_reason: str | None = None
-
-
-class NodeWorkflowInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    request: NodeRequest
-    state: NodeState | None = None
 
 
 class LaunchAttemptFailed(Exception):
@@ -254,7 +218,7 @@ class GPUNodeWorkflow:
         self.state.offer = choice.offer
         if self.req.class_workflow_id:
             grant = await workflow.execute_activity_method(
-                FleetActivities.settle_reservation,
+                NodeClassActivities.settle_reservation,
                 LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(choice.offer)),
                 start_to_close_timeout=self.req.timeouts.api_call,
                 retry_policy=API_RETRY,
@@ -499,7 +463,7 @@ class GPUNodeWorkflow:
             self._stamp("Released")
         if self.req.class_workflow_id:
             await workflow.execute_activity_method(
-                FleetActivities.release_reservation,
+                NodeClassActivities.release_reservation,
                 LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(self.state.offer)),
                 start_to_close_timeout=self.req.timeouts.api_call,
                 retry_policy=CLEANUP_RETRY,

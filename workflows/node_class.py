@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.fleet import FleetActivities, StatusWrite, ValidateClassInput
+    from activities.entity import EntityActivities, StatusWrite
+    from activities.node_class import NodeClassActivities, ValidateClassInput
     from tgp.budget import admit
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodeClassStatus
@@ -122,7 +123,7 @@ class GPUNodeClassWorkflow:
             if self.validate:
                 self.validate = False
                 checked = await best_effort(
-                    FleetActivities.validate_class, ValidateClassInput(name=self.inp.name, spec=self.inp.spec), summary="validate the class"
+                    NodeClassActivities.validate_class, ValidateClassInput(name=self.inp.name, spec=self.inp.spec), summary="validate the class"
                 )
                 # A class that could not be checked is not valid yet: it grants nothing.
                 self.problems = checked.value if checked.ok else [f"{checked.error}; retrying"]
@@ -141,7 +142,7 @@ class GPUNodeClassWorkflow:
         now = workflow.now()
         if self.seen_at is not None and now - self.seen_at < self.inp.resync_interval:
             return
-        seen = await best_effort(FleetActivities.running_nodes, f"TgpClass = '{self.inp.name}'", summary="list running nodes")
+        seen = await best_effort(EntityActivities.running_nodes, f"TgpClass = '{self.inp.name}'", summary="list running nodes")
         if not seen.ok:
             return
         self.seen_at = now
@@ -158,7 +159,7 @@ class GPUNodeClassWorkflow:
             if wid not in running and (r.reserved_at is None or now - r.reserved_at >= self.inp.reservation_grace)
         ]
         if stale:
-            closed = await best_effort(FleetActivities.closed_workflows, stale, summary="check closed nodes")
+            closed = await best_effort(EntityActivities.closed_workflows, stale, summary="check closed nodes")
             for wid in closed.value or []:
                 workflow.logger.info("releasing the reservation of %s: its workflow closed without releasing it", wid)
                 self.release(wid)

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.fleet import EventSpec, FleetActivities, StatusWrite
+    from activities.entity import EntityActivities, EventSpec, StatusWrite
+    from activities.pool import PoolActivities
     from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, Nomination, plan_capacity
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
@@ -257,7 +258,7 @@ class GPUNodePoolWorkflow:
         if self.state.seen_running_at is not None and now - self.state.seen_running_at < self.inp.resync_interval:
             return
         pool = f"{self.inp.namespace}/{self.inp.name}"
-        seen = await best_effort(FleetActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
+        seen = await best_effort(EntityActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
         if not seen.ok:
             return
         self.state.seen_running_at = now
@@ -282,7 +283,7 @@ class GPUNodePoolWorkflow:
             n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id not in running and now - n.created_at >= self.inp.visibility_lag
         ]
         if missing:
-            closed = await best_effort(FleetActivities.closed_workflows, missing, summary="check closed nodes")
+            closed = await best_effort(EntityActivities.closed_workflows, missing, summary="check closed nodes")
             for wid in closed.value or []:
                 node = self.state.nodes[wid].model_copy(update={"phase": NodePhase.TERMINATED, "reason": "its workflow closed without cleanup (terminated by hand?); the sweeper removes what it left"})
                 self.state.nodes[wid] = node
@@ -294,7 +295,7 @@ class GPUNodePoolWorkflow:
         key = req.model_dump_json()
         stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= OFFER_CHECK_TTL
         if self.state.offer_check is None or self.state.offer_check_key != key or stale:
-            checked = await best_effort(FleetActivities.check_offers, req, summary="check offers")
+            checked = await best_effort(PoolActivities.check_offers, req, summary="check offers")
             if not checked.ok:
                 # The cause may name the class's Secrets, which a tenant must not read: point
                 # to the class (its admin sees the details in the worker's logs and the Web UI).
@@ -359,11 +360,11 @@ class GPUNodePoolWorkflow:
             req = req.model_copy(update={"demand_since": min(since)})  # tgp_demand_to_launch_seconds starts here
         price = self.state.offer_check.cheapest if self.state.offer_check else None
         started = await best_effort(
-            FleetActivities.reserve_and_start_node,
+            PoolActivities.reserve_and_start_node,
             StartNodeInput(
                 class_name=req.class_workflow_id or u.spec.node_class_ref.name,
                 reservation=Reservation(node_id=req.workflow_id, pool=f"{self.inp.namespace}/{self.inp.name}", hourly_price=price),
-                request_json=req.model_dump_json(),
+                request=req,
             ),
             summary=f"start node {node_name}",
         )
@@ -463,7 +464,7 @@ class GPUNodePoolWorkflow:
         if live:
             # Signalling again is harmless (the first reason wins); a workflow that closed
             # without reporting (terminated by hand) is counted as gone.
-            evicted = await best_effort(FleetActivities.evict_nodes, [n.workflow_id for n in live], summary="evict nodes")
+            evicted = await best_effort(PoolActivities.evict_nodes, [n.workflow_id for n in live], summary="evict nodes")
             closed = evicted.value or []
             for wid in closed:
                 node = self.state.nodes[wid]
@@ -474,7 +475,7 @@ class GPUNodePoolWorkflow:
             self._forget_ended()
             return False
         await self._flush_events()
-        released = await best_effort(FleetActivities.remove_finalizer, self._ref(), summary="remove the finalizer")
+        released = await best_effort(PoolActivities.remove_finalizer, self._ref(), summary="remove the finalizer")
         if not released.ok:
             await self._publish({"Ready": ("False", "Deleting", f"nodes are gone; {released.error}; retrying")})
             return False
@@ -537,7 +538,7 @@ class GPUNodePoolWorkflow:
         retried on the next pass, and a backlog is capped so a broken API cannot grow it."""
         while self.state.events:
             batch = list(self.state.events)
-            emitted = await best_effort(FleetActivities.emit_events, batch, summary="write Events")
+            emitted = await best_effort(EntityActivities.emit_events, batch, summary="write Events")
             if not emitted.ok:
                 self.state.events = self.state.events[-MAX_PENDING_EVENTS:]
                 return

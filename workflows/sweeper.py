@@ -8,10 +8,10 @@ from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.sweeper import Orphan, SweeperActivities, SweepInput
+    from workflows.retries import SWEEP_RETRY
 
 # Long enough for a node workflow to start and upsert its TgpNodeName search attribute.
 SWEEP_GRACE = timedelta(minutes=5)
@@ -29,9 +29,8 @@ class SweepRequest(BaseModel):
 class SweeperWorkflow:
     @workflow.run
     async def run(self, req: SweepRequest) -> list[Orphan]:
-        retry = RetryPolicy(maximum_interval=timedelta(minutes=1), maximum_attempts=5)
         suspects = await workflow.execute_activity_method(
-            SweeperActivities.find_orphans, req.sweep, start_to_close_timeout=SWEEP_CALL_TIMEOUT, retry_policy=retry
+            SweeperActivities.find_orphans, req.sweep, start_to_close_timeout=SWEEP_CALL_TIMEOUT, retry_policy=SWEEP_RETRY
         )
         if not suspects:
             return []
@@ -40,5 +39,5 @@ class SweeperWorkflow:
             SweeperActivities.remove_orphans,
             args=[req.sweep, suspects],
             start_to_close_timeout=SWEEP_CALL_TIMEOUT,
-            retry_policy=retry,
+            retry_policy=SWEEP_RETRY,
         )

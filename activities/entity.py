@@ -1,0 +1,109 @@
+"""Activities every entity workflow (pool, class) uses: the status and Events of its custom
+resource, and what Temporal knows of the node workflows it counts."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+
+import structlog
+from pydantic import BaseModel, ConfigDict
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.kube.cluster import CustomResource, KubernetesCluster
+from activities.node import temporal_errors
+from tgp.crds import GROUP, VERSION
+from tgp.messages import NodeSighting, ObjectRef
+from tgp.types import NodePhase
+
+log = structlog.get_logger("tgp.entity")
+
+_PLURALS = {"GPUNodePool": "gpunodepools", "GPUNodeClass": "gpunodeclasses"}
+
+
+class StatusWrite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ref: ObjectRef
+    status: dict[str, object]
+
+
+class EventSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ref: ObjectRef
+    type: str = "Normal"
+    reason: str
+    message: str
+
+
+def resource(ref: ObjectRef) -> CustomResource:
+    return CustomResource(GROUP, VERSION, _PLURALS[ref.kind], ref.kind, ref.name, ref.namespace, ref.uid)
+
+
+class EntityActivities:
+    def __init__(self, *, cluster: KubernetesCluster) -> None:
+        self.cluster = cluster
+
+    @activity.defn
+    async def running_nodes(self, query: str) -> list[NodeSighting] | None:
+        """Running node workflows matching `query` (a visibility filter on tgp's search
+        attributes, e.g. `TgpPool = 'ml/rtx'`): what a pool or class rebuilds its state from.
+        None when this Temporal server has no visibility API at all (the time-skipping test
+        server): there is nothing to rebuild from, and waiting for it would stall for ever."""
+        client = activity.client()
+        found: list[NodeSighting] = []
+        visibility = f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND {query}"
+        try:
+            listing = [wf async for wf in client.list_workflows(visibility)]
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.UNIMPLEMENTED:
+                return None
+            raise
+        for wf in listing:
+            sa = wf.search_attributes or {}
+            phase = (sa.get("TgpPhase") or [None])[0]
+            price = (sa.get("TgpHourlyPrice") or [None])[0]
+            found.append(
+                NodeSighting(
+                    workflow_id=wf.id,
+                    node_name=(sa.get("TgpNodeName") or [""])[0],
+                    phase=NodePhase(phase) if phase in NodePhase._value2member_map_ else None,
+                    provider=(sa.get("TgpProvider") or [None])[0],
+                    hourly_price=Decimal(str(price)) if price is not None else None,
+                    started_at=wf.start_time,
+                )
+            )
+        return found
+
+    @activity.defn
+    async def closed_workflows(self, workflow_ids: list[str]) -> list[str]:
+        """Those of `workflow_ids` whose latest run is closed or that never existed (read from
+        the workflows themselves, not from eventually consistent visibility)."""
+        client = activity.client()
+
+        async def closed(wid: str) -> str | None:
+            try:
+                desc = await client.get_workflow_handle(wid).describe()
+            except RPCError as exc:
+                if exc.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+                return wid
+            return None if desc.status is WorkflowExecutionStatus.RUNNING else wid
+
+        return [w for w in await asyncio.gather(*(closed(w) for w in workflow_ids)) if w is not None]
+
+    @activity.defn
+    async def write_status(self, write: StatusWrite) -> bool:
+        """Patch the status subresource; False when the object is gone."""
+        with temporal_errors():
+            return await self.cluster.patch_custom_status(resource(write.ref), write.status)
+
+    @activity.defn
+    async def emit_events(self, events: list[EventSpec]) -> None:
+        with temporal_errors():
+            for e in events:
+                await self.cluster.create_event(resource(e.ref), type=e.type, reason=e.reason, message=e.message)
+
+    def all(self) -> list[object]:
+        return [self.running_nodes, self.closed_workflows, self.write_status, self.emit_events]

@@ -1,0 +1,189 @@
+"""Activities of the class workflow (GPUNodeClass): its budget ledger's calls, which node
+workflows make, and the validation of a class (its providers, Secrets and boot template)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import structlog
+from pydantic import BaseModel, ConfigDict
+from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.accounts import ProviderRegistry
+from activities.boot.render import JOIN_VARIABLES, BootSettings, check_template, class_check_settings, default_template, shipped_template, template_uses
+from activities.kube.cluster import KubernetesCluster
+from activities.node import temporal_errors
+from activities.ports import CloudProvider
+from tgp.capabilities import capability_problems
+from tgp.crds import GPUNodeClassSpec
+from tgp.messages import Grant, Reservation
+from tgp.types import CredentialsRef
+
+log = structlog.get_logger("tgp.node_class")
+
+
+class LedgerCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    class_workflow_id: str
+    reservation: Reservation
+
+
+class ValidateClassInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    spec: GPUNodeClassSpec
+    operator_namespace: str = "tgp-system"
+
+
+async def ledger_update(class_workflow_id: str, name: str, reservation: Reservation) -> Grant:
+    """Call the class ledger's `reserve` / `settle` update; a ledger that is not running or
+    refuses answers with a refused Grant (its reason), not an error."""
+    try:
+        return await activity.client().get_workflow_handle(class_workflow_id).execute_update(name, reservation, result_type=Grant)
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            return Grant(granted=False, reason=f"the class ledger {class_workflow_id} is not running (is the GPUNodeClass applied?)")
+        raise
+    except WorkflowUpdateFailedError as exc:
+        return Grant(granted=False, reason=str(exc.cause or exc))
+
+
+async def _template_problems(field: str, template: str, settings: BootSettings | None = None) -> list[str]:
+    """A class template's problems, each naming `field`. check_template reports rather than
+    raises; anything it still raises is a problem of the class too, never a failed activity
+    (which would leave the class without a status)."""
+    try:
+        problems = await asyncio.to_thread(check_template, template, settings)
+    except Exception as exc:  # noqa: BLE001
+        problems = [f"could not be checked ({type(exc).__name__}: {str(exc)[:300]})"]
+    return [f"{field}: {m}" for m in problems]
+
+
+async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list[str]]) -> list[str]:
+    """The problems of the template each node of the class would boot with: the class's own,
+    else the shipped default for each provider's boot payload kind (`payload_kinds`: kind ->
+    providers), trial-rendered with the class's settings, so a class whose every node would
+    fail at launch is not Ready."""
+    settings = class_check_settings(
+        kubernetes_version=spec.kubernetes_version,
+        login_server=spec.tailscale_config.login_server,
+        tags=spec.tailscale_config.tags,
+        accept_routes=spec.tailscale_config.accept_routes,
+    )
+    problems: list[str] = []
+    templates: list[tuple[str, str]] = []  # (what, text)
+    if spec.talos_config is not None:
+        templates.append(("talosConfig.machineConfigTemplate", spec.talos_config.machine_config_template))
+    elif spec.bootstrap_template is not None:
+        templates.append(("bootstrapTemplate", spec.bootstrap_template))
+    else:
+        for kind, names in sorted(payload_kinds.items()):
+            default = default_template(kind)
+            which = f"provider{'s' if len(names) > 1 else ''} {', '.join(names)}"
+            if default is None:
+                if kind != "env":  # env: the built-in payload, no template
+                    problems.append(
+                        f"bootstrapTemplate: {which} boot{'s' if len(names) == 1 else ''} with a {kind} payload and tgp ships no "
+                        "default template for it; "
+                        "set bootstrapTemplate (see docs/bootstrap.md)"
+                    )
+                continue
+            text = shipped_template(default)
+            if spec.kubernetes_version is None and "KubernetesVersion" in template_uses(text):
+                problems.append(
+                    f"kubernetesVersion: the default Ubuntu boot template ({default}, used by {which} without a "
+                    "bootstrapTemplate) needs it; set it to the control plane's version, e.g. 1.34.1"
+                )
+                settings = settings.model_copy(update={"kubernetes_version": "1.34.1"})  # check the rest all the same
+            templates.append((f"the default boot template {default} (used by {which})", text))
+    for what, text in templates:
+        problems += await _template_problems(what, text, settings)
+        try:
+            join = template_uses(text) & JOIN_VARIABLES
+        except Exception:  # noqa: BLE001 - a template that does not parse is reported above
+            join = set()
+        if join and not spec.join_secret_ref:
+            problems.append(
+                f"joinSecretRef: {what} uses the cluster join material ({', '.join(sorted(join))}) but the class sets "
+                "no joinSecretRef; create the join Secret and reference it (see docs/bootstrap.md)"
+            )
+    return problems
+
+
+class NodeClassActivities:
+    def __init__(
+        self,
+        *,
+        cluster: KubernetesCluster,
+        providers: Mapping[str, CloudProvider],
+        registry: ProviderRegistry | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.providers = dict(providers)
+        # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
+        self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
+
+    @activity.defn
+    async def settle_reservation(self, call: LedgerCall) -> Grant:
+        """Tell the class ledger the price a node is about to pay; it may refuse."""
+        return await ledger_update(call.class_workflow_id, "settle", call.reservation)
+
+    @activity.defn
+    async def release_reservation(self, call: LedgerCall) -> None:
+        """Give the node's slot and $/h back to the class budget."""
+        try:
+            await activity.client().get_workflow_handle(call.class_workflow_id).execute_update("release", call.reservation.node_id)
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise
+            log.info("ledger_gone", class_workflow_id=call.class_workflow_id)  # nothing left to release
+
+    @activity.defn
+    async def validate_class(self, inp: ValidateClassInput) -> list[str]:
+        """What is wrong with a GPUNodeClass, each problem saying what to fix. Reads the Secrets
+        it references (never returning their contents)."""
+        problems: list[str] = []
+        payload_kinds: dict[str, list[str]] = {}
+        with temporal_errors():
+            for p in inp.spec.providers:
+                if not p.enabled:
+                    continue
+                if p.name not in self.providers and p.credentials_ref is None:
+                    problems.append(f"provider {p.name} has no credentialsRef and is not configured on the worker")
+                ref = None
+                if p.credentials_ref is not None:
+                    ns = p.credentials_ref.namespace or inp.operator_namespace
+                    found = await self._check_secret_key(ns, p.credentials_ref.name, p.credentials_ref.key, f"providers[{p.name}].credentialsRef")
+                    problems += found
+                    if not found:
+                        ref = CredentialsRef(namespace=ns, name=p.credentials_ref.name, key=p.credentials_ref.key)
+                # What the adapter nodes of this class would use can do (a Vast.ai adapter with
+                # VAST_VM=true rents VMs), else the provider's table entry.
+                caps = await self.registry.capabilities(p.name, ref)
+                if caps is not None:
+                    # spotAllowed permits spot, it does not require it: only node-ness and Talos matter.
+                    problems += capability_problems(p.name, caps, wants_talos=inp.spec.talos_config is not None, wants_spot=False)
+                    payload_kinds.setdefault(caps.boot_payload, []).append(p.name)
+            # The template every node would boot with, the shipped default included. Off the
+            # event loop: a check renders in a child process for up to a few seconds.
+            problems += await boot_problems(inp.spec, payload_kinds)
+            ts = inp.spec.tailscale_config
+            if ts.oauth_secret_ref:
+                keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")
+                for key in keys:
+                    problems += await self._check_secret_key(inp.operator_namespace, ts.oauth_secret_ref, key, "tailscaleConfig.oauthSecretRef")
+        return problems
+
+    async def _check_secret_key(self, namespace: str, name: str, key: str, field: str) -> list[str]:
+        data = await self.cluster.read_secret(namespace, name)
+        if data is None:
+            return [f"{field}: Secret {namespace}/{name} does not exist; create it or fix the reference"]
+        if key not in data:
+            return [f"{field}: Secret {namespace}/{name} has no key {key!r} (keys: {', '.join(sorted(data)) or 'none'})"]
+        return []
+
+    def all(self) -> list[object]:
+        return [self.settle_reservation, self.release_reservation, self.validate_class]

@@ -1,0 +1,132 @@
+"""Activities of the pool workflow (GPUNodePool): starting node workflows (after the class
+ledger grants the slot), evicting them, checking offers, and letting the pool go."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import structlog
+from temporalio import activity
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities import metrics
+from activities.accounts import ProviderRegistry
+from activities.entity import resource
+from activities.kube.cluster import KubernetesCluster
+from activities.node import temporal_errors
+from activities.node_class import ledger_update
+from activities.ports import CloudProvider
+from tgp.crds import FINALIZER
+from tgp.errors import TransientError
+from tgp.messages import ObjectRef, OfferCheck, StartNodeInput, StartNodeResult
+from tgp.node import NodeWorkflowInput
+from tgp.offers import offer_satisfies
+from tgp.types import Offer, OfferRequirements
+
+log = structlog.get_logger("tgp.pool")
+
+
+class PoolActivities:
+    def __init__(
+        self,
+        *,
+        cluster: KubernetesCluster,
+        providers: Mapping[str, CloudProvider],
+        task_queue: str | None = None,
+        registry: ProviderRegistry | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.providers = dict(providers)
+        self.task_queue = task_queue
+        # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
+        self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
+
+    @activity.defn
+    async def reserve_and_start_node(self, inp: StartNodeInput) -> StartNodeResult:
+        """Reserve a slot in the class budget, then start the node workflow (idempotent: a
+        retried call finds the same reservation and the same running workflow)."""
+        client = activity.client()
+        grant = await ledger_update(inp.class_name, "reserve", inp.reservation)
+        if not grant.granted:
+            return StartNodeResult(started=False, reason=grant.reason)
+        request = inp.request
+        try:
+            await client.start_workflow(
+                "GPUNodeWorkflow",
+                NodeWorkflowInput(request=request),
+                id=request.workflow_id,
+                task_queue=self.task_queue or activity.info().task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                # A retried start after the node already lived and ended must not buy it again.
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=inp.static_summary or f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
+            )
+        except WorkflowAlreadyStartedError:
+            pass  # it ran (and reported to the pool) already
+        return StartNodeResult(started=True)
+
+    @activity.defn
+    async def evict_nodes(self, workflow_ids: list[str]) -> list[str]:
+        """Ask node workflows to drain and terminate (pool deleted). Returns the ids whose
+        workflow is already closed (nothing left to evict)."""
+        client = activity.client()
+
+        async def evict(wid: str) -> str | None:
+            try:
+                await client.get_workflow_handle(wid).signal("evict", {"reason": "pool deleted"})
+            except RPCError as exc:
+                if exc.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+                return wid
+            return None
+
+        return [w for w in await asyncio.gather(*(evict(w) for w in workflow_ids)) if w is not None]
+
+    @activity.defn
+    async def remove_finalizer(self, ref: ObjectRef) -> None:
+        """The pool's nodes are gone: let Kubernetes delete the pool."""
+        with temporal_errors():
+            await self.cluster.set_finalizer(resource(ref), FINALIZER, present=False)
+
+    @activity.defn
+    async def check_offers(self, req: OfferRequirements) -> OfferCheck:
+        """Is there any offer for these requirements, and what is the cheapest with and
+        without the price cap? Used to tell a user their maxHourlyPrice is below every offer."""
+        names = [n for n in req.providers or sorted(self.providers) if n in self.providers or n in req.credentials]
+
+        async def offers_of(name: str) -> list[Offer]:
+            # The class's account when it names one (its Secret read now), else the worker's.
+            ref = req.credentials.get(name)
+            return await (self.providers[name] if ref is None else await self.registry.get(name, ref)).list_offers()
+
+        # One provider failing (a rotated key, an inactive account, an outage, a missing
+        # Secret) must not hide the others' offers; it is named in the result instead.
+        listed = await asyncio.gather(*(offers_of(n) for n in names), return_exceptions=True)
+        offers, failed = [], {}
+        for name, result in zip(names, listed, strict=True):
+            if isinstance(result, BaseException):
+                failed[name] = str(result)[:300]
+                log.warning("offers_unavailable", provider=name, error=str(result))
+            else:
+                metrics.OFFER_AGES.listed(name)
+                offers.extend(result)
+        if names and len(failed) == len(names):
+            with temporal_errors():
+                raise TransientError(f"no provider could list offers: {'; '.join(f'{n}: {m}' for n, m in failed.items())}")
+        uncapped = req.model_copy(update={"max_hourly_price": None})
+        matching = sorted((o for o in offers if offer_satisfies(o, req)), key=lambda o: o.hourly_price)
+        any_price = sorted((o for o in offers if offer_satisfies(o, uncapped)), key=lambda o: o.hourly_price)
+        best = any_price[0] if any_price else None
+        return OfferCheck(
+            matching=len(matching),
+            cheapest=matching[0].hourly_price if matching else None,
+            cheapest_any_price=best.hourly_price if best else None,
+            cheapest_description=f"{best.gpu_type} on {best.provider} in {best.region}" if best else "",
+            failed=failed,
+        )
+
+    def all(self) -> list[object]:
+        return [self.reserve_and_start_node, self.evict_nodes, self.remove_finalizer, self.check_offers]

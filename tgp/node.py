@@ -1,0 +1,34 @@
+"""The node workflow's input and state: what a GPUNodeWorkflow run starts from and carries
+across continue-as-new. Here, not beside the workflow, so the activity that starts node
+workflows (activities.pool) needs nothing of workflows/."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from tgp.lifecycle import WatchState
+from tgp.types import InstanceRef, LaunchAttempt, NodePhase, NodeRequest, Offer
+
+
+class NodeState(BaseModel):
+    """Everything the workflow knows; carried across continue-as-new."""
+
+    model_config = ConfigDict(extra="forbid")
+    phase: NodePhase = NodePhase.PENDING
+    attempts: list[LaunchAttempt] = []
+    offer: Offer | None = None
+    instance: InstanceRef | None = None
+    key_ids: list[str] = []
+    watch: WatchState | None = None
+    stage_times: dict[str, datetime] = {}
+    evict_reason: str | None = None
+    last_error: str | None = None
+    end_reason: str | None = None
+
+
+class NodeWorkflowInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    request: NodeRequest
+    state: NodeState | None = None
