@@ -28,7 +28,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from tgp.labels import LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, label_problems, taint_problems
-from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, Taint
+from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, NodeOverview, Taint
 
 GROUP = "tgp.io"
 VERSION = "v1"
@@ -409,6 +409,11 @@ class Condition(Spec):
 
 
 class PoolNodeStatus(Spec):
+    """A node of the pool: its Node name, phase, provider, GPU type, $/h, creation time and the
+    id of its Temporal workflow (`tgp evict`, the Web UI)."""
+
+    # The wire form of a tgp.types.NodeOverview (`of`), camelCase like the rest of the CR.
+
     name: str
     phase: str
     provider: str | None = None
@@ -416,6 +421,18 @@ class PoolNodeStatus(Spec):
     hourly_price: Price | None = None
     created_at: datetime | None = None
     workflow_id: str = ""
+
+    @classmethod
+    def of(cls, node: NodeOverview, created_at: datetime | None = None) -> PoolNodeStatus:
+        return cls(
+            name=node.node_name,
+            phase=node.phase.value,
+            provider=node.provider,
+            gpu_type=node.gpu_type,
+            hourly_price=node.hourly_price,
+            created_at=created_at,
+            workflow_id=node.workflow_id,
+        )
 
 
 class GPUNodePoolStatus(Spec):

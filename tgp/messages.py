@@ -9,7 +9,7 @@ from decimal import Decimal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tgp.crds import ClassLimits, GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.types import NodePhase, NodeRequest
+from tgp.types import NodePhase, NodeRequest, NodeOverview
 
 
 class Msg(BaseModel):
@@ -100,26 +100,17 @@ class Demand(Msg):
     free_gpus: dict[str, int] = Field({}, description="Free GPUs of each Ready node of the pool, by Node name.")
 
 
-class NodeReport(Msg):
+class NodeReport(NodeOverview):
     """A node workflow telling its pool where it is."""
 
-    workflow_id: str
-    node_name: str
-    phase: NodePhase
-    provider: str | None = None
-    gpu_type: str | None = None
-    hourly_price: Decimal | None = None
     reason: str | None = None
     at: datetime
 
 
-class PoolNode(Msg):
-    workflow_id: str
-    node_name: str
+class PoolNode(NodeOverview):
+    """The pool's record of one of its nodes; carried across continue-as-new."""
+
     phase: NodePhase = NodePhase.PENDING
-    provider: str | None = None
-    gpu_type: str | None = None
-    hourly_price: Decimal | None = None
     created_at: datetime
     phase_at: datetime
     reason: str | None = None

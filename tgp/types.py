@@ -276,17 +276,28 @@ class LaunchAttempt(Model):
     started_at: datetime | None = None
 
 
-class NodeStatus(Model):
-    """Answer of the `status` query; mirrored into the pool status by the bridge."""
+class NodeOverview(BaseModel):
+    """A node in one line: which workflow, which Node, where in its life, what it runs on and
+    costs. The one shape the node's `status` answer, its reports to the pool, the pool's
+    record of it and the pool's CR status (`tgp.crds.PoolNodeStatus.of`) share."""
 
-    phase: NodePhase
+    model_config = ConfigDict(extra="forbid")
+    workflow_id: str
     node_name: str
-    pool: str
+    phase: NodePhase
     provider: str | None = None
     gpu_type: str | None = None
+    hourly_price: Decimal | None = None
+
+
+class NodeStatus(NodeOverview):
+    """Answer of the node workflow's `status` query (`tgp status`, the demo)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    workflow_id: str = ""  # answers of runs from before it was part of the summary
+    pool: str
     region: str | None = None
     instance_id: str | None = None
-    hourly_price: Decimal | None = None
     stage_times: dict[str, datetime] = {}
     attempts: list[LaunchAttempt] = []
     last_error: str | None = None

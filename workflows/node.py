@@ -112,6 +112,7 @@ class GPUNodeWorkflow:
     def status(self) -> NodeStatus:
         offer, inst = self.state.offer, self.state.instance
         return NodeStatus(
+            workflow_id=self.req.workflow_id,
             phase=self.state.phase,
             node_name=self.req.node_name,
             pool=self.req.pool,

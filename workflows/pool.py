@@ -503,15 +503,7 @@ class GPUNodePoolWorkflow:
             desired_nodes=len(live),
             hourly_cost=sum((n.hourly_price or 0 for n in live if n.phase is not NodePhase.PENDING), start=0),  # type: ignore[arg-type]
             nodes=[
-                PoolNodeStatus(
-                    name=n.node_name,
-                    phase=n.phase.value,
-                    provider=n.provider,
-                    gpu_type=n.gpu_type,
-                    hourly_price=n.hourly_price,
-                    created_at=n.created_at,
-                    workflow_id=n.workflow_id,
-                )
+                PoolNodeStatus.of(n, created_at=n.created_at)
                 for n in sorted(live, key=lambda n: n.created_at)
             ],
         )
