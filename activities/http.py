@@ -1,9 +1,15 @@
-"""One retry discipline for every HTTP API tgp calls (clouds, Tailscale, Headscale).
+"""One retry discipline and one error wording for every HTTP API tgp calls (clouds, Tailscale,
+Headscale).
 
-Each call has a timeout (set on the client) and a short, bounded retry on 429 / 5xx /
-connection errors that honours `Retry-After`. Past that the caller gets a TransientError and
-Temporal's activity retry policy takes over, so a long outage never blocks a worker slot.
+`send` makes one request: a timeout (set on the client) and a short, bounded retry on 429 /
+5xx / connection errors that honours `Retry-After`. Past that the caller gets a TransientError
+and Temporal's activity retry policy takes over, so a long outage never blocks a worker slot.
 A request that buys something is retried only after a 429 (see `send`).
+
+`HttpAdapter` is the base of every adapter: its `_call` sends through `send` and turns each
+answer the caller did not ask for into one of tgp's errors, worded the same way for every API
+(see `HttpAdapter`), so a refused key reads alike whichever cloud refused it and names what to
+fix. An adapter adds only what its API does differently.
 
 Error messages reach workflow history, and many APIs echo the request (Authorization header,
 user-data) in their error bodies: `send` registers the credentials it sends with
@@ -15,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from datetime import datetime, timezone
 from types import TracebackType
@@ -25,7 +33,7 @@ import httpx
 from pydantic import SecretStr
 
 from tgp import secrets as secret_registry
-from tgp.errors import AuthError, PermissionDenied, TgpError, TransientError
+from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 
 # Requests to cloud APIs answer in well under a second; 30 s catches a hung connection.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
@@ -35,15 +43,78 @@ IN_CALL_ATTEMPTS = 3
 MAX_IN_CALL_WAIT = 5.0
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+# The 4xx answers `send` hands back at once (it retries the others): what a create's adapter
+# lists in `ok` to sort the refusals itself (capacity, a refused offer, a bad request).
+CLIENT_ERRORS = frozenset(range(400, 500)) - RETRYABLE_STATUSES
+
+Sleep = Callable[[float], Awaitable[object]]
+Pace = AbstractAsyncContextManager[object]
+
+
+@dataclass(frozen=True)
+class Fixes:
+    """What an operator should do after each refusal, in the adapter's own terms (which Secret
+    or Secret key holds the credential, where to make a new one, which scope it needs): the
+    part of an error message that differs from one API to the next."""
+
+    auth: str  # after a 401
+    denied: str  # after a 403
+    not_found: str = ""  # after a 404 nobody expected; "" says to check the base URL
 
 
 class HttpAdapter:
     """Base of an adapter that talks to one HTTP API through one httpx.AsyncClient, `_client`.
-    Use it as `async with Adapter(...) as a:` or call `aclose()`. The client is closed only
-    when the adapter created it (`_owns_client`); one passed in belongs to whoever made it."""
 
-    _client: httpx.AsyncClient
-    _owns_client: bool
+    Every request goes through `_call`: `send` (timeout, retries, scrubbing), then every answer
+    outside 2xx that the caller did not list in `ok` becomes one of tgp's errors, in the one
+    wording below, whose last part is the adapter's `Fixes`:
+
+        401        AuthError         "<system> refused the credentials for GET /p (401: <answer>); <auth>"
+        403        PermissionDenied  "<system> refused GET /p (403: <answer>); <denied>"
+        404        ConfigError       "<system>: GET /p was not found (404: <answer>); <not_found>"
+        any other  ConfigError       "<system>: GET /p answered 422: <answer>"
+
+    429 and 5xx never get that far: `send` retries them, then raises TransientError. An adapter
+    supplies `system` and its `Fixes` as data, and overrides a hook only where its API speaks
+    its own way: `_answer` (the server's words, say with its error code), `_refusal` (an answer
+    that means something else, say "try again") and `_says_missing` (whether a 404 is the API's
+    own "no such object" rather than a wrong URL, see `_gone`). `_create` sends a request that
+    buys something.
+
+    Use it as `async with Adapter(...) as a:` or call `aclose()`. The client is closed only
+    when the adapter created it (`_owns_client`); one passed in belongs to whoever made it.
+    """
+
+    # The API as messages name it ("RunPod API").
+    system = "HTTP API"
+    # What a create that may have bought something is found again by (see `_create`).
+    found_by = "name"
+
+    def __init__(
+        self,
+        *,
+        fixes: Fixes,
+        base_url: str = "",
+        api_key: SecretStr | None = None,
+        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        sleep: Sleep = asyncio.sleep,
+        pace: Pace | None = None,
+    ) -> None:
+        """`api_key` goes with every request as a Bearer token and, from here on, is kept out of
+        every message and log line (tgp.secrets). `timeout` applies to every request, whoever
+        made the client. `pace` (a rate limiter) is entered before every attempt of every
+        request. `sleep` is the seam for retry waits in tests."""
+        secret_registry.register_process(api_key)
+        self._fixes = fixes
+        self._base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._timeout = timeout
+        self._sleep = sleep
+        self._pace = pace
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=timeout, transport=transport, headers={"User-Agent": "tgp"})
 
     async def __aenter__(self) -> Self:
         return self
@@ -57,6 +128,109 @@ class HttpAdapter:
         """Close the HTTP client if this adapter created it."""
         if self._owns_client:
             await self._client.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        ok: Iterable[int] = (),
+        bearer: SecretStr | None = None,
+        secrets: Iterable[str] = (),
+        pace: Pace | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send one request to `path` (under the base URL, or a whole URL) and return the answer
+        when it is 2xx or listed in `ok`; raise the error of any other (see the class docstring).
+        `bearer` and `pace` replace the adapter's API key and pacing for this request; `secrets`
+        (values in the request body) are kept out of messages too; the rest goes to `send`
+        (json, params, idempotent, ...)."""
+        accepted = set(ok)
+        hidden = [*self._secrets(), *secrets]
+        response = await send(
+            self._client,
+            method,
+            path if "://" in path else self._base_url + path,
+            system=self.system,
+            ok=accepted,
+            sleep=self._sleep,
+            bearer=bearer if bearer is not None else self._api_key,
+            secrets=hidden,
+            pace=pace if pace is not None else self._pace,
+            timeout=self._timeout,
+            **kwargs,
+        )
+        if response.status_code < 300 or response.status_code in accepted:
+            return response
+        raise scrubbed(self._refusal(response), hidden)
+
+    async def _create(self, method: str, path: str, *, what: str, ok: Iterable[int], **kwargs: Any) -> httpx.Response:
+        """Send a request that buys `what`, returning the refusals listed in `ok` for the
+        adapter to sort (capacity, a refused offer, ...). Only a 429, answered before any work,
+        is retried: after a 5xx or timeout `what` may have been bought all the same, so the
+        TransientError says to look it up by `found_by` before buying again."""
+        try:
+            return await self._call(method, path, ok=ok, idempotent=False, **kwargs)
+        except OutcomeUnknown as exc:
+            raise TransientError(
+                f"{exc}; {what} may exist anyway: look it up by {self.found_by} before creating it again",
+                retry_after=exc.retry_after,
+            ) from None
+
+    def _refusal(self, response: httpx.Response) -> TgpError:
+        """The error for an answer no caller asked for, in the wording of the class docstring."""
+        status, where = response.status_code, request_line(response)
+        if status == 401:
+            return self._auth_error(response)
+        if status == 403:
+            return PermissionDenied(f"{self.system} refused {where} (403: {self._answer(response)}); {self._fixes.denied}")
+        if status == 404:
+            fix = self._fixes.not_found or f"check the base URL {self._base_url!r}"
+            return ConfigError(f"{self.system}: {where} was not found (404: {self._answer(response)}); {fix}")
+        return ConfigError(f"{self.system}: {where} answered {status}: {self._answer(response)}")
+
+    def _auth_error(self, response: httpx.Response) -> AuthError:
+        """The error for credentials the API refused, whatever status it said so with (an OAuth
+        token endpoint answers 400, Vast.ai's offer search 404)."""
+        return AuthError(
+            f"{self.system} refused the credentials for {request_line(response)} "
+            f"({response.status_code}: {self._answer(response)}); {self._fixes.auth}"
+        )
+
+    def _answer(self, response: httpx.Response) -> str:
+        """The server's own words in an error answer, as messages quote them."""
+        return self._scrub(error_message(response))
+
+    def _gone(self, response: httpx.Response) -> bool:
+        """Whether `response` says the object no longer exists: a 404 in the API's own words.
+        Any other 404 (a wrong base URL, a proxy) raises its ConfigError instead, since reading
+        it as "gone" would leak a billing instance."""
+        if response.status_code != 404:
+            return False
+        if not self._says_missing(response):
+            raise self._refusal(response)
+        return True
+
+    def _says_missing(self, response: httpx.Response) -> bool:
+        """Whether a 404 is the API's own "no such object"; an API with an error envelope of its
+        own checks for it."""
+        return True
+
+    def _secrets(self) -> list[str]:
+        """What must never reach a message: the API key."""
+        return [self._api_key.get_secret_value()] if self._api_key is not None else []
+
+    def _scrub(self, text: str, *extra: str) -> str:
+        return scrub(text, [*self._secrets(), *extra])
+
+    def _error(self, kind: type[TgpError], message: str) -> TgpError:
+        """A `kind` error whose message is scrubbed of this adapter's secrets."""
+        return kind(self._scrub(message))
+
+
+def request_line(response: httpx.Response) -> str:
+    """The request `response` answers, as messages name it ("GET /v1/x")."""
+    return f"{response.request.method} {response.request.url.path}"
 
 
 class OutcomeUnknown(TransientError):
@@ -99,19 +273,21 @@ async def send(
     sleep: Callable[[float], object] = asyncio.sleep,
     bearer: SecretStr | None = None,
     secrets: Iterable[str | None] = (),
+    pace: Pace | None = None,
     **kwargs: object,
 ) -> httpx.Response:
-    """Send a request, retrying transient failures; raise typed errors for the rest.
+    """Send a request, retrying transient failures; return every other answer.
 
     `bearer` is sent as `Authorization: Bearer ...`. It, `secrets` and the credential in the
     client's own Authorization header are registered with `tgp.secrets`; every error body
     (status >= 400) is scrubbed before it is returned or quoted, and so is the message of any
     error raised here, since messages reach workflow history.
 
-    Returns the response for 2xx and for any status listed in `ok` (for example 404 on a
-    delete). 401 -> AuthError, 403 -> PermissionDenied, 429/5xx/network -> retried, then
-    TransientError. Other statuses are returned for the adapter to interpret.
-    `system` names the API in messages ("Tailscale API", "RunPod").
+    429/5xx/network -> retried, then TransientError; a status listed in `ok` is returned at
+    once instead (a probe that expects a 500). Every other answer, 401 and 403 included, is
+    returned for the adapter to interpret (`HttpAdapter._call` words them all one way).
+    `system` names the API in messages ("Tailscale API", "RunPod"). `pace`, a rate limiter, is
+    entered before each attempt, so a retry waits its turn like any other request.
 
     A request that buys something is not idempotent (`idempotent=False`): only a 429, which
     the API answers before doing any work, is retried; a timeout, connection error, 408, 425
@@ -125,7 +301,7 @@ async def send(
     hidden.append(_credential(dict(kwargs.get("headers") or {}).get("Authorization")))  # type: ignore[call-overload]
     secret_registry.register(*hidden)
     try:
-        return await _send(client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, kwargs)
+        return await _send(client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, kwargs)
     except TgpError as exc:
         raise scrubbed(exc, hidden) from None
 
@@ -147,12 +323,14 @@ async def _send(
     idempotent: bool,
     rate_limit_wait: float | None,
     sleep: Callable[[float], object],
+    pace: Pace | None,
     kwargs: dict[str, object],
 ) -> httpx.Response:
     last: TransientError | None = None
     for attempt in range(1, attempts + 1):
         try:
-            response = await client.request(method, url, **kwargs)  # type: ignore[arg-type]
+            async with pace or nullcontext():
+                response = await client.request(method, url, **kwargs)  # type: ignore[arg-type]
         except httpx.TransportError as exc:
             message = f"{system}: {method} {_path(url)} failed: {type(exc).__name__}"
             if not idempotent:
@@ -164,13 +342,7 @@ async def _send(
             if status >= 400:
                 # Many APIs quote the request (credentials, user-data) in their errors.
                 response = scrubbed_response(response)
-            if status < 300 or status in ok:
-                return response
-            if status == 401:
-                raise AuthError(f"{system} rejected the credentials (401): check the API key or OAuth client in the referenced Secret")
-            if status == 403:
-                raise PermissionDenied(f"{system} refused {method} {_path(url)} (403): {error_message(response)}")
-            if status not in RETRYABLE_STATUSES:
+            if status in ok or status not in RETRYABLE_STATUSES:
                 return response
             retry_after = retry_after_seconds(response)
             if retry_after is None and status == 429:
@@ -196,7 +368,7 @@ def json_object(response: httpx.Response, *, system: str) -> dict[str, Any]:
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        raise TransientError(f"{system}: {response.request.method} {response.request.url.path} answered non-JSON")
+        raise TransientError(f"{system}: {request_line(response)} answered non-JSON")
     return data
 
 
@@ -239,6 +411,13 @@ def error_message(response: httpx.Response, limit: int = 300) -> str:
     except ValueError:
         return scrub(response.text)[:limit] or response.reason_phrase
     return scrub(_message_in(body))[:limit]
+
+
+def mentions(code: str, message: str, markers: Iterable[str]) -> bool:
+    """Whether an error's code or message holds one of `markers` (lowercase): how an adapter
+    sorts the refusals its API gives no machine-readable code for."""
+    text = f"{code} {message}".lower()
+    return any(marker in text for marker in markers)
 
 
 def _message_in(body: object) -> str:

@@ -36,7 +36,7 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
@@ -46,9 +46,8 @@ import structlog
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, scrub, send
-from tgp.secrets import register_process
+from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_message, request_line
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -68,9 +67,8 @@ MAX_USER_DATA_BYTES = 1024 * 1024
 _HOSTNAME = re.compile(r"^[a-z0-9][0-9a-z-]{0,62}$")
 # "8x H100 (80 GB SXM5)" -> "H100 (80 GB SXM5)" when gpu_description is missing.
 _COUNT_PREFIX = re.compile(r"^\s*\d+\s*x\s*", re.IGNORECASE)
-# Statuses a launch answers that mean "not done, say why"; 408/425/5xx may hide a created
-# VM, and send retries a 429.
-_CREATE_ANSWERS = frozenset(range(400, 500)) - {408, 425, 429}
+# The refusals of a launch that `_launch_refused` sorts (401 and 403 are worded by HttpAdapter).
+_CREATE_ANSWERS = CLIENT_ERRORS - {401, 403}
 # A launch names four objects; `global/object-does-not-exist` does not say which is missing
 # except in its message. These words mean one the class configured, not the offer's.
 _CLASS_OBJECTS = ("ssh", "image", "file system", "filesystem", "firewall")
@@ -84,8 +82,6 @@ _STATES = {
     "terminated": InstanceState.TERMINATED,
 }
 _GONE = frozenset({"terminating", "terminated"})
-
-Sleep = Callable[[float], Awaitable[object]]
 
 
 def wire_name(name: str) -> str:
@@ -109,6 +105,7 @@ class LambdaProvider(HttpAdapter):
     """
 
     name = "lambdalabs"
+    system = SYSTEM
     capabilities = ProviderCapabilities(machine="vm", boot_payload="cloud-init", joins_as_node=True, spot=False)
 
     def __init__(
@@ -130,17 +127,16 @@ class LambdaProvider(HttpAdapter):
             raise ConfigError(f"the Lambda Cloud API key is empty: set it in {secret_ref}")
         if not ssh_key_name:
             raise ConfigError("Lambda launches need the name of an SSH key registered with Lambda (ssh_key_name)")
-        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
-        self._api_key = api_key
+        fixes = Fixes(
+            auth=f"put a valid Lambda Cloud API key (cloud.lambda.ai > API keys) in {secret_ref}",
+            denied="the Lambda account needs attention (billing, payment method or address verification) in the Lambda console",
+        )
+        # Every request (and each retry of one) waits its turn under Lambda's general limit.
+        requests = MinInterval(request_interval, clock=clock, sleep=sleep)
+        super().__init__(fixes=fixes, base_url=base_url, api_key=api_key, client=client, sleep=sleep, pace=requests)
         self._ssh_key_name = ssh_key_name
-        self._base_url = base_url.rstrip("/")
         self._image_family = image_family
-        self._secret_ref = secret_ref
-        self._sleep = sleep
-        self._requests = MinInterval(request_interval, clock=clock, sleep=sleep)
         self._launches = MinInterval(launch_interval, clock=clock, sleep=sleep)
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, headers={"User-Agent": "tgp"})
 
     def __repr__(self) -> str:
         return f"LambdaProvider(base_url={self._base_url!r}, ssh_key_name={self._ssh_key_name!r})"
@@ -179,7 +175,16 @@ class LambdaProvider(HttpAdapter):
         if self._image_family:
             body["image"] = {"family": self._image_family}
         async with self._launches:
-            response = await self._create("/instance-operations/launch", body, what=f"instance {body['name']}")
+            # A 429 without Retry-After waits out the 12 s Lambda documents between launches,
+            # whatever this adapter's own pacing is set to.
+            response = await self._create(
+                "POST",
+                "/instance-operations/launch",
+                what=f"instance {body['name']}",
+                ok=_CREATE_ANSWERS,
+                rate_limit_wait=LAUNCH_INTERVAL,
+                json=body,
+            )
         if response.status_code < 300:
             data = self._data(response)
             ids = data.get("instance_ids") if isinstance(data, dict) else None
@@ -310,67 +315,21 @@ class LambdaProvider(HttpAdapter):
 
     # --- requests ---------------------------------------------------------------------
 
-    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
-        """One paced, authenticated request through `send`. Returns 2xx and `ok` statuses;
-        words 401 (which Secret to fix) and 403 (billing) here; other errors become typed."""
-        accepted = set(ok)
-        async with self._requests:
-            response = await send(
-                self._client,
-                method,
-                self._base_url + path,
-                system=SYSTEM,
-                ok=accepted | {401, 403},
-                sleep=self._sleep,
-                bearer=self._api_key,
-                **kwargs,
-            )
-        status = response.status_code
-        if status == 401:
-            raise AuthError(
-                f"Lambda rejected the API key ({_code(response) or 401}): put a valid Lambda Cloud API key "
-                f"(cloud.lambda.ai > API keys) in {self._secret_ref}"
-            )
-        if status == 403:
-            code = _code(response)
-            raise PermissionDenied(
-                f"Lambda refused {method} {path} ({code or 403}: {self._scrub(error_message(response))}): "
-                "the Lambda account needs attention (billing, payment method or address verification) in the Lambda console"
-            )
-        if status < 300 or status in accepted:
-            return response
-        code = _code(response)
-        if code.startswith("provider/"):
-            raise TransientError(f"{SYSTEM}: {method} {path} failed upstream ({code}: {self._scrub(error_message(response))})")
-        raise ConfigError(f"{SYSTEM}: {method} {path} answered {status} {code}: {self._scrub(error_message(response))}")
+    def _answer(self, response: httpx.Response) -> str:
+        """Lambda's error code before its message: the code is what Lambda says to branch on."""
+        code, message = _code(response), super()._answer(response)
+        return f"{code}: {message}" if code else message
 
-    async def _create(self, path: str, body: dict[str, Any], *, what: str) -> httpx.Response:
-        """POST a launch. Only a 429 (refused before any work) is retried; a 5xx or timeout
-        may have launched the VM, so it becomes TransientError for the caller's find-by-name
-        to settle."""
-        try:
-            # A 429 without Retry-After waits out the 12 s Lambda documents between launches,
-            # whatever this adapter's own pacing is set to.
-            return await self._call(
-                "POST", path, json=body, ok=_CREATE_ANSWERS, idempotent=False, rate_limit_wait=LAUNCH_INTERVAL
-            )
-        except OutcomeUnknown as exc:
-            raise TransientError(
-                f"{exc}; Lambda may have launched {what} anyway: look it up by name before launching again",
-                retry_after=exc.retry_after,
-            ) from None
+    def _refusal(self, response: httpx.Response) -> TgpError:
+        """A `provider/...` code is Lambda's upstream failing, which passes; the rest as every API."""
+        if _code(response).startswith("provider/"):
+            return TransientError(f"{SYSTEM}: {request_line(response)} failed upstream ({self._answer(response)})")
+        return super()._refusal(response)
 
-    def _gone(self, response: httpx.Response) -> bool:
-        """True for Lambda's 404 `global/object-does-not-exist`. Any other 404 (a wrong base
-        URL, a proxy) is a ConfigError: reading it as "gone" would leak a billing instance."""
-        if response.status_code != 404:
-            return False
-        if _code(response) != "global/object-does-not-exist":
-            raise ConfigError(
-                f"{SYSTEM}: {response.request.method} {response.request.url.path} answered 404 without Lambda's error "
-                f"envelope: check the base URL {self._base_url!r}"
-            )
-        return True
+    def _says_missing(self, response: httpx.Response) -> bool:
+        """Lambda's own 404 carries `global/object-does-not-exist`; any other came from a wrong
+        URL or a proxy."""
+        return _code(response) == "global/object-does-not-exist"
 
     def _data(self, response: httpx.Response) -> Any:
         try:
@@ -378,11 +337,8 @@ class LambdaProvider(HttpAdapter):
         except ValueError:
             body = None
         if not isinstance(body, dict) or "data" not in body:
-            raise TransientError(f"{SYSTEM}: {response.request.method} {response.request.url.path} answered without a data envelope")
+            raise TransientError(f"{SYSTEM}: {request_line(response)} answered without a data envelope")
         return body["data"]
-
-    def _scrub(self, text: str) -> str:
-        return scrub(text, [self._api_key.get_secret_value()])
 
 
 def _dollars(cents: int) -> Decimal:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -43,9 +43,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, scrub, send
-from tgp.secrets import register_process
+from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, mentions, scrub
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -92,8 +91,8 @@ _BILLING_MARKERS = ("billing", "payment", "credit", "balance", "standing")
 # A refusal naming what the class configured (template) or tgp built (script, fields) fails on
 # every offer; any other refusal is about this machine type in this region.
 _CLASS_MARKERS = ("template", "startup script", "startupscript", "missing required", "disksize", "disk size")
-
-Sleep = Callable[[float], Awaitable[object]]
+# The refusals of a create that `launch` sorts (401 and 403 are worded by HttpAdapter).
+_CREATE_ANSWERS = CLIENT_ERRORS - {401, 403}
 
 
 class CatalogEntry(BaseModel):
@@ -146,6 +145,7 @@ class PaperspaceProvider(HttpAdapter):
     """
 
     name = "paperspace"
+    system = SYSTEM
     capabilities = CAPABILITIES
 
     def __init__(
@@ -163,26 +163,19 @@ class PaperspaceProvider(HttpAdapter):
     ) -> None:
         if not api_key.get_secret_value():
             raise ConfigError(f"the Paperspace API key is empty: set it in {secret_ref}")
-        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
+        fixes = Fixes(
+            auth=f"put a valid Paperspace API key (create one in the Paperspace console under Team settings > API keys) in {secret_ref}",
+            denied=f"check in the Paperspace console what the team of the API key in {secret_ref} may do",
+        )
+        super().__init__(fixes=fixes, base_url=base_url, api_key=api_key, client=client, sleep=sleep)
         self.catalog = catalog or load_catalog()
         self.template_id = template_id
         self.disk_size_gb = disk_size_gb
         self.check_templates = check_templates
-        self._base = base_url.rstrip("/")
-        self._sleep = sleep
-        self._auth_message = (
-            f"Paperspace rejected the API key: fix the key in {secret_ref} "
-            "(create one in the Paperspace console under Team settings > API keys)"
-        )
         self._stale_warned = False
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=DEFAULT_TIMEOUT,
-            headers={"Authorization": f"Bearer {api_key.get_secret_value()}", "User-Agent": "tgp"},
-        )
 
     def __repr__(self) -> str:
-        return f"PaperspaceProvider(base_url={self._base!r}, template_id={self.template_id!r})"
+        return f"PaperspaceProvider(base_url={self._base_url!r}, template_id={self.template_id!r})"
 
     @property
     def catalog_as_of(self) -> date:
@@ -250,17 +243,17 @@ class PaperspaceProvider(HttpAdapter):
             "autoShutdownEnabled": False,
             "emailPassword": False,
         }
-        response = await self._create("/machines", body)
+        response = await self._create("POST", "/machines", what=f"machine {name}", ok=_CREATE_ANSWERS, json=body)
         if response.status_code >= 400:
             # The machine was definitely not created: its script (with the auth key) must not linger.
             await self._delete_script_quietly(script_id)
             code, message = _error(response)
             message = scrub(message)  # an echo of the startup script must not carry its tailnet key
-            if response.status_code == 402 or _mentions(code, message, _BILLING_MARKERS):
+            if response.status_code == 402 or mentions(code, message, _BILLING_MARKERS):
                 raise PermissionDenied(f"Paperspace refused to create {offer.offer_id} for billing reasons ({code}: {message}): check the account's billing")
-            if _mentions(code, message, _CAPACITY_MARKERS):
+            if mentions(code, message, _CAPACITY_MARKERS):
                 raise CapacityError(f"Paperspace has no {offer.offer_id} capacity in {region}: {message or code}")
-            if _mentions(code, message, _CLASS_MARKERS):
+            if mentions(code, message, _CLASS_MARKERS):
                 raise ConfigError(f"Paperspace rejected the creation of {offer.offer_id} in {region} ({response.status_code} {code}): {message}")
             raise OfferRefused(f"Paperspace refused {offer.offer_id} in {region} ({response.status_code} {code}): {message or 'no reason given'}")
         data = _json(response)
@@ -391,25 +384,6 @@ class PaperspaceProvider(HttpAdapter):
             # Run-once and holding a single-use, expiring key: a leftover script is untidy, not dangerous.
             log.warning("paperspace_script_cleanup_failed", script_id=script_id, error=str(exc))
 
-    # --- transport ---------------------------------------------------------------------
-
-    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
-        """One request with send()'s retries, and the AuthError message naming our Secret."""
-        try:
-            return await send(self._client, method, self._base + path, system=SYSTEM, ok=ok, sleep=self._sleep, **kwargs)
-        except AuthError:
-            raise AuthError(self._auth_message) from None
-
-    async def _create(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
-        """POST that buys something: a 429 is retried (nothing happened), a 5xx or timeout is
-        not (something may have), so the caller can look the machine up by name first."""
-        try:
-            return await self._call("POST", path, idempotent=False, json=dict(body))
-        except OutcomeUnknown as exc:
-            raise TransientError(
-                f"{exc}; the machine may exist: look it up by name before retrying", retry_after=exc.retry_after
-            ) from None
-
 
 def _json(response: httpx.Response) -> Any:
     """The body with exact decimals; {} when empty."""
@@ -431,8 +405,3 @@ def _error(response: httpx.Response) -> tuple[str, str]:
     message = str(body.get("message") or body.get("error") or "")
     issues = "; ".join(str(i.get("message")) for i in body.get("issues") or [] if isinstance(i, dict))
     return str(body.get("code") or ""), (f"{message} ({issues})" if issues else message)[:300]
-
-
-def _mentions(code: str, message: str, markers: Iterable[str]) -> bool:
-    text = f"{code} {message}".lower()
-    return any(marker in text for marker in markers)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
@@ -48,9 +48,8 @@ import structlog
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, HttpAdapter, OutcomeUnknown, error_message, json_items, json_object, scrub, send
-from tgp.secrets import register_process
+from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_message, json_items, json_object
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -82,15 +81,12 @@ _STATES = {
 _CAPACITY_TEXT = ("no longer any instances available", "no instances currently available", "does not have the resources")
 # Env variables whose values are kept out of error messages.
 _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASS", re.IGNORECASE)
-# Statuses a create answers that mean "not done, say why"; 408/425/5xx may hide a created
-# pod, and send retries a 429.
-_CREATE_ANSWERS = frozenset(range(400, 500)) - {408, 425, 429}
+# The refusals of a create that `_create_refused` sorts (a 401 is worded by HttpAdapter).
+_CREATE_ANSWERS = CLIENT_ERRORS - {401}
 # Create-body fields that come from the offer, not the class: a 422 naming only these refuses
 # this offer (RunPod's 422 `errors` read "$.<field>: <why>").
 _OFFER_FIELDS = ("$.gpu", "$.dataCenterIds")
 _OFFER_SEP = "|"
-
-Sleep = Callable[[float], Awaitable[object]]
 
 
 def offer_id(gpu_id: str, gpu_count: int, data_center_id: str) -> str:
@@ -116,6 +112,7 @@ class RunPodProvider(HttpAdapter):
     """
 
     name = "runpod"
+    system = SYSTEM
     capabilities = ProviderCapabilities(
         machine="container",
         boot_payload="env",
@@ -145,17 +142,16 @@ class RunPodProvider(HttpAdapter):
             raise ConfigError(f"the RunPod API key is empty: set it in {secret_ref}")
         if not gpu_counts or any(n < 1 for n in gpu_counts):
             raise ConfigError(f"RunPod gpu_counts must be positive integers, got {list(gpu_counts)}")
-        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
-        self._api_key = api_key
-        self._base_url = base_url.rstrip("/")
+        fixes = Fixes(
+            auth=f"put a valid RunPod API key (console.runpod.io > Settings > API Keys, read/write) in {secret_ref}",
+            denied=f"the API key in {secret_ref} needs read/write access to pods",
+        )
+        super().__init__(fixes=fixes, base_url=base_url, api_key=api_key, client=client, sleep=sleep)
         self._image = image
         self._disk_gb = disk_gb
         self._ports = list(ports)
         self._gpu_counts = sorted(set(gpu_counts))
         self._secret_ref = secret_ref
-        self._sleep = sleep
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(timeout=DEFAULT_TIMEOUT, headers={"User-Agent": "tgp"})
 
     def __repr__(self) -> str:
         return f"RunPodProvider(base_url={self._base_url!r})"
@@ -193,7 +189,7 @@ class RunPodProvider(HttpAdapter):
             "env": env,
         }
         secrets = [v for k, v in env.items() if _SECRET_NAME.search(k)]
-        response = await self._create("/pods", body, what=f"pod {name}", secrets=secrets)
+        response = await self._create("POST", "/pods", what=f"pod {name}", ok=_CREATE_ANSWERS, secrets=secrets, json=body)
         status = response.status_code
         if status < 300:
             instance = self._instance(json_object(response, system=SYSTEM))
@@ -316,72 +312,13 @@ class RunPodProvider(HttpAdapter):
 
     # --- requests ---------------------------------------------------------------------
 
-    async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
-        """One authenticated request through `send`. Returns 2xx and `ok` statuses; words
-        401 (which Secret to fix) and 403 here; other 4xx become ConfigError."""
-        accepted = set(ok)
-        response = await send(
-            self._client,
-            method,
-            self._base_url + path,
-            system=SYSTEM,
-            ok=accepted | {401, 403},
-            sleep=self._sleep,
-            bearer=self._api_key,
-            secrets=self._secrets(),
-            **kwargs,
-        )
-        status = response.status_code
-        if status == 401:
-            raise AuthError(
-                f"RunPod rejected the API key (401: {self._scrub(error_message(response))}): put a valid RunPod API key "
-                f"(console.runpod.io > Settings > API Keys, read/write) in {self._secret_ref}"
-            )
-        if status < 300 or status in accepted:
-            return response
-        if status == 403:
-            raise PermissionDenied(
-                f"RunPod refused {method} {path} (403: {self._scrub(error_message(response))}): the API key in "
-                f"{self._secret_ref} needs read/write access to pods"
-            )
-        raise ConfigError(f"{SYSTEM}: {method} {path} answered {status}: {self._scrub(error_message(response))}")
-
-    async def _create(self, path: str, body: dict[str, Any], *, what: str, secrets: list[str]) -> httpx.Response:
-        """POST a create. Only a 429 (refused before any work) is retried; a 5xx or timeout
-        may have created the pod, so it becomes TransientError for the caller's find-by-name
-        to settle."""
-        try:
-            return await self._call("POST", path, json=body, ok=_CREATE_ANSWERS, idempotent=False)
-        except OutcomeUnknown as exc:
-            raise TransientError(
-                f"{self._scrub(str(exc), *secrets)}; RunPod may have created {what} anyway: "
-                "look it up by name before creating again",
-                retry_after=exc.retry_after,
-            ) from None
-
-    def _gone(self, response: httpx.Response) -> bool:
-        """True for RunPod's problem+json 404. Any other 404 (a wrong base URL, a proxy) is a
-        ConfigError: reading it as "gone" would leak a billing pod."""
-        if response.status_code != 404:
-            return False
+    def _says_missing(self, response: httpx.Response) -> bool:
+        """RunPod's own 404 is problem+json; without one it came from a wrong URL or a proxy."""
         try:
             body = response.json()
         except ValueError:
-            body = None
-        if not (isinstance(body, dict) and body.get("status") == 404):
-            raise ConfigError(
-                f"{SYSTEM}: {response.request.method} {response.request.url.path} answered 404 without a problem+json "
-                f"body: check the base URL {self._base_url!r}"
-            )
-        return True
-
-    def _secrets(self, *extra: str) -> list[str]:
-        """The API key and `extra` values to keep out of messages. Values under 8 characters
-        ("1", "true" in an env) are left alone: replacing them would shred the message."""
-        return [s for s in (self._api_key.get_secret_value(), *extra) if len(s) >= 8]
-
-    def _scrub(self, text: str, *extra: str) -> str:
-        return scrub(text, self._secrets(*extra))
+            return False
+        return isinstance(body, dict) and body.get("status") == 404
 
 
 def _env_of(boot: BootPayload) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """The `simulated` provider: the adapter for sim.cloud's HTTP API.
 
-It is written exactly like a real provider adapter (httpx, activities.http.send, wire format
-translated once into Offer/Instance), so the lifecycle exercised by the demo and the tests
-is the one real clouds get.
+It is written exactly like a real provider adapter (an `HttpAdapter`, wire format translated
+once into Offer/Instance), so the lifecycle exercised by the demo and the tests is the one
+real clouds get.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, OfferRefused, TransientError
-from activities.http import DEFAULT_TIMEOUT, error_message, send
-from tgp.secrets import register_process
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, error_message
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
 _STATES = {
@@ -25,40 +24,36 @@ _STATES = {
     "failed": InstanceState.FAILED,
     "terminated": InstanceState.TERMINATED,
 }
+# The refusals of a create that `launch` sorts, and of a delete that `terminate` retries
+# (401 and 403 are worded by HttpAdapter).
+_REFUSALS = CLIENT_ERRORS - {401, 403}
 
 
-class SimulatedProvider:
+class SimulatedProvider(HttpAdapter):
     """CloudProvider over the simulated cloud at `base_url`."""
 
     name = "simulated"
+    system = "simulated cloud"
     # Simulated machines read the container-style env payload and always "join".
     capabilities = ProviderCapabilities(machine="vm", boot_payload="env", joins_as_node=True, spot=True)
 
     def __init__(
         self, base_url: str, *, api_key: SecretStr | None = None, client: httpx.AsyncClient | None = None, name: str = "simulated"
     ) -> None:
+        fixes = Fixes(
+            auth="set the simulated cloud's API key in TGP_SIMULATED_CLOUD_API_KEY or the class's credentialsRef Secret",
+            denied="the simulated cloud answers 403 only to a fault a test injected",
+        )
+        super().__init__(fixes=fixes, base_url=base_url, api_key=api_key, client=client)
         self.name = name  # several simulated clouds can stand in for several providers
-        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
-        headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key else {}
-        self._client = client or httpx.AsyncClient(base_url=base_url, timeout=DEFAULT_TIMEOUT, headers=headers)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     async def list_offers(self) -> list[Offer]:
-        body = (await send(self._client, "GET", "/v1/offers", system="simulated cloud")).json()
+        body = (await self._call("GET", "/v1/offers")).json()
         return [self._offer(o) for o in body.get("offers") or []]
 
     async def launch(self, offer: Offer, *, name: str, boot: BootPayload) -> Instance:
-        response = await send(
-            self._client,
-            "POST",
-            "/v1/instances",
-            system="simulated cloud",
-            json={"offerId": offer.offer_id, "name": name, "userData": boot.content},
-            # A create buys: never resent blindly after a 5xx or timeout (the caller looks it up).
-            idempotent=False,
-        )
+        body = {"offerId": offer.offer_id, "name": name, "userData": boot.content}
+        response = await self._create("POST", "/v1/instances", what=f"instance {name}", ok=_REFUSALS, json=body)
         if response.status_code == 409:
             raise CapacityError(f"simulated cloud has no capacity for {offer.key}: {error_message(response)}")
         if response.status_code >= 400:
@@ -71,19 +66,19 @@ class SimulatedProvider:
         return found[0] if found else None
 
     async def find_all_by_name(self, name: str) -> list[Instance]:
-        response = await send(self._client, "GET", "/v1/instances", system="simulated cloud", params={"name": name})
+        response = await self._call("GET", "/v1/instances", params={"name": name})
         return [self._instance(i) for i in response.json().get("instances") or []]
 
     async def list_instances(self, prefix: str) -> list[Instance]:
-        response = await send(self._client, "GET", "/v1/instances", system="simulated cloud")
+        response = await self._call("GET", "/v1/instances")
         return [self._instance(i) for i in response.json().get("instances") or [] if str(i.get("name", "")).startswith(prefix)]
 
     async def describe(self, instance_id: str) -> Instance | None:
-        response = await send(self._client, "GET", f"/v1/instances/{instance_id}", system="simulated cloud", ok=[404])
+        response = await self._call("GET", f"/v1/instances/{instance_id}", ok=(404,))
         return None if response.status_code == 404 else self._instance(response.json())
 
     async def terminate(self, instance_id: str) -> None:
-        response = await send(self._client, "DELETE", f"/v1/instances/{instance_id}", system="simulated cloud", ok=[404])
+        response = await self._call("DELETE", f"/v1/instances/{instance_id}", ok=_REFUSALS)
         if response.status_code >= 400 and response.status_code != 404:
             raise TransientError(f"simulated cloud could not terminate {instance_id}: {error_message(response)}")
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -39,9 +39,8 @@ import structlog
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, IN_CALL_ATTEMPTS, MAX_IN_CALL_WAIT, HttpAdapter, OutcomeUnknown, backoff, retry_after_seconds, scrub, send
-from tgp.secrets import register_process
+from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, mentions, scrub
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval, Unlimited
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -124,8 +123,8 @@ _GONE_ASK_MARKERS = ("no_such_ask", "not available", "no longer available")
 _BILLING_MARKERS = ("credit", "balance", "payment", "billing")
 # Refusals of what tgp sent or how the account is set up: wrong for every ask.
 _CONFIG_CODES = frozenset({"invalid_args", "no_ssh_key_for_vm"})
-
-Sleep = Callable[[float], Awaitable[object]]
+# The refusals of a rental that `launch` sorts (a 401 is worded by HttpAdapter).
+_CREATE_ANSWERS = CLIENT_ERRORS - {401}
 
 
 def instance_state(raw: Mapping[str, Any]) -> tuple[InstanceState, bool]:
@@ -154,6 +153,8 @@ class VastProvider(HttpAdapter):
     """
 
     name = "vastai"
+    system = SYSTEM
+    found_by = "label"
 
     def __init__(
         self,
@@ -173,7 +174,6 @@ class VastProvider(HttpAdapter):
     ) -> None:
         if not api_key.get_secret_value():
             raise ConfigError(f"the Vast.ai API key is empty: set it in {secret_ref}")
-        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
         self.vm = vm
         self.image = image or (DEFAULT_VM_IMAGE if vm else DEFAULT_CONTAINER_IMAGE)
         if vm and not self.image.startswith(VM_IMAGE_PREFIX):
@@ -182,26 +182,22 @@ class VastProvider(HttpAdapter):
         self.disk_gb = disk_gb
         self.spot = spot
         self._filters = {**_BASE_FILTERS, **({"vms_enabled": {"eq": True}} if vm else {}), **(search_filters or {})}
-        self._v0 = base_url.rstrip("/")
-        # The instance list moved to /api/v1; everything else stays on /api/v0.
-        self._v1 = self._v0[: -len("/v0")] + "/v1" if self._v0.endswith("/v0") else self._v0
-        self._sleep = sleep
-        self._auth_message = (
-            f"Vast.ai rejected the API key: fix the key in {secret_ref} "
-            "(create one at https://cloud.vast.ai/manage-keys/)"
+        fixes = Fixes(
+            auth=f"put a valid Vast.ai API key (create one at https://cloud.vast.ai/manage-keys/) in {secret_ref}",
+            denied=f"check the permissions of the API key in {secret_ref} at https://cloud.vast.ai/manage-keys/",
         )
+        super().__init__(fixes=fixes, base_url=base_url, api_key=api_key, client=client, sleep=sleep)
+        # The instance list moved to /api/v1; everything else stays on /api/v0 (the base URL).
+        self._v1 = self._base_url[: -len("/v0")] + "/v1" if self._base_url.endswith("/v0") else self._base_url
+        # Each endpoint's pacing, entered before every attempt (a retry after a 429 too: Vast's
+        # 429 carries no Retry-After, so the retry waits out the endpoint's interval).
         self._limiters: dict[str, MinInterval | Unlimited] = {
             endpoint: MinInterval(interval, clock=clock, sleep=sleep) if interval > 0 else Unlimited()
             for endpoint, interval in min_intervals.items()
         }
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=DEFAULT_TIMEOUT,
-            headers={"Authorization": f"Bearer {api_key.get_secret_value()}", "User-Agent": "tgp"},
-        )
 
     def __repr__(self) -> str:
-        return f"VastProvider(base_url={self._v0!r}, vm={self.vm})"
+        return f"VastProvider(base_url={self._base_url!r}, vm={self.vm})"
 
     # --- CloudProvider -----------------------------------------------------------------
 
@@ -236,7 +232,9 @@ class VastProvider(HttpAdapter):
         if offer.spot:
             body["price"] = float(offer.hourly_price)
         # On-demand and bid rentals are the same endpoint, so they share its pacing.
-        response = await self._call("create", "PUT", f"{self._v0}/asks/{offer.offer_id}/", create=True, ok=(403, 404, 410), json=body)
+        response = await self._create(
+            "PUT", f"/asks/{offer.offer_id}/", what=f"instance {name}", ok=_CREATE_ANSWERS, pace=self._limiters.get("create"), json=body
+        )
         data = _json(response)
         code, message = _vast_error(data)
         message = scrub(message)  # an echo of the onstart script must not carry its tailnet key
@@ -258,12 +256,12 @@ class VastProvider(HttpAdapter):
                 f"the stopped instance {contract} "
                 + ("was destroyed" if destroyed else f"could not be destroyed yet and is released by label {name!r}")
             )
-        if response.status_code in (404, 410) or _mentions(code, message, _GONE_ASK_MARKERS):
+        if response.status_code in (404, 410) or mentions(code, message, _GONE_ASK_MARKERS):
             raise CapacityError(f"Vast.ai ask {offer.offer_id} is no longer available (rented away): {message or code}")
         if offer.spot and code == "invalid_price":
             # The ask's min_bid rose since the offer was listed: this price is gone, try the next offer.
             raise CapacityError(f"Vast.ai refused a bid of ${offer.hourly_price}/h for ask {offer.offer_id}: {message or code}")
-        if response.status_code == 402 or _mentions(code, message, _BILLING_MARKERS):
+        if response.status_code == 402 or mentions(code, message, _BILLING_MARKERS):
             raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} for billing reasons ({message or code}): add credit to the Vast.ai account")
         if response.status_code == 403 and "not your own" not in message.lower():
             # Not the documented host-only answer: the key may not rent at all.
@@ -282,7 +280,7 @@ class VastProvider(HttpAdapter):
         params: dict[str, str | int] = {"select_filters": json.dumps({"label": {"eq": name}}), "limit": LIST_PAGE_SIZE}
         found: list[Instance] = []
         while True:
-            data = _json(await self._call("list", "GET", f"{self._v1}/instances/", params=params))
+            data = _json(await self._call("GET", f"{self._v1}/instances/", pace=self._limiters.get("list"), params=params))
             found += [self._instance(raw) for raw in data.get("instances") or [] if raw.get("label") == name]
             token = data.get("next_token")
             if not token:
@@ -294,7 +292,7 @@ class VastProvider(HttpAdapter):
         params: dict[str, str | int] = {"limit": LIST_PAGE_SIZE}
         found: list[Instance] = []
         while True:
-            data = _json(await self._call("list", "GET", f"{self._v1}/instances/", params=params))
+            data = _json(await self._call("GET", f"{self._v1}/instances/", pace=self._limiters.get("list"), params=params))
             found += [self._instance(raw) for raw in data.get("instances") or [] if str(raw.get("label") or "").startswith(prefix)]
             token = data.get("next_token")
             if not token:
@@ -303,7 +301,7 @@ class VastProvider(HttpAdapter):
 
     async def describe(self, instance_id: str) -> Instance | None:
         """Current state; None for `{"instances": null}` or 404 (destroyed or unknown)."""
-        response = await self._call("show", "GET", f"{self._v0}/instances/{instance_id}/", ok=(404,), params={"owner": "me"})
+        response = await self._call("GET", f"/instances/{instance_id}/", ok=(404,), pace=self._limiters.get("show"), params={"owner": "me"})
         if response.status_code == 404:
             return None
         raw = _json(response).get("instances")
@@ -313,11 +311,11 @@ class VastProvider(HttpAdapter):
 
     async def terminate(self, instance_id: str) -> None:
         """Destroy the instance; one already gone (404, no_such_instance) counts as destroyed."""
-        response = await self._call("destroy", "DELETE", f"{self._v0}/instances/{instance_id}/", ok=(400, 404))
+        response = await self._call("DELETE", f"/instances/{instance_id}/", ok=(400, 404), pace=self._limiters.get("destroy"))
         if response.status_code < 300 or response.status_code == 404:
             return
         code, message = _vast_error(_json(response))
-        if _mentions(code, message, ("no_such_instance", "not_found", "not found")):
+        if mentions(code, message, ("no_such_instance", "not_found", "not found")):
             return
         raise TransientError(f"Vast.ai could not destroy instance {instance_id} ({response.status_code}): {message or code}")
 
@@ -331,13 +329,10 @@ class VastProvider(HttpAdapter):
             "limit": SEARCH_LIMIT,
             "allocated_storage": self.disk_gb,
         }
-        response = await self._call("search", "POST", f"{self._v0}/bundles/", ok=(404,), json=body)
+        response = await self._call("POST", "/bundles/", ok=(404,), pace=self._limiters.get("search"), json=body)
         if response.status_code == 404:
             # The offer search answers 404 rather than 401 to an invalid key.
-            raise AuthError(self._auth_message + " (the offer search answered 404, which is how it reports a bad key)")
-        if response.status_code >= 400:
-            code, message = _vast_error(_json(response))
-            raise ConfigError(f"Vast.ai rejected the offer search ({response.status_code}): {message or code}")
+            raise self._auth_error(response)
         rows = _json(response).get("offers") or []
         # The filters already say so; a row that slips through would only fail at launch.
         return [r for r in rows if r.get("rentable", True) and not r.get("rented", False)]
@@ -393,58 +388,6 @@ class VastProvider(HttpAdapter):
             return False
         return True
 
-    # --- transport ---------------------------------------------------------------------
-
-    async def _call(
-        self,
-        endpoint: str,
-        method: str,
-        url: str,
-        *,
-        ok: Iterable[int] = (),
-        create: bool = False,
-        **kwargs: Any,
-    ) -> httpx.Response:
-        """One request, paced per endpoint. A 429 re-enters the endpoint's pacing before the
-        retry (Vast sends no Retry-After), so it is retried here rather than in `send`. A
-        create is never retried after a 5xx or timeout: it may have bought the instance."""
-        limiter = self._limiters.get(endpoint) or Unlimited()
-        accepted = set(ok) | {429}
-        last: TransientError | None = None
-        for attempt in range(1, IN_CALL_ATTEMPTS + 1):
-            async with limiter:
-                try:
-                    response = await send(
-                        self._client,
-                        method,
-                        url,
-                        system=SYSTEM,
-                        ok=accepted,
-                        idempotent=not create,
-                        sleep=self._sleep,
-                        **kwargs,
-                    )
-                except AuthError:
-                    raise AuthError(self._auth_message) from None
-                except OutcomeUnknown as exc:
-                    raise TransientError(
-                        f"{exc}; the instance may exist: look it up by label before retrying", retry_after=exc.retry_after
-                    ) from None
-            status = response.status_code
-            if status != 429 or 429 in set(ok):
-                return response
-            retry_after = retry_after_seconds(response)
-            last = TransientError(
-                f"Vast.ai rate-limited {method} {httpx.URL(url).path} (429): {response.text[:200]}", retry_after=retry_after
-            )
-            wait = retry_after if retry_after is not None else backoff(attempt)
-            if wait > MAX_IN_CALL_WAIT:
-                break
-            if attempt < IN_CALL_ATTEMPTS:
-                await self._sleep(wait)
-        assert last is not None
-        raise last
-
 
 def _json(response: httpx.Response) -> Any:
     """The body with exact decimals (prices are dollars per hour); {} when it is not JSON."""
@@ -463,11 +406,6 @@ def _vast_error(body: Any) -> tuple[str, str]:
     code = body.get("error")
     message = body.get("msg") or body.get("message") or ""
     return (str(code) if code and not isinstance(code, bool) else ""), str(message)[:300]
-
-
-def _mentions(code: str, message: str, markers: Iterable[str]) -> bool:
-    text = f"{code} {message}".lower()
-    return any(marker in text for marker in markers)
 
 
 def _decimal(value: Any) -> Decimal:

@@ -22,7 +22,7 @@ adapter minted: after a worker restart it finds nothing, and the durable path is
 `revoke_auth_key` with the key ids the workflow recorded (LaunchResult.key_id). Unused keys
 still expire on their own at the expiry given when minting.
 
-Every request goes through `activities.http.send` (timeout, bounded retry on 429/5xx). The API key is
+Every request goes through `HttpAdapter._call` (timeout, bounded retry on 429/5xx). The API key is
 held as `SecretStr` and scrubbed from every error message, as are minted keys.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
@@ -40,9 +40,8 @@ import structlog
 from pydantic import SecretStr
 
 from activities.ports import AuthKey
-from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, send
-from tgp.secrets import register_process
+from tgp.errors import ConfigError, TgpError, TransientError
+from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_message, json_items, json_object
 from tgp.types import TailnetDevice
 
 __all__ = ["HeadscaleTailnet"]
@@ -61,8 +60,6 @@ _EPOCH = datetime.min.replace(tzinfo=timezone.utc)
 KEYS_BY_ID = "0.28+"
 KEYS_BY_USER_ID = "0.26-0.27"
 KEYS_BY_USER_NAME = "0.23-0.25"
-
-Sleep = Callable[[float], Awaitable[object]]
 
 
 def _utcnow() -> datetime:
@@ -91,6 +88,8 @@ class HeadscaleTailnet(HttpAdapter):
     or call `aclose()`. A client passed in is used as is and not closed here.
     """
 
+    system = SYSTEM
+
     def __init__(
         self,
         *,
@@ -110,22 +109,25 @@ class HeadscaleTailnet(HttpAdapter):
             raise ConfigError(f"Headscale API key is empty: set the `apiKey` key of {secret_ref}")
         if not base_url:
             raise ConfigError("Headscale URL is empty: set the login server URL in the GPUNodeClass")
-        register_process(api_key)  # kept out of every message and log line (tgp.secrets)
-        self._base_url = base_url.rstrip("/")
-        self._api_key = api_key
+        url = base_url.rstrip("/")
+        fixes = Fixes(
+            auth=(
+                f"check the `apiKey` key of {secret_ref} (make one with `headscale apikeys create`; they expire, "
+                "90 days by default)"
+            ),
+            denied=f"Headscale API keys have no scopes, so look at the proxy or ingress in front of {url!r}",
+            not_found=(
+                f"check the Headscale URL {url!r} and that the server runs Headscale 0.23 or later "
+                "(0.22 and older call nodes machines)"
+            ),
+        )
+        super().__init__(fixes=fixes, base_url=url, api_key=api_key, client=client, transport=transport, timeout=timeout, sleep=sleep)
         self._user = user or None
         self._user_id: str | None = user if user and user.isdigit() else None
         self._user_name: str | None = user if user and not user.isdigit() else None
         # Which pre-auth key API the server speaks; found on first use (`_keys_api`).
         self._api: str | None = None
-        self._timeout = timeout
-        self._sleep = sleep
         self._now = now
-        self._secret_ref = secret_ref
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            base_url=self._base_url, timeout=timeout, transport=transport, headers={"User-Agent": "tgp"}
-        )
         # hostname -> ids of keys minted for it by this process (see the module docstring).
         self._minted: dict[str, list[str]] = {}
 
@@ -331,55 +333,6 @@ class HeadscaleTailnet(HttpAdapter):
         raise self._error(
             ConfigError, f"Headscale user {self._user!r} does not exist: create it with `headscale users create {self._user}`"
         )
-
-    async def _call(
-        self, method: str, path: str, *, ok: Iterable[int] = (), secrets: Iterable[str] = (), **kwargs: Any
-    ) -> httpx.Response:
-        """One authenticated call; statuses outside 2xx and `ok` become typed errors. `secrets`
-        (a whole key sent to a server before 0.28) are kept out of messages too."""
-        accepted = set(ok)
-        hidden = [*self._secrets(), *secrets]
-        response = await send(
-            self._client,
-            method,
-            path,
-            system=SYSTEM,
-            # 401/403/404 come back as responses so this adapter can word the error.
-            ok=accepted | {401, 403, 404},
-            sleep=self._sleep,
-            bearer=self._api_key,
-            secrets=hidden,
-            timeout=self._timeout,
-            **kwargs,
-        )
-        status = response.status_code
-        if status < 300 or status in accepted:
-            return response
-        if status == 401:
-            raise self._error(
-                AuthError,
-                f"{SYSTEM} rejected the API key for {method} {path} (401): check the `apiKey` key of "
-                f"{self._secret_ref} (make one with `headscale apikeys create`; they expire, 90 days by default)",
-            )
-        if status == 403:
-            raise self._error(PermissionDenied, f"{SYSTEM} refused {method} {path} (403): {scrub(error_message(response), hidden)}")
-        if status == 404:
-            raise self._error(
-                ConfigError,
-                f"{SYSTEM}: {method} {path} not found (404): check the Headscale URL {self._base_url!r} and that "
-                "the server runs Headscale 0.23 or later (0.22 and older call nodes machines)",
-            )
-        message = scrub(error_message(response), hidden)
-        raise self._error(ConfigError, f"{SYSTEM}: {method} {path} answered {status}: {message}")
-
-    # --- answers and errors -----------------------------------------------------------
-
-    def _secrets(self) -> list[str]:
-        """What must never reach a message: the API key."""
-        return [self._api_key.get_secret_value()]
-
-    def _error(self, kind: type[TgpError], message: str) -> TgpError:
-        return kind(scrub(message, self._secrets()))
 
 
 def _says_not_found(exc: TgpError) -> bool:

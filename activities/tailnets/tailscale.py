@@ -2,7 +2,7 @@
 ephemeral tagged auth keys, and the devices they create.
 
 One adapter, one `httpx.AsyncClient`; tests point `base_url` at `sim.tailscale.FakeTailscale`.
-Every request goes through `activities.http.send` (timeout, bounded retry on 429/5xx). The OAuth
+Every request goes through `HttpAdapter._call` (timeout, bounded retry on 429/5xx). The OAuth
 client secret, the access token and minted keys are held as `SecretStr` and scrubbed from every
 error message: messages reach workflow history.
 """
@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
@@ -24,7 +24,7 @@ from pydantic import SecretStr
 
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, HttpAdapter, error_message, json_items, json_object, scrub, send
+from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_message, json_items, json_object
 from tgp.secrets import register_process
 from tgp.types import TailnetDevice
 
@@ -43,8 +43,6 @@ TOKEN_REFRESH_MARGIN = timedelta(minutes=5)
 DESCRIPTION_MAX_LEN = 50
 DESCRIPTION_PREFIX = "tgp "
 _DESCRIPTION_UNSAFE = re.compile(r"[^A-Za-z0-9-]")
-
-Sleep = Callable[[float], Awaitable[object]]
 
 
 def key_description(hostname: str) -> str:
@@ -75,6 +73,8 @@ class TailscaleTailnet(HttpAdapter):
     or call `aclose()`. A client passed in is used as is and not closed here.
     """
 
+    system = SYSTEM
+
     def __init__(
         self,
         *,
@@ -96,18 +96,19 @@ class TailscaleTailnet(HttpAdapter):
         if not client_secret.get_secret_value():
             raise ConfigError(f"Tailscale OAuth client secret is empty: set the `client_secret` key of {secret_ref}")
         register_process(client_secret)  # kept out of every message and log line (tgp.secrets)
-        self._base_url = base_url.rstrip("/")
+        fixes = Fixes(
+            auth=(
+                f"check the `client_id` ({client_id!r}) and `client_secret` keys of {secret_ref}: the OAuth client "
+                "must still exist, and its secret starts with tskey-client-"
+            ),
+            denied="the OAuth client needs write access on the `auth_keys` and `devices:core` scopes",
+            not_found=f"check the tailnet name {tailnet!r} ('-' means the tailnet of the OAuth client) and the base URL {base_url!r}",
+        )
+        super().__init__(fixes=fixes, base_url=base_url, client=client, transport=transport, timeout=timeout, sleep=sleep)
         self._client_id = client_id
         self._client_secret = client_secret
         self._tailnet = tailnet
-        self._timeout = timeout
-        self._sleep = sleep
         self._clock = clock
-        self._secret_ref = secret_ref
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            base_url=self._base_url, timeout=timeout, transport=transport, headers={"User-Agent": "tgp"}
-        )
         self._token: SecretStr | None = None
         self._token_valid_until = 0.0
         self._token_lock = asyncio.Lock()
@@ -209,56 +210,17 @@ class TailscaleTailnet(HttpAdapter):
         return None if response.status_code == 404 else json_object(response, system=SYSTEM)
 
     async def _call(self, method: str, path: str, *, ok: Iterable[int] = (), **kwargs: Any) -> httpx.Response:
-        """One authenticated API call. A 401 on a cached token gets one fresh token and one
-        more try (the token may have been revoked or outlived our clock); other statuses
-        outside 2xx and `ok` become typed errors."""
-        accepted = set(ok)
+        """`HttpAdapter._call` with the OAuth access token. A 401 on a cached token gets one
+        fresh token and one more try (the token may have been revoked or outlived our clock)."""
         token, fresh = await self._bearer()
-        response = await self._send(method, path, token, accepted, **kwargs)
-        if response.status_code == 401 and not fresh:
-            log.info("tailnet.token_rejected", path=path)
-            token, _ = await self._bearer(stale=token)
-            response = await self._send(method, path, token, accepted, **kwargs)
-        status = response.status_code
-        if status < 300 or status in accepted:
-            return response
-        if status == 401:
-            raise self._error(
-                AuthError,
-                f"{SYSTEM} rejected a fresh OAuth access token for {method} {path} (401): check that the "
-                f"OAuth client in the `client_id` and `client_secret` keys of {self._secret_ref} still exists",
-            )
-        if status == 403:
-            raise self._error(
-                PermissionDenied,
-                f"{SYSTEM} refused {method} {path} (403): {error_message(response)}: the OAuth client needs "
-                "write access on the `auth_keys` and `devices:core` scopes",
-            )
-        if status == 404:
-            raise self._error(
-                ConfigError,
-                f"{SYSTEM}: {method} {path} not found (404): check the tailnet name {self._tailnet!r} "
-                "('-' means the tailnet of the OAuth client)",
-            )
-        raise self._error(ConfigError, f"{SYSTEM}: {method} {path} answered {status}: {error_message(response)}")
-
-    async def _send(
-        self, method: str, path: str, token: SecretStr, accepted: set[int], **kwargs: Any
-    ) -> httpx.Response:
-        # 401 and 403 come back as responses so that this adapter words the error (send's
-        # generic messages cannot name the Secret keys or the tag).
-        return await send(
-            self._client,
-            method,
-            path,
-            system=SYSTEM,
-            ok=accepted | {401, 403, 404},
-            sleep=self._sleep,
-            bearer=token,
-            secrets=self._secrets(),
-            timeout=self._timeout,
-            **kwargs,
-        )
+        try:
+            return await super()._call(method, path, ok=ok, bearer=token, **kwargs)
+        except AuthError:
+            if fresh:
+                raise
+        log.info("tailnet.token_rejected", path=path)
+        token, _ = await self._bearer(stale=token)
+        return await super()._call(method, path, ok=ok, bearer=token, **kwargs)
 
     async def _bearer(self, stale: SecretStr | None = None) -> tuple[SecretStr, bool]:
         """The cached access token, or a new one when it is near expiry or equals `stale`.
@@ -280,24 +242,10 @@ class TailscaleTailnet(HttpAdapter):
             "client_secret": self._client_secret.get_secret_value(),
             "grant_type": "client_credentials",
         }
-        response = await send(
-            self._client,
-            "POST",
-            TOKEN_PATH,
-            system=SYSTEM,
-            ok=(400, 401, 403),
-            sleep=self._sleep,
-            secrets=self._secrets(),
-            data=form,
-            timeout=self._timeout,
-        )
-        if response.status_code in (400, 401, 403):
-            raise self._error(
-                AuthError,
-                f"Tailscale refused the OAuth client {self._client_id!r} ({response.status_code}: "
-                f"{error_message(response)}): check the `client_id` and `client_secret` keys of "
-                f"{self._secret_ref} (the secret starts with tskey-client-)",
-            )
+        # Without an access token (this is how one is got): every refusal means the client credentials.
+        response = await super()._call("POST", TOKEN_PATH, ok=(400, 401, 403), data=form)
+        if response.status_code >= 400:
+            raise self._auth_error(response)
         data = json_object(response, system=SYSTEM)
         token = data.get("access_token")
         if not isinstance(token, str) or not token:
@@ -327,9 +275,6 @@ class TailscaleTailnet(HttpAdapter):
     def _secrets(self) -> list[str]:
         """What must never reach a message: the OAuth client secret and the access token."""
         return [s.get_secret_value() for s in (self._client_secret, self._token) if s is not None]
-
-    def _error(self, kind: type[TgpError], message: str) -> TgpError:
-        return kind(scrub(message, self._secrets()))
 
 
 def _key_usable(entry: dict[str, Any]) -> bool:
