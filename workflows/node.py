@@ -1,7 +1,8 @@
 """GPUNodeWorkflow: one GPU node's whole life, read top to bottom.
 
-    select offer -> mint tailnet key + launch -> wait for join (tailnet, then Node Ready)
-    -> label/taint -> watch until idle, expired, interrupted or evicted -> drain -> terminate
+    select offer -> settle its price with the class budget -> mint tailnet key + launch
+    -> wait for join (tailnet, then Node Ready) -> label/taint
+    -> watch until idle, expired, interrupted or evicted -> drain -> terminate
 
 Failover: a capacity error, a launch failure or a join timeout releases what that attempt
 bought, takes the offer out of rotation and tries the next offer, up to max_launch_attempts.
@@ -131,58 +132,83 @@ class GPUNodeWorkflow:
 
     @workflow.run
     async def run(self, inp: NodeWorkflowInput) -> NodeStatus:
-        final = NodePhase.TERMINATED
+        """Bring the node up, watch it, drain it; whatever happens, release what was bought."""
         try:
-            if self.state.watch is None:
-                self._enter(NodePhase.PENDING)
+            if self.state.watch is None:  # a run continued as new is already past bring-up
                 await self._bring_up()
             end = await self._watch_until_done()
-            final = NodePhase.INTERRUPTED if end in (EndReason.INTERRUPTED, EndReason.LOST) else NodePhase.TERMINATED
-            if final is NodePhase.TERMINATED:
+            if end in (EndReason.INTERRUPTED, EndReason.LOST):
+                final = NodePhase.INTERRUPTED  # the instance is gone: nothing left to drain
+            else:
                 await self._drain()
+                final = NodePhase.TERMINATED
         except NodeEvicted:
             final = NodePhase.TERMINATED
-        except LaunchAttemptFailed as exc:
-            final = NodePhase.FAILED
-            self.state.last_error = str(exc)
-            self.state.end_reason = "failed"
+        except (LaunchAttemptFailed, ApplicationError, ActivityError) as exc:
+            final = self._failed(exc)
         except asyncio.CancelledError:
-            self.state.end_reason = self.state.end_reason or "cancelled"
-            await self._release_all()
-            self._enter(NodePhase.CANCELLED)
-            await asyncio.gather(*self._reports)
+            await self._finish_cancelled()
             raise
-        except ApplicationError as exc:
-            # A non-retryable error the workflow has no plan for (bad config, auth): give up
-            # cleanly, keeping the reason visible.
-            final = NodePhase.FAILED
-            self.state.last_error = exc.message
-            self.state.end_reason = "failed"
-        except ActivityError as exc:
-            final = NodePhase.FAILED
-            self.state.last_error = _describe(exc)
-            self.state.end_reason = "failed"
+        return await self._finish(final)
+
+    async def _finish(self, final: NodePhase) -> NodeStatus:
+        """Release what was bought, then end in `final`.
+
+        The cleanup runs in its own task, shielded: a cancel that lands meanwhile must not stop
+        it half-way. The node waits for it and then ends Cancelled instead."""
         cleanup = asyncio.ensure_future(self._release_all())
         try:
-            # Shielded: a cancel that lands now must not stop the cleanup half-way.
             await asyncio.shield(cleanup)
         except asyncio.CancelledError:
             await cleanup
-            final = NodePhase.CANCELLED
-            self._enter(final)
-            await asyncio.gather(*self._reports)
+            await self._end(NodePhase.CANCELLED)
             raise
-        self._enter(final)
-        await asyncio.gather(*self._reports)
+        await self._end(final)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 
+    async def _finish_cancelled(self) -> None:
+        """Cancelled while alive: release what was bought, then end Cancelled.
+
+        The cleanup starts at once, in this task, not in a shielded task as in `_finish`: its
+        first commands (the phase, the terminate) then go out before the cancel of a poll in
+        flight, which `_poll` asks for but Temporal hears of only on the loop's next turn.
+        Histories of running nodes hold that order; another would not replay."""
+        self.state.end_reason = self.state.end_reason or "cancelled"
+        await self._release_all()
+        await self._end(NodePhase.CANCELLED)
+
+    async def _end(self, phase: NodePhase) -> None:
+        """Enter the phase the node ends in and wait until the pool has every report, this last
+        one included, before the run closes."""
+        self._enter(phase)
+        self._tell_pool()
+        await asyncio.gather(*self._reports)
+
+    def _failed(self, exc: LaunchAttemptFailed | ApplicationError | ActivityError) -> NodePhase:
+        """A life that ends in failure keeps its cause as the last error, for the status and the
+        pool's Event."""
+        if isinstance(exc, ActivityError):
+            self.state.last_error = _describe(exc)
+        elif isinstance(exc, ApplicationError):
+            # A non-retryable error the workflow has no plan for (bad config, auth).
+            self.state.last_error = exc.message
+        else:
+            self.state.last_error = str(exc)
+        self.state.end_reason = "failed"
+        return NodePhase.FAILED
+
     async def _bring_up(self) -> None:
-        """Select, launch and join, failing over to the next offer until one works."""
+        """Select, settle the price with the class budget, launch and join, failing over to the
+        next offer until one works."""
+        self._enter(NodePhase.PENDING)
+        self._tell_pool()
         tried = [a.offer.key for a in self.state.attempts]
         while len(self.state.attempts) < self.req.max_launch_attempts:
             self._check_evicted()
             offer = await self._select_offer(tried)
+            self.state.offer = offer
+            await self._settle_with_class(offer)
             self._check_evicted()  # evicted while choosing: buy nothing
             attempt = LaunchAttempt(attempt=len(self.state.attempts) + 1, offer=offer, started_at=workflow.now())
             self.state.attempts.append(attempt)
@@ -203,6 +229,7 @@ class GPUNodeWorkflow:
         )
 
     async def _select_offer(self, tried: list[str]) -> Offer:
+        """The best offer not yet tried. None left ends the node Failed, saying why."""
         choice = await workflow.execute_activity_method(
             NodeActivities.select_offer,
             SelectOfferInput(requirements=self.req.requirements, exclude=tried),
@@ -216,18 +243,24 @@ class GPUNodeWorkflow:
             else:
                 why = f"all {choice.matching} matching offers were tried or recently failed"
             raise LaunchAttemptFailed(why if not self.state.last_error else f"{why}; last error: {self.state.last_error}")
-        self.state.offer = choice.offer
-        if self.req.class_workflow_id:
-            grant = await workflow.execute_activity_method(
-                NodeClassActivities.settle_reservation,
-                LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(choice.offer)),
-                start_to_close_timeout=self.req.timeouts.api_call,
-                retry_policy=API_RETRY,
-                summary="settle price with the class budget",
-            )
-            if not grant.granted:
-                raise LaunchAttemptFailed(f"class budget refused {choice.offer.key} at ${choice.offer.hourly_price}/h: {grant.reason}")
         return choice.offer
+
+    async def _settle_with_class(self, offer: Offer) -> None:
+        """Tell the class ledger the price this node is about to pay, before anything is bought.
+        A refusal (the class's maxHourlyCost would be exceeded) is raised past the failover in
+        `_bring_up`: the node ends Failed rather than trying another offer. A node started
+        without a class has no budget to settle."""
+        if not self.req.class_workflow_id:
+            return
+        grant = await workflow.execute_activity_method(
+            NodeClassActivities.settle_reservation,
+            LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(offer)),
+            start_to_close_timeout=self.req.timeouts.api_call,
+            retry_policy=API_RETRY,
+            summary="settle price with the class budget",
+        )
+        if not grant.granted:
+            raise LaunchAttemptFailed(f"class budget refused {offer.key} at ${offer.hourly_price}/h: {grant.reason}")
 
     def _reservation(self, offer: Offer | None) -> Reservation:
         return Reservation(
@@ -240,6 +273,7 @@ class GPUNodeWorkflow:
         """Mint the key and buy the instance (one activity: the key never leaves it), then
         wait for the instance to run."""
         self._enter(NodePhase.LAUNCHING)
+        self._tell_pool()
         offer = attempt.offer
         # The class's account for this provider (a reference; the key is read by the activities).
         credentials = self.req.requirements.credentials.get(offer.provider)
@@ -306,6 +340,7 @@ class GPUNodeWorkflow:
     async def _join(self) -> None:
         """Both halves of joining, each with its own timeout and failure reason."""
         self._enter(NodePhase.JOINING)
+        self._tell_pool()
         t = self.req.timeouts
         device = DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet, tailnet_ref=self.req.tailnet_ref)
         await self._wait_for(
@@ -346,6 +381,7 @@ class GPUNodeWorkflow:
             summary="label and taint",
         )
         self._enter(NodePhase.READY)
+        self._tell_pool()
         self.state.watch = WatchState(ready_at=workflow.now())
 
     async def _watch_until_done(self) -> EndReason:
@@ -387,6 +423,7 @@ class GPUNodeWorkflow:
 
     async def _drain(self) -> None:
         self._enter(NodePhase.DRAINING)
+        self._tell_pool()
         result = await workflow.execute_activity_method(
             NodeActivities.drain_node,
             DrainInput(node_name=self.req.node_name, timeout=self.req.timeouts.drain),
@@ -450,15 +487,18 @@ class GPUNodeWorkflow:
                 f"after {_human(stuck_after)}; still retrying (the pending terminate_instance activity shows the provider's answer)"
             )
             self._enter(NodePhase.TERMINATION_STUCK)
+            self._tell_pool()
             await terminate
             self.state.last_error = error
             self._enter(before)
+            self._tell_pool()
         else:
             await terminate
 
     async def _release_all(self) -> None:
         """The way out of every path: terminate whatever any attempt may have bought."""
         self._enter(NodePhase.TERMINATING)
+        self._tell_pool()
         if self.state.attempts:
             await self._release_attempt()
             self._stamp("Released")
@@ -483,59 +523,73 @@ class GPUNodeWorkflow:
 
     async def _wait_for(
         self, activity: Any, arg: Any, *, timeout: timedelta, summary: str, timeout_error: str, recheck: StageCheck
-    ) -> object:
-        """Run a polling (heartbeating) activity until the stage's deadline, `timeout` from now,
-        but give it up when an `evict` signal arrives.
+    ) -> None:
+        """Wait for a stage: poll with a heartbeating activity until the stage's deadline,
+        `timeout` from now, but give up when an `evict` signal arrives.
 
         Only that deadline is a stage timeout. A missed heartbeat is a dead or stalled worker:
-        Temporal retries the attempt on another worker (POLL_RETRY) while the deadline allows.
+        Temporal retries the poll on another worker (POLL_RETRY) while the deadline allows.
         When the deadline passes, `recheck` looks once more (on whichever worker is alive by
         then; the instance booted on its own clock all along), and what is in fact up is kept.
         Otherwise the stage fails over, its reason `timeout_error` plus what the look saw."""
         deadline = workflow.now() + timeout
+        failure = timeout_error.format(_human(timeout))
         evicted = asyncio.ensure_future(workflow.wait_condition(lambda: self.state.evict_reason is not None))
-        heartbeat = min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT)
-        budget = timeout
         try:
-            while True:
-                handle = workflow.start_activity_method(
-                    activity,
-                    arg,
-                    start_to_close_timeout=budget,
-                    schedule_to_close_timeout=budget,
-                    heartbeat_timeout=heartbeat,
-                    retry_policy=POLL_RETRY,
-                    summary=summary,
-                )
-                try:
-                    await workflow.wait([handle, evicted], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    # On eviction or workflow cancellation, stop the wait: cleanup takes over.
-                    if not handle.done():
-                        handle.cancel()
-                if not handle.done() or handle.cancelled():
-                    self._check_evicted()
-                try:
-                    return handle.result()
-                except ActivityError as exc:
-                    if not isinstance(exc.cause, TimeoutError):
-                        raise LaunchAttemptFailed(_describe(exc)) from None
-                    if not workflow.patched(STAGE_CHECK_PATCH):
-                        raise LaunchAttemptFailed(timeout_error.format(_human(timeout))) from None
-                budget = deadline - workflow.now()
-                if budget < timedelta(seconds=1):
-                    break
-                # Retries ran out before the deadline (the next one would have started past it):
-                # watch on for the rest of the stage.
+            up = await self._poll_until(deadline, activity, arg, summary=summary, failure=failure, evicted=evicted)
         finally:
             if not evicted.done():
                 evicted.cancel()
+        if up:
+            return
         look = await self._check_stage(recheck)
         if look is not None and look.up:
             workflow.logger.info("%s: deadline passed, but %s: kept", summary, look.seen)
-            return look
+            return
         seen = f"; at the deadline {look.seen}" if look is not None else ""
-        raise LaunchAttemptFailed(timeout_error.format(_human(timeout)) + seen)
+        raise LaunchAttemptFailed(failure + seen)
+
+    async def _poll_until(
+        self, deadline: datetime, activity: Any, arg: Any, *, summary: str, failure: str, evicted: asyncio.Future[None]
+    ) -> bool:
+        """Poll until the stage is up (True) or its deadline has passed (False). When the poll's
+        retries run out before the deadline (the next one would have started past it), a new
+        poll watches on for the rest of the stage. Any other poll failure fails the stage over."""
+        budget = deadline - workflow.now()
+        while True:
+            try:
+                await self._poll(activity, arg, budget=budget, summary=summary, evicted=evicted)
+                return True
+            except ActivityError as exc:
+                if not isinstance(exc.cause, TimeoutError):
+                    raise LaunchAttemptFailed(_describe(exc)) from None
+                if not workflow.patched(STAGE_CHECK_PATCH):
+                    raise LaunchAttemptFailed(failure) from None  # a run from before the last look, as it did
+            budget = deadline - workflow.now()
+            if budget < timedelta(seconds=1):
+                return False
+
+    async def _poll(self, activity: Any, arg: Any, *, budget: timedelta, summary: str, evicted: asyncio.Future[None]) -> None:
+        """One poll, with `budget` to finish in, raced against the eviction: raises NodeEvicted if
+        the `evict` signal wins, and the poll's ActivityError if it failed."""
+        handle = workflow.start_activity_method(
+            activity,
+            arg,
+            start_to_close_timeout=budget,
+            schedule_to_close_timeout=budget,
+            heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
+            retry_policy=POLL_RETRY,
+            summary=summary,
+        )
+        try:
+            await workflow.wait([handle, evicted], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # On eviction or workflow cancellation, stop the poll: cleanup takes over.
+            if not handle.done():
+                handle.cancel()
+        if not handle.done() or handle.cancelled():
+            self._check_evicted()
+        handle.result()  # raises the poll's error
 
     async def _check_stage(self, recheck: StageCheck) -> StageLook | None:
         """The last look before a stage fails over; None if even that look failed."""
@@ -558,6 +612,7 @@ class GPUNodeWorkflow:
             raise NodeEvicted()
 
     def _enter(self, phase: NodePhase) -> None:
+        """Record the phase: state, stage time, search attributes and the Web UI's details."""
         self.state.phase = phase
         self._stamp(phase.value)
         workflow.upsert_search_attributes(
@@ -570,8 +625,13 @@ class GPUNodeWorkflow:
             ]
         )
         workflow.set_current_details(self._details())
+
+    def _tell_pool(self) -> None:
+        """Report the phase just entered to the pool, if the node has one. The report goes out
+        from its own task so the node never waits on the pool; `_end` and continue-as-new wait
+        for all of them."""
         if self.req.pool_workflow_id:
-            self._reports.append(asyncio.ensure_future(self._report(phase)))
+            self._reports.append(asyncio.ensure_future(self._report(self.state.phase)))
 
     async def _report(self, phase: NodePhase) -> None:
         """Tell the pool where this node is. The pool may be gone (deleted, or a node started
