@@ -117,12 +117,18 @@ async def running_stack(env: WorkflowEnvironment, kube_api: KubeApi) -> AsyncIte
         finally:
             s.bridge_task.cancel()
             # Pool and class ids are stable by design; end this test's runs so the next test's
-            # bridge starts fresh ones on its own task queue.
-            async for w in env.client.list_workflows(f"TaskQueue = '{queue}' AND ExecutionStatus = 'Running'"):
+            # bridge starts fresh ones on its own task queue. The pools and classes the bridge saw
+            # by id (visibility may not list a run started a moment ago: a class left running on
+            # this queue, with no worker after the test, stalled the next test's queries for 30 s),
+            # the rest (node workflows) through visibility.
+            entities = [class_workflow_id(name) for name in s.bridge.classes]
+            entities += [pool_workflow_id(p.metadata.namespace or "default", p.metadata.name) for p in s.bridge.pools.values()]
+            listed = [w.id async for w in env.client.list_workflows(f"TaskQueue = '{queue}' AND ExecutionStatus = 'Running'")]
+            for wid in dict.fromkeys([*entities, *listed]):
                 try:
-                    await env.client.get_workflow_handle(w.id, run_id=w.run_id).terminate("test finished")
+                    await env.client.get_workflow_handle(wid).terminate("test finished")
                 except RPCError:
-                    pass  # it finished meanwhile
+                    pass  # it finished meanwhile, or never started
             if kube_api.real:
                 await clean_real_cluster(kube_api)
 
@@ -610,8 +616,13 @@ async def test_schema_bounds_spend_and_a_class_without_limits_is_capped(temporal
         assert (await apply(s.kube, gpu_class())).status_code == 201  # no limits at all
 
         async def ledger() -> Ledger | None:
+            handle = s.env.client.get_workflow_handle(class_workflow_id("sim"))
             try:
-                return await s.env.client.get_workflow_handle(class_workflow_id("sim")).query("budget", result_type=Ledger)
+                # Until this test's bridge starts its run, the latest run is an earlier test's,
+                # closed, on a task queue nobody polls: a query there hangs until it times out.
+                if (await handle.describe()).task_queue != s.queue:
+                    return None
+                return await handle.query("budget", result_type=Ledger)
             except RPCError:
                 return None  # not started yet
 
