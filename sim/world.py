@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 
 from sim.cloud import DEFAULT_CATALOG, SimOffer, SimulatedCloud
 from sim.headscale import FakeHeadscale
-from sim.kube import KubeEmulator, register_node
+from sim.kube import KubeEmulator
+from sim.kube_kubelet import register_node
 from sim.tailscale import FakeTailscale
 
 # Tag of the provisioner's OAuth client, and the tag it may give the nodes (tagOwners).

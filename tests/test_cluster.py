@@ -21,7 +21,10 @@ from tests.kube_env import KubeApi
 from activities.kube.cluster import MERGE_PATCH, KubernetesCluster
 from activities.ports import Cluster, EvictionBlocked
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TransientError
-from sim.kube import NODES, TAINT_NOT_READY, KubeEmulator, register_node, set_node_ready
+from sim.kube import KubeEmulator
+from sim.kube_kubelet import register_node, set_node_ready
+from sim.kube_machinery import NODES
+from sim.kube_store import TAINT_NOT_READY
 from tgp.types import GPU_RESOURCE, Taint
 
 GPU_TAINT = Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")

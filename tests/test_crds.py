@@ -32,7 +32,7 @@ from tgp.crds import (
     parse_duration,
 )
 from tgp.labels import TAINT_EFFECTS, label_value_problems, qualified_name_problems
-from sim.kube import _go_regexp
+from sim.kube_schema import go_regexp
 
 SEED = Path(__file__).parent / "data" / "seed_examples.yaml"
 
@@ -213,7 +213,7 @@ def _pool_schema() -> dict[str, Any]:
 
 def _schema_accepts(value: str, schema: dict[str, Any]) -> bool:
     """pattern and maxLength as the API server applies them (Go RE2: `$` is the end of text)."""
-    return len(value) <= schema["maxLength"] and _go_regexp(schema["pattern"]).search(value) is not None
+    return len(value) <= schema["maxLength"] and go_regexp(schema["pattern"]).search(value) is not None
 
 
 VALID_KEYS = ["team", "example.com/team", "a.b-c.example/Name_1.x", f"{'d' * 200}.example.com/{'n' * 63}", "node.kubernetes.io/x", "kubernetes.io/hostname"]

@@ -75,7 +75,8 @@ from temporalio.service import RPCError
 from tests.conftest import binary
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
 from sim.cloud import SimulatedCloud
-from sim.kube import NODES, PODS, KubeEmulator
+from sim.kube import KubeEmulator
+from sim.kube_machinery import NODES, PODS
 from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, dev_server_args
 from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, NodePhase, NodeStatus, instance_name, node_workflow_id

@@ -30,7 +30,9 @@ import yaml
 from tests.conftest import binary
 from tests.kube_env import KUBECONFIG_ENV, KubeApi, eventually
 from sim import kube_patch, kube_tables
-from sim.kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeEmulator, register_node
+from sim.kube import KubeEmulator
+from sim.kube_kubelet import register_node
+from sim.kube_machinery import MERGE_PATCH, STRATEGIC_MERGE_PATCH
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = ROOT / "deploy" / "crds"

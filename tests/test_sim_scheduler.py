@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from tests.conftest import eventually
-from sim.kube import KubeEmulator, register_node
+from sim.kube import KubeEmulator
+from sim.kube_kubelet import register_node
 from sim.scheduler import RUN_SECONDS_ANNOTATION, SimScheduler, fits
 
 READY_NODE = {
