@@ -126,7 +126,7 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
         )
     cluster = KubernetesCluster.from_url(config.kube_url) if config.kube_url else KubernetesCluster.from_kubeconfig(config.kubeconfig)
     stack.push_async_callback(cluster.close)
-    # Adapters per (provider, class Secret key), shared by the node and fleet activities; the
+    # Adapters per (provider, class Secret key), shared by the node, pool and class activities; the
     # environment's adapters are the fallback. Closed before the cluster it reads through.
     registry = ProviderRegistry(cluster=cluster, env=config.env, fallback=providers)
     stack.push_async_callback(registry.aclose)
