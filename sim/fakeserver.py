@@ -25,12 +25,12 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypedDict
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-__all__ = ["ECHO_MODES", "EchoMode", "Fault", "FakeServer", "Handler", "RecordedRequest", "echo_errors", "echo_request"]
+__all__ = ["ECHO_MODES", "EchoMode", "Fault", "FaultOptions", "FakeServer", "Handler", "RecordedRequest", "echo_errors", "echo_request"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 EchoMode = Literal["json", "raw", "base64"]
@@ -114,6 +114,14 @@ class RecordedRequest:
     status: int = 0
 
 
+class FaultOptions(TypedDict, total=False):
+    """What `FakeServer.fail` takes besides the wording, for a fake's own `fail` to pass on."""
+
+    times: int
+    retry_after: float | str | None
+    method: str | None
+
+
 @dataclass
 class Fault:
     """An injected failure: the next `remaining` requests whose path matches the fnmatch
@@ -127,6 +135,8 @@ class Fault:
     body: Any = None
     # Let the request take effect before answering the error (a create that buys, then 500s).
     after_handling: bool = False
+    # The error's wording, for the fakes whose errors are a message (Tailscale, Headscale).
+    message: str = ""
 
     @property
     def headers(self) -> dict[str, str] | None:
@@ -178,6 +188,11 @@ class FakeServer:
         self.origin = f"http://{self._host}:{sock.getsockname()[1]}"
         self.url = self.origin + self.base_path
 
+    @property
+    def root(self) -> str:
+        """The server's origin, without `base_path` (to point an adapter at another version)."""
+        return self.origin
+
     async def stop(self) -> None:
         """Stop listening and cancel pending timers."""
         for timer in self._timers:
@@ -196,14 +211,18 @@ class FakeServer:
         retry_after: float | str | None = None,
         method: str | None = None,
         body: Any = None,
+        message: str | None = None,
         after_handling: bool = False,
     ) -> None:
         """Answer the next `times` requests whose path matches the fnmatch pattern `path`, and
         `method` if given, with `status` and an error worded from `body` (None: the fake's
-        default error), plus a Retry-After header when `retry_after` is given.
-        `after_handling` lets the request take effect first (create-then-500)."""
+        default error), plus a Retry-After header when `retry_after` is given. A fake whose
+        errors are a message words it from `message` (None: "rate limited" for a 429, else
+        "injected failure"). `after_handling` lets the request take effect first (create-then-500)."""
         ra = None if retry_after is None else str(retry_after)
-        self._faults.append(Fault(path, method.upper() if method else None, status, times, ra, body, after_handling))
+        wording = message or ("rate limited" if status == 429 else "injected failure")
+        fault = Fault(path, method.upper() if method else None, status, times, ra, body, after_handling, wording)
+        self._faults.append(fault)
 
     def _call_later(self, delay: float, callback: Callable[..., object], *args: object) -> asyncio.TimerHandle:
         """Run `callback(*args)` in `delay` seconds (a machine booting on its own), unless the

@@ -227,22 +227,6 @@ class FakeHeadscale(FakeServer):
         self.users[user.id] = user
         return user
 
-    def fail(  # type: ignore[override]  # Headscale's errors have a message, not a body
-        self,
-        path: str,
-        status: int = 429,
-        *,
-        times: int = 1,
-        retry_after: float | str | None = None,
-        method: str | None = None,
-        message: str | None = None,
-    ) -> None:
-        """Answer the next `times` requests whose path matches `path` (an fnmatch pattern,
-        e.g. "/api/v1/node/*"), and `method` if given, with `status` and a gRPC-gateway error
-        body, plus a Retry-After header when `retry_after` is given."""
-        text = message or ("rate limited" if status == 429 else "injected failure")
-        super().fail(path, status, times=times, retry_after=retry_after, method=method, body=text)
-
     def register(self, auth_key: str, hostname: str) -> FakeNode:
         """Join with `auth_key` as tailscaled would. Raises RegistrationRejected for an
         unknown, expired or already used single-use key."""
@@ -279,8 +263,10 @@ class FakeHeadscale(FakeServer):
     # --- middleware -------------------------------------------------------------------
 
     def _fault_response(self, fault: Fault) -> web.Response:
+        """An injected failure (`fail(path, ...)` on the full path, e.g. "/api/v1/node/*"), as a
+        gRPC-gateway error body."""
         code = 8 if fault.status == 429 else 14  # RESOURCE_EXHAUSTED, UNAVAILABLE
-        return web.json_response({"code": code, "message": fault.body, "details": []}, status=fault.status, headers=fault.headers)
+        return web.json_response({"code": code, "message": fault.message, "details": []}, status=fault.status, headers=fault.headers)
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -41,12 +41,12 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
+from sim.fakeserver import Fault, FakeServer, FaultOptions, Handler, RecordedRequest
 
 __all__ = ["DEFAULT_CAPACITY", "DEFAULT_CATALOG", "REGIONS", "FakeInstance", "FakeInstanceType", "FakeLambda"]
 
@@ -199,11 +199,6 @@ class FakeLambda(FakeServer):
 
     # --- lifecycle --------------------------------------------------------------------
 
-    @property
-    def root(self) -> str:
-        """The server's origin, without /api/v1."""
-        return self.origin
-
     def _add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_get(f"{_PREFIX}/instance-types", self._instance_types)
         r.add_get(f"{_PREFIX}/instances", self._list_instances)
@@ -230,18 +225,16 @@ class FakeLambda(FakeServer):
         path: str = "*",
         status: int = 500,
         *,
-        times: int = 1,
-        retry_after: float | str | None = None,
-        method: str | None = None,
         code: str | None = None,
         message: str | None = None,
+        **options: Unpack[FaultOptions],
     ) -> None:
         """Answer the next `times` requests whose path (without /api/v1) matches the fnmatch
         `path`, and `method` if given, with `status` in Lambda's error envelope, plus
         Retry-After when `retry_after` is given."""
         default_code = {429: "global/too-many-requests", 503: "provider/internal-unavailable"}.get(status, "global/internal-error")
         text = message or ("Try again shortly." if status >= 500 else "Too many requests." if status == 429 else "Injected failure.")
-        super().fail(path, status, times=times, retry_after=retry_after, method=method, body=(code or default_code, text))
+        super().fail(path, status, body=(code or default_code, text), **options)
 
     def advance(self, instance_id: str | None = None) -> None:
         """Move one instance (or all) one step: booting -> active, terminating -> terminated

@@ -39,12 +39,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Unpack
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
+from sim.fakeserver import Fault, FakeServer, FaultOptions, Handler, RecordedRequest
 
 __all__ = ["DEFAULT_CATALOG", "DEFAULT_STOCK", "FakeGpu", "FakePod", "FakeRunPod", "CAPACITY_DETAIL"]
 
@@ -208,11 +208,6 @@ class FakeRunPod(FakeServer):
 
     # --- lifecycle --------------------------------------------------------------------
 
-    @property
-    def root(self) -> str:
-        """The server's origin, without /v2."""
-        return self.origin
-
     def _add_routes(self, r: web.UrlDispatcher) -> None:
         r.add_get(f"{_PREFIX}/catalog/gpus", self._catalog)
         r.add_get(f"{_PREFIX}/pods", self._list_pods)
@@ -239,16 +234,14 @@ class FakeRunPod(FakeServer):
         path: str = "*",
         status: int = 500,
         *,
-        times: int = 1,
-        retry_after: float | str | None = None,
-        method: str | None = None,
         detail: str | None = None,
+        **options: Unpack[FaultOptions],
     ) -> None:
         """Answer the next `times` requests whose path (without /v2) matches the fnmatch
         `path`, and `method` if given, with a `status` problem+json, plus Retry-After when
         `retry_after` is given. Checked after authentication, as RunPod's limiter is per key."""
         text = detail or {429: "rate limit exceeded", 402: "insufficient balance"}.get(status, "injected failure")
-        super().fail(path, status, times=times, retry_after=retry_after, method=method, body=text)
+        super().fail(path, status, body=text, **options)
 
     def create_then_fail(self, *, times: int = 1, status: int = 500) -> None:
         """The next `times` creates buy and start the pod, then answer `status` anyway."""

@@ -19,12 +19,13 @@ Not part of the real API:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import json
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -142,6 +143,24 @@ class FakeDevice:
 
 
 FakeRequest = RecordedRequest
+# An API handler once the caller is checked: it is given the OAuth client id behind the token.
+_ClientHandler = Callable[["FakeTailscale", web.Request, str], Awaitable[web.Response]]
+
+
+def _api(handler: _ClientHandler) -> Callable[[FakeTailscale, web.Request], Awaitable[web.Response]]:
+    """An API v2 route, checked as the real API checks it: a live access token (else 401 "API
+    token invalid"), then a `{tailnet}` in the path that is this one or "-" (else 404)."""
+
+    @functools.wraps(handler)
+    async def checked(self: FakeTailscale, request: web.Request) -> web.Response:
+        caller = self._caller(request)
+        if isinstance(caller, web.Response):
+            return caller
+        if (bad := self._tailnet_ok(request)) is not None:
+            return bad
+        return await handler(self, request, caller)
+
+    return checked
 
 
 class FakeTailscale(FakeServer):
@@ -190,22 +209,6 @@ class FakeTailscale(FakeServer):
         r.add_post("/_fake/register", self._register)
 
     # --- test controls ----------------------------------------------------------------
-
-    def fail(  # type: ignore[override]  # Tailscale's errors have a message, not a body
-        self,
-        path: str,
-        status: int = 429,
-        *,
-        times: int = 1,
-        retry_after: float | str | None = None,
-        method: str | None = None,
-        message: str | None = None,
-    ) -> None:
-        """Answer the next `times` requests whose path matches `path` (an fnmatch pattern,
-        e.g. "/api/v2/tailnet/*/keys"), and `method` if given, with `status` and
-        `{"message": message}`, plus a Retry-After header when `retry_after` is given."""
-        text = message or ("rate limited" if status == 429 else "injected failure")
-        super().fail(path, status, times=times, retry_after=retry_after, method=method, body=text)
 
     def slow_device_lists(self, seconds: float) -> None:
         """Device listings answer `seconds` late (a large tailnet, an API under load); 0 ends it
@@ -277,7 +280,9 @@ class FakeTailscale(FakeServer):
             entry.form = {k: str(v) for k, v in form.items() if k != "client_secret"}
 
     def _fault_response(self, fault: Fault) -> web.Response:
-        return web.json_response({"message": fault.body}, status=fault.status, headers=fault.headers)
+        """An injected failure (`fail(path, ...)` on the full path, e.g. "/api/v2/tailnet/*/keys"),
+        worded as the API's errors are: `{"message": message}`."""
+        return web.json_response({"message": fault.message}, status=fault.status, headers=fault.headers)
 
     # --- OAuth ------------------------------------------------------------------------
 
@@ -313,18 +318,15 @@ class FakeTailscale(FakeServer):
         return found[0]
 
     def _tailnet_ok(self, request: web.Request) -> web.Response | None:
-        if request.match_info["tailnet"] not in ("-", self.tailnet):
+        """The 404 for a `{tailnet}` in the path that is neither this tailnet nor "-"."""
+        if request.match_info.get("tailnet", "-") not in ("-", self.tailnet):
             return _error(404, "tailnet not found")
         return None
 
     # --- keys -------------------------------------------------------------------------
 
-    async def _create_key(self, request: web.Request) -> web.Response:
-        caller = self._caller(request)
-        if isinstance(caller, web.Response):
-            return caller
-        if (bad := self._tailnet_ok(request)) is not None:
-            return bad
+    @_api
+    async def _create_key(self, request: web.Request, caller: str) -> web.Response:
         try:
             body = await request.json()
         except ValueError:
@@ -368,34 +370,22 @@ class FakeTailscale(FakeServer):
         self.keys[key_id] = key
         return web.json_response(key.to_json(now, with_secret=True))
 
-    async def _list_keys(self, request: web.Request) -> web.Response:
-        caller = self._caller(request)
-        if isinstance(caller, web.Response):
-            return caller
-        if (bad := self._tailnet_ok(request)) is not None:
-            return bad
+    @_api
+    async def _list_keys(self, request: web.Request, caller: str) -> web.Response:
         everyone = request.query.get("all") == "true"
         now = self.now()
         keys = [k.to_json(now) for k in self.keys.values() if everyone or k.client_id == caller]
         return web.json_response({"keys": keys})
 
-    async def _get_key(self, request: web.Request) -> web.Response:
-        caller = self._caller(request)
-        if isinstance(caller, web.Response):
-            return caller
-        if (bad := self._tailnet_ok(request)) is not None:
-            return bad
+    @_api
+    async def _get_key(self, request: web.Request, caller: str) -> web.Response:
         key = self.keys.get(request.match_info["key_id"])
         if key is None:
             return _error(404, "not found")
         return web.json_response(key.to_json(self.now()))
 
-    async def _delete_key(self, request: web.Request) -> web.Response:
-        caller = self._caller(request)
-        if isinstance(caller, web.Response):
-            return caller
-        if (bad := self._tailnet_ok(request)) is not None:
-            return bad
+    @_api
+    async def _delete_key(self, request: web.Request, caller: str) -> web.Response:
         key = self.keys.get(request.match_info["key_id"])
         if key is None:
             return _error(404, "not found")
@@ -405,12 +395,8 @@ class FakeTailscale(FakeServer):
 
     # --- devices ----------------------------------------------------------------------
 
-    async def _list_devices(self, request: web.Request) -> web.Response:
-        caller = self._caller(request)
-        if isinstance(caller, web.Response):
-            return caller
-        if (bad := self._tailnet_ok(request)) is not None:
-            return bad
+    @_api
+    async def _list_devices(self, request: web.Request, caller: str) -> web.Response:
         if self.device_list_delay:
             await asyncio.sleep(self.device_list_delay)
         return web.json_response({"devices": [d.to_json() for d in self.devices.values()]})
@@ -419,19 +405,15 @@ class FakeTailscale(FakeServer):
         # Like the real API: the stable nodeId or the legacy numeric id.
         return self.devices.get(device_id) or next((d for d in self.devices.values() if d.id == device_id), None)
 
-    async def _get_device(self, request: web.Request) -> web.Response:
-        caller = self._caller(request)
-        if isinstance(caller, web.Response):
-            return caller
+    @_api
+    async def _get_device(self, request: web.Request, caller: str) -> web.Response:
         device = self._find_device(request.match_info["device_id"])
         if device is None:
             return _error(404, "not found")
         return web.json_response(device.to_json())
 
-    async def _delete_device(self, request: web.Request) -> web.Response:
-        caller = self._caller(request)
-        if isinstance(caller, web.Response):
-            return caller
+    @_api
+    async def _delete_device(self, request: web.Request, caller: str) -> web.Response:
         device = self._find_device(request.match_info["device_id"])
         if device is None:
             return _error(404, "not found")
