@@ -13,7 +13,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.cluster import CustomResource, KubernetesCluster
-from activities.node import temporal_errors
+from activities.errors import temporal_errors
 from tgp.crds import GROUP, VERSION
 from tgp.messages import NodeSighting, ObjectRef
 from tgp.types import NodePhase

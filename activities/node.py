@@ -22,11 +22,12 @@ from temporalio.exceptions import ApplicationError
 
 from activities.boot.render import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
 from activities.drain import drain
+from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities import metrics
-from tgp.errors import CapacityError, ConfigError, OfferRefused, TgpError, TransientError
-from tgp.secrets import register, register_model, scrub, scrub_exception, secret_scope
+from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
+from tgp.secrets import register, register_model, secret_scope
 from tgp.lifecycle import pod_keeps_node_busy
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
@@ -70,30 +71,6 @@ HEARTBEAT_EVERY = timedelta(seconds=5)
 # After a create that answered nothing clear (timeout, 5xx), how long to look for the instance
 # by name before concluding it was not bought: clouds list a new instance within seconds.
 CREATE_SETTLE = timedelta(seconds=30)
-
-
-@contextmanager
-def temporal_errors(*, always_retry: bool = False) -> Iterator[None]:
-    """Re-raise tgp's typed errors as ApplicationErrors Temporal understands.
-
-    `always_retry` is for cleanup: a leaked instance costs money, so even an auth error keeps
-    being retried (with the message visible in the Web UI) until the user fixes it.
-    """
-    try:
-        yield
-    except TgpError as exc:
-        retry_after = getattr(exc, "retry_after", None)
-        raise ApplicationError(
-            scrub(str(exc)),
-            type=type(exc).__name__,
-            non_retryable=not (exc.retryable or always_retry),
-            next_retry_delay=timedelta(seconds=retry_after) if retry_after else None,
-        ) from None
-    except Exception as exc:
-        # Temporal records any other exception's message (and traceback) as it is.
-        if not isinstance(exc, ApplicationError):
-            scrub_exception(exc)
-        raise
 
 
 @contextmanager

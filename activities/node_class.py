@@ -15,7 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.accounts import ProviderRegistry
 from activities.boot.render import JOIN_VARIABLES, BootSettings, check_template, class_check_settings, default_template, shipped_template, template_uses
 from activities.kube.cluster import KubernetesCluster
-from activities.node import temporal_errors
+from activities.errors import temporal_errors
 from activities.ports import CloudProvider
 from tgp.capabilities import capability_problems
 from tgp.crds import GPUNodeClassSpec

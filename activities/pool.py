@@ -16,7 +16,7 @@ from activities import metrics
 from activities.accounts import ProviderRegistry
 from activities.entity import resource
 from activities.kube.cluster import KubernetesCluster
-from activities.node import temporal_errors
+from activities.errors import temporal_errors
 from activities.node_class import ledger_update
 from activities.ports import CloudProvider
 from tgp.crds import FINALIZER
@@ -35,12 +35,10 @@ class PoolActivities:
         *,
         cluster: KubernetesCluster,
         providers: Mapping[str, CloudProvider],
-        task_queue: str | None = None,
         registry: ProviderRegistry | None = None,
     ) -> None:
         self.cluster = cluster
         self.providers = dict(providers)
-        self.task_queue = task_queue
         # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
         self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
 
@@ -58,11 +56,11 @@ class PoolActivities:
                 "GPUNodeWorkflow",
                 NodeWorkflowInput(request=request),
                 id=request.workflow_id,
-                task_queue=self.task_queue or activity.info().task_queue,
+                task_queue=activity.info().task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 # A retried start after the node already lived and ended must not buy it again.
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                static_summary=inp.static_summary or f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
+                static_summary=f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
             )
         except WorkflowAlreadyStartedError:
             pass  # it ran (and reported to the pool) already

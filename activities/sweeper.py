@@ -18,7 +18,7 @@ from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.node import temporal_errors
+from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities import metrics
 from tgp.messages import class_workflow_id

@@ -21,7 +21,6 @@ from sim.kube_kubelet import register_node
 from sim.tailscale import FakeTailscale
 
 # Tag of the provisioner's OAuth client, and the tag it may give the nodes (tagOwners).
-PROVISIONER_TAG = "tag:tgp-provisioner"
 NODE_TAG = "tag:tgp-node"
 
 

@@ -43,7 +43,8 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 import activities.http
 from activities.tailnets.headscale import HeadscaleTailnet
-from activities.node import NodeActivities, temporal_errors
+from activities.errors import temporal_errors
+from activities.node import NodeActivities
 from activities.ports import AuthKey
 from activities.clouds.lambdalabs import LambdaProvider
 from activities.clouds.paperspace import PaperspaceProvider

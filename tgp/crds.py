@@ -34,7 +34,6 @@ GROUP = "tgp.io"
 VERSION = "v1"
 # On every GPUNodePool: Kubernetes deletes the pool only once its nodes are terminated.
 FINALIZER = "tgp.io/nodes-terminated"
-PROVIDER_NAMES = ("runpod", "lambdalabs", "paperspace", "vastai", "simulated")
 
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 # One duration convention everywhere (schema, defaults, docs, Python): Kubernetes/Go style
@@ -409,8 +408,7 @@ class Condition(Spec):
 
 
 class PoolNodeStatus(Spec):
-    """A node of the pool: its Node name, phase, provider, GPU type, $/h, creation time and the
-    id of its Temporal workflow (`tgp evict`, the Web UI)."""
+    """A node of the pool: its Node name, phase, provider, GPU type, $/h, creation time and Temporal workflow id."""
 
     # The wire form of a tgp.types.NodeOverview (`of`), camelCase like the rest of the CR.
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tgp.crds import ClassLimits, GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.types import NodePhase, NodeRequest, NodeOverview
@@ -134,7 +135,16 @@ class StartNodeInput(Msg):
     class_name: str
     reservation: Reservation
     request: NodeRequest
-    static_summary: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_shape(cls, data: Any) -> Any:
+        """Inputs scheduled by a pool before 0.2 (the request as JSON text, an unused summary)
+        still run on a newer worker during a rolling deploy."""
+        if isinstance(data, dict) and "request_json" in data:
+            earlier = {k: v for k, v in data.items() if k not in ("request_json", "static_summary")}
+            return {**earlier, "request": NodeRequest.model_validate_json(data["request_json"])}
+        return data
 
 
 class StartNodeResult(Msg):

@@ -348,13 +348,6 @@ class DrainResult(Model):
     terminating: list[str] = Field([], description="namespace/name of pods evicted or deleted but still shutting down at the deadline.")
 
 
-class CleanupReport(Model):
-    instance_terminated: bool = False
-    keys_revoked: int = 0
-    devices_deleted: int = 0
-    node_deleted: bool = False
-
-
 # --- Activity inputs and results ----------------------------------------------------------
 
 

@@ -43,7 +43,6 @@ MAX_LAUNCH_BACKOFF = timedelta(minutes=15)
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
 # Offers come and go; "no offer" and the price used for reservations are re-checked this often.
 OFFER_CHECK_TTL = timedelta(minutes=5)
-ACTIVITY_TIMEOUT = timedelta(seconds=60)
 # Node workflows started in one pass, at once; the next pass (after the class ledger and the
 # deletion flag are looked at again) starts more. Bounds what one typo can buy before it is seen.
 MAX_STARTS_PER_PASS = 10
