@@ -32,7 +32,7 @@ import httpx
 import yaml
 from temporalio.client import Client
 
-from activities.kube.cluster import KubernetesCluster, authenticated_http
+from activities.kube.cluster import KubernetesCluster, authenticated_http, load_client_classes
 from activities.clouds.registry import API_KEY_ENV
 from crd_bridge.bridge import Bridge
 from workers.crdgen import manifests
@@ -197,6 +197,7 @@ class Story:
 
 async def run_demo(args: argparse.Namespace) -> int:
     check_ports_free(args.port, args.port + 1000)
+    load_client_classes()
     async with AsyncExitStack() as stack:
         print("Starting the Temporal dev server (Web UI), the simulated cloud, tailnet and cluster, a worker and the bridge ...")
         client = await start_dev_server(args.port, stack)
@@ -286,6 +287,7 @@ async def run_dev(args: argparse.Namespace) -> int:
     if not Path(kubeconfig.split(os.pathsep)[0]).exists():
         raise ConfigError(f"no kubeconfig at {kubeconfig}: set KUBECONFIG or run `tgp demo` for a simulated cluster")
     check_ports_free(args.port, args.port + 1000)
+    load_client_classes()
     async with AsyncExitStack() as stack:
         cluster = await stack.enter_async_context(KubernetesCluster.from_kubeconfig(kubeconfig))
         http = await stack.enter_async_context(authenticated_http(kubeconfig))

@@ -64,8 +64,10 @@ async def run_worker(args: argparse.Namespace) -> None:
     from activities.metrics import METRICS_PORT_ENV, WORKER_METRICS_PORT, metrics_port, sdk_metrics
     from workers.temporal import connect, ensure_search_attributes
     from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker
+    from activities.kube.cluster import load_client_classes
     from workers.metrics import start_worker_metrics
 
+    load_client_classes()
     settings = _temporal_settings(args)
     port = metrics_port(os.environ, WORKER_METRICS_PORT)
     sdk = sdk_metrics("tgp-worker") if port is not None else None
@@ -84,11 +86,12 @@ async def run_worker(args: argparse.Namespace) -> None:
 
 
 async def run_bridge(args: argparse.Namespace) -> None:
-    from activities.kube.cluster import KubernetesCluster
+    from activities.kube.cluster import KubernetesCluster, load_client_classes
     from crd_bridge.bridge import Bridge
     from activities.metrics import BRIDGE_METRICS_PORT, METRICS_PORT_ENV, metrics_port, sdk_metrics, serve_metrics_or_log
     from workers.temporal import connect
 
+    load_client_classes()
     settings = _temporal_settings(args)
     kube_url = os.environ.get("TGP_KUBE_URL")
     async with KubernetesCluster.from_url(kube_url) if kube_url else KubernetesCluster.from_kubeconfig(os.environ.get("KUBECONFIG")) as cluster:

@@ -33,10 +33,15 @@ from activities.ports import EvictionBlocked, VersionedSecret
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from tgp.types import GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
-# kubernetes.aio.client loads its API classes on first use (seconds of CPU, 8 s on a loaded
-# machine): resolved here, at import (worker start), not inside the event loop on the first
-# call, where they would stall every heartbeat, query and workflow task of the worker meanwhile.
-_APIS = (k8s.ApiClient, k8s.CoreV1Api, k8s.CustomObjectsApi, k8s.Configuration)
+
+
+def load_client_classes() -> None:
+    """Load kubernetes.aio's API classes now. It loads them on first use (1-2 s of CPU, 8 s on a
+    loaded machine): inside a running worker or bridge that first call would stall every
+    heartbeat, query and workflow task meanwhile. Processes call this as they start; short
+    commands that never talk to Kubernetes do not pay for it."""
+    for name in ("ApiClient", "CoreV1Api", "CustomObjectsApi"):
+        getattr(k8s, name)
 
 # API server calls answer in milliseconds; 30 s catches a hung connection or an overloaded
 # control plane without pinning a worker slot, and Temporal's retry takes over from there.
