@@ -20,8 +20,8 @@ Wire format (tgp's own, documented here because no real cloud speaks it):
     POST   /v1/instances {offerId, name, userData}
                                      -> 201 instance | 409 {"error": {"code": "insufficient-capacity", ...}}
     GET    /v1/instances?name=NAME   -> {"instances": [...]}   (live instances only)
-    GET    /v1/instances/{id}        -> instance | 404
-    DELETE /v1/instances/{id}        -> 200 | 404
+    GET    /v1/instances/{id}        -> instance | 404 {"error": {"code": "not-found", ...}}
+    DELETE /v1/instances/{id}        -> 200 | 404 {"error": {"code": "not-found", ...}}
 An instance is {id, name, offerId, status: pending|running|failed|terminated, pricePerHour,
 interrupted}.
 """
@@ -36,11 +36,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from aiohttp import web
 
-from sim.fakeserver import EchoMode, Fault, echo_errors
+from sim.fakeserver import EchoMode, Fault, echo_errors, fault_body_response
 
 BootFailure = Literal["never_runs", "never_joins"]
 TailnetRegister = Callable[[str, str], Awaitable[object]]
@@ -244,12 +244,15 @@ class SimulatedCloud:
 
     def fail(
         self, path: str, status: int = 500, *, times: int = 1, method: str | None = None, message: str = "injected failure",
-        after_handling: bool = False,
+        after_handling: bool = False, body: Any = None,
     ) -> None:
         """The next `times` requests whose path matches the fnmatch `path` (and `method`, if
         given) answer `status` in this cloud's error shape, without taking effect; with
-        `after_handling`, after taking effect (a delete that terminates, then answers 503)."""
-        self._faults.append(Fault(path, method.upper() if method else None, status, times, None, message, after_handling))
+        `after_handling`, after taking effect (a delete that terminates, then answers 503).
+        A `body` replaces that error shape: a str is sent as is, as a proxy or a wrong URL
+        answers (sim.fakeserver.GATEWAY_404_TEXT), anything else as JSON."""
+        fault = Fault(path, method.upper() if method else None, status, times, None, body, after_handling, message)
+        self._faults.append(fault)
 
     def fail_deletes(self, count: int) -> None:
         """The next `count` terminate requests answer 500 and terminate nothing."""
@@ -320,7 +323,9 @@ class SimulatedCloud:
                 fault.remaining -= 1
                 if fault.after_handling:
                     await handler(request)
-                return _error(fault.status, "injected", str(fault.body))
+                if fault.body is not None:
+                    return fault_body_response(fault.body, fault.status)
+                return _error(fault.status, "injected", fault.message)
         return await handler(request)
 
     @web.middleware

@@ -30,13 +30,44 @@ from typing import Any, Literal, Self, TypedDict
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-__all__ = ["ECHO_MODES", "EchoMode", "Fault", "FaultOptions", "FakeServer", "Handler", "RecordedRequest", "echo_errors", "echo_request"]
+__all__ = [
+    "ECHO_MODES",
+    "GATEWAY_404_HTML",
+    "GATEWAY_404_TEXT",
+    "EchoMode",
+    "Fault",
+    "FaultOptions",
+    "FakeServer",
+    "Handler",
+    "RecordedRequest",
+    "echo_errors",
+    "echo_request",
+    "fault_body_response",
+]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 EchoMode = Literal["json", "raw", "base64"]
 ECHO_MODES: tuple[EchoMode, ...] = ("json", "raw", "base64")
+# What answers a 404 that is not the API's own "no such object": a wrong base URL or path on a Go
+# server or gateway (plain text), or a reverse proxy in front of it (nginx's HTML page). Pass
+# either as `fail(..., 404, body=...)` to see that an adapter does not read it as "gone".
+GATEWAY_404_TEXT = "404 page not found"
+GATEWAY_404_HTML = (
+    "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n"
+    "<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
 # Body strings at least this long are base64-encoded in the "base64" echo (user-data, scripts, keys).
 _ECHO_B64_MIN = 16
+
+
+def fault_body_response(body: Any, status: int, headers: dict[str, str] | None = None) -> web.Response:
+    """An injected answer whose body a test gave: a str as is (text/html when it is markup, else
+    text/plain: what a gateway, proxy or wrong URL answers, outside any API's envelope), anything
+    else as JSON."""
+    if isinstance(body, str):
+        kind = "text/html" if body.lstrip().startswith("<") else "text/plain"
+        return web.Response(text=body, status=status, headers=headers, content_type=kind)
+    return web.json_response(body, status=status, headers=headers)
 
 
 def echo_request(request: web.Request, raw: bytes, mode: EchoMode) -> str:
@@ -216,7 +247,8 @@ class FakeServer:
     ) -> None:
         """Answer the next `times` requests whose path matches the fnmatch pattern `path`, and
         `method` if given, with `status` and an error worded from `body` (None: the fake's
-        default error), plus a Retry-After header when `retry_after` is given. A fake whose
+        default error; a str: that text as is, not in the API's envelope, as a proxy or a wrong
+        base URL answers, see GATEWAY_404_TEXT), plus a Retry-After header when `retry_after` is given. A fake whose
         errors are a message words it from `message` (None: "rate limited" for a 429, else
         "injected failure"). `after_handling` lets the request take effect first (create-then-500)."""
         ra = None if retry_after is None else str(retry_after)
@@ -241,8 +273,9 @@ class FakeServer:
         return [self._record, self._inject_faults]
 
     def _fault_response(self, fault: Fault) -> web.Response:
-        """The answer to a request an injected fault catches: `body` as JSON by default."""
-        return web.json_response(fault.body, status=fault.status, headers=fault.headers)
+        """The answer to a request an injected fault catches: `body` as JSON by default, a str
+        as text (see `fault_body_response`)."""
+        return fault_body_response(fault.body, fault.status, fault.headers)
 
     async def _record_body(self, request: web.Request, entry: RecordedRequest) -> None:
         """Keep the body in the log: JSON when it parses, else None."""

@@ -10,11 +10,14 @@ Shapes and failures follow reference/providers.md section 4:
   `page_size` knob so paging is testable).
 * `GET /v1/machines/{id}` is the Machine, 404 once deleted (or, with `deleted_visible`, the
   Machine with `dtDeleted` set). `DELETE /v1/machines/{id}` answers the Machine.
-* Errors are `{"code", "message"}`: 401 for a bad key, a 400 "out of capacity" when a
+* Errors are `{"code", "message"}`: 404 `NOT_FOUND` "Machine not found" for an unknown or
+  deleted machine (the code is assumed: the API's codes look like tRPC's, the 404 is not
+  documented), 401 for a bad key, a 400 "out of capacity" when a
   (machine type, region) has none left, a 400 refusal for a machine type not sold in that
   region at all (DigitalOcean's Machines availability table: A5000/A6000 only NY2 and CA1,
   H100/A100/V100-32G only NY2; the wording is assumed, the API does not document it) or not
-  sold at all, 429/5xx injected with `fail`.
+  sold at all, 429/5xx injected with `fail` (with a str `body`, a 404 that is not Paperspace's:
+  a proxy's or a wrong URL's page, see sim.fakeserver.GATEWAY_404_TEXT).
 * `GET /v1/billing/account-standing` reports the `standing` knob.
 
 Not part of the real API: the Python knobs (`set_capacity`, `set_state`, `make_ready`,
@@ -37,7 +40,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
+from sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest, fault_body_response
 
 __all__ = ["DEFAULT_TEMPLATE_ID", "SOLD_IN", "FakeMachine", "FakePaperspace", "PaperspaceRequest"]
 
@@ -217,7 +220,7 @@ class FakePaperspace(FakeServer):
                 if fault.status == 429
                 else {"code": "INTERNAL_SERVER_ERROR", "message": "injected failure"}
             )
-        return web.json_response(body, status=fault.status, headers=fault.headers)
+        return fault_body_response(body, fault.status, fault.headers)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -15,7 +15,10 @@ Shapes and failures follow reference/providers.md section 3:
 * `GET /api/v0/instances/{id}/` answers `{"instances": {...}}`, or `{"instances": null}` for an
   unknown or destroyed id.
 * `GET /api/v1/instances/?select_filters=...&limit=&after_token=` pages `{instances, next_token}`.
-* `DELETE /api/v0/instances/{id}/` -> `{"success": true}`, unknown id -> 404 `not_found`.
+* `DELETE /api/v0/instances/{id}/` -> `{"success": true}`, unknown id -> 404
+  `{"success": false, "error": "not_found", "msg": "Instance not found"}` (the message is assumed).
+  A 404 that is not Vast's (a proxy's or a wrong URL's page) is injected with a str `body` to
+  `fail`, see sim.fakeserver.GATEWAY_404_TEXT.
 * A bad key -> 401 `auth_error` "Invalid user key" (`bad_key_search_status=404` makes the offer
   search answer 404 instead, as Vast sometimes does). Rate limits: 429 with the plain-text
   "API requests too frequent" body and no Retry-After, injected with `fail` or enforced per
@@ -44,7 +47,7 @@ from typing import Any, Literal
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest
+from sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest, fault_body_response
 
 __all__ = ["FakeAsk", "FakeVast", "FakeVastInstance", "VastRequest"]
 
@@ -281,10 +284,8 @@ class FakeVast(FakeServer):
 
     def _fault_response(self, fault: Fault) -> web.Response:
         headers = fault.headers
-        if fault.body is not None:
-            if isinstance(fault.body, str):
-                return web.Response(text=fault.body, status=fault.status, headers=headers)
-            return web.json_response(fault.body, status=fault.status, headers=headers)
+        if fault.body is not None:  # a str as is: a 429's text, or a proxy's or wrong URL's 404 page
+            return fault_body_response(fault.body, fault.status, headers)
         if fault.status == 429:
             return web.Response(text=RATE_LIMIT_TEXT.format(threshold="4.5"), status=429, headers=headers)
         return web.json_response(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal
 
+import pytest
 from pydantic import SecretStr
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
@@ -18,7 +19,10 @@ from activities.node import NodeActivities
 from activities.clouds.simulated import SimulatedProvider
 from tests.conftest import running_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
+from sim.cloud import SimulatedCloud
+from sim.fakeserver import GATEWAY_404_HTML, GATEWAY_404_TEXT
 from sim.world import SimWorld, sim_world
+from tgp.errors import ConfigError
 from tgp.types import BootPayload, InstanceRef, NodePhase, NodeStatus, Offer, instance_name
 from workflows.node import GPUNodeWorkflow
 
@@ -65,3 +69,31 @@ async def test_terminate_ends_every_live_instance_carrying_the_attempt_name() ->
         assert await ActivityEnvironment().run(activities.terminate_instance, ref) is True
         assert world.cloud.live_named(name) == []
         await provider.aclose()
+
+
+SIM_KEY = "sim-key-0123456789"
+SIM_OFFER = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price=Decimal("0.44"))
+
+
+async def test_a_404_in_the_simulated_clouds_own_words_is_gone() -> None:
+    async with SimulatedCloud(api_key=SIM_KEY, boot_delay=60) as cloud:
+        async with SimulatedProvider(cloud.url, api_key=SecretStr(SIM_KEY)) as provider:
+            assert await provider.describe("no-such-instance") is None  # 404 {"error": {"code": "not-found"}}
+            await provider.terminate("no-such-instance")  # already gone counts as done
+
+
+@pytest.mark.parametrize("page", [GATEWAY_404_TEXT, GATEWAY_404_HTML, {"message": "Not Found"}], ids=["text", "nginx", "gateway-json"])
+async def test_a_404_that_is_not_the_simulated_clouds_is_not_read_as_gone(page: object) -> None:
+    async with SimulatedCloud(api_key=SIM_KEY, boot_delay=60) as cloud:
+        async with SimulatedProvider(cloud.url, api_key=SecretStr(SIM_KEY)) as provider:
+            boot = BootPayload(kind="env", content="", hostname="gpu-gw")
+            instance = await provider.launch(SIM_OFFER, name=instance_name("gpu-gw", 1), boot=boot)
+            cloud.fail("/v1/instances/*", 404, method="GET", body=page)
+            with pytest.raises(ConfigError) as described:
+                await provider.describe(instance.instance_id)  # "gone": a billing instance taken for ended
+            cloud.fail("/v1/instances/*", 404, method="DELETE", body=page)
+            with pytest.raises(ConfigError) as terminated:
+                await provider.terminate(instance.instance_id)  # "already gone": a leak
+            assert f"GET /v1/instances/{instance.instance_id} was not found" in str(described.value)
+            assert "check the base URL" in str(terminated.value)
+            assert [i.id for i in cloud.live_instances()] == [instance.instance_id]

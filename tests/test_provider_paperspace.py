@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from activities.ports import CloudProvider
 from activities.clouds.paperspace import CATALOG_PATH, CatalogEntry, PaperspaceCatalog, PaperspaceProvider, load_catalog
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
+from sim.fakeserver import GATEWAY_404_HTML, GATEWAY_404_TEXT
 from sim.paperspace import SOLD_IN, FakePaperspace
 from tgp.types import BootPayload, InstanceState, Offer
 
@@ -165,6 +166,41 @@ async def test_deleted_machine_with_dt_deleted_is_gone(provider: PaperspaceProvi
     instance = await provider.launch(a4000(), name=NAME, boot=BOOT)
     await provider.terminate(instance.instance_id)
     assert await provider.describe(instance.instance_id) is None
+
+
+async def test_a_404_in_paperspaces_own_words_is_gone(provider: PaperspaceProvider, ps: FakePaperspace) -> None:
+    assert await provider.describe("psnosuchmachine") is None  # 404 {"code": "NOT_FOUND", "message": ...}
+    await provider.terminate("psnosuchmachine")  # already gone counts as done
+
+
+# A 404 a proxy or gateway answers with its own page, or JSON that is not Paperspace's envelope.
+NOT_PAPERSPACES_404 = [GATEWAY_404_TEXT, GATEWAY_404_HTML, {"message": "no Route matched with those values"}]
+
+
+@pytest.mark.parametrize("page", NOT_PAPERSPACES_404, ids=["text", "nginx", "gateway-json"])
+async def test_a_404_that_is_not_paperspaces_is_not_read_as_gone(
+    provider: PaperspaceProvider, ps: FakePaperspace, page: object
+) -> None:
+    instance = await provider.launch(a4000(), name=NAME, boot=BOOT)
+    ps.fail("/v1/machines/*", 404, method="GET", body=page)
+    with pytest.raises(ConfigError) as described:
+        await provider.describe(instance.instance_id)  # "gone" here: the workflow thinks a billing machine ended
+    ps.fail("/v1/machines/*", 404, method="DELETE", body=page)
+    with pytest.raises(ConfigError) as terminated:
+        await provider.terminate(instance.instance_id)  # "already gone" here would leak it
+    assert f"GET /v1/machines/{instance.instance_id} was not found" in str(described.value)
+    assert f"DELETE /v1/machines/{instance.instance_id} was not found" in str(terminated.value)
+    assert "check the base URL" in str(terminated.value)
+    assert ps.live_machines() != []  # still running: nothing may count it as ended
+
+
+async def test_a_404_from_the_wrong_url_is_not_read_as_gone(ps: FakePaperspace, sleeps: Sleeps) -> None:
+    async with PaperspaceProvider(SecretStr(API_KEY), base_url=ps.root + "/v9", template_id=ps.template_id, sleep=sleeps) as p:
+        with pytest.raises(ConfigError) as exc:
+            await p.terminate("psabc")
+        with pytest.raises(ConfigError):
+            await p.describe("psabc")
+    assert "/v9" in str(exc.value)
 
 
 async def test_find_by_name_follows_pages(provider: PaperspaceProvider, ps: FakePaperspace) -> None:

@@ -16,6 +16,7 @@ from activities.ports import CloudProvider
 from activities.clouds.vastai import VastProvider
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
 from tgp.types import BootPayload, InstanceState, Offer
+from sim.fakeserver import GATEWAY_404_HTML, GATEWAY_404_TEXT
 from sim.vastai import FakeAsk, FakeVast
 
 API_KEY = "vast-key-0123456789abcdef-never-logged"
@@ -277,6 +278,41 @@ async def test_instances_null_means_gone(provider: VastProvider, vast: FakeVast)
     vast.forget(instance.instance_id)
     assert await provider.describe(instance.instance_id) is None
     assert await provider.describe("99999999") is None
+
+
+async def test_a_404_in_vasts_own_words_is_gone(provider: VastProvider, vast: FakeVast) -> None:
+    await provider.terminate("99999999")  # 404 {"success": false, "error": "not_found"}: already gone
+    instance = await provider.launch(offer(101, "0.31"), name=NAME, boot=BOOT)
+    vast.fail("/api/v0/instances/*", 404, method="GET", body={"success": False, "error": "no_such_instance", "msg": "No such instance"})
+    assert await provider.describe(instance.instance_id) is None
+
+
+# A 404 a proxy or gateway answers with its own page, or JSON that is not Vast's envelope.
+NOT_VASTS_404 = [GATEWAY_404_TEXT, GATEWAY_404_HTML, {"message": "no Route matched with those values"}]
+
+
+@pytest.mark.parametrize("page", NOT_VASTS_404, ids=["text", "nginx", "gateway-json"])
+async def test_a_404_that_is_not_vasts_is_not_read_as_gone(provider: VastProvider, vast: FakeVast, page: object) -> None:
+    instance = await provider.launch(offer(101, "0.31"), name=NAME, boot=BOOT)
+    vast.fail("/api/v0/instances/*", 404, method="GET", body=page)
+    with pytest.raises(ConfigError) as described:
+        await provider.describe(instance.instance_id)  # "gone" here: the workflow thinks a billing instance ended
+    vast.fail("/api/v0/instances/*", 404, method="DELETE", body=page)
+    with pytest.raises(ConfigError) as terminated:
+        await provider.terminate(instance.instance_id)  # "already gone" here would leak it
+    assert f"GET /api/v0/instances/{instance.instance_id}/ was not found" in str(described.value)
+    assert f"DELETE /api/v0/instances/{instance.instance_id}/ was not found" in str(terminated.value)
+    assert "check the base URL" in str(terminated.value)
+    assert [i.id for i in vast.live_instances()] == [int(instance.instance_id)]  # still billing
+
+
+async def test_a_404_from_the_wrong_url_is_not_read_as_gone(vast: FakeVast, sleeps: Sleeps, clock: Clock) -> None:
+    async with VastProvider(SecretStr(API_KEY), base_url=vast.origin + "/api/v9", sleep=sleeps, clock=clock, min_intervals={}) as p:
+        with pytest.raises(ConfigError) as exc:
+            await p.terminate("123")
+        with pytest.raises(ConfigError):
+            await p.describe("123")
+    assert "/api/v9" in str(exc.value)
 
 
 async def test_container_that_failed_to_start_is_failed(provider: VastProvider, vast: FakeVast) -> None:

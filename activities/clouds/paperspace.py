@@ -290,18 +290,19 @@ class PaperspaceProvider(HttpAdapter):
         return found
 
     async def describe(self, instance_id: str) -> Instance | None:
-        """Current state; None for 404 or a machine with dtDeleted set."""
+        """Current state; None for Paperspace's own 404 or a machine with dtDeleted set."""
         response = await self._call("GET", f"/machines/{instance_id}", ok=(404,))
-        if response.status_code == 404:
+        if self._gone(response):
             return None
         data = _json(response)
         return self._instance(data.get("data") if isinstance(data.get("data"), dict) else data)
 
     async def terminate(self, instance_id: str) -> None:
-        """Delete the machine (404 counts as deleted) and its startup script. A machine that
-        cannot be deleted in its current state is stopped and TransientError says to retry."""
+        """Delete the machine (Paperspace's own 404 counts as deleted) and its startup script. A
+        machine that cannot be deleted in its current state is stopped and TransientError says
+        to retry."""
         response = await self._call("DELETE", f"/machines/{instance_id}", ok=(400, 404, 409, 422))
-        if response.status_code == 404:
+        if self._gone(response):
             return
         if response.status_code < 300:
             machine = _json(response)
@@ -315,6 +316,15 @@ class PaperspaceProvider(HttpAdapter):
         raise TransientError(f"Paperspace could not delete machine {instance_id} yet ({code}: {message}); asked it to stop, retry shortly")
 
     # --- wire format -------------------------------------------------------------------
+
+    def _says_missing(self, response: httpx.Response) -> bool:
+        """Paperspace's own 404 is its `{code, message}` error; any other (a page, a gateway's
+        JSON) came from a wrong URL or a proxy."""
+        try:
+            body = json.loads(response.content or b"null")
+        except ValueError:
+            return False
+        return isinstance(body, dict) and isinstance(body.get("code"), str) and bool(body["code"]) and "message" in body
 
     def _instance(self, raw: Mapping[str, Any]) -> Instance | None:
         state = machine_state(raw)

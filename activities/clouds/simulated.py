@@ -75,12 +75,22 @@ class SimulatedProvider(HttpAdapter):
 
     async def describe(self, instance_id: str) -> Instance | None:
         response = await self._call("GET", f"/v1/instances/{instance_id}", ok=(404,))
-        return None if response.status_code == 404 else self._instance(response.json())
+        return None if self._gone(response) else self._instance(response.json())
 
     async def terminate(self, instance_id: str) -> None:
         response = await self._call("DELETE", f"/v1/instances/{instance_id}", ok=_REFUSALS)
-        if response.status_code >= 400 and response.status_code != 404:
+        if response.status_code >= 400 and not self._gone(response):
             raise TransientError(f"simulated cloud could not terminate {instance_id}: {error_message(response)}")
+
+    def _says_missing(self, response: httpx.Response) -> bool:
+        """The simulated cloud's own 404 is `{"error": {"code": "not-found"}}`; any other came
+        from a wrong URL or a proxy."""
+        try:
+            body = response.json()
+        except ValueError:
+            return False
+        error = body.get("error") if isinstance(body, dict) else None
+        return isinstance(error, dict) and error.get("code") == "not-found"
 
     def _offer(self, raw: dict[str, Any]) -> Offer:
         return Offer(

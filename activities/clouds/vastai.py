@@ -14,7 +14,7 @@ Wire format (reference/providers.md section 3), translated once here into Offer/
                                     carries new_contract (the instance exists, stopped)
     GET    /api/v0/instances/{id}/?owner=me -> {"instances": {...}} | {"instances": null} (gone)
     GET    /api/v1/instances/?select_filters={"label": {"eq": name}} -> {instances, next_token}
-    DELETE /api/v0/instances/{id}/ -> {"success": true} | 404 (already gone)
+    DELETE /api/v0/instances/{id}/ -> {"success": true} | 404 `not_found` (already gone; a 404 not in that envelope is not)
 
 A refused rental is sorted by what it says: `no_such_ask` and a low bid -> CapacityError;
 billing -> PermissionDenied; `invalid_args` and `no_ssh_key_for_vm` (the body tgp built, the
@@ -123,6 +123,9 @@ _GONE_ASK_MARKERS = ("no_such_ask", "not available", "no longer available")
 _BILLING_MARKERS = ("credit", "balance", "payment", "billing")
 # Refusals of what tgp sent or how the account is set up: wrong for every ask.
 _CONFIG_CODES = frozenset({"invalid_args", "no_ssh_key_for_vm"})
+# Vast's codes for an instance it does not know (destroyed or never there): 404 `not_found`
+# (reference/providers.md 3.4); dstack also accepts `no_such_instance`.
+_MISSING_CODES = frozenset({"not_found", "no_such_instance"})
 # The refusals of a rental that `launch` sorts (a 401 is worded by HttpAdapter).
 _CREATE_ANSWERS = CLIENT_ERRORS - {401}
 
@@ -300,9 +303,9 @@ class VastProvider(HttpAdapter):
             params["after_token"] = token
 
     async def describe(self, instance_id: str) -> Instance | None:
-        """Current state; None for `{"instances": null}` or 404 (destroyed or unknown)."""
+        """Current state; None for `{"instances": null}` or Vast's own 404 (destroyed or unknown)."""
         response = await self._call("GET", f"/instances/{instance_id}/", ok=(404,), pace=self._limiters.get("show"), params={"owner": "me"})
-        if response.status_code == 404:
+        if self._gone(response):
             return None
         raw = _json(response).get("instances")
         if isinstance(raw, list):  # some answers wrap the one row in a list
@@ -310,9 +313,10 @@ class VastProvider(HttpAdapter):
         return self._instance(raw) if raw else None
 
     async def terminate(self, instance_id: str) -> None:
-        """Destroy the instance; one already gone (404, no_such_instance) counts as destroyed."""
+        """Destroy the instance; one already gone (Vast's own 404, no_such_instance) counts as
+        destroyed."""
         response = await self._call("DELETE", f"/instances/{instance_id}/", ok=(400, 404), pace=self._limiters.get("destroy"))
-        if response.status_code < 300 or response.status_code == 404:
+        if response.status_code < 300 or self._gone(response):
             return
         code, message = _vast_error(_json(response))
         if mentions(code, message, ("no_such_instance", "not_found", "not found")):
@@ -320,6 +324,16 @@ class VastProvider(HttpAdapter):
         raise TransientError(f"Vast.ai could not destroy instance {instance_id} ({response.status_code}): {message or code}")
 
     # --- wire format -------------------------------------------------------------------
+
+    def _says_missing(self, response: httpx.Response) -> bool:
+        """Vast's own 404 for an instance is its `{success, error, msg}` error with the code
+        `not_found` (or `no_such_instance`); any other (a page, a gateway's JSON) came from a
+        wrong URL or a proxy."""
+        try:
+            body = json.loads(response.content or b"null")
+        except ValueError:
+            return False
+        return isinstance(body, dict) and body.get("error") in _MISSING_CODES
 
     async def _search(self, kind: str) -> list[dict[str, Any]]:
         body = {
