@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from decimal import Decimal
+from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.cluster import CustomResource, KubernetesCluster
@@ -21,6 +22,34 @@ from tgp.types import NodePhase
 log = structlog.get_logger("tgp.entity")
 
 _PLURALS = {"GPUNodePool": "gpunodepools", "GPUNodeClass": "gpunodeclasses"}
+RUNNING_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"
+
+
+def sighting(wf: WorkflowExecution) -> NodeSighting:
+    """A node workflow as its search attributes (set by the node, workflows/node.py) show it."""
+    sa = wf.search_attributes or {}
+
+    def first(key: str) -> Any:
+        return (sa.get(key) or [None])[0]
+
+    phase, price = first("TgpPhase"), first("TgpHourlyPrice")
+    return NodeSighting(
+        workflow_id=wf.id,
+        node_name=first("TgpNodeName") or "",
+        phase=NodePhase(phase) if phase in NodePhase._value2member_map_ else None,
+        provider=first("TgpProvider"),
+        gpu_type=first("TgpGpuType"),
+        hourly_price=Decimal(str(price)) if price is not None else None,
+        pool=first("TgpPool") or "",
+        started_at=wf.start_time,
+    )
+
+
+async def running_node_workflows(client: Client, query: str = "", *, limit: int | None = None) -> list[NodeSighting]:
+    """The running node workflows (those matching `query`, a visibility filter on tgp's search
+    attributes, e.g. `TgpPool = 'ml/rtx'`), as sightings. Visibility lags by a second or so."""
+    listing = client.list_workflows(f"{RUNNING_NODES} AND {query}" if query else RUNNING_NODES, limit=limit)
+    return [sighting(wf) async for wf in listing]
 
 
 class StatusWrite(BaseModel):
@@ -51,30 +80,12 @@ class EntityActivities:
         attributes, e.g. `TgpPool = 'ml/rtx'`): what a pool or class rebuilds its state from.
         None when this Temporal server has no visibility API at all (the time-skipping test
         server): there is nothing to rebuild from, and waiting for it would stall for ever."""
-        client = activity.client()
-        found: list[NodeSighting] = []
-        visibility = f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND {query}"
         try:
-            listing = [wf async for wf in client.list_workflows(visibility)]
+            return await running_node_workflows(activity.client(), query)
         except RPCError as exc:
             if exc.status is RPCStatusCode.UNIMPLEMENTED:
                 return None
             raise
-        for wf in listing:
-            sa = wf.search_attributes or {}
-            phase = (sa.get("TgpPhase") or [None])[0]
-            price = (sa.get("TgpHourlyPrice") or [None])[0]
-            found.append(
-                NodeSighting(
-                    workflow_id=wf.id,
-                    node_name=(sa.get("TgpNodeName") or [""])[0],
-                    phase=NodePhase(phase) if phase in NodePhase._value2member_map_ else None,
-                    provider=(sa.get("TgpProvider") or [None])[0],
-                    hourly_price=Decimal(str(price)) if price is not None else None,
-                    started_at=wf.start_time,
-                )
-            )
-        return found
 
     @activity.defn
     async def closed_workflows(self, workflow_ids: list[str]) -> list[str]:

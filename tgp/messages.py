@@ -120,14 +120,13 @@ class PoolNode(NodeOverview):
     reported_at: datetime | None = Field(None, description="`at` of the newest report taken from the node: an older one arriving later is stale.")
 
 
-class NodeSighting(Msg):
-    """A running node workflow as Temporal's visibility sees it (its search attributes)."""
+class NodeSighting(NodeOverview):
+    """A running node workflow as Temporal's visibility sees it (its search attributes): what
+    pools and classes rebuild from, `tgp status` lists and the fleet metrics count."""
 
-    workflow_id: str
     node_name: str = ""
-    phase: NodePhase | None = None
-    provider: str | None = None
-    hourly_price: Decimal | None = None
+    phase: NodePhase | None = None  # None: not yet upserted, or unknown to this version
+    pool: str = ""
     started_at: datetime | None = None
 
 

@@ -22,7 +22,7 @@ from temporalio.client import Client
 
 from activities import metrics
 from tgp.types import NodePhase
-from workflows.node import SA_HOURLY_PRICE, SA_PHASE, SA_POOL, SA_PROVIDER
+from activities.entity import running_node_workflows
 
 log = structlog.get_logger("tgp.metrics")
 
@@ -36,7 +36,6 @@ REFRESH_TIMEOUT = timedelta(seconds=30)
 BILLING_PHASES = frozenset(
     {NodePhase.LAUNCHING, NodePhase.JOINING, NodePhase.READY, NodePhase.DRAINING, NodePhase.TERMINATING, NodePhase.TERMINATION_STUCK}
 )
-_RUNNING_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"
 
 
 @dataclass(frozen=True)
@@ -85,19 +84,10 @@ class FleetMetrics:
         self._last: float | None = None  # when the previous refresh's totals were taken
 
     async def list_nodes(self) -> list[NodeSample]:
-        found = []
-        async for wf in self.client.list_workflows(_RUNNING_NODES, limit=self.limit):
-            sa = wf.typed_search_attributes
-            price = sa.get(SA_HOURLY_PRICE)
-            found.append(
-                NodeSample(
-                    pool=sa.get(SA_POOL) or "",
-                    provider=sa.get(SA_PROVIDER) or "",
-                    phase=sa.get(SA_PHASE) or "",
-                    hourly_price=Decimal(str(price)) if price is not None else None,
-                )
-            )
-        return found
+        return [
+            NodeSample(pool=s.pool, provider=s.provider or "", phase=s.phase.value if s.phase else "", hourly_price=s.hourly_price)
+            for s in await running_node_workflows(self.client, limit=self.limit)
+        ]
 
     def record(self, nodes: list[NodeSample]) -> None:
         """Set the gauges to `nodes`; charge the billing ones for the time since the last refresh."""

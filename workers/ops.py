@@ -14,6 +14,7 @@ from decimal import Decimal
 
 from temporalio.client import Client
 
+from activities.entity import running_node_workflows
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.accounts import ProviderRegistry
 from activities.clouds.registry import providers_from_env
@@ -111,18 +112,13 @@ async def status(client: Client) -> str:
     now = datetime.now(UTC)
     rows: dict[str, list[tuple[str, ...]]] = {}
     totals: dict[str, tuple[Decimal, Decimal]] = {}
-    async for wf in client.list_workflows("WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"):
-        sa = wf.search_attributes or {}
-
-        def first(key: str, default: object = "") -> object:
-            return (sa.get(key) or [default])[0]
-
-        pool, phase = str(first("TgpPool", "?")), str(first("TgpPhase", "?"))
-        price = Decimal(str(first("TgpHourlyPrice", 0) or 0)).quantize(Decimal("0.01"))
-        hours = Decimal((now - wf.start_time).total_seconds()) / 3600 if wf.start_time else Decimal(0)
+    for s in await running_node_workflows(client):
+        pool, phase = s.pool or "?", s.phase.value if s.phase else "?"
+        price = (s.hourly_price or Decimal(0)).quantize(Decimal("0.01"))
+        hours = Decimal((now - s.started_at).total_seconds()) / 3600 if s.started_at else Decimal(0)
         cost = (price * hours).quantize(Decimal("0.01")) if phase in BILLING_PHASES else Decimal(0)
-        age = _age(now - wf.start_time) if wf.start_time else "?"
-        rows.setdefault(pool, []).append((str(first("TgpNodeName", wf.id)), phase, str(first("TgpProvider", "-")), str(first("TgpGpuType", "-")), f"{price}", age, f"{cost}"))
+        age = _age(now - s.started_at) if s.started_at else "?"
+        rows.setdefault(pool, []).append((s.node_name or s.workflow_id, phase, s.provider or "-", s.gpu_type or "-", f"{price}", age, f"{cost}"))
         rate, spent = totals.get(pool, (Decimal(0), Decimal(0)))
         totals[pool] = (rate + (price if phase in BILLING_PHASES else 0), spent + cost)
     if not rows:

@@ -273,6 +273,7 @@ class GPUNodePoolWorkflow:
                     node_name=s.node_name,
                     phase=s.phase or NodePhase.PENDING,
                     provider=s.provider,
+                    gpu_type=s.gpu_type,
                     hourly_price=s.hourly_price,
                     created_at=s.started_at or now,
                     phase_at=now,
