@@ -143,6 +143,7 @@ class SimulatedCloud:
         self.offers_listed = asyncio.Event()
         self._delete_gate: asyncio.Event | None = None
         self.delete_arrived = asyncio.Event()
+        self._boot_gate: asyncio.Event | None = None
         self._create_delay = 0.0
         self._describe_delay = 0.0
         self._slow_describes_left: int | None = None
@@ -223,6 +224,17 @@ class SimulatedCloud:
         if self._delete_gate is not None:
             self._delete_gate.set()
             self._delete_gate = None
+
+    def hold_boots(self) -> None:
+        """Keep instances bought from now on booting (`pending`) until released; the boot
+        delay runs after the release. Catches a node while it waits for its instance to run,
+        however slowly it gets there."""
+        self._boot_gate = asyncio.Event()
+
+    def release_boots(self) -> None:
+        if self._boot_gate is not None:
+            self._boot_gate.set()
+            self._boot_gate = None
 
     def slow_creates(self, seconds: float) -> None:
         """Creates take this long: the provider works on the request, then buys and answers
@@ -425,6 +437,8 @@ class SimulatedCloud:
 
     async def _boot(self, inst: SimInstance) -> None:
         failure = self._boot_failures.get(inst.offer.id)
+        if self._boot_gate is not None:
+            await self._boot_gate.wait()
         await asyncio.sleep(self.boot_delay)
         if failure == "never_runs":
             inst.status = "failed"

@@ -8,7 +8,7 @@ first (the process is otherwise exactly what `tgp worker` / `tgp bridge` run):
 * worker: the wait-for-* and drain activities look every 0.2 s (tgp: 5 s); an unanswered create
   is looked for by name for 5 s (tgp: 30 s); a node's API-call timeout and the pool's and class's
   activity timeout, which are also how soon a SIGKILLed worker's activity is retried elsewhere,
-  are 10 s and 15 s (tgp: 2 min and 60 s);
+  are 10 s and 15 s (tgp: 2 min and 60 s; the class's status write keeps its own 30 s);
 * bridge: pod batches settle in 0.2 s (max 2 s), nodes are looked at every second (or every
   TGP_MATRIX_WATCH_INTERVAL seconds), and a pool may
   idle its nodes out after 1 s (tgp's bounds refuse less than 30 s).
@@ -46,7 +46,8 @@ def _configure() -> None:
         api_call: timedelta = API_CALL
 
     tgp.pools.LifecycleTimeouts = MatrixTimeouts  # type: ignore[misc]
-    workflows.entity.best_effort.__kwdefaults__["timeout"] = ENTITY_ACTIVITY
+    # Every pool and class activity that names no timeout of its own (status writes included).
+    workflows.entity.BEST_EFFORT_TIMEOUT = ENTITY_ACTIVITY
 
 
 if __name__ == "__main__":

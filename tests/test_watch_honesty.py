@@ -4,6 +4,7 @@ up. A slow look is not a dead worker, and a dead worker is not a broken instance
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -64,6 +65,28 @@ async def test_a_poll_heartbeats_while_one_look_is_slow() -> None:
         marks = [started, *beats, ended]
         gaps = [b - a for a, b in zip(marks, marks[1:])]
         assert max(gaps) < 1.0, f"no heartbeat for {max(gaps):.1f}s during a look (heartbeat timeout 1s)"
+
+
+async def test_the_wait_for_running_looks_until_a_held_boot_is_released() -> None:
+    """However long an instance stays pending (the simulated cloud holds its boot, as the fault
+    matrix does to strike while a node waits for it), the wait keeps looking and returns once it
+    runs."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.05)
+        provider = activities.node.providers["simulated"]
+        offer = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price="0.44")
+        world.cloud.hold_boots()
+        inst = await provider.launch(offer, name="tgp-held-boot-1", boot=BootPayload(kind="env", content="", hostname="held-boot"))
+        ref = InstanceRef(provider="simulated", instance_name=inst.name, instance_id=inst.instance_id)
+        wait = asyncio.ensure_future(ActivityEnvironment().run(activities.node.wait_for_instance_running, ref))
+        looks = world.cloud.describe_requests
+        await eventually(lambda: _true(world.cloud.describe_requests >= looks + 5), what="five looks at the held instance")
+        assert not wait.done() and world.cloud.instances[inst.instance_id].status == "pending"
+        world.cloud.release_boots()
+        found = await asyncio.wait_for(wait, 30)
+        assert found.state is InstanceState.RUNNING
 
 
 async def _running(provider, instance_id: str) -> bool:  # type: ignore[no-untyped-def]

@@ -17,6 +17,9 @@ with workflow.unsafe.imports_passed_through():
 
 T = TypeVar("T")
 
+# An activity's start-to-close timeout unless the caller gives one; also how long a pass waits
+# before retrying an activity whose worker died. Read at each call (not bound as a default
+# argument), so every wrapper below honours a deployment's (or the fault matrix's) setting.
 BEST_EFFORT_TIMEOUT = timedelta(seconds=60)
 
 
@@ -32,11 +35,12 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
-async def best_effort(activity: Callable[..., Any], arg: Any, *, summary: str, timeout: timedelta = BEST_EFFORT_TIMEOUT) -> Outcome[Any]:
-    """Run an activity; an error (non-retryable, or retries spent) is returned, not raised."""
+async def best_effort(activity: Callable[..., Any], arg: Any, *, summary: str, timeout: timedelta | None = None) -> Outcome[Any]:
+    """Run an activity (start-to-close `timeout`, else BEST_EFFORT_TIMEOUT); an error
+    (non-retryable, or retries spent) is returned, not raised."""
     try:
         value = await workflow.execute_activity_method(
-            activity, arg, start_to_close_timeout=timeout, retry_policy=BEST_EFFORT_RETRY, summary=summary
+            activity, arg, start_to_close_timeout=timeout or BEST_EFFORT_TIMEOUT, retry_policy=BEST_EFFORT_RETRY, summary=summary
         )
     except ActivityError as exc:
         message = describe(exc)
@@ -45,7 +49,7 @@ async def best_effort(activity: Callable[..., Any], arg: Any, *, summary: str, t
     return Outcome(value=value)
 
 
-async def write_status_once(write: StatusWrite, *, fingerprint: str, written: str, summary: str, timeout: timedelta = BEST_EFFORT_TIMEOUT) -> str:
+async def write_status_once(write: StatusWrite, *, fingerprint: str, written: str, summary: str, timeout: timedelta | None = None) -> str:
     """Write a custom resource's status unless `fingerprint` is what was written last. Returns
     the fingerprint now written: unchanged after a failed write, so the next pass tries again."""
     if fingerprint == written:
