@@ -265,3 +265,13 @@ class TailnetRegistry:
     async def aclose(self) -> None:
         """Close the adapters built from class Secrets (not the worker's own)."""
         await self._adapters.aclose()
+
+
+class AccountActivities:
+    """Base of the activities that reach clouds through a class's own account (its providers'
+    credentialsRef, read via the cluster) or, without one, the worker's adapters (`providers`)."""
+
+    def __init__(self, *, cluster: Cluster, providers: Mapping[str, CloudProvider], registry: ProviderRegistry | None = None) -> None:
+        self.cluster = cluster
+        self.providers = dict(providers)
+        self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)

@@ -12,11 +12,9 @@ from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.accounts import ProviderRegistry
+from activities.accounts import AccountActivities
 from activities.boot.render import JOIN_VARIABLES, BootSettings, check_template, class_check_settings, default_template, shipped_template, template_uses
-from activities.kube.cluster import KubernetesCluster
 from activities.errors import temporal_errors
-from activities.ports import CloudProvider
 from tgp.capabilities import capability_problems
 from tgp.crds import GPUNodeClassSpec
 from tgp.messages import Grant, Reservation
@@ -113,19 +111,7 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
     return problems
 
 
-class NodeClassActivities:
-    def __init__(
-        self,
-        *,
-        cluster: KubernetesCluster,
-        providers: Mapping[str, CloudProvider],
-        registry: ProviderRegistry | None = None,
-    ) -> None:
-        self.cluster = cluster
-        self.providers = dict(providers)
-        # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
-        self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
-
+class NodeClassActivities(AccountActivities):
     @activity.defn
     async def settle_reservation(self, call: LedgerCall) -> Grant:
         """Tell the class ledger the price a node is about to pay; it may refuse."""

@@ -4,7 +4,6 @@ ledger grants the slot), evicting them, checking offers, and letting the pool go
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 
 import structlog
 from temporalio import activity
@@ -13,12 +12,10 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import metrics
-from activities.accounts import ProviderRegistry
+from activities.accounts import AccountActivities
 from activities.entity import resource
-from activities.kube.cluster import KubernetesCluster
 from activities.errors import temporal_errors
 from activities.node_class import ledger_update
-from activities.ports import CloudProvider
 from tgp.crds import FINALIZER
 from tgp.errors import TransientError
 from tgp.messages import ObjectRef, OfferCheck, StartNodeInput, StartNodeResult
@@ -29,19 +26,7 @@ from tgp.types import Offer, OfferRequirements
 log = structlog.get_logger("tgp.pool")
 
 
-class PoolActivities:
-    def __init__(
-        self,
-        *,
-        cluster: KubernetesCluster,
-        providers: Mapping[str, CloudProvider],
-        registry: ProviderRegistry | None = None,
-    ) -> None:
-        self.cluster = cluster
-        self.providers = dict(providers)
-        # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
-        self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
-
+class PoolActivities(AccountActivities):
     @activity.defn
     async def reserve_and_start_node(self, inp: StartNodeInput) -> StartNodeResult:
         """Reserve a slot in the class budget, then start the node workflow (idempotent: a
