@@ -372,6 +372,16 @@ def json_object(response: httpx.Response, *, system: str) -> dict[str, Any]:
     return data
 
 
+def error_body(response: httpx.Response) -> dict[str, Any]:
+    """The body as a JSON object, for reading an error's fields; {} when it is anything else
+    (a proxy's page, plain text, a JSON list): such a body carries none of the API's fields."""
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def json_items(response: httpx.Response, field: str, *, system: str) -> list[dict[str, Any]]:
     """The objects listed under `field` of a JSON object body; other entries are skipped."""
     return [item for item in json_object(response, system=system).get(field) or [] if isinstance(item, dict)]

@@ -288,10 +288,15 @@ async def test_a_404_in_vasts_own_words_is_gone(provider: VastProvider, vast: Fa
 
 
 # A 404 a proxy or gateway answers with its own page, or JSON that is not Vast's envelope.
-NOT_VASTS_404 = [GATEWAY_404_TEXT, GATEWAY_404_HTML, {"message": "no Route matched with those values"}]
+NOT_VASTS_404 = [
+    GATEWAY_404_TEXT,
+    GATEWAY_404_HTML,
+    {"message": "no Route matched with those values"},
+    {"error": {"code": 404, "message": "Requested entity was not found.", "status": "NOT_FOUND"}},
+]
 
 
-@pytest.mark.parametrize("page", NOT_VASTS_404, ids=["text", "nginx", "gateway-json"])
+@pytest.mark.parametrize("page", NOT_VASTS_404, ids=["text", "nginx", "gateway-json", "gateway-error-object"])
 async def test_a_404_that_is_not_vasts_is_not_read_as_gone(provider: VastProvider, vast: FakeVast, page: object) -> None:
     instance = await provider.launch(offer(101, "0.31"), name=NAME, boot=BOOT)
     vast.fail("/api/v0/instances/*", 404, method="GET", body=page)

@@ -47,7 +47,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_message, request_line
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_message, request_line
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -348,10 +348,6 @@ def _dollars(cents: int) -> Decimal:
 
 def _code(response: httpx.Response) -> str:
     """The `error.code` of a Lambda error envelope, or ''."""
-    try:
-        body = response.json()
-    except ValueError:
-        return ""
-    error = body.get("error") if isinstance(body, dict) else None
+    error = error_body(response).get("error")
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, str) else ""

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, mentions, scrub
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, mentions, scrub
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -320,11 +320,8 @@ class PaperspaceProvider(HttpAdapter):
     def _says_missing(self, response: httpx.Response) -> bool:
         """Paperspace's own 404 is its `{code, message}` error; any other (a page, a gateway's
         JSON) came from a wrong URL or a proxy."""
-        try:
-            body = json.loads(response.content or b"null")
-        except ValueError:
-            return False
-        return isinstance(body, dict) and isinstance(body.get("code"), str) and bool(body["code"]) and "message" in body
+        body = error_body(response)
+        return isinstance(body.get("code"), str) and bool(body["code"]) and "message" in body
 
     def _instance(self, raw: Mapping[str, Any]) -> Instance | None:
         state = machine_state(raw)

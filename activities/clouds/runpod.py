@@ -49,7 +49,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_message, json_items, json_object
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_message, json_items, json_object
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -314,11 +314,7 @@ class RunPodProvider(HttpAdapter):
 
     def _says_missing(self, response: httpx.Response) -> bool:
         """RunPod's own 404 is problem+json; without one it came from a wrong URL or a proxy."""
-        try:
-            body = response.json()
-        except ValueError:
-            return False
-        return isinstance(body, dict) and body.get("status") == 404
+        return error_body(response).get("status") == 404
 
 
 def _env_of(boot: BootPayload) -> dict[str, str]:

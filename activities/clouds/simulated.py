@@ -15,7 +15,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, OfferRefused, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, error_message
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, error_body, error_message
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
 _STATES = {
@@ -85,11 +85,7 @@ class SimulatedProvider(HttpAdapter):
     def _says_missing(self, response: httpx.Response) -> bool:
         """The simulated cloud's own 404 is `{"error": {"code": "not-found"}}`; any other came
         from a wrong URL or a proxy."""
-        try:
-            body = response.json()
-        except ValueError:
-            return False
-        error = body.get("error") if isinstance(body, dict) else None
+        error = error_body(response).get("error")
         return isinstance(error, dict) and error.get("code") == "not-found"
 
     def _offer(self, raw: dict[str, Any]) -> Offer:

@@ -40,7 +40,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, mentions, scrub
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, mentions, scrub
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval, Unlimited
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -329,11 +329,8 @@ class VastProvider(HttpAdapter):
         """Vast's own 404 for an instance is its `{success, error, msg}` error with the code
         `not_found` (or `no_such_instance`); any other (a page, a gateway's JSON) came from a
         wrong URL or a proxy."""
-        try:
-            body = json.loads(response.content or b"null")
-        except ValueError:
-            return False
-        return isinstance(body, dict) and body.get("error") in _MISSING_CODES
+        code = error_body(response).get("error")  # a gateway's may be an object, not a code
+        return isinstance(code, str) and code in _MISSING_CODES
 
     async def _search(self, kind: str) -> list[dict[str, Any]]:
         body = {
