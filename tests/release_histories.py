@@ -7,7 +7,7 @@ Run a release's tests with it from a checkout of that release (docs/workflow-ver
     TGP_RELEASE_HISTORIES=/path/to/tests/histories/<sha> PYTHONPATH=<checkout> \\
         python -m pytest -p tests.release_histories tests/test_entities_heal.py ...
 
-Only the dev server (`temporal` fixture) is recorded: the time-skipping server keeps no list of
+Only dev servers (DEV_SERVERS) are recorded: the time-skipping server keeps no list of
 workflows. A history is saved gzipped, named after its test and workflow type, and only when
 its sequence of commands is new to the run: ten nodes of one pool that did the same thing are
 one history (replay compares commands, nothing else)."""
@@ -25,6 +25,9 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 
+# The fixtures that give a dev server (module- or session-scoped, so still up at teardown): the
+# suite's own, and the one of tests/test_class_ledger.py that suggests continue-as-new early.
+DEV_SERVERS = ("temporal", "suggests_early")
 TYPES = ("GPUNodePoolWorkflow", "GPUNodeClassWorkflow", "GPUNodeWorkflow")
 # A history longer than this is left out: replaying it would cost CI seconds for no new order.
 MAX_EVENTS = 3000
@@ -60,10 +63,11 @@ def commands(history: WorkflowHistory) -> tuple[tuple[int, str], ...]:
 @pytest.fixture(autouse=True)
 async def _save_release_histories(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     target = os.environ.get("TGP_RELEASE_HISTORIES")
-    if not target or "temporal" not in request.fixturenames:
+    servers = [name for name in DEV_SERVERS if name in request.fixturenames]
+    if not target or not servers:
         yield
         return
-    env = request.getfixturevalue("temporal")
+    env = request.getfixturevalue(servers[0])
     started = datetime.now(UTC) - timedelta(seconds=1)
     yield
     out = Path(target)

@@ -25,7 +25,7 @@ from workflows.pool import GPUNodePoolWorkflow
 ROOT = Path(__file__).parent / "histories"
 SCENARIOS = sorted(ROOT.glob("*.json"))
 RELEASES = sorted(p for p in ROOT.iterdir() if p.is_dir())
-RELEASED = sorted(ROOT.glob("*/*.json.gz"))
+RELEASED = sorted(ROOT.rglob("*.json.gz"))
 REPLAYER = Replayer(workflows=[GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow], data_converter=DATA_CONVERTER)
 
 
