@@ -374,3 +374,30 @@ async def test_another_500_while_expiring_on_0_24_is_still_an_error(clock: Clock
             hs.keys[key.key_id].user = hs.users["2"]  # the server now says "user mismatch"
             with pytest.raises(TransientError, match="user mismatch"):
                 await tailnet._expire_key(key.key_id, entry)
+
+
+@pytest.mark.parametrize("version", ["0.23", "0.24", "0.25", "0.26", "0.27", "0.28", "0.29"])
+@pytest.mark.parametrize("state", ["unused", "used", "expired", "used-after-listing", "gone"])
+async def test_revoking_any_key_on_any_supported_version_ends_at_once_and_leaves_it_unusable(
+    clock: Clock, sleeps: Sleeps, version: str, state: str
+) -> None:
+    # Every version x every state a key can be in when a node's cleanup revokes it: the revoke
+    # returns without a retry, and nothing can join with the key afterwards.
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version=version) as hs:
+        async with make_tailnet(hs, clock, sleeps, user="tgp") as tailnet:
+            key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+            secret = key.secret.get_secret_value()
+            entry = next(k for k in await tailnet._list_keys() if str(k["id"]) == key.key_id)
+            if state in ("used", "used-after-listing"):
+                hs.register(secret, "gpu-1")
+            elif state == "expired":
+                clock.advance(2 * HOUR)
+            elif state == "gone":
+                del hs.keys[key.key_id]
+            if state == "used-after-listing":
+                await tailnet._expire_key(key.key_id, entry)  # the list said usable; the server knows better
+            else:
+                await tailnet.revoke_auth_key(key.key_id)
+    assert sleeps == [], f"{state} key on {version}: a refusal that cannot change was retried"
+    with pytest.raises(RegistrationRejected):
+        hs.register(secret, "gpu-2")
