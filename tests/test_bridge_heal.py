@@ -6,13 +6,17 @@ Runs on the bridge test stack (tests/test_bridge.py): emulator, dev server, simu
 
 from __future__ import annotations
 
+import uuid
+
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from crd_bridge.bridge import Bridge
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import NO_IDLING, Stack, apply, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
+from tgp.crds import FINALIZER, GPUNodeClass, GPUNodePool
 from tgp.messages import class_workflow_id, pool_workflow_id
 from workflows.node_class import GPUNodeClassWorkflow
 
@@ -54,3 +58,39 @@ async def test_terminated_pool_and_class_workflows_are_started_again_without_a_c
         await eventually(counted, timeout=WAIT, what="the new class run to count the running node")
         await pending_pod(s.kube, "second")
         await ready_nodes(s, "ml", "heal", 2)
+
+
+async def test_only_pools_and_classes_without_a_running_workflow_are_started(temporal: WorkflowEnvironment) -> None:
+    """The rule on its own, on the dev server without a worker: every known class and pool
+    without a running workflow gets one, except a pool whose deletion its workflow finished
+    (finalizer gone); a workflow that runs is left alone."""
+    tag = uuid.uuid4().hex[:6]
+    queue = f"heal-rule-{tag}"
+    bridge = Bridge(temporal.client, None, task_queue=queue)  # type: ignore[arg-type]  # no Kubernetes call on this path
+
+    def pool(name: str, **meta: object) -> GPUNodePool:
+        obj = gpu_pool(f"{name}-{tag}")
+        obj["metadata"].update(meta)
+        return GPUNodePool.model_validate(obj)
+
+    pools = {
+        "plain": pool("plain", finalizers=[FINALIZER]),
+        "deleting": pool("deleting", finalizers=[FINALIZER], deletionTimestamp="2026-01-01T00:00:00Z"),
+        "deleted": pool("deleted", deletionTimestamp="2026-01-01T00:00:00Z"),
+    }
+    bridge.pools = {f"ml/{p.metadata.name}": p for p in pools.values()}
+    klass = GPUNodeClass.model_validate(gpu_class(f"cls-{tag}"))
+    bridge.classes = {klass.metadata.name: klass}
+    ids = {k: pool_workflow_id("ml", p.metadata.name) for k, p in pools.items()} | {"class": class_workflow_id(klass.metadata.name)}
+    try:
+        started = await bridge.restart_missing_workflows()
+        assert sorted(started) == sorted([ids["plain"], ids["deleting"], ids["class"]])
+        runs = {wid: (await temporal.client.get_workflow_handle(wid).describe()).run_id for wid in started}
+        assert await bridge.restart_missing_workflows() == [], "a running workflow is not started again"
+        assert {wid: (await temporal.client.get_workflow_handle(wid).describe()).run_id for wid in started} == runs
+    finally:
+        for wid in ids.values():
+            try:
+                await temporal.client.get_workflow_handle(wid).terminate("test finished")
+            except RPCError:
+                pass
