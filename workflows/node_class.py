@@ -115,7 +115,9 @@ class GPUNodeClassWorkflow:
             self.ledger = self.ledger.model_copy(update={"limits": inp.spec.limits})
         while True:
             try:
-                await workflow.wait_condition(lambda: self.dirty or (self.continuing and workflow.all_handlers_finished()), timeout=self.inp.resync_interval)
+                await workflow.wait_condition(
+                    lambda: self.dirty or (self.continuing and workflow.all_handlers_finished()), timeout=self.inp.resync_interval
+                )
             except TimeoutError:
                 pass
             self.dirty = False
