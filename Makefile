@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fault-matrix venv clean histories bench crds
+.PHONY: demo test fault-matrix venv clean histories release-histories bench crds
 
 venv: $(STAMP)
 
@@ -36,6 +36,20 @@ clean:
 # Re-record tests/histories/ after an intended (patched) workflow change.
 histories: $(STAMP)
 	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q tests/test_node_lifecycle.py tests/test_node_long_lived.py tests/test_entities_heal.py
+
+# Record the pool, class and node histories of a released commit with that release's own tests,
+# into tests/histories/<short sha>/ (docs/workflow-versioning.md): `make release-histories
+# RELEASE=<sha>`. The release runs from a temporary checkout on this venv (PYTHONPATH first);
+# only histories with a new sequence of commands are kept (tests/release_histories.py).
+RELEASE_TESTS := test_entities_heal.py test_pool_changes.py test_pool_accounting.py test_pool_messages.py test_pool_races.py test_bridge.py test_node_lifecycle.py
+release-histories: $(STAMP)
+	test -n "$(RELEASE)" || { echo "usage: make release-histories RELEASE=<sha>"; exit 2; }
+	set -e; sha=$$(git rev-parse --short=7 $(RELEASE)); dir=$$(mktemp -d)/tgp-$$sha; \
+	git worktree add --detach $$dir $$sha; cp tests/release_histories.py $$dir/tests/; \
+	tests=$$(cd $$dir/tests && ls $(RELEASE_TESTS) 2>/dev/null | sed 's|^|tests/|'); \
+	(cd $$dir && TGP_RELEASE_HISTORIES=$(CURDIR)/tests/histories/$$sha PYTHONPATH=$$dir \
+		$(CURDIR)/$(BIN)/python -m pytest -q -p tests.release_histories $$tests -k "not hostile and not never_binds") || true; \
+	git worktree remove --force $$dir
 
 # Benchmarks print figures; they are not part of the test suite.
 bench: $(STAMP)

@@ -87,6 +87,11 @@ ORPHANS_FOUND = Counter(
     ["kind", "system"],
 )
 ORPHANS_REMOVED = Counter("tgp_orphans_removed", "Orphans the sweeper removed after their grace period.", ["kind", "system"])
+SWEEP_OVERDUE = Gauge(
+    "tgp_sweep_overdue",
+    "1 when no sweep started by the sweeper's Schedule has completed for two of its intervals (its task queue has no "
+    "worker, sweeps fail or hang, or the Schedule is gone), else 0. Set by every worker (workers.main.check_sweeps).",
+)
 UNAVAILABLE_OFFERS = Gauge(
     "tgp_unavailable_offers", "Offers in this worker's unavailable-offers cache (recently failed, skipped until they expire)."
 )

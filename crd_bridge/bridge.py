@@ -9,6 +9,10 @@ the same signals again, which the workflows (stable ids, signal-with-start) abso
   `DisruptionBounds`) is not sent: it gets Ready=False (InvalidSpec) and a Warning Event.
 * Pods         -> unschedulable GPU pods, batched, assigned to pools (tgp.demand) -> `demand`.
 * Nodes        -> `tgp.io/evict=<reason>` on a managed Node -> `evict` on its node workflow.
+
+Level-triggered as well: every `entity_resync` the bridge checks that each pool and class it
+knows has a running workflow, and starts the missing ones (a workflow terminated by hand, or
+lost with a Temporal namespace) with the object as it is; a restarted pool gets its demand again.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 import structlog
 from pydantic import ValidationError
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -38,6 +42,10 @@ from workflows.pool import GPUNodePoolWorkflow, PoolInput
 log = structlog.get_logger("tgp.bridge")
 
 EVICT_ANNOTATION = "tgp.io/evict"
+# How often every pool and class is checked for a running workflow: the pools' own resync
+# interval, so a pool whose workflow was terminated is served again within about as long as a
+# running pool takes to notice a node workflow terminated by hand.
+ENTITY_RESYNC = timedelta(minutes=1)
 
 
 class Bridge:
@@ -51,6 +59,7 @@ class Bridge:
         batch_max: timedelta = BATCH_MAX,
         pool_watch_interval: timedelta | None = None,
         disruption_bounds: DisruptionBounds = DisruptionBounds(),
+        entity_resync: timedelta = ENTITY_RESYNC,
     ) -> None:
         self.client = client
         self.cluster = cluster
@@ -58,6 +67,7 @@ class Bridge:
         self.batch_idle, self.batch_max = batch_idle, batch_max
         self.pool_watch_interval = pool_watch_interval
         self.disruption_bounds = disruption_bounds
+        self.entity_resync = entity_resync
         self.refused: dict[str, str] = {}  # pool key -> what was last reported about its invalid spec
         self.classes: dict[str, GPUNodeClass] = {}
         self.pools: dict[str, GPUNodePool] = {}
@@ -94,6 +104,7 @@ class Bridge:
             for informer in self.informers:
                 tasks.create_task(informer.run())
             tasks.create_task(self._demand_loop())
+            tasks.create_task(self._entities_loop())
 
     # --- classes -------------------------------------------------------------------------
 
@@ -111,12 +122,15 @@ class Bridge:
                 return
             self.classes[name] = klass
             update = ClassUpdate(spec=klass.spec, generation=klass.metadata.generation, uid=klass.metadata.uid)
-        await self._signal_with_start(
-            GPUNodeClassWorkflow.run, ClassInput(name=name), class_workflow_id(name), "update_class", update, f"GPUNodeClass {name}"
-        )
+        await self._send_class(name, update)
         for pool in list(self.pools.values()):
             if pool.spec.node_class_ref.name == name:
                 await self._send_pool(pool)
+
+    async def _send_class(self, name: str, update: ClassUpdate) -> None:
+        await self._signal_with_start(
+            GPUNodeClassWorkflow.run, ClassInput(name=name), class_workflow_id(name), "update_class", update, f"GPUNodeClass {name}"
+        )
 
     # --- pools ---------------------------------------------------------------------------
 
@@ -190,6 +204,67 @@ class Bridge:
             update,
             f"GPUNodePool {namespace}/{meta.name}",
         )
+
+    # --- every pool and class has a running workflow ---------------------------------------
+
+    async def _entities_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.entity_resync.total_seconds())
+            try:
+                await self.restart_missing_workflows()
+            except (RPCError, TgpError) as exc:
+                log.warning("entity_check_failed", error=str(exc))  # the next interval tries again
+
+    async def restart_missing_workflows(self) -> list[str]:
+        """Start the workflow of each pool and class whose workflow is not running, with the
+        object as the informers last saw it (signal-with-start: a workflow that runs after all
+        only gets the same update again). Returns the workflow ids started."""
+        if not all(i.synced.is_set() for i in self.informers if i.name in ("gpunodeclasses", "gpunodepools")):
+            return []  # a half-listed cache would not know every object
+        wanted: dict[str, tuple[str, GPUNodeClass | GPUNodePool]] = {}
+        for name, klass in self.classes.items():
+            wanted[class_workflow_id(name)] = (name, klass)
+        for key, pool in self.pools.items():
+            meta = pool.metadata
+            if meta.deletionTimestamp is not None and FINALIZER not in meta.finalizers:
+                continue  # its workflow finished the deletion; the object is about to go
+            wanted[pool_workflow_id(meta.namespace or "default", meta.name)] = (key, pool)
+        running = await self._running_entities()
+        started = []
+        for workflow_id, (key, obj) in wanted.items():
+            # Visibility lags: a workflow it does not list is described before it is started.
+            if workflow_id in running or await self._runs(workflow_id):
+                continue
+            log.warning("entity_workflow_restarted", workflow_id=workflow_id)
+            if isinstance(obj, GPUNodeClass):
+                await self._send_class(key, ClassUpdate(spec=obj.spec, generation=obj.metadata.generation, uid=obj.metadata.uid))
+            else:
+                await self._send_pool(obj)
+                self.sent_demand.pop(key.lstrip("/"), None)  # the new run has no demand yet
+                self._batch = self._batch.add(_now())
+                self._batch_changed.set()
+            started.append(workflow_id)
+        return started
+
+    async def _running_entities(self) -> set[str]:
+        """Ids of the running pool and class workflows, as visibility lists them (empty where
+        the server has no visibility: each is then described)."""
+        query = "WorkflowType IN ('GPUNodePoolWorkflow', 'GPUNodeClassWorkflow') AND ExecutionStatus = 'Running'"
+        try:
+            return {w.id async for w in self.client.list_workflows(query)}
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.UNIMPLEMENTED:
+                return set()
+            raise
+
+    async def _runs(self, workflow_id: str) -> bool:
+        try:
+            description = await self.client.get_workflow_handle(workflow_id).describe()
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return description.status is WorkflowExecutionStatus.RUNNING
 
     # --- pods and demand -------------------------------------------------------------------
 

@@ -18,7 +18,11 @@ user (`user` is required; tag-only keys do not exist), the key list needs `?user
 whole keys (they were stored in plain text), a key is expired with `{user, key}`, and nodes
 carry `forcedTags` instead of `tags` and stay owned by the key's user. 0.26-0.27 name the user
 by numeric id (a name in `?user=` is a 400 type mismatch); 0.23-0.25 by name. Without a
-`user`, the old key list answers 500 "user not found".
+`user`, the old key list answers 500 "user not found". 0.23 and 0.24 look the key up to expire
+through the check a joining node's key gets (hscontrol/db/preauth_keys.go `GetPreAuthKey` ->
+`ValidatePreAuthKey`), so expiring a key that was already used or has expired answers 500
+"AuthKey has already been used" / "AuthKey expired" (a plain Go error: Unknown/500); from 0.25
+the lookup leaves that check to the caller and the expiry succeeds.
 
 Not part of the real API:
 * `POST /_fake/register {"authKey": ..., "hostname": ...}` (and `FakeHeadscale.register`):
@@ -350,9 +354,17 @@ class FakeHeadscale(FakeServer):
             user = self._user(str(body.get("user") or ""))
             if user is None:
                 return _error(500, GRPC_UNKNOWN, "user not found")
-            key = next((k for k in self.keys.values() if k.user is user and k.secret == body.get("key")), None)
+            key = next((k for k in self.keys.values() if k.secret == body.get("key")), None)
             if key is None:
                 return _error(500, GRPC_UNKNOWN, "AuthKey not found")
+            if self.version < (0, 25):
+                # The key is validated as if a node joined with it, before the user is compared.
+                if key.expired(self.now()):
+                    return _error(500, GRPC_UNKNOWN, "AuthKey expired")
+                if key.used and not key.reusable:
+                    return _error(500, GRPC_UNKNOWN, "AuthKey has already been used")
+            if key.user is not user:
+                return _error(500, GRPC_UNKNOWN, "user mismatch")
         else:
             key = self.keys.get(str(body.get("id") or ""))
         if key is None:

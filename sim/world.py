@@ -117,7 +117,8 @@ async def sim_world(
         hs = await stack.enter_async_context(FakeHeadscale(api_keys=[headscale_api_key], users=["tgp"])) if headscale else None
 
         async def join_tailnet(auth_key: str, hostname: str) -> None:
-            if hs is not None and auth_key.startswith("hskey-"):
+            # Headscale keys before 0.28 are plain hex: the control server that minted a key takes it.
+            if hs is not None and (auth_key.startswith("hskey-") or any(k.secret == auth_key for k in hs.keys.values())):
                 hs.register(auth_key, hostname)
             else:
                 tailscale.register(auth_key, hostname)

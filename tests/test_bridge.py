@@ -81,6 +81,8 @@ class Stack:
         return [w.id async for w in self.env.client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TaskQueue = '{self.queue}'")]
 
 
+# Every pool and class is checked for a running workflow this often (tests/test_bridge_heal.py).
+ENTITY_RESYNC = timedelta(seconds=1)
 # The pools here idle out after 2s so that scale-to-zero takes seconds; production bounds are
 # tested on their own (test_a_pool_that_would_churn_is_refused_on_the_pool).
 TEST_BOUNDS = DisruptionBounds(min_idle_timeout=timedelta(seconds=1))
@@ -95,6 +97,7 @@ def new_bridge(env: WorkflowEnvironment, cluster: KubernetesCluster, queue: str,
         batch_max=timedelta(seconds=2),
         pool_watch_interval=timedelta(seconds=1),
         disruption_bounds=bounds,
+        entity_resync=ENTITY_RESYNC,
     )
 
 

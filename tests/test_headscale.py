@@ -10,6 +10,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 
+import httpx
 import pytest
 import structlog
 from pydantic import SecretStr
@@ -316,3 +317,87 @@ async def test_an_outage_while_probing_is_not_taken_for_an_old_server(tailnet: H
     key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
     await tailnet.revoke_auth_key(key.key_id)
     assert [r.json for r in hs.requests if r.path == "/api/v1/preauthkey/expire"] == [{"id": key.key_id}]
+
+
+# --- 0.23/0.24: expiring a spent or expired key is refused (issue 17, item 14) --------------
+
+
+@pytest.mark.parametrize("version", ["0.23", "0.24"])
+async def test_an_old_server_refuses_to_expire_a_spent_or_expired_key_with_a_500(clock: Clock, version: str) -> None:
+    # What the fake answers, as 0.23/0.24 do (ValidatePreAuthKey before the expiry); 0.25 expires it.
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version=version) as hs:
+        async with httpx.AsyncClient(base_url=hs.url, headers={"Authorization": f"Bearer {API_KEY}"}) as api:
+            made = [(await api.post("/api/v1/preauthkey", json={"user": "tgp", "expiration": "2099-01-01T00:00:00Z"})).json()["preAuthKey"] for _ in range(2)]
+            hs.register(made[0]["key"], "gpu-1")
+            hs.keys[made[1]["id"]].expiration = clock.now()
+            used = await api.post("/api/v1/preauthkey/expire", json={"user": "tgp", "key": made[0]["key"]})
+            expired = await api.post("/api/v1/preauthkey/expire", json={"user": "tgp", "key": made[1]["key"]})
+    assert (used.status_code, used.json()["message"]) == (500, "AuthKey has already been used")
+    assert (expired.status_code, expired.json()["message"]) == (500, "AuthKey expired")
+
+
+async def test_0_25_expires_a_spent_key(clock: Clock) -> None:
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version="0.25") as hs:
+        async with httpx.AsyncClient(base_url=hs.url, headers={"Authorization": f"Bearer {API_KEY}"}) as api:
+            key = (await api.post("/api/v1/preauthkey", json={"user": "tgp"})).json()["preAuthKey"]
+            hs.register(key["key"], "gpu-1")
+            assert (await api.post("/api/v1/preauthkey/expire", json={"user": "tgp", "key": key["key"]})).status_code == 200
+
+
+@pytest.mark.parametrize("version", ["0.23", "0.24"])
+async def test_revoking_a_spent_or_expired_key_on_0_23_or_0_24_is_done_at_once(clock: Clock, sleeps: Sleeps, version: str) -> None:
+    # The node's cleanup revokes the key it joined with: spent by then. On e9a7c55 that 500 was
+    # retried for ever, so the node never finished (its Node object and class slot leaked).
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version=version) as hs:
+        async with make_tailnet(hs, clock, sleeps, user="tgp") as tailnet:
+            joined = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+            hs.register(joined.secret.get_secret_value(), "gpu-1")
+            await tailnet.revoke_auth_key(joined.key_id)
+
+            stale = await tailnet.mint_auth_key(hostname="gpu-2", tags=TAGS, expiry=HOUR)
+            clock.advance(2 * HOUR)
+            await tailnet.revoke_auth_key(stale.key_id)
+
+            # Spent between the list and the expiry: the server's refusal is the answer.
+            raced = await tailnet.mint_auth_key(hostname="gpu-3", tags=TAGS, expiry=HOUR)
+            entry = next(k for k in await tailnet._list_keys() if str(k["id"]) == raced.key_id)
+            hs.register(raced.secret.get_secret_value(), "gpu-3")
+            assert await tailnet._expire_key(raced.key_id, entry) is False
+    assert sleeps == [], "a refusal that cannot change was retried"
+
+
+async def test_another_500_while_expiring_on_0_24_is_still_an_error(clock: Clock, sleeps: Sleeps) -> None:
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp", "other"], now=clock.now, version="0.24") as hs:
+        async with make_tailnet(hs, clock, sleeps, user="tgp") as tailnet:
+            key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+            entry = next(k for k in await tailnet._list_keys() if str(k["id"]) == key.key_id)
+            hs.keys[key.key_id].user = hs.users["2"]  # the server now says "user mismatch"
+            with pytest.raises(TransientError, match="user mismatch"):
+                await tailnet._expire_key(key.key_id, entry)
+
+
+@pytest.mark.parametrize("version", ["0.23", "0.24", "0.25", "0.26", "0.27", "0.28", "0.29"])
+@pytest.mark.parametrize("state", ["unused", "used", "expired", "used-after-listing", "gone"])
+async def test_revoking_any_key_on_any_supported_version_ends_at_once_and_leaves_it_unusable(
+    clock: Clock, sleeps: Sleeps, version: str, state: str
+) -> None:
+    # Every version x every state a key can be in when a node's cleanup revokes it: the revoke
+    # returns without a retry, and nothing can join with the key afterwards.
+    async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version=version) as hs:
+        async with make_tailnet(hs, clock, sleeps, user="tgp") as tailnet:
+            key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
+            secret = key.secret.get_secret_value()
+            entry = next(k for k in await tailnet._list_keys() if str(k["id"]) == key.key_id)
+            if state in ("used", "used-after-listing"):
+                hs.register(secret, "gpu-1")
+            elif state == "expired":
+                clock.advance(2 * HOUR)
+            elif state == "gone":
+                del hs.keys[key.key_id]
+            if state == "used-after-listing":
+                await tailnet._expire_key(key.key_id, entry)  # the list said usable; the server knows better
+            else:
+                await tailnet.revoke_auth_key(key.key_id)
+    assert sleeps == [], f"{state} key on {version}: a refusal that cannot change was retried"
+    with pytest.raises(RegistrationRejected):
+        hs.register(secret, "gpu-2")

@@ -1,7 +1,16 @@
-"""Saved histories of every lifecycle scenario replay through the current workflow code, so a
-non-deterministic change (a reordered or inserted command) fails CI. Regenerate them with
-`make histories` only for an intended, patched change."""
+"""Saved histories replay through the current workflow code, so a non-deterministic change (a
+reordered or inserted command without a `workflow.patched` branch) fails CI.
 
+Two kinds of history (docs/workflow-versioning.md):
+* tests/histories/*.json: the lifecycle scenarios, re-recorded by `make histories` only for an
+  intended, patched change;
+* tests/histories/<release>/*.json.gz: pool, class and node histories recorded by a released
+  commit's own tests (`make release-histories RELEASE=<sha>`). They are never re-recorded: they
+  are what workflows started by that release look like when the next release's worker picks
+  them up. A failure here names the release and the test that recorded the history; patch the
+  change, do not re-record."""
+
+import gzip
 from pathlib import Path
 
 import pytest
@@ -13,17 +22,31 @@ from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+ROOT = Path(__file__).parent / "histories"
+SCENARIOS = sorted(ROOT.glob("*.json"))
+RELEASES = sorted(p for p in ROOT.iterdir() if p.is_dir())
+RELEASED = sorted(ROOT.rglob("*.json.gz"))
+REPLAYER = Replayer(workflows=[GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow], data_converter=DATA_CONVERTER)
 
 
 def test_histories_exist_for_every_scenario() -> None:
-    names = {p.stem for p in HISTORIES}
+    names = {p.stem for p in SCENARIOS}
     assert {"happy_path_evicted", "cancel_during_launch", "capacity_failover", "join_timeout_failover", "preempted", "idle_drained", "thirty_days"} <= names
     assert {"pool_heals", "class_heals"} <= names, "the entity workflows replay too"
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+def test_each_release_recorded_pool_class_and_node_histories() -> None:
+    assert RELEASES, "no release histories under tests/histories/<release>/"
+    for release in RELEASES:
+        kinds = {p.name.split(".")[0].rsplit("-", 1)[1].rstrip("0123456789") for p in release.glob("*.json.gz")}
+        assert {"pool", "class", "node"} <= kinds, f"{release.name} lacks some workflow's histories: {kinds}"
+
+
+def read(path: Path) -> WorkflowHistory:
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return WorkflowHistory.from_json(path.name, text)
+
+
+@pytest.mark.parametrize("path", SCENARIOS + RELEASED, ids=[str(p.relative_to(ROOT)).removesuffix(".json.gz").removesuffix(".json") for p in SCENARIOS + RELEASED])
 async def test_saved_history_replays(path: Path) -> None:
-    history = WorkflowHistory.from_json(path.stem, path.read_text())
-    workflows = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow]
-    await Replayer(workflows=workflows, data_converter=DATA_CONVERTER).replay_workflow(history)
+    await REPLAYER.replay_workflow(read(path))

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tgp.crds import ClassLimits, GPUNodeClassSpec, GPUNodePoolSpec
+from tgp.crds import ClassLimits, Condition, GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.types import NodePhase, NodeRequest, NodeOverview
 
 
@@ -70,6 +70,12 @@ class ClassInput(Msg):
     reservation_grace: timedelta = Field(
         timedelta(minutes=2), description="A reservation younger than this is never taken for an orphan (its node may not be started yet)."
     )
+    # What a run carries into the next (continue-as-new), so the new run neither re-validates,
+    # re-lists nor re-writes what the old one had just done, and no reservation waits for it.
+    conditions: list[Condition] = Field(default_factory=list, description="The class's status conditions as last computed.")
+    written: str = Field("", description="Fingerprint of the status last written.")
+    seen_at: datetime | None = Field(None, description="When the running node workflows were last listed.")
+    validated_at: datetime | None = Field(None, description="When the class was last validated.")
 
 
 class ClassUpdate(Msg):

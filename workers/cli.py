@@ -63,7 +63,7 @@ def _temporal_settings(args: argparse.Namespace) -> TemporalSettings:
 async def run_worker(args: argparse.Namespace) -> None:
     from activities.metrics import METRICS_PORT_ENV, WORKER_METRICS_PORT, metrics_port, sdk_metrics
     from workers.temporal import connect, ensure_search_attributes
-    from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker
+    from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker, watch_sweeps
     from activities.kube.cluster import load_client_classes
     from workers.metrics import start_worker_metrics
 
@@ -80,6 +80,8 @@ async def run_worker(args: argparse.Namespace) -> None:
             client, stack, port=port, unavailable=lambda: len(activities.node.unavailable.keys()), forward=sdk.url if sdk else None
         ):
             print(f"tgp worker metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
+        watcher = asyncio.create_task(watch_sweeps(client))  # tgp_sweep_overdue and its log error
+        stack.callback(watcher.cancel)
         worker = make_worker(client, activities, task_queue=args.task_queue)
         print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
         await worker.run()

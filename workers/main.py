@@ -9,7 +9,9 @@ the environment (a Kubernetes Secret in production); a class's own credentials
 from __future__ import annotations
 
 import os
-from datetime import timedelta
+import asyncio
+import dataclasses
+from datetime import datetime, timedelta, timezone
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -25,7 +27,10 @@ from temporalio.client import (
     ScheduleOverlapPolicy,
     SchedulePolicy,
     ScheduleSpec,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
 )
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.kube.cluster import KubernetesCluster
@@ -37,6 +42,7 @@ from activities.sweeper import SweeperActivities
 from activities.ports import CloudProvider
 from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities.clouds.registry import API_KEY_ENV, providers_from_env
+from activities.metrics import SWEEP_OVERDUE
 from activities.tailnets.headscale import HeadscaleTailnet
 from activities.ports import Tailnet
 from activities.tailnets.tailscale import TailscaleTailnet
@@ -52,6 +58,8 @@ log = structlog.get_logger("tgp.worker")
 
 WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, SweeperWorkflow]
 SWEEPER_SCHEDULE_ID = "tgp-sweeper"
+# Sweeps are overdue when none completed for this many of the Schedule's intervals.
+SWEEP_OVERDUE_INTERVALS = 2
 
 
 @dataclass
@@ -145,17 +153,94 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
     )
 
 
-async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timedelta = SWEEP_EVERY) -> None:
-    """Create the sweeper's Schedule unless it exists (every worker calls this at start)."""
-    schedule = Schedule(
+def sweeper_schedule(task_queue: str, every: timedelta = SWEEP_EVERY) -> Schedule:
+    """The sweeper's Schedule as a worker on `task_queue` wants it."""
+    return Schedule(
         action=ScheduleActionStartWorkflow(SweeperWorkflow.run, SweepRequest(), id=SWEEPER_SCHEDULE_ID, task_queue=task_queue),
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
     )
+
+
+async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timedelta = SWEEP_EVERY) -> None:
+    """Create the sweeper's Schedule, or bring the existing one to this worker's task queue and
+    interval (every worker calls this at start). A Schedule left pointing at a queue no worker
+    polls (one worker once started with another `--task-queue`) would start sweeps nobody runs;
+    the last worker to start wins, so run every worker on one queue. A pause set by hand stays."""
+    wanted = sweeper_schedule(task_queue, every)
     try:
-        await client.create_schedule(SWEEPER_SCHEDULE_ID, schedule)
+        await client.create_schedule(SWEEPER_SCHEDULE_ID, wanted)
+        return
     except ScheduleAlreadyRunningError:
         pass
+
+    def reconcile(current: ScheduleUpdateInput) -> ScheduleUpdate | None:
+        schedule = current.description.schedule
+        action, intervals = schedule.action, schedule.spec.intervals
+        queue = action.task_queue if isinstance(action, ScheduleActionStartWorkflow) else None
+        if queue == task_queue and [i.every for i in intervals] == [every] and not schedule.spec.calendars:
+            return None
+        log.info("sweeper_schedule_reconciled", task_queue=task_queue, was_task_queue=queue, every_s=int(every.total_seconds()))
+        return ScheduleUpdate(schedule=dataclasses.replace(wanted, state=schedule.state))
+
+    handle = client.get_schedule_handle(SWEEPER_SCHEDULE_ID)
+    await handle.update(reconcile)
+    # A sweep started on another queue may wait there for ever, and with overlap SKIP it would
+    # hold back every sweep after it: end it (a sweep is redone by the next one).
+    for running in (await handle.describe()).info.running_actions:
+        sweep = client.get_workflow_handle(running.workflow_id, run_id=running.first_execution_run_id)
+        try:
+            if (await sweep.describe()).task_queue != task_queue:
+                await sweep.terminate(f"the sweeper's Schedule moved to task queue {task_queue!r}")
+                log.warning("sweep_on_old_queue_terminated", workflow_id=running.workflow_id, task_queue=task_queue)
+        except RPCError:
+            pass  # it ended meanwhile
+
+
+async def check_sweeps(client: Client, *, now: datetime | None = None) -> bool:
+    """Whether sweeps are overdue: the Schedule has existed for SWEEP_OVERDUE_INTERVALS of its
+    intervals and no sweep it started completed within them (or it is gone). Sets
+    tgp_sweep_overdue and logs an error saying where the Schedule sends its sweeps."""
+    now = now or datetime.now(timezone.utc)
+    try:
+        desc = await client.get_schedule_handle(SWEEPER_SCHEDULE_ID).describe()
+    except RPCError as exc:
+        if exc.status is not RPCStatusCode.NOT_FOUND:
+            raise
+        SWEEP_OVERDUE.set(1)
+        log.error("sweeps_overdue", reason="the sweeper's Schedule does not exist; restart a worker to create it", schedule=SWEEPER_SCHEDULE_ID)
+        return True
+    intervals = desc.schedule.spec.intervals
+    window = SWEEP_OVERDUE_INTERVALS * (intervals[0].every if intervals else SWEEP_EVERY)
+    since = now - window
+    overdue = desc.info.created_at < since
+    if overdue:
+        stamp = since.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        query = f"TemporalScheduledById = '{SWEEPER_SCHEDULE_ID}' AND ExecutionStatus = 'Completed' AND CloseTime > '{stamp}'"
+        overdue = not [w async for w in client.list_workflows(query, limit=1)]
+    SWEEP_OVERDUE.set(1 if overdue else 0)
+    if overdue:
+        action = desc.schedule.action
+        started = desc.info.recent_actions[-1].started_at if desc.info.recent_actions else None
+        log.error(
+            "sweeps_overdue",
+            reason=f"no sweep completed in the last {window}; is a worker polling the Schedule's task queue?",
+            task_queue=action.task_queue if isinstance(action, ScheduleActionStartWorkflow) else None,
+            last_started=started.isoformat() if started else None,
+            running=len(desc.info.running_actions),
+            paused=desc.schedule.state.paused,
+        )
+    return overdue
+
+
+async def watch_sweeps(client: Client, every: timedelta = SWEEP_EVERY) -> None:
+    """Check the sweeps (check_sweeps) every interval, until cancelled."""
+    while True:
+        try:
+            await check_sweeps(client)
+        except RPCError as exc:
+            log.warning("sweeps_not_checked", error=str(exc))
+        await asyncio.sleep(every.total_seconds())
 
 
 def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:

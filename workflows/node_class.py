@@ -1,8 +1,13 @@
 """GPUNodeClassWorkflow: one per GPUNodeClass, the budget ledger shared by all its pools.
 
 Node slots and $/h are reserved before a node is launched and released when it is gone,
-through Temporal updates. Update handlers here never await, so each runs to completion before
-the next: `maxNodes` and `maxHourlyCost` hold however many pools launch at once.
+through Temporal updates. Update handlers decide without awaiting, so each decision runs to
+completion before the next: `maxNodes` and `maxHourlyCost` hold however many pools launch at once.
+
+The ledger never stops: `reserve` may wait for the main loop's first validation and listing, so
+the main loop never waits for handlers. It continues as new only once no handler is running, and
+until then keeps making the passes those handlers wait for; a deleted class that still holds
+reservations continues as new too. Everything a run knows is carried in its input.
 """
 
 from __future__ import annotations
@@ -40,13 +45,15 @@ class GPUNodeClassWorkflow:
         self.inp = inp
         self.ledger = inp.ledger
         self.dirty = True
-        self.validate = True
+        self.validate = inp.validated_at is None  # a run continued as new keeps its last check
         # None until validated: a class nobody has checked grants nothing.
         self.problems: list[str] | None = inp.problems
-        self.written = ""
-        self.seen_at: datetime | None = None
-        self.validated_at: datetime | None = None
-        self.conditions: dict[str, Condition] = {}
+        self.written = inp.written
+        self.seen_at: datetime | None = inp.seen_at
+        self.validated_at: datetime | None = inp.validated_at
+        self.conditions: dict[str, Condition] = {c.type: c for c in inp.conditions}
+        # Due to continue as new, once the handlers still running have finished.
+        self.continuing = False
 
     @workflow.update
     async def reserve(self, r: Reservation) -> Grant:
@@ -108,7 +115,9 @@ class GPUNodeClassWorkflow:
             self.ledger = self.ledger.model_copy(update={"limits": inp.spec.limits})
         while True:
             try:
-                await workflow.wait_condition(lambda: self.dirty, timeout=self.inp.resync_interval)
+                await workflow.wait_condition(
+                    lambda: self.dirty or (self.continuing and workflow.all_handlers_finished()), timeout=self.inp.resync_interval
+                )
             except TimeoutError:
                 pass
             self.dirty = False
@@ -119,6 +128,9 @@ class GPUNodeClassWorkflow:
                 if not self.ledger.reservations:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     return  # the class is gone and nothing holds its budget
+                # Its nodes may hold their reservations for days: this run must not grow for ever.
+                if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW) and workflow.patched("class-deleted-continues-as-new"):
+                    self._continue_as_new_when_idle()
                 continue
             if self.validate:
                 self.validate = False
@@ -131,8 +143,33 @@ class GPUNodeClassWorkflow:
             await self._see_running_nodes()
             await self._write_status()
             if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(self.inp.model_copy(update={"ledger": self.ledger, "problems": self.problems}))
+                if workflow.patched("class-continues-as-new-when-idle"):
+                    self._continue_as_new_when_idle()
+                else:
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    self._continue_as_new()
+
+    def _continue_as_new_when_idle(self) -> None:
+        """Continue as new unless a handler is still running. A `reserve` waits for this loop's
+        validation and listing, so waiting for it here would stop both for good: the loop
+        makes its next pass instead (at the latest after a resync interval) and comes back."""
+        if workflow.all_handlers_finished():
+            self._continue_as_new()
+        self.continuing = True
+
+    def _continue_as_new(self) -> None:
+        workflow.continue_as_new(
+            self.inp.model_copy(
+                update={
+                    "ledger": self.ledger,
+                    "problems": self.problems,
+                    "conditions": list(self.conditions.values()),
+                    "written": self.written,
+                    "seen_at": self.seen_at,
+                    "validated_at": self.validated_at,
+                }
+            )
+        )
 
     async def _see_running_nodes(self) -> None:
         """Reality check, once per resync: a node workflow of this class that runs without a

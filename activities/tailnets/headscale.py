@@ -55,6 +55,8 @@ _TAG = re.compile(r"^tag:[^\sA-Z]+$")
 _FRACTION = re.compile(r"(\.\d{6})\d+")
 
 _EPOCH = datetime.min.replace(tzinfo=timezone.utc)
+# How 0.23/0.24 refuse to expire a key that cannot register a node any more (500, Unknown).
+_KEY_ALREADY_DONE = ("AuthKey has already been used", "AuthKey expired")
 
 # The pre-auth key API generations (see the module docstring), named by the versions speaking them.
 KEYS_BY_ID = "0.28+"
@@ -256,8 +258,18 @@ class HeadscaleTailnet(HttpAdapter):
             secret = entry.get("key") if entry else None
             if not isinstance(secret, str) or not secret:
                 return True
+            if entry is not None and not _key_usable(entry, self._now()):
+                return False  # spent or expired: nothing can join with it any more
             owner = await self._key_owner(api)
-            await self._call("POST", "/api/v1/preauthkey/expire", json={"user": owner, "key": secret}, secrets=[secret])
+            response = await self._call(
+                "POST", "/api/v1/preauthkey/expire", json={"user": owner, "key": secret}, secrets=[secret], ok=(500,)
+            )
+            if response.status_code >= 500:
+                # 0.23/0.24 validate the key before expiring it: a key used or expired since
+                # the list is refused with these words, for good. Either way it is done.
+                message = error_message(response)
+                if not any(words in message for words in _KEY_ALREADY_DONE):
+                    raise self._error(TransientError, f"{SYSTEM}: expiring a pre-auth key answered {response.status_code}: {message}")
             return False
         try:
             response = await self._call("POST", "/api/v1/preauthkey/expire", json={"id": key_id}, ok=(404,))
