@@ -14,24 +14,33 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.boot.render import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
+from activities.boot.render import (
+    BootSettings,
+    JoinSecrets,
+    TemplateError,
+    join_secrets_from_secret,
+    render_boot_payload,
+    template_error_for_admin,
+    template_join_keys,
+)
 from activities.drain import drain
 from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
-from tgp.secrets import register, register_model, secret_scope
+from tgp.secrets import known_secrets, register, register_model, secret_scope
 from tgp.lifecycle import pod_keeps_node_busy
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
+    BootPayload,
     CredentialsRef,
     TailnetRef,
     DeviceQuery,
@@ -153,6 +162,38 @@ class NodeActivities:
         encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
         return join_secrets_from_secret(encoded, secret_ref=f"Secret {ref}", required=template_join_keys(template) if template else ())
 
+    async def _render_boot(self, inp: LaunchInput, kind: str, **kwargs: Any) -> BootPayload:
+        """The boot payload, rendered off the event loop (a render takes up to a few seconds);
+        a template that fails is the class's fault, reported as `_class_template` says."""
+        return await self._class_template(inp, asyncio.to_thread(render_boot_payload, kind, **kwargs))
+
+    async def _class_template(self, inp: LaunchInput, step: Awaitable[T]) -> T:
+        """`step`'s result; when the class's template fails (TemplateError), its text (which may
+        quote a value made of a secret: a sliced, upper-cased join token) goes, scrubbed, to the
+        class's admin as a Warning Event on the GPUNodeClass, and the error raised (what the
+        node's history, the pool's LaunchFailed Event and the tenant see) says only that the
+        class's template failed, and on which line."""
+        failed: TemplateError | None = None
+        try:
+            return await step
+        except TemplateError as exc:
+            failed = exc
+        # Raised outside the handler: the new error has neither cause nor context to show.
+        owner = inp.boot.node_class
+        detail = template_error_for_admin(str(failed), inp.boot.template or "", known_secrets())
+        try:
+            if owner:
+                await self.cluster.record_class_event(
+                    owner, type="Warning", reason="TemplateFailed", message=f"the boot template failed for node {inp.node_name}: {detail}"
+                )
+        except Exception as exc:  # noqa: BLE001 - the launch fails either way; the event is a courtesy
+            log.warning("class_event_failed", node_class=owner, error_type=type(exc).__name__)
+        whose = f"GPUNodeClass {owner}" if owner else "the GPUNodeClass"
+        raise TemplateError(
+            f"the boot template of {whose} failed for this node; the class's admin sees why in its Events (reason TemplateFailed)",
+            line=failed.line,
+        )
+
     # --- select offer ----------------------------------------------------------------------
 
     @activity.defn
@@ -211,7 +252,7 @@ class NodeActivities:
             if existing is not None:
                 return LaunchResult(instance=existing, adopted=True)
             # Read the join material before minting: a missing Secret must not cost a key.
-            join = await self._join_secrets(inp.boot.join_secret, inp.boot.template) if inp.boot.join_secret else None
+            join = await self._class_template(inp, self._join_secrets(inp.boot.join_secret, inp.boot.template)) if inp.boot.join_secret else None
             if join is not None:
                 register_model(join)
             settings = BootSettings(
@@ -228,8 +269,8 @@ class NodeActivities:
             register(key.secret)
             sent = False
             try:
-                boot = await asyncio.to_thread(  # off the event loop: a render takes up to a few seconds
-                    render_boot_payload,
+                boot = await self._render_boot(
+                    inp,
                     provider.capabilities.boot_payload,
                     hostname=inp.node_name,
                     auth_key=key.secret,

@@ -222,6 +222,7 @@ class BootConfig(Model):
     kubernetes_version: str | None = Field(None, description="The class's kubernetesVersion: the kubelet version x.y.z.")
     accept_routes: bool = Field(False, description="tailscaleConfig.acceptRoutes: `tailscale up --accept-routes`.")
     ephemeral: bool = Field(True, description="tailscaleConfig.ephemeral: the auth key registers ephemeral devices.")
+    node_class: str = Field("", description="The GPUNodeClass this comes from: a template that fails at launch is reported on it.")
 
 
 class NodeRequest(Model):

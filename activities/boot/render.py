@@ -495,6 +495,37 @@ def _undefined(message: str, line: int | None, variables: Mapping[str, Any]) -> 
     return TemplateError(f"template variable {name!r} is not defined{hint}; defined: {defined}", line=line, variable=name)
 
 
+# A quoted literal in an error message ('...' or "..."), long enough to carry part of a value.
+_QUOTED = re.compile(r"'([^'\n]{6,})'|\"([^\"\n]{6,})\"")
+_TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]* object")
+# A run of this many characters of a secret, in any letter case, is a part of it.
+_RUN = 8
+
+
+def template_error_for_admin(message: str, template: str, secrets: Iterable[str]) -> str:
+    """A render error's text as the class's admin may read it (a class Event): scrubbed of
+    `secrets` (tgp.secrets), of every run of 8 characters of one in any letter case, and of
+    every quoted literal that is not the template's own text (Jinja quotes the value it
+    choked on: a truncated, upper-cased or sliced join token)."""
+    from tgp.secrets import scrub
+
+    text = scrub(message, list(secrets))
+    grams = {s.lower()[i : i + _RUN] for s in secrets if s for i in range(len(s) - _RUN + 1)}
+    if grams:
+        lowered, hidden = text.lower(), [False] * len(text)
+        for i in range(len(text) - _RUN + 1):
+            if lowered[i : i + _RUN] in grams:
+                hidden[i : i + _RUN] = [True] * _RUN
+        text = "".join("\0" if h else c for c, h in zip(text, hidden, strict=True))
+        text = re.sub("\0+", "[redacted]", text)
+
+    def literal(match: re.Match[str]) -> str:
+        value = match.group(1) if match.group(1) is not None else match.group(2)
+        return match.group(0) if value in template or _TYPE_NAME.fullmatch(value) else "'[value]'"
+
+    return _QUOTED.sub(literal, text)
+
+
 def _scrub(text: str, secrets: Iterable[str]) -> str:
     for secret in secrets:
         if secret:
