@@ -29,6 +29,7 @@ from activities.boot.render import (
     template_error_for_admin,
     template_join_keys,
 )
+from activities.boot.sandbox import RendersBusy, bounded
 from activities.drain import drain
 from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
@@ -67,6 +68,15 @@ from tgp.types import (
 )
 
 log = structlog.get_logger("tgp.activities")
+
+
+async def _bounded(inp: LaunchInput, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn` (a blocking template inspection or render) in the renders' queue, under the share
+    of the node's class (sandbox.bounded); a full queue is a TransientError (retried)."""
+    try:
+        return await bounded(inp.boot.node_class or inp.pool, fn, *args, **kwargs)
+    except RendersBusy as exc:
+        raise TransientError(f"cannot render the boot template now: {exc}") from None
 
 T = TypeVar("T")
 
@@ -153,19 +163,26 @@ class NodeActivities:
                 "set TS_OAUTH_CLIENT_ID/TS_OAUTH_CLIENT_SECRET for Tailscale or HEADSCALE_URL/HEADSCALE_API_KEY for Headscale"
             ) from None
 
-    async def _join_secrets(self, ref: str, template: str | None) -> JoinSecrets:
-        """The cluster join material from the Secret `namespace/name`, read now and kept in memory."""
+    async def _join_secrets(self, inp: LaunchInput) -> JoinSecrets | None:
+        """The cluster join material from the class's join Secret, read now and kept in memory
+        (None: the class references none). Which keys it must hold comes from the template,
+        inspected in a bounded child process (the worker never parses a template)."""
+        ref, template = inp.boot.join_secret, inp.boot.template
+        if not ref:
+            return None
+        required = await _bounded(inp, template_join_keys, template) if template else ()
         namespace, _, name = ref.partition("/")
         data = await self.cluster.read_secret(namespace, name)
         if data is None:
             raise ConfigError(f"join Secret {ref} does not exist: create it or fix the GPUNodeClass's joinSecretRef (see docs/bootstrap.md)")
         encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
-        return join_secrets_from_secret(encoded, secret_ref=f"Secret {ref}", required=template_join_keys(template) if template else ())
+        return join_secrets_from_secret(encoded, secret_ref=f"Secret {ref}", required=required)
 
     async def _render_boot(self, inp: LaunchInput, kind: str, **kwargs: Any) -> BootPayload:
-        """The boot payload, rendered off the event loop (a render takes up to a few seconds);
-        a template that fails is the class's fault, reported as `_class_template` says."""
-        return await self._class_template(inp, asyncio.to_thread(render_boot_payload, kind, **kwargs))
+        """The boot payload, rendered in a bounded child process waited for off the event loop,
+        in the renders' queue under the class's share (sandbox.bounded); a template that fails
+        is the class's fault, reported as `_class_template` says."""
+        return await self._class_template(inp, _bounded(inp, render_boot_payload, kind, **kwargs))
 
     async def _class_template(self, inp: LaunchInput, step: Awaitable[T]) -> T:
         """`step`'s result; when the class's template fails (TemplateError), its text (which may
@@ -252,7 +269,7 @@ class NodeActivities:
             if existing is not None:
                 return LaunchResult(instance=existing, adopted=True)
             # Read the join material before minting: a missing Secret must not cost a key.
-            join = await self._class_template(inp, self._join_secrets(inp.boot.join_secret, inp.boot.template)) if inp.boot.join_secret else None
+            join = await self._class_template(inp, self._join_secrets(inp))
             if join is not None:
                 register_model(join)
             settings = BootSettings(

@@ -3,7 +3,7 @@ workflows make, and the validation of a class (its providers, Secrets and boot t
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Mapping
 
 import structlog
@@ -13,10 +13,21 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.accounts import AccountActivities
-from activities.boot.render import JOIN_VARIABLES, BootSettings, check_template, class_check_settings, default_template, shipped_template, template_uses
+from activities.boot.render import (
+    JOIN_VARIABLES,
+    BootSettings,
+    TemplateReport,
+    class_check_settings,
+    default_template,
+    shipped_template,
+    template_report,
+    template_uses,
+)
+from activities.boot.sandbox import RendersBusy, bounded
 from activities.errors import temporal_errors
 from tgp.capabilities import capability_problems
 from tgp.crds import GPUNodeClassSpec
+from tgp.errors import TransientError
 from tgp.messages import Grant, Reservation
 from tgp.types import CredentialsRef
 
@@ -49,18 +60,28 @@ async def ledger_update(class_workflow_id: str, name: str, reservation: Reservat
         return Grant(granted=False, reason=str(exc.cause or exc))
 
 
-async def _template_problems(field: str, template: str, settings: BootSettings | None = None) -> list[str]:
-    """A class template's problems, each naming `field`. check_template reports rather than
-    raises; anything it still raises is a problem of the class too, never a failed activity
-    (which would leave the class without a status)."""
+async def _template_report(owner: str, field: str, template: str, settings: BootSettings | None = None) -> TemplateReport:
+    """A class template's problems, each naming `field`, and the variables it reads: one
+    bounded child process, in the renders' queue under the class's share (sandbox.bounded).
+    template_report reports rather than raises; anything that still raises is a problem of the
+    class too, never a failed activity (which would leave the class without a status); a full
+    queue is a TransientError (the validation is retried)."""
     try:
-        problems = await asyncio.to_thread(check_template, template, settings)
+        report = await bounded(owner, template_report, template, settings)
+    except RendersBusy as exc:
+        raise TransientError(f"cannot check the template now: {exc}") from None
     except Exception as exc:  # noqa: BLE001
-        problems = [f"could not be checked ({type(exc).__name__}: {str(exc)[:300]})"]
-    return [f"{field}: {m}" for m in problems]
+        report = TemplateReport(problems=[f"could not be checked ({type(exc).__name__}: {str(exc)[:300]})"])
+    return report.model_copy(update={"problems": [f"{field}: {m}" for m in report.problems]})
 
 
-async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list[str]]) -> list[str]:
+@functools.cache
+def _shipped_uses(name: str) -> frozenset[str]:
+    """The variables a shipped template reads (ours, so inspected once per process)."""
+    return frozenset(template_uses(shipped_template(name)))
+
+
+async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list[str]], owner: str = "") -> list[str]:
     """The problems of the template each node of the class would boot with: the class's own,
     else the shipped default for each provider's boot payload kind (`payload_kinds`: kind ->
     providers), trial-rendered with the class's settings, so a class whose every node would
@@ -90,7 +111,7 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
                     )
                 continue
             text = shipped_template(default)
-            if spec.kubernetes_version is None and "KubernetesVersion" in template_uses(text):
+            if spec.kubernetes_version is None and "KubernetesVersion" in await bounded(owner, _shipped_uses, default):
                 problems.append(
                     f"kubernetesVersion: the default Ubuntu boot template ({default}, used by {which} without a "
                     "bootstrapTemplate) needs it; set it to the control plane's version, e.g. 1.34.1"
@@ -98,11 +119,9 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
                 settings = settings.model_copy(update={"kubernetes_version": "1.34.1"})  # check the rest all the same
             templates.append((f"the default boot template {default} (used by {which})", text))
     for what, text in templates:
-        problems += await _template_problems(what, text, settings)
-        try:
-            join = template_uses(text) & JOIN_VARIABLES
-        except Exception:  # noqa: BLE001 - a template that does not parse is reported above
-            join = set()
+        report = await _template_report(owner, what, text, settings)
+        problems += report.problems
+        join = report.uses & JOIN_VARIABLES  # none when it does not parse (reported above)
         if join and not spec.join_secret_ref:
             problems.append(
                 f"joinSecretRef: {what} uses the cluster join material ({', '.join(sorted(join))}) but the class sets "
@@ -155,7 +174,7 @@ class NodeClassActivities(AccountActivities):
                     payload_kinds.setdefault(caps.boot_payload, []).append(p.name)
             # The template every node would boot with, the shipped default included. Off the
             # event loop: a check renders in a child process for up to a few seconds.
-            problems += await boot_problems(inp.spec, payload_kinds)
+            problems += await boot_problems(inp.spec, payload_kinds, owner=inp.name)
             ts = inp.spec.tailscale_config
             if ts.oauth_secret_ref:
                 keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")
