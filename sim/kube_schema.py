@@ -14,7 +14,8 @@
   CRD is refused with 422 (`check_crd`); a stored CRD gets its defaults and the status its
   controllers set (`default_crd`).
 
-CEL rules (`x-kubernetes-validations`) are not evaluated. Pure functions and values: where CRDs
+CEL rules (`x-kubernetes-validations`) are evaluated in the subset sim/kube_cel.py knows
+(the rules tgp's CRDs use); others are not. Pure functions and values: where CRDs
 are registered, stored and served is kube_store's.
 """
 
@@ -29,6 +30,7 @@ from typing import Any
 import attrs
 import kmock
 
+from sim.kube_cel import Unsupported, compile_rule
 from sim.kube_machinery import ApiStatus, FieldError, Obj, api_version, go_number, go_value, invalid, now_time
 
 
@@ -335,6 +337,20 @@ def _validate(value: Any, schema: Mapping[str, Any], path: str, errors: list[Fie
             sub = _child_schema(schema, key)
             if sub is not None:
                 _validate(item, sub, _child_path(path, key), errors)
+    _validate_rules(value, schema, path, actual, errors)
+
+
+def _validate_rules(value: Any, schema: Mapping[str, Any], path: str, actual: str, errors: list[FieldError]) -> None:
+    """The schema's CEL rules (`x-kubernetes-validations`) that sim.kube_cel evaluates; as the
+    API server words a broken rule: `Invalid value: "object": <message>`."""
+    for rule in schema.get("x-kubernetes-validations") or []:
+        try:
+            holds = compile_rule(rule["rule"])(value)
+        except Unsupported:
+            continue  # outside the evaluated subset: not checked (see sim/kube_cel.py)
+        if not holds:
+            message = rule.get("message") or f"failed rule: {rule['rule']}"
+            errors.append(FieldError.invalid(path, actual, message))
 
 
 _GO_PATTERNS: dict[str, re.Pattern[str]] = {}

@@ -27,7 +27,14 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from tgp.labels import LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, label_problems, taint_problems
+from tgp.labels import (
+    LABEL_VALUE_MAX_LENGTH,
+    LABEL_VALUE_PATTERN,
+    TENANT_LABEL_KEY_MESSAGE,
+    TENANT_LABEL_KEY_RULE,
+    label_problems,
+    taint_problems,
+)
 from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, NodeOverview, Taint
 
 GROUP = "tgp.io"
@@ -294,12 +301,16 @@ class PoolTemplateMetadata(Spec):
         {},
         description=f"Labels put on every node of the pool (also passed to the kubelet at registration). At most {MAX_POOL_LABELS}. "
         "Keys are Kubernetes qualified names (optional DNS-subdomain prefix and '/', then up to 63 of A-Z a-z 0-9 - _ .) and "
-        "may not be under tgp.io/ (tgp's own labels always win), node-role.kubernetes.io/, or the kubernetes.io/k8s.io "
-        "namespaces the kubelet refuses; the bridge refuses such a pool (Ready=False, InvalidSpec). Values: empty or up to "
-        "63 of A-Z a-z 0-9 - _ . (alphanumeric at both ends).",
+        "may not be under tgp.io/ (tgp's own labels always win), the GPU-discovery namespaces nvidia.com/ and "
+        "feature.node.kubernetes.io/ (what the node reports about its GPUs), or the kubernetes.io and k8s.io namespaces "
+        "(a Node's identity, topology and role: kubernetes.io/hostname, topology.kubernetes.io/zone, "
+        "node-role.kubernetes.io/...), except node.kubernetes.io/ and kubelet.kubernetes.io/ keys other than "
+        "node.kubernetes.io/instance-type. The API server refuses such keys at apply (422) and the bridge refuses such a "
+        "pool (Ready=False, InvalidSpec). Values: empty or up to 63 of A-Z a-z 0-9 - _ . (alphanumeric at both ends).",
         json_schema_extra={
             "maxProperties": MAX_POOL_LABELS,
             "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE_MAX_LENGTH, "pattern": LABEL_VALUE_PATTERN},
+            "x-kubernetes-validations": [{"rule": TENANT_LABEL_KEY_RULE, "message": TENANT_LABEL_KEY_MESSAGE}],
         },
     )
 
