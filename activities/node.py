@@ -70,6 +70,9 @@ from tgp.types import (
 log = structlog.get_logger("tgp.activities")
 
 
+T = TypeVar("T")
+
+
 async def _bounded(inp: LaunchInput, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn` (a blocking template inspection or render) in the renders' queue, under the share
     of the node's class (sandbox.bounded); a full queue is a TransientError (retried)."""
@@ -78,7 +81,6 @@ async def _bounded(inp: LaunchInput, fn: Callable[..., T], *args: Any, **kwargs:
     except RendersBusy as exc:
         raise TransientError(f"cannot render the boot template now: {exc}") from None
 
-T = TypeVar("T")
 
 # How often the wait-for-* activities look again. Each look is cheap (one API call); a
 # heartbeat goes with it, so cancellation reaches the activity within about this long.
@@ -514,8 +516,13 @@ class NodeActivities:
 
     @activity.defn
     async def remove_from_tailnet(self, inp: TailnetCleanupInput) -> TailnetCleanupResult:
-        """Revoke the node's unused keys and delete its tailnet devices."""
+        """Revoke the node's unused keys and delete its tailnet devices. A tailnet this worker has
+        no backend for, through which no key of the node was ever minted, has nothing of the
+        node to clean: done (retrying would hold a deleted pool, and its budget, for ever)."""
         revoked = deleted = 0
+        if inp.tailnet_ref is None and inp.tailnet not in self.tailnets and not inp.key_ids:
+            log.warning("tailnet_cleanup_skipped", hostname=inp.hostname, tailnet=inp.tailnet, reason="backend not configured, no key minted")
+            return TailnetCleanupResult(keys_revoked=0, devices_deleted=0)
         with temporal_errors(always_retry=True):
             tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
             for key_id in inp.key_ids:

@@ -4,7 +4,7 @@ workflows make, and the validation of a class (its providers, Secrets and boot t
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -12,7 +12,8 @@ from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.accounts import AccountActivities
+from activities.accounts import AccountActivities, ProviderRegistry
+from activities.ports import CloudProvider, Cluster
 from activities.boot.render import (
     JOIN_VARIABLES,
     BootSettings,
@@ -26,7 +27,7 @@ from activities.boot.render import (
 from activities.boot.sandbox import RendersBusy, bounded
 from activities.errors import temporal_errors
 from tgp.capabilities import capability_problems
-from tgp.crds import GPUNodeClassSpec
+from tgp.crds import GPUNodeClassSpec, login_server_problems
 from tgp.errors import TransientError
 from tgp.messages import Grant, Reservation
 from tgp.types import CredentialsRef
@@ -130,7 +131,41 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
     return problems
 
 
+def tailnet_problems(spec: GPUNodeClassSpec, worker_tailnets: Collection[str] | None) -> list[str]:
+    """Whether the class's nodes can join a tailnet: a loginServer that is a URL, and a backend
+    this worker has when the class brings no credentials of its own (oauthSecretRef). A class
+    naming Headscale on a worker without it used to be Ready and buy nothing."""
+    ts = spec.tailscale_config
+    problems = []
+    if ts.login_server is not None:
+        problems += [f"tailscaleConfig.loginServer: {p}" for p in login_server_problems(ts.login_server)]
+    backend = "headscale" if ts.login_server else "tailscale"
+    if worker_tailnets is not None and not ts.oauth_secret_ref and backend not in worker_tailnets:
+        how = (
+            "HEADSCALE_URL and HEADSCALE_API_KEY on the worker, or tailscaleConfig.oauthSecretRef (a Secret with key api-key)"
+            if backend == "headscale"
+            else "TS_OAUTH_CLIENT_ID and TS_OAUTH_CLIENT_SECRET on the worker, or tailscaleConfig.oauthSecretRef "
+            "(a Secret with keys client-id and client-secret)"
+        )
+        have = ", ".join(sorted(worker_tailnets)) or "none"
+        problems.append(f"tailscaleConfig: the class's nodes join {backend}, which this worker has no credentials for (it has: {have}); set {how}")
+    return problems
+
+
 class NodeClassActivities(AccountActivities):
+    def __init__(
+        self,
+        *,
+        cluster: Cluster,
+        providers: Mapping[str, CloudProvider],
+        registry: ProviderRegistry | None = None,
+        tailnets: Collection[str] | None = None,
+    ) -> None:
+        """`tailnets`: the tailnet backends the worker itself has (tailscale, headscale); None
+        leaves a class's tailnet backend unchecked."""
+        super().__init__(cluster=cluster, providers=providers, registry=registry)
+        self.tailnets = None if tailnets is None else frozenset(tailnets)
+
     @activity.defn
     async def settle_reservation(self, call: LedgerCall) -> Grant:
         """Tell the class ledger the price a node is about to pay; it may refuse."""
@@ -176,6 +211,7 @@ class NodeClassActivities(AccountActivities):
             # event loop: a check renders in a child process for up to a few seconds.
             problems += await boot_problems(inp.spec, payload_kinds, owner=inp.name)
             ts = inp.spec.tailscale_config
+            problems += tailnet_problems(inp.spec, self.tailnets)
             if ts.oauth_secret_ref:
                 keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")
                 for key in keys:

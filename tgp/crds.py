@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -152,6 +153,37 @@ def _admission_bounds(info: ValidationInfo) -> DisruptionBounds | None:
     return bounds if isinstance(bounds, DisruptionBounds) else None
 
 
+# A Headscale login server: what `tailscale up --login-server` and tgp's Headscale adapter take.
+# In the schema (RE2); `login_server_problems` says what is wrong in words.
+LOGIN_SERVER_MAX_LENGTH = 2048
+LOGIN_SERVER_PATTERN = (
+    r"^https?://([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])"
+    r"(:[0-9]{1,5})?(/[-A-Za-z0-9._~%/]*)?$"
+)
+
+
+def login_server_problems(url: str) -> list[str]:
+    """What is wrong with `url` as a Headscale login server; empty when it is fine (the same
+    verdict as LOGIN_SERVER_PATTERN and LOGIN_SERVER_MAX_LENGTH, in words)."""
+    shown = repr(url[:80])
+    if len(url) > LOGIN_SERVER_MAX_LENGTH:
+        return [f"must be at most {LOGIN_SERVER_MAX_LENGTH} characters"]
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return [f"{shown} is not a URL: its host or port cannot be read"]
+    if parts.scheme not in ("http", "https") or not url.startswith(f"{parts.scheme}://"):
+        return [f"{shown} must start with https:// (or http://)"]
+    if "@" in parts.netloc:
+        return [f"{shown} must not carry a user or password"]
+    if "?" in url or "#" in url:
+        return [f"{shown} must not have a query or fragment"]
+    if port == 0 or not re.fullmatch(LOGIN_SERVER_PATTERN[1:-1], url):
+        return [f"{shown} is not a URL of the form https://host[:port][/path]"]
+    return []
+
+
 def _admitting(info: ValidationInfo) -> bool:
     return isinstance(info.context, dict) and ADMISSION in info.context
 
@@ -204,7 +236,13 @@ class TailscaleConfig(Spec):
     accept_routes: bool = Field(
         False, description="Pass --accept-routes to tailscale up (the TailscaleAcceptRoutes template variable; the shipped templates honour it)."
     )
-    login_server: str | None = Field(None, description="Headscale URL; unset means Tailscale's control plane.")
+    login_server: str | None = Field(
+        None,
+        description="Headscale URL (http:// or https://, a host, an optional port and path; no user, query or fragment); "
+        "unset means Tailscale's control plane. The worker needs Headscale credentials for it (HEADSCALE_URL/HEADSCALE_API_KEY) "
+        "unless oauthSecretRef gives the class its own; a class whose nodes could join no tailnet is not Ready.",
+        json_schema_extra={"maxLength": LOGIN_SERVER_MAX_LENGTH, "pattern": LOGIN_SERVER_PATTERN},
+    )
     oauth_secret_ref: str | None = Field(
         None,
         description="Secret in the operator's namespace with keys client-id and client-secret (Tailscale OAuth client) or "
