@@ -89,3 +89,12 @@ async def test_hostile_templates_leave_the_worker_its_memory_its_loop_and_its_dn
     assert probe.worst < 0.1, f"the event loop stalled for {probe.worst * 1000:.0f} ms"
     grew = peak_rss_bytes() - before
     assert grew < 100 * 2**20, f"the worker's peak memory grew by {grew // 2**20} MiB"
+
+
+def test_jinja_range_is_not_taken_for_a_go_construct() -> None:
+    """`{{ range(3)|list }}` is Jinja (a call); Go's `{{ range .Items }}` is still refused."""
+    from activities.boot.render import check_template
+
+    assert check_template("#cloud-config\nx: {{ range(3)|list|to_json }}\n") == []
+    [problem] = check_template("#cloud-config\n{{ range .Items }}x{{ end }}\n")
+    assert "Go-template construct" in problem
