@@ -82,6 +82,10 @@ async def _bounded(inp: LaunchInput, fn: Callable[..., T], *args: Any, **kwargs:
         raise TransientError(f"cannot render the boot template now: {exc}") from None
 
 
+def _whose(inp: LaunchInput) -> str:
+    return f"GPUNodeClass {inp.boot.node_class}" if inp.boot.node_class else "the GPUNodeClass"
+
+
 # How often the wait-for-* activities look again. Each look is cheap (one API call); a
 # heartbeat goes with it, so cancellation reaches the activity within about this long.
 POLL_INTERVAL = timedelta(seconds=5)
@@ -174,11 +178,30 @@ class NodeActivities:
             return None
         required = await _bounded(inp, template_join_keys, template) if template else ()
         namespace, _, name = ref.partition("/")
-        data = await self.cluster.read_secret(namespace, name)
-        if data is None:
-            raise ConfigError(f"join Secret {ref} does not exist: create it or fix the GPUNodeClass's joinSecretRef (see docs/bootstrap.md)")
-        encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
-        return join_secrets_from_secret(encoded, secret_ref=f"Secret {ref}", required=required)
+        failed: ConfigError | None = None
+        try:
+            data = await self.cluster.read_secret(namespace, name)
+            if data is None:
+                raise ConfigError(f"join Secret {ref} does not exist: create it or fix the GPUNodeClass's joinSecretRef (see docs/bootstrap.md)")
+            encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
+            return join_secrets_from_secret(encoded, secret_ref=f"Secret {ref}", required=required)
+        except ConfigError as exc:
+            failed = exc
+        # The Secret's name and keys are the class admin's business, not the tenant's (whose
+        # LaunchFailed Event carries this error): they go to the class's Events.
+        await self._tell_class(inp, "JoinSecretInvalid", f"node {inp.node_name} could not be launched: {failed}")
+        raise ConfigError(
+            f"the join Secret of {_whose(inp)} is missing or incomplete; the class's admin sees which in its Events (reason JoinSecretInvalid)"
+        )
+
+    async def _tell_class(self, inp: LaunchInput, reason: str, message: str) -> None:
+        """A Warning Event on the node's GPUNodeClass, for its admin (best effort)."""
+        owner = inp.boot.node_class
+        try:
+            if owner:
+                await self.cluster.record_class_event(owner, type="Warning", reason=reason, message=message)
+        except Exception as exc:  # noqa: BLE001 - the launch fails either way; the event is a courtesy
+            log.warning("class_event_failed", node_class=owner, error_type=type(exc).__name__)
 
     async def _render_boot(self, inp: LaunchInput, kind: str, **kwargs: Any) -> BootPayload:
         """The boot payload, rendered in a bounded child process waited for off the event loop,
@@ -198,18 +221,11 @@ class NodeActivities:
         except TemplateError as exc:
             failed = exc
         # Raised outside the handler: the new error has neither cause nor context to show.
-        owner = inp.boot.node_class
+        assert failed is not None
         detail = template_error_for_admin(str(failed), inp.boot.template or "", known_secrets())
-        try:
-            if owner:
-                await self.cluster.record_class_event(
-                    owner, type="Warning", reason="TemplateFailed", message=f"the boot template failed for node {inp.node_name}: {detail}"
-                )
-        except Exception as exc:  # noqa: BLE001 - the launch fails either way; the event is a courtesy
-            log.warning("class_event_failed", node_class=owner, error_type=type(exc).__name__)
-        whose = f"GPUNodeClass {owner}" if owner else "the GPUNodeClass"
+        await self._tell_class(inp, "TemplateFailed", f"the boot template failed for node {inp.node_name}: {detail}")
         raise TemplateError(
-            f"the boot template of {whose} failed for this node; the class's admin sees why in its Events (reason TemplateFailed)",
+            f"the boot template of {_whose(inp)} failed for this node; the class's admin sees why in its Events (reason TemplateFailed)",
             line=failed.line,
         )
 

@@ -144,3 +144,23 @@ async def test_a_template_error_tells_the_tenant_the_class_is_at_fault_and_the_a
     assert event["reason"] == "TemplateFailed" and event["type"] == "Warning"
     assert "gpu-node-1" in event["message"] and "line 2" in event["message"]
     assert not leaked(event["message"]), event["message"]
+
+
+@pytest.mark.parametrize("missing", ["secret", "key"])
+async def test_a_bad_join_secret_is_named_to_the_class_admin_not_the_tenant(
+    world: tuple[NodeActivities, httpx.AsyncClient], missing: str
+) -> None:
+    acts, http = world
+    if missing == "secret":
+        (await http.delete("/api/v1/namespaces/tgp-system/secrets/cluster-join")).raise_for_status()
+    else:
+        patch = {"data": {"clusterCA": None}}
+        headers = {"Content-Type": "application/merge-patch+json"}
+        (await http.patch("/api/v1/namespaces/tgp-system/secrets/cluster-join", json=patch, headers=headers)).raise_for_status()
+    error = await launch(acts, "#cloud-config\nca: {{ ClusterCA|quote }}\n")
+    text = shown(error)
+    assert error.type == "ConfigError" and f"GPUNodeClass {CLASS}" in text, text
+    assert "cluster-join" not in text and "tgp-system" not in text, text
+    events = (await http.get("/api/v1/events")).json()["items"]
+    [event] = [e for e in events if e["involvedObject"]["kind"] == "GPUNodeClass"]
+    assert event["reason"] == "JoinSecretInvalid" and "tgp-system/cluster-join" in event["message"], event["message"]
