@@ -2,7 +2,8 @@
 use, evaluated as the API server does, so the emulator refuses at apply what a real cluster
 refuses (422, the rule's message).
 
-Supported: string literals ('...' or "..."), `true`/`false`, `self` and a macro's variable,
+Supported: string literals ('...' or "..."), integers, `true`/`false`, `self` and a macro's
+variable, field access (`self.metadata.name`), `<=`, `<`, `>=`, `>`,
 `!`, `&&`, `||`, `==`, `!=`, parentheses, the string methods `startsWith`, `endsWith`,
 `contains` and `size()`, `size()` of a list or map, and the macros `all(x, e)` and
 `exists(x, e)` over a list's items or a map's keys. A rule outside that subset raises
@@ -23,12 +24,22 @@ Env = dict[str, Any]
 Expr = Callable[[Env], Any]
 
 _TOKEN = re.compile(
-    r"""\s*(?:(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?P<op>&&|\|\||==|!=|[!().,])|(?P<ident>[A-Za-z_][A-Za-z0-9_]*))"""
+    r"""\s*(?:(?P<str>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|(?P<op>&&|\|\||==|!=|<=|>=|[<>!().,])|(?P<int>[0-9]+)|(?P<ident>[A-Za-z_][A-Za-z0-9_]*))"""
 )
 _STRING_METHODS: dict[str, Callable[[str, str], bool]] = {
     "startsWith": str.startswith,
     "endsWith": str.endswith,
     "contains": lambda s, part: part in s,
+}
+
+
+_COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+    "<=": lambda a, b: a <= b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    ">": lambda a, b: a > b,
 }
 
 
@@ -97,21 +108,23 @@ class _Parser:
     def comparison(self) -> Expr:
         left = self.postfix()
         token = self.peek()
-        if token in (("op", "=="), ("op", "!=")):
+        if token is not None and token[0] == "op" and token[1] in _COMPARISONS:
             self.take()
             right = self.postfix()
-            if token[1] == "==":
-                return lambda env: left(env) == right(env)
-            return lambda env: left(env) != right(env)
+            compare = _COMPARISONS[token[1]]
+            return lambda env: compare(left(env), right(env))
         return left
 
     def postfix(self) -> Expr:
         target = self.primary()
         while self.peek() == ("op", "."):
             self.take()
-            _, method = self.take()
-            self.take("(")
-            target = self.call(target, method)
+            _, name = self.take()
+            if self.peek() == ("op", "("):
+                self.take("(")
+                target = self.call(target, name)
+            else:
+                target = (lambda t, n: lambda env: _field(t(env), n))(target, name)
         return target
 
     def call(self, target: Expr, method: str) -> Expr:
@@ -141,6 +154,9 @@ class _Parser:
 
     def primary(self) -> Expr:
         kind, value = self.take()
+        if kind == "int":
+            number = int(value)
+            return lambda env: number
         if kind == "str":
             literal = bytes(value[1:-1], "utf-8").decode("unicode_escape")
             return lambda env: literal
@@ -155,6 +171,12 @@ class _Parser:
         raise Unsupported(f"unexpected {value!r}")
 
 
+def _field(value: Any, name: str) -> Any:
+    if not isinstance(value, Mapping) or name not in value:
+        raise Unsupported(f"no such key: {name}")  # CEL's runtime error; the rule is not decided here
+    return value[name]
+
+
 def _unknown(name: str) -> Any:
     raise Unsupported(f"unknown variable {name}")
 
@@ -166,7 +188,6 @@ def compile_rule(rule: str) -> Callable[[Any], bool]:
     expr = _Parser(rule).parse()
 
     def holds(value: Any) -> bool:
-        subject = list(value) if isinstance(value, Mapping) else value
-        return bool(expr({"self": subject}))
+        return bool(expr({"self": value}))  # a map's macros and size() see its keys, as in CEL
 
     return holds

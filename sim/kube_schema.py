@@ -31,6 +31,7 @@ import attrs
 import kmock
 
 from sim.kube_cel import Unsupported, compile_rule
+from tgp.labels import label_value_problems, qualified_name_problems
 from sim.kube_machinery import ApiStatus, FieldError, Obj, api_version, go_number, go_value, invalid, now_time
 
 
@@ -435,6 +436,22 @@ def _json_equal(a: Any, b: Any) -> bool:
 
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def label_errors(meta: Mapping[str, Any]) -> list[FieldError]:
+    """metadata.labels as apimachinery's ValidateLabels checks them on every object: keys are
+    qualified names, values label values (at most 63 characters). A Node named longer than 63
+    cannot carry its own kubernetes.io/hostname label, so it cannot register."""
+    labels = meta.get("labels")
+    if not isinstance(labels, Mapping):
+        return []
+    errors = []
+    for key, value in labels.items():
+        for problem in qualified_name_problems(str(key)):
+            errors.append(FieldError.invalid("metadata.labels", key, problem))
+        for problem in label_value_problems(value if isinstance(value, str) else str(value)):
+            errors.append(FieldError.invalid("metadata.labels", value, problem))
+    return errors
 
 
 def name_errors(name: str) -> list[FieldError]:

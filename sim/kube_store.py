@@ -73,6 +73,7 @@ from sim.kube_schema import (
     check_crd,
     check_type_meta,
     default_crd,
+    label_errors,
     name_errors,
     prune,
     removed_fields,
@@ -200,6 +201,9 @@ class KubeStore(kmock.KubernetesEmulator):
             errors = [*name_errors(name), *version.validate(obj)]
             if errors:
                 raise invalid(resource.group or "", crd.kind, name, errors)
+        errors = label_errors(obj.get("metadata") or {})
+        if errors:
+            raise invalid(resource.group or "", self._kind(resource), name, errors)
         if resource == CRDS:
             check_crd(obj)
             default_crd(obj)
@@ -286,6 +290,9 @@ class KubeStore(kmock.KubernetesEmulator):
             if "status" in current:
                 changed["status"] = copy.deepcopy(current["status"])
 
+        errors = label_errors(changed["metadata"])
+        if errors:
+            raise invalid(resource.group or "", self._kind(resource), current["metadata"]["name"], errors)
         old_finalizers = current["metadata"].get("finalizers") or []
         added = [f for f in changed["metadata"].get("finalizers") or [] if f not in old_finalizers]
         if current["metadata"].get("deletionTimestamp") and added:

@@ -153,6 +153,17 @@ def _admission_bounds(info: ValidationInfo) -> DisruptionBounds | None:
     return bounds if isinstance(bounds, DisruptionBounds) else None
 
 
+# A pool's nodes are named `<pool>-<5 hex>`, and a Node's name is its `kubernetes.io/hostname`
+# label, a label value of at most 63 characters: a longer pool name passes the API server's
+# own name rule but no node of it could ever register. In the CRD (a CEL rule on the root) and
+# at admission.
+MAX_POOL_NAME_LENGTH = 57
+POOL_NAME_RULE = f"self.metadata.name.size() <= {MAX_POOL_NAME_LENGTH}"
+POOL_NAME_MESSAGE = (
+    f"a GPUNodePool's name may be at most {MAX_POOL_NAME_LENGTH} characters: its nodes are named <pool>-<5 characters>, "
+    "and a Node's name is its kubernetes.io/hostname label (at most 63)"
+)
+
 # A Headscale login server: what `tailscale up --login-server` and tgp's Headscale adapter take.
 # In the schema (RE2); `login_server_problems` says what is wrong in words.
 LOGIN_SERVER_MAX_LENGTH = 2048
@@ -529,6 +540,13 @@ class GPUNodePool(BaseModel):
     metadata: ObjectMeta
     spec: GPUNodePoolSpec
     status: GPUNodePoolStatus | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _node_name_fits(cls, value: ObjectMeta, info: ValidationInfo) -> ObjectMeta:
+        if _admitting(info) and len(value.name) > MAX_POOL_NAME_LENGTH:
+            raise ValueError(POOL_NAME_MESSAGE)
+        return value
 
     @classmethod
     def admit(cls, obj: Any, bounds: DisruptionBounds | None = None) -> GPUNodePool:

@@ -38,6 +38,7 @@ from activities.boot.sandbox import RenderFailed
 from tgp.crds import MAX_TEMPLATE_LENGTH
 from tgp.errors import ConfigError
 from tgp.labels import label_problems, taint_problems
+from tgp.secrets import scrub as scrub_secrets
 from tgp.types import BootPayload, Taint
 
 __all__ = [
@@ -498,9 +499,7 @@ def template_error_for_admin(message: str, template: str, secrets: Iterable[str]
     `secrets` (tgp.secrets), of every run of 8 characters of one in any letter case, and of
     every quoted literal that is not the template's own text (Jinja quotes the value it
     choked on: a truncated, upper-cased or sliced join token)."""
-    from tgp.secrets import scrub
-
-    text = scrub(message, list(secrets))
+    text = scrub_secrets(message, list(secrets))
     grams = {s.lower()[i : i + _RUN] for s in secrets if s for i in range(len(s) - _RUN + 1)}
     if grams:
         lowered, hidden = text.lower(), [False] * len(text)
