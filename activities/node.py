@@ -150,11 +150,12 @@ class NodeActivities:
                 f"provider {name!r} is not configured on this worker (configured: {', '.join(sorted(self.providers)) or 'none'})"
             ) from None
 
-    async def _provider_for(self, name: str, credentials: CredentialsRef | None) -> CloudProvider:
-        """The adapter billing the class's account (`credentials`, read now), or the worker's own."""
+    async def _provider_for(self, name: str, credentials: CredentialsRef | None, account: str | None = None) -> CloudProvider:
+        """The adapter billing the class's account (`credentials`, read now), or the worker's own.
+        `account`: the key an instance was bought with, which reaches it until it ends."""
         if credentials is None:
             return self._provider(name)
-        return await self.registry.get(name, credentials)
+        return await self.registry.get(name, credentials, account)
 
     async def _tailnet_for(self, name: str, ref: TailnetRef | None) -> Tailnet:
         """The class's own tailnet (its Secret, read now), or the worker's."""
@@ -285,7 +286,7 @@ class NodeActivities:
             tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
             existing = await self._adopt(provider, name, bound)
             if existing is not None:
-                return LaunchResult(instance=existing, adopted=True)
+                return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider))
             # Read the join material before minting: a missing Secret must not cost a key.
             join = await self._class_template(inp, self._join_secrets(inp))
             if join is not None:
@@ -319,7 +320,7 @@ class NodeActivities:
                 existing = await self._adopt(provider, name, bound)
                 if existing is not None:
                     await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
-                    return LaunchResult(instance=existing, adopted=True)
+                    return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider))
                 sent = True
                 instance = await self._create_or_find(provider, inp, name, boot)
             except BaseException as exc:
@@ -343,9 +344,9 @@ class NodeActivities:
             if survivor.instance_id != instance.instance_id:
                 await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))  # our twin is gone with its key
                 bound.info("instance_adopted", instance_id=survivor.instance_id)
-                return LaunchResult(instance=survivor, adopted=True)
+                return LaunchResult(instance=survivor, adopted=True, account=self.registry.account(provider))
         bound.info("instance_launched", instance_id=instance.instance_id, key_id=key.key_id)
-        return LaunchResult(instance=instance, key_id=key.key_id)
+        return LaunchResult(instance=instance, key_id=key.key_id, account=self.registry.account(provider))
 
     async def _adopt(self, provider: CloudProvider, name: str, bound: structlog.BoundLogger) -> Instance | None:
         """The live instance an earlier attempt bought under `name`, if any; twins beyond the
@@ -392,7 +393,7 @@ class NodeActivities:
         """Poll the provider until the instance runs; LaunchFailed if it fails or vanishes."""
 
         async def running() -> Instance | None:
-            inst = await (await self._provider_for(ref.provider, ref.credentials)).describe(ref.instance_id or "")
+            inst = await (await self._provider_for(ref.provider, ref.credentials, ref.account)).describe(ref.instance_id or "")
             if inst is None or inst.interrupted or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED, InstanceState.STOPPED):
                 state = "vanished" if inst is None else ("was interrupted" if inst.interrupted else inst.state.value.lower())
                 metrics.LAUNCH_FAILURES.labels(ref.provider, "LaunchFailed").inc()
@@ -454,7 +455,7 @@ class NodeActivities:
             seen: list[str] = []
             if inp.instance is not None:
                 ref = inp.instance
-                inst = await (await self._provider_for(ref.provider, ref.credentials)).describe(ref.instance_id or "")
+                inst = await (await self._provider_for(ref.provider, ref.credentials, ref.account)).describe(ref.instance_id or "")
                 state = "gone" if inst is None else ("interrupted" if inst.interrupted else inst.state.value.lower())
                 if inst is None or inst.interrupted or inst.state is not InstanceState.RUNNING:
                     return StageLook(up=False, seen=f"instance {ref.instance_id} is {state}")
@@ -486,7 +487,7 @@ class NodeActivities:
     async def observe_node(self, inp: ObserveInput) -> NodeObservation:
         """One look at a Ready node: is the instance alive, is the Node Ready, is it busy?"""
         with temporal_errors():
-            instance = await (await self._provider_for(inp.instance.provider, inp.instance.credentials)).describe(inp.instance.instance_id or "")
+            instance = await (await self._provider_for(inp.instance.provider, inp.instance.credentials, inp.instance.account)).describe(inp.instance.instance_id or "")
             node = await self.cluster.get_node(inp.node_name)
             pods = await self.cluster.list_pods_on_node(inp.node_name) if node is not None else []
         return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)))
@@ -513,7 +514,7 @@ class NodeActivities:
         launch cancelled in flight) by finding the instance by its deterministic name.
         Returns whether anything was still running."""
         with temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
-            provider = await self._provider_for(ref.provider, ref.credentials)
+            provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
             targets: list[Instance] = []
             if ref.instance_id:
                 inst = await provider.describe(ref.instance_id)

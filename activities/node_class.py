@@ -28,7 +28,7 @@ from activities.boot.sandbox import RendersBusy, bounded
 from activities.errors import temporal_errors
 from tgp.capabilities import capability_problems
 from tgp.crds import GPUNodeClassSpec, login_server_problems
-from tgp.errors import TransientError
+from tgp.errors import TgpError, TransientError
 from tgp.messages import Grant, Reservation
 from tgp.types import CredentialsRef
 
@@ -202,6 +202,13 @@ class NodeClassActivities(AccountActivities):
                         ref = CredentialsRef(namespace=ns, name=p.credentials_ref.name, key=p.credentials_ref.key)
                 # What the adapter nodes of this class would use can do (a Vast.ai adapter with
                 # VAST_VM=true rents VMs), else the provider's table entry.
+                if ref is not None:
+                    # Nodes still running on a key the Secret no longer holds (another account?).
+                    try:
+                        current = self.registry.account(await self.registry.get(p.name, ref))
+                    except TgpError:
+                        current = None
+                    problems += self.registry.account_problems(p.name, ref, current)
                 caps = await self.registry.capabilities(p.name, ref)
                 if caps is not None:
                     # spotAllowed permits spot, it does not require it: only node-ness and Talos matter.

@@ -385,6 +385,7 @@ class LaunchResult(Model):
     instance: Instance
     key_id: str | None = Field(None, description="Id (never the secret) of the minted tailnet key.")
     adopted: bool = Field(False, description="An instance of this name already existed and was adopted.")
+    account: str | None = Field(None, description="Fingerprint of the class key it was bought with (None: the worker's own).")
 
 
 class InstanceRef(Model):
@@ -392,6 +393,9 @@ class InstanceRef(Model):
     instance_name: str
     instance_id: str | None = None
     credentials: CredentialsRef | None = Field(None, description="The account the instance was bought with (None: the worker's own).")
+    account: str | None = Field(
+        None, description="Fingerprint of the key it was bought with: it is reached with that key until it ends, whatever the Secret holds since."
+    )
 
 
 class DeviceQuery(Model):
