@@ -58,7 +58,7 @@ from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, Perm
 from activities.http import OutcomeUnknown
 from workers.logs import configure_logging
 from sim.cloud import SimulatedCloud
-from sim.fakeserver import ECHO_MODES
+from sim.fakeserver import ECHO_FORMS, ECHO_MODES
 from sim.lambdalabs import FakeLambda
 from sim.paperspace import FakePaperspace
 from sim.runpod import FakeRunPod
@@ -364,7 +364,8 @@ async def test_a_node_whose_creates_echo_the_request_keeps_every_secret_out_of_h
 ) -> None:
     token = join_token()
     async with running_world(temporal) as (world, _, queue):
-        world.cloud.echo = "json"
+        # Quoted in a form no scrubber lists: wrapped across lines, then upper-cased.
+        world.cloud.echo = lambda s: ECHO_FORMS["upper"](ECHO_FORMS["wrapped"](s))
         for offer_id in world.cloud.catalog:
             world.cloud.set_capacity(offer_id, False)  # every create answers 409, quoting the request
         await put_secret(world.kube_url, "cluster-join", {"controlPlaneEndpoint": "https://100.64.0.1:6443", "clusterCA": PEM, "bootstrapToken": token})
@@ -389,6 +390,11 @@ async def test_a_node_whose_creates_echo_the_request_keeps_every_secret_out_of_h
             "logs": leaks(logs(), secret_values),
         }
         assert {where: s for where, s in found.items() if s} == {}
+        # Nor any 8 characters of one, in any letter case (a tailnet key's public id aside).
+        private = [_KEY_WITH_ID.sub("", s) for s in secret_values]
+        texts = {"history": history, "describe": described, "status": json.dumps(status.model_dump(mode="json")), "logs": logs()}
+        runs = {w: [s for s in private if any(s[i : i + 8].lower() in t.lower() for i in range(len(s) - 7))] for w, t in texts.items()}
+        assert {w: s for w, s in runs.items() if s} == {}
 
 
 # --- the scrubber itself ------------------------------------------------------------------
