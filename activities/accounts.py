@@ -10,13 +10,14 @@ each bill their own account, and a rotated key is picked up without restarting t
 
 A node keeps the account it was bought with until it ends. Its InstanceRef carries `account`,
 the fingerprint of the key that bought it (`account_of`); when the Secret holds another key
-since (a rotation, or a switch to another account), the registry reaches the node's instance
-with the key it was bought with: kept open in this process (an adapter replaced by a new key is
+since, the registry looks the node's instance up with the Secret's current key first (a
+rotation: the same account) and, when that key does not see it, with the key it was bought with
+(a switch to another account): kept open in this process (an adapter replaced by a new key is
 not closed but kept, bounded, `MAX_KEPT_ACCOUNTS`), or found under any key of the Secret (keep
-the old key there until the old nodes end). A key that answers 401 was revoked (a rotation): the
-call goes to the Secret's current key. A node no key can reach is an error that says what to
-do, never "gone" (which would abandon a billing instance), and the class's validation says that
-its Secret now holds another key than running nodes were bought with (`account_problems`).
+the old key there until the old nodes end). A key that answers 401 (revoked) sees nothing. An
+instance no key can reach is an error that says what to do, never "gone" (which would abandon a
+billing instance), and the class's validation says that its Secret names another account than
+running nodes were bought with (`account_problems`).
 
 A provider the class gives no credentialsRef for uses the worker's own adapter, built from
 its environment (activities/clouds/registry.py `providers_from_env`): what `tgp offers`
@@ -243,9 +244,9 @@ class ProviderRegistry:
             return []
         where = f"Secret {credentials.namespace}/{credentials.name}"
         return [
-            f"providers[{name}].credentialsRef: {where} (key {credentials.key!r}) now holds another key than running nodes were "
-            f"bought with ({', '.join(others)}); they keep the account they were bought with until they end. If the Secret now "
-            "names another account, keep the old key in it (under any key name) until those nodes end, or tgp cannot end them"
+            f"providers[{name}].credentialsRef: {where} (key {credentials.key!r}) now names another account than running nodes were "
+            f"bought with (keys {', '.join(others)}); they keep the account they were bought with until they end: keep the old key "
+            "in the Secret (under any key name) until then, or tgp cannot reach and end them"
         ]
 
     def configured(self) -> list[str]:
@@ -260,14 +261,21 @@ class ProviderRegistry:
         if credentials is None or account is None or self.account(current) == account:
             return current
         bought_with = self._kept.get((name, credentials, account)) or self._from_secret(name, credentials, account)
-        self._seen.setdefault((name, credentials), {})[account] = time.monotonic()
-        if bought_with is None:
-            raise AccountUnavailable(
+
+        def elsewhere() -> None:
+            # The Secret's key does not see the instance, the key that bought it does: the
+            # Secret names another account now.
+            self._seen.setdefault((name, credentials), {})[account] = time.monotonic()
+
+        def unreachable() -> AccountUnavailable:
+            elsewhere()
+            return AccountUnavailable(
                 f"this node's instance was bought with another key ({account}) than Secret {credentials.namespace}/{credentials.name} "
-                f"holds now under {credentials.key!r}, and this worker no longer has it: put that key back in the Secret (under any "
-                "key name) so tgp can reach the instance and end it"
+                f"holds now under {credentials.key!r}, which does not see it, and this worker no longer has that key: put it back in "
+                "the Secret (under any key name) so tgp can reach the instance and end it"
             )
-        return _BoughtWith(bought_with, current)  # type: ignore[return-value]
+
+        return _BoughtWith(current, bought_with, elsewhere, unreachable)  # type: ignore[return-value]
 
     def _from_secret(self, name: str, credentials: CredentialsRef, account: str) -> CloudProvider | None:
         """An adapter for the key of `account` if the Secret holds it under any of its keys."""
@@ -324,26 +332,62 @@ class ProviderRegistry:
 
 
 class _BoughtWith:
-    """The adapter of the key an instance was bought with, in front of the Secret's current
-    one: every call goes to the former; one that key is refused for (401: it was revoked, a
-    rotation) goes to the current key."""
+    """An instance's adapter when its Secret holds another key than the one that bought it:
+    the Secret's current key first (a rotation: the same account, the new key works), then,
+    for an instance or name the current key does not see, the key it was bought with (a
+    switch to another account). A key that answers 401 (revoked) sees nothing. Whichever key
+    found an instance terminates it. Without the bought-with key, an instance the current key
+    does not see is `unreachable()` (never "gone": that would abandon a billing instance)."""
 
-    def __init__(self, bought_with: CloudProvider, current: CloudProvider) -> None:
-        self._bought_with = bought_with
+    def __init__(
+        self,
+        current: CloudProvider,
+        bought_with: CloudProvider | None,
+        elsewhere: Callable[[], None],
+        unreachable: Callable[[], AccountUnavailable],
+    ) -> None:
         self._current = current
+        self._bought_with = bought_with
+        self._elsewhere = elsewhere
+        self._unreachable = unreachable
+        self._found_by: dict[str, CloudProvider] = {}
 
     def __getattr__(self, attr: str) -> Any:
-        target = getattr(self._bought_with, attr)
-        if not asyncio.iscoroutinefunction(target):
-            return target
+        return getattr(self._current, attr)  # name, capabilities, list_offers, launch, ...
 
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await target(*args, **kwargs)
-            except AuthError:
-                return await getattr(self._current, attr)(*args, **kwargs)
+    async def _other(self, call: Callable[[CloudProvider], Any], empty: Any) -> Any:
+        if self._bought_with is None:
+            raise self._unreachable()
+        try:
+            found = await call(self._bought_with)
+        except AuthError:
+            return empty  # that key was revoked: nothing can be seen with it
+        if found:
+            self._elsewhere()
+        return found
 
-        return call
+    async def describe(self, instance_id: str) -> Any:
+        found = await self._current.describe(instance_id)
+        if found is None:
+            found = await self._other(lambda p: p.describe(instance_id), None)
+            if found is not None:
+                self._found_by[instance_id] = self._bought_with  # type: ignore[assignment]
+        return found
+
+    async def find_all_by_name(self, name: str) -> list[Any]:
+        found = await self._current.find_all_by_name(name)
+        if not found:
+            found = await self._other(lambda p: p.find_all_by_name(name), [])
+            for instance in found:
+                self._found_by[instance.instance_id] = self._bought_with  # type: ignore[assignment]
+        return list(found)
+
+    async def find_by_name(self, name: str) -> Any:
+        found = await self.find_all_by_name(name)
+        return found[0] if found else None
+
+    async def terminate(self, instance_id: str) -> None:
+        await self._found_by.get(instance_id, self._current).terminate(instance_id)
 
 
 class TailnetRegistry:

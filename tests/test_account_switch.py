@@ -70,7 +70,7 @@ async def test_a_node_keeps_the_account_it_was_bought_with_when_the_secret_switc
             spec = GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated", "credentialsRef": {"name": REF.name, "key": REF.key}}]})
             fleet = NodeClassActivities(cluster=kube_api.cluster, providers={}, registry=registry)
             problems = await fleet.validate_class(ValidateClassInput(name="c", spec=spec, operator_namespace=NS))
-            assert any("now holds another key than running nodes were bought with" in p for p in problems), problems
+            assert any("now names another account than running nodes were bought with" in p for p in problems), problems
 
             assert await ActivityEnvironment().run(acts.terminate_instance, ref) is True
             assert cloud.instances[ref.instance_id].status == "terminated" and cloud.instances[ref.instance_id].account == "team-a"
@@ -89,7 +89,7 @@ async def test_after_a_restart_the_old_key_is_found_under_any_key_of_the_secret(
         await put_secret(kube_api.http, REF.name, {REF.key: key_b})
         acts, registry = await setup(kube_api, cloud, key_b)  # a new worker: it never saw key_a
         try:
-            with pytest.raises(ApplicationError, match="put that key back in the Secret"):
+            with pytest.raises(ApplicationError, match="put it back in the Secret"):
                 await ActivityEnvironment().run(acts.terminate_instance, ref)
             await put_secret(kube_api.http, REF.name, {REF.key: key_b, "old": key_a})
             assert await ActivityEnvironment().run(acts.terminate_instance, ref) is True

@@ -101,3 +101,25 @@ async def test_the_api_server_refuses_each_at_apply_naming_the_rule() -> None:
                 assert cause["field"] == "spec.template.metadata.labels" and "kubernetes.io" in cause["message"], cause
             answer = await http.post(path, json=pool({"node.kubernetes.io/gpu-tier": "a", "example.com/team": "ml"}))
             assert answer.status_code == 201, answer.text
+
+
+async def test_a_pool_stored_before_the_rule_can_still_lose_its_finalizer() -> None:
+    """As a real API server ratchets (1.30+): an update that leaves the refused label as it was
+    (the worker removing the pool's finalizer) passes; adding one does not."""
+    crd = yaml.safe_load((CRDS / "gpunodepools.tgp.io.yaml").read_text())
+    labels = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["template"]
+    labels = labels["properties"]["metadata"]["properties"]["labels"]
+    rule = labels.pop("x-kubernetes-validations")
+    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+        kube.install_crd(crd)
+        path = "/apis/tgp.io/v1/namespaces/default/gpunodepools"
+        body = pool({"kubernetes.io/hostname": "victim-node"})
+        body["metadata"]["finalizers"] = ["tgp.io/nodes-terminated"]
+        assert (await http.post(path, json=body)).status_code == 201
+        labels["x-kubernetes-validations"] = rule
+        kube.install_crd(crd)
+        merge = {"Content-Type": "application/merge-patch+json"}
+        answer = await http.patch(f"{path}/p", json={"metadata": {"finalizers": None}}, headers=merge)
+        assert answer.status_code == 200, answer.text
+        answer = await http.patch(f"{path}/p", json={"spec": {"template": {"metadata": {"labels": {"nvidia.com/gpu.product": "x"}}}}}, headers=merge)
+        assert answer.status_code == 422, answer.text
