@@ -13,6 +13,7 @@ server does) and admission give the same verdict.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ def pool(labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
+@functools.cache
 def schema_rule() -> dict[str, Any]:
     crd = yaml.safe_load((CRDS / "gpunodepools.tgp.io.yaml").read_text())
     labels = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["template"]
