@@ -8,6 +8,17 @@ resourceVersion) gets a new adapter at the next activity; the replaced one is cl
 calls that may still hold it are done (`retire_after`). So two classes meant for two accounts
 each bill their own account, and a rotated key is picked up without restarting the worker.
 
+A node keeps the account it was bought with until it ends. Its InstanceRef carries `account`,
+the fingerprint of the key that bought it (`account_of`); when the Secret holds another key
+since, the registry looks the node's instance up with the Secret's current key first (a
+rotation: the same account) and, when that key does not see it, with the key it was bought with
+(a switch to another account): kept open in this process (an adapter replaced by a new key is
+not closed but kept, bounded, `MAX_KEPT_ACCOUNTS`), or found under any key of the Secret (keep
+the old key there until the old nodes end). A key that answers 401 (revoked) sees nothing. An
+instance no key can reach is an error that says what to do, never "gone" (which would abandon a
+billing instance), and the class's validation says that its Secret names another account than
+running nodes were bought with (`account_problems`).
+
 A provider the class gives no credentialsRef for uses the worker's own adapter, built from
 its environment (activities/clouds/registry.py `providers_from_env`): what `tgp offers`
 and the demo use.
@@ -21,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,7 +48,7 @@ from activities.tailnets.tailscale import DEFAULT_BASE_URL as TAILSCALE_API_URL
 from activities.tailnets.tailscale import TailscaleTailnet
 from activities.clouds.registry import build_provider, static_capabilities
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import ConfigError, TgpError
+from tgp.errors import AuthError, ConfigError, TgpError, TransientError
 from tgp.secrets import register_process
 from tgp.types import CredentialsRef, TailnetRef
 
@@ -48,6 +61,21 @@ log = structlog.get_logger("tgp.credentials")
 RETIRE_AFTER = timedelta(minutes=15)
 
 Build = Callable[[str, SecretStr | None, Mapping[str, str]], CloudProvider | None]
+# Adapters of keys a Secret no longer holds, kept open for the nodes bought with them.
+MAX_KEPT_ACCOUNTS = 32
+# How long a node reached with another key than its Secret's counts as running, for the class.
+ACCOUNT_SEEN_FOR = timedelta(hours=1)
+
+
+def account_of(key: SecretStr | str) -> str:
+    """A key's fingerprint: which key (so which account) bought an instance. 64 bits of its
+    SHA-256, which tells keys apart and gives nothing of a high-entropy key away."""
+    text = key.get_secret_value() if isinstance(key, SecretStr) else key
+    return "key-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class AccountUnavailable(TransientError):
+    """No key this worker has reaches the account an instance was bought with."""
 
 
 def secret_value(data: Mapping[str, bytes], key: str, where: str, *, secret: bool = True) -> SecretStr:
@@ -89,9 +117,15 @@ class VersionedAdapters:
     the cached adapter was built from, that adapter is returned, else `build(data)` makes a new
     one and the old one is closed after `retire_after`. `aclose()` closes everything."""
 
-    def __init__(self, cluster: Cluster, *, retire_after: timedelta = RETIRE_AFTER) -> None:
+    def __init__(
+        self, cluster: Cluster, *, retire_after: timedelta = RETIRE_AFTER, on_replaced: Callable[[Any], None] | None = None
+    ) -> None:
+        """`on_replaced(adapter)`, when given, takes over an adapter a new Secret replaced
+        (instead of closing it after `retire_after`)."""
         self.cluster = cluster
         self.retire_after = retire_after
+        self.on_replaced = on_replaced
+        self.last_data: dict[Any, Mapping[str, bytes]] = {}
         self._entries: dict[Any, _Entry] = {}
         self._retiring: dict[asyncio.Task[None], Any] = {}
         self.builds = 0  # adapters built so far (for tests and metrics)
@@ -100,6 +134,7 @@ class VersionedAdapters:
         secret = await self.cluster.read_secret_versioned(namespace, name)
         if secret is None:
             raise ConfigError(f"Secret {namespace}/{name} does not exist: create it or fix the GPUNodeClass's {what}")
+        self.last_data[key] = secret.data
         entry = self._entries.get(key)
         if entry is not None and entry.version == secret.resource_version and secret.resource_version:
             return entry.adapter
@@ -114,7 +149,10 @@ class VersionedAdapters:
         self._entries[key] = _Entry(secret.resource_version, digest, adapter)
         if old is not None and old.adapter is not adapter:
             log.info("credentials_rotated", secret=f"{namespace}/{name}", what=what)
-            self._retire(old.adapter)
+            if self.on_replaced is not None:
+                self.on_replaced(old.adapter)
+            else:
+                self._retire(old.adapter)
         return adapter
 
     def _retire(self, adapter: Any) -> None:
@@ -166,18 +204,98 @@ class ProviderRegistry:
         self.env = dict(env or {})
         self.fallback = fallback if fallback is not None else {}
         self._build = build
-        self._adapters = VersionedAdapters(cluster, retire_after=retire_after)
+        self._adapters = VersionedAdapters(cluster, retire_after=retire_after, on_replaced=self._keep)
+        # Which account (key fingerprint) and Secret each adapter built here bills.
+        self._accounts: dict[int, tuple[tuple[str, CredentialsRef], str]] = {}
+        # Adapters of keys their Secret no longer holds: (provider, ref, account) -> adapter.
+        self._kept: OrderedDict[tuple[str, CredentialsRef, str], CloudProvider] = OrderedDict()
+        # Accounts other than their Secret's current key that nodes were reached on, and when.
+        self._seen: dict[tuple[str, CredentialsRef], dict[str, float]] = {}
 
     @property
     def builds(self) -> int:
         return self._adapters.builds
 
+    def account(self, adapter: CloudProvider) -> str | None:
+        """The account (key fingerprint) `adapter` bills, when it was built from a class Secret."""
+        found = self._accounts.get(id(adapter))
+        return found[1] if found else None
+
+    def _keep(self, adapter: Any) -> None:
+        """An adapter whose Secret now holds another key: kept open for the nodes it bought."""
+        found = self._accounts.get(id(adapter))
+        if found is None:
+            self._adapters._retire(adapter)
+            return
+        (name, ref), account = found
+        self._kept[(name, ref, account)] = adapter
+        self._kept.move_to_end((name, ref, account))
+        while len(self._kept) > MAX_KEPT_ACCOUNTS:
+            _, evicted = self._kept.popitem(last=False)
+            self._accounts.pop(id(evicted), None)
+            self._adapters._retire(evicted)
+
+    def account_problems(self, name: str, credentials: CredentialsRef, current: str | None) -> list[str]:
+        """What the class should say about nodes running on another key than its Secret's
+        `current` one (seen within ACCOUNT_SEEN_FOR)."""
+        cutoff = time.monotonic() - ACCOUNT_SEEN_FOR.total_seconds()
+        others = sorted(a for a, at in self._seen.get((name, credentials), {}).items() if at >= cutoff and a != current)
+        if not others:
+            return []
+        where = f"Secret {credentials.namespace}/{credentials.name}"
+        return [
+            f"providers[{name}].credentialsRef: {where} (key {credentials.key!r}) now names another account than running nodes were "
+            f"bought with (keys {', '.join(others)}); they keep the account they were bought with until they end: keep the old key "
+            "in the Secret (under any key name) until then, or tgp cannot reach and end them"
+        ]
+
     def configured(self) -> list[str]:
         """Providers the worker itself has a key for."""
         return sorted(self.fallback)
 
-    async def get(self, name: str, credentials: CredentialsRef | None = None) -> CloudProvider:
-        """The adapter that bills `credentials`' account, or the worker's own without them."""
+    async def get(self, name: str, credentials: CredentialsRef | None = None, account: str | None = None) -> CloudProvider:
+        """The adapter that bills `credentials`' account, or the worker's own without them.
+        `account`: the key fingerprint an instance was bought with; when the Secret holds
+        another key now, an adapter that reaches that account (see the module docstring)."""
+        current = await self._current(name, credentials)
+        if credentials is None or account is None or self.account(current) == account:
+            return current
+        bought_with = self._kept.get((name, credentials, account)) or self._from_secret(name, credentials, account)
+
+        def elsewhere() -> None:
+            # The Secret's key does not see the instance, the key that bought it does: the
+            # Secret names another account now.
+            self._seen.setdefault((name, credentials), {})[account] = time.monotonic()
+
+        def unreachable() -> AccountUnavailable:
+            elsewhere()
+            return AccountUnavailable(
+                f"this node's instance was bought with another key ({account}) than Secret {credentials.namespace}/{credentials.name} "
+                f"holds now under {credentials.key!r}, which does not see it, and this worker no longer has that key: put it back in "
+                "the Secret (under any key name) so tgp can reach the instance and end it"
+            )
+
+        return _BoughtWith(current, bought_with, elsewhere, unreachable)  # type: ignore[return-value]
+
+    def _from_secret(self, name: str, credentials: CredentialsRef, account: str) -> CloudProvider | None:
+        """An adapter for the key of `account` if the Secret holds it under any of its keys."""
+        data = self._adapters.last_data.get((name, credentials)) or {}
+        for raw in data.values():
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                continue
+            if text and account_of(text) == account:
+                register_process(text)
+                adapter = self._build(name, SecretStr(text), self.env)
+                if adapter is None:
+                    return None
+                self._accounts[id(adapter)] = ((name, credentials), account)
+                self._keep(adapter)
+                return adapter
+        return None
+
+    async def _current(self, name: str, credentials: CredentialsRef | None) -> CloudProvider:
         if credentials is None:
             try:
                 return self.fallback[name]
@@ -192,6 +310,7 @@ class ProviderRegistry:
             adapter = self._build(name, key, self.env)
             if adapter is None:
                 raise ConfigError(f"provider {name!r} cannot be configured on this worker (for {name}, set TGP_SIMULATED_CLOUD_URL)")
+            self._accounts[id(adapter)] = ((name, credentials), account_of(key))
             return adapter
 
         return await self._adapters.get((name, credentials), credentials.namespace, credentials.name, build, what=f"providers[{name}].credentialsRef")
@@ -206,7 +325,69 @@ class ProviderRegistry:
 
     async def aclose(self) -> None:
         """Close the adapters built from class credentials (not the worker's own)."""
+        kept, self._kept = list(self._kept.values()), OrderedDict()
+        for adapter in kept:
+            await _close(adapter)
         await self._adapters.aclose()
+
+
+class _BoughtWith:
+    """An instance's adapter when its Secret holds another key than the one that bought it:
+    the Secret's current key first (a rotation: the same account, the new key works), then,
+    for an instance or name the current key does not see, the key it was bought with (a
+    switch to another account). A key that answers 401 (revoked) sees nothing. Whichever key
+    found an instance terminates it. Without the bought-with key, an instance the current key
+    does not see is `unreachable()` (never "gone": that would abandon a billing instance)."""
+
+    def __init__(
+        self,
+        current: CloudProvider,
+        bought_with: CloudProvider | None,
+        elsewhere: Callable[[], None],
+        unreachable: Callable[[], AccountUnavailable],
+    ) -> None:
+        self._current = current
+        self._bought_with = bought_with
+        self._elsewhere = elsewhere
+        self._unreachable = unreachable
+        self._found_by: dict[str, CloudProvider] = {}
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._current, attr)  # name, capabilities, list_offers, launch, ...
+
+    async def _other(self, call: Callable[[CloudProvider], Any], empty: Any) -> Any:
+        if self._bought_with is None:
+            raise self._unreachable()
+        try:
+            found = await call(self._bought_with)
+        except AuthError:
+            return empty  # that key was revoked: nothing can be seen with it
+        if found:
+            self._elsewhere()
+        return found
+
+    async def describe(self, instance_id: str) -> Any:
+        found = await self._current.describe(instance_id)
+        if found is None:
+            found = await self._other(lambda p: p.describe(instance_id), None)
+            if found is not None:
+                self._found_by[instance_id] = self._bought_with  # type: ignore[assignment]
+        return found
+
+    async def find_all_by_name(self, name: str) -> list[Any]:
+        found = await self._current.find_all_by_name(name)
+        if not found:
+            found = await self._other(lambda p: p.find_all_by_name(name), [])
+            for instance in found:
+                self._found_by[instance.instance_id] = self._bought_with  # type: ignore[assignment]
+        return list(found)
+
+    async def find_by_name(self, name: str) -> Any:
+        found = await self.find_all_by_name(name)
+        return found[0] if found else None
+
+    async def terminate(self, instance_id: str) -> None:
+        await self._found_by.get(instance_id, self._current).terminate(instance_id)
 
 
 class TailnetRegistry:

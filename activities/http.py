@@ -12,15 +12,23 @@ answer the caller did not ask for into one of tgp's errors, worded the same way 
 fix. An adapter adds only what its API does differently.
 
 Error messages reach workflow history, and many APIs echo the request (Authorization header,
-user-data) in their error bodies: `send` registers the credentials it sends with
-`tgp.secrets`, scrubs every error body it receives before anyone reads it, and scrubs the
-message of every error it raises (docs/security.md, "Scrubbing").
+user-data, a startup script) in their error bodies, truncated, wrapped, escaped or encoded in
+ways no scrubber can list. So no provider text enters an error: a message names the status,
+the request's method and path (never its query string), and only what `error_message` keeps of
+the API's documented error envelope: a machine-readable code, a standard HTTP phrase, or one of
+a few documented short messages that cannot echo (SAFE_MESSAGES), capped in length. An adapter
+may read the provider's words to sort an answer (`error_detail`), never to quote them. The
+scrubbing that `send` also does (it registers the credentials it sends with `tgp.secrets`,
+scrubs every error body it receives and the message of every error it raises) stays as defence
+in depth (docs/security.md, "What enters an error").
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
+from http import HTTPStatus
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
@@ -74,9 +82,12 @@ class HttpAdapter:
         404        ConfigError       "<system>: GET /p was not found (404: <answer>); <not_found>"
         any other  ConfigError       "<system>: GET /p answered 422: <answer>"
 
+    <answer> is `error_message`: the API's error code (or a standard HTTP phrase), never its
+    free text, which may echo the request.
+
     429 and 5xx never get that far: `send` retries them, then raises TransientError. An adapter
     supplies `system` and its `Fixes` as data, and overrides a hook only where its API speaks
-    its own way: `_answer` (the server's words, say with its error code), `_refusal` (an answer
+    its own way: `_answer` (what of an error answer a message may quote), `_refusal` (an answer
     that means something else, say "try again") and `_says_missing` (whether a 404 is the API's
     own "no such object" rather than a wrong URL, see `_gone`). `_create` sends a request that
     buys something.
@@ -198,7 +209,8 @@ class HttpAdapter:
         )
 
     def _answer(self, response: httpx.Response) -> str:
-        """The server's own words in an error answer, as messages quote them."""
+        """What a message quotes of an error answer: `error_message` (a code, never the
+        provider's free text), scrubbed all the same."""
         return self._scrub(error_message(response))
 
     def _gone(self, response: httpx.Response) -> bool:
@@ -224,7 +236,8 @@ class HttpAdapter:
         return scrub(text, [*self._secrets(), *extra])
 
     def _error(self, kind: type[TgpError], message: str) -> TgpError:
-        """A `kind` error whose message is scrubbed of this adapter's secrets."""
+        """A `kind` error whose message is scrubbed of this adapter's secrets. `message` is
+        tgp's own wording: it quotes an error answer only through `_answer`/`error_message`."""
         return kind(self._scrub(message))
 
 
@@ -413,14 +426,73 @@ def scrubbed_response(response: httpx.Response) -> httpx.Response:
     return httpx.Response(response.status_code, headers=headers, content=clean.encode(response.encoding or "utf-8", "replace"), request=response.request)
 
 
-def error_message(response: httpx.Response, limit: int = 300) -> str:
-    """The API's own error text, scrubbed, then shortened (a secret cut in half by the limit
-    would no longer be recognised)."""
+# What of an error envelope may be quoted, at most.
+MESSAGE_LIMIT = 120
+# A machine-readable error code as the documented envelopes carry one: Lambda's
+# "global/invalid-api-key", Vast.ai's "no_such_ask", Paperspace's code, the simulated cloud's
+# "no-capacity". Free text (spaces, quotes, a colon and what follows) is not a code.
+_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_./-]{0,63}")
+# gRPC status codes by number, as a grpc-gateway (Headscale before 0.30) puts them in `code`.
+GRPC_CODES = {
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION", 10: "ABORTED",
+    11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}  # fmt: skip
+# Documented messages that name no part of the request, quoted whole when an answer's message is
+# exactly one of them: Headscale's "<object> not found" (which its 0.29 answers with a 500, and
+# which tgp tells from an outage by these words).
+SAFE_MESSAGES = re.compile(r"(?i)(user|node|authkey|pre-?auth ?key|record|machine|instance|pod) not found")
+_PHRASES = frozenset(status.phrase.lower() for status in HTTPStatus)
+
+
+def error_code(response: httpx.Response) -> str:
+    """The machine-readable code of an error answer's documented envelope, or "": `error.code`
+    (Lambda, the simulated cloud), a string `error` shaped like a code (Vast.ai), `code`
+    (Paperspace; a number is a gRPC code, Headscale's grpc-gateway). Anything not shaped like a
+    code is dropped: an API that puts the request in its code field shows none of it."""
+    body = error_body(response)
+    error = body.get("error")
+    for value in (error.get("code") if isinstance(error, dict) else None, body.get("code"), error):
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int):
+            return GRPC_CODES.get(value, str(value))
+        if isinstance(value, str) and _CODE.fullmatch(value) and not secret_registry.contains_secret(value):
+            return value
+    return ""
+
+
+def error_message(response: httpx.Response, limit: int = MESSAGE_LIMIT) -> str:
+    """What an error message may quote of an error answer, never the provider's free text
+    (which may echo the request in any encoding): its code (`error_code`), a problem+json
+    `title` that is a standard HTTP phrase, a message that is exactly one of SAFE_MESSAGES;
+    when none of these, the standard phrase of its status (not the server's reason line)."""
+    body = error_body(response)
+    parts = [error_code(response)]
+    title = body.get("title")
+    if isinstance(title, str) and title.lower() in _PHRASES:
+        parts.append(title)
+    said = error_detail(response).strip()
+    if SAFE_MESSAGES.fullmatch(said):
+        parts.append(said)
+    text = ": ".join(dict.fromkeys(p for p in parts if p))
+    if not text:
+        try:
+            text = HTTPStatus(response.status_code).phrase
+        except ValueError:
+            text = "no standard meaning"
+    return text[:limit]
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The provider's own words in an error answer (its message, detail or text), scrubbed, for
+    sorting the answer (capacity? "not found"?) and never for quoting: they may echo the
+    request in a form no scrubber recognises. Quote `error_message` instead."""
     try:
         body = response.json()
     except ValueError:
-        return scrub(response.text)[:limit] or response.reason_phrase
-    return scrub(_message_in(body))[:limit]
+        return scrub(response.text)
+    return scrub(_message_in(body))
 
 
 def mentions(code: str, message: str, markers: Iterable[str]) -> bool:
@@ -431,7 +503,8 @@ def mentions(code: str, message: str, markers: Iterable[str]) -> bool:
 
 
 def _message_in(body: object) -> str:
-    """The human part of an error body: `{"message": ...}`, `{"error": {"message": ...}}`, ..."""
+    """The human part of an error body: `{"message": ...}`, `{"error": {"message": ...}}`, ...
+    (for `error_detail`: sorting, never quoting)."""
     if isinstance(body, dict):
         for key in ("message", "error", "msg", "detail", "errors"):
             if body.get(key):

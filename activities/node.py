@@ -14,24 +14,34 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.boot.render import BootSettings, JoinSecrets, join_secrets_from_secret, render_boot_payload, template_join_keys
+from activities.boot.render import (
+    BootSettings,
+    JoinSecrets,
+    TemplateError,
+    join_secrets_from_secret,
+    render_boot_payload,
+    template_error_for_admin,
+    template_join_keys,
+)
+from activities.boot.sandbox import RendersBusy, bounded
 from activities.drain import drain
 from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
-from tgp.secrets import register, register_model, secret_scope
+from tgp.secrets import known_secrets, register, register_model, secret_scope
 from tgp.lifecycle import pod_keeps_node_busy
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
+    BootPayload,
     CredentialsRef,
     TailnetRef,
     DeviceQuery,
@@ -59,7 +69,22 @@ from tgp.types import (
 
 log = structlog.get_logger("tgp.activities")
 
+
 T = TypeVar("T")
+
+
+async def _bounded(inp: LaunchInput, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn` (a blocking template inspection or render) in the renders' queue, under the share
+    of the node's class (sandbox.bounded); a full queue is a TransientError (retried)."""
+    try:
+        return await bounded(inp.boot.node_class or inp.pool, fn, *args, **kwargs)
+    except RendersBusy as exc:
+        raise TransientError(f"cannot render the boot template now: {exc}") from None
+
+
+def _whose(inp: LaunchInput) -> str:
+    return f"GPUNodeClass {inp.boot.node_class}" if inp.boot.node_class else "the GPUNodeClass"
+
 
 # How often the wait-for-* activities look again. Each look is cheap (one API call); a
 # heartbeat goes with it, so cancellation reaches the activity within about this long.
@@ -125,11 +150,12 @@ class NodeActivities:
                 f"provider {name!r} is not configured on this worker (configured: {', '.join(sorted(self.providers)) or 'none'})"
             ) from None
 
-    async def _provider_for(self, name: str, credentials: CredentialsRef | None) -> CloudProvider:
-        """The adapter billing the class's account (`credentials`, read now), or the worker's own."""
+    async def _provider_for(self, name: str, credentials: CredentialsRef | None, account: str | None = None) -> CloudProvider:
+        """The adapter billing the class's account (`credentials`, read now), or the worker's own.
+        `account`: the key an instance was bought with, which reaches it until it ends."""
         if credentials is None:
             return self._provider(name)
-        return await self.registry.get(name, credentials)
+        return await self.registry.get(name, credentials, account)
 
     async def _tailnet_for(self, name: str, ref: TailnetRef | None) -> Tailnet:
         """The class's own tailnet (its Secret, read now), or the worker's."""
@@ -144,14 +170,65 @@ class NodeActivities:
                 "set TS_OAUTH_CLIENT_ID/TS_OAUTH_CLIENT_SECRET for Tailscale or HEADSCALE_URL/HEADSCALE_API_KEY for Headscale"
             ) from None
 
-    async def _join_secrets(self, ref: str, template: str | None) -> JoinSecrets:
-        """The cluster join material from the Secret `namespace/name`, read now and kept in memory."""
+    async def _join_secrets(self, inp: LaunchInput) -> JoinSecrets | None:
+        """The cluster join material from the class's join Secret, read now and kept in memory
+        (None: the class references none). Which keys it must hold comes from the template,
+        inspected in a bounded child process (the worker never parses a template)."""
+        ref, template = inp.boot.join_secret, inp.boot.template
+        if not ref:
+            return None
+        required = await _bounded(inp, template_join_keys, template) if template else ()
         namespace, _, name = ref.partition("/")
-        data = await self.cluster.read_secret(namespace, name)
-        if data is None:
-            raise ConfigError(f"join Secret {ref} does not exist: create it or fix the GPUNodeClass's joinSecretRef (see docs/bootstrap.md)")
-        encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
-        return join_secrets_from_secret(encoded, secret_ref=f"Secret {ref}", required=template_join_keys(template) if template else ())
+        failed: ConfigError | None = None
+        try:
+            data = await self.cluster.read_secret(namespace, name)
+            if data is None:
+                raise ConfigError(f"join Secret {ref} does not exist: create it or fix the GPUNodeClass's joinSecretRef (see docs/bootstrap.md)")
+            encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
+            return join_secrets_from_secret(encoded, secret_ref=f"Secret {ref}", required=required)
+        except ConfigError as exc:
+            failed = exc
+        # The Secret's name and keys are the class admin's business, not the tenant's (whose
+        # LaunchFailed Event carries this error): they go to the class's Events.
+        await self._tell_class(inp, "JoinSecretInvalid", f"node {inp.node_name} could not be launched: {failed}")
+        raise ConfigError(
+            f"the join Secret of {_whose(inp)} is missing or incomplete; the class's admin sees which in its Events (reason JoinSecretInvalid)"
+        )
+
+    async def _tell_class(self, inp: LaunchInput, reason: str, message: str) -> None:
+        """A Warning Event on the node's GPUNodeClass, for its admin (best effort)."""
+        owner = inp.boot.node_class
+        try:
+            if owner:
+                await self.cluster.record_class_event(owner, type="Warning", reason=reason, message=message)
+        except Exception as exc:  # noqa: BLE001 - the launch fails either way; the event is a courtesy
+            log.warning("class_event_failed", node_class=owner, error_type=type(exc).__name__)
+
+    async def _render_boot(self, inp: LaunchInput, kind: str, **kwargs: Any) -> BootPayload:
+        """The boot payload, rendered in a bounded child process waited for off the event loop,
+        in the renders' queue under the class's share (sandbox.bounded); a template that fails
+        is the class's fault, reported as `_class_template` says."""
+        return await self._class_template(inp, _bounded(inp, render_boot_payload, kind, **kwargs))
+
+    async def _class_template(self, inp: LaunchInput, step: Awaitable[T]) -> T:
+        """`step`'s result; when the class's template fails (TemplateError), its text (which may
+        quote a value made of a secret: a sliced, upper-cased join token) goes, scrubbed, to the
+        class's admin as a Warning Event on the GPUNodeClass, and the error raised (what the
+        node's history, the pool's LaunchFailed Event and the tenant see) says only that the
+        class's template failed, and on which line."""
+        failed: TemplateError | None = None
+        try:
+            return await step
+        except TemplateError as exc:
+            failed = exc
+        # Raised outside the handler: the new error has neither cause nor context to show.
+        assert failed is not None
+        detail = template_error_for_admin(str(failed), inp.boot.template or "", known_secrets())
+        await self._tell_class(inp, "TemplateFailed", f"the boot template failed for node {inp.node_name}: {detail}")
+        raise TemplateError(
+            f"the boot template of {_whose(inp)} failed for this node; the class's admin sees why in its Events (reason TemplateFailed)",
+            line=failed.line,
+        )
 
     # --- select offer ----------------------------------------------------------------------
 
@@ -209,9 +286,9 @@ class NodeActivities:
             tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
             existing = await self._adopt(provider, name, bound)
             if existing is not None:
-                return LaunchResult(instance=existing, adopted=True)
+                return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider))
             # Read the join material before minting: a missing Secret must not cost a key.
-            join = await self._join_secrets(inp.boot.join_secret, inp.boot.template) if inp.boot.join_secret else None
+            join = await self._class_template(inp, self._join_secrets(inp))
             if join is not None:
                 register_model(join)
             settings = BootSettings(
@@ -228,8 +305,8 @@ class NodeActivities:
             register(key.secret)
             sent = False
             try:
-                boot = await asyncio.to_thread(  # off the event loop: a render takes up to a few seconds
-                    render_boot_payload,
+                boot = await self._render_boot(
+                    inp,
                     provider.capabilities.boot_payload,
                     hostname=inp.node_name,
                     auth_key=key.secret,
@@ -243,7 +320,7 @@ class NodeActivities:
                 existing = await self._adopt(provider, name, bound)
                 if existing is not None:
                     await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
-                    return LaunchResult(instance=existing, adopted=True)
+                    return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider))
                 sent = True
                 instance = await self._create_or_find(provider, inp, name, boot)
             except BaseException as exc:
@@ -267,9 +344,9 @@ class NodeActivities:
             if survivor.instance_id != instance.instance_id:
                 await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))  # our twin is gone with its key
                 bound.info("instance_adopted", instance_id=survivor.instance_id)
-                return LaunchResult(instance=survivor, adopted=True)
+                return LaunchResult(instance=survivor, adopted=True, account=self.registry.account(provider))
         bound.info("instance_launched", instance_id=instance.instance_id, key_id=key.key_id)
-        return LaunchResult(instance=instance, key_id=key.key_id)
+        return LaunchResult(instance=instance, key_id=key.key_id, account=self.registry.account(provider))
 
     async def _adopt(self, provider: CloudProvider, name: str, bound: structlog.BoundLogger) -> Instance | None:
         """The live instance an earlier attempt bought under `name`, if any; twins beyond the
@@ -316,7 +393,7 @@ class NodeActivities:
         """Poll the provider until the instance runs; LaunchFailed if it fails or vanishes."""
 
         async def running() -> Instance | None:
-            inst = await (await self._provider_for(ref.provider, ref.credentials)).describe(ref.instance_id or "")
+            inst = await (await self._provider_for(ref.provider, ref.credentials, ref.account)).describe(ref.instance_id or "")
             if inst is None or inst.interrupted or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED, InstanceState.STOPPED):
                 state = "vanished" if inst is None else ("was interrupted" if inst.interrupted else inst.state.value.lower())
                 metrics.LAUNCH_FAILURES.labels(ref.provider, "LaunchFailed").inc()
@@ -378,7 +455,7 @@ class NodeActivities:
             seen: list[str] = []
             if inp.instance is not None:
                 ref = inp.instance
-                inst = await (await self._provider_for(ref.provider, ref.credentials)).describe(ref.instance_id or "")
+                inst = await (await self._provider_for(ref.provider, ref.credentials, ref.account)).describe(ref.instance_id or "")
                 state = "gone" if inst is None else ("interrupted" if inst.interrupted else inst.state.value.lower())
                 if inst is None or inst.interrupted or inst.state is not InstanceState.RUNNING:
                     return StageLook(up=False, seen=f"instance {ref.instance_id} is {state}")
@@ -410,7 +487,7 @@ class NodeActivities:
     async def observe_node(self, inp: ObserveInput) -> NodeObservation:
         """One look at a Ready node: is the instance alive, is the Node Ready, is it busy?"""
         with temporal_errors():
-            instance = await (await self._provider_for(inp.instance.provider, inp.instance.credentials)).describe(inp.instance.instance_id or "")
+            instance = await (await self._provider_for(inp.instance.provider, inp.instance.credentials, inp.instance.account)).describe(inp.instance.instance_id or "")
             node = await self.cluster.get_node(inp.node_name)
             pods = await self.cluster.list_pods_on_node(inp.node_name) if node is not None else []
         return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)))
@@ -437,7 +514,7 @@ class NodeActivities:
         launch cancelled in flight) by finding the instance by its deterministic name.
         Returns whether anything was still running."""
         with temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
-            provider = await self._provider_for(ref.provider, ref.credentials)
+            provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
             targets: list[Instance] = []
             if ref.instance_id:
                 inst = await provider.describe(ref.instance_id)
@@ -456,8 +533,13 @@ class NodeActivities:
 
     @activity.defn
     async def remove_from_tailnet(self, inp: TailnetCleanupInput) -> TailnetCleanupResult:
-        """Revoke the node's unused keys and delete its tailnet devices."""
+        """Revoke the node's unused keys and delete its tailnet devices. A tailnet this worker has
+        no backend for, through which no key of the node was ever minted, has nothing of the
+        node to clean: done (retrying would hold a deleted pool, and its budget, for ever)."""
         revoked = deleted = 0
+        if inp.tailnet_ref is None and inp.tailnet not in self.tailnets and not inp.key_ids:
+            log.warning("tailnet_cleanup_skipped", hostname=inp.hostname, tailnet=inp.tailnet, reason="backend not configured, no key minted")
+            return TailnetCleanupResult(keys_revoked=0, devices_deleted=0)
         with temporal_errors(always_retry=True):
             tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
             for key_id in inp.key_ids:

@@ -3,8 +3,8 @@ workflows make, and the validation of a class (its providers, Secrets and boot t
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping
+import functools
+from collections.abc import Collection, Mapping
 
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -12,11 +12,23 @@ from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.accounts import AccountActivities
-from activities.boot.render import JOIN_VARIABLES, BootSettings, check_template, class_check_settings, default_template, shipped_template, template_uses
+from activities.accounts import AccountActivities, ProviderRegistry
+from activities.ports import CloudProvider, Cluster
+from activities.boot.render import (
+    JOIN_VARIABLES,
+    BootSettings,
+    TemplateReport,
+    class_check_settings,
+    default_template,
+    shipped_template,
+    template_report,
+    template_uses,
+)
+from activities.boot.sandbox import RendersBusy, bounded
 from activities.errors import temporal_errors
 from tgp.capabilities import capability_problems
-from tgp.crds import GPUNodeClassSpec
+from tgp.crds import GPUNodeClassSpec, login_server_problems
+from tgp.errors import TgpError, TransientError
 from tgp.messages import Grant, Reservation
 from tgp.types import CredentialsRef
 
@@ -49,18 +61,28 @@ async def ledger_update(class_workflow_id: str, name: str, reservation: Reservat
         return Grant(granted=False, reason=str(exc.cause or exc))
 
 
-async def _template_problems(field: str, template: str, settings: BootSettings | None = None) -> list[str]:
-    """A class template's problems, each naming `field`. check_template reports rather than
-    raises; anything it still raises is a problem of the class too, never a failed activity
-    (which would leave the class without a status)."""
+async def _template_report(owner: str, field: str, template: str, settings: BootSettings | None = None) -> TemplateReport:
+    """A class template's problems, each naming `field`, and the variables it reads: one
+    bounded child process, in the renders' queue under the class's share (sandbox.bounded).
+    template_report reports rather than raises; anything that still raises is a problem of the
+    class too, never a failed activity (which would leave the class without a status); a full
+    queue is a TransientError (the validation is retried)."""
     try:
-        problems = await asyncio.to_thread(check_template, template, settings)
+        report = await bounded(owner, template_report, template, settings)
+    except RendersBusy as exc:
+        raise TransientError(f"cannot check the template now: {exc}") from None
     except Exception as exc:  # noqa: BLE001
-        problems = [f"could not be checked ({type(exc).__name__}: {str(exc)[:300]})"]
-    return [f"{field}: {m}" for m in problems]
+        report = TemplateReport(problems=[f"could not be checked ({type(exc).__name__}: {str(exc)[:300]})"])
+    return report.model_copy(update={"problems": [f"{field}: {m}" for m in report.problems]})
 
 
-async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list[str]]) -> list[str]:
+@functools.cache
+def _shipped_uses(name: str) -> frozenset[str]:
+    """The variables a shipped template reads (ours, so inspected once per process)."""
+    return frozenset(template_uses(shipped_template(name)))
+
+
+async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list[str]], owner: str = "") -> list[str]:
     """The problems of the template each node of the class would boot with: the class's own,
     else the shipped default for each provider's boot payload kind (`payload_kinds`: kind ->
     providers), trial-rendered with the class's settings, so a class whose every node would
@@ -90,7 +112,7 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
                     )
                 continue
             text = shipped_template(default)
-            if spec.kubernetes_version is None and "KubernetesVersion" in template_uses(text):
+            if spec.kubernetes_version is None and "KubernetesVersion" in await bounded(owner, _shipped_uses, default):
                 problems.append(
                     f"kubernetesVersion: the default Ubuntu boot template ({default}, used by {which} without a "
                     "bootstrapTemplate) needs it; set it to the control plane's version, e.g. 1.34.1"
@@ -98,11 +120,9 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
                 settings = settings.model_copy(update={"kubernetes_version": "1.34.1"})  # check the rest all the same
             templates.append((f"the default boot template {default} (used by {which})", text))
     for what, text in templates:
-        problems += await _template_problems(what, text, settings)
-        try:
-            join = template_uses(text) & JOIN_VARIABLES
-        except Exception:  # noqa: BLE001 - a template that does not parse is reported above
-            join = set()
+        report = await _template_report(owner, what, text, settings)
+        problems += report.problems
+        join = report.uses & JOIN_VARIABLES  # none when it does not parse (reported above)
         if join and not spec.join_secret_ref:
             problems.append(
                 f"joinSecretRef: {what} uses the cluster join material ({', '.join(sorted(join))}) but the class sets "
@@ -111,7 +131,41 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
     return problems
 
 
+def tailnet_problems(spec: GPUNodeClassSpec, worker_tailnets: Collection[str] | None) -> list[str]:
+    """Whether the class's nodes can join a tailnet: a loginServer that is a URL, and a backend
+    this worker has when the class brings no credentials of its own (oauthSecretRef). A class
+    naming Headscale on a worker without it used to be Ready and buy nothing."""
+    ts = spec.tailscale_config
+    problems = []
+    if ts.login_server is not None:
+        problems += [f"tailscaleConfig.loginServer: {p}" for p in login_server_problems(ts.login_server)]
+    backend = "headscale" if ts.login_server else "tailscale"
+    if worker_tailnets is not None and not ts.oauth_secret_ref and backend not in worker_tailnets:
+        how = (
+            "HEADSCALE_URL and HEADSCALE_API_KEY on the worker, or tailscaleConfig.oauthSecretRef (a Secret with key api-key)"
+            if backend == "headscale"
+            else "TS_OAUTH_CLIENT_ID and TS_OAUTH_CLIENT_SECRET on the worker, or tailscaleConfig.oauthSecretRef "
+            "(a Secret with keys client-id and client-secret)"
+        )
+        have = ", ".join(sorted(worker_tailnets)) or "none"
+        problems.append(f"tailscaleConfig: the class's nodes join {backend}, which this worker has no credentials for (it has: {have}); set {how}")
+    return problems
+
+
 class NodeClassActivities(AccountActivities):
+    def __init__(
+        self,
+        *,
+        cluster: Cluster,
+        providers: Mapping[str, CloudProvider],
+        registry: ProviderRegistry | None = None,
+        tailnets: Collection[str] | None = None,
+    ) -> None:
+        """`tailnets`: the tailnet backends the worker itself has (tailscale, headscale); None
+        leaves a class's tailnet backend unchecked."""
+        super().__init__(cluster=cluster, providers=providers, registry=registry)
+        self.tailnets = None if tailnets is None else frozenset(tailnets)
+
     @activity.defn
     async def settle_reservation(self, call: LedgerCall) -> Grant:
         """Tell the class ledger the price a node is about to pay; it may refuse."""
@@ -148,6 +202,13 @@ class NodeClassActivities(AccountActivities):
                         ref = CredentialsRef(namespace=ns, name=p.credentials_ref.name, key=p.credentials_ref.key)
                 # What the adapter nodes of this class would use can do (a Vast.ai adapter with
                 # VAST_VM=true rents VMs), else the provider's table entry.
+                if ref is not None:
+                    # Nodes still running on a key the Secret no longer holds (another account?).
+                    try:
+                        current = self.registry.account(await self.registry.get(p.name, ref))
+                    except TgpError:
+                        current = None
+                    problems += self.registry.account_problems(p.name, ref, current)
                 caps = await self.registry.capabilities(p.name, ref)
                 if caps is not None:
                     # spotAllowed permits spot, it does not require it: only node-ness and Talos matter.
@@ -155,8 +216,9 @@ class NodeClassActivities(AccountActivities):
                     payload_kinds.setdefault(caps.boot_payload, []).append(p.name)
             # The template every node would boot with, the shipped default included. Off the
             # event loop: a check renders in a child process for up to a few seconds.
-            problems += await boot_problems(inp.spec, payload_kinds)
+            problems += await boot_problems(inp.spec, payload_kinds, owner=inp.name)
             ts = inp.spec.tailscale_config
+            problems += tailnet_problems(inp.spec, self.tailnets)
             if ts.oauth_secret_ref:
                 keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")
                 for key in keys:

@@ -119,6 +119,10 @@ class Cluster(Protocol):
         """Record a core/v1 Event (type Normal or Warning) about the pod, for `kubectl describe pod`."""
         ...
 
+    async def record_class_event(self, name: str, *, type: str, reason: str, message: str) -> None:
+        """Record a core/v1 Event about the GPUNodeClass `name` (for its admin, `kubectl describe gnc`)."""
+        ...
+
     async def delete_node(self, name: str) -> None:
         """Delete the Node object; one already gone counts as deleted."""
         ...

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from sim.fakeserver import EchoMode, Fault, echo_errors, fault_body_response
+from sim.fakeserver import EchoForm, EchoMode, Fault, echo_errors, fault_body_response
 
 BootFailure = Literal["never_runs", "never_joins"]
 TailnetRegister = Callable[[str, str], Awaitable[object]]
@@ -158,7 +158,7 @@ class SimulatedCloud:
         self.url = ""
         # Quote the request (Authorization, userData) in every error answer, as many real
         # clouds do: "json", "raw" or "base64" (sim.fakeserver.echo_request). None: do not.
-        self.echo: EchoMode | None = None
+        self.echo: EchoMode | EchoForm | None = None
         self._faults: list[Fault] = []
 
     # --- accounts ----------------------------------------------------------------------

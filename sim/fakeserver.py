@@ -12,7 +12,10 @@ set, every error answer (status >= 400: injected, refused by the fake's own chec
 401) carries the request in its message field, as `echo_request` words it: the JSON request
 ("json"), the raw HTTP request ("raw"), or the headers and every long body field in base64
 ("base64", as APIs that return user-data do). The tests use it to prove no secret an adapter
-sent comes back out of an error path.
+sent comes back out of an error path. `echo` may also be a function of a string (a
+composition of `ECHO_FORMS`: truncated, wrapped across lines, upper-cased, hex, `\\u`- or
+`%XX`-escaped, HTML entities, base64): the request is then quoted with that function applied to
+the Authorization header and to every string in the body, the forms no scrubber can list.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import fnmatch
+import html
 import json
 import socket
 from collections.abc import Awaitable, Callable
@@ -31,9 +35,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 __all__ = [
+    "ECHO_FORMS",
     "ECHO_MODES",
     "GATEWAY_404_HTML",
     "GATEWAY_404_TEXT",
+    "EchoForm",
     "EchoMode",
     "Fault",
     "FaultOptions",
@@ -48,6 +54,28 @@ __all__ = [
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 EchoMode = Literal["json", "raw", "base64"]
 ECHO_MODES: tuple[EchoMode, ...] = ("json", "raw", "base64")
+# How an API may quote a value it echoes; `echo` takes one, or a composition of them.
+EchoForm = Callable[[str], str]
+
+
+def _wrap(text: str, width: int = 19) -> str:
+    return "\n".join(text[i : i + width] for i in range(0, len(text), width))
+
+
+ECHO_FORMS: dict[str, EchoForm] = {
+    "truncated": lambda s: s[:20],
+    "wrapped": _wrap,
+    "wrapped_crlf": lambda s: _wrap(s, 11).replace("\n", "\r\n "),
+    "upper": str.upper,
+    "lower": str.lower,
+    "hex": lambda s: s.encode().hex(),
+    "u_escaped": lambda s: "".join(f"\\u{ord(c):04x}" for c in s),
+    "percent": lambda s: "".join(f"%{b:02X}" for b in s.encode()),
+    "html_entities": lambda s: "".join(f"&#{ord(c)};" for c in s),
+    "html_escaped": lambda s: html.escape(s).replace("-", "&#45;").replace("_", "&lowbar;"),
+    "base64": lambda s: base64.b64encode(s.encode()).decode(),
+    "base64_unpadded": lambda s: base64.urlsafe_b64encode(s.encode()).decode().rstrip("="),
+}
 # What answers a 404 that is not the API's own "no such object": a wrong base URL or path on a Go
 # server or gateway (plain text), or a reverse proxy in front of it (nginx's HTML page). Pass
 # either as `fail(..., 404, body=...)` to see that an adapter does not read it as "gone".
@@ -70,7 +98,7 @@ def fault_body_response(body: Any, status: int, headers: dict[str, str] | None =
     return web.json_response(body, status=status, headers=headers)
 
 
-def echo_request(request: web.Request, raw: bytes, mode: EchoMode) -> str:
+def echo_request(request: web.Request, raw: bytes, mode: EchoMode | EchoForm) -> str:
     """The request as an API that quotes it in its errors would: the Authorization header and
     the body. The JSON modes quote the biggest body fields first (user-data, a script, an
     env: what an API complaining about a field quotes), so that they fall within what an
@@ -83,12 +111,25 @@ def echo_request(request: web.Request, raw: bytes, mode: EchoMode) -> str:
         body = text
     if isinstance(body, dict):
         body = dict(sorted(body.items(), key=lambda kv: len(json.dumps(kv[1], default=str)), reverse=True))
+    if callable(mode):
+        quoted = json.dumps(_map_strings(body, mode), ensure_ascii=False) if not isinstance(body, str) else mode(body)
+        return f"Authorization: {mode(auth)}\n{request.method} {request.path_qs}\n{quoted}"
     if mode == "raw":
         return f"Authorization: {auth}\n{request.method} {request.path_qs}\n{text}"
     if mode == "base64":
         encoded_auth = base64.b64encode(f"Authorization: {auth}".encode()).decode()
         return json.dumps({"body": _b64_fields(body), "headers": encoded_auth, "method": request.method, "path": request.path_qs})
     return json.dumps({"body": body, "headers": {"Authorization": auth}, "method": request.method, "path": request.path_qs})
+
+
+def _map_strings(value: Any, form: EchoForm) -> Any:
+    if isinstance(value, str):
+        return form(value)
+    if isinstance(value, dict):
+        return {k: _map_strings(v, form) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, form) for v in value]
+    return value
 
 
 def _b64_fields(value: Any) -> Any:
@@ -114,7 +155,7 @@ def _put_echo(body: Any, echo: str) -> bool:
     return isinstance(body.get("error"), dict) and _put_echo(body["error"], echo)
 
 
-async def echo_errors(request: web.Request, response: web.StreamResponse, mode: EchoMode | None) -> web.StreamResponse:
+async def echo_errors(request: web.Request, response: web.StreamResponse, mode: EchoMode | EchoForm | None) -> web.StreamResponse:
     """`response`, or when it is an error and `mode` is set, the same error quoting the request."""
     if mode is None or response.status < 400 or not isinstance(response, web.Response):
         return response
@@ -183,7 +224,7 @@ class FakeServer:
     # Where the API lives under the origin; `url` points there.
     base_path = ""
     # Quote the request in every error answer (see the module docstring); None: do not.
-    echo: EchoMode | None = None
+    echo: EchoMode | EchoForm | None = None
     # Fault patterns are matched against the path without this prefix ("/pods", not "/v2/pods").
     fault_prefix = ""
 

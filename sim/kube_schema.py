@@ -14,7 +14,8 @@
   CRD is refused with 422 (`check_crd`); a stored CRD gets its defaults and the status its
   controllers set (`default_crd`).
 
-CEL rules (`x-kubernetes-validations`) are not evaluated. Pure functions and values: where CRDs
+CEL rules (`x-kubernetes-validations`) are evaluated in the subset sim/kube_cel.py knows
+(the rules tgp's CRDs use); others are not. Pure functions and values: where CRDs
 are registered, stored and served is kube_store's.
 """
 
@@ -29,6 +30,8 @@ from typing import Any
 import attrs
 import kmock
 
+from sim.kube_cel import Unsupported, compile_rule
+from tgp.labels import label_value_problems, qualified_name_problems
 from sim.kube_machinery import ApiStatus, FieldError, Obj, api_version, go_number, go_value, invalid, now_time
 
 
@@ -335,6 +338,20 @@ def _validate(value: Any, schema: Mapping[str, Any], path: str, errors: list[Fie
             sub = _child_schema(schema, key)
             if sub is not None:
                 _validate(item, sub, _child_path(path, key), errors)
+    _validate_rules(value, schema, path, actual, errors)
+
+
+def _validate_rules(value: Any, schema: Mapping[str, Any], path: str, actual: str, errors: list[FieldError]) -> None:
+    """The schema's CEL rules (`x-kubernetes-validations`) that sim.kube_cel evaluates; as the
+    API server words a broken rule: `Invalid value: "object": <message>`."""
+    for rule in schema.get("x-kubernetes-validations") or []:
+        try:
+            holds = compile_rule(rule["rule"])(value)
+        except Unsupported:
+            continue  # outside the evaluated subset: not checked (see sim/kube_cel.py)
+        if not holds:
+            message = rule.get("message") or f"failed rule: {rule['rule']}"
+            errors.append(FieldError.invalid(path, actual, message))
 
 
 _GO_PATTERNS: dict[str, re.Pattern[str]] = {}
@@ -419,6 +436,22 @@ def _json_equal(a: Any, b: Any) -> bool:
 
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def label_errors(meta: Mapping[str, Any]) -> list[FieldError]:
+    """metadata.labels as apimachinery's ValidateLabels checks them on every object: keys are
+    qualified names, values label values (at most 63 characters). A Node named longer than 63
+    cannot carry its own kubernetes.io/hostname label, so it cannot register."""
+    labels = meta.get("labels")
+    if not isinstance(labels, Mapping):
+        return []
+    errors = []
+    for key, value in labels.items():
+        for problem in qualified_name_problems(str(key)):
+            errors.append(FieldError.invalid("metadata.labels", key, problem))
+        for problem in label_value_problems(value if isinstance(value, str) else str(value)):
+            errors.append(FieldError.invalid("metadata.labels", value, problem))
+    return errors
 
 
 def name_errors(name: str) -> list[FieldError]:

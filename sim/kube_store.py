@@ -73,6 +73,7 @@ from sim.kube_schema import (
     check_crd,
     check_type_meta,
     default_crd,
+    label_errors,
     name_errors,
     prune,
     removed_fields,
@@ -200,6 +201,9 @@ class KubeStore(kmock.KubernetesEmulator):
             errors = [*name_errors(name), *version.validate(obj)]
             if errors:
                 raise invalid(resource.group or "", crd.kind, name, errors)
+        errors = label_errors(obj.get("metadata") or {})
+        if errors:
+            raise invalid(resource.group or "", self._kind(resource), name, errors)
         if resource == CRDS:
             check_crd(obj)
             default_crd(obj)
@@ -286,6 +290,9 @@ class KubeStore(kmock.KubernetesEmulator):
             if "status" in current:
                 changed["status"] = copy.deepcopy(current["status"])
 
+        errors = label_errors(changed["metadata"])
+        if errors:
+            raise invalid(resource.group or "", self._kind(resource), current["metadata"]["name"], errors)
         old_finalizers = current["metadata"].get("finalizers") or []
         added = [f for f in changed["metadata"].get("finalizers") or [] if f not in old_finalizers]
         if current["metadata"].get("deletionTimestamp") and added:
@@ -309,7 +316,14 @@ class KubeStore(kmock.KubernetesEmulator):
             ignored = {"metadata", "status"} if "status" in version.subresources else {"metadata"}
             if _without(changed, ignored) != _without(current, ignored):
                 changed["metadata"]["generation"] = int(current["metadata"].get("generation", 1)) + 1
-            errors = version.validate(changed)
+            # Ratcheting (CRDValidationRatcheting, on by default since 1.30): an error the stored
+            # object already had is not held against an update that leaves it as it was (a
+            # finalizer patch of a pool admitted before a rule).
+            before = {str(e) for e in version.validate(current)}
+            errors = [
+                e for e in version.validate(changed)
+                if not (str(e) in before and _value_at(changed, e.field) == _value_at(current, e.field) is not _UNKNOWN)
+            ]
             if errors:
                 raise invalid(resource.group or "", crd.kind, current["metadata"]["name"], errors)
         elif changed.get("spec") != current.get("spec") and "generation" in current["metadata"]:
@@ -725,3 +739,18 @@ def _field(obj: Mapping[str, Any], path: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+_UNKNOWN = object()
+
+
+def _value_at(obj: Any, field: str) -> Any:
+    """The value at a field path such as `spec.template.metadata.labels` (_UNKNOWN when the
+    path has indexes or does not resolve: such an error is never ratcheted)."""
+    if not field or "[" in field:
+        return _UNKNOWN
+    for part in field.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return _UNKNOWN
+        obj = obj[part]
+    return obj

@@ -216,7 +216,7 @@ def _schema_accepts(value: str, schema: dict[str, Any]) -> bool:
     return len(value) <= schema["maxLength"] and go_regexp(schema["pattern"]).search(value) is not None
 
 
-VALID_KEYS = ["team", "example.com/team", "a.b-c.example/Name_1.x", f"{'d' * 200}.example.com/{'n' * 63}", "node.kubernetes.io/x", "kubernetes.io/hostname"]
+VALID_KEYS = ["team", "example.com/team", "a.b-c.example/Name_1.x", f"{'d' * 200}.example.com/{'n' * 63}", "node.kubernetes.io/x", "kubelet.kubernetes.io/y"]
 VALID_VALUES = ["", "a", "v1.2_x-Y", "9" * 63]
 
 

@@ -86,7 +86,7 @@ async def test_each_secret_key_gets_its_own_adapter_billing_its_own_account(kube
         await registry.aclose()
 
 
-async def test_a_rotated_key_gets_a_new_adapter_and_the_old_one_is_closed(kube_api: KubeApi, cloud: SimulatedCloud) -> None:
+async def test_a_rotated_key_gets_a_new_adapter_and_the_old_one_is_kept_for_its_nodes(kube_api: KubeApi, cloud: SimulatedCloud) -> None:
     if kube_api.real:
         await kube_api.http.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     old, new = new_key("a"), new_key("a")
@@ -109,10 +109,9 @@ async def test_a_rotated_key_gets_a_new_adapter_and_the_old_one_is_closed(kube_a
         assert after is not before
         assert await after.list_offers()
         assert cloud.requests_by_key[new] == 1
-        async def closed() -> bool:
-            return before._client.is_closed
-
-        await eventually(closed, what="the replaced adapter to be closed")
+        # The replaced adapter stays open (bounded, MAX_KEPT_ACCOUNTS): nodes bought with its key
+        # are reached with it until they end (test_account_switch.py).
+        assert not before._client.is_closed
         assert await registry.get("simulated", ref) is after
         # A Secret rewritten with the same key (a new resourceVersion) keeps the adapter.
         await put_secret(kube_api.http, "rotating", {"apiKey": new})
@@ -121,7 +120,7 @@ async def test_a_rotated_key_gets_a_new_adapter_and_the_old_one_is_closed(kube_a
         assert await registry.get("simulated", ref) is after and registry.builds == 2
     finally:
         await registry.aclose()
-    assert after._client.is_closed  # type: ignore[attr-defined]
+    assert after._client.is_closed and before._client.is_closed  # type: ignore[attr-defined]
 
 
 async def test_missing_secrets_keys_and_providers_are_config_errors_naming_them(kube_api: KubeApi, cloud: SimulatedCloud) -> None:

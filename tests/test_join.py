@@ -79,7 +79,10 @@ async def test_a_join_secret_without_the_bootstrap_token_fails_fast_and_buys_not
         final: NodeStatus = await (await start(temporal, queue, request(boot=CLOUD_INIT))).result()
 
         assert final.phase is NodePhase.FAILED
-        assert "cluster-join" in (final.last_error or "") and "bootstrapToken" in (final.last_error or "")
+        # The tenant learns that the class's join Secret is at fault; which Secret and key goes to
+        # the class's admin (a JoinSecretInvalid Event on the class, tests/test_template_failures.py).
+        assert "join Secret" in (final.last_error or "") and "JoinSecretInvalid" in (final.last_error or "")
+        assert "cluster-join" not in (final.last_error or "")
         assert len(final.attempts) == 1, "a bad Secret is not a reason to try another offer"
         assert world.cloud.instances == {} and world.tailscale.keys == {}, "no instance bought, no key minted"
         assert json.dumps(final.model_dump(mode="json")).count(PEM.splitlines()[1]) == 0

@@ -228,8 +228,8 @@ async def test_unknown_ssh_key_is_config_error(lam: FakeLambda, clock: Clock) ->
 @pytest.mark.parametrize(
     ("offer", "reason"),
     [
-        (A10_EAST, "instance type does not exist"),  # retired since it was listed
-        (A10_EAST.model_copy(update={"region": "asia-south-1"}), "region does not exist"),
+        (A10_EAST, "instance type or region no longer exists"),  # retired since it was listed
+        (A10_EAST.model_copy(update={"region": "asia-south-1"}), "instance type or region no longer exists"),
     ],
 )
 async def test_a_type_or_region_lambda_no_longer_knows_refuses_the_offer(

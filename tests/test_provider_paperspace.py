@@ -236,7 +236,7 @@ async def test_terminate_of_a_machine_that_must_be_off_first_stops_it_and_asks_f
 ) -> None:
     ps.delete_requires_off = True
     instance = await provider.launch(a4000(), name=NAME, boot=BOOT)
-    with pytest.raises(TransientError, match="currently starting"):
+    with pytest.raises(TransientError, match="asked it to stop"):
         await provider.terminate(instance.instance_id)
     assert ps.machines[instance.instance_id].state == "stopping"
     ps.set_state(instance.instance_id, "off")
@@ -271,7 +271,7 @@ async def test_machine_type_not_sold_in_the_region_refuses_the_offer_and_leaves_
             await p.launch(offer, name=NAME, boot=BOOT)
     message = str(err.value)
     assert not err.value.retryable
-    assert "A6000" in message and "Europe (AMS1)" in message and "not offered" in message
+    assert "A6000" in message and "Europe (AMS1)" in message and "not offered" not in message, "Paperspace's words are not quoted"
     assert API_KEY not in message and "example.invalid" not in message
     assert ps.live_machines() == [] and ps.scripts == {}
 

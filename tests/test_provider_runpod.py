@@ -202,7 +202,7 @@ async def test_other_refusals_of_an_offer_fail_over(rp: FakeRunPod, provider: Ru
     rp.fail("/pods", status, method="POST", detail=detail)
     with pytest.raises(OfferRefused) as exc:
         await provider.launch(rtx_offer(), name="n", boot=BOOT)
-    assert detail in str(exc.value) and "US-KS-2" in str(exc.value) and API_KEY not in str(exc.value)
+    assert detail not in str(exc.value) and "US-KS-2" in str(exc.value) and API_KEY not in str(exc.value), "RunPod's words are not quoted"
 
 
 async def test_a_422_about_what_the_class_built_is_still_a_config_error(rp: FakeRunPod, sleeps: Sleeps) -> None:

@@ -209,7 +209,7 @@ async def test_host_only_ask_refuses_the_offer_not_the_account(provider: VastPro
         await provider.launch(offer(101, "0.31"), name=NAME, boot=BOOT)
     message = str(err.value)
     assert not err.value.retryable
-    assert "ask 101" in message and "not your own" in message and "403" in message
+    assert "ask 101" in message and "host-only" in message and "403" in message
     assert API_KEY not in message and "echo join" not in message
     assert vast.live_instances() == []
     # The next offer rents as usual.

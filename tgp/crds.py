@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -27,7 +28,14 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from tgp.labels import LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, label_problems, taint_problems
+from tgp.labels import (
+    LABEL_VALUE_MAX_LENGTH,
+    LABEL_VALUE_PATTERN,
+    TENANT_LABEL_KEY_MESSAGE,
+    TENANT_LABEL_KEY_RULE,
+    label_problems,
+    taint_problems,
+)
 from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, NodeOverview, Taint
 
 GROUP = "tgp.io"
@@ -145,6 +153,48 @@ def _admission_bounds(info: ValidationInfo) -> DisruptionBounds | None:
     return bounds if isinstance(bounds, DisruptionBounds) else None
 
 
+# A pool's nodes are named `<pool>-<5 hex>`, and a Node's name is its `kubernetes.io/hostname`
+# label, a label value of at most 63 characters: a longer pool name passes the API server's
+# own name rule but no node of it could ever register. In the CRD (a CEL rule on the root) and
+# at admission.
+MAX_POOL_NAME_LENGTH = 57
+POOL_NAME_RULE = f"self.metadata.name.size() <= {MAX_POOL_NAME_LENGTH}"
+POOL_NAME_MESSAGE = (
+    f"a GPUNodePool's name may be at most {MAX_POOL_NAME_LENGTH} characters: its nodes are named <pool>-<5 characters>, "
+    "and a Node's name is its kubernetes.io/hostname label (at most 63)"
+)
+
+# A Headscale login server: what `tailscale up --login-server` and tgp's Headscale adapter take.
+# In the schema (RE2); `login_server_problems` says what is wrong in words.
+LOGIN_SERVER_MAX_LENGTH = 2048
+LOGIN_SERVER_PATTERN = (
+    r"^https?://([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])"
+    r"(:[0-9]{1,5})?(/[-A-Za-z0-9._~%/]*)?$"
+)
+
+
+def login_server_problems(url: str) -> list[str]:
+    """What is wrong with `url` as a Headscale login server; empty when it is fine (the same
+    verdict as LOGIN_SERVER_PATTERN and LOGIN_SERVER_MAX_LENGTH, in words)."""
+    shown = repr(url[:80])
+    if len(url) > LOGIN_SERVER_MAX_LENGTH:
+        return [f"must be at most {LOGIN_SERVER_MAX_LENGTH} characters"]
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return [f"{shown} is not a URL: its host or port cannot be read"]
+    if parts.scheme not in ("http", "https") or not url.startswith(f"{parts.scheme}://"):
+        return [f"{shown} must start with https:// (or http://)"]
+    if "@" in parts.netloc:
+        return [f"{shown} must not carry a user or password"]
+    if "?" in url or "#" in url:
+        return [f"{shown} must not have a query or fragment"]
+    if port == 0 or not re.fullmatch(LOGIN_SERVER_PATTERN[1:-1], url):
+        return [f"{shown} is not a URL of the form https://host[:port][/path]"]
+    return []
+
+
 def _admitting(info: ValidationInfo) -> bool:
     return isinstance(info.context, dict) and ADMISSION in info.context
 
@@ -197,7 +247,13 @@ class TailscaleConfig(Spec):
     accept_routes: bool = Field(
         False, description="Pass --accept-routes to tailscale up (the TailscaleAcceptRoutes template variable; the shipped templates honour it)."
     )
-    login_server: str | None = Field(None, description="Headscale URL; unset means Tailscale's control plane.")
+    login_server: str | None = Field(
+        None,
+        description="Headscale URL (http:// or https://, a host, an optional port and path; no user, query or fragment); "
+        "unset means Tailscale's control plane. The worker needs Headscale credentials for it (HEADSCALE_URL/HEADSCALE_API_KEY) "
+        "unless oauthSecretRef gives the class its own; a class whose nodes could join no tailnet is not Ready.",
+        json_schema_extra={"maxLength": LOGIN_SERVER_MAX_LENGTH, "pattern": LOGIN_SERVER_PATTERN},
+    )
     oauth_secret_ref: str | None = Field(
         None,
         description="Secret in the operator's namespace with keys client-id and client-secret (Tailscale OAuth client) or "
@@ -294,12 +350,16 @@ class PoolTemplateMetadata(Spec):
         {},
         description=f"Labels put on every node of the pool (also passed to the kubelet at registration). At most {MAX_POOL_LABELS}. "
         "Keys are Kubernetes qualified names (optional DNS-subdomain prefix and '/', then up to 63 of A-Z a-z 0-9 - _ .) and "
-        "may not be under tgp.io/ (tgp's own labels always win), node-role.kubernetes.io/, or the kubernetes.io/k8s.io "
-        "namespaces the kubelet refuses; the bridge refuses such a pool (Ready=False, InvalidSpec). Values: empty or up to "
-        "63 of A-Z a-z 0-9 - _ . (alphanumeric at both ends).",
+        "may not be under tgp.io/ (tgp's own labels always win), the GPU-discovery namespaces nvidia.com/ and "
+        "feature.node.kubernetes.io/ (what the node reports about its GPUs), or the kubernetes.io and k8s.io namespaces "
+        "(a Node's identity, topology and role: kubernetes.io/hostname, topology.kubernetes.io/zone, "
+        "node-role.kubernetes.io/...), except node.kubernetes.io/ and kubelet.kubernetes.io/ keys other than "
+        "node.kubernetes.io/instance-type. The API server refuses such keys at apply (422) and the bridge refuses such a "
+        "pool (Ready=False, InvalidSpec). Values: empty or up to 63 of A-Z a-z 0-9 - _ . (alphanumeric at both ends).",
         json_schema_extra={
             "maxProperties": MAX_POOL_LABELS,
             "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE_MAX_LENGTH, "pattern": LABEL_VALUE_PATTERN},
+            "x-kubernetes-validations": [{"rule": TENANT_LABEL_KEY_RULE, "message": TENANT_LABEL_KEY_MESSAGE}],
         },
     )
 
@@ -480,6 +540,13 @@ class GPUNodePool(BaseModel):
     metadata: ObjectMeta
     spec: GPUNodePoolSpec
     status: GPUNodePoolStatus | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _node_name_fits(cls, value: ObjectMeta, info: ValidationInfo) -> ObjectMeta:
+        if _admitting(info) and len(value.name) > MAX_POOL_NAME_LENGTH:
+            raise ValueError(POOL_NAME_MESSAGE)
+        return value
 
     @classmethod
     def admit(cls, obj: Any, bounds: DisruptionBounds | None = None) -> GPUNodePool:

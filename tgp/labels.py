@@ -45,25 +45,21 @@ _NAME_RE = re.compile(_NAME)
 TGP_DOMAIN = "tgp.io"
 # Prefixes that grant a role in the cluster rather than describe a node.
 ROLE_PREFIXES = ("node-role.kubernetes.io",)
-# The kubelet refuses to start when --node-labels holds a key in these namespaces, other than
-# the ones it may set itself (k8s.io/kubelet/pkg/apis: IsKubeletLabel).
-_KUBERNETES_NAMESPACES = ("kubernetes.io", "k8s.io")
-_KUBELET_LABELS = frozenset(
-    {
-        "kubernetes.io/hostname",
-        "kubernetes.io/arch",
-        "kubernetes.io/os",
-        "beta.kubernetes.io/arch",
-        "beta.kubernetes.io/os",
-        "beta.kubernetes.io/instance-type",
-        "node.kubernetes.io/instance-type",
-        "topology.kubernetes.io/region",
-        "topology.kubernetes.io/zone",
-        "failure-domain.beta.kubernetes.io/region",
-        "failure-domain.beta.kubernetes.io/zone",
-    }
-)
-_KUBELET_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
+# A Node's identity and what the cluster tells about it are not a tenant's to write. The
+# kubernetes.io and k8s.io namespaces (and their subdomains) are the cluster's: the kubelet sets
+# kubernetes.io/hostname, /os, /arch, topology.kubernetes.io/zone and region come from the
+# cloud, node-role.kubernetes.io/ grants a role, and scheduling rules rely on them all
+# (`kubernetes.io/hostname=victim-node` on a bought node broke every rule keyed on hostname);
+# any other key there makes the kubelet refuse --node-labels, so the node never joins.
+KUBERNETES_NAMESPACES = ("kubernetes.io", "k8s.io")
+# Within them a pool may use exactly these namespaces (not their subdomains): the ones the
+# kubelet documents as its own to accept in --node-labels (IsKubeletLabel) ...
+TENANT_KUBELET_NAMESPACES = ("node.kubernetes.io", "kubelet.kubernetes.io")
+# ... except the well-known identity key among them, which the cloud provider sets.
+IDENTITY_KEYS = ("node.kubernetes.io/instance-type",)
+# What the node reports about its own GPUs (NVIDIA's GPU feature discovery and device plugin,
+# node-feature-discovery): a label there would lie about the hardware to every scheduler rule.
+GPU_DISCOVERY_NAMESPACES = ("nvidia.com", "feature.node.kubernetes.io")
 
 
 def shown(text: str, limit: int = 80) -> str:
@@ -135,18 +131,54 @@ def reserved_key_problem(key: str) -> str | None:
     return None
 
 
-def kubelet_refuses_label(key: str) -> bool:
-    """The kubelet refuses to start with this key in --node-labels (a kubernetes.io or k8s.io
-    namespace outside the few it sets itself)."""
+def node_identity_problem(key: str) -> str | None:
+    """Why a pool may not set the label `key` on its Nodes (identity, the cluster's own
+    namespaces, GPU discovery), or None. The same verdict as TENANT_LABEL_KEY_RULE."""
     namespace = _namespace(key)
-    if not any(_in_domain(namespace, d) for d in _KUBERNETES_NAMESPACES):
-        return False
-    return key not in _KUBELET_LABELS and not any(_in_domain(namespace, d) for d in _KUBELET_NAMESPACES)
+    if any(_in_domain(namespace, d) for d in GPU_DISCOVERY_NAMESPACES):
+        return f"{namespace}/ labels are what the node reports about its GPUs; a pool may not set them"
+    if any(_in_domain(namespace, d) for d in KUBERNETES_NAMESPACES):
+        if namespace in TENANT_KUBELET_NAMESPACES and key not in IDENTITY_KEYS:
+            return None
+        return (
+            "keys in the kubernetes.io and k8s.io namespaces are the cluster's (a Node's identity, topology and role); "
+            f"a pool may use only {' and '.join(n + '/' for n in TENANT_KUBELET_NAMESPACES)} there "
+            f"(not {', '.join(IDENTITY_KEYS)}), or a prefix of its own"
+        )
+    return None
+
+
+def _cel_in(domain: str) -> str:
+    """CEL: the key `k` (a qualified name: at most one '/', none in its name part) is in
+    `domain` or a subdomain of it."""
+    return f"k.startsWith('{domain}/') || k.contains('.{domain}/')"
+
+
+# The CRD's rule over a pool's label keys (x-kubernetes-validations on the labels map): the API
+# server refuses at apply what `label_problems(tenant=True)` refuses for being reserved, so a
+# tenant hears it from `kubectl apply` (422) and not only from the pool's status. The emulator
+# (sim/kube_cel.py) evaluates it as a real API server does.
+TENANT_LABEL_KEY_RULE = (
+    "self.all(k, !("
+    + " || ".join(f"({_cel_in(d)})" for d in (TGP_DOMAIN, *GPU_DISCOVERY_NAMESPACES))
+    + " || (("
+    + " || ".join(f"({_cel_in(d)})" for d in KUBERNETES_NAMESPACES)
+    + ") && !(("
+    + " || ".join(f"k.startsWith('{n}/')" for n in TENANT_KUBELET_NAMESPACES)
+    + ")"
+    + "".join(f" && k != '{key}'" for key in IDENTITY_KEYS)
+    + "))))"
+)
+TENANT_LABEL_KEY_MESSAGE = (
+    "label keys may not be under tgp.io/, nvidia.com/, feature.node.kubernetes.io/ or the kubernetes.io and k8s.io "
+    "namespaces (except node.kubernetes.io/ and kubelet.kubernetes.io/, not node.kubernetes.io/instance-type)"
+)
 
 
 def label_problems(labels: Mapping[str, str], *, tenant: bool) -> list[str]:
     """Every problem of a label map, one message each naming the key. `tenant`: also refuse
-    the keys a pool may not set (tgp's own, node roles, those the kubelet refuses)."""
+    the keys a pool may not set (tgp's own, node roles, a Node's identity and the cluster's
+    namespaces, GPU discovery: see node_identity_problem)."""
     problems = []
     for key, value in labels.items():
         for p in qualified_name_problems(key):
@@ -154,15 +186,9 @@ def label_problems(labels: Mapping[str, str], *, tenant: bool) -> list[str]:
         for p in label_value_problems(value):
             problems.append(f"value of label {shown(key)} ({shown(value, 40)}): {p}")
         if tenant and not qualified_name_problems(key):
-            reserved = reserved_key_problem(key)
+            reserved = reserved_key_problem(key) or node_identity_problem(key)
             if reserved:
                 problems.append(f"label key {shown(key)}: {reserved}")
-            elif kubelet_refuses_label(key):
-                problems.append(
-                    f"label key {shown(key)}: the kubelet refuses --node-labels in the kubernetes.io and k8s.io "
-                    "namespaces (except kubelet.kubernetes.io/, node.kubernetes.io/ and a few well-known keys), "
-                    "so the node would never join; use a prefix of your own"
-                )
     return problems
 
 

@@ -73,8 +73,9 @@ def tailnet_ref(klass: GPUNodeClassSpec) -> TailnetRef | None:
     return TailnetRef(name=ts.oauth_secret_ref, login_server=ts.login_server) if ts.oauth_secret_ref else None
 
 
-def boot_config(klass: GPUNodeClassSpec) -> BootConfig:
-    """The class's boot template and the reference to its join Secret (no secret values)."""
+def boot_config(klass: GPUNodeClassSpec, name: str = "") -> BootConfig:
+    """The class's (called `name`) boot template and the reference to its join Secret (no
+    secret values)."""
     talos = klass.talos_config
     return BootConfig(
         template=talos.machine_config_template if talos else klass.bootstrap_template,
@@ -84,6 +85,7 @@ def boot_config(klass: GPUNodeClassSpec) -> BootConfig:
         kubernetes_version=klass.kubernetes_version,
         accept_routes=klass.tailscale_config.accept_routes,
         ephemeral=klass.tailscale_config.ephemeral,
+        node_class=name,
     )
 
 
@@ -126,7 +128,7 @@ def node_request(
         tailnet_tags=list(klass.tailscale_config.tags),
         tailnet="headscale" if klass.tailscale_config.login_server else "tailscale",
         tailnet_ref=tailnet_ref(klass),
-        boot=boot_config(klass),
+        boot=boot_config(klass, class_name),
         timeouts=timeouts,
         pool_workflow_id=pool_workflow_id(namespace, pool_name),
         class_workflow_id=class_workflow_id(class_name),

@@ -67,8 +67,8 @@ RECENT_LIMIT = 64
 PROCESS_LIMIT = 256
 
 # Tailnet credentials by their shape: Tailscale's tskey-client-/-api-/-auth- and Headscale's
-# hskey-api-/-auth-.
-TAILNET_KEY = re.compile(r"(tskey|hskey)-[A-Za-z0-9_-]+")
+# hskey-api-/-auth-, also when wrapped across lines (a line break, or an escaped one in JSON).
+TAILNET_KEY = re.compile(r"(tskey|hskey)-[A-Za-z0-9_-]+(?:(?:\r?\n|\\r\\n|\\n)[ \t]*[A-Za-z0-9_-]+)*")
 # A run of base64 (either alphabet) long enough to hide a secret.
 _B64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _B64_CHARS = "[A-Za-z0-9+/_-]"
@@ -311,7 +311,10 @@ def _decodes_to_secret(blob: str, indexes: list[_Index], depth: int) -> bool:
     body = blob.rstrip("=").translate(_STANDARD)
     for start in range(4):
         chunk = body[start:]
-        chunk = chunk[: len(chunk) // 4 * 4]
+        if len(chunk) % 4 == 1:
+            chunk = chunk[:-1]  # a lone last character carries no whole byte
+        # Pad the last group rather than drop it: the secret may end the blob (nested base64).
+        chunk += "=" * (-len(chunk) % 4)
         if len(chunk) < 12:
             break
         try:

@@ -222,6 +222,7 @@ class BootConfig(Model):
     kubernetes_version: str | None = Field(None, description="The class's kubernetesVersion: the kubelet version x.y.z.")
     accept_routes: bool = Field(False, description="tailscaleConfig.acceptRoutes: `tailscale up --accept-routes`.")
     ephemeral: bool = Field(True, description="tailscaleConfig.ephemeral: the auth key registers ephemeral devices.")
+    node_class: str = Field("", description="The GPUNodeClass this comes from: a template that fails at launch is reported on it.")
 
 
 class NodeRequest(Model):
@@ -384,6 +385,7 @@ class LaunchResult(Model):
     instance: Instance
     key_id: str | None = Field(None, description="Id (never the secret) of the minted tailnet key.")
     adopted: bool = Field(False, description="An instance of this name already existed and was adopted.")
+    account: str | None = Field(None, description="Fingerprint of the class key it was bought with (None: the worker's own).")
 
 
 class InstanceRef(Model):
@@ -391,6 +393,9 @@ class InstanceRef(Model):
     instance_name: str
     instance_id: str | None = None
     credentials: CredentialsRef | None = Field(None, description="The account the instance was bought with (None: the worker's own).")
+    account: str | None = Field(
+        None, description="Fingerprint of the key it was bought with: it is reached with that key until it ends, whatever the Secret holds since."
+    )
 
 
 class DeviceQuery(Model):

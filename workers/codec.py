@@ -6,8 +6,10 @@ Wire format (the scheme of Temporal's encryption sample): `data` is a 12-byte ra
 followed by the AES-GCM ciphertext of the whole serialized original `Payload`; metadata
 `encoding=binary/encrypted` and `encryption-key-id=<id>`, so keys can rotate. The key id is
 also GCM's associated data (`associated_data`), binding the ciphertext to the id it names;
-payloads written before that (no associated data) still decrypt. Search attributes never pass
-through a codec: they stay plaintext.
+payloads written before that (no associated data) still decrypt in the worker (a node's history
+lives for months), never through the codec server (`strict()`): there, a payload whose tag does
+not cover its key id could be a relabelled one. Search attributes never pass through a codec:
+they stay plaintext.
 """
 
 from __future__ import annotations
@@ -106,12 +108,20 @@ class EncryptionCodec(PayloadCodec):
     the payload names, so a new key can go first while old histories stay readable. Payloads
     that are not encrypted pass through decode unchanged."""
 
-    def __init__(self, keys: Sequence[PayloadKey]) -> None:
+    def __init__(self, keys: Sequence[PayloadKey], *, accept_legacy: bool = True) -> None:
+        """`accept_legacy`: also decrypt payloads written before the key id was bound (no
+        associated data): the worker must, for old histories; the codec server does not."""
         if not keys:
             raise ConfigError(f"payload encryption needs at least one key in {PAYLOAD_KEYS_ENV}")
+        self._keys = list(keys)
+        self.accept_legacy = accept_legacy
         self.key_ids = [k.id for k in keys]
         self._encrypt_id = keys[0].id
         self._ciphers = {k.id: AESGCM(k.secret) for k in keys}
+
+    def strict(self) -> EncryptionCodec:
+        """The same keys, decrypting only payloads whose tag covers their key id."""
+        return EncryptionCodec(self._keys, accept_legacy=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> EncryptionCodec | None:
@@ -149,6 +159,8 @@ class EncryptionCodec(PayloadCodec):
             try:
                 plain = cipher.decrypt(nonce, sealed, associated_data(key_id))
             except InvalidTag:
+                if not self.accept_legacy:
+                    raise
                 # Written before the key id was bound (no associated data). A payload written
                 # since cannot pass this way: its tag covers the associated data.
                 plain = cipher.decrypt(nonce, sealed, None)
@@ -157,7 +169,8 @@ class EncryptionCodec(PayloadCodec):
             raise PayloadDecryptError(
                 f"payload encrypted with key id {key_id!r} does not decrypt with the key {PAYLOAD_KEYS_ENV} "
                 "has under that id: the key was replaced under the same id (give a new key a new id "
-                "and keep the old one) or the payload was altered"
+                "and keep the old one), the payload was altered"
+                + ("" if self.accept_legacy else ", or it was written before key ids were bound (the worker still reads those)")
             ) from None
 
 
@@ -170,6 +183,13 @@ def codec_token_from_env(env: Mapping[str, str] = os.environ) -> str | None:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# What one request to the codec server may carry and take: a history page of payloads decodes in
+# well under this; more is refused before it is read (413), and a body that trickles in is cut
+# off (408), so a caller cannot hold the server's memory or a connection for long.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_PAYLOADS = 10_000
+BODY_TIMEOUT_SECONDS = 10.0
 
 
 # Host names a loopback server answers to. A request naming any other host reached it through
@@ -191,6 +211,8 @@ def build_codec_server(
     token: str | None = None,
     cors_origins: Sequence[str] = (DEFAULT_UI_ORIGIN,),
     allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout: float = BODY_TIMEOUT_SECONDS,
 ) -> web.Application:
     """The codec server contract of the Web UI and the `temporal` CLI: `POST /encode` and
     `POST /decode` (also under `/{namespace}/`) take and return JSON `Payloads`. With a token,
@@ -202,7 +224,15 @@ def build_codec_server(
     a cross-origin page can only send after a CORS preflight that we answer for the configured
     origins only (a "simple" `text/plain` or form POST skips the preflight); and `/encode`,
     which would let anyone make payloads that workers accept as genuine, needs the token —
-    without one it is off."""
+    without one it is off.
+
+    Bounded: a body over `max_body_bytes` (by its Content-Length, or as it is read) is refused
+    with 413, one that takes longer than `body_timeout` to arrive with 408, more than
+    MAX_PAYLOADS payloads with 413; any body that is not JSON Payloads answers a 400 that
+    quotes none of it. An EncryptionCodec decrypts only payloads whose tag covers their key id
+    (`EncryptionCodec.strict`)."""
+    if isinstance(codec, EncryptionCodec):
+        codec = codec.strict()
     allowed = set(cors_origins)
     expected = f"Bearer {token}".encode() if token else None
     hosts = {_host_name(h) for h in allowed_hosts}
@@ -254,16 +284,32 @@ def build_codec_server(
                 )
         return await handler(request)
 
+    async def read_body(request: web.Request) -> bytes:
+        if request.content_length is not None and request.content_length > max_body_bytes:
+            raise web.HTTPRequestEntityTooLarge(max_size=max_body_bytes, actual_size=request.content_length, text=f"codec server: body over {max_body_bytes} bytes\n")
+        try:
+            async with asyncio.timeout(body_timeout):
+                return await request.read()
+        except TimeoutError:
+            raise web.HTTPRequestTimeout(text=f"codec server: the body did not arrive within {body_timeout:g} s\n") from None
+
     def endpoint(convert: Callable[[Sequence[Payload]], Awaitable[list[Payload]]]) -> Handler:
         async def handle(request: web.Request) -> web.Response:
+            raw = await read_body(request)
             try:
-                payloads = json_format.Parse(await request.text(), Payloads())
-            except json_format.ParseError as exc:
-                raise web.HTTPBadRequest(text=f"codec server: body is not JSON Payloads: {exc}\n") from None
+                payloads = json_format.Parse(raw.decode("utf-8"), Payloads())
+            except Exception:  # noqa: BLE001 - whatever the parser says would quote the body
+                raise web.HTTPBadRequest(text="codec server: body is not JSON Payloads ({\"payloads\": [...]})\n") from None
+            if len(payloads.payloads) > MAX_PAYLOADS:
+                raise web.HTTPRequestEntityTooLarge(
+                    max_size=MAX_PAYLOADS, actual_size=len(payloads.payloads), text=f"codec server: more than {MAX_PAYLOADS} payloads\n"
+                )
             try:
                 converted = await convert(payloads.payloads)
             except PayloadDecryptError as exc:
                 raise web.HTTPBadRequest(text=f"codec server: {exc}\n") from None
+            except Exception:  # noqa: BLE001 - a payload the codec cannot read is the caller's
+                raise web.HTTPBadRequest(text="codec server: a payload could not be converted\n") from None
             return web.json_response(text=json_format.MessageToJson(Payloads(payloads=converted)))
 
         return handle
@@ -271,7 +317,7 @@ def build_codec_server(
     async def preflight(request: web.Request) -> web.Response:
         return web.Response()
 
-    app = web.Application(middlewares=[cors, host, bearer])
+    app = web.Application(middlewares=[cors, host, bearer], client_max_size=max_body_bytes)
     for prefix in ("", "/{namespace}"):
         app.router.add_post(f"{prefix}/encode", endpoint(codec.encode))
         app.router.add_post(f"{prefix}/decode", endpoint(codec.decode))

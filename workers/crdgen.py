@@ -21,7 +21,16 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from tgp.crds import GROUP, VERSION, GPUNodeClassSpec, GPUNodeClassStatus, GPUNodePoolSpec, GPUNodePoolStatus
+from tgp.crds import (
+    GROUP,
+    POOL_NAME_MESSAGE,
+    POOL_NAME_RULE,
+    VERSION,
+    GPUNodeClassSpec,
+    GPUNodeClassStatus,
+    GPUNodePoolSpec,
+    GPUNodePoolStatus,
+)
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "deploy" / "crds"
 
@@ -97,8 +106,23 @@ def crd(
     status: type[BaseModel],
     description: str,
     columns: list[dict[str, Any]],
+    rules: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """One CustomResourceDefinition with spec, status subresource and printer columns."""
+    """One CustomResourceDefinition with spec, status subresource and printer columns; `rules`
+    are CEL rules on the whole object (its metadata.name, say)."""
+    root = {
+        "type": "object",
+        "description": description,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": structural_schema(spec),
+            "status": structural_schema(status),
+        },
+        **({"x-kubernetes-validations": rules} if rules else {}),
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -121,20 +145,7 @@ def crd(
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": description,
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": structural_schema(spec),
-                                "status": structural_schema(status),
-                            },
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
@@ -172,6 +183,7 @@ def manifests() -> dict[str, dict[str, Any]]:
             spec=GPUNodePoolSpec,
             status=GPUNodePoolStatus,
             description="A request for GPU nodes: which GPUs, how many, at what price, with which labels and taints.",
+            rules=[{"rule": POOL_NAME_RULE, "message": POOL_NAME_MESSAGE}],
             columns=[
                 {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
                 {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredNodes"},

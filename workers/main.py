@@ -147,7 +147,7 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
             providers=providers, tailnets=tailnets, cluster=cluster, registry=registry, tailnet_registry=tailnet_registry
         ),
         pool=PoolActivities(cluster=cluster, providers=providers, registry=registry),
-        node_class=NodeClassActivities(cluster=cluster, providers=providers, registry=registry),
+        node_class=NodeClassActivities(cluster=cluster, providers=providers, registry=registry, tailnets=sorted(tailnets)),
         entity=EntityActivities(cluster=cluster),
         sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster),
     )

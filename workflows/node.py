@@ -333,7 +333,7 @@ class GPUNodeWorkflow:
 
     def _launched(self, result: LaunchResult) -> None:
         assert self.state.instance is not None
-        self.state.instance = self.state.instance.model_copy(update={"instance_id": result.instance.instance_id})
+        self.state.instance = self.state.instance.model_copy(update={"instance_id": result.instance.instance_id, "account": result.account})
         if result.key_id:
             self.state.key_ids.append(result.key_id)
 

@@ -31,7 +31,6 @@ from urllib.parse import urlsplit
 
 import structlog
 import yaml
-from jinja2 import TemplateSyntaxError, meta, nodes
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from activities.boot import sandbox as template_sandbox
@@ -39,6 +38,7 @@ from activities.boot.sandbox import RenderFailed
 from tgp.crds import MAX_TEMPLATE_LENGTH
 from tgp.errors import ConfigError
 from tgp.labels import label_problems, taint_problems
+from tgp.secrets import scrub as scrub_secrets
 from tgp.types import BootPayload, Taint
 
 __all__ = [
@@ -149,7 +149,9 @@ _PEM_CERT = "-----BEGIN CERTIFICATE-----"
 # `{{.Name}}`, `{{ .Name }}`, `{{- .Name -}}`: the Go-template field references the original
 # operator documented. Anything richer (pipelines, range, if) is not translated.
 _GO_FIELD = re.compile(r"\{\{(-?)\s*\.([A-Za-z_][A-Za-z0-9_]*)\s*(-?)\}\}")
-_GO_LEFTOVER = re.compile(r"\{\{-?\s*(?:\.[A-Za-z_]|(?:range|with|end|define|template|block)\b)")
+# Go's actions `{{ range .Items }}`, `{{ with $x }}`, `{{ end }}`...: a keyword not called like a
+# function (Jinja's `{{ range(3)|list }}` is a call).
+_GO_LEFTOVER = re.compile(r"\{\{-?\s*(?:\.[A-Za-z_]|(?:range|with|end|define|template|block)\b(?!\s*\())")
 _UNDEFINED_NAME = re.compile(r"^'([^']+)' is undefined$")
 
 
@@ -408,9 +410,10 @@ _SAMPLE_SETTINGS = BootSettings(
 # --- rendering ---------------------------------------------------------------------------
 
 
-# The sandbox, its bounds and the escaping filters: activities/boot/sandbox.py. This copy
-# only parses (syntax, variables used); every render runs in a bounded child process.
-_ENV = template_sandbox.environment()
+# The sandbox, its bounds and the escaping filters: activities/boot/sandbox.py. The worker never
+# parses or compiles a template (Jinja folds constants while compiling): every parse, name
+# lookup and render runs in a bounded child process. These are the names the sandbox defines.
+_GLOBALS = frozenset(template_sandbox.environment().globals)
 
 
 def translate_go_placeholders(text: str) -> str:
@@ -437,23 +440,12 @@ def _prepare(text: str) -> str:
     return translated
 
 
-def _parse(text: str) -> nodes.Template:
-    try:
-        return _ENV.parse(text)
-    except TemplateSyntaxError as exc:
-        raise TemplateError(f"syntax error: {exc.message}", line=exc.lineno) from None
-    except RecursionError:
-        raise TemplateError("the template is nested too deeply to parse") from None
-    except Exception as exc:  # noqa: BLE001 - whatever the parser chokes on is the template's problem
-        raise TemplateError(f"the template cannot be parsed: {type(exc).__name__}: {str(exc)[:300]}") from None
-
-
 def render_template(text: str, variables: Mapping[str, Any]) -> str:
     """Render `text` (Jinja, or Go-style `{{.Name}}` placeholders) with `variables`.
 
     Rendering runs in a child process with bounded time, memory, output and loop work
     (activities/boot/sandbox.py), so this blocks for up to a few seconds: from async code,
-    call it through `asyncio.to_thread`. Raises TemplateError for syntax errors, undefined
+    call it through `sandbox.bounded`. Raises TemplateError for syntax errors, undefined
     variables, sandbox violations, values a filter refuses and exceeded bounds, with the line
     number; values of SECRET_VARIABLES are scrubbed from every message.
     """
@@ -495,6 +487,35 @@ def _undefined(message: str, line: int | None, variables: Mapping[str, Any]) -> 
     return TemplateError(f"template variable {name!r} is not defined{hint}; defined: {defined}", line=line, variable=name)
 
 
+# A quoted literal in an error message ('...' or "..."), long enough to carry part of a value.
+_QUOTED = re.compile(r"'([^'\n]{6,})'|\"([^\"\n]{6,})\"")
+_TYPE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]* object")
+# A run of this many characters of a secret, in any letter case, is a part of it.
+_RUN = 8
+
+
+def template_error_for_admin(message: str, template: str, secrets: Iterable[str]) -> str:
+    """A render error's text as the class's admin may read it (a class Event): scrubbed of
+    `secrets` (tgp.secrets), of every run of 8 characters of one in any letter case, and of
+    every quoted literal that is not the template's own text (Jinja quotes the value it
+    choked on: a truncated, upper-cased or sliced join token)."""
+    text = scrub_secrets(message, list(secrets))
+    grams = {s.lower()[i : i + _RUN] for s in secrets if s for i in range(len(s) - _RUN + 1)}
+    if grams:
+        lowered, hidden = text.lower(), [False] * len(text)
+        for i in range(len(text) - _RUN + 1):
+            if lowered[i : i + _RUN] in grams:
+                hidden[i : i + _RUN] = [True] * _RUN
+        text = "".join("\0" if h else c for c, h in zip(text, hidden, strict=True))
+        text = re.sub("\0+", "[redacted]", text)
+
+    def literal(match: re.Match[str]) -> str:
+        value = match.group(1) if match.group(1) is not None else match.group(2)
+        return match.group(0) if value in template or _TYPE_NAME.fullmatch(value) else "'[value]'"
+
+    return _QUOTED.sub(literal, text)
+
+
 def _scrub(text: str, secrets: Iterable[str]) -> str:
     for secret in secrets:
         if secret:
@@ -507,8 +528,14 @@ def _scrub(text: str, secrets: Iterable[str]) -> str:
 
 def template_join_keys(text: str) -> list[str]:
     """The join Secret keys a template uses, plus the ones every join needs: what to pass as
-    `required` to join_secrets_from_secret. Raises TemplateError if the template does not parse."""
-    names = _undeclared(_parse(_prepare(text)))
+    `required` to join_secrets_from_secret. Raises TemplateError if the template does not
+    parse. Blocks (a bounded child process): from async code, through `sandbox.bounded`."""
+    return join_keys_of(template_uses(text))
+
+
+def join_keys_of(names: Iterable[str]) -> list[str]:
+    """The join Secret keys for a template that reads `names` (see template_join_keys)."""
+    names = set(names)
     used = {_VARIABLE_TO_JOIN_KEY[n] for n in names if n in _VARIABLE_TO_JOIN_KEY}
     # ControlPlaneAddress is derived from the endpoint.
     if "ControlPlaneAddress" in names:
@@ -517,8 +544,16 @@ def template_join_keys(text: str) -> list[str]:
 
 
 def template_uses(text: str) -> set[str]:
-    """The variables a template reads. Raises TemplateError if it does not parse."""
-    return set(_undeclared(_parse(_prepare(text))))
+    """The variables a template reads. Raises TemplateError if it does not parse. Blocks (a
+    bounded child process parses it): from async code, through `sandbox.bounded`."""
+    return set(_inspect(text))
+
+
+def _inspect(text: str) -> dict[str, int]:
+    try:
+        return template_sandbox.inspect(_prepare(text))
+    except RenderFailed as exc:
+        raise _render_error(exc, {}, []) from None
 
 
 def class_check_settings(
@@ -536,61 +571,67 @@ def class_check_settings(
     )
 
 
-def check_template(text: str, settings: BootSettings | None = None) -> list[str]:
-    """Problems with a class's template, for its validation condition; empty when it is fine.
+class TemplateReport(BaseModel):
+    """What checking a class's template found: its problems and the variables it reads."""
 
-    Checks syntax, variables that tgp does not define, a trial render with sample values (no
-    real secret is involved), and for YAML templates the YAML itself and, in Talos documents,
-    keys the strict Talos parser would reject (such as machine.systemd). With the class's
-    `settings` the trial render uses them, so a template needing an unset KubernetesVersion is
-    reported; without, sample settings define every optional variable.
+    problems: list[str] = []
+    uses: set[str] = set()
+
+
+def check_template(text: str, settings: BootSettings | None = None) -> list[str]:
+    """Problems with a class's template, for its validation condition; empty when it is fine
+    (see `template_report`)."""
+    return template_report(text, settings).problems
+
+
+def template_report(text: str, settings: BootSettings | None = None) -> TemplateReport:
+    """A class's template checked: syntax, variables that tgp does not define, a trial render
+    with sample values (no real secret is involved), and for YAML templates the YAML itself
+    and, in Talos documents, keys the strict Talos parser would reject (such as
+    machine.systemd); and the variables it reads. With the class's `settings` the trial render
+    uses them, so a template needing an unset KubernetesVersion is reported; without, sample
+    settings define every optional variable.
 
     Never raises: whatever goes wrong is a problem of the template, reported as one (a class
-    whose check crashed would get no status at all). The trial render is bounded like every
-    render (activities/boot/sandbox.py), so this blocks for up to a few seconds: from
-    async code, call it through `asyncio.to_thread`.
+    whose check crashed would get no status at all). Parsing, the name lookup and the trial
+    render run in one bounded child process (activities/boot/sandbox.py), so this blocks for
+    up to a few seconds: from async code, call it through `sandbox.bounded`.
     """
     try:
-        return _check_template(text, settings)
+        return _template_report(text, settings)
     except TemplateError as exc:
-        return [str(exc)]
+        return TemplateReport(problems=[str(exc)])
     except Exception as exc:  # noqa: BLE001 - a bug in a check must still give the class a status
         log.warning("bootstrap.check_failed", error_type=type(exc).__name__)
-        return [f"the template could not be checked ({type(exc).__name__}: {str(exc)[:300]})"]
+        return TemplateReport(problems=[f"the template could not be checked ({type(exc).__name__}: {str(exc)[:300]})"])
 
 
-def _undeclared(ast: nodes.Template) -> set[str]:
-    try:
-        return meta.find_undeclared_variables(ast)
-    except RecursionError:
-        raise TemplateError("the template is nested too deeply to check") from None
-
-
-def _check_template(text: str, settings: BootSettings | None) -> list[str]:
-    ast = _parse(_prepare(text))
-    problems: list[str] = []
-    known = set(TEMPLATE_VARIABLES) | set(_ENV.globals)
-    for name in sorted(_undeclared(ast) - known):
-        line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), None)
-        problems.append(
-            str(
-                TemplateError(
-                    f"template variable {name!r} is not defined; defined: {', '.join(sorted(TEMPLATE_VARIABLES))}",
-                    line=line,
-                    variable=name,
-                )
-            )
-        )
-    if problems:
-        return problems
+def _template_report(text: str, settings: BootSettings | None) -> TemplateReport:
     sample = template_variables(
         hostname="gpu-sample-0",
         auth_key=SecretStr("tskey-auth-sample"),
         settings=settings or _SAMPLE_SETTINGS,
         join=_SAMPLE_JOIN,
     )
-    rendered = render_template(text, sample)
-    return _yaml_problems(rendered)
+    known = set(TEMPLATE_VARIABLES) | _GLOBALS
+    try:
+        answer = template_sandbox.run(_prepare(text), variables=sample, inspect=True, known=known)
+    except RenderFailed as exc:
+        raise _render_error(exc, sample, []) from None
+    names: dict[str, int] = {str(k): int(v) for k, v in answer["names"].items()}
+    problems = [
+        str(
+            TemplateError(
+                f"template variable {name!r} is not defined; defined: {', '.join(sorted(TEMPLATE_VARIABLES))}",
+                line=names[name] or None,
+                variable=name,
+            )
+        )
+        for name in sorted(set(names) - known)
+    ]
+    if problems or "output" not in answer:
+        return TemplateReport(problems=problems, uses=set(names))
+    return TemplateReport(problems=_yaml_problems(str(answer["output"])), uses=set(names))
 
 
 _TALOS_TOP_KEYS = frozenset({"version", "debug", "persist", "machine", "cluster"})
@@ -620,6 +661,25 @@ _TALOS_CLUSTER_KEYS = frozenset(
 )  # fmt: skip
 
 
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Deeper YAML than this is a problem: Python's own loader (cloud-init's) recurses per level.
+_MAX_YAML_DEPTH = 100
+
+
+def _too_deep(document: object) -> bool:
+    """Whether `document` nests collections deeper than _MAX_YAML_DEPTH (walked without recursion)."""
+    pending = [(document, 1)]
+    seen: set[int] = set()
+    while pending:
+        value, depth = pending.pop()
+        if depth > _MAX_YAML_DEPTH:
+            return True
+        if isinstance(value, (dict, list)) and id(value) not in seen:  # aliases: each node once
+            seen.add(id(value))
+            pending.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
+
+
 def _yaml_problems(rendered: str) -> list[str]:
     """YAML syntax, and Talos keys the strict parser rejects. Scripts are not YAML: skipped."""
     first = rendered.lstrip().split("\n", 1)[0]
@@ -628,12 +688,17 @@ def _yaml_problems(rendered: str) -> list[str]:
     if not (is_cloud_config or looks_talos):
         return []
     try:
-        documents = [d for d in yaml.safe_load_all(rendered) if d is not None]
+        # libyaml when present: the pure-Python loader holds the worker's GIL for a tenth of a
+        # second on a big payload, which a thread running this takes from the event loop.
+        documents = [d for d in yaml.load_all(rendered, Loader=_YAML_LOADER) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"rendered line {mark.line + 1}: " if mark is not None else ""
         return [f"{where}the rendered template is not valid YAML: {getattr(exc, 'problem', None) or exc}"]
     except RecursionError:
+        return ["the rendered template is YAML nested too deeply to read"]
+    if any(_too_deep(d) for d in documents):
+        # libyaml reads it; the pure-Python loader a node's cloud-init uses would recurse out.
         return ["the rendered template is YAML nested too deeply to read"]
     problems: list[str] = []
     for doc in documents:
@@ -735,7 +800,7 @@ def render_boot_payload(
     Labels and taints not in Kubernetes syntax are refused (ConfigError) before anything is
     rendered: the bridge admits no such pool, but a spec admitted before that check may still
     be in flight. A template render blocks for up to a few seconds (bounded child process):
-    from async code, call this through `asyncio.to_thread`.
+    from async code, call this through `sandbox.bounded`.
     """
     s = settings or BootSettings()
     problems = label_problems(s.node_labels, tenant=False) + taint_problems([t.model_dump() for t in s.node_taints], tenant=False)

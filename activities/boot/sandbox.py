@@ -10,13 +10,22 @@ worker's event loop. Here:
   `*` may not build a string or list longer than `MAX_OUTPUT_BYTES` and `**` takes no
   exponent above `MAX_EXPONENT`.
 * **Output.** The template streams (`generate()`); past `MAX_OUTPUT_BYTES` it stops.
-* **Time and memory.** Every render runs in a fresh child process (`render()` in the worker,
-  `main()` in the child) that the worker kills after `RENDER_TIMEOUT_SECONDS`, with its address
-  space capped at `MEMORY_LIMIT_BYTES` and its CPU time capped by RLIMIT_CPU. A thread cannot
-  be stopped, and cooperative checks cannot interrupt work inside one C call (a huge `%`
-  format, a big sort); a process can be killed, so the bound holds for whatever the sandbox
-  did not foresee. Starting it costs about a tenth of a second, paid at class validation and
-  once per launch.
+* **Time and memory.** Every parse, compile and render runs in a fresh child process
+  (`run()`/`render()`/`inspect()` in the worker, `main()` in the child) that the worker kills
+  after `RENDER_TIMEOUT_SECONDS`, with its address space capped at `MEMORY_LIMIT_BYTES` and its
+  CPU time capped by RLIMIT_CPU. The worker never parses a template: Jinja folds constant
+  expressions while compiling, and even the name-lookup pass compiles, so the one-line
+  `{{ '%0999999999d' % 1 }}` once took the worker to 2.9 GB and stalled its event loop for
+  12 s. A thread cannot be stopped, and cooperative checks cannot interrupt work inside one C
+  call (a huge `%` format, a big sort); a process can be killed, so the bound holds for
+  whatever the sandbox did not foresee. Starting it costs about a tenth of a second, paid at
+  class validation and once per launch.
+* **Slots.** At most `MAX_CONCURRENT_RENDERS` children run at once (their memory together stays
+  within the worker's limit). From async code, `bounded(owner, fn, ...)` runs a blocking render
+  function on the renders' own thread pool (never the default executor, which DNS resolution
+  uses, never the event loop), after waiting in the renders' own queue, where one owner (a
+  GPUNodeClass) holds at most `OWNER_SHARE` slots: a class whose template is slow or hostile
+  waits behind itself, not in front of every other class.
 
 The child gets the template and its variables (secrets included) on stdin and answers with JSON
 on stdout: nothing on its command line or in its environment, which holds only what Python
@@ -31,6 +40,8 @@ Filters for putting values into each context of a boot payload (see docs/bootstr
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import shlex
@@ -39,11 +50,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, nodes
+from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, meta, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from tgp.labels import label_value_problems, qualified_name_problems, shown
@@ -53,9 +67,14 @@ MAX_LOOP_ITERATIONS = 100_000  # all loops of one render together
 MAX_RANGE = 10_000
 MAX_EXPONENT = 1024
 RENDER_TIMEOUT_SECONDS = 5.0  # wall clock, interpreter start included (about 0.1-0.5 s)
-MEMORY_LIMIT_BYTES = 512 * 1024 * 1024
-# Renders at once per worker process; more wait (each child may use MEMORY_LIMIT_BYTES).
-MAX_CONCURRENT_RENDERS = max(2, os.cpu_count() or 2)
+MEMORY_LIMIT_BYTES = 256 * 1024 * 1024
+# Children at once per worker process; more wait. Bounded by memory, not CPUs: each child may
+# use MEMORY_LIMIT_BYTES, and together they stay within half the worker's 1 GiB limit.
+MAX_CONCURRENT_RENDERS = 2
+# Slots one owner (a GPUNodeClass) may hold at once; its other renders wait in the queue.
+OWNER_SHARE = max(1, MAX_CONCURRENT_RENDERS // 2)
+# Renders waiting at most, all owners together; past that `bounded` refuses (RendersBusy).
+MAX_WAITING_RENDERS = 256
 # Environment variables the child keeps: what finds Python and its packages, nothing else.
 _CHILD_ENVIRONMENT = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "LC_CTYPE", "SYSTEMROOT")
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -78,6 +97,10 @@ class RenderLimit(Exception):
 class UnsafeValue(Exception):
     """A filter was given a value it cannot put into its context without changing the
     meaning of the surrounding text (a line break into a shell line, a bad label)."""
+
+
+class RendersBusy(Exception):
+    """The renders' queue is full (MAX_WAITING_RENDERS): try again later."""
 
 
 class RenderFailed(Exception):
@@ -351,12 +374,39 @@ def _limit_resources() -> None:
             pass  # a lower hard limit is already in force
 
 
+def inspect_here(source: str) -> dict[str, int]:
+    """The variables `source` reads without defining them, each with the first line naming it
+    (parsing and Jinja's name-lookup pass, which compiles: the child calls this)."""
+    try:
+        tree = environment().parse(source)
+        undeclared = meta.find_undeclared_variables(tree)
+    except RecursionError:
+        raise RenderLimit("the template is nested too deeply to parse") from None
+    lines: dict[str, int] = {}
+    for name in tree.find_all(nodes.Name):
+        if name.name in undeclared:
+            lines.setdefault(name.name, name.lineno)
+    return {name: lines.get(name, 0) for name in sorted(undeclared)}
+
+
+def serve(request: Mapping[str, Any]) -> dict[str, Any]:
+    """One request: `inspect` (the names a template reads), a render with `variables`, or both,
+    the render only when every name read is one of `known` (when given)."""
+    answer: dict[str, Any] = {}
+    if request.get("inspect"):
+        answer["names"] = inspect_here(request["source"])
+    variables, known = request.get("variables"), request.get("known")
+    if variables is not None and (known is None or set(answer.get("names", ())) <= set(known)):
+        answer["output"] = render_here(request["source"], variables)
+    return answer
+
+
 def main() -> None:
-    """The child: one render request on stdin, one JSON answer on stdout."""
+    """The child: one request on stdin, one JSON answer on stdout."""
     _limit_resources()
     request = json.loads(sys.stdin.buffer.read())
     try:
-        answer: dict[str, Any] = {"output": render_here(request["source"], request["variables"])}
+        answer = serve(request)
     except BaseException as exc:  # noqa: BLE001 - every failure is the template's, reported
         answer = {"error": _describe(exc)}
     data = json.dumps(answer).encode()
@@ -369,9 +419,32 @@ def main() -> None:
 
 def render(source: str, variables: Mapping[str, Any]) -> str:
     """Render `source` (Jinja) with `variables` in a bounded child process. Blocks for up to
-    RENDER_TIMEOUT_SECONDS: call it from a thread (asyncio.to_thread), not an event loop.
+    RENDER_TIMEOUT_SECONDS: from async code call it through `bounded`, never on an event loop.
     Raises RenderFailed."""
-    request = json.dumps({"source": source, "variables": dict(variables)}, default=str).encode()
+    return str(run(source, variables=variables)["output"])
+
+
+def inspect(source: str) -> dict[str, int]:
+    """The variables `source` reads without defining them, with the first line naming each,
+    found in a bounded child process (see `render`). Raises RenderFailed (a syntax error)."""
+    names = run(source, inspect=True)["names"]
+    return {str(k): int(v) for k, v in names.items()}
+
+
+def run(
+    source: str, *, variables: Mapping[str, Any] | None = None, inspect: bool = False, known: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """One request to a bounded child (see `serve`): {"names": ..., "output": ...}, each when
+    asked for and done. Blocks for up to RENDER_TIMEOUT_SECONDS. Raises RenderFailed."""
+    request = json.dumps(
+        {
+            "source": source,
+            "variables": dict(variables) if variables is not None else None,
+            "inspect": inspect,
+            "known": sorted(known) if known is not None else None,
+        },
+        default=str,
+    ).encode()
     env = {k: os.environ[k] for k in _CHILD_ENVIRONMENT if k in os.environ}
     with _SLOTS:
         try:
@@ -398,4 +471,75 @@ def render(source: str, variables: Mapping[str, Any]) -> str:
     if "error" in answer:
         error = answer["error"]
         raise RenderFailed(str(error.get("kind", "error")), str(error.get("message", "")), error.get("line"))
-    return str(answer["output"])
+    return answer
+
+
+# --- from async code: the renders' own pool and queue ---------------------------------------
+
+T = TypeVar("T")
+_EXECUTOR = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_RENDERS, thread_name_prefix="tgp-render")
+
+
+class _Queue:
+    """The renders of one event loop: how many run, per owner, and who waits (in order)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.by_owner: Counter[str] = Counter()
+        self.waiting: deque[tuple[str, asyncio.Future[None]]] = deque()
+
+    def grant(self) -> None:
+        """Start the first waiters whose owner is under its share, while slots are free."""
+        for owner, future in list(self.waiting):
+            if self.running >= MAX_CONCURRENT_RENDERS:
+                return
+            if future.done():
+                self.waiting.remove((owner, future))
+            elif self.by_owner[owner] < OWNER_SHARE:
+                self.waiting.remove((owner, future))
+                self.running += 1
+                self.by_owner[owner] += 1
+                future.set_result(None)
+
+    def release(self, owner: str) -> None:
+        self.running -= 1
+        self.by_owner[owner] -= 1
+        if not self.by_owner[owner]:
+            del self.by_owner[owner]
+        self.grant()
+
+
+_QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue] = weakref.WeakKeyDictionary()
+
+
+async def bounded(owner: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` (a blocking render, check or inspection) on the renders' own
+    threads, once this owner's turn comes (see the module doc); the event loop never waits
+    on it. RendersBusy when MAX_WAITING_RENDERS already wait."""
+    loop = asyncio.get_running_loop()
+    queue = _QUEUES.setdefault(loop, _Queue())
+    if len(queue.waiting) >= MAX_WAITING_RENDERS:
+        raise RendersBusy(f"{len(queue.waiting)} template renders are already waiting")
+    turn: asyncio.Future[None] = loop.create_future()
+    queue.waiting.append((owner, turn))
+    queue.grant()
+    try:
+        await turn
+    except asyncio.CancelledError:
+        if turn.done() and not turn.cancelled():
+            queue.release(owner)  # granted as the wait was cancelled
+        else:
+            turn.cancel()
+            queue.grant()
+        raise
+    work = _EXECUTOR.submit(functools.partial(fn, *args, **kwargs))
+
+    def done(_: object) -> None:
+        # The slot is free when the thread is, not when a cancelled caller stops waiting.
+        try:
+            loop.call_soon_threadsafe(queue.release, owner)
+        except RuntimeError:  # the loop is closed: nothing waits on it any more
+            pass
+
+    work.add_done_callback(done)
+    return await asyncio.wrap_future(work)

@@ -47,7 +47,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_message, request_line
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_code, error_detail, request_line
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -290,35 +290,34 @@ class LambdaProvider(HttpAdapter):
         )
 
     def _launch_refused(self, response: httpx.Response, offer: Offer) -> TgpError:
-        code, message = _code(response), self._scrub(error_message(response))
+        # Lambda's message is read to sort the answer, never quoted: it may echo the request
+        # (the user-data); messages name the code, which Lambda says to branch on.
+        code, said = _code(response), error_detail(response)
         where = f"{offer.offer_id} in {offer.region}"
         if code == "instance-operations/launch/insufficient-capacity":
-            return CapacityError(f"Lambda has no capacity for {where}: {message}")
+            return CapacityError(f"Lambda has no capacity for {where} ({code})")
         if code == "global/quota-exceeded":
             return PermissionDenied(
-                f"Lambda refused to launch {where}: the account's instance quota is used up ({code}: {message}); "
+                f"Lambda refused to launch {where}: the account's instance quota is used up ({code}); "
                 "the quota grows as invoices are paid, or ask Lambda support to raise it"
             )
         if code.startswith("provider/"):
-            return TransientError(f"Lambda's upstream failed the launch of {where} ({code}: {message}); try again shortly")
-        if code == "global/object-does-not-exist" and any(word in message.lower() for word in _CLASS_OBJECTS):
+            return TransientError(f"Lambda's upstream failed the launch of {where} ({code}); try again shortly")
+        if code == "global/object-does-not-exist" and any(word in said.lower() for word in _CLASS_OBJECTS):
             return ConfigError(
-                f"Lambda does not know something the launch of {where} names ({message}): check that the SSH key "
+                f"Lambda does not know something the launch of {where} names ({code}): check that the SSH key "
                 f"{self._ssh_key_name!r} is registered with Lambda"
                 + (f" and that image family {self._image_family!r} exists (GET /images)" if self._image_family else "")
             )
         if code == "global/invalid-parameters" or not code:
             # A body tgp built, or no Lambda envelope at all (a wrong base URL): wrong for every offer.
-            return ConfigError(f"Lambda rejected the launch of {where} ({response.status_code} {code or 'no error code'}: {message})")
-        # The region or instance type no longer exists, or another refusal of this one offer.
-        return OfferRefused(f"Lambda refused {where} ({response.status_code} {code}: {message})")
+            return ConfigError(f"Lambda rejected the launch of {where} ({response.status_code} {code or 'no error code'})")
+        if code == "global/object-does-not-exist":
+            return OfferRefused(f"Lambda refused {where} ({response.status_code} {code}): the instance type or region no longer exists")
+        # Another refusal of this one offer.
+        return OfferRefused(f"Lambda refused {where} ({response.status_code} {code})")
 
     # --- requests ---------------------------------------------------------------------
-
-    def _answer(self, response: httpx.Response) -> str:
-        """Lambda's error code before its message: the code is what Lambda says to branch on."""
-        code, message = _code(response), super()._answer(response)
-        return f"{code}: {message}" if code else message
 
     def _refusal(self, response: httpx.Response) -> TgpError:
         """A `provider/...` code is Lambda's upstream failing, which passes; the rest as every API."""
@@ -347,7 +346,5 @@ def _dollars(cents: int) -> Decimal:
 
 
 def _code(response: httpx.Response) -> str:
-    """The `error.code` of a Lambda error envelope, or ''."""
-    error = error_body(response).get("error")
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else ""
+    """The `error.code` of a Lambda error envelope (when shaped like a code), or ''."""
+    return error_code(response)

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, mentions, scrub
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_code, error_detail, mentions
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -247,15 +247,19 @@ class PaperspaceProvider(HttpAdapter):
         if response.status_code >= 400:
             # The machine was definitely not created: its script (with the auth key) must not linger.
             await self._delete_script_quietly(script_id)
-            code, message = _error(response)
-            message = scrub(message)  # an echo of the startup script must not carry its tailnet key
-            if response.status_code == 402 or mentions(code, message, _BILLING_MARKERS):
-                raise PermissionDenied(f"Paperspace refused to create {offer.offer_id} for billing reasons ({code}: {message}): check the account's billing")
-            if mentions(code, message, _CAPACITY_MARKERS):
-                raise CapacityError(f"Paperspace has no {offer.offer_id} capacity in {region}: {message or code}")
-            if mentions(code, message, _CLASS_MARKERS):
-                raise ConfigError(f"Paperspace rejected the creation of {offer.offer_id} in {region} ({response.status_code} {code}): {message}")
-            raise OfferRefused(f"Paperspace refused {offer.offer_id} in {region} ({response.status_code} {code}): {message or 'no reason given'}")
+            # The message sorts the refusal and is never quoted: it may echo the startup script.
+            code, said = _error(response)
+            shown = f"{response.status_code} {code or 'no error code'}"
+            if response.status_code == 402 or mentions(code, said, _BILLING_MARKERS):
+                raise PermissionDenied(f"Paperspace refused to create {offer.offer_id} for billing reasons ({shown}): check the account's billing")
+            if mentions(code, said, _CAPACITY_MARKERS):
+                raise CapacityError(f"Paperspace has no {offer.offer_id} capacity in {region} ({shown})")
+            if mentions(code, said, _CLASS_MARKERS):
+                raise ConfigError(
+                    f"Paperspace rejected the creation of {offer.offer_id} in {region} ({shown}): check the class's "
+                    f"template {self.template_id!r}, disk size {self.disk_size_gb} GB and boot script"
+                )
+            raise OfferRefused(f"Paperspace refused {offer.offer_id} in {region} ({shown})")
         data = _json(response)
         machine = data.get("data") if isinstance(data.get("data"), dict) else data
         return self._instance(machine) or Instance(
@@ -310,10 +314,11 @@ class PaperspaceProvider(HttpAdapter):
             if machine.get("name"):
                 await self._delete_scripts_named(str(machine["name"]))
             return
-        code, message = _error(response)
+        code, _ = _error(response)
         # The console deletes only stopped machines; "This machine is currently starting." is known.
         await self._call("PATCH", f"/machines/{instance_id}/stop", ok=(400, 404, 409, 422), json={})
-        raise TransientError(f"Paperspace could not delete machine {instance_id} yet ({code}: {message}); asked it to stop, retry shortly")
+        shown = f"{response.status_code} {code or 'no error code'}"
+        raise TransientError(f"Paperspace could not delete machine {instance_id} yet ({shown}); asked it to stop, retry shortly")
 
     # --- wire format -------------------------------------------------------------------
 
@@ -402,13 +407,9 @@ def _json(response: httpx.Response) -> Any:
 
 
 def _error(response: httpx.Response) -> tuple[str, str]:
-    """(code, message) of Paperspace's `{code, message, details?}` errors."""
-    try:
-        body = json.loads(response.content or b"null")
-    except ValueError:
-        return "", response.text[:300]
-    if not isinstance(body, dict):
-        return "", str(body)[:300]
-    message = str(body.get("message") or body.get("error") or "")
+    """(code, message) of Paperspace's `{code, message, details?}` errors: the code (when shaped
+    like one) may be quoted, the message (with any `issues`) only read to sort the answer."""
+    body = error_body(response)
     issues = "; ".join(str(i.get("message")) for i in body.get("issues") or [] if isinstance(i, dict))
-    return str(body.get("code") or ""), (f"{message} ({issues})" if issues else message)[:300]
+    said = error_detail(response)
+    return error_code(response), (f"{said} ({issues})" if issues else said)

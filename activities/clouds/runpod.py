@@ -49,7 +49,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_message, json_items, json_object
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_detail, error_message, json_items, json_object
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -289,8 +289,11 @@ class RunPodProvider(HttpAdapter):
     def _create_refused(self, response: httpx.Response, what: str, name: str, secrets: list[str]) -> TgpError:
         """The error for a create RunPod answered 4xx. Only a problem with what the class built
         is a ConfigError (it would fail on every offer); a refusal of this offer fails over."""
-        status, message = response.status_code, self._scrub(_problem_text(response), *secrets)
-        if status == 400 and _is_capacity(message):
+        # RunPod's detail sorts the refusal and is never quoted (it may echo the pod's env):
+        # messages quote the problem's title and the JSON paths of the fields it names.
+        status, said = response.status_code, _problem_text(response)
+        message = self._scrub(_problem_summary(response), *secrets)
+        if status == 400 and _is_capacity(said):
             return CapacityError(f"RunPod has no capacity for {what}: {message}")
         if status == 400:
             # No machine-readable code exists; RunPod's guidance is that a 400 means "try the next candidate".
@@ -352,10 +355,23 @@ def _problem_errors(response: httpx.Response) -> list[str]:
 
 
 def _problem_text(response: httpx.Response) -> str:
-    """`detail` plus the field `errors` (a 422's detail alone just says "validation failed")."""
+    """`detail` plus the field `errors` (a 422's detail alone just says "validation failed"):
+    RunPod's own words, for sorting an answer, never for quoting."""
     errors = _problem_errors(response)
-    detail = error_message(response) if not errors else str((response.json() or {}).get("detail") or "")
-    return "; ".join(x for x in [detail, *errors] if x)[:300]
+    detail = error_detail(response) if not errors else str((response.json() or {}).get("detail") or "")
+    return "; ".join(x for x in [detail, *errors] if x)
+
+
+# The JSON path a problem+json `errors` entry starts with ("$.gpu.id: ..."): the field, not its value.
+_FIELD_PATH = re.compile(r"\$(?:\.[A-Za-z_][A-Za-z0-9_]{0,40}|\[[0-9]{1,4}\]){1,8}")
+
+
+def _problem_summary(response: httpx.Response) -> str:
+    """What a message quotes of a problem+json answer: its title (a standard HTTP phrase, see
+    `error_message`) and the JSON paths of the fields its `errors` name, never their text."""
+    paths = [m.group(0) for e in _problem_errors(response) if (m := _FIELD_PATH.match(e))]
+    fields = f" (fields {', '.join(dict.fromkeys(paths))})" if paths else ""
+    return f"{error_message(response)}{fields}"[:200]
 
 
 def _only_offer_fields(response: httpx.Response) -> bool:

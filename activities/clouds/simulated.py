@@ -55,10 +55,10 @@ class SimulatedProvider(HttpAdapter):
         body = {"offerId": offer.offer_id, "name": name, "userData": boot.content}
         response = await self._create("POST", "/v1/instances", what=f"instance {name}", ok=_REFUSALS, json=body)
         if response.status_code == 409:
-            raise CapacityError(f"simulated cloud has no capacity for {offer.key}: {error_message(response)}")
+            raise CapacityError(f"simulated cloud has no capacity for {offer.key} (409: {error_message(response)})")
         if response.status_code >= 400:
             # The offer id is unknown or was withdrawn: this offer is refused, the next may work.
-            raise OfferRefused(f"simulated cloud refused the launch of {offer.key}: {error_message(response)}")
+            raise OfferRefused(f"simulated cloud refused the launch of {offer.key} ({response.status_code}: {error_message(response)})")
         return self._instance(response.json())
 
     async def find_by_name(self, name: str) -> Instance | None:
@@ -80,7 +80,7 @@ class SimulatedProvider(HttpAdapter):
     async def terminate(self, instance_id: str) -> None:
         response = await self._call("DELETE", f"/v1/instances/{instance_id}", ok=_REFUSALS)
         if response.status_code >= 400 and not self._gone(response):
-            raise TransientError(f"simulated cloud could not terminate {instance_id}: {error_message(response)}")
+            raise TransientError(f"simulated cloud could not terminate {instance_id} ({response.status_code}: {error_message(response)})")
 
     def _says_missing(self, response: httpx.Response) -> bool:
         """The simulated cloud's own 404 is `{"error": {"code": "not-found"}}`; any other came

@@ -40,7 +40,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, mentions, scrub
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_code, error_detail, mentions, scrub
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval, Unlimited
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -239,8 +239,10 @@ class VastProvider(HttpAdapter):
             "PUT", f"/asks/{offer.offer_id}/", what=f"instance {name}", ok=_CREATE_ANSWERS, pace=self._limiters.get("create"), json=body
         )
         data = _json(response)
-        code, message = _vast_error(data)
-        message = scrub(message)  # an echo of the onstart script must not carry its tailnet key
+        # Vast's message sorts the answer and is never quoted (it may echo the onstart script);
+        # messages name its error code.
+        code, said = _vast_error(response)
+        shown = f"{response.status_code} {code or 'no error code'}"
         contract = data.get("new_contract") if isinstance(data, dict) else None
         if response.status_code < 300 and isinstance(data, dict) and data.get("success") and contract is not None:
             return Instance(
@@ -255,23 +257,25 @@ class VastProvider(HttpAdapter):
             # Vast created the instance (stopped) and still reported an error: a bid below the market.
             destroyed = await self._destroy_quietly(str(contract))
             raise CapacityError(
-                f"Vast.ai did not start ask {offer.offer_id} at a bid of ${offer.hourly_price}/h ({message or code}); "
+                f"Vast.ai did not start ask {offer.offer_id} at a bid of ${offer.hourly_price}/h ({shown}); "
                 f"the stopped instance {contract} "
                 + ("was destroyed" if destroyed else f"could not be destroyed yet and is released by label {name!r}")
             )
-        if response.status_code in (404, 410) or mentions(code, message, _GONE_ASK_MARKERS):
-            raise CapacityError(f"Vast.ai ask {offer.offer_id} is no longer available (rented away): {message or code}")
+        if response.status_code in (404, 410) or mentions(code, said, _GONE_ASK_MARKERS):
+            raise CapacityError(f"Vast.ai ask {offer.offer_id} is no longer available (rented away; {shown})")
         if offer.spot and code == "invalid_price":
             # The ask's min_bid rose since the offer was listed: this price is gone, try the next offer.
-            raise CapacityError(f"Vast.ai refused a bid of ${offer.hourly_price}/h for ask {offer.offer_id}: {message or code}")
-        if response.status_code == 402 or mentions(code, message, _BILLING_MARKERS):
-            raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} for billing reasons ({message or code}): add credit to the Vast.ai account")
-        if response.status_code == 403 and "not your own" not in message.lower():
+            raise CapacityError(f"Vast.ai refused a bid of ${offer.hourly_price}/h for ask {offer.offer_id} ({shown})")
+        if response.status_code == 402 or mentions(code, said, _BILLING_MARKERS):
+            raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} for billing reasons ({shown}): add credit to the Vast.ai account")
+        if response.status_code == 403 and "not your own" in said.lower():
+            raise OfferRefused(f"Vast.ai ask {offer.offer_id} is not your own: a host-only offer ({shown})")
+        if response.status_code == 403:
             # Not the documented host-only answer: the key may not rent at all.
-            raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} (403): {message or code or 'no reason given'}")
+            raise PermissionDenied(f"Vast.ai refused to rent ask {offer.offer_id} ({shown})")
         if code in _CONFIG_CODES:
-            raise ConfigError(f"Vast.ai rejected the launch of ask {offer.offer_id} ({response.status_code} {code}): {message or 'no reason given'}")
-        raise OfferRefused(f"Vast.ai refused ask {offer.offer_id} ({response.status_code}): {message or code or 'no reason given'}")
+            raise ConfigError(f"Vast.ai rejected the launch of ask {offer.offer_id} ({shown})")
+        raise OfferRefused(f"Vast.ai refused ask {offer.offer_id} ({shown})")
 
     async def find_by_name(self, name: str) -> Instance | None:
         """The instance labelled `name`, from the v1 instance list filtered by label."""
@@ -318,10 +322,10 @@ class VastProvider(HttpAdapter):
         response = await self._call("DELETE", f"/instances/{instance_id}/", ok=(400, 404), pace=self._limiters.get("destroy"))
         if response.status_code < 300 or self._gone(response):
             return
-        code, message = _vast_error(_json(response))
-        if mentions(code, message, ("no_such_instance", "not_found", "not found")):
+        code, said = _vast_error(response)
+        if mentions(code, said, ("no_such_instance", "not_found", "not found")):
             return
-        raise TransientError(f"Vast.ai could not destroy instance {instance_id} ({response.status_code}): {message or code}")
+        raise TransientError(f"Vast.ai could not destroy instance {instance_id} ({response.status_code} {code or 'no error code'})")
 
     # --- wire format -------------------------------------------------------------------
 
@@ -410,13 +414,13 @@ def _json(response: httpx.Response) -> Any:
         return {"msg": response.text[:300]}
 
 
-def _vast_error(body: Any) -> tuple[str, str]:
-    """(code, message) of Vast's loosely shaped errors: {success, error, msg} or just msg/message."""
-    if not isinstance(body, dict):
-        return "", str(body)[:300] if body else ""
-    code = body.get("error")
-    message = body.get("msg") or body.get("message") or ""
-    return (str(code) if code and not isinstance(code, bool) else ""), str(message)[:300]
+def _vast_error(response: httpx.Response) -> tuple[str, str]:
+    """(code, message) of Vast's loosely shaped errors ({success, error, msg} or just
+    msg/message, or text): the code (when shaped like one) may be quoted, the message is only
+    read to sort the answer."""
+    body = error_body(response)
+    said = body.get("msg") or body.get("message") if body else error_detail(response)
+    return error_code(response), scrub(str(said or ""))
 
 
 def _decimal(value: Any) -> Decimal:

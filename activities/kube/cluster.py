@@ -17,7 +17,7 @@ import json
 import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from types import TracebackType
@@ -30,6 +30,7 @@ from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
 from activities.ports import EvictionBlocked, VersionedSecret
+from tgp.crds import GROUP, VERSION
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from tgp.types import GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
@@ -402,6 +403,14 @@ class KubernetesCluster:
             api_version=f"{ref.group}/{ref.version}", kind=ref.kind, name=ref.name, namespace=ref.namespace, uid=ref.uid
         )
         await self._record_event(involved, ref.namespace or "default", str(ref), type=type, reason=reason, message=message, component=component)
+
+    async def record_class_event(self, name: str, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
+        """Record a core/v1 Event about the GPUNodeClass `name` (its uid read first, so that
+        `kubectl describe gnc` finds it)."""
+        ref = CustomResource(GROUP, VERSION, "gpunodeclasses", "GPUNodeClass", name)
+        found = await self.get_custom(ref)
+        uid = ((found or {}).get("metadata") or {}).get("uid")
+        await self.create_event(replace(ref, uid=uid), type=type, reason=reason, message=message, component=component)
 
     async def record_pod_event(self, pod: PodSummary, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
         """Record a core/v1 Event about a Pod (shown by `kubectl describe pod`, which finds it by uid)."""

@@ -41,7 +41,7 @@ from pydantic import SecretStr
 
 from activities.ports import AuthKey
 from tgp.errors import ConfigError, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_message, json_items, json_object
+from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, error_message, json_items, json_object
 from tgp.types import TailnetDevice
 
 __all__ = ["HeadscaleTailnet"]
@@ -305,10 +305,9 @@ class HeadscaleTailnet(HttpAdapter):
     def _require_user_not_found(self, response: httpx.Response) -> None:
         """An older server refuses a key list without a user it knows with "user not found";
         anything else is not a version answer."""
-        message = error_message(response)
-        if "not found" not in message.lower():
+        if "not found" not in error_detail(response).lower():
             raise self._error(
-                TransientError, f"{SYSTEM}: GET /api/v1/preauthkey answered {response.status_code}: {message}"
+                TransientError, f"{SYSTEM}: GET /api/v1/preauthkey answered {response.status_code}: {error_message(response)}"
             )
 
     async def _key_owner(self, api: str) -> str:

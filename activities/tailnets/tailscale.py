@@ -24,7 +24,7 @@ from pydantic import SecretStr
 
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_message, json_items, json_object
+from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, error_message, json_items, json_object
 from tgp.secrets import register_process
 from tgp.types import TailnetDevice
 
@@ -259,18 +259,20 @@ class TailscaleTailnet(HttpAdapter):
     # --- answers and errors -----------------------------------------------------------
 
     def _mint_refused(self, response: httpx.Response, tags: list[str]) -> TgpError:
-        message = error_message(response)
-        if "tag" in message.lower() or response.status_code == 403:
-            named = [t for t in tags if t in message] or list(tags)
+        # Tailscale's message sorts the refusal and names which tags; it is never quoted (it may
+        # echo the request): only tgp's own tags and the status are.
+        said = error_detail(response)
+        if "tag" in said.lower() or response.status_code == 403:
+            named = [t for t in tags if t in said] or list(tags)
             listed = ", ".join(named)
             return self._error(
                 PermissionDenied,
-                f"Tailscale refused to mint a key with tag(s) {listed} ({response.status_code}: {message}): "
+                f"Tailscale refused to mint a key with tag(s) {listed} ({response.status_code}: {error_message(response)}): "
                 f"the OAuth client {self._client_id!r} must own {listed}: in the tailnet policy's tagOwners "
                 f"list the client's tag as an owner of {listed} (or give the client that tag), request all "
                 "of the client's own tags, and give the client write on the `auth_keys` scope",
             )
-        return self._error(ConfigError, f"{SYSTEM} rejected the auth key request ({response.status_code}): {message}")
+        return self._error(ConfigError, f"{SYSTEM} rejected the auth key request ({response.status_code}: {error_message(response)})")
 
     def _secrets(self) -> list[str]:
         """What must never reach a message: the OAuth client secret and the access token."""

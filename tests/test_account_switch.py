@@ -1,0 +1,115 @@
+"""A node keeps the account it was bought with until it ends (issue 18 item 5).
+
+Switching a class's credentials Secret to another account's key used to abandon every running
+instance: read with the new key, the old account's instances looked gone, were marked
+Interrupted and replaced, and kept billing after the pool was deleted. Now a node's InstanceRef
+carries the fingerprint of the key that bought it, the registry reaches its instance with that
+key (kept open, or found under any key of the Secret), a revoked key (a rotation) falls back to
+the Secret's current one, a node no key reaches is an error that says what to do (never
+"gone"), and the class says that its Secret holds another key than running nodes were bought
+with.
+
+Against the Kubernetes API (emulator) and the simulated cloud, whose keys belong to accounts.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from pydantic import SecretStr
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.accounts import ProviderRegistry
+from activities.node import NodeActivities
+from activities.node_class import NodeClassActivities, ValidateClassInput
+from sim.cloud import SimulatedCloud
+from tests.kube_env import KubeApi
+from tests.test_credentials import NS, new_key, put_secret
+from tests.test_template_failures import StubTailnet
+from tgp.crds import GPUNodeClassSpec
+from tgp.types import CredentialsRef, InstanceRef, LaunchInput
+
+REF = CredentialsRef(name="class-cloud", key="apiKey")
+
+
+async def setup(kube_api: KubeApi, cloud: SimulatedCloud, key: str) -> tuple[NodeActivities, ProviderRegistry]:
+    if kube_api.real:
+        await kube_api.http.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    await put_secret(kube_api.http, REF.name, {REF.key: key})
+    registry = ProviderRegistry(cluster=kube_api.cluster, env={"TGP_SIMULATED_CLOUD_URL": cloud.url})
+    acts = NodeActivities(
+        providers={}, tailnets={"stub": StubTailnet()}, cluster=kube_api.cluster,  # type: ignore[dict-item]
+        registry=registry, poll_interval=timedelta(seconds=0.01), create_settle=timedelta(0),
+    )  # fmt: skip
+    return acts, registry
+
+
+async def launch(acts: NodeActivities, registry: ProviderRegistry) -> InstanceRef:
+    offer = (await (await registry.get("simulated", REF)).list_offers())[0]
+    inp = LaunchInput(node_name="gpu-1", attempt=1, offer=offer, credentials=REF, tailnet_tags=["tag:tgp-node"], tailnet="stub")
+    result = await ActivityEnvironment().run(acts.launch_instance, inp)
+    # What the node workflow records (GPUNodeWorkflow._launched).
+    return InstanceRef(provider="simulated", instance_name="tgp-gpu-1-1", instance_id=result.instance.instance_id, credentials=REF, account=result.account)
+
+
+async def test_a_node_keeps_the_account_it_was_bought_with_when_the_secret_switches(kube_api: KubeApi) -> None:
+    key_a, key_b = new_key("a"), new_key("b")
+    async with SimulatedCloud(boot_delay=0.05) as cloud:
+        cloud.add_key(key_a, "team-a")
+        cloud.add_key(key_b, "team-b")
+        acts, registry = await setup(kube_api, cloud, key_a)
+        try:
+            ref = await launch(acts, registry)
+            assert ref.account is not None and key_a not in ref.account, "the node carries which key bought it, not the key"
+            await put_secret(kube_api.http, REF.name, {REF.key: key_b})  # the class now bills team-b
+
+            running = await ActivityEnvironment().run(acts.wait_for_instance_running, ref)
+            assert running.instance_id == ref.instance_id, "not read as vanished"
+            spec = GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated", "credentialsRef": {"name": REF.name, "key": REF.key}}]})
+            fleet = NodeClassActivities(cluster=kube_api.cluster, providers={}, registry=registry)
+            problems = await fleet.validate_class(ValidateClassInput(name="c", spec=spec, operator_namespace=NS))
+            assert any("now names another account than running nodes were bought with" in p for p in problems), problems
+
+            assert await ActivityEnvironment().run(acts.terminate_instance, ref) is True
+            assert cloud.instances[ref.instance_id].status == "terminated" and cloud.instances[ref.instance_id].account == "team-a"
+        finally:
+            await registry.aclose()
+
+
+async def test_after_a_restart_the_old_key_is_found_under_any_key_of_the_secret(kube_api: KubeApi) -> None:
+    key_a, key_b = new_key("a"), new_key("b")
+    async with SimulatedCloud(boot_delay=0.05) as cloud:
+        cloud.add_key(key_a, "team-a")
+        cloud.add_key(key_b, "team-b")
+        acts, registry = await setup(kube_api, cloud, key_a)
+        ref = await launch(acts, registry)
+        await registry.aclose()
+        await put_secret(kube_api.http, REF.name, {REF.key: key_b})
+        acts, registry = await setup(kube_api, cloud, key_b)  # a new worker: it never saw key_a
+        try:
+            with pytest.raises(ApplicationError, match="put it back in the Secret"):
+                await ActivityEnvironment().run(acts.terminate_instance, ref)
+            await put_secret(kube_api.http, REF.name, {REF.key: key_b, "old": key_a})
+            assert await ActivityEnvironment().run(acts.terminate_instance, ref) is True
+            assert cloud.instances[ref.instance_id].status == "terminated"
+        finally:
+            await registry.aclose()
+
+
+async def test_a_rotated_and_revoked_key_falls_back_to_the_current_one(kube_api: KubeApi) -> None:
+    old, new = new_key("a"), new_key("a")
+    async with SimulatedCloud(boot_delay=0.05) as cloud:
+        cloud.add_key(old, "team-a")
+        acts, registry = await setup(kube_api, cloud, old)
+        try:
+            ref = await launch(acts, registry)
+            cloud.add_key(new, "team-a")
+            await put_secret(kube_api.http, REF.name, {REF.key: new})
+            cloud.revoke_key(old)
+            running = await ActivityEnvironment().run(acts.wait_for_instance_running, ref)
+            assert running.instance_id == ref.instance_id
+            assert await ActivityEnvironment().run(acts.terminate_instance, ref) is True
+        finally:
+            await registry.aclose()

@@ -1,0 +1,100 @@
+"""Hostile templates cost the worker nothing: no memory, no event-loop time, no DNS.
+
+Jinja folds constant expressions while compiling, and the name-lookup pass compiles: with the
+worker parsing templates itself, `{{ '%0999999999d' % 1 }}` took it to 2.9 GB and stalled its
+event loop for 12 s at every class validation and launch, a 256 KiB template paused the loop
+for about a second, and sixteen bad renders waiting for the two render slots held the default
+thread pool that DNS resolution uses. Now every parse, compile and render runs in a bounded
+child process, waited for on the renders' own threads and queue, where one class holds at most
+its share of the slots (activities/boot/sandbox.py).
+
+One test, one event loop (as in the worker): a loop-lag probe runs throughout; a hostile class
+validates its constant-folding template sixteen times at once, plus a 256 KiB template; in the
+meantime a benign class's validation and a DNS lookup each finish within a second; the loop
+never stalls for more than 100 ms; the process's peak memory grows by less than 100 MiB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import sys
+
+from activities.node_class import boot_problems
+from tgp.crds import MAX_TEMPLATE_LENGTH, GPUNodeClassSpec
+
+FOLDING = "#cloud-config\n{{ '%0999999999d' % 1 }}\n"
+LINE = "# a long comment line that says nothing, again and again, as a big template would\n"
+BIG = "#cloud-config\nhostname: {{ NodeName|quote }}\n" + LINE * ((MAX_TEMPLATE_LENGTH - 64) // len(LINE))
+BENIGN = "#cloud-config\nhostname: {{ NodeName|quote }}\n"
+KINDS = {"cloud-init": ["lambdalabs"]}
+
+
+def spec(template: str) -> GPUNodeClassSpec:
+    return GPUNodeClassSpec.model_validate({"providers": [{"name": "lambdalabs"}], "kubernetesVersion": "1.34.1", "bootstrapTemplate": template})
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+class LagProbe:
+    """How late the event loop wakes a task that sleeps 5 ms at a time: its longest stall."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + 0.005
+            await asyncio.sleep(0.005)
+            self.worst = max(self.worst, loop.time() - due)
+
+    def __enter__(self) -> LagProbe:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+async def timed(step: object) -> tuple[object, float]:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    result = await step  # type: ignore[misc]
+    return result, loop.time() - start
+
+
+async def test_hostile_templates_leave_the_worker_its_memory_its_loop_and_its_dns() -> None:
+    assert len(BIG) <= MAX_TEMPLATE_LENGTH
+    before = peak_rss_bytes()
+    with LagProbe() as probe:
+        hostile = [asyncio.create_task(boot_problems(spec(FOLDING), KINDS, owner="hostile")) for _ in range(16)]
+        hostile.append(asyncio.create_task(boot_problems(spec(BIG), KINDS, owner="hostile")))
+        await asyncio.sleep(0.05)  # the hostile ones hold their slot and queue the rest
+
+        benign, benign_took = await timed(boot_problems(spec(BENIGN), KINDS, owner="benign"))
+        resolved, dns_took = await timed(asyncio.get_running_loop().getaddrinfo("localhost", 80))
+        assert not all(t.done() for t in hostile), "the hostile renders were still running meanwhile"
+        reports = await asyncio.gather(*hostile)
+
+    assert benign == [] and resolved
+    assert benign_took < 1.0, f"a benign validation waited {benign_took:.2f} s behind a hostile class"
+    assert dns_took < 1.0, f"a DNS lookup waited {dns_took:.2f} s"
+    assert all(any("MiB of memory" in p for p in r) for r in reports[:16]), reports[0]
+    assert probe.worst < 0.1, f"the event loop stalled for {probe.worst * 1000:.0f} ms"
+    grew = peak_rss_bytes() - before
+    assert grew < 100 * 2**20, f"the worker's peak memory grew by {grew // 2**20} MiB"
+
+
+def test_jinja_range_is_not_taken_for_a_go_construct() -> None:
+    """`{{ range(3)|list }}` is Jinja (a call); Go's `{{ range .Items }}` is still refused."""
+    from activities.boot.render import check_template
+
+    assert check_template("#cloud-config\nx: {{ range(3)|list|to_json }}\n") == []
+    [problem] = check_template("#cloud-config\n{{ range .Items }}x{{ end }}\n")
+    assert "Go-template construct" in problem
