@@ -54,6 +54,7 @@ release-histories: $(STAMP)
 # Benchmarks print figures; they are not part of the test suite.
 bench: $(STAMP)
 	$(BIN)/python bench/offer_selection.py
+	PYTHONPATH=. $(BIN)/python bench/template_bounds.py
 
 # Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
 crds: $(STAMP)
