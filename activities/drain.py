@@ -23,12 +23,17 @@ from tgp.types import DrainInput, DrainResult, PodSummary
 log = structlog.get_logger("tgp.drain")
 
 EVENT_UNMANAGED = "EvictedUnmanagedPod"
+# Pod phases of a pod whose containers have all stopped for good.
+FINISHED_PHASES = ("Succeeded", "Failed")
 
 
 def drains(pod: PodSummary) -> bool:
     """Whether the drain removes this pod: DaemonSet pods would be recreated on the node at once
-    (they tolerate the cordon) and mirror pods belong to the kubelet's static manifests."""
-    return pod.owner_kind != "DaemonSet" and not pod.is_mirror
+    (they tolerate the cordon), mirror pods belong to the kubelet's static manifests, and a pod
+    that has completed (Succeeded or Failed) runs nothing to move: evicting it would only
+    raise a false alarm; the pod garbage collector removes it with the Node (Karpenter skips
+    finished pods too)."""
+    return pod.owner_kind != "DaemonSet" and not pod.is_mirror and pod.phase not in FINISHED_PHASES
 
 
 async def drain(

@@ -185,3 +185,19 @@ async def test_drain_of_a_node_that_is_gone_does_nothing(kube_api: KubeApi) -> N
     heartbeats: list[int] = []
     assert await run_drain(kube_api, kube_api.unique("gone"), heartbeats=heartbeats) == DrainResult(evicted=0)
     assert heartbeats == []
+
+
+async def test_drain_leaves_completed_pods_alone_and_warns_about_none_of_them(kube_api: KubeApi) -> None:
+    # Issue 17 item 20: every scale-down warned `EvictedUnmanagedPod` about Jobs' finished pods.
+    node = kube_api.unique("completed")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("done", node=node, phase="Succeeded")
+    await kube_api.create_pod("crashed", node=node, phase="Failed")
+    await kube_api.create_pod("scratch", node=node)
+
+    async with kubelet_of(kube_api, node):
+        assert await run_drain(kube_api, node) == DrainResult(evicted=1)
+
+    assert await events_about(kube_api, "done") == [] and await events_about(kube_api, "crashed") == []
+    assert [e["reason"] for e in await events_about(kube_api, "scratch")] == [EVENT_UNMANAGED]
+    assert await kube_api.pod_exists("done") and await kube_api.pod_exists("crashed"), "a completed pod is not evicted"
