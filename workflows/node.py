@@ -77,6 +77,8 @@ HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 600
 POLL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 # Marks runs whose wait stages look once more at the deadline before failing over.
 STAGE_CHECK_PATCH = "stage-deadline-check"
+# Marks runs in which a cancel that an activity's failure absorbed still ends the node Cancelled.
+CANCEL_PATCH = "cancel-ends-cancelled"
 
 
 class LaunchAttemptFailed(Exception):
@@ -145,6 +147,11 @@ class GPUNodeWorkflow:
         except NodeEvicted:
             final = NodePhase.TERMINATED
         except (LaunchAttemptFailed, ApplicationError, ActivityError) as exc:
+            if self._cancel_requested():
+                # The cancel reached an activity in flight (drain, label, a cleanup) and came
+                # back as its failure: it is still a cancel, not a failed node.
+                await self._finish_cancelled()
+                raise asyncio.CancelledError() from None
             final = self._failed(exc)
         except asyncio.CancelledError:
             await self._finish_cancelled()
@@ -219,6 +226,8 @@ class GPUNodeWorkflow:
                 await self._label_and_taint()
                 return
             except LaunchAttemptFailed as exc:
+                if self._cancel_requested():
+                    raise asyncio.CancelledError() from None  # not this offer's fault: buy nothing more
                 self._record(attempt, str(exc))
                 self.state.last_error = f"attempt {attempt.attempt} on {offer.key}: {exc}"
                 workflow.logger.warning("launch attempt failed, trying the next offer: %s", self.state.last_error)
@@ -411,6 +420,8 @@ class GPUNodeWorkflow:
                     summary="observe",
                 )
             except ActivityError as exc:
+                if self._cancel_requested():
+                    raise asyncio.CancelledError() from None  # the cancel landed during the look
                 # The provider or Kubernetes API is down: keep the node (it may be running a
                 # job) and look again next interval rather than end its life for an outage.
                 self.state.last_error = f"could not observe the node: {_describe(exc)}"
@@ -561,6 +572,8 @@ class GPUNodeWorkflow:
                 await self._poll(activity, arg, budget=budget, summary=summary, evicted=evicted)
                 return True
             except ActivityError as exc:
+                if self._cancel_requested():
+                    raise asyncio.CancelledError() from None
                 if not isinstance(exc.cause, TimeoutError):
                     raise LaunchAttemptFailed(_describe(exc)) from None
                 if not workflow.patched(STAGE_CHECK_PATCH):
@@ -603,8 +616,18 @@ class GPUNodeWorkflow:
                 summary="look once more at the stage deadline",
             )
         except ActivityError as exc:
+            if self._cancel_requested():
+                raise asyncio.CancelledError() from None
             self.state.last_error = f"the last look at the stage deadline failed: {_describe(exc)}"
             return None
+
+    @staticmethod
+    def _cancel_requested() -> bool:
+        """Whether the workflow was cancelled. Temporal delivers a cancel once, to whatever the
+        run awaits: an activity in flight takes it and fails with it, and code that handles
+        activity failures (an outage while watching, a failed stage) would swallow it. Each such
+        handler asks this first. Runs from before this rule keep their recorded way."""
+        return workflow.cancellation_reason() is not None and workflow.patched(CANCEL_PATCH)
 
     def _check_evicted(self) -> None:
         if self.state.evict_reason is not None:
