@@ -37,6 +37,7 @@ from tgp.types import (
     DeviceQuery,
     DrainInput,
     DrainResult,
+    GpuQuery,
     Instance,
     InstanceRef,
     InstanceState,
@@ -347,6 +348,17 @@ class NodeActivities:
 
         return await self._poll(ready)
 
+    @activity.defn
+    async def wait_for_gpus(self, q: GpuQuery) -> NodeSummary:
+        """Poll the cluster until the Node's allocatable `nvidia.com/gpu` reaches the offer's
+        count: Ready says the kubelet runs, not that the device plugin found the driver."""
+
+        async def registered() -> NodeSummary | None:
+            node = await self.cluster.get_node(q.node_name)
+            return node if node is not None and node.gpus >= q.gpus else None
+
+        return await self._poll(registered)
+
     async def _poll(self, check: Callable[[], Awaitable[T | None]]) -> T:
         """Look until `check` returns a value; transient errors just mean look again.
 
@@ -394,6 +406,10 @@ class NodeActivities:
                 if node is None or not node.ready:
                     return StageLook(up=False, seen=f"Node {inp.node_name} is {'missing' if node is None else 'not Ready'}")
                 seen.append(f"Node {inp.node_name} is Ready")
+                if inp.gpus is not None:
+                    if node.gpus < inp.gpus:
+                        return StageLook(up=False, seen=f"Node {inp.node_name} has {node.gpus} of {inp.gpus} GPUs allocatable")
+                    seen.append(f"its {node.gpus} GPUs are registered")
         return StageLook(up=True, seen=", ".join(seen))
 
     @activity.defn
@@ -486,6 +502,7 @@ class NodeActivities:
             self.wait_for_instance_running,
             self.wait_for_tailnet_device,
             self.wait_for_node_ready,
+            self.wait_for_gpus,
             self.check_stage,
             self.label_and_taint_node,
             self.observe_node,

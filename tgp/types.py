@@ -170,6 +170,11 @@ LAUNCH_TIMEOUT = timedelta(minutes=10)
 TAILNET_JOIN_TIMEOUT = timedelta(minutes=5)
 # Kubelet registration plus NVIDIA driver load and Ready: Talos/Ubuntu images take 3-8 minutes.
 NODE_READY_TIMEOUT = timedelta(minutes=10)
+# The NVIDIA device plugin (a DaemonSet) must start on the Ready node, find the driver and
+# register `nvidia.com/gpu` with the kubelet: 1-3 minutes after Ready with a cached image; 10
+# covers a slow image pull. Past it the driver is broken: the node cannot run GPU pods at all
+# (Karpenter's RequestedResourcesRegistered has the same role, inside its 15-minute limit).
+GPU_REGISTRATION_TIMEOUT = timedelta(minutes=10)
 # Long enough for a graceful pod shutdown, short enough that a stuck PDB does not keep paying.
 DRAIN_TIMEOUT = timedelta(minutes=10)
 # Karpenter's consolidateAfter-style grace: a node idle this long is drained and terminated.
@@ -195,6 +200,7 @@ class LifecycleTimeouts(Model):
     launch: timedelta = LAUNCH_TIMEOUT
     tailnet_join: timedelta = TAILNET_JOIN_TIMEOUT
     node_ready: timedelta = NODE_READY_TIMEOUT
+    gpu_registration: timedelta = Field(GPU_REGISTRATION_TIMEOUT, description="From Node Ready until its allocatable nvidia.com/gpu reaches the offer's count.")
     drain: timedelta = DRAIN_TIMEOUT
     idle: timedelta | None = Field(IDLE_TIMEOUT, description="None: never idle out (a pool's minNodes floor).")
     watch_interval: timedelta = WATCH_INTERVAL
@@ -332,6 +338,7 @@ class NodeSummary(Model):
     labels: dict[str, str] = {}
     taints: list[Taint] = []
     unschedulable: bool = False
+    gpus: int = Field(0, description="Allocatable nvidia.com/gpu: what the device plugin has registered.")
 
 
 class NodeObservation(Model):
@@ -408,6 +415,7 @@ class StageCheck(Model):
     instance: InstanceRef | None = None
     device: DeviceQuery | None = None
     node_name: str | None = None
+    gpus: int | None = Field(None, description="With node_name: the allocatable nvidia.com/gpu the Node must have.")
 
 
 class StageLook(Model):
@@ -415,6 +423,13 @@ class StageLook(Model):
 
     up: bool
     seen: str
+
+
+class GpuQuery(Model):
+    """Input of `wait_for_gpus`: the Node and the GPU count its offer sells."""
+
+    node_name: str
+    gpus: int
 
 
 class LabelInput(Model):

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from tgp.lifecycle import EndReason, WatchState, judge_observation
     from tgp.types import (
+        GPU_RESOURCE,
         LABEL_GPU_TYPE,
         LABEL_MANAGED,
         LABEL_POOL,
@@ -40,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         DeviceQuery,
         DrainInput,
         EvictRequest,
+        GpuQuery,
         InstanceRef,
         LabelInput,
         LaunchAttempt,
@@ -79,6 +81,8 @@ POLL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 STAGE_CHECK_PATCH = "stage-deadline-check"
 # Marks runs in which a cancel that an activity's failure absorbed still ends the node Cancelled.
 CANCEL_PATCH = "cancel-ends-cancelled"
+# Marks runs whose join waits for the Node's GPUs after Ready.
+GPU_REGISTRATION_PATCH = "gpu-registration-stage"
 
 
 class LaunchAttemptFailed(Exception):
@@ -369,6 +373,19 @@ class GPUNodeWorkflow:
             timeout_error="join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)",
             recheck=StageCheck(instance=self.state.instance, node_name=self.req.node_name),
         )
+        if not workflow.patched(GPU_REGISTRATION_PATCH):
+            return  # a run from before the GPU stage: Ready was enough
+        self._stamp("NodeReady")
+        gpus = self.state.offer.gpu_count if self.state.offer else 1
+        await self._wait_for(
+            NodeActivities.wait_for_gpus,
+            GpuQuery(node_name=self.req.node_name, gpus=gpus),
+            timeout=t.gpu_registration,
+            summary=f"wait for {gpus} GPUs to register",
+            timeout_error=f"join timeout: the Node's allocatable {GPU_RESOURCE} did not reach {gpus} within {{}} (GPU driver or device plugin)",
+            recheck=StageCheck(instance=self.state.instance, node_name=self.req.node_name, gpus=gpus),
+        )
+        self._stamp("GpusRegistered")
 
     async def _label_and_taint(self) -> None:
         offer = self.state.offer

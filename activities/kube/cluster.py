@@ -519,7 +519,16 @@ def _node_summary(node: k8s.V1Node) -> NodeSummary:
         labels=dict(node.metadata.labels or {}) if node.metadata else {},
         taints=[Taint(key=t.key, value=t.value or "", effect=t.effect) for t in (spec.taints or [])] if spec else [],
         unschedulable=bool(spec.unschedulable) if spec else False,
+        gpus=_count(((node.status.allocatable if node.status else None) or {}).get(GPU_RESOURCE)),
     )
+
+
+def _count(quantity: str | None) -> int:
+    """A whole-number extended resource (`nvidia.com/gpu: "8"`); 0 when absent or unreadable."""
+    try:
+        return max(0, int(Decimal(str(quantity).strip()))) if quantity is not None else 0
+    except (InvalidOperation, ValueError):
+        return 0
 
 
 def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
