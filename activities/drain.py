@@ -18,6 +18,7 @@ import structlog
 
 from activities.ports import Cluster, EvictionBlocked
 from tgp.errors import TgpError, TransientError
+from tgp.lifecycle import pod_keeps_node_busy
 from tgp.types import DrainInput, DrainResult, PodSummary
 
 log = structlog.get_logger("tgp.drain")
@@ -53,9 +54,20 @@ async def drain(
     still holds) rather than start the drain over.
     """
     deadline = clock() + inp.timeout.total_seconds()
-    if await cluster.get_node(inp.node_name) is None:
+    node = await cluster.get_node(inp.node_name)
+    if node is None:
         return DrainResult(evicted=0)
     await cluster.cordon(inp.node_name)
+    if inp.revalidate:
+        # The idle verdict came from a look taken before the cordon: a pod the scheduler bound
+        # in between would be evicted a few seconds after it started. Now that nothing more can
+        # arrive, look again.
+        arrived = [_key(p) for p in await cluster.list_pods_on_node(inp.node_name) if pod_keeps_node_busy(p)]
+        if arrived:
+            if not node.unschedulable:  # a cordon someone else set stays
+                await cluster.uncordon(inp.node_name)
+            log.info("drain_called_off", node=inp.node_name, pods=arrived)
+            return DrainResult(evicted=0, called_off=arrived)
     evicted: set[str] = set()
     pods: list[PodSummary] = []
     while True:

@@ -353,6 +353,9 @@ class DrainResult(Model):
     evicted: int
     remaining: list[str] = Field([], description="namespace/name of pods not evicted by the deadline (e.g. blocked by a PodDisruptionBudget).")
     terminating: list[str] = Field([], description="namespace/name of pods evicted or deleted but still shutting down at the deadline.")
+    called_off: list[str] = Field(
+        [], description="With revalidate: namespace/name of workload pods found right after the cordon; the Node was uncordoned and nothing evicted."
+    )
 
 
 # --- Activity inputs and results ----------------------------------------------------------
@@ -447,6 +450,11 @@ class ObserveInput(Model):
 class DrainInput(Model):
     node_name: str
     timeout: timedelta
+    revalidate: bool = Field(
+        False,
+        description="The drain is for an idle node: right after the cordon, look again, and if a workload pod arrived "
+        "since the idle verdict, uncordon and evict nothing (Karpenter re-validates a disruption the same way).",
+    )
 
 
 class TailnetCleanupInput(Model):

@@ -81,6 +81,8 @@ POLL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 STAGE_CHECK_PATCH = "stage-deadline-check"
 # Marks runs in which a cancel that an activity's failure absorbed still ends the node Cancelled.
 CANCEL_PATCH = "cancel-ends-cancelled"
+# Marks runs whose drain of an idle node looks again after the cordon (and may be called off).
+DRAIN_REVALIDATE_PATCH = "drain-revalidate"
 # Marks runs whose join waits for the Node's GPUs after Ready.
 GPU_REGISTRATION_PATCH = "gpu-registration-stage"
 
@@ -142,12 +144,14 @@ class GPUNodeWorkflow:
         try:
             if self.state.watch is None:  # a run continued as new is already past bring-up
                 await self._bring_up()
-            end = await self._watch_until_done()
-            if end in (EndReason.INTERRUPTED, EndReason.LOST):
-                final = NodePhase.INTERRUPTED  # the instance is gone: nothing left to drain
-            else:
-                await self._drain()
-                final = NodePhase.TERMINATED
+            while True:
+                end = await self._watch_until_done()
+                if end in (EndReason.INTERRUPTED, EndReason.LOST):
+                    final = NodePhase.INTERRUPTED  # the instance is gone: nothing left to drain
+                    break
+                if await self._drain(end):
+                    final = NodePhase.TERMINATED
+                    break
         except NodeEvicted:
             final = NodePhase.TERMINATED
         except (LaunchAttemptFailed, ApplicationError, ActivityError) as exc:
@@ -449,12 +453,15 @@ class GPUNodeWorkflow:
                 self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                 return verdict.end
 
-    async def _drain(self) -> None:
+    async def _drain(self, end: EndReason) -> bool:
+        """Drain the node; False when the drain of an idle node was called off because a
+        workload pod had arrived since the idle verdict: the node is Ready again."""
         self._enter(NodePhase.DRAINING)
         self._tell_pool()
+        revalidate = end is EndReason.IDLE and workflow.patched(DRAIN_REVALIDATE_PATCH)
         result = await workflow.execute_activity_method(
             NodeActivities.drain_node,
-            DrainInput(node_name=self.req.node_name, timeout=self.req.timeouts.drain),
+            DrainInput(node_name=self.req.node_name, timeout=self.req.timeouts.drain, revalidate=revalidate),
             start_to_close_timeout=self.req.timeouts.drain + self.req.timeouts.api_call,
             heartbeat_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
@@ -466,6 +473,15 @@ class GPUNodeWorkflow:
         ]
         if stuck:
             self.state.last_error = f"drain timed out after {self.req.timeouts.drain}; terminated with pods still on the node; {'; '.join(stuck)}"
+        if result.called_off:
+            assert self.state.watch is not None
+            workflow.logger.info("drain called off, %s arrived after the idle verdict: watching again", ", ".join(result.called_off))
+            self.state.end_reason = None
+            self.state.watch = self.state.watch.model_copy(update={"idle_since": None})
+            self._enter(NodePhase.READY)
+            self._tell_pool()
+            return False
+        return True
 
     # --- release what was bought ---------------------------------------------------------
 

@@ -213,12 +213,20 @@ class KubernetesCluster:
 
     async def cordon(self, name: str) -> None:
         """Mark the Node unschedulable. A Node that no longer exists takes no pods: done."""
+        await self._set_unschedulable(name, True)
+
+    async def uncordon(self, name: str) -> None:
+        """Mark the Node schedulable again. A Node that no longer exists: nothing to do."""
+        # null, not false: a merge patch with null removes the field, as `kubectl uncordon` leaves it.
+        await self._set_unschedulable(name, None)
+
+    async def _set_unschedulable(self, name: str, value: bool | None) -> None:
         core = await self._client()
         try:
             await self._call(
-                f"cordon Node {name}",
+                f"{'cordon' if value else 'uncordon'} Node {name}",
                 core.patch_node(
-                    name, {"spec": {"unschedulable": True}}, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+                    name, {"spec": {"unschedulable": value}}, _content_type=MERGE_PATCH, _request_timeout=self._timeout
                 ),
                 passthrough={404},
             )
