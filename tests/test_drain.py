@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from tests.kube_env import KubeApi, eventually
 
-from activities.drain import EVENT_UNMANAGED, drain
+from activities.drain import EVENT_DRAIN_TIMED_OUT, EVENT_UNMANAGED, drain
 from tgp.types import DrainInput, DrainResult
 
 POLL = timedelta(seconds=0.1)
@@ -247,3 +247,21 @@ async def test_a_called_off_drain_leaves_a_cordon_someone_else_set(kube_api: Kub
 
     assert (await run_idle_drain(kube_api, node)).called_off == [f"{kube_api.namespace}/fresh"]
     assert (await node_spec(kube_api, node)).get("unschedulable") is True
+
+
+async def test_at_the_deadline_each_pod_left_on_the_node_gets_a_warning_saying_why(kube_api: KubeApi) -> None:
+    # Issue 17 item 11: the pods killed with the machine must hear why, where `kubectl describe pod` shows it.
+    node = kube_api.unique("why")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("slow", node=node, grace_period=LONG_GRACE)
+    await kube_api.create_pod("guarded", node=node, labels={"app": "db"})
+    await kube_api.create_pdb("db", match_labels={"app": "db"}, min_available=1)
+
+    async with kubelet_of(kube_api, node):
+        await run_drain(kube_api, node, timeout=timedelta(seconds=1))
+
+    [guarded] = [e for e in await events_about(kube_api, "guarded") if e["reason"] == EVENT_DRAIN_TIMED_OUT]
+    [slow] = [e for e in await events_about(kube_api, "slow") if e["reason"] == EVENT_DRAIN_TIMED_OUT]
+    assert guarded["type"] == slow["type"] == "Warning"
+    assert node in guarded["message"] and "eviction was refused" in guarded["message"] and "disruption budget" in guarded["message"]
+    assert node in slow["message"] and "still shutting down" in slow["message"]

@@ -5,7 +5,7 @@ for it (item 11)."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
@@ -14,8 +14,11 @@ from temporalio.testing import WorkflowEnvironment
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
-from tgp.types import NodePhase, NodeStatus
+from activities.drain import EVENT_DRAIN_TIMED_OUT
+from tests.test_pool_races import Reports, about, gated_world, pool_events, pool_spec, start_pool
+from tgp.types import NodePhase, NodeStatus, Stage, StageRecord
 from workflows.node import GPUNodeWorkflow
+from workflows.pool import GPUNodePoolWorkflow
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
 
@@ -70,3 +73,48 @@ async def test_a_pod_bound_just_before_the_cordon_calls_the_idle_drain_off(tempo
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("idle")
         assert_nothing_left(world, req.node_name)
+
+
+async def test_a_drain_that_times_out_says_which_pods_were_terminated_unevicted_and_why(temporal: WorkflowEnvironment) -> None:
+    # Issue 17 item 11: a PDB-protected pod was killed and only a Normal NodeTerminated said so.
+    async with running_world(temporal) as (world, _, queue):
+        req = request(timeouts=FAST.model_copy(update={"drain": timedelta(seconds=2)}))
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await bind_pod(world, req.node_name, "db", labels={"app": "db"})
+        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db"},
+               "spec": {"selector": {"matchLabels": {"app": "db"}}, "minAvailable": 1}}
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            (await kube.post("/apis/policy/v1/namespaces/ml/poddisruptionbudgets", json=pdb)).raise_for_status()
+
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
+
+        assert final.phase is NodePhase.TERMINATED
+        [timed_out] = [s for s in final.stages if s.stage is Stage.DRAIN_TIMED_OUT]
+        assert "ml/db" in timed_out.reason and "not evicted" in timed_out.reason, timed_out
+        events = (await kube_get(world, "/api/v1/namespaces/ml/events") or {}).get("items") or []
+        [warning] = [e for e in events if e["involvedObject"]["name"] == "db" and e["reason"] == EVENT_DRAIN_TIMED_OUT]
+        assert warning["type"] == "Warning" and req.node_name in warning["message"], warning
+        assert "eviction was refused" in warning["message"] and "disruption budget" in warning["message"], warning["message"]
+        assert_nothing_left(world, req.node_name)
+
+
+async def test_the_pool_raises_a_warning_for_a_node_whose_drain_timed_out(temporal: WorkflowEnvironment) -> None:
+    async with gated_world(temporal) as s:
+        name, pool = await start_pool(s, pool_spec("cls-unused"))
+        report = Reports(name).of
+        await pool.signal(GPUNodePoolWorkflow.node_phase, report("a", NodePhase.READY, 0))
+        terminating = report("a", NodePhase.TERMINATING, 5).model_copy(update={"stages": [
+            StageRecord(stage=Stage.DRAIN_TIMED_OUT, at=datetime.now(timezone.utc), reason="timed out after 10m; terminated with pods still on the node: not evicted (disruption budget?): ml/db"),
+            StageRecord(stage=Stage.TERMINATING, at=datetime.now(timezone.utc)),
+        ]})
+        await pool.signal(GPUNodePoolWorkflow.node_phase, terminating)
+
+        async def warned() -> list[tuple[str, str]] | None:
+            events = await pool_events(s, name)
+            return events if about(events, "DrainTimedOut", "a") else None
+
+        events = await eventually(warned, what="the pool's DrainTimedOut Event")
+        [message] = [m for r, m in events if r == "DrainTimedOut"]
+        assert "ml/db" in message and "not evicted" in message, message

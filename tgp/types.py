@@ -12,7 +12,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tgp.labels import LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, QUALIFIED_NAME_MAX_LENGTH, QUALIFIED_NAME_PATTERN
 
@@ -65,6 +65,63 @@ class NodePhase(StrEnum):
 
 
 _FINAL_PHASES = {NodePhase.TERMINATED, NodePhase.INTERRUPTED, NodePhase.FAILED, NodePhase.CANCELLED}
+
+
+class Stage(StrEnum):
+    """A step of a node's life that is recorded with its time and reason (`StageRecord`): every
+    phase, plus the steps inside one (the join's three waits, the drain's outcomes, the release)."""
+
+    PENDING = "Pending"
+    LAUNCHING = "Launching"
+    JOINING = "Joining"
+    TAILNET_JOINED = "TailnetJoined"  # the tailnet device is there
+    NODE_READY = "NodeReady"  # the Node reports Ready (its GPUs may not be registered yet)
+    GPUS_REGISTERED = "GpusRegistered"  # allocatable nvidia.com/gpu reached the offer's count
+    READY = "Ready"
+    DRAINING = "Draining"
+    DRAIN_CALLED_OFF = "DrainCalledOff"  # a workload pod was found after the cordon: back to Ready
+    DRAIN_TIMED_OUT = "DrainTimedOut"  # pods were still on the node at the drain timeout
+    TERMINATING = "Terminating"
+    TERMINATION_STUCK = "TerminationStuck"
+    RELEASED = "Released"  # instance, tailnet device and key, Node object all gone
+    TERMINATED = "Terminated"
+    INTERRUPTED = "Interrupted"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+    @property
+    def warning(self) -> bool:
+        """A stage an operator should hear about as a Warning Event."""
+        return self in (Stage.DRAIN_TIMED_OUT, Stage.TERMINATION_STUCK, Stage.INTERRUPTED, Stage.FAILED)
+
+
+class StageRecord(Model):
+    """When a node last entered a stage, and why (Karpenter's typed conditions are the model)."""
+
+    stage: Stage
+    at: datetime
+    reason: str = ""
+
+    def describe(self) -> str:
+        """One line, as `tgp status NODE` prints it and the pool's Events say it."""
+        return f"{self.stage.value}: {self.reason}" if self.reason else self.stage.value
+
+
+def stage_records(value: object) -> list[StageRecord]:
+    """Stage records from what older versions stored: a `{stage: time}` map of free strings
+    (continue-as-new inputs and query answers recorded before the records were typed). Stages
+    this version does not know are dropped rather than stop the node from loading."""
+    if not isinstance(value, dict):
+        return []
+    known = {s.value for s in Stage}
+    records = [StageRecord.model_validate({"stage": k, "at": v}) for k, v in value.items() if k in known]
+    return sorted(records, key=lambda r: r.at)
+
+
+def upsert_stage(records: list[StageRecord], record: StageRecord) -> list[StageRecord]:
+    """`records` with `record` as its stage's one entry, last: a stage entered again (a second
+    launch attempt, Ready after a called-off drain) keeps its latest time and reason."""
+    return [*(r for r in records if r.stage is not record.stage), record]
 
 
 class Offer(Model):
@@ -304,10 +361,23 @@ class NodeStatus(NodeOverview):
     pool: str
     region: str | None = None
     instance_id: str | None = None
-    stage_times: dict[str, datetime] = {}
+    stages: list[StageRecord] = Field([], description="When the node last entered each stage and why, oldest first.")
     attempts: list[LaunchAttempt] = []
     last_error: str | None = None
     end_reason: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_stage_times(cls, data: object) -> object:
+        """Answers of runs from before the typed records carry `stage_times` instead."""
+        if isinstance(data, dict) and "stage_times" in data:
+            data = {k: v for k, v in data.items() if k != "stage_times"} | {"stages": data.get("stages") or stage_records(data["stage_times"])}
+        return data
+
+    @property
+    def stage_times(self) -> dict[str, datetime]:
+        """When each stage was last entered, by name."""
+        return {r.stage.value: r.at for r in self.stages}
 
 
 # --- What the activities observe -------------------------------------------------------

@@ -54,11 +54,14 @@ with workflow.unsafe.imports_passed_through():
         ObserveInput,
         Offer,
         SelectOfferInput,
+        Stage,
         StageCheck,
         StageLook,
+        StageRecord,
         TailnetCleanupInput,
         TimeoutsUpdate,
         instance_name,
+        upsert_stage,
     )
 
 SA_POOL = SearchAttributeKey.for_keyword("TgpPool")
@@ -102,6 +105,7 @@ class GPUNodeWorkflow:
         self.req = inp.request
         self.state = inp.state or NodeState()
         self._reports: list[asyncio.Future[None]] = []
+        self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
 
     # --- messages ------------------------------------------------------------------------
 
@@ -130,7 +134,7 @@ class GPUNodeWorkflow:
             region=offer.region if offer else None,
             instance_id=inst.instance_id if inst else None,
             hourly_price=offer.hourly_price if offer else None,
-            stage_times=self.state.stage_times,
+            stages=self.state.stages,
             attempts=self.state.attempts,
             last_error=self.state.last_error,
             end_reason=self.state.end_reason,
@@ -368,7 +372,7 @@ class GPUNodeWorkflow:
             timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
             recheck=StageCheck(instance=self.state.instance, device=device),
         )
-        self._stamp("TailnetJoined")
+        self._stamp(Stage.TAILNET_JOINED)
         await self._wait_for(
             NodeActivities.wait_for_node_ready,
             self.req.node_name,
@@ -379,7 +383,7 @@ class GPUNodeWorkflow:
         )
         if not workflow.patched(GPU_REGISTRATION_PATCH):
             return  # a run from before the GPU stage: Ready was enough
-        self._stamp("NodeReady")
+        self._stamp(Stage.NODE_READY)
         gpus = self.state.offer.gpu_count if self.state.offer else 1
         await self._wait_for(
             NodeActivities.wait_for_gpus,
@@ -389,7 +393,7 @@ class GPUNodeWorkflow:
             timeout_error=f"join timeout: the Node's allocatable {GPU_RESOURCE} did not reach {gpus} within {{}} (GPU driver or device plugin)",
             recheck=StageCheck(instance=self.state.instance, node_name=self.req.node_name, gpus=gpus),
         )
-        self._stamp("GpusRegistered")
+        self._stamp(Stage.GPUS_REGISTERED)
 
     async def _label_and_taint(self) -> None:
         offer = self.state.offer
@@ -473,9 +477,12 @@ class GPUNodeWorkflow:
         ]
         if stuck:
             self.state.last_error = f"drain timed out after {self.req.timeouts.drain}; terminated with pods still on the node; {'; '.join(stuck)}"
+            self._stamp(Stage.DRAIN_TIMED_OUT, f"timed out after {_human(self.req.timeouts.drain)}; terminated with pods still on the node: {'; '.join(stuck)}")
         if result.called_off:
             assert self.state.watch is not None
-            workflow.logger.info("drain called off, %s arrived after the idle verdict: watching again", ", ".join(result.called_off))
+            arrived = ", ".join(result.called_off)
+            workflow.logger.info("drain called off, %s arrived after the idle verdict: watching again", arrived)
+            self._stamp(Stage.DRAIN_CALLED_OFF, f"{arrived} arrived on the node after it was judged idle")
             self.state.end_reason = None
             self.state.watch = self.state.watch.model_copy(update={"idle_since": None})
             self._enter(NodePhase.READY)
@@ -545,7 +552,7 @@ class GPUNodeWorkflow:
         self._tell_pool()
         if self.state.attempts:
             await self._release_attempt()
-            self._stamp("Released")
+            self._stamp(Stage.RELEASED)
         if self.req.class_workflow_id:
             await workflow.execute_activity_method(
                 NodeClassActivities.release_reservation,
@@ -668,9 +675,9 @@ class GPUNodeWorkflow:
             raise NodeEvicted()
 
     def _enter(self, phase: NodePhase) -> None:
-        """Record the phase: state, stage time, search attributes and the Web UI's details."""
+        """Record the phase: state, stage record, search attributes and the Web UI's details."""
         self.state.phase = phase
-        self._stamp(phase.value)
+        self._stamp(Stage(phase.value), self._why(phase))
         workflow.upsert_search_attributes(
             [
                 SA_PHASE.value_set(phase.value),
@@ -686,10 +693,11 @@ class GPUNodeWorkflow:
         """Report the phase just entered to the pool, if the node has one. The report goes out
         from its own task so the node never waits on the pool; `_end` and continue-as-new wait
         for all of them."""
+        records, self._unreported = self._unreported, []
         if self.req.pool_workflow_id:
-            self._reports.append(asyncio.ensure_future(self._report(self.state.phase)))
+            self._reports.append(asyncio.ensure_future(self._report(self.state.phase, records)))
 
-    async def _report(self, phase: NodePhase) -> None:
+    async def _report(self, phase: NodePhase, records: list[StageRecord]) -> None:
         """Tell the pool where this node is. The pool may be gone (deleted, or a node started
         by hand): then nobody is listening, which is fine."""
         offer = self.state.offer
@@ -703,6 +711,7 @@ class GPUNodeWorkflow:
             # A failed node's end reason is just "failed": the pool's Event needs the cause.
             reason=self.state.last_error if phase is NodePhase.FAILED and self.state.last_error else self.state.end_reason or self.state.last_error,
             at=workflow.now(),
+            stages=records,
         )
         try:
             await workflow.get_external_workflow_handle(self.req.pool_workflow_id or "").signal("node_phase", report)
@@ -718,8 +727,20 @@ class GPUNodeWorkflow:
             ]
         )
 
-    def _stamp(self, stage: str) -> None:
-        self.state.stage_times.setdefault(stage, workflow.now())
+    def _stamp(self, stage: Stage, reason: str = "") -> None:
+        """Record that the node entered `stage` now, and why: for the status query, for the pool
+        (with the next report) and for `tgp status NODE`."""
+        record = StageRecord(stage=stage, at=workflow.now(), reason=reason)
+        self.state.stages = upsert_stage(self.state.stages, record)
+        self._unreported.append(record)
+
+    def _why(self, phase: NodePhase) -> str:
+        """The reason recorded with a phase: why the node drains or ended, or what failed."""
+        if phase in (NodePhase.FAILED, NodePhase.TERMINATION_STUCK):
+            return self.state.last_error or ""
+        if phase in (NodePhase.DRAINING, NodePhase.TERMINATED, NodePhase.INTERRUPTED, NodePhase.CANCELLED):
+            return self.state.end_reason or ""
+        return ""
 
     def _record(self, attempt: LaunchAttempt, outcome: str, instance_id: str | None = None) -> None:
         i = attempt.attempt - 1
