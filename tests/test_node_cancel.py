@@ -4,10 +4,13 @@ everything it bought released (issue 17 item 17). Against the simulated world ov
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
@@ -98,3 +101,86 @@ async def world_pod(world: SimWorld, node: str, *, grace: int) -> None:
         running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         path = "/api/v1/namespaces/ml/pods/trainer/status"
         (await kube.patch(path, json=running, headers={"Content-Type": "application/merge-patch+json"})).raise_for_status()
+
+
+# --- the property: a cancel or an evict at any moment of a life releases everything ----------
+
+# Where in a life to strike: once the node is seen in this phase (TERMINATING: during the
+# cleanup after an evict), and then this much later, so the strike lands at the phase's start,
+# in the middle of one of its activities, or between them.
+STRIKE_PHASES = (NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING, NodePhase.READY, NodePhase.TERMINATING)
+STRIKE_DELAYS = (0.0, 0.05, 0.2, 0.6)
+
+
+@pytest.fixture(scope="module")
+async def shared_world(temporal: WorkflowEnvironment) -> AsyncIterator[tuple[WorkflowEnvironment, SimWorld, str]]:
+    """One simulated world and worker for every generated life (each has its own node name).
+
+    On the dev server, not the time-skipping one: no timer of these lives needs skipping (no
+    idle timeout, a 1 s watch), and the Java test server answers a workflow task that cancels an
+    activity scheduled but not yet started with ACTIVITY_UNKNOWN, forever (a fault of that
+    server: the dev server, a real Temporal, accepts it), which would hang such an example."""
+    async with running_world(temporal, boot_delay=0.05) as (world, _, queue):
+        yield temporal, world, queue
+
+
+LIFE_ORDER = (NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING, NodePhase.READY, NodePhase.DRAINING, NodePhase.TERMINATING)
+
+
+async def reached(handle: WorkflowHandle, phase: NodePhase) -> NodeStatus:
+    """The node's status once it is in `phase` or past it (a short phase may be over before a
+    look sees it; the strike then lands a little later, which is just another moment)."""
+
+    async def check() -> NodeStatus | None:
+        status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
+        past = status.phase.is_final or status.phase is NodePhase.TERMINATION_STUCK or LIFE_ORDER.index(status.phase) >= LIFE_ORDER.index(phase)
+        return status if past else None
+
+    return await eventually(check, timeout=60, what=f"phase {phase.value} or later")
+
+
+@settings(max_examples=15)
+@given(
+    strike=st.sampled_from(["cancel", "evict"]),
+    phase=st.sampled_from(STRIKE_PHASES),
+    delay=st.sampled_from(STRIKE_DELAYS),
+    slow_look=st.booleans(),
+)
+async def test_a_cancel_or_evict_at_any_moment_releases_everything(
+    shared_world: tuple[WorkflowEnvironment, SimWorld, str], strike: str, phase: NodePhase, delay: float, slow_look: bool
+) -> None:
+    env, world, queue = shared_world
+    req = request(timeouts=FAST.model_copy(update={"idle": None, "watch_interval": timedelta(seconds=1)}))
+    handle = await start(env, queue, req)
+    if phase is NodePhase.TERMINATING:  # strike during the cleanup of an evicted node
+        await reached(handle, NodePhase.READY)
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "first"})
+    await reached(handle, phase)
+    if slow_look:
+        world.cloud.slow_describes(0.5, count=1)  # the next look at the instance is in flight longer
+    await asyncio.sleep(delay)
+    ended_before = (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING
+    if strike == "cancel":
+        await handle.cancel()  # on an ended workflow: accepted and ignored
+    else:
+        if not ended_before:
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "generated"})
+    try:
+        final: NodeStatus | None = await asyncio.wait_for(handle.result(), 120)
+    except WorkflowFailureError:
+        final = None
+    world.cloud.slow_describes(0)
+
+    status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
+    first_evicted = phase is NodePhase.TERMINATING
+    if strike == "cancel" and not ended_before:
+        # A cancel during the cleanup of an evict lets the cleanup finish, then ends Cancelled.
+        assert status.phase is NodePhase.CANCELLED, status
+        assert final is None and (await handle.describe()).status is WorkflowExecutionStatus.CANCELED
+    else:
+        assert final is not None and final.phase is NodePhase.TERMINATED, (final, status)
+        assert first_evicted or final.end_reason in ("evicted: generated", "evicted before Ready: generated"), final
+    assert [i.id for i in world.cloud.live_instances() if i.name.startswith(f"tgp-{req.node_name}-")] == [], "an instance is still billing"
+    assert world.tailnet_devices(req.node_name) == [], "a tailnet device was left"
+    assert not await node_exists(world, req.node_name), "the Node object was left"
+    assert world.usable_keys() == [], "an unrevoked tailnet key was left"
