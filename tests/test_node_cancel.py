@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
-from tests.test_node_lifecycle import FAST, assert_nothing_left, node_exists, request, start, wait_phase
+from tests.test_node_lifecycle import FAST, assert_nothing_left, node_exists, replay, request, start, wait_phase
 from tgp.types import NodePhase, NodeStatus
 from workflows.node import GPUNodeWorkflow
 
@@ -47,6 +47,7 @@ async def test_a_cancel_that_lands_while_observe_runs_ends_the_node(temporal: Wo
         await ends_cancelled(handle)
         assert_nothing_left(world, req.node_name)
         assert not await node_exists(world, req.node_name)
+        await replay(handle, "cancel_while_observing")
 
 
 async def test_a_cancel_during_the_last_look_of_a_join_ends_cancelled_and_buys_nothing_more(temporal: WorkflowEnvironment) -> None:

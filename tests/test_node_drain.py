@@ -13,7 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
-from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
+from tests.test_node_lifecycle import FAST, assert_nothing_left, replay, request, start, wait_phase
 from activities.drain import EVENT_DRAIN_TIMED_OUT
 from tests.test_pool_races import Reports, about, gated_world, pool_events, pool_spec, start_pool
 from tgp.types import NodePhase, NodeStatus, Stage, StageRecord
@@ -72,7 +72,9 @@ async def test_a_pod_bound_just_before_the_cordon_calls_the_idle_drain_off(tempo
             (await kube.delete("/api/v1/namespaces/ml/pods/late")).raise_for_status()
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("idle")
+        assert [s.stage for s in final.stages if s.stage is Stage.DRAIN_CALLED_OFF] == [Stage.DRAIN_CALLED_OFF]
         assert_nothing_left(world, req.node_name)
+        await replay(handle, "idle_drain_called_off")
 
 
 async def test_a_drain_that_times_out_says_which_pods_were_terminated_unevicted_and_why(temporal: WorkflowEnvironment) -> None:
@@ -98,6 +100,7 @@ async def test_a_drain_that_times_out_says_which_pods_were_terminated_unevicted_
         assert warning["type"] == "Warning" and req.node_name in warning["message"], warning
         assert "eviction was refused" in warning["message"] and "disruption budget" in warning["message"], warning["message"]
         assert_nothing_left(world, req.node_name)
+        await replay(handle, "drain_timed_out")
 
 
 async def test_the_pool_raises_a_warning_for_a_node_whose_drain_timed_out(temporal: WorkflowEnvironment) -> None:

@@ -13,7 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.conftest import running_world
 from sim.kube_kubelet import register_node
 from tests.kube_env import KubeApi
-from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
+from tests.test_node_lifecycle import FAST, assert_nothing_left, replay, request, start, wait_phase
 from tgp.types import GPU_RESOURCE, NodePhase, NodeStatus
 from workflows.node import GPUNodeWorkflow
 
@@ -38,6 +38,7 @@ async def test_a_node_whose_gpus_never_register_fails_its_join_and_fails_over(te
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.TERMINATED
         assert_nothing_left(world, req.node_name)
+        await replay(handle, "gpus_never_register_failover")
 
 
 async def test_the_cluster_adapter_reads_a_nodes_allocatable_gpus(kube_api: KubeApi) -> None:
