@@ -46,6 +46,7 @@ async def drain(
     poll_interval: timedelta,
     heartbeat: Callable[[int], None],
     clock: Callable[[], float] = time.monotonic,
+    retry: bool = False,
 ) -> DrainResult:
     """Cordon `inp.node_name`, evict its workload pods and wait until they are gone, for at
     most `inp.timeout`. Never fails for a stuck pod: the result names the pods not evicted
@@ -53,7 +54,8 @@ async def drain(
 
     Each poll lists the node's pods, evicts those not yet being deleted and calls `heartbeat`
     with the number of pods evicted so far. A transient API error skips one poll (the deadline
-    still holds) rather than start the drain over.
+    still holds) rather than start the drain over. `retry`: an earlier attempt of this drain
+    may have cordoned the Node (its worker died), so a cordon found is taken as ours.
     """
     deadline = clock() + inp.timeout.total_seconds()
     node = await cluster.get_node(inp.node_name)
@@ -66,7 +68,7 @@ async def drain(
         # arrive, look again.
         arrived = [_key(p) for p in await cluster.list_pods_on_node(inp.node_name) if pod_keeps_node_busy(p)]
         if arrived:
-            if not node.unschedulable:  # a cordon someone else set stays
+            if retry or not node.unschedulable:  # a cordon someone else set stays
                 await cluster.uncordon(inp.node_name)
             log.info("drain_called_off", node=inp.node_name, pods=arrived)
             return DrainResult(evicted=0, called_off=arrived)

@@ -440,7 +440,9 @@ class NodeActivities:
         not evicted or still shutting down, and the workflow terminates anyway."""
         started = time.monotonic()
         with temporal_errors():
-            result = await drain(self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat)
+            result = await drain(
+                self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
+            )
         outcome = "timed_out" if result.remaining or result.terminating else "drained"
         metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
         return result

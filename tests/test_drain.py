@@ -265,3 +265,17 @@ async def test_at_the_deadline_each_pod_left_on_the_node_gets_a_warning_saying_w
     assert guarded["type"] == slow["type"] == "Warning"
     assert node in guarded["message"] and "eviction was refused" in guarded["message"] and "disruption budget" in guarded["message"]
     assert node in slow["message"] and "still shutting down" in slow["message"]
+
+
+async def test_a_retried_drain_lifts_the_cordon_its_first_attempt_set(kube_api: KubeApi) -> None:
+    # The first attempt's worker died after the cordon: the cordon found is ours, not an operator's.
+    node = kube_api.unique("retried")
+    await kube_api.create_node(node)
+    await kube_api.cluster.cordon(node)
+    await kube_api.create_pod("fresh", node=node)
+
+    inp = DrainInput(node_name=node, timeout=TIMEOUT, revalidate=True)
+    result = await drain(kube_api.cluster, inp, poll_interval=POLL, heartbeat=[].append, retry=True)
+
+    assert result.called_off == [f"{kube_api.namespace}/fresh"]
+    assert not (await node_spec(kube_api, node)).get("unschedulable")
