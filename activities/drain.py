@@ -18,17 +18,25 @@ import structlog
 
 from activities.ports import Cluster, EvictionBlocked
 from tgp.errors import TgpError, TransientError
+from tgp.lifecycle import pod_keeps_node_busy
 from tgp.types import DrainInput, DrainResult, PodSummary
 
 log = structlog.get_logger("tgp.drain")
 
 EVENT_UNMANAGED = "EvictedUnmanagedPod"
+# On each pod still on the node when the drain times out: the machine goes with it.
+EVENT_DRAIN_TIMED_OUT = "DrainTimedOut"
+# Pod phases of a pod whose containers have all stopped for good.
+FINISHED_PHASES = ("Succeeded", "Failed")
 
 
 def drains(pod: PodSummary) -> bool:
     """Whether the drain removes this pod: DaemonSet pods would be recreated on the node at once
-    (they tolerate the cordon) and mirror pods belong to the kubelet's static manifests."""
-    return pod.owner_kind != "DaemonSet" and not pod.is_mirror
+    (they tolerate the cordon), mirror pods belong to the kubelet's static manifests, and a pod
+    that has completed (Succeeded or Failed) runs nothing to move: evicting it would only
+    raise a false alarm; the pod garbage collector removes it with the Node (Karpenter skips
+    finished pods too)."""
+    return pod.owner_kind != "DaemonSet" and not pod.is_mirror and pod.phase not in FINISHED_PHASES
 
 
 async def drain(
@@ -38,6 +46,7 @@ async def drain(
     poll_interval: timedelta,
     heartbeat: Callable[[int], None],
     clock: Callable[[], float] = time.monotonic,
+    retry: bool = False,
 ) -> DrainResult:
     """Cordon `inp.node_name`, evict its workload pods and wait until they are gone, for at
     most `inp.timeout`. Never fails for a stuck pod: the result names the pods not evicted
@@ -45,13 +54,26 @@ async def drain(
 
     Each poll lists the node's pods, evicts those not yet being deleted and calls `heartbeat`
     with the number of pods evicted so far. A transient API error skips one poll (the deadline
-    still holds) rather than start the drain over.
+    still holds) rather than start the drain over. `retry`: an earlier attempt of this drain
+    may have cordoned the Node (its worker died), so a cordon found is taken as ours.
     """
     deadline = clock() + inp.timeout.total_seconds()
-    if await cluster.get_node(inp.node_name) is None:
+    node = await cluster.get_node(inp.node_name)
+    if node is None:
         return DrainResult(evicted=0)
     await cluster.cordon(inp.node_name)
+    if inp.revalidate:
+        # The idle verdict came from a look taken before the cordon: a pod the scheduler bound
+        # in between would be evicted a few seconds after it started. Now that nothing more can
+        # arrive, look again.
+        arrived = [_key(p) for p in await cluster.list_pods_on_node(inp.node_name) if pod_keeps_node_busy(p)]
+        if arrived:
+            if retry or not node.unschedulable:  # a cordon someone else set stays
+                await cluster.uncordon(inp.node_name)
+            log.info("drain_called_off", node=inp.node_name, pods=arrived)
+            return DrainResult(evicted=0, called_off=arrived)
     evicted: set[str] = set()
+    refusals: dict[str, str] = {}  # pod -> the API's last answer to its eviction
     pods: list[PodSummary] = []
     while True:
         try:
@@ -59,7 +81,7 @@ async def drain(
             if not pods:
                 return DrainResult(evicted=len(evicted))
             for pod in pods:
-                if not pod.deleting and await _evict(cluster, inp.node_name, pod):
+                if not pod.deleting and await _evict(cluster, inp.node_name, pod, refusals):
                     evicted.add(_key(pod))
         except TransientError as exc:
             log.info("drain_transient_error", node=inp.node_name, error=str(exc))
@@ -67,17 +89,21 @@ async def drain(
             # A pod evicted in this very poll is in graceful deletion now, whatever the list said.
             terminating = [_key(p) for p in pods if p.deleting or _key(p) in evicted]
             remaining = [_key(p) for p in pods if _key(p) not in terminating]
+            for pod in pods:
+                await _warn_timed_out(cluster, inp, pod, still_shutting_down=_key(pod) in terminating, refusal=refusals.get(_key(pod)))
             return DrainResult(evicted=len(evicted), remaining=remaining, terminating=terminating)
         heartbeat(len(evicted))
         await asyncio.sleep(poll_interval.total_seconds())
 
 
-async def _evict(cluster: Cluster, node: str, pod: PodSummary) -> bool:
-    """Evict one pod; False when a disruption budget says not now (the next poll asks again)."""
+async def _evict(cluster: Cluster, node: str, pod: PodSummary, refusals: dict[str, str]) -> bool:
+    """Evict one pod; False when a disruption budget says not now (the next poll asks again).
+    The refusal is kept in `refusals`, for the pod's Event if the drain times out."""
     try:
         await cluster.evict_pod(pod.namespace, pod.name)
     except EvictionBlocked as exc:
         log.info("eviction_blocked_by_pdb", node=node, pod=_key(pod), reason=str(exc))
+        refusals[_key(pod)] = str(exc)
         return False
     if pod.owner_kind is None:
         await _warn_unmanaged(cluster, node, pod)
@@ -92,6 +118,25 @@ async def _warn_unmanaged(cluster: Cluster, node: str, pod: PodSummary) -> None:
         await cluster.record_pod_event(pod, type="Warning", reason=EVENT_UNMANAGED, message=message)
     except TgpError as exc:
         log.warning("pod_event_failed", pod=_key(pod), reason=EVENT_UNMANAGED, error=str(exc))
+
+
+async def _warn_timed_out(cluster: Cluster, inp: DrainInput, pod: PodSummary, *, still_shutting_down: bool, refusal: str | None) -> None:
+    """Tell the pod's owner, on the pod, that the drain gave up on it and the machine is being
+    terminated under it, and why. Best effort, as `_warn_unmanaged`."""
+    if still_shutting_down:
+        why = "it was evicted but was still shutting down (terminationGracePeriodSeconds longer than the drain timeout?)"
+    else:
+        why = f"its eviction was refused ({refusal})" if refusal else "its eviction was refused (a PodDisruptionBudget allowed no disruption)"
+    message = f"Node {inp.node_name} is terminated with this pod on it: the drain timed out after {_human(inp.timeout)} and {why}"
+    try:
+        await cluster.record_pod_event(pod, type="Warning", reason=EVENT_DRAIN_TIMED_OUT, message=message)
+    except TgpError as exc:
+        log.warning("pod_event_failed", pod=_key(pod), reason=EVENT_DRAIN_TIMED_OUT, error=str(exc))
+
+
+def _human(d: timedelta) -> str:
+    seconds = int(d.total_seconds())
+    return f"{seconds // 60}m" if seconds >= 60 and not seconds % 60 else f"{seconds}s"
 
 
 def _key(pod: PodSummary) -> str:

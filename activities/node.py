@@ -47,6 +47,7 @@ from tgp.types import (
     DeviceQuery,
     DrainInput,
     DrainResult,
+    GpuQuery,
     Instance,
     InstanceRef,
     InstanceState,
@@ -424,6 +425,17 @@ class NodeActivities:
 
         return await self._poll(ready)
 
+    @activity.defn
+    async def wait_for_gpus(self, q: GpuQuery) -> NodeSummary:
+        """Poll the cluster until the Node's allocatable `nvidia.com/gpu` reaches the offer's
+        count: Ready says the kubelet runs, not that the device plugin found the driver."""
+
+        async def registered() -> NodeSummary | None:
+            node = await self.cluster.get_node(q.node_name)
+            return node if node is not None and node.gpus >= q.gpus else None
+
+        return await self._poll(registered)
+
     async def _poll(self, check: Callable[[], Awaitable[T | None]]) -> T:
         """Look until `check` returns a value; transient errors just mean look again.
 
@@ -471,6 +483,10 @@ class NodeActivities:
                 if node is None or not node.ready:
                     return StageLook(up=False, seen=f"Node {inp.node_name} is {'missing' if node is None else 'not Ready'}")
                 seen.append(f"Node {inp.node_name} is Ready")
+                if inp.gpus is not None:
+                    if node.gpus < inp.gpus:
+                        return StageLook(up=False, seen=f"Node {inp.node_name} has {node.gpus} of {inp.gpus} GPUs allocatable")
+                    seen.append(f"its {node.gpus} GPUs are registered")
         return StageLook(up=True, seen=", ".join(seen))
 
     @activity.defn
@@ -501,7 +517,9 @@ class NodeActivities:
         not evicted or still shutting down, and the workflow terminates anyway."""
         started = time.monotonic()
         with temporal_errors():
-            result = await drain(self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat)
+            result = await drain(
+                self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
+            )
         outcome = "timed_out" if result.remaining or result.terminating else "drained"
         metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
         return result
@@ -568,6 +586,7 @@ class NodeActivities:
             self.wait_for_instance_running,
             self.wait_for_tailnet_device,
             self.wait_for_node_ready,
+            self.wait_for_gpus,
             self.check_stage,
             self.label_and_taint_node,
             self.observe_node,

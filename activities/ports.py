@@ -108,6 +108,10 @@ class Cluster(Protocol):
 
     async def cordon(self, name: str) -> None: ...
 
+    async def uncordon(self, name: str) -> None:
+        """Mark the Node schedulable again (a drain called off); a Node gone is left gone."""
+        ...
+
     async def list_pods_on_node(self, name: str) -> list[PodSummary]: ...
 
     async def evict_pod(self, namespace: str, name: str, *, grace_period: timedelta | None = None) -> None:

@@ -42,7 +42,10 @@ from aiohttp import web
 
 from sim.fakeserver import EchoForm, EchoMode, Fault, echo_errors, fault_body_response
 
-BootFailure = Literal["never_runs", "never_joins"]
+# never_runs: the instance fails to boot; never_joins: it runs but never reaches the tailnet;
+# gpus_never_register: its Node turns Ready but the GPU driver never loads (allocatable
+# nvidia.com/gpu stays 0, as with a driver that does not match the kernel).
+BootFailure = Literal["never_runs", "never_joins", "gpus_never_register"]
 TailnetRegister = Callable[[str, str], Awaitable[object]]
 # The account of the key a request came with (set by the auth middleware).
 _ACCOUNT = web.RequestKey("account", str)
@@ -452,7 +455,7 @@ class SimulatedCloud:
             await self._tailnet_register(env["TS_AUTHKEY"], hostname)
         if self._node_register is not None:
             labels = {"kubernetes.io/hostname": hostname, "nvidia.com/gpu.present": "true"}
-            await self._node_register(hostname, labels, inst.offer.gpu_count)
+            await self._node_register(hostname, labels, 0 if failure == "gpus_never_register" else inst.offer.gpu_count)
 
     def _stop_boot(self, inst: SimInstance) -> None:
         if inst.boot is not None and not inst.boot.done():

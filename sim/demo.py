@@ -186,13 +186,11 @@ class Story:
         except Exception:  # busy or just continued as new: next look
             return
         self.say(f"{workflow_id}/ui", f"  node {s.node_name}: workflow {self.ui}/namespaces/default/workflows/{quote(workflow_id, safe='')}")
-        for stage, at in sorted(s.stage_times.items(), key=lambda item: item[1]):
-            detail = ""
+        for record in s.stages:
+            stage, detail = record.stage.value, f" ({record.reason})" if record.reason else ""
             if stage == "Launching" and s.provider:
                 detail = f" bought {s.gpu_type} on {s.provider}/{s.region} at ${s.hourly_price}/h"
-            elif stage in ("Draining", "Terminating", "Terminated", "Interrupted", "Failed") and s.end_reason:
-                detail = f" ({s.end_reason})"
-            self.say(f"{workflow_id}/{stage}", f"  [{at.astimezone():%H:%M:%S}] node {s.node_name:<22} {stage}{detail}")
+            self.say(f"{workflow_id}/{stage}", f"  [{record.at.astimezone():%H:%M:%S}] node {s.node_name:<22} {stage}{detail}")
 
 
 async def run_demo(args: argparse.Namespace) -> int:

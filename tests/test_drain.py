@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from tests.kube_env import KubeApi, eventually
 
-from activities.drain import EVENT_UNMANAGED, drain
+from activities.drain import EVENT_DRAIN_TIMED_OUT, EVENT_UNMANAGED, drain
 from tgp.types import DrainInput, DrainResult
 
 POLL = timedelta(seconds=0.1)
@@ -185,3 +185,97 @@ async def test_drain_of_a_node_that_is_gone_does_nothing(kube_api: KubeApi) -> N
     heartbeats: list[int] = []
     assert await run_drain(kube_api, kube_api.unique("gone"), heartbeats=heartbeats) == DrainResult(evicted=0)
     assert heartbeats == []
+
+
+async def test_drain_leaves_completed_pods_alone_and_warns_about_none_of_them(kube_api: KubeApi) -> None:
+    # Issue 17 item 20: every scale-down warned `EvictedUnmanagedPod` about Jobs' finished pods.
+    node = kube_api.unique("completed")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("done", node=node, phase="Succeeded")
+    await kube_api.create_pod("crashed", node=node, phase="Failed")
+    await kube_api.create_pod("scratch", node=node)
+
+    async with kubelet_of(kube_api, node):
+        assert await run_drain(kube_api, node) == DrainResult(evicted=1)
+
+    assert await events_about(kube_api, "done") == [] and await events_about(kube_api, "crashed") == []
+    assert [e["reason"] for e in await events_about(kube_api, "scratch")] == [EVENT_UNMANAGED]
+    assert await kube_api.pod_exists("done") and await kube_api.pod_exists("crashed"), "a completed pod is not evicted"
+
+
+async def run_idle_drain(kube_api: KubeApi, node: str) -> DrainResult:
+    return await drain(kube_api.cluster, DrainInput(node_name=node, timeout=TIMEOUT, revalidate=True), poll_interval=POLL, heartbeat=[].append)
+
+
+async def node_spec(kube_api: KubeApi, node: str) -> dict[str, Any]:
+    found = await kube_api.get(f"/api/v1/nodes/{node}")
+    assert found is not None
+    return found.get("spec") or {}
+
+
+async def test_the_drain_of_an_idle_node_is_called_off_when_a_pod_arrived_before_the_cordon(kube_api: KubeApi) -> None:
+    # Issue 17 item 10: a pod bound between the idle verdict and the cordon was evicted seconds
+    # after it started. After the cordon nothing more can arrive: look again, call it off.
+    node = kube_api.unique("arrived")
+    await kube_api.create_node(node)
+    if not kube_api.real:  # a real garbage collector deletes pods whose made-up owner does not exist
+        await kube_api.create_pod("agent", node=node, owner_kind="DaemonSet")
+    await kube_api.create_pod("done", node=node, phase="Succeeded")
+    await kube_api.create_pod("fresh", node=node, gpu=True)
+
+    result = await run_idle_drain(kube_api, node)
+
+    assert result == DrainResult(evicted=0, called_off=[f"{kube_api.namespace}/fresh"])
+    assert await kube_api.pod_exists("fresh") and await events_about(kube_api, "fresh") == []
+    assert not (await node_spec(kube_api, node)).get("unschedulable"), "the node takes pods again"
+
+
+async def test_an_idle_node_still_idle_after_the_cordon_is_drained(kube_api: KubeApi) -> None:
+    node = kube_api.unique("still-idle")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("done", node=node, phase="Succeeded")
+
+    assert await run_idle_drain(kube_api, node) == DrainResult(evicted=0)
+    assert (await node_spec(kube_api, node)).get("unschedulable") is True
+
+
+async def test_a_called_off_drain_leaves_a_cordon_someone_else_set(kube_api: KubeApi) -> None:
+    node = kube_api.unique("admin-cordon")
+    await kube_api.create_node(node)
+    await kube_api.cluster.cordon(node)  # an operator's `kubectl cordon`
+    await kube_api.create_pod("fresh", node=node)
+
+    assert (await run_idle_drain(kube_api, node)).called_off == [f"{kube_api.namespace}/fresh"]
+    assert (await node_spec(kube_api, node)).get("unschedulable") is True
+
+
+async def test_at_the_deadline_each_pod_left_on_the_node_gets_a_warning_saying_why(kube_api: KubeApi) -> None:
+    # Issue 17 item 11: the pods killed with the machine must hear why, where `kubectl describe pod` shows it.
+    node = kube_api.unique("why")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("slow", node=node, grace_period=LONG_GRACE)
+    await kube_api.create_pod("guarded", node=node, labels={"app": "db"})
+    await kube_api.create_pdb("db", match_labels={"app": "db"}, min_available=1)
+
+    async with kubelet_of(kube_api, node):
+        await run_drain(kube_api, node, timeout=timedelta(seconds=1))
+
+    [guarded] = [e for e in await events_about(kube_api, "guarded") if e["reason"] == EVENT_DRAIN_TIMED_OUT]
+    [slow] = [e for e in await events_about(kube_api, "slow") if e["reason"] == EVENT_DRAIN_TIMED_OUT]
+    assert guarded["type"] == slow["type"] == "Warning"
+    assert node in guarded["message"] and "eviction was refused" in guarded["message"] and "disruption budget" in guarded["message"]
+    assert node in slow["message"] and "still shutting down" in slow["message"]
+
+
+async def test_a_retried_drain_lifts_the_cordon_its_first_attempt_set(kube_api: KubeApi) -> None:
+    # The first attempt's worker died after the cordon: the cordon found is ours, not an operator's.
+    node = kube_api.unique("retried")
+    await kube_api.create_node(node)
+    await kube_api.cluster.cordon(node)
+    await kube_api.create_pod("fresh", node=node)
+
+    inp = DrainInput(node_name=node, timeout=TIMEOUT, revalidate=True)
+    result = await drain(kube_api.cluster, inp, poll_interval=POLL, heartbeat=[].append, retry=True)
+
+    assert result.called_off == [f"{kube_api.namespace}/fresh"]
+    assert not (await node_spec(kube_api, node)).get("unschedulable")

@@ -68,6 +68,13 @@ async def test_status_and_evict_find_the_node_by_its_name(temporal: WorkflowEnvi
         out = await eventually(listed, what="the node in `tgp status` (visibility catches up)")
         assert f"pool {req.namespace}/{req.pool}:" in out and "simulated" in out and "$0.44/h now" in out
 
+        # One node: the typed stage records its status query answers, when and why.
+        code, out, err = await tgp("status", req.node_name, env=env)
+        assert code == 0, err
+        assert out.startswith(f"node {req.node_name} in pool {req.pool}: Ready, RTX4090 on simulated"), out
+        stages = [line.split("Z  ", 1)[1] for line in out.splitlines() if "Z  " in line]
+        assert stages[:1] == ["Pending"] and stages[-1] == "Ready" and "GpusRegistered" in stages, out
+
         code, out, err = await tgp("evict", req.node_name, "--reason", "from the CLI", env=env)
         assert code == 0, err
         final: NodeStatus = await handle.result()

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tgp.crds import ClassLimits, Condition, GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.types import NodePhase, NodeRequest, NodeOverview
+from tgp.types import NodePhase, NodeRequest, NodeOverview, StageRecord
 
 
 class Msg(BaseModel):
@@ -112,6 +112,7 @@ class NodeReport(NodeOverview):
 
     reason: str | None = None
     at: datetime
+    stages: list[StageRecord] = Field([], description="The stage records the node entered since its previous report, oldest first.")
 
 
 class PoolNode(NodeOverview):

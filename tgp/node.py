@@ -4,12 +4,10 @@ workflows (activities.pool) needs nothing of workflows/."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from tgp.lifecycle import WatchState
-from tgp.types import InstanceRef, LaunchAttempt, NodePhase, NodeRequest, Offer
+from tgp.types import InstanceRef, LaunchAttempt, NodePhase, NodeRequest, Offer, StageRecord, stage_records
 
 
 class NodeState(BaseModel):
@@ -22,10 +20,18 @@ class NodeState(BaseModel):
     instance: InstanceRef | None = None
     key_ids: list[str] = []
     watch: WatchState | None = None
-    stage_times: dict[str, datetime] = {}
+    stages: list[StageRecord] = []
     evict_reason: str | None = None
     last_error: str | None = None
     end_reason: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_stage_times(cls, data: object) -> object:
+        """A run continued as new before the records were typed carries `stage_times`."""
+        if isinstance(data, dict) and "stage_times" in data:
+            data = {k: v for k, v in data.items() if k != "stage_times"} | {"stages": data.get("stages") or stage_records(data["stage_times"])}
+        return data
 
 
 class NodeWorkflowInput(BaseModel):

@@ -12,7 +12,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tgp.labels import LABEL_VALUE_MAX_LENGTH, LABEL_VALUE_PATTERN, QUALIFIED_NAME_MAX_LENGTH, QUALIFIED_NAME_PATTERN
 
@@ -65,6 +65,63 @@ class NodePhase(StrEnum):
 
 
 _FINAL_PHASES = {NodePhase.TERMINATED, NodePhase.INTERRUPTED, NodePhase.FAILED, NodePhase.CANCELLED}
+
+
+class Stage(StrEnum):
+    """A step of a node's life that is recorded with its time and reason (`StageRecord`): every
+    phase, plus the steps inside one (the join's three waits, the drain's outcomes, the release)."""
+
+    PENDING = "Pending"
+    LAUNCHING = "Launching"
+    JOINING = "Joining"
+    TAILNET_JOINED = "TailnetJoined"  # the tailnet device is there
+    NODE_READY = "NodeReady"  # the Node reports Ready (its GPUs may not be registered yet)
+    GPUS_REGISTERED = "GpusRegistered"  # allocatable nvidia.com/gpu reached the offer's count
+    READY = "Ready"
+    DRAINING = "Draining"
+    DRAIN_CALLED_OFF = "DrainCalledOff"  # a workload pod was found after the cordon: back to Ready
+    DRAIN_TIMED_OUT = "DrainTimedOut"  # pods were still on the node at the drain timeout
+    TERMINATING = "Terminating"
+    TERMINATION_STUCK = "TerminationStuck"
+    RELEASED = "Released"  # instance, tailnet device and key, Node object all gone
+    TERMINATED = "Terminated"
+    INTERRUPTED = "Interrupted"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+    @property
+    def warning(self) -> bool:
+        """A stage an operator should hear about as a Warning Event."""
+        return self in (Stage.DRAIN_TIMED_OUT, Stage.TERMINATION_STUCK, Stage.INTERRUPTED, Stage.FAILED)
+
+
+class StageRecord(Model):
+    """When a node last entered a stage, and why (Karpenter's typed conditions are the model)."""
+
+    stage: Stage
+    at: datetime
+    reason: str = ""
+
+    def describe(self) -> str:
+        """One line, as `tgp status NODE` prints it and the pool's Events say it."""
+        return f"{self.stage.value}: {self.reason}" if self.reason else self.stage.value
+
+
+def stage_records(value: object) -> list[StageRecord]:
+    """Stage records from what older versions stored: a `{stage: time}` map of free strings
+    (continue-as-new inputs and query answers recorded before the records were typed). Stages
+    this version does not know are dropped rather than stop the node from loading."""
+    if not isinstance(value, dict):
+        return []
+    known = {s.value for s in Stage}
+    records = [StageRecord.model_validate({"stage": k, "at": v}) for k, v in value.items() if k in known]
+    return sorted(records, key=lambda r: r.at)
+
+
+def upsert_stage(records: list[StageRecord], record: StageRecord) -> list[StageRecord]:
+    """`records` with `record` as its stage's one entry, last: a stage entered again (a second
+    launch attempt, Ready after a called-off drain) keeps its latest time and reason."""
+    return [*(r for r in records if r.stage is not record.stage), record]
 
 
 class Offer(Model):
@@ -170,6 +227,11 @@ LAUNCH_TIMEOUT = timedelta(minutes=10)
 TAILNET_JOIN_TIMEOUT = timedelta(minutes=5)
 # Kubelet registration plus NVIDIA driver load and Ready: Talos/Ubuntu images take 3-8 minutes.
 NODE_READY_TIMEOUT = timedelta(minutes=10)
+# The NVIDIA device plugin (a DaemonSet) must start on the Ready node, find the driver and
+# register `nvidia.com/gpu` with the kubelet: 1-3 minutes after Ready with a cached image; 10
+# covers a slow image pull. Past it the driver is broken: the node cannot run GPU pods at all
+# (Karpenter's RequestedResourcesRegistered has the same role, inside its 15-minute limit).
+GPU_REGISTRATION_TIMEOUT = timedelta(minutes=10)
 # Long enough for a graceful pod shutdown, short enough that a stuck PDB does not keep paying.
 DRAIN_TIMEOUT = timedelta(minutes=10)
 # Karpenter's consolidateAfter-style grace: a node idle this long is drained and terminated.
@@ -195,6 +257,7 @@ class LifecycleTimeouts(Model):
     launch: timedelta = LAUNCH_TIMEOUT
     tailnet_join: timedelta = TAILNET_JOIN_TIMEOUT
     node_ready: timedelta = NODE_READY_TIMEOUT
+    gpu_registration: timedelta = Field(GPU_REGISTRATION_TIMEOUT, description="From Node Ready until its allocatable nvidia.com/gpu reaches the offer's count.")
     drain: timedelta = DRAIN_TIMEOUT
     idle: timedelta | None = Field(IDLE_TIMEOUT, description="None: never idle out (a pool's minNodes floor).")
     watch_interval: timedelta = WATCH_INTERVAL
@@ -299,10 +362,23 @@ class NodeStatus(NodeOverview):
     pool: str
     region: str | None = None
     instance_id: str | None = None
-    stage_times: dict[str, datetime] = {}
+    stages: list[StageRecord] = Field([], description="When the node last entered each stage and why, oldest first.")
     attempts: list[LaunchAttempt] = []
     last_error: str | None = None
     end_reason: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_stage_times(cls, data: object) -> object:
+        """Answers of runs from before the typed records carry `stage_times` instead."""
+        if isinstance(data, dict) and "stage_times" in data:
+            data = {k: v for k, v in data.items() if k != "stage_times"} | {"stages": data.get("stages") or stage_records(data["stage_times"])}
+        return data
+
+    @property
+    def stage_times(self) -> dict[str, datetime]:
+        """When each stage was last entered, by name."""
+        return {r.stage.value: r.at for r in self.stages}
 
 
 # --- What the activities observe -------------------------------------------------------
@@ -333,6 +409,7 @@ class NodeSummary(Model):
     labels: dict[str, str] = {}
     taints: list[Taint] = []
     unschedulable: bool = False
+    gpus: int = Field(0, description="Allocatable nvidia.com/gpu: what the device plugin has registered.")
 
 
 class NodeObservation(Model):
@@ -347,6 +424,9 @@ class DrainResult(Model):
     evicted: int
     remaining: list[str] = Field([], description="namespace/name of pods not evicted by the deadline (e.g. blocked by a PodDisruptionBudget).")
     terminating: list[str] = Field([], description="namespace/name of pods evicted or deleted but still shutting down at the deadline.")
+    called_off: list[str] = Field(
+        [], description="With revalidate: namespace/name of workload pods found right after the cordon; the Node was uncordoned and nothing evicted."
+    )
 
 
 # --- Activity inputs and results ----------------------------------------------------------
@@ -413,6 +493,7 @@ class StageCheck(Model):
     instance: InstanceRef | None = None
     device: DeviceQuery | None = None
     node_name: str | None = None
+    gpus: int | None = Field(None, description="With node_name: the allocatable nvidia.com/gpu the Node must have.")
 
 
 class StageLook(Model):
@@ -420,6 +501,13 @@ class StageLook(Model):
 
     up: bool
     seen: str
+
+
+class GpuQuery(Model):
+    """Input of `wait_for_gpus`: the Node and the GPU count its offer sells."""
+
+    node_name: str
+    gpus: int
 
 
 class LabelInput(Model):
@@ -437,6 +525,11 @@ class ObserveInput(Model):
 class DrainInput(Model):
     node_name: str
     timeout: timedelta
+    revalidate: bool = Field(
+        False,
+        description="The drain is for an idle node: right after the cordon, look again, and if a workload pod arrived "
+        "since the idle verdict, uncordon and evict nothing (Karpenter re-validates a disruption the same way).",
+    )
 
 
 class TailnetCleanupInput(Model):

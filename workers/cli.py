@@ -121,7 +121,7 @@ async def run_ops(args: argparse.Namespace) -> int:
     settings = _temporal_settings(args)
     client = await connect(settings)
     if args.command == "status":
-        print(await ops.status(client))
+        print(await (ops.node_status(client, args.node) if args.node else ops.status(client)))
     elif args.command == "evict":
         print(await ops.evict(client, args.node, args.reason))
     else:
@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("pool", help="the GPUNodePool, NAMESPACE/NAME (or NAME in default)")
     plan.add_argument("--limit", type=int, default=20, help="offers to list besides the chosen one")
 
-    status = sub.add_parser("status", help="running GPU nodes by pool: phase, provider, $/h, age, cost so far")
+    status = sub.add_parser("status", help="running GPU nodes by pool: phase, provider, $/h, age, cost so far; or one node's stages")
+    status.add_argument("node", nargs="?", help="a Node name: its stages, when and why")
     _temporal_flags(status)
 
     evict = sub.add_parser("evict", help="drain and terminate a GPU node now (the `evict` signal)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from temporalio.client import Client
@@ -22,9 +22,11 @@ from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool
 from tgp.errors import ConfigError
 from tgp.offers import rank_offers, rejection_reasons
 from tgp.pools import offer_requirements
-from tgp.types import Offer
+from tgp.types import NodeStatus, Offer
 from workers.metrics import BILLING_PHASES
 
+# A query is answered by a worker: none running (or all busy) must not hang the CLI.
+QUERY_TIMEOUT = timedelta(seconds=15)
 
 
 def _cluster() -> KubernetesCluster:
@@ -104,6 +106,29 @@ async def plan(pool_ref: str, *, limit: int = 20) -> str:
 def _describe(o: Offer) -> str:
     spot = " spot" if o.spot else ""
     return f"{o.provider:<11} {o.gpu_type} x{o.gpu_count:<2} {o.region:<14} ${o.hourly_price}/h{spot}"
+
+
+async def node_status(client: Client, node_name: str) -> str:
+    """One node's life so far, from its workflow's `status` query: what it runs on and each
+    stage it entered, when and why (the same typed records the pool's Events are made of)."""
+    workflow_id = await _node_workflow(client, node_name)
+    s = await client.get_workflow_handle(workflow_id).query("status", result_type=NodeStatus, rpc_timeout=QUERY_TIMEOUT)
+    where = f"{s.gpu_type} on {s.provider} ({s.region}) at ${s.hourly_price}/h, instance {s.instance_id or '-'}" if s.provider else "no offer chosen yet"
+    lines = [f"node {s.node_name} in pool {s.pool}: {s.phase.value}, {where}", f"  workflow {workflow_id}"]
+    for record in s.stages:
+        lines.append(f"  {record.at.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z  {record.describe()}")
+    if s.last_error:
+        lines.append(f"  last error: {s.last_error}")
+    return "\n".join(lines)
+
+
+async def _node_workflow(client: Client, node_name: str) -> str:
+    if not node_name.replace("-", "").replace(".", "").isalnum():
+        raise ConfigError(f"{node_name!r} is not a Node name")
+    found = [wf.id async for wf in client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND TgpNodeName = '{node_name}'")]
+    if not found:
+        raise ConfigError(f"no running node workflow for node {node_name} (tgp status lists them)")
+    return found[0]
 
 
 async def status(client: Client) -> str:

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from tgp.lifecycle import EndReason, WatchState, judge_observation
     from tgp.types import (
+        GPU_RESOURCE,
         LABEL_GPU_TYPE,
         LABEL_MANAGED,
         LABEL_POOL,
@@ -40,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         DeviceQuery,
         DrainInput,
         EvictRequest,
+        GpuQuery,
         InstanceRef,
         LabelInput,
         LaunchAttempt,
@@ -52,11 +54,14 @@ with workflow.unsafe.imports_passed_through():
         ObserveInput,
         Offer,
         SelectOfferInput,
+        Stage,
         StageCheck,
         StageLook,
+        StageRecord,
         TailnetCleanupInput,
         TimeoutsUpdate,
         instance_name,
+        upsert_stage,
     )
 
 SA_POOL = SearchAttributeKey.for_keyword("TgpPool")
@@ -77,6 +82,12 @@ HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 600
 POLL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 # Marks runs whose wait stages look once more at the deadline before failing over.
 STAGE_CHECK_PATCH = "stage-deadline-check"
+# Marks runs in which a cancel that an activity's failure absorbed still ends the node Cancelled.
+CANCEL_PATCH = "cancel-ends-cancelled"
+# Marks runs whose drain of an idle node looks again after the cordon (and may be called off).
+DRAIN_REVALIDATE_PATCH = "drain-revalidate"
+# Marks runs whose join waits for the Node's GPUs after Ready.
+GPU_REGISTRATION_PATCH = "gpu-registration-stage"
 
 
 class LaunchAttemptFailed(Exception):
@@ -94,6 +105,7 @@ class GPUNodeWorkflow:
         self.req = inp.request
         self.state = inp.state or NodeState()
         self._reports: list[asyncio.Future[None]] = []
+        self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
 
     # --- messages ------------------------------------------------------------------------
 
@@ -122,7 +134,7 @@ class GPUNodeWorkflow:
             region=offer.region if offer else None,
             instance_id=inst.instance_id if inst else None,
             hourly_price=offer.hourly_price if offer else None,
-            stage_times=self.state.stage_times,
+            stages=self.state.stages,
             attempts=self.state.attempts,
             last_error=self.state.last_error,
             end_reason=self.state.end_reason,
@@ -136,15 +148,22 @@ class GPUNodeWorkflow:
         try:
             if self.state.watch is None:  # a run continued as new is already past bring-up
                 await self._bring_up()
-            end = await self._watch_until_done()
-            if end in (EndReason.INTERRUPTED, EndReason.LOST):
-                final = NodePhase.INTERRUPTED  # the instance is gone: nothing left to drain
-            else:
-                await self._drain()
-                final = NodePhase.TERMINATED
+            while True:
+                end = await self._watch_until_done()
+                if end in (EndReason.INTERRUPTED, EndReason.LOST):
+                    final = NodePhase.INTERRUPTED  # the instance is gone: nothing left to drain
+                    break
+                if await self._drain(end):
+                    final = NodePhase.TERMINATED
+                    break
         except NodeEvicted:
             final = NodePhase.TERMINATED
         except (LaunchAttemptFailed, ApplicationError, ActivityError) as exc:
+            if self._cancel_requested():
+                # The cancel reached an activity in flight (drain, label, a cleanup) and came
+                # back as its failure: it is still a cancel, not a failed node.
+                await self._finish_cancelled()
+                raise asyncio.CancelledError() from None
             final = self._failed(exc)
         except asyncio.CancelledError:
             await self._finish_cancelled()
@@ -219,6 +238,8 @@ class GPUNodeWorkflow:
                 await self._label_and_taint()
                 return
             except LaunchAttemptFailed as exc:
+                if self._cancel_requested():
+                    raise asyncio.CancelledError() from None  # not this offer's fault: buy nothing more
                 self._record(attempt, str(exc))
                 self.state.last_error = f"attempt {attempt.attempt} on {offer.key}: {exc}"
                 workflow.logger.warning("launch attempt failed, trying the next offer: %s", self.state.last_error)
@@ -351,7 +372,7 @@ class GPUNodeWorkflow:
             timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
             recheck=StageCheck(instance=self.state.instance, device=device),
         )
-        self._stamp("TailnetJoined")
+        self._stamp(Stage.TAILNET_JOINED)
         await self._wait_for(
             NodeActivities.wait_for_node_ready,
             self.req.node_name,
@@ -360,6 +381,19 @@ class GPUNodeWorkflow:
             timeout_error="join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)",
             recheck=StageCheck(instance=self.state.instance, node_name=self.req.node_name),
         )
+        if not workflow.patched(GPU_REGISTRATION_PATCH):
+            return  # a run from before the GPU stage: Ready was enough
+        self._stamp(Stage.NODE_READY)
+        gpus = self.state.offer.gpu_count if self.state.offer else 1
+        await self._wait_for(
+            NodeActivities.wait_for_gpus,
+            GpuQuery(node_name=self.req.node_name, gpus=gpus),
+            timeout=t.gpu_registration,
+            summary=f"wait for {gpus} GPUs to register",
+            timeout_error=f"join timeout: the Node's allocatable {GPU_RESOURCE} did not reach {gpus} within {{}} (GPU driver or device plugin)",
+            recheck=StageCheck(instance=self.state.instance, node_name=self.req.node_name, gpus=gpus),
+        )
+        self._stamp(Stage.GPUS_REGISTERED)
 
     async def _label_and_taint(self) -> None:
         offer = self.state.offer
@@ -411,6 +445,8 @@ class GPUNodeWorkflow:
                     summary="observe",
                 )
             except ActivityError as exc:
+                if self._cancel_requested():
+                    raise asyncio.CancelledError() from None  # the cancel landed during the look
                 # The provider or Kubernetes API is down: keep the node (it may be running a
                 # job) and look again next interval rather than end its life for an outage.
                 self.state.last_error = f"could not observe the node: {_describe(exc)}"
@@ -421,12 +457,15 @@ class GPUNodeWorkflow:
                 self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                 return verdict.end
 
-    async def _drain(self) -> None:
+    async def _drain(self, end: EndReason) -> bool:
+        """Drain the node; False when the drain of an idle node was called off because a
+        workload pod had arrived since the idle verdict: the node is Ready again."""
         self._enter(NodePhase.DRAINING)
         self._tell_pool()
+        revalidate = end is EndReason.IDLE and workflow.patched(DRAIN_REVALIDATE_PATCH)
         result = await workflow.execute_activity_method(
             NodeActivities.drain_node,
-            DrainInput(node_name=self.req.node_name, timeout=self.req.timeouts.drain),
+            DrainInput(node_name=self.req.node_name, timeout=self.req.timeouts.drain, revalidate=revalidate),
             start_to_close_timeout=self.req.timeouts.drain + self.req.timeouts.api_call,
             heartbeat_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
@@ -438,6 +477,18 @@ class GPUNodeWorkflow:
         ]
         if stuck:
             self.state.last_error = f"drain timed out after {self.req.timeouts.drain}; terminated with pods still on the node; {'; '.join(stuck)}"
+            self._stamp(Stage.DRAIN_TIMED_OUT, f"timed out after {_human(self.req.timeouts.drain)}; terminated with pods still on the node: {'; '.join(stuck)}")
+        if result.called_off:
+            assert self.state.watch is not None
+            arrived = ", ".join(result.called_off)
+            workflow.logger.info("drain called off, %s arrived after the idle verdict: watching again", arrived)
+            self._stamp(Stage.DRAIN_CALLED_OFF, f"{arrived} arrived on the node after it was judged idle")
+            self.state.end_reason = None
+            self.state.watch = self.state.watch.model_copy(update={"idle_since": None})
+            self._enter(NodePhase.READY)
+            self._tell_pool()
+            return False
+        return True
 
     # --- release what was bought ---------------------------------------------------------
 
@@ -501,7 +552,7 @@ class GPUNodeWorkflow:
         self._tell_pool()
         if self.state.attempts:
             await self._release_attempt()
-            self._stamp("Released")
+            self._stamp(Stage.RELEASED)
         if self.req.class_workflow_id:
             await workflow.execute_activity_method(
                 NodeClassActivities.release_reservation,
@@ -561,6 +612,8 @@ class GPUNodeWorkflow:
                 await self._poll(activity, arg, budget=budget, summary=summary, evicted=evicted)
                 return True
             except ActivityError as exc:
+                if self._cancel_requested():
+                    raise asyncio.CancelledError() from None
                 if not isinstance(exc.cause, TimeoutError):
                     raise LaunchAttemptFailed(_describe(exc)) from None
                 if not workflow.patched(STAGE_CHECK_PATCH):
@@ -603,8 +656,18 @@ class GPUNodeWorkflow:
                 summary="look once more at the stage deadline",
             )
         except ActivityError as exc:
+            if self._cancel_requested():
+                raise asyncio.CancelledError() from None
             self.state.last_error = f"the last look at the stage deadline failed: {_describe(exc)}"
             return None
+
+    @staticmethod
+    def _cancel_requested() -> bool:
+        """Whether the workflow was cancelled. Temporal delivers a cancel once, to whatever the
+        run awaits: an activity in flight takes it and fails with it, and code that handles
+        activity failures (an outage while watching, a failed stage) would swallow it. Each such
+        handler asks this first. Runs from before this rule keep their recorded way."""
+        return workflow.cancellation_reason() is not None and workflow.patched(CANCEL_PATCH)
 
     def _check_evicted(self) -> None:
         if self.state.evict_reason is not None:
@@ -612,9 +675,9 @@ class GPUNodeWorkflow:
             raise NodeEvicted()
 
     def _enter(self, phase: NodePhase) -> None:
-        """Record the phase: state, stage time, search attributes and the Web UI's details."""
+        """Record the phase: state, stage record, search attributes and the Web UI's details."""
         self.state.phase = phase
-        self._stamp(phase.value)
+        self._stamp(Stage(phase.value), self._why(phase))
         workflow.upsert_search_attributes(
             [
                 SA_PHASE.value_set(phase.value),
@@ -630,10 +693,11 @@ class GPUNodeWorkflow:
         """Report the phase just entered to the pool, if the node has one. The report goes out
         from its own task so the node never waits on the pool; `_end` and continue-as-new wait
         for all of them."""
+        records, self._unreported = self._unreported, []
         if self.req.pool_workflow_id:
-            self._reports.append(asyncio.ensure_future(self._report(self.state.phase)))
+            self._reports.append(asyncio.ensure_future(self._report(self.state.phase, records)))
 
-    async def _report(self, phase: NodePhase) -> None:
+    async def _report(self, phase: NodePhase, records: list[StageRecord]) -> None:
         """Tell the pool where this node is. The pool may be gone (deleted, or a node started
         by hand): then nobody is listening, which is fine."""
         offer = self.state.offer
@@ -647,6 +711,7 @@ class GPUNodeWorkflow:
             # A failed node's end reason is just "failed": the pool's Event needs the cause.
             reason=self.state.last_error if phase is NodePhase.FAILED and self.state.last_error else self.state.end_reason or self.state.last_error,
             at=workflow.now(),
+            stages=records,
         )
         try:
             await workflow.get_external_workflow_handle(self.req.pool_workflow_id or "").signal("node_phase", report)
@@ -662,8 +727,20 @@ class GPUNodeWorkflow:
             ]
         )
 
-    def _stamp(self, stage: str) -> None:
-        self.state.stage_times.setdefault(stage, workflow.now())
+    def _stamp(self, stage: Stage, reason: str = "") -> None:
+        """Record that the node entered `stage` now, and why: for the status query, for the pool
+        (with the next report) and for `tgp status NODE`."""
+        record = StageRecord(stage=stage, at=workflow.now(), reason=reason)
+        self.state.stages = upsert_stage(self.state.stages, record)
+        self._unreported.append(record)
+
+    def _why(self, phase: NodePhase) -> str:
+        """The reason recorded with a phase: why the node drains or ended, or what failed."""
+        if phase in (NodePhase.FAILED, NodePhase.TERMINATION_STUCK):
+            return self.state.last_error or ""
+        if phase in (NodePhase.DRAINING, NodePhase.TERMINATED, NodePhase.INTERRUPTED, NodePhase.CANCELLED):
+            return self.state.end_reason or ""
+        return ""
 
     def _record(self, attempt: LaunchAttempt, outcome: str, instance_id: str | None = None) -> None:
         i = attempt.attempt - 1

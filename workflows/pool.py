@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
         StartNodeInput,
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements
-    from tgp.types import NodePhase, TimeoutsUpdate
+    from tgp.types import NodePhase, Stage, StageRecord, TimeoutsUpdate
     from workflows.entity import best_effort, history_is_long, write_status_once
 
 # Even with no news the pool looks again this often (a lost signal cannot stall it).
@@ -159,7 +159,7 @@ class GPUNodePoolWorkflow:
         )
         self.state.nodes[r.workflow_id] = node
         if old is None or old.phase is not r.phase:
-            self._node_event(node)
+            self._node_event(node, r.stages)
         if r.phase is NodePhase.FAILED:
             self.state.failures += 1
             backoff = min(LAUNCH_BACKOFF * 2 ** (self.state.failures - 1), MAX_LAUNCH_BACKOFF)
@@ -539,8 +539,11 @@ class GPUNodePoolWorkflow:
     def _event(self, type: str, reason: str, message: str) -> EventSpec:
         return EventSpec(ref=self._ref(), type=type, reason=reason, message=message)
 
-    def _node_event(self, n: PoolNode) -> None:
+    def _node_event(self, n: PoolNode, stages: list[StageRecord] | None = None) -> None:
         where = f"{n.gpu_type} on {n.provider} at ${n.hourly_price}/h" if n.provider else ""
+        for s in stages or []:
+            if s.stage is Stage.DRAIN_TIMED_OUT:  # the pods it names were killed, not evicted
+                self.events.append(self._event("Warning", s.stage.value, f"node {n.node_name} drain {s.reason}"))
         if n.phase is NodePhase.READY:
             self.events.append(self._event("Normal", "NodeReady", f"node {n.node_name} is Ready ({where})"))
         elif n.phase is NodePhase.FAILED:

@@ -214,12 +214,20 @@ class KubernetesCluster:
 
     async def cordon(self, name: str) -> None:
         """Mark the Node unschedulable. A Node that no longer exists takes no pods: done."""
+        await self._set_unschedulable(name, True)
+
+    async def uncordon(self, name: str) -> None:
+        """Mark the Node schedulable again. A Node that no longer exists: nothing to do."""
+        # null, not false: a merge patch with null removes the field, as `kubectl uncordon` leaves it.
+        await self._set_unschedulable(name, None)
+
+    async def _set_unschedulable(self, name: str, value: bool | None) -> None:
         core = await self._client()
         try:
             await self._call(
-                f"cordon Node {name}",
+                f"{'cordon' if value else 'uncordon'} Node {name}",
                 core.patch_node(
-                    name, {"spec": {"unschedulable": True}}, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+                    name, {"spec": {"unschedulable": value}}, _content_type=MERGE_PATCH, _request_timeout=self._timeout
                 ),
                 passthrough={404},
             )
@@ -528,7 +536,16 @@ def _node_summary(node: k8s.V1Node) -> NodeSummary:
         labels=dict(node.metadata.labels or {}) if node.metadata else {},
         taints=[Taint(key=t.key, value=t.value or "", effect=t.effect) for t in (spec.taints or [])] if spec else [],
         unschedulable=bool(spec.unschedulable) if spec else False,
+        gpus=_count(((node.status.allocatable if node.status else None) or {}).get(GPU_RESOURCE)),
     )
+
+
+def _count(quantity: str | None) -> int:
+    """A whole-number extended resource (`nvidia.com/gpu: "8"`); 0 when absent or unreadable."""
+    try:
+        return max(0, int(Decimal(str(quantity).strip()))) if quantity is not None else 0
+    except (InvalidOperation, ValueError):
+        return 0
 
 
 def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
