@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tgp.capacity import OfferSize
 from tgp.crds import ClassLimits, GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.types import NodePhase, NodeRequest, NodeOverview
 
@@ -117,6 +118,7 @@ class PoolNode(NodeOverview):
     reason: str | None = None
     floor: bool = Field(False, description="Keeps the pool at minNodes; does not idle out.")
     timeouts_sent: str = Field("", description="The disruption settings the node last got (JSON), to send changes once.")
+    gpus: int | None = Field(None, description="The GPUs it was bought with (at least): the room its nominations may take while it launches.")
     reported_at: datetime | None = Field(None, description="`at` of the newest report taken from the node: an older one arriving later is stale.")
 
 
@@ -157,4 +159,5 @@ class OfferCheck(Msg):
     cheapest_any_price: Decimal | None = None
     cheapest_description: str = ""
     failed: dict[str, str] = Field({}, description="Providers whose offers could not be listed, with why.")
+    sizes: list[OfferSize] = Field([], description="The cheapest matching offer per GPU count (what demand by fit buys from).")
 

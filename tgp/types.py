@@ -201,6 +201,11 @@ class LifecycleTimeouts(Model):
     api_call: timedelta = API_CALL_TIMEOUT
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")
     termination_stuck: timedelta = Field(TERMINATION_STUCK_AFTER, description="Report TerminationStuck after this long.")
+    bind_grace: timedelta | None = Field(
+        None,
+        description="The pool's bind grace: after Ready the node holds the place of the pods bought for it this long, "
+        "and its idle timeout cannot end it before (None: no hold, as nodes started by hand).",
+    )
 
 
 class TimeoutsUpdate(Model):
