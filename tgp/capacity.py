@@ -11,12 +11,13 @@ the facts on every pass and are *void* as soon as they are false:
   (another pod took them; the scheduler does not know about nominations);
 * a launching node got more nominations than its GPUs (a state from an older release).
 
-A pod still pending `bind_grace` after its node became Ready *with room for it* does not fit
+A pod still pending `bind_grace` after its node became Ready, the node not full, does not fit
 that node for a reason GPUs do not show (memory, a volume's zone, anti-affinity): it is unfit,
-reported, and buys nothing more until it changes or the pool does. A node holds the place of the
-pods nominated to it for that grace (its idle timeout does not run before; see
-`tgp.lifecycle.judge_observation`), so a node that idled out was Ready for the whole grace: a
-nomination to it that had room then is judged unfit, not void (else each idle-out would buy again).
+reported, and buys nothing more until it changes or the pool does. (A Ready node whose free GPUs
+the bridge does not report, its GPUs not registered, is not full: that node is judged too.) A
+node holds the place of the pods bought for it for that grace (its idle timeout does not run
+before; see `tgp.lifecycle.judge_observation`), so a node that idled out was Ready for the whole
+grace: a nomination to it is judged, not voided (else each idle-out would buy again).
 
 Pods no node holds are packed into new nodes like Karpenter's bin packing: largest request
 first, first fit into the nodes opened in this pass; a new node is opened with the GPU count
@@ -47,14 +48,12 @@ class Frozen(BaseModel):
 class Nomination(Frozen):
     """Pod -> the node expected to run it, since when. `bought`: the node was bought (or is
     launching) for this pod; otherwise the pod borrows free GPUs of a node already Ready.
-    `ready_at`/`room`: when the node was seen Ready, and whether it then had free GPUs for the
-    pod (the bind grace only judges a pod that had room)."""
+    `ready_at`: when its node turned Ready, as last seen (it outlives the node: see below)."""
 
     workflow_id: str
     since: datetime
     bought: bool = True
     ready_at: datetime | None = None
-    room: bool = False
 
 
 class CapacityNode(Frozen):
@@ -141,9 +140,8 @@ def plan_capacity(
         node = by_id.get(nom.workflow_id)
         room = left.get(nom.workflow_id, 0) if node is not None else 0
         if node is not None and node.ready_at is not None and not node.launching:
-            fits = room is not None and room >= pending[pod]
-            nom = nom.model_copy(update={"ready_at": node.ready_at, "room": fits or (room is None and nom.room)})
-            if room is not None and not fits:
+            nom = nom.model_copy(update={"ready_at": node.ready_at})
+            if room is not None and room < pending[pod]:
                 voided.append(pod)  # full: another pod took its place
                 continue
             if now - max(nom.since, node.ready_at) >= bind_grace:
@@ -155,8 +153,9 @@ def plan_capacity(
                 continue
         else:
             # Gone or on its way out. A node holds its nominated pods' place for the grace, so
-            # one that idled out with room for the pod was Ready the whole grace: judge the pod.
-            judged = nom.room and nom.ready_at is not None and now - max(nom.since, nom.ready_at) >= bind_grace
+            # one that idled out while it held the pod was Ready the whole grace (a full one
+            # was voided when seen): judge the pod, as if the node were still there.
+            judged = nom.ready_at is not None and now - max(nom.since, nom.ready_at) >= bind_grace
             if judged:
                 (newly_unfit if nom.bought else borrow_failed).append(pod)
             else:

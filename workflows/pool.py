@@ -473,7 +473,7 @@ class GPUNodePoolWorkflow:
                 self._event(
                     "Warning",
                     "PodDoesNotFit",
-                    f"pod {pod} stayed pending on the Ready node bought for it although its GPUs were free: it asks for "
+                    f"pod {pod} stayed pending on the Ready node bought for it, which had room for its GPUs: it asks for "
                     "something the pool's nodes do not have (memory, CPU, a volume's zone, anti-affinity...); no more "
                     "nodes are bought for it until it changes or the pool does",
                 )
