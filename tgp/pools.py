@@ -114,7 +114,7 @@ def node_request(
     if min_gpus > requirements.min_gpu_count:
         # A pod asking for more GPUs than the class minimum needs a node that has them.
         requirements = requirements.model_copy(update={"min_gpu_count": min_gpus})
-    timeouts = LifecycleTimeouts(**node_timeouts(pool, floor=floor).model_dump())
+    timeouts = LifecycleTimeouts(**node_timeouts(pool, floor=floor).model_dump(exclude={"hold"}))
     if watch_interval is not None:
         timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
     if bind_grace is not None:

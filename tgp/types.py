@@ -215,6 +215,11 @@ class TimeoutsUpdate(Model):
     idle: timedelta | None
     drain: timedelta
     expire_after: timedelta | None
+    hold: timedelta | None = Field(
+        None,
+        description="The pool's bind grace while pods are nominated to the node (it holds their place, not idling out "
+        "within that long of Ready), 0 once none is: the hold is released. None: no change (senders before it existed).",
+    )
 
 
 class BootConfig(Model):

@@ -424,7 +424,7 @@ class GPUNodePoolWorkflow:
         # A report may already have arrived while the start was in flight: keep its phase, but
         # the floor flag, the GPUs and the settings sent are known only here.
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
-        sent = node_timeouts(u.spec, floor=floor).model_dump_json()
+        sent = _fingerprint(self._timeouts_for(u, floor=floor, held=fit and bool(pods)))
         self.state.nodes[req.workflow_id] = node.model_copy(update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count})
         for pod in pods:
             self.state.nominations[pod] = Nomination(workflow_id=req.workflow_id, since=now)
@@ -529,14 +529,23 @@ class GPUNodePoolWorkflow:
         for n in chosen:
             self.state.nodes[n.workflow_id] = n.model_copy(update=update)
 
+    def _timeouts_for(self, u: PoolUpdate, *, floor: bool, held: bool) -> TimeoutsUpdate:
+        """A node's disruption settings; with demand by fit also whether it holds nominated pods'
+        place (bind grace) or not (released: it idles out as usual once its pods left)."""
+        wanted = node_timeouts(u.spec, floor=floor)
+        if workflow.patched(DEMAND_BY_FIT_PATCH):
+            wanted = wanted.model_copy(update={"hold": self.inp.bind_grace if held else timedelta(0)})
+        return wanted
+
     async def _sync_timeouts(self, u: PoolUpdate, live: list[PoolNode]) -> None:
         """Send each running node the pool's current disruption settings when they changed."""
+        held = {nom.workflow_id for nom in self.state.nominations.values() if nom.bought}
         for wid in sorted(n.workflow_id for n in live):
             node = self.state.nodes[wid]
             if node.phase not in _TUNABLE:
                 continue
-            wanted: TimeoutsUpdate = node_timeouts(u.spec, floor=node.floor)
-            fingerprint = wanted.model_dump_json()
+            wanted: TimeoutsUpdate = self._timeouts_for(u, floor=node.floor, held=wid in held)
+            fingerprint = _fingerprint(wanted)
             if node.timeouts_sent == fingerprint:
                 continue
             try:
@@ -641,3 +650,9 @@ class GPUNodePoolWorkflow:
 
 def _named(pods: list[str]) -> str:
     return ", ".join(pods[:MAX_PODS_NAMED]) + (f" and {len(pods) - MAX_PODS_NAMED} more" if len(pods) > MAX_PODS_NAMED else "")
+
+
+def _fingerprint(timeouts: TimeoutsUpdate) -> str:
+    """The settings as last sent, in the form releases before the hold wrote them when there is
+    no hold (a changed fingerprint sends a signal: replayed histories must not see one)."""
+    return timeouts.model_dump_json(exclude={"hold"} if timeouts.hold is None else None)
