@@ -191,5 +191,6 @@ async def test_item19_a_pool_at_its_max_nodes_says_so(time_skipping: WorkflowEnv
         assert budget.reason == "MaxNodesReached" and "maxNodes" in budget.message and "1 pending pod" in budget.message
         [warning] = await eventually(lambda: events(world, "MaxNodesReached"), what="a MaxNodesReached Warning")
         assert warning["type"] == "Warning"
+        await ready_node(pool)
         assert world.cloud.create_requests == 1
         await settle_and_end(time_skipping, pool, class_name, 1)
