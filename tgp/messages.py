@@ -97,9 +97,11 @@ class Demand(Msg):
 
     pods: list[str]
     observed_at: datetime
-    max_gpus: int = Field(1, description="The most GPUs one of these pods asks for; new nodes get at least that many.")
+    max_gpus: int = Field(1, description="The most GPUs one of these pods asks for (read only by pool passes recorded before demand by fit; nodes are sized from their own pods).")
     pod_gpus: dict[str, int] = Field({}, description="GPUs each pod asks for (absent: 1).")
-    free_gpus: dict[str, int] = Field({}, description="Free GPUs of each Ready node of the pool, by Node name.")
+    free_gpus: dict[str, int] = Field(
+        {}, description="Free GPUs (allocatable minus bound pods' requests) of each Ready node of the pool whose GPUs are registered, by Node name."
+    )
 
 
 class NodeReport(NodeOverview):
