@@ -16,6 +16,7 @@ from activities.accounts import AccountActivities
 from activities.entity import resource
 from activities.errors import temporal_errors
 from activities.node_class import ledger_update
+from tgp.capacity import OfferSize
 from tgp.crds import FINALIZER
 from tgp.errors import TransientError
 from tgp.messages import ObjectRef, OfferCheck, StartNodeInput, StartNodeResult
@@ -77,7 +78,8 @@ class PoolActivities(AccountActivities):
     @activity.defn
     async def check_offers(self, req: OfferRequirements) -> OfferCheck:
         """Is there any offer for these requirements, and what is the cheapest with and
-        without the price cap? Used to tell a user their maxHourlyPrice is below every offer."""
+        without the price cap (to tell a user their maxHourlyPrice is below every offer), and
+        per GPU count (what the pool sizes its nodes from)?"""
         names = [n for n in req.providers or sorted(self.providers) if n in self.providers or n in req.credentials]
 
         async def offers_of(name: str) -> list[Offer]:
@@ -103,7 +105,13 @@ class PoolActivities(AccountActivities):
         matching = sorted((o for o in offers if offer_satisfies(o, req)), key=lambda o: o.hourly_price)
         any_price = sorted((o for o in offers if offer_satisfies(o, uncapped)), key=lambda o: o.hourly_price)
         best = any_price[0] if any_price else None
+        # Demand by fit sizes each node from these: per GPU count, the price a node asking for
+        # that many GPUs is bought at (matching offers are cheapest first).
+        sizes: dict[int, OfferSize] = {}
+        for o in matching:
+            sizes.setdefault(o.gpu_count, OfferSize(gpu_count=o.gpu_count, hourly_price=o.hourly_price))
         return OfferCheck(
+            sizes=[sizes[count] for count in sorted(sizes)],
             matching=len(matching),
             cheapest=matching[0].hourly_price if matching else None,
             cheapest_any_price=best.hourly_price if best else None,

@@ -321,14 +321,17 @@ class Bridge:
         return old != self.gpu_nodes.get(name)
 
     def free_gpus(self, pool: str) -> dict[str, int]:
-        """Free GPUs of each schedulable, Ready node of `pool` (pool key namespace/name)."""
+        """Free GPUs (allocatable minus the requests of bound, unfinished pods) of each
+        schedulable, Ready node of `pool` (pool key namespace/name). A node whose GPUs are not
+        registered yet (allocatable 0: the device plugin is still starting) is left out: its
+        room is unknown, not zero, so the pool neither voids its nominations nor lends it."""
         used: dict[str, int] = {}
         for node, gpus in self.bound.values():
             used[node] = used.get(node, 0) + gpus
         return {
             name: max(gpus - used.get(name, 0), 0)
             for name, (owner, gpus, usable) in sorted(self.gpu_nodes.items())
-            if owner == pool and usable
+            if owner == pool and usable and gpus > 0
         }
 
     async def _demand_loop(self) -> None:

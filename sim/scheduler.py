@@ -11,14 +11,25 @@ Kubelet: a bound pod starts Running at once. A pod annotated `tgp.io/sim-run-sec
 completes (`Succeeded`) N seconds after it started; without it, it runs until deleted. A pod
 being deleted stays Terminating for its grace period (the emulator's graceful deletion).
 
+Like kube-scheduler where tgp depends on it: a pod that did not fit waits a per-pod backoff
+before it is tried again (1 s, doubling, capped at 10 s: podInitialBackoffSeconds and
+podMaxBackoffSeconds), so when a node appears the pod that was first in line may be backing off
+and another pod takes the node (what a real scheduler does to tgp's nominations); pods are tried
+in the order they come out of backoff. A Node that is not Ready, is cordoned, or carries a
+NoSchedule taint the pod does not tolerate (`node.kubernetes.io/not-ready` included, which a
+registering node has until its kubelet reports Ready) takes nothing; GPUs are counted as
+allocatable minus the requests of the pods bound and not finished (terminating ones included).
+
 Simplifications, on purpose: no CPU/memory accounting, no preferred affinity or pod
-(anti-)affinity, no preemption; one pass every `interval`.
+(anti-)affinity, no preemption, no scoring (the first fitting node by name); one pass every
+`interval`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -30,6 +41,9 @@ from tgp.types import GPU_RESOURCE
 log = structlog.get_logger("sim.scheduler")
 
 RUN_SECONDS_ANNOTATION = "tgp.io/sim-run-seconds"
+# kube-scheduler's podInitialBackoffSeconds and podMaxBackoffSeconds defaults.
+POD_INITIAL_BACKOFF = 1.0
+POD_MAX_BACKOFF = 10.0
 MERGE = {"Content-Type": "application/merge-patch+json"}
 
 Obj = Mapping[str, Any]
@@ -107,10 +121,23 @@ def fits(pod: Obj, node: Obj, free_gpus: int) -> str | None:
 class SimScheduler:
     """`async with SimScheduler(api_url):` binds, runs and completes pods until the block ends."""
 
-    def __init__(self, api_url: str, *, interval: float = 0.5, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        *,
+        interval: float = 0.5,
+        client: httpx.AsyncClient | None = None,
+        initial_backoff: float = POD_INITIAL_BACKOFF,
+        max_backoff: float = POD_MAX_BACKOFF,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._http = client or httpx.AsyncClient(base_url=api_url.rstrip("/"), timeout=10)
         self._owns = client is None
         self.interval = interval
+        self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
+        self._clock = clock
+        # Pod uid -> (failed attempts, when it may be tried again), as kube-scheduler's backoffQ.
+        self._backoff: dict[str, tuple[int, float]] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> SimScheduler:
@@ -145,20 +172,32 @@ class SimScheduler:
             if node and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 used[node] = used.get(node, 0) + max(_gpus(pod), 0)
         now = datetime.now(timezone.utc)
+        tick = self._clock()
+        queue = []
         for pod in pods:
-            meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             if meta.get("deletionTimestamp"):
                 continue  # Terminating: the emulator removes it after its grace period
             if spec.get("nodeName"):
                 await self._kubelet(pod, now)
                 continue
+            _, due = self._backoff.get(_uid(pod), (0, 0.0))
+            if due <= tick:
+                queue.append((due, str(meta.get("creationTimestamp") or ""), _uid(pod), pod))
+        present = {_uid(p) for p in pods}
+        self._backoff = {uid: b for uid, b in self._backoff.items() if uid in present}
+        for _, _, uid, pod in sorted(queue, key=lambda q: q[:3]):  # out of backoff first, then oldest
             free = {n["metadata"]["name"]: _allocatable(n) - used.get(n["metadata"]["name"], 0) for n in nodes}
             reasons = {n["metadata"]["name"]: fits(pod, n, free[n["metadata"]["name"]]) for n in nodes}
             fitting = sorted(name for name, why in reasons.items() if why is None)
             if fitting:
                 await self._bind(pod, fitting[0], now)
                 used[fitting[0]] = used.get(fitting[0], 0) + max(_gpus(pod), 0)
+                self._backoff.pop(uid, None)
             else:
+                attempts = self._backoff.get(uid, (0, 0.0))[0] + 1
+                delay = min(self.initial_backoff * 2 ** (attempts - 1), self.max_backoff)
+                self._backoff[uid] = (attempts, self._clock() + delay)
                 await self._unschedulable(pod, reasons)
 
     async def _bind(self, pod: Obj, node: str, now: datetime) -> None:
@@ -201,6 +240,11 @@ class SimScheduler:
             done = {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}]}
             await self._http.patch(path, json={"status": done}, headers=MERGE)
             log.info("sim_pod_completed", pod=f"{meta['namespace']}/{meta['name']}")
+
+
+def _uid(pod: Obj) -> str:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
 
 def _allocatable(node: Obj) -> int:

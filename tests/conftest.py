@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from sim.cloud import DEFAULT_CATALOG, SimOffer
 from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, ensure_search_attributes, search_attribute_keys
 from workers.main import WorkerConfig, build_activities, make_worker
@@ -82,11 +83,11 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
 
 @asynccontextmanager
 async def running_world(
-    env: WorkflowEnvironment, *, boot_delay: float = 0.2, headscale: bool = False
+    env: WorkflowEnvironment, *, boot_delay: float = 0.2, headscale: bool = False, catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG
 ) -> AsyncIterator[tuple[SimWorld, Worker, str]]:
-    """The simulated world plus a worker on a fresh task queue, all stopped on exit."""
+    """The simulated world (selling `catalog`) plus a worker on a fresh task queue, all stopped on exit."""
     async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=boot_delay, headscale=headscale))
+        world = await stack.enter_async_context(sim_world(boot_delay=boot_delay, headscale=headscale, catalog=catalog))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=0.1)
         task_queue = f"test-{uuid.uuid4().hex[:8]}"

@@ -81,3 +81,16 @@ def test_lasting_provider_trouble_drains_a_reachable_node_and_loses_an_unreachab
     assert reachable.end is EndReason.UNHEALTHY and "failed" in reachable.detail, "a node that still answers is drained"
     gone = judge_observation(look(busy=1, instance=failed, node=NodeSummary(name="n", ready=False)), v.state, T0 + NODE_LOST_AFTER, TIMEOUTS)
     assert gone.end is EndReason.LOST
+
+
+def test_item9_a_node_holds_its_pods_place_for_the_bind_grace_whatever_its_idle_timeout() -> None:
+    """idleTimeout 30 s and a pod that never binds: the node must still be there when the pool
+    judges the pod at the end of the bind grace (else every idle-out bought a new node)."""
+    short = TIMEOUTS.model_copy(update={"idle": timedelta(seconds=30), "bind_grace": timedelta(minutes=3)})
+    v = judge_observation(look(), WatchState(ready_at=T0), T0, short)
+    v = judge_observation(look(), v.state, T0 + timedelta(minutes=2, seconds=59), short)
+    assert v.end is None, "idle for longer than idleTimeout, but inside the bind grace"
+    v = judge_observation(look(), v.state, T0 + timedelta(minutes=3), short)
+    assert v.end is EndReason.IDLE, "after the grace the idle timeout applies as before"
+    unheld = short.model_copy(update={"bind_grace": None})
+    assert judge_observation(look(), WatchState(ready_at=T0, idle_since=T0), T0 + timedelta(seconds=30), unheld).end is EndReason.IDLE

@@ -74,3 +74,82 @@ async def test_pods_are_bound_run_for_their_declared_time_and_complete() -> None
             condition = await eventually(unschedulable, what="the intolerant pod to be Unschedulable")
             assert "untolerated taint" in condition["message"]
             assert not (await state("intolerant"))["spec"].get("nodeName")
+
+
+class Clock:
+    """The scheduler's monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gpu_pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": GPU, "tolerations": TOLERATE}}
+
+
+async def node_of(http: httpx.AsyncClient, name: str) -> str | None:
+    return (await http.get(f"/api/v1/namespaces/default/pods/{name}")).json()["spec"].get("nodeName")
+
+
+async def test_a_pod_that_did_not_fit_backs_off_exponentially_up_to_ten_seconds() -> None:
+    """kube-scheduler's podInitialBackoff (1 s) and podMaxBackoff (10 s): a node that appears
+    while the pod backs off is not taken before the backoff ends."""
+    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+        clock = Clock()
+        scheduler = SimScheduler(kube.url, clock=clock)
+        (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("waits"))).raise_for_status()
+        delays = []
+        for _ in range(6):
+            await scheduler.step()
+            [(_, due)] = scheduler._backoff.values()
+            delays.append(due - clock.now)
+            clock.now = due
+        assert delays == [1, 2, 4, 8, 10, 10]
+        await register_node(kube.url, "gpu-1", gpus=1)
+        clock.now -= 0.5
+        await scheduler.step()
+        assert await node_of(http, "waits") is None, "still backing off"
+        clock.now += 0.5
+        await scheduler.step()
+        assert await node_of(http, "waits") == "gpu-1"
+        await scheduler.__aexit__()
+
+
+async def test_a_pod_out_of_backoff_takes_the_node_another_pod_waited_for() -> None:
+    """The pod first in line is backing off when the node it waited for appears; a newer pod
+    takes it (what exposes a pool that remembers which node was bought for which pod)."""
+    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+        clock = Clock()
+        scheduler = SimScheduler(kube.url, clock=clock)
+        (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("first"))).raise_for_status()
+        for _ in range(3):
+            await scheduler.step()
+            clock.now += 2
+        (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("second"))).raise_for_status()
+        await register_node(kube.url, "bought-for-first", gpus=1)
+        await scheduler.step()
+        assert await node_of(http, "second") == "bought-for-first" and await node_of(http, "first") is None
+        await scheduler.__aexit__()
+
+
+async def test_no_pod_is_bound_to_a_node_with_the_not_ready_taint_or_without_free_gpus() -> None:
+    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+        scheduler = SimScheduler(kube.url, clock=Clock())
+        # The emulator taints a Node not-ready until its Ready condition is True, as
+        # TaintNodesByCondition does.
+        await register_node(kube.url, "registering", gpus=1, ready=False)
+        await register_node(kube.url, "full", gpus=1)
+        busy = {**gpu_pod("busy"), "spec": {**gpu_pod("busy")["spec"], "nodeName": "full"}}
+        (await http.post("/api/v1/namespaces/default/pods", json=busy)).raise_for_status()
+        (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("waits"))).raise_for_status()
+        await scheduler.step()
+        pod = (await http.get("/api/v1/namespaces/default/pods/waits")).json()
+        assert not pod["spec"].get("nodeName")
+        [condition] = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+        assert "insufficient nvidia.com/gpu" in condition["message"] and "node not ready" in condition["message"]
+        ready_but_tainted = {**READY_NODE, "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}}
+        assert fits(gpu_pod("p"), ready_but_tainted, 1) == "untolerated taint node.kubernetes.io/not-ready"
+        await scheduler.__aexit__()

@@ -74,7 +74,10 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
 
     idle_since = (state.idle_since or now) if obs.busy_pods == 0 and healthy else None
     new_state = WatchState(ready_at=state.ready_at, idle_since=idle_since, unhealthy_since=unhealthy_since)
-    if idle_since is not None and timeouts.idle is not None and now - idle_since >= timeouts.idle:
+    # A node holds the place of the pods bought for it until the pool's bind grace has passed:
+    # the pool judges a pod that did not bind by then, so the node must not idle out first.
+    held = timeouts.bind_grace is not None and now - state.ready_at < timeouts.bind_grace
+    if idle_since is not None and timeouts.idle is not None and now - idle_since >= timeouts.idle and not held:
         return WatchVerdict(state=new_state, end=EndReason.IDLE, detail=f"no workload pods for {_minutes(now - idle_since)}")
     return WatchVerdict(state=new_state)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tgp.capacity import OfferSize
 from tgp.crds import ClassLimits, Condition, GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.types import NodePhase, NodeRequest, NodeOverview, StageRecord
 
@@ -102,9 +103,11 @@ class Demand(Msg):
 
     pods: list[str]
     observed_at: datetime
-    max_gpus: int = Field(1, description="The most GPUs one of these pods asks for; new nodes get at least that many.")
+    max_gpus: int = Field(1, description="The most GPUs one of these pods asks for (read only by pool passes recorded before demand by fit; nodes are sized from their own pods).")
     pod_gpus: dict[str, int] = Field({}, description="GPUs each pod asks for (absent: 1).")
-    free_gpus: dict[str, int] = Field({}, description="Free GPUs of each Ready node of the pool, by Node name.")
+    free_gpus: dict[str, int] = Field(
+        {}, description="Free GPUs (allocatable minus bound pods' requests) of each Ready node of the pool whose GPUs are registered, by Node name."
+    )
 
 
 class NodeReport(NodeOverview):
@@ -124,6 +127,7 @@ class PoolNode(NodeOverview):
     reason: str | None = None
     floor: bool = Field(False, description="Keeps the pool at minNodes; does not idle out.")
     timeouts_sent: str = Field("", description="The disruption settings the node last got (JSON), to send changes once.")
+    gpus: int | None = Field(None, description="The GPUs it was bought with (at least): the room its nominations may take while it launches.")
     reported_at: datetime | None = Field(None, description="`at` of the newest report taken from the node: an older one arriving later is stale.")
 
 
@@ -164,4 +168,5 @@ class OfferCheck(Msg):
     cheapest_any_price: Decimal | None = None
     cheapest_description: str = ""
     failed: dict[str, str] = Field({}, description="Providers whose offers could not be listed, with why.")
+    sizes: list[OfferSize] = Field([], description="The cheapest matching offer per GPU count (what demand by fit buys from).")
 

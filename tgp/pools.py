@@ -107,16 +107,20 @@ def node_request(
     watch_interval: timedelta | None = None,
     floor: bool = False,
     min_gpus: int = 1,
+    bind_grace: timedelta | None = None,
 ) -> NodeRequest:
     """Everything a node workflow of this pool needs. A `floor` node keeps the pool at its
-    minNodes and never idles out (it would only be replaced at once)."""
+    minNodes and never idles out (it would only be replaced at once). `bind_grace`: how long
+    after Ready the node holds the place of the pods bought for it (it does not idle out)."""
     requirements = offer_requirements(pool, klass)
     if min_gpus > requirements.min_gpu_count:
         # A pod asking for more GPUs than the class minimum needs a node that has them.
         requirements = requirements.model_copy(update={"min_gpu_count": min_gpus})
-    timeouts = LifecycleTimeouts(**node_timeouts(pool, floor=floor).model_dump())
+    timeouts = LifecycleTimeouts(**node_timeouts(pool, floor=floor).model_dump(exclude={"hold"}))
     if watch_interval is not None:
         timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
+    if bind_grace is not None:
+        timeouts = timeouts.model_copy(update={"bind_grace": bind_grace})
     return NodeRequest(
         namespace=namespace,
         pool=pool_name,

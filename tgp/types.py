@@ -264,6 +264,11 @@ class LifecycleTimeouts(Model):
     api_call: timedelta = API_CALL_TIMEOUT
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")
     termination_stuck: timedelta = Field(TERMINATION_STUCK_AFTER, description="Report TerminationStuck after this long.")
+    bind_grace: timedelta | None = Field(
+        None,
+        description="The pool's bind grace: after Ready the node holds the place of the pods bought for it this long, "
+        "and its idle timeout cannot end it before (None: no hold, as nodes started by hand).",
+    )
 
 
 class TimeoutsUpdate(Model):
@@ -273,6 +278,11 @@ class TimeoutsUpdate(Model):
     idle: timedelta | None
     drain: timedelta
     expire_after: timedelta | None
+    hold: timedelta | None = Field(
+        None,
+        description="The pool's bind grace while pods are nominated to the node (it holds their place, not idling out "
+        "within that long of Ready), 0 once none is: the hold is released. None: no change (senders before it existed).",
+    )
 
 
 class BootConfig(Model):

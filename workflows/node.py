@@ -119,6 +119,8 @@ class GPUNodeWorkflow:
     def update_timeouts(self, u: TimeoutsUpdate) -> None:
         """The pool's new idle, drain and expiry settings; they apply from the next look."""
         timeouts = self.req.timeouts.model_copy(update={"idle": u.idle, "drain": u.drain, "expire_after": u.expire_after})
+        if u.hold is not None:  # the pool's nominations: hold the pods' place, or no more
+            timeouts = timeouts.model_copy(update={"bind_grace": u.hold or None})
         self.req = self.req.model_copy(update={"timeouts": timeouts})
 
     @workflow.query

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
@@ -17,7 +18,8 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.entity import EntityActivities, EventSpec, StatusWrite
     from activities.pool import PoolActivities
-    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, Nomination, plan_capacity
+    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, plan_capacity
+    from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
@@ -60,6 +62,10 @@ VISIBILITY_LAG = timedelta(minutes=1)
 REPORT_ORDER_PATCH = "node-report-order"
 # Ended node workflows remembered for that (their late reports would bring them back as ghosts).
 ENDED_REMEMBERED = 500
+# Demand by fit (tgp.capacity): nodes sized from their own pods and packed, nominations void
+# once their node is full or gone, pods no offer fits reported, limits reported. Passes before
+# the patch replay through tgp.capacity_v1 with the commands they recorded.
+DEMAND_BY_FIT_PATCH = "demand-by-fit"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -79,6 +85,7 @@ class PoolState(BaseModel):
     nominations: dict[str, Nomination] = {}
     unfit: list[str] = []
     no_borrow: list[str] = Field([], description="Pods that did not bind on a node they borrowed GPUs from.")
+    no_offer_fits: list[str] = Field([], description="Pending pods larger than every offer, already warned about.")
     nodes: dict[str, PoolNode] = {}
     offer_check: OfferCheck | None = None
     offer_check_key: str = ""
@@ -155,6 +162,7 @@ class GPUNodePoolWorkflow:
             reason=r.reason,
             floor=old.floor if old else False,
             timeouts_sent=old.timeouts_sent if old else "",
+            gpus=old.gpus if old else None,
             reported_at=r.at,
         )
         self.state.nodes[r.workflow_id] = node
@@ -294,6 +302,9 @@ class GPUNodePoolWorkflow:
         req = offer_requirements(u.spec, u.node_class)
         key = req.model_dump_json()
         stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= OFFER_CHECK_TTL
+        oc = self.state.offer_check
+        if oc is not None and oc.matching and not oc.sizes and workflow.patched(DEMAND_BY_FIT_PATCH):
+            stale = True  # checked by an older release: nodes are sized from the offers per GPU count
         if self.state.offer_check is None or self.state.offer_check_key != key or stale:
             checked = await best_effort(PoolActivities.check_offers, req, summary="check offers")
             if not checked.ok:
@@ -325,25 +336,61 @@ class GPUNodePoolWorkflow:
 
     async def _launch(self, u: PoolUpdate, live: list[PoolNode]) -> tuple[str, str, str]:
         assert u.node_class is not None
-        plan = self._account(live)
+        if not workflow.patched(DEMAND_BY_FIT_PATCH):
+            return await self._launch_v1(u, live)
+        oc = self.state.offer_check
+        plan = self._account(live, oc.sizes if oc is not None and oc.sizes else None)
+        self._report_no_offer_fits(plan, oc)
         if self.state.backoff_until is not None and workflow.now() < self.state.backoff_until:
             return ("True", "WithinBudget", "")
-        count = nodes_to_launch(
-            pending_pods=len(plan.uncovered), launching=0, live=len(live), min_nodes=u.spec.min_nodes, max_nodes=u.spec.max_nodes
+        klass_min = offer_requirements(u.spec, u.node_class).min_gpu_count
+        floor_live = sum(1 for n in self.state.nodes.values() if n.floor and not n.phase.is_final)
+        wanted = list(plan.new_nodes)
+        # minNodes counts live nodes: nodes bought for pods count toward it, the rest are empty.
+        wanted += [NewNode(gpus=klass_min)] * max(0, u.spec.min_nodes - len(live) - len(wanted))
+        room = len(wanted) if u.spec.max_nodes is None else max(0, u.spec.max_nodes - len(live))
+        starts = wanted[: min(room, MAX_STARTS_PER_PASS)]
+        floor_missing = max(0, u.spec.min_nodes - floor_live)
+        results = await asyncio.gather(
+            *(self._start_node(u, floor=i < floor_missing, pods=n.pods, gpus=n.gpus, price=n.hourly_price) for i, n in enumerate(starts))
         )
-        count = min(count, MAX_STARTS_PER_PASS)
-        floor_missing = max(0, u.spec.min_nodes - sum(1 for n in self.state.nodes.values() if n.floor and not n.phase.is_final))
-        starts = [self._start_node(u, floor=i < floor_missing, pods=plan.uncovered[i : i + 1]) for i in range(count)]
-        refused = [reason for started, reason in await asyncio.gather(*starts) if not started]
+        refused = [reason for started, reason in results if not started]
         if refused:
+            # The class ledger's refusal names its limit (limits.maxNodes, limits.maxHourlyCost).
             return ("False", "BudgetExhausted", f"not launching more nodes: {refused[0]}")
+        if len(wanted) > room:
+            waiting = sum(len(n.pods) for n in wanted[room:])
+            message = (
+                f"{waiting} pending pod(s) wait for a node: the pool has {len(live)} node(s) and its spec.maxNodes is "
+                f"{u.spec.max_nodes}; raise maxNodes, or they run when a node frees up"
+            )
+            return ("False", "MaxNodesReached", message)
         return ("True", "WithinBudget", "")
 
-    async def _start_node(self, u: PoolUpdate, *, floor: bool, pods: list[str]) -> tuple[bool, str]:
-        """Reserve a class slot and start one node workflow, bought for `pods`."""
+    def _report_no_offer_fits(self, plan: CapacityPlan, oc: OfferCheck | None) -> None:
+        """A Warning per pod that asks for more GPUs than any offer has, once while it pends."""
+        largest = max((s.gpu_count for s in oc.sizes), default=0) if oc is not None else 0
+        for pod in plan.no_offer_fits:
+            if pod in self.state.no_offer_fits:
+                continue
+            gpus = self.state.pod_gpus.get(pod, 1)
+            self.events.append(
+                self._event(
+                    "Warning",
+                    "NoOfferFits",
+                    f"pod {pod} asks for {gpus} nvidia.com/gpu; the largest offer matching the pool has {largest}: "
+                    "no node is bought for it (the pool's other pods are served)",
+                )
+            )
+        self.state.no_offer_fits = sorted(plan.no_offer_fits)
+
+    async def _start_node(self, u: PoolUpdate, *, floor: bool, pods: list[str], gpus: int, price: Decimal | None = None) -> tuple[bool, str]:
+        """Reserve a class slot and start one node workflow with at least `gpus` GPUs, bought
+        for `pods`."""
         assert u.node_class is not None
         now = workflow.now()
         node_name = f"{self.inp.name}-{workflow.uuid4().hex[:5]}"
+        fit = workflow.patched(DEMAND_BY_FIT_PATCH)
         req = node_request(
             namespace=self.inp.namespace,
             pool_name=self.inp.name,
@@ -353,12 +400,14 @@ class GPUNodePoolWorkflow:
             klass=u.node_class,
             watch_interval=self.inp.watch_interval,
             floor=floor,
-            min_gpus=self.state.demand_gpus,
+            min_gpus=gpus,
+            bind_grace=self.inp.bind_grace if fit and pods else None,
         )
         since = [self.state.pending_since[pod] for pod in pods if pod in self.state.pending_since]
         if since:
             req = req.model_copy(update={"demand_since": min(since)})  # tgp_demand_to_launch_seconds starts here
-        price = self.state.offer_check.cheapest if self.state.offer_check else None
+        if price is None:
+            price = self.state.offer_check.cheapest if self.state.offer_check else None
         started = await best_effort(
             PoolActivities.reserve_and_start_node,
             StartNodeInput(
@@ -373,54 +422,91 @@ class GPUNodePoolWorkflow:
         if not started.value.started:
             return False, started.value.reason
         # A report may already have arrived while the start was in flight: keep its phase, but
-        # the floor flag and the settings sent are known only here.
+        # the floor flag, the GPUs and the settings sent are known only here.
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
-        sent = node_timeouts(u.spec, floor=floor).model_dump_json()
-        self.state.nodes[req.workflow_id] = node.model_copy(update={"floor": floor, "timeouts_sent": sent})
+        sent = _fingerprint(self._timeouts_for(u, floor=floor, held=fit and bool(pods)))
+        self.state.nodes[req.workflow_id] = node.model_copy(update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count})
         for pod in pods:
             self.state.nominations[pod] = Nomination(workflow_id=req.workflow_id, since=now)
-        why = f"for pod {pods[0]}" if pods else "to keep minNodes"
+        if not pods:
+            why = "to keep minNodes"
+        elif len(pods) == 1:
+            why = f"for pod {pods[0]}"
+        else:
+            why = f"for {len(pods)} pods ({', '.join(pods[:MAX_PODS_NAMED])}{' and more' if len(pods) > MAX_PODS_NAMED else ''})"
+        if fit:
+            why = f"with {req.requirements.min_gpu_count} GPU(s) {why}"
         self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} {why}"))
         return True, ""
 
-    def _account(self, live: list[PoolNode]) -> CapacityPlan:
-        """Which pending pods the live nodes already cover; pods that did not fit the node
-        bought for them are remembered (and reported) instead of buying more nodes."""
-        nodes = [
+    def _capacity_nodes(self, live: list[PoolNode], *, fit: bool) -> list[CapacityNode]:
+        return [
             CapacityNode(
                 workflow_id=n.workflow_id,
                 node_name=n.node_name,
                 ready_at=n.phase_at if n.phase is NodePhase.READY else None,
                 launching=n.phase in _LAUNCHING,
-                free_gpus=self.state.free_gpus.get(n.node_name, 0),
+                # Not reported by the bridge (not Ready there yet, or no GPUs registered): unknown.
+                free_gpus=self.state.free_gpus.get(n.node_name) if fit else self.state.free_gpus.get(n.node_name, 0),
+                gpus=n.gpus or 1,
             )
             for n in live
         ]
+
+    def _account(self, live: list[PoolNode], sizes: list[OfferSize] | None) -> CapacityPlan:
+        """Which pending pods the live nodes hold, and which new nodes the rest need; pods that
+        did not fit the node bought for them are remembered (and reported) instead of buying more."""
         pending = {pod: self.state.pod_gpus.get(pod, 1) for pod in self.state.demand}
         unfit = set(self.state.unfit) & set(pending)
         no_borrow = set(self.state.no_borrow) & set(pending)
-        plan = plan_capacity(pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace, no_borrow)
-        self.state.nominations = dict(plan.nominations)
-        self.state.no_borrow = sorted(no_borrow | set(plan.borrow_failed))
-        self.state.unfit = sorted(unfit | set(plan.newly_unfit))
-        for pod in plan.newly_unfit:
+        nodes = self._capacity_nodes(live, fit=True)
+        plan = plan_capacity(pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace, no_borrow, sizes)
+        self._remember(plan.nominations, unfit, no_borrow, plan.newly_unfit, plan.borrow_failed)
+        return plan
+
+    def _remember(self, nominations: dict[str, Nomination], unfit: set[str], no_borrow: set[str], newly_unfit: list[str], borrow_failed: list[str]) -> None:
+        self.state.nominations = dict(nominations)
+        self.state.no_borrow = sorted(no_borrow | set(borrow_failed))
+        self.state.unfit = sorted(unfit | set(newly_unfit))
+        for pod in newly_unfit:
             self.events.append(
                 self._event(
                     "Warning",
                     "PodDoesNotFit",
-                    f"pod {pod} stayed pending on the Ready node bought for it: it asks for something the pool's nodes "
-                    "do not have (memory, CPU, a volume's zone, anti-affinity...); no more nodes are bought for it "
-                    "until it changes or the pool does",
+                    f"pod {pod} stayed pending on the Ready node bought for it, which had room for its GPUs: it asks for "
+                    "something the pool's nodes do not have (memory, CPU, a volume's zone, anti-affinity...); no more "
+                    "nodes are bought for it until it changes or the pool does",
                 )
             )
-        return plan
+
+    async def _launch_v1(self, u: PoolUpdate, live: list[PoolNode]) -> tuple[str, str, str]:
+        """Before demand by fit (histories recorded before DEMAND_BY_FIT_PATCH replay here)."""
+        pending = {pod: self.state.pod_gpus.get(pod, 1) for pod in self.state.demand}
+        unfit = set(self.state.unfit) & set(pending)
+        no_borrow = set(self.state.no_borrow) & set(pending)
+        nodes = self._capacity_nodes(live, fit=False)
+        kept, newly_unfit, uncovered, borrow_failed = plan_capacity_v1(
+            pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace, no_borrow
+        )
+        self._remember(kept, unfit, no_borrow, newly_unfit, borrow_failed)
+        if self.state.backoff_until is not None and workflow.now() < self.state.backoff_until:
+            return ("True", "WithinBudget", "")
+        count = nodes_to_launch(pending_pods=len(uncovered), launching=0, live=len(live), min_nodes=u.spec.min_nodes, max_nodes=u.spec.max_nodes)
+        count = min(count, MAX_STARTS_PER_PASS)
+        floor_missing = max(0, u.spec.min_nodes - sum(1 for n in self.state.nodes.values() if n.floor and not n.phase.is_final))
+        starts = [self._start_node(u, floor=i < floor_missing, pods=uncovered[i : i + 1], gpus=self.state.demand_gpus) for i in range(count)]
+        refused = [reason for started, reason in await asyncio.gather(*starts) if not started]
+        if refused:
+            return ("False", "BudgetExhausted", f"not launching more nodes: {refused[0]}")
+        return ("True", "WithinBudget", "")
 
     def _pods_fit(self) -> tuple[str, str, str]:
-        unfit = self.state.unfit
-        if not unfit:
-            return ("True", "AllPodsFit", "")
-        named = ", ".join(unfit[:MAX_PODS_NAMED]) + (f" and {len(unfit) - MAX_PODS_NAMED} more" if len(unfit) > MAX_PODS_NAMED else "")
-        return ("False", "PodDoesNotFit", f"{named} stayed pending on nodes bought for them; see their events for what does not fit")
+        unfit, too_big = self.state.unfit, self.state.no_offer_fits
+        if unfit:
+            return ("False", "PodDoesNotFit", f"{_named(unfit)} stayed pending on nodes bought for them; see the pool's Events for what does not fit")
+        if too_big:
+            return ("False", "NoOfferFits", f"{_named(too_big)} ask(s) for more GPUs than any offer of the pool has; see the pool's Events")
+        return ("True", "AllPodsFit", "")
 
     def _instances_released(self, live: list[PoolNode]) -> tuple[str, str, str]:
         stuck = [n for n in live if n.phase is NodePhase.TERMINATION_STUCK]
@@ -443,14 +529,23 @@ class GPUNodePoolWorkflow:
         for n in chosen:
             self.state.nodes[n.workflow_id] = n.model_copy(update=update)
 
+    def _timeouts_for(self, u: PoolUpdate, *, floor: bool, held: bool) -> TimeoutsUpdate:
+        """A node's disruption settings; with demand by fit also whether it holds nominated pods'
+        place (bind grace) or not (released: it idles out as usual once its pods left)."""
+        wanted = node_timeouts(u.spec, floor=floor)
+        if workflow.patched(DEMAND_BY_FIT_PATCH):
+            wanted = wanted.model_copy(update={"hold": self.inp.bind_grace if held else timedelta(0)})
+        return wanted
+
     async def _sync_timeouts(self, u: PoolUpdate, live: list[PoolNode]) -> None:
         """Send each running node the pool's current disruption settings when they changed."""
+        held = {nom.workflow_id for nom in self.state.nominations.values() if nom.bought}
         for wid in sorted(n.workflow_id for n in live):
             node = self.state.nodes[wid]
             if node.phase not in _TUNABLE:
                 continue
-            wanted: TimeoutsUpdate = node_timeouts(u.spec, floor=node.floor)
-            fingerprint = wanted.model_dump_json()
+            wanted: TimeoutsUpdate = self._timeouts_for(u, floor=node.floor, held=wid in held)
+            fingerprint = _fingerprint(wanted)
             if node.timeouts_sent == fingerprint:
                 continue
             try:
@@ -554,3 +649,13 @@ class GPUNodePoolWorkflow:
             self.events.append(self._event("Warning", "NodeInterrupted", f"node {n.node_name} was lost: {n.reason}"))
         elif n.phase in (NodePhase.TERMINATED, NodePhase.CANCELLED):
             self.events.append(self._event("Normal", "NodeTerminated", f"node {n.node_name} terminated: {n.reason}"))
+
+
+def _named(pods: list[str]) -> str:
+    return ", ".join(pods[:MAX_PODS_NAMED]) + (f" and {len(pods) - MAX_PODS_NAMED} more" if len(pods) > MAX_PODS_NAMED else "")
+
+
+def _fingerprint(timeouts: TimeoutsUpdate) -> str:
+    """The settings as last sent, in the form releases before the hold wrote them when there is
+    no hold (a changed fingerprint sends a signal: replayed histories must not see one)."""
+    return timeouts.model_dump_json(exclude={"hold"} if timeouts.hold is None else None)
