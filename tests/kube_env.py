@@ -13,17 +13,14 @@ import asyncio
 import contextlib
 import os
 import secrets
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
-from kubernetes.aio import client as k8s
-from kubernetes.aio import config as k8s_config
 
-from activities.kube.cluster import MERGE_PATCH, KubernetesCluster
+from activities.kube.cluster import MERGE_PATCH, KubernetesCluster, authenticated_http
 from sim.kube import KubeEmulator
 
 KUBECONFIG_ENV = "TGP_TEST_KUBECONFIG"
