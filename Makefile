@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fault-matrix venv clean histories bench crds
+.PHONY: demo test fault-matrix venv clean histories bench crds kube test-real-cluster
 
 venv: $(STAMP)
 
@@ -44,3 +44,17 @@ bench: $(STAMP)
 # Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
 crds: $(STAMP)
 	$(BIN)/python -m workers.crdgen
+
+# The test control plane (hack/kube): kube-apiserver, kube-scheduler, kube-controller-manager and
+# etcd built from the Go module proxy at the pinned release into
+# ${XDG_CACHE_HOME:-~/.cache}/tgp/kube/<version>-<go.sum hash>/; a rebuild happens only when the
+# pin changes. The first build takes long (README "A real control plane"); later ones are instant.
+kube:
+	@command -v go >/dev/null || { echo "make kube: no Go toolchain on PATH: the control plane is built from the Go module proxy"; exit 3; }
+	hack/kube/build.sh
+
+# The real-cluster lane: the tests that ask for kube_api, against that control plane (with its
+# scheduler and controller-manager). Skipped in one line without Go; a failure under CI=true.
+# CI (.ci/run) runs it after `make test` and `make fault-matrix`.
+test-real-cluster: $(STAMP)
+	hack/kube/lane.sh

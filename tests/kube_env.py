@@ -151,6 +151,14 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float) ->
         await asyncio.sleep(_POLL_INTERVAL)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that asks for `kube_api` is real-cluster capable: `make test-real-cluster`
+    runs exactly these (`-m real_cluster`) against a real control plane."""
+    for item in items:
+        if "kube_api" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_cluster)
+
+
 @pytest.fixture
 async def kube_api() -> AsyncIterator[KubeApi]:
     """A ready `KubeApi`: a fresh emulator, or the cluster named by $TGP_TEST_KUBECONFIG."""
