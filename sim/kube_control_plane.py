@@ -46,6 +46,8 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 # Where the built binaries are, when not the cache directory build.sh names.
 BIN_DIR_ENV = "TGP_KUBE_BIN_DIR"
 KUBECONFIG_ENV = "TGP_TEST_KUBECONFIG"
+OWN_CONTROL_PLANE_ENV = "TGP_TEST_OWN_CONTROL_PLANE"
+SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 
 # A cold apiserver on a loaded 2-core machine installs its bootstrap RBAC and priority levels in
 # 10-30 s; two minutes separates slow from broken.
@@ -353,28 +355,28 @@ def _write_kubeconfig(path: Path, url: str, ca_file: Path, token: str, *, user: 
 
 
 async def leftovers(plane: ControlPlane, prefix: str = "tgp-test-") -> list[str]:
-    """Namespaces, Nodes and Secrets that tests left behind (names starting with `prefix`,
-    and any Secret outside the system namespaces)."""
+    """What tests left behind: any Namespace but the system ones, Nodes named `prefix...`, and
+    any Secret outside the system namespaces."""
     found: list[str] = []
     async with plane.http() as http:
 
         async def none_terminating() -> bool:
             items = (await http.get("/api/v1/namespaces")).json().get("items", [])
-            return not any(i["metadata"]["name"].startswith(prefix) and i["metadata"].get("deletionTimestamp")
-                           for i in items)
+            return not any(i["metadata"].get("deletionTimestamp") for i in items)
 
         # The namespace controller empties a deleted namespace in seconds; what is still there
         # after LEFTOVER_TIMEOUT is reported as left behind.
         with contextlib.suppress(RuntimeError):
             await _until(none_terminating, LEFTOVER_TIMEOUT, "deleted namespaces gone")
-        for kind, url in (("Namespace", "/api/v1/namespaces"), ("Node", "/api/v1/nodes")):
-            for item in (await http.get(url)).json().get("items", []):
-                name = item["metadata"]["name"]
-                if name.startswith(prefix):
-                    found.append(f"{kind} {name}")
+        for item in (await http.get("/api/v1/namespaces")).json().get("items", []):
+            if item["metadata"]["name"] not in SYSTEM_NAMESPACES:
+                found.append(f"Namespace {item['metadata']['name']}")
+        for item in (await http.get("/api/v1/nodes")).json().get("items", []):
+            if item["metadata"]["name"].startswith(prefix):
+                found.append(f"Node {item['metadata']['name']}")
         for item in (await http.get("/api/v1/secrets")).json().get("items", []):
             meta = item["metadata"]
-            if not meta["namespace"].startswith("kube-"):
+            if meta["namespace"] not in SYSTEM_NAMESPACES - {"default"}:
                 found.append(f"Secret {meta['namespace']}/{meta['name']}")
     return found
 
@@ -387,7 +389,7 @@ async def _run(command: list[str], args: argparse.Namespace) -> int:
         return 3
     async with control_plane(bins, scheduler=not args.no_scheduler, controller_manager=not args.no_controller_manager) as plane:
         print(f"real control plane: kube-apiserver {plane.version} at {plane.url} (binaries {bins})", flush=True)
-        env = {**os.environ, KUBECONFIG_ENV: str(plane.kubeconfig)}
+        env = {**os.environ, KUBECONFIG_ENV: str(plane.kubeconfig), OWN_CONTROL_PLANE_ENV: "1"}
         child = await asyncio.create_subprocess_exec(*command, env=env)
         try:
             code = await child.wait()

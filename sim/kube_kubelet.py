@@ -24,7 +24,7 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -229,6 +229,7 @@ class SimKubelet:
         self._client = client
         self._ready_since = now_time()
         self.passes = 0  # pod sync passes so far (tests wait on it, not on the clock)
+        self._deletions_seen: dict[str, datetime] = {}  # pod uid -> when its deletion was first seen
 
     async def run(self) -> None:
         """Register, then heartbeat and run pods until cancelled, or until the Node is deleted
@@ -308,10 +309,11 @@ class SimKubelet:
                               params={"fieldSelector": f"spec.nodeName={self.name}"})
         _raise_unexpected(response, f"list the pods of Node {self.name}")
         now = datetime.now(UTC)
-        for pod in response.json().get("items") or []:
-            if (pod.get("spec") or {}).get("nodeName") != self.name:
-                continue  # a server that ignored the field selector
+        pods = [p for p in response.json().get("items") or [] if (p.get("spec") or {}).get("nodeName") == self.name]
+        for pod in pods:
             await self._sync_pod(http, pod, now)
+        listed = {p["metadata"]["uid"] for p in pods}
+        self._deletions_seen = {uid: at for uid, at in self._deletions_seen.items() if uid in listed}
         self.passes += 1
 
     async def _sync_pod(self, http: httpx.AsyncClient, pod: Obj, now: datetime) -> None:
@@ -319,7 +321,10 @@ class SimKubelet:
         path = f"{self.api_url}/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         annotations = meta.get("annotations") or {}
         if meta.get("deletionTimestamp"):
-            if now >= _stop_due(meta, annotations):
+            # The containers get the whole grace period from when the kubelet sees the deletion
+            # (the deletionTimestamp, in whole seconds, may read up to a second early).
+            seen = self._deletions_seen.setdefault(meta["uid"], now)
+            if now >= seen + _stop_after(meta, annotations):
                 # The containers stopped: confirm the deletion, as the kubelet's status manager does.
                 response = await send(http, "DELETE", path, system=_KUBELET_SYSTEM, ok=(404, 409),
                                       json={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
@@ -371,15 +376,12 @@ class SimKubelet:
         _raise_unexpected(response, f"report the status of pod {path.rsplit('/', 1)[-1]}")
 
 
-def _stop_due(meta: Obj, annotations: Mapping[str, str]) -> datetime:
-    """When a deleted pod's containers have stopped: at the end of its grace period (the
-    deletionTimestamp), or `tgp.io/sim-stop-seconds` after the deletion if that is sooner."""
-    deadline = _parse_time(meta["deletionTimestamp"]) or 0.0
+def _stop_after(meta: Obj, annotations: Mapping[str, str]) -> timedelta:
+    """How long a deleted pod's containers take to stop: its whole grace period (a container
+    that ignores SIGTERM), or `tgp.io/sim-stop-seconds` if that is sooner."""
+    grace = float(meta.get("deletionGracePeriodSeconds") or 0)
     stop = _seconds(annotations.get(STOP_SECONDS_ANNOTATION))
-    if stop is not None:
-        requested = deadline - float(meta.get("deletionGracePeriodSeconds") or 0)
-        deadline = min(deadline, requested + stop)
-    return datetime.fromtimestamp(deadline, UTC)
+    return timedelta(seconds=grace if stop is None else min(grace, stop))
 
 
 def _seconds(value: object) -> float | None:

@@ -355,7 +355,7 @@ class KubeStore(kmock.KubernetesEmulator):
     def _field_validation(self, request: kmock.Request, resource: kmock.resource, obj: Any) -> str | None:
         """The `fieldValidation` option of a write (Strict, Warn (the default) or Ignore) applied
         to the fields of a custom resource that its schema does not declare (and pruning would
-        drop): Strict refuses the write (400), Warn returns the Warning header to send, one
+        drop): Strict refuses the write (400; 422 for a patch), Warn returns the Warning header to send, one
         warning per field, as the API server does. kubectl sends Strict. Built-in kinds are not
         checked (the emulator has no complete schemas for them)."""
         mode = request.params.get("fieldValidation") or "Warn"
@@ -372,6 +372,11 @@ class KubeStore(kmock.KubernetesEmulator):
             return None
         if mode == "Strict":
             kind = custom[0].kind
+            problem = "strict decoding error: " + ", ".join(f'unknown field "{field}"' for field in unknown)
+            if request.method.upper() == "PATCH":
+                # A patch is decoded after it is applied: the server answers 422, quoting the
+                # patched object (measured on 1.34).
+                raise invalid("", "", "", [FieldError.invalid("patch", json.dumps(obj, separators=(",", ":")), problem)])
             raise ApiStatus(400, "BadRequest", (
                 f'{kind} in version "{resource.version}" cannot be handled as a {kind}: strict decoding error: '
                 + ", ".join(f'unknown field "{field}"' for field in unknown)

@@ -239,7 +239,17 @@ async def test_list_pods_on_node_filters_by_node_and_summarises(kube_api: KubeAp
     node, other = kube_api.unique("pods"), kube_api.unique("other")
     await kube_api.create_node(node)
     await kube_api.create_node(other)
-    await kube_api.create_pod("trainer", node=node, gpu=True, owner_kind="ReplicaSet")
+    if kube_api.real:
+        # A made-up ReplicaSet would be garbage-collected, a real one would adopt or delete the
+        # pod: a ConfigMap is a controller owner that no controller acts on.
+        owner = await kube_api.create(f"/api/v1/namespaces/{kube_api.namespace}/configmaps",
+                                      {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "trainer-owner"}})
+        owner_kind = "ConfigMap"
+        await kube_api.create_pod("trainer", node=node, gpu=True, owner_kind=owner_kind, owner_api_version="v1",
+                                  owner_uid=owner["metadata"]["uid"])
+    else:
+        owner_kind = "ReplicaSet"
+        await kube_api.create_pod("trainer", node=node, gpu=True, owner_kind=owner_kind)
     await kube_api.create_pod("static", node=node, mirror=True, phase="Pending")
     await kube_api.create_pod("elsewhere", node=other)
 
@@ -247,7 +257,7 @@ async def test_list_pods_on_node_filters_by_node_and_summarises(kube_api: KubeAp
 
     assert set(pods) == {"trainer", "static"}
     trainer, static = pods["trainer"], pods["static"]
-    assert (trainer.namespace, trainer.phase, trainer.owner_kind) == (kube_api.namespace, "Running", "ReplicaSet")
+    assert (trainer.namespace, trainer.phase, trainer.owner_kind) == (kube_api.namespace, "Running", owner_kind)
     assert trainer.requests_gpu and not trainer.is_mirror and not trainer.deleting
     assert static.is_mirror and not static.requests_gpu and static.phase == "Pending" and static.owner_kind is None
 
