@@ -410,7 +410,28 @@ class KubeStore(kmock.KubernetesEmulator):
         custom = self._custom.get((key[0].group or "", key[0].plural or ""))
         if custom is not None and custom.terminating:
             self._finish_crd_deletion(custom)
+        if current["metadata"].get("uid"):
+            self._collect_garbage(str(current["metadata"]["uid"]))
         return gone
+
+    def _collect_garbage(self, uid: str) -> None:
+        """The garbage collector, at once and in the background: an object whose owners are
+        all gone now (one of them the object just removed, `uid`) is deleted, as a Node's
+        Lease goes with the Node. Owners that never existed are not looked for."""
+        live: set[str] | None = None
+        for key, stored in list(self.objects.items()):
+            if stored.deleted:
+                continue
+            owners = stored.raw["metadata"].get("ownerReferences") or []
+            if not any(o.get("uid") == uid for o in owners):
+                continue
+            if live is None:
+                live = {str(o.raw["metadata"].get("uid")) for o in self.objects.values() if not o.deleted}
+            if all(str(o.get("uid")) not in live for o in owners):
+                self._delete_dependent(key, stored.raw)
+
+    def _delete_dependent(self, key: Key, current: Obj) -> None:
+        self._delete(key, current)
 
     def _publish(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> None:
         """Every write ends here: `kind` (ADDED, MODIFIED or DELETED) of the object stored at

@@ -337,11 +337,14 @@ async def test_a_crd_update_to_a_bad_default_is_refused_and_so_are_null_members(
     assert ('properties[owner].default.team: Invalid value: "null": team in body must be of type string'
             in response.json()["message"])
     properties["owner"] = {"type": "object", "default": {"team": None}, "properties": {"team": {"type": "string", "nullable": True}}}
-    async with installed_crd(kube_api, crd) as stored:
+    async with installed_crd(kube_api, crd):
         created = await kube_api.create(f"/apis/{group}/v1/namespaces/{kube_api.namespace}/gpupools", pool("nulls", group))
         assert created["spec"]["owner"] == {"team": None}
 
         properties["weight"]["default"] = 1000
+        # The current version: a real server's controllers have written the CRD's status since.
+        stored = await kube_api.get(f"{crds}/{crd['metadata']['name']}")
+        assert stored is not None
         crd["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"]
         response = await kube_api.http.put(f"{crds}/{crd['metadata']['name']}", json=crd)
         assert response.status_code == 422, response.text

@@ -141,13 +141,17 @@ async def test_runs_its_pods_completes_them_and_honours_grace_periods(kube_api: 
         assert server is not None and server["metadata"].get("deletionTimestamp")
 
 
-async def test_stops_when_its_node_is_deleted(kube_api: KubeApi) -> None:
+async def test_stops_when_its_node_is_deleted_and_its_lease_goes_with_it(kube_api: KubeApi) -> None:
     name = kube_api.unique("kubelet")
     async with running(fast(kube_api, name)) as task:
         await eventually(lambda: kube_api.get(f"/api/v1/nodes/{name}"), timeout=CONVERGE, what="the Node")
+        lease = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/{name}"
+        await eventually(lambda: kube_api.get(lease), timeout=CONVERGE, what="the Node's Lease")
         assert (await kube_api.http.delete(f"/api/v1/nodes/{name}")).status_code == 200
         await asyncio.wait_for(task, CONVERGE)
     assert await kube_api.get(f"/api/v1/nodes/{name}") is None
+    # The Lease is owned by the Node: the garbage collector removes it with the Node.
+    await eventually(lambda: _gone(kube_api, lease), timeout=CONVERGE, what="the Lease collected")
 
 
 @pytest.mark.parametrize("template", ["talos-worker.yaml.j2", "ubuntu-cloud-init.yaml.j2"])

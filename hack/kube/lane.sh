@@ -20,7 +20,7 @@ for b in etcd kube-apiserver kube-scheduler kube-controller-manager; do
 done
 report="$(mktemp -d)/real-cluster.xml"
 TGP_KUBE_BIN_DIR="$dir" nice -n 10 "$py" -m sim.kube_control_plane run -- \
-  "$py" -m pytest -q -m real_cluster --junitxml="$report" ${PYTEST_ARGS:-}
+  "$py" -m pytest -q -rs -m real_cluster --junitxml="$report" ${PYTEST_ARGS:-}
 status=$?
 "$py" - "$report" "$status" <<'PY'
 import sys, xml.etree.ElementTree as ET
