@@ -22,7 +22,7 @@ from sim.kube_kubelet import LEASE_NAMESPACE, RUN_SECONDS_ANNOTATION
 from sim.scheduler import SimScheduler
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
-from tests.test_bridge import apply, gpu_class, gpu_pool, ready_nodes, running_stack
+from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, ready_nodes, running_stack
 from tests.test_node_lifecycle import assert_nothing_left
 
 # A real scheduler, node lifecycle and garbage collector on a loaded machine need seconds.
@@ -39,11 +39,13 @@ async def scheduler(kube_api: KubeApi) -> AsyncIterator[None]:
         yield
 
 
-async def create_job(kube: httpx.AsyncClient, name: str, seconds: int) -> None:
-    """A one-GPU pod that runs for `seconds` and completes, tolerating the pool's taint."""
+async def create_job(kube: httpx.AsyncClient, name: str, seconds: int | None) -> None:
+    """A one-GPU pod that runs for `seconds` and completes (None: until deleted), tolerating the
+    pool's taint."""
+    annotations = {RUN_SECONDS_ANNOTATION: str(seconds)} if seconds is not None else {}
     pod = {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml", "annotations": {RUN_SECONDS_ANNOTATION: str(seconds)}},
+        "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
         "spec": {
             "containers": [{"name": "train", "image": "pytorch", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -91,3 +93,37 @@ async def test_a_whole_life_with_a_scheduler_and_kubelet_stand_ins(temporal: Wor
 
         await eventually(node_and_lease_gone, timeout=CONVERGE, what="the Node and its Lease gone")
         assert_nothing_left(s.world, name)
+
+
+async def test_a_second_pod_may_take_the_node_bought_for_the_first_and_the_first_still_gets_one(
+    temporal: WorkflowEnvironment, kube_api: KubeApi,
+) -> None:
+    """Nothing reserves a node for the pod it was bought for: when a second pod arrives while
+    the first one's node boots, the scheduler may give that node to either. Whichever it
+    picks, the other pod gets a node of its own (the demand counts both), and no more."""
+    async with running_stack(temporal, kube_api) as s, scheduler(kube_api):
+        assert (await apply(s.kube, gpu_class())).status_code == 201
+        assert (await apply(s.kube, gpu_pool("rtx", disruption=NO_IDLING))).status_code == 201
+        s.world.cloud.hold_boots()
+        await create_job(s.kube, "first", seconds=None)
+        await eventually(lambda: _true(len(s.world.cloud.instances) >= 1), timeout=CONVERGE, what="a node bought for the first pod")
+        await create_job(s.kube, "second", seconds=None)
+        s.world.cloud.release_boots()
+
+        async def both_running() -> dict[str, str] | None:
+            placed = {}
+            for name in ("first", "second"):
+                pod = (await s.kube.get(f"/api/v1/namespaces/ml/pods/{name}")).json()
+                if pod["status"].get("phase") != "Running":
+                    return None
+                placed[name] = pod["spec"]["nodeName"]
+            return placed
+
+        placed = await eventually(both_running, timeout=CONVERGE, what="both pods running")
+        assert placed["first"] != placed["second"], placed
+        assert len(await ready_nodes(s, "ml", "rtx", 2)) == 2
+        assert len(s.world.cloud.instances) == 2, "one node per pod, no more"
+
+
+async def _true(value: bool) -> bool:
+    return value
