@@ -25,7 +25,10 @@ kube_openapi_v2), Table responses with CRD printer columns and built-in printers
 lists that end their initial events with a bookmark; `write_kubeconfig` points kubectl at the
 emulator.
 
-kube_kubelet plays the kubelet for a simulated cloud (`register_node`, `set_node_ready`).
+kube_kubelet plays the kubelet for a simulated cloud (`register_node`, `set_node_ready`, and
+`SimKubelet`, which keeps a Node alive with Lease and status heartbeats and runs its pods).
+kube_control_plane starts the real thing (etcd, kube-apiserver, scheduler, controller-manager
+built by `make kube`) for the real-cluster lane.
 """
 
 from __future__ import annotations
