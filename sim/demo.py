@@ -291,7 +291,14 @@ async def run_dev(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         cluster = await stack.enter_async_context(KubernetesCluster.from_kubeconfig(kubeconfig))
         http = await stack.enter_async_context(authenticated_http(kubeconfig))
-        if (await http.get("/apis/tgp.io/v1")).status_code == 404:
+        try:
+            probe = await http.get("/apis/tgp.io/v1")
+        except httpx.TransportError as exc:  # down, wrong address, TLS: one line naming the server
+            raise ConfigError(
+                f"cannot reach the Kubernetes API at {http.base_url} (kubeconfig {kubeconfig}): {type(exc).__name__}"
+                + (f": {str(exc)[:200]}" if str(exc) else "")
+            ) from None
+        if probe.status_code == 404:
             raise ConfigError(f"the tgp CRDs are not installed in {http.base_url}: kubectl apply -f deploy/crds/")
         print(f"Starting the Temporal dev server (Web UI), a worker and the bridge against {http.base_url} ...")
         state = Path(args.state_dir)
