@@ -40,6 +40,7 @@ histories: $(STAMP)
 # Benchmarks print figures; they are not part of the test suite.
 bench: $(STAMP)
 	$(BIN)/python bench/offer_selection.py
+	$(BIN)/python bench/emulator_at_rest.py
 
 # Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
 crds: $(STAMP)

@@ -673,3 +673,20 @@ def _emulator(kube_api: KubeApi) -> KubeEmulator:
     if kube_api.emulator is None:
         pytest.skip("a test knob of the emulator: a real cluster cannot be made to do this on demand")
     return kube_api.emulator
+
+
+async def test_the_emulator_remembers_a_bounded_number_of_requests_and_versions() -> None:
+    """A demo left up for an hour must not slow down: kmock matches every request against its
+    whole request log, and kept every version of every object (issue 19)."""
+    async with KubeEmulator(request_log=20) as kube, httpx.AsyncClient(base_url=kube.url) as http:
+        await http.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+        for beat in range(60):
+            response = await http.patch("/api/v1/nodes/n1", json={"metadata": {"labels": {"beat": str(beat)}}},
+                                        headers={"Content-Type": "application/merge-patch+json"})
+            assert response.status_code == 200
+        requests = list(kube)
+        assert 0 < len(requests) <= 20 and str(requests[-1].url).endswith("/api/v1/nodes/n1")
+        assert len(kube["patch /api/v1/nodes/n1"]) <= 20
+        history = [k for k in kube.objects if k[2] == "n1"]
+        assert history and len(kube.objects[history[0]].history) <= 4
+        assert (await http.get("/api/v1/nodes/n1")).json()["metadata"]["labels"]["beat"] == "59"
