@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fault-matrix venv clean histories bench crds kube test-real-cluster
+.PHONY: demo test fault-matrix venv clean histories bench crds kube test-real-cluster dev-real-cluster
 
 venv: $(STAMP)
 
@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml sim/pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ./sim -e '.[dev]'
 	touch $(STAMP)
 
+# The demo's Temporal server takes PORT and its Web UI PORT+1000 (`make demo PORT=8233` runs a
+# second one beside the first; TGP_DEMO_PORT does the same for `tgp demo`).
+PORT ?= $(or $(TGP_DEMO_PORT),7233)
 demo: $(STAMP)
-	$(BIN)/tgp demo
+	$(BIN)/tgp demo --port $(PORT)
 
 # The suite, without the fault matrix: the suite alone takes most of its 10-minute budget on
 # 2 cores, so the matrix is a target of its own.
@@ -59,3 +62,11 @@ kube:
 # CI (.ci/run) runs it after `make test` and `make fault-matrix`.
 test-real-cluster: $(STAMP)
 	hack/kube/lane.sh
+
+# The product against the real control plane instead of the emulator: `tgp dev` (Temporal dev
+# server, worker, bridge, simulated cloud whose machines run kubelet stand-ins) against a fresh
+# kube-apiserver + scheduler + controller-manager. It prints the kubeconfig to apply examples/
+# with; Ctrl-C stops everything. `make demo` stays on the emulator (no Go needed, faster start).
+dev-real-cluster: $(STAMP) kube
+	TGP_KUBE_BIN_DIR="$$(hack/kube/build.sh --dir)" $(BIN)/python -m sim.kube_control_plane run -- \
+	  sh -c 'KUBECONFIG="$$TGP_TEST_KUBECONFIG" exec $(BIN)/tgp dev --port $(PORT) --boot-delay 1'

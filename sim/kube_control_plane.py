@@ -388,7 +388,8 @@ async def _run(command: list[str], args: argparse.Namespace) -> int:
         print(f"real-cluster lane: {exc}", flush=True)
         return 3
     async with control_plane(bins, scheduler=not args.no_scheduler, controller_manager=not args.no_controller_manager) as plane:
-        print(f"real control plane: kube-apiserver {plane.version} at {plane.url} (binaries {bins})", flush=True)
+        print(f"real control plane: kube-apiserver {plane.version} at {plane.url} (binaries {bins})\n"
+              f"kubectl: export KUBECONFIG={plane.kubeconfig}", flush=True)
         env = {**os.environ, KUBECONFIG_ENV: str(plane.kubeconfig), OWN_CONTROL_PLANE_ENV: "1"}
         child = await asyncio.create_subprocess_exec(*command, env=env)
         try:

@@ -115,6 +115,7 @@ async def test_a_taken_port_is_an_error_naming_it() -> None:
         proc = await tgp("demo", "--port", str(port), env={})
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2 and f"port {port} is in use" in err.decode(), err.decode()
+    assert "make demo PORT=N" in err.decode() and "TGP_DEMO_PORT" in err.decode()
 
 
 async def test_the_bridge_without_a_kubeconfig_says_so_in_one_line_and_nothing_else(tmp_path: Path, temporal: object) -> None:
