@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import datetime as dt
 import ipaddress
 import os
@@ -59,6 +60,7 @@ STOP_TIMEOUT = 15.0
 _POLL = 0.25
 LEFTOVER_TIMEOUT = 90.0
 SERVICE_CIDR = "10.0.0.0/24"
+_PR_SET_PDEATHSIG = 1
 _LOG_TAIL = 3000  # characters of a process's log quoted when it fails to start
 
 
@@ -269,10 +271,19 @@ def _log_tail(work: Path | None, process: asyncio.subprocess.Process | None) -> 
     return path.read_text(errors="replace")[-_LOG_TAIL:] if path.exists() else ""
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: kill it when the process that started it dies (Linux), so that
+    a launcher killed outright leaves no etcd or apiserver behind (SIGKILL: a throwaway control
+    plane has nothing to save, and an apiserver whose etcd is gone takes long to stop)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 async def _spawn(work: Path, binary: Path, args: list[str]) -> asyncio.subprocess.Process:
     log = (work / f"{binary.name}.log").open("ab")
     process = await asyncio.create_subprocess_exec(
         str(binary), *args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
     log.close()
     process._tgp_name = binary.name  # type: ignore[attr-defined]
@@ -387,6 +398,13 @@ async def _run(command: list[str], args: argparse.Namespace) -> int:
     except ControlPlaneUnavailable as exc:
         print(f"real-cluster lane: {exc}", flush=True)
         return 3
+    # SIGTERM and SIGINT (even when a non-interactive shell ignored it) stop the command and
+    # the control plane in order, instead of killing this process outright.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    loop = asyncio.get_running_loop()
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(stop_signal, main_task.cancel)
     async with control_plane(bins, scheduler=not args.no_scheduler, controller_manager=not args.no_controller_manager) as plane:
         print(f"real control plane: kube-apiserver {plane.version} at {plane.url} (binaries {bins})\n"
               f"kubectl: export KUBECONFIG={plane.kubeconfig}", flush=True)
@@ -415,7 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("run needs a command after --")
-    return asyncio.run(_run(command, args))
+    try:
+        return asyncio.run(_run(command, args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("real control plane: stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
