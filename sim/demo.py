@@ -42,6 +42,7 @@ from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, dev_server_args
 from tgp.types import NodeStatus
 from workers.main import WorkerConfig, build_activities, make_worker
+from workers.metrics import start_worker_metrics
 
 # The dev server answers within a second or two; give a slow first start some room.
 DEV_SERVER_START_TIMEOUT = 30.0
@@ -125,8 +126,6 @@ async def serve_demo_metrics(client: Client, stack: AsyncExitStack, activities: 
     """/metrics as production serves it (docs/metrics.md): the worker's fleet gauges and, the
     bridge being in the same process, the bridge's metrics too. On a free port (two demos side
     by side must not collide); where it is, for the banner."""
-    from workers.metrics import start_worker_metrics
-
     port = await start_worker_metrics(client, stack, port=0, host="127.0.0.1",
                                       unavailable=lambda: len(activities.node.unavailable.keys()))
     return f"http://127.0.0.1:{port}/metrics (worker and bridge)" if port else "not served (no free port)"
