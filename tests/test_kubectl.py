@@ -31,7 +31,7 @@ from tests.conftest import binary
 from tests.kube_env import KUBECONFIG_ENV, KubeApi, eventually
 from sim import kube_patch, kube_tables
 from sim.kube import KubeEmulator
-from sim.kube_kubelet import register_node
+from sim.kube_kubelet import SimKubelet, register_node
 from sim.kube_machinery import MERGE_PATCH, STRATEGIC_MERGE_PATCH
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -398,20 +398,29 @@ async def test_delete_pod_waits_until_it_is_gone(kubectl: Kubectl, kube_api: Kub
 
 
 async def test_delete_pod_waits_for_its_grace_period(kubectl: Kubectl, kube_api: KubeApi) -> None:
-    if kube_api.emulator is None:
-        pytest.skip("needs a kubelet to confirm the shutdown; the emulator plays it with a timer")
     node = kube_api.unique("grace")
-    await register_node(kube_api.url, node, client=kube_api.http)
-    name = f"graceful-{secrets.token_hex(3)}"
-    assert (await kubectl.apply(pod(name, node=node, grace=30))).code == 0
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    deleted = await kubectl("delete", "pod", name, "--grace-period=1", "--cascade=foreground")
-    assert f'pod "{name}" deleted' in deleted.out
-    assert loop.time() - started >= 0.9  # kubectl waited for the grace period
-    assert not await kube_api.pod_exists(name)
-    [request] = emulator_requests(kube_api, "DELETE", f"/pods/{name}")
-    assert request.data == {"gracePeriodSeconds": 1, "propagationPolicy": "Foreground"}
+    # The kubelet confirms the shutdown: the emulator plays it with a timer, a real cluster's
+    # test Node has the simulated kubelet.
+    kubelet = SimKubelet(kube_api.url, node, client=kube_api.http, pod_sync_interval=0.1)
+    running = asyncio.create_task(kubelet.run()) if kube_api.real else None
+    try:
+        await register_node(kube_api.url, node, client=kube_api.http)
+        name = f"graceful-{secrets.token_hex(3)}"
+        assert (await kubectl.apply(pod(name, node=node, grace=30))).code == 0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deleted = await kubectl("delete", "pod", name, "--grace-period=1", "--cascade=foreground")
+        assert f'pod "{name}" deleted' in deleted.out
+        assert loop.time() - started >= 0.9  # kubectl waited for the grace period
+        assert not await kube_api.pod_exists(name)
+    finally:
+        if running is not None:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    if kube_api.emulator is not None:
+        [request] = emulator_requests(kube_api, "DELETE", f"/pods/{name}")
+        assert request.data == {"gracePeriodSeconds": 1, "propagationPolicy": "Foreground"}
 
 
 async def test_get_pods_watch_prints_table_rows_as_pods_change(kubectl: Kubectl, kube_api: KubeApi) -> None:
