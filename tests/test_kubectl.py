@@ -567,8 +567,6 @@ async def test_unknown_fields_of_custom_resources_are_warned_about_by_default(ku
 
 
 async def test_streaming_list_ends_its_initial_events_with_a_bookmark(kube_api: KubeApi) -> None:
-    if kube_api.emulator is None:
-        pytest.skip("streaming lists need the WatchList feature of newer servers")
     name = kube_api.unique("streamed")
     await kube_api.create_node(name)
     async with kube_api.http.stream("GET", "/api/v1/nodes", params={
@@ -576,7 +574,9 @@ async def test_streaming_list_ends_its_initial_events_with_a_bookmark(kube_api: 
         "allowWatchBookmarks": "true", "fieldSelector": f"metadata.name={name}", "timeoutSeconds": "1",
     }) as response:
         events = [json.loads(line) async for line in response.aiter_lines() if line.strip()]
-    assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+    # The initial state, then the bookmark that ends it; a real cluster's controllers may write
+    # the Node (and the server send more bookmarks) before the stream times out.
+    assert [e["type"] for e in events[:2]] == ["ADDED", "BOOKMARK"], events
     assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
     refused = await kube_api.http.get("/api/v1/nodes", params={"watch": "true", "sendInitialEvents": "true"})
     assert refused.status_code == 422
