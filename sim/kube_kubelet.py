@@ -46,8 +46,10 @@ LEASE_RENEW_INTERVAL = 10.0
 # A real kubelet posts status when it changes and at least every 5 minutes
 # (nodeStatusReportFrequency); a minute keeps lastHeartbeatTime fresh for anyone who reads it.
 STATUS_INTERVAL = 60.0
-# How often the stand-in looks at its pods: a real kubelet reacts to its watch within a second.
-POD_SYNC_INTERVAL = 1.0
+# The stand-in looks at its pods when its watch of them reports a change, when a pod's run or
+# shutdown is due, and at least this often (a real kubelet also resyncs now and then). Between
+# passes it holds one watch open: a kubelet at rest costs the API server almost nothing.
+POD_SYNC_INTERVAL = 10.0
 
 # What a kubelet on one of tgp's GPU instances reports; the numbers only need to look plausible.
 _KUBELET_CAPACITY = {"cpu": "16", "memory": "128Gi", "pods": "110", "ephemeral-storage": "500Gi"}
@@ -240,7 +242,7 @@ class SimKubelet:
             loops = (
                 self._every(self.lease_renew_interval, lambda: self._renew_lease(http, uid)),
                 self._every(self.status_interval, lambda: self._post_status(http)),
-                self._every(self.pod_sync_interval, lambda: self.sync_pods(http)),
+                self._pods(http),
             )
             try:
                 async with asyncio.TaskGroup() as group:
@@ -303,20 +305,55 @@ class SimKubelet:
             raise NodeGone(self.name)
         _raise_unexpected(response, f"report the status of Node {self.name}")
 
-    async def sync_pods(self, http: httpx.AsyncClient) -> None:
-        """One pass over the pods bound to this Node: start, complete and finish deleting."""
+    async def _pods(self, http: httpx.AsyncClient) -> None:
+        """Sync the pods, then wait for a change (a watch), the next due run or shutdown, or
+        the resync interval, whichever comes first; again."""
+        while True:
+            version, wait = None, self.pod_sync_interval
+            try:
+                version, due = await self.sync_pods(http)
+                wait = min(wait, max(due, 0.0)) if due is not None else wait
+            except (httpx.HTTPError, TransientError, RuntimeError, ValueError, KeyError) as exc:
+                log.info("sim_kubelet_step_failed", node=self.name, error=str(exc)[:200])
+            if version is None or wait <= 0:
+                await asyncio.sleep(max(wait, 0.05) if version is None else 0)
+                continue
+            await self._pod_change(http, version, wait)
+
+    async def _pod_change(self, http: httpx.AsyncClient, version: str, timeout: float) -> None:
+        """Return at the first change to this Node's pods after `version`, or after `timeout`."""
+        params = {"watch": "true", "resourceVersion": version, "fieldSelector": f"spec.nodeName={self.name}",
+                  "timeoutSeconds": str(max(1, int(timeout + 0.999)))}
+        with contextlib.suppress(TimeoutError, httpx.HTTPError):
+            async with asyncio.timeout(timeout):
+                async with http.stream("GET", f"{self.api_url}/api/v1/pods", params=params,
+                                       timeout=httpx.Timeout(10.0, read=timeout + 10.0)) as stream:
+                    if stream.status_code != 200:
+                        await asyncio.sleep(min(timeout, 1.0))  # 410 Gone and the like: resync
+                        return
+                    async for line in stream.aiter_lines():
+                        if line.strip():
+                            return
+
+    async def sync_pods(self, http: httpx.AsyncClient) -> tuple[str, float | None]:
+        """One pass over the pods bound to this Node: start, complete and finish deleting.
+        Returns the list's resourceVersion and the seconds until the next pod is due (None:
+        nothing is)."""
         response = await send(http, "GET", f"{self.api_url}/api/v1/pods", system=_KUBELET_SYSTEM,
                               params={"fieldSelector": f"spec.nodeName={self.name}"})
         _raise_unexpected(response, f"list the pods of Node {self.name}")
+        listing = response.json()
         now = datetime.now(UTC)
-        pods = [p for p in response.json().get("items") or [] if (p.get("spec") or {}).get("nodeName") == self.name]
-        for pod in pods:
-            await self._sync_pod(http, pod, now)
+        pods = [p for p in listing.get("items") or [] if (p.get("spec") or {}).get("nodeName") == self.name]
+        dues = [await self._sync_pod(http, pod, now) for pod in pods]
         listed = {p["metadata"]["uid"] for p in pods}
         self._deletions_seen = {uid: at for uid, at in self._deletions_seen.items() if uid in listed}
         self.passes += 1
+        pending = [(d - now).total_seconds() for d in dues if d is not None]
+        return str((listing.get("metadata") or {}).get("resourceVersion") or ""), min(pending, default=None)
 
-    async def _sync_pod(self, http: httpx.AsyncClient, pod: Obj, now: datetime) -> None:
+    async def _sync_pod(self, http: httpx.AsyncClient, pod: Obj, now: datetime) -> datetime | None:
+        """Act on one pod; when it is next due (its run ends, its shutdown is over), if ever."""
         meta, status = pod["metadata"], pod.get("status") or {}
         path = f"{self.api_url}/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         annotations = meta.get("annotations") or {}
@@ -324,13 +361,15 @@ class SimKubelet:
             # The containers get the whole grace period from when the kubelet sees the deletion
             # (the deletionTimestamp, in whole seconds, may read up to a second early).
             seen = self._deletions_seen.setdefault(meta["uid"], now)
-            if now >= seen + _stop_after(meta, annotations):
-                # The containers stopped: confirm the deletion, as the kubelet's status manager does.
-                response = await send(http, "DELETE", path, system=_KUBELET_SYSTEM, ok=(404, 409),
-                                      json={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
-                _raise_unexpected(response, f"delete pod {meta['name']}")
-                log.info("sim_kubelet_pod_stopped", node=self.name, pod=f"{meta['namespace']}/{meta['name']}")
-            return
+            stopped = seen + _stop_after(meta, annotations)
+            if now < stopped:
+                return stopped
+            # The containers stopped: confirm the deletion, as the kubelet's status manager does.
+            response = await send(http, "DELETE", path, system=_KUBELET_SYSTEM, ok=(404, 409),
+                                  json={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+            _raise_unexpected(response, f"delete pod {meta['name']}")
+            log.info("sim_kubelet_pod_stopped", node=self.name, pod=f"{meta['namespace']}/{meta['name']}")
+            return None
         phase = status.get("phase") or "Pending"
         if phase == "Pending":
             started = _time(now)
@@ -348,27 +387,32 @@ class SimKubelet:
             }
             await self._patch_status(http, path, new)
             log.info("sim_kubelet_pod_started", node=self.name, pod=f"{meta['namespace']}/{meta['name']}")
-            return
+            return None  # its own status write wakes the next pass
         seconds = _seconds(annotations.get(RUN_SECONDS_ANNOTATION))
         started_at = _parse_time(status.get("startTime"))
-        if phase == "Running" and seconds is not None and started_at is not None and now.timestamp() >= started_at + seconds:
-            done = _time(now)
-            finished = {
-                "phase": "Succeeded",
-                "conditions": [
-                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": done},
-                    {"type": "Initialized", "status": "True", "lastTransitionTime": done},
-                    {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": done},
-                    {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": done},
-                ],
-                "containerStatuses": [
-                    {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
-                     "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": done}}}
-                    for c in (pod.get("spec") or {}).get("containers") or []
-                ],
-            }
-            await self._patch_status(http, path, finished)
-            log.info("sim_kubelet_pod_completed", node=self.name, pod=f"{meta['namespace']}/{meta['name']}")
+        if phase != "Running" or seconds is None or started_at is None:
+            return None
+        ends = datetime.fromtimestamp(started_at + seconds, UTC)
+        if now < ends:
+            return ends
+        done = _time(now)
+        finished = {
+            "phase": "Succeeded",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": done},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": done},
+                {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": done},
+                {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": done},
+            ],
+            "containerStatuses": [
+                {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
+                 "started": False, "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": done}}}
+                for c in (pod.get("spec") or {}).get("containers") or []
+            ],
+        }
+        await self._patch_status(http, path, finished)
+        log.info("sim_kubelet_pod_completed", node=self.name, pod=f"{meta['namespace']}/{meta['name']}")
+        return None
 
     async def _patch_status(self, http: httpx.AsyncClient, path: str, status: Obj) -> None:
         response = await send(http, "PATCH", f"{path}/status", system=_KUBELET_SYSTEM, ok=(404,),
