@@ -41,6 +41,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from sim.fakeserver import EchoForm, EchoMode, Fault, echo_errors, fault_body_response
+from sim.kube_kubelet import kubelet_registration
 
 # never_runs: the instance fails to boot; never_joins: it runs but never reaches the tailnet;
 # gpus_never_register: its Node turns Ready but the GPU driver never loads (allocatable
@@ -49,7 +50,9 @@ BootFailure = Literal["never_runs", "never_joins", "gpus_never_register"]
 TailnetRegister = Callable[[str, str], Awaitable[object]]
 # The account of the key a request came with (set by the auth middleware).
 _ACCOUNT = web.RequestKey("account", str)
-NodeRegister = Callable[[str, dict[str, str], int], Awaitable[object]]
+# The machine's kubelet: (node name, labels, GPUs, taints). It may run for the machine's whole
+# life (sim.kube_kubelet.SimKubelet): the boot task awaits it and is cancelled at termination.
+NodeRegister = Callable[[str, dict[str, str], int, list[dict[str, str]]], Awaitable[object]]
 
 
 @dataclass(frozen=True)
@@ -454,8 +457,10 @@ class SimulatedCloud:
         if self._tailnet_register is not None and "TS_AUTHKEY" in env:
             await self._tailnet_register(env["TS_AUTHKEY"], hostname)
         if self._node_register is not None:
-            labels = {"kubernetes.io/hostname": hostname, "nvidia.com/gpu.present": "true"}
-            await self._node_register(hostname, labels, 0 if failure == "gpus_never_register" else inst.offer.gpu_count)
+            # The kubelet registers with the labels and taints its boot payload gives it.
+            extra_labels, taints = kubelet_registration(inst.user_data)
+            labels = {**extra_labels, "kubernetes.io/hostname": hostname, "nvidia.com/gpu.present": "true"}
+            await self._node_register(hostname, labels, 0 if failure == "gpus_never_register" else inst.offer.gpu_count, taints)
 
     def _stop_boot(self, inst: SimInstance) -> None:
         if inst.boot is not None and not inst.boot.done():
