@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
-from temporalio import workflow
 
 from tgp.messages import ClassInput as CurrentClassInput
 from tgp.node import NodeWorkflowInput as CurrentNodeInput
@@ -39,11 +38,11 @@ class FrozenRun:
         return await self.wf.run(self.inp)
 
     def handle(self, name: str, arg: Any = None) -> Any:
-        """A signal or update by name; one 31e9066 did not have is dropped (returns None)."""
+        """A signal or update by name. One 31e9066 did not have (a node's update_timeouts) is only
+        kept, for the handover: today's run takes it."""
         self.wf.latest[name] = arg
         handler = getattr(self.wf, name, None)
         if handler is None or name not in self.arg_types:
-            workflow.logger.info("a run of release 31e9066 has no %s handler: ignored until it continues as new", name)
             return None
         data = arg.model_dump(mode="json") if isinstance(arg, BaseModel) else arg
         return handler(self.arg_types[name].model_validate(data) if issubclass(self.arg_types[name], BaseModel) else data)
