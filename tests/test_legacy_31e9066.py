@@ -14,30 +14,36 @@ import json
 import typing
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel, TypeAdapter
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.entity import EntityActivities
 from activities.node import NodeActivities
 from activities.node_class import NodeClassActivities
 from activities.pool import PoolActivities
 from activities.sweeper import SweeperActivities
+from sim.world import sim_world
 from tests.conftest import eventually, running_world
 from tests.test_node_lifecycle import request
 from tests.test_pool_accounting import CLASS, pool_spec
-from tgp.messages import ClassInput, ClassUpdate, Demand, PoolUpdate, class_workflow_id, pool_workflow_id
+from tgp.messages import ClassInput, ClassUpdate, Demand, Grant, PoolUpdate, Reservation, class_workflow_id, pool_workflow_id
 from tgp.node import NodeWorkflowInput
 from tgp.types import EvictRequest, NodePhase, NodeStatus, TimeoutsUpdate
+from workers.main import WorkerConfig, build_activities, make_worker
 from workers.temporal import DATA_CONVERTER
 from workflows.legacy.r31e9066 import activities as legacy_activities
 from workflows.legacy.r31e9066 import frozen, handover
 from workflows.legacy.r31e9066 import messages as legacy_messages
+from workflows.legacy.r31e9066 import node_class as legacy_class
 from workflows.legacy.r31e9066 import node as legacy_node
 from workflows.legacy.r31e9066 import pool as legacy_pool
 from workflows.legacy.r31e9066 import types as legacy_types
@@ -248,3 +254,81 @@ async def test_a_node_started_by_31e9066_comes_up_in_its_code_and_hands_over_whe
         assert final.phase is NodePhase.TERMINATED and final.end_reason == "evicted: manual"
         assert world.cloud.live_instances() == [], "today's code terminated what 31e9066's bought"
 
+
+
+async def test_an_upgrade_from_31e9066_hands_its_running_pool_class_and_node_over(temporal: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upgrade itself: a worker running 31e9066's code (the frozen classes, their handover
+    switched off) starts a class, a pool and a node of that pool, which comes up; that worker
+    stops. Today's worker picks the three up: each replays through the frozen code, hands over
+    at its next step, and today's code carries on with what they held (the pool's node, the
+    class's reservation) to the node's end."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.1)
+        queue = f"test-{uuid.uuid4().hex[:8]}"
+        klass, name = f"old-{uuid.uuid4().hex[:6]}", f"pool-{uuid.uuid4().hex[:6]}"
+        client = temporal.client
+
+        async def noop(*_: object) -> None:
+            return None
+
+        with monkeypatch.context() as old_release:
+            old_release.setattr(legacy_pool, "hand_over", lambda *_: None)
+            old_release.setattr(legacy_class, "hand_over", lambda *_: None)
+            old_release.setattr(legacy_node, "hand_over_node", noop)
+            workflows = [legacy_pool.GPUNodePoolWorkflow, legacy_class.GPUNodeClassWorkflow, legacy_node.GPUNodeWorkflow]
+            async with Worker(client, task_queue=queue, workflows=workflows, activities=activities.all(), workflow_runner=UnsandboxedWorkflowRunner()):
+                class_handle: WorkflowHandle = await client.start_workflow(
+                    "GPUNodeClassWorkflow",
+                    legacy_messages.ClassInput(name=klass),
+                    id=class_workflow_id(klass),
+                    task_queue=queue,
+                    start_signal="update_class",
+                    start_signal_args=[ClassUpdate(spec=CLASS, generation=1)],
+                )
+                pool: WorkflowHandle = await client.start_workflow(
+                    "GPUNodePoolWorkflow",
+                    legacy_pool.PoolInput(namespace="ml", name=name),
+                    id=pool_workflow_id("ml", name),
+                    task_queue=queue,
+                    start_signal="update",
+                    start_signal_args=[PoolUpdate(spec=pool_spec(klass, maxNodes=1), generation=1, node_class=CLASS)],
+                )
+                req = request(pool=name, pool_workflow_id=pool.id, class_workflow_id=class_handle.id)
+                granted = await class_handle.execute_update("reserve", Reservation(node_id=req.workflow_id, pool=f"ml/{name}"), result_type=Grant)
+                assert granted.granted
+                old = legacy_node.NodeWorkflowInput(request=legacy_types.NodeRequest.model_validate(req.model_dump(mode="json")))
+                node: WorkflowHandle = await client.start_workflow("GPUNodeWorkflow", old, id=req.workflow_id, task_queue=queue)
+
+                async def pool_sees_it_ready() -> bool:
+                    return bool((await pool.query("status"))["readyNodes"] == 1)
+
+                await eventually(pool_sees_it_ready, timeout=60, what="31e9066's pool to see its node Ready")
+
+        # Today's worker. The node's watch timer wakes it; the pool and class get news.
+        await stack.enter_async_context(make_worker(client, activities, task_queue=queue))
+        await pool.signal("demand", Demand(pods=[], observed_at=datetime.now(UTC)))
+        await class_handle.signal("update_class", ClassUpdate(spec=CLASS, generation=2))
+        for handle, mark in ((node, '"demand_since"'), (pool, '"resync_interval"'), (class_handle, '"resync_interval"')):
+            first = await handed_over(temporal, handle.id, handle.first_execution_run_id or handle.result_run_id or "", mark)
+            assert scheduled(first), "the first run is 31e9066's, replayed: it had done work"
+            assert len(first.events) < legacy_node.HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW, "it handed over, not continued as new for its length"
+
+        status = await eventually(lambda: ready_in(client.get_workflow_handle(pool.id)), timeout=60, what="today's pool to adopt the node")
+        assert [n.workflow_id for n in status.nodes] == [req.workflow_id]
+        assert req.workflow_id in (await client.get_workflow_handle(class_handle.id).query("budget"))["reservations"]
+
+        await client.get_workflow_handle(node.id).signal(GPUNodeWorkflow.evict, EvictRequest(reason="manual"))
+        final = NodeStatus.model_validate(await client.get_workflow_handle(node.id).result())
+        assert final.phase is NodePhase.TERMINATED and world.cloud.live_instances() == []
+
+        async def released() -> bool:
+            return not (await client.get_workflow_handle(class_handle.id).query("budget"))["reservations"]
+
+        await eventually(released, timeout=60, what="the node's reservation released on today's class")
+
+
+async def ready_in(pool: WorkflowHandle) -> Any:
+    status = await pool.query(GPUNodePoolWorkflow.status)
+    return status if status.ready_nodes == 1 else None
