@@ -278,7 +278,17 @@ async def test_an_upgrade_from_31e9066_hands_its_running_pool_class_and_node_ove
             old_release.setattr(legacy_class, "hand_over", lambda *_: None)
             old_release.setattr(legacy_node, "hand_over_node", noop)
             workflows = [legacy_pool.GPUNodePoolWorkflow, legacy_class.GPUNodeClassWorkflow, legacy_node.GPUNodeWorkflow]
-            async with Worker(client, task_queue=queue, workflows=workflows, activities=activities.all(), workflow_runner=UnsandboxedWorkflowRunner()):
+            # Stopped as a deployment stops it: the activities under way finish (a cancelled one
+            # would be retried only after its start-to-close timeout, a minute or two).
+            old_worker = Worker(
+                client,
+                task_queue=queue,
+                workflows=workflows,
+                activities=activities.all(),
+                workflow_runner=UnsandboxedWorkflowRunner(),
+                graceful_shutdown_timeout=timedelta(seconds=30),
+            )
+            async with old_worker:
                 class_handle: WorkflowHandle = await client.start_workflow(
                     "GPUNodeClassWorkflow",
                     legacy_messages.ClassInput(name=klass),
