@@ -26,11 +26,6 @@ from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.entity import EntityActivities
-from activities.node import NodeActivities
-from activities.node_class import NodeClassActivities
-from activities.pool import PoolActivities
-from activities.sweeper import SweeperActivities
 from sim.world import sim_world
 from tests.conftest import eventually, running_world
 from tests.test_node_lifecycle import request
@@ -38,7 +33,7 @@ from tests.test_pool_accounting import CLASS, pool_spec
 from tgp.messages import ClassInput, ClassUpdate, Demand, Grant, PoolUpdate, Reservation, class_workflow_id, pool_workflow_id
 from tgp.node import NodeWorkflowInput
 from tgp.types import EvictRequest, NodePhase, NodeStatus, TimeoutsUpdate
-from workers.main import WorkerConfig, build_activities, make_worker
+from workers.main import Activities, WorkerConfig, build_activities, make_worker
 from workers.temporal import DATA_CONVERTER
 from workflows.legacy.r31e9066 import activities as legacy_activities
 from workflows.legacy.r31e9066 import frozen, handover
@@ -158,8 +153,11 @@ def test_the_activities_31e9066_schedules_still_run_and_answer_in_its_types() ->
     """Every activity a 31e9066 run may still schedule after the upgrade has a worker activity of
     that name that accepts the arguments 31e9066 recorded; and what today's activities return
     (recorded by today's code and the last release) reads into 31e9066's declared result types."""
-    today = _activities(NodeActivities, PoolActivities, NodeClassActivities, EntityActivities, SweeperActivities)
+    # What the worker registers (workers.main.Activities.all()), from instances without adapters.
+    bare = {name: object.__new__(cls) for name, cls in typing.get_type_hints(Activities).items()}
+    today = {fn.__name__: getattr(type(fn.__self__), fn.__name__) for fn in Activities(**bare).all()}  # type: ignore[attr-defined]
     declared = _activities(legacy_activities.FleetActivities, legacy_activities.NodeActivities)
+    assert declared.keys() <= today.keys(), "an activity 31e9066 can schedule is not on the worker: register an alias of its name"
     used = set()
     for _, history in histories("31e9066"):
         for name, args, _result in _scheduled(history):
