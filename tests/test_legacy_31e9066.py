@@ -8,6 +8,7 @@ on the dev server a pool, class and node started as 31e9066 started them hand ov
 
 from __future__ import annotations
 
+import functools
 import gzip
 import inspect
 import json
@@ -52,10 +53,15 @@ FROZEN = {"GPUNodePoolWorkflow": frozen.frozen_pool, "GPUNodeClassWorkflow": fro
 CONVERT = {"GPUNodePoolWorkflow": handover.pool_input, "GPUNodeClassWorkflow": handover.class_input, "GPUNodeWorkflow": handover.node_input}
 
 
+@functools.cache
+def _recorded(release: str) -> list[WorkflowHistory]:
+    return [WorkflowHistory.from_json(p.name, gzip.decompress(p.read_bytes()).decode()) for p in sorted((HISTORIES / release).glob("*.json.gz"))]
+
+
 def histories(*releases: str) -> Iterator[tuple[str, WorkflowHistory]]:
     for release in releases:
-        for path in sorted((HISTORIES / release).glob("*.json.gz")):
-            yield release, WorkflowHistory.from_json(path.name, gzip.decompress(path.read_bytes()).decode())
+        for history in _recorded(release):
+            yield release, history
 
 
 def start_input(history: WorkflowHistory) -> tuple[str, Any]:
@@ -73,9 +79,17 @@ def round_trip(value: Any, kind: str) -> Any:
     return decoded
 
 
+def starts(*releases: str) -> Iterator[tuple[str, WorkflowHistory]]:
+    """Each recorded history's first event only (parsing whole histories costs seconds)."""
+    for release in releases:
+        for p in sorted((HISTORIES / release).glob("*.json.gz")):
+            first = json.loads(gzip.decompress(p.read_bytes()))["events"][0]
+            yield release, WorkflowHistory.from_json(p.name, {"events": [first]})
+
+
 def test_only_runs_31e9066_started_are_taken_for_its_runs() -> None:
     seen: set[tuple[str, str]] = set()
-    for release, history in histories(*RELEASES):
+    for release, history in starts(*RELEASES):
         kind, inp = start_input(history)
         assert (FROZEN[kind](inp) is not None) == (release == "31e9066"), f"{release} {history.workflow_id}"
         seen.add((release, kind))
