@@ -1,7 +1,8 @@
 """Runs of release 31e9066, finished in that release's own code, then handed to today's.
 
-A run 31e9066 started (frozen.py) replays the run's history command for command; at its first step that is not a
-replay it continues as new with today's input (`pool_input`, `class_input`, `node_input`):
+A run 31e9066 started (frozen.py) replays its history through the frozen code command for
+command; at its first step that is not a replay it continues as new with today's input
+(`pool_input`, `class_input`, `node_input`):
 
 * a pool or class, at the top of its loop (before and after its wait), so no command of the old
   code runs after the upgrade except those of a pass already under way;
@@ -33,9 +34,11 @@ def hand_over(wf: Any, convert: Callable[[Any], Any]) -> None:
 
 
 async def hand_over_node(wf: Any) -> None:
+    """`hand_over` for a node, which waits for its phase reports under way, as 31e9066's own
+    continue-as-new did."""
     if not workflow.unsafe.is_replaying():
         await workflow.wait_condition(workflow.all_handlers_finished)
-        await asyncio.gather(*wf._reports)  # the phase reports already under way reach the pool
+        await asyncio.gather(*wf._reports)
         workflow.continue_as_new(node_input(wf))
 
 
