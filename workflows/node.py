@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.node import NodeState, NodeWorkflowInput
     from workflows.entity import describe as _describe
     from workflows.entity import history_is_long
+    from workflows.legacy.r31e9066.frozen import frozen_node
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from tgp.lifecycle import EndReason, WatchState, judge_observation
     from tgp.types import (
@@ -102,6 +103,7 @@ class NodeEvicted(Exception):
 class GPUNodeWorkflow:
     @workflow.init
     def __init__(self, inp: NodeWorkflowInput) -> None:
+        self.legacy = frozen_node(inp)  # a run of release 31e9066 ends in its own code
         self.req = inp.request
         self.state = inp.state or NodeState()
         self._reports: list[asyncio.Future[None]] = []
@@ -112,12 +114,16 @@ class GPUNodeWorkflow:
     @workflow.signal
     def evict(self, request: EvictRequest) -> None:
         """Drain and terminate this node now. The first reason wins."""
+        if self.legacy:
+            return self.legacy.handle("evict", request)
         if self.state.evict_reason is None:
             self.state.evict_reason = request.reason or "manual"
 
     @workflow.signal
     def update_timeouts(self, u: TimeoutsUpdate) -> None:
         """The pool's new idle, drain and expiry settings; they apply from the next look."""
+        if self.legacy:
+            return self.legacy.handle("update_timeouts", u)
         timeouts = self.req.timeouts.model_copy(update={"idle": u.idle, "drain": u.drain, "expire_after": u.expire_after})
         if u.hold is not None:  # the pool's nominations: hold the pods' place, or no more
             timeouts = timeouts.model_copy(update={"bind_grace": u.hold or None})
@@ -125,6 +131,8 @@ class GPUNodeWorkflow:
 
     @workflow.query
     def status(self) -> NodeStatus:
+        if self.legacy:
+            return self.legacy.query("status")
         offer, inst = self.state.offer, self.state.instance
         return NodeStatus(
             workflow_id=self.req.workflow_id,
@@ -147,6 +155,8 @@ class GPUNodeWorkflow:
     @workflow.run
     async def run(self, inp: NodeWorkflowInput) -> NodeStatus:
         """Bring the node up, watch it, drain it; whatever happens, release what was bought."""
+        if self.legacy:
+            return await self.legacy.run()
         try:
             if self.state.watch is None:  # a run continued as new is already past bring-up
                 await self._bring_up()
