@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any, Self
 
@@ -37,6 +37,10 @@ from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, Trans
 
 # Requests to cloud APIs answer in well under a second; 30 s catches a hung connection.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+# The consistency window of a real cloud API (HttpAdapter.consistency_window): lists lagging
+# 30-90 s behind a create and creates completing 65-75 s after the client gave up were seen
+# (issue 17); three minutes covers both with room.
+CONSISTENCY_WINDOW = timedelta(minutes=3)
 # In-call attempts before handing the retry over to Temporal.
 IN_CALL_ATTEMPTS = 3
 # Cap on one in-call wait; a longer Retry-After is passed on to Temporal as next_retry_delay.
@@ -90,6 +94,11 @@ class HttpAdapter:
     system = "HTTP API"
     # What a create that may have bought something is found again by (see `_create`).
     found_by = "name"
+    # How long after a create this API may still show less than the truth: lists and
+    # describe-by-id lag behind it, and a create the client gave up on may still complete.
+    # Twins are looked for, and a 404 is not taken for "gone", until this has passed since
+    # the last create of a name (docs/providers.md lists each provider's value).
+    consistency_window = CONSISTENCY_WINDOW
 
     def __init__(
         self,
