@@ -405,6 +405,7 @@ class SimulatedCloud:
             return inst
 
         outcome, inst = self.model.create(buy)
+        self.create_arrived.set()  # taken: bought now, or (a late create) later
         if self._create_gate is not None:
             # Bought, but the answer is still on its way: the case a cancelled launch must survive.
             await self._create_gate.wait()
