@@ -13,7 +13,8 @@ from temporalio.exceptions import ApplicationError
 
 from sim.provider_model import CreateOutcome
 from tests.money_env import money_env
-from tgp.types import InstanceRef, TwinWatchInput, instance_name
+from tgp import types
+from tgp.types import InstanceRef, instance_name
 
 NODE = "gpu-money"
 NAME = instance_name(NODE, 1)
@@ -65,7 +66,7 @@ async def test_a_twin_that_lands_after_the_launch_returned_is_ended_over_the_win
         result = await env.launch(NODE, attempt=2, details=())  # the heartbeat never arrived
         recorded = result.instance.instance_id
         watch = ref(recorded, created_by=env.now(), known=result.seen_ids)
-        await env.env().run(env.activities.watch_for_twins, TwinWatchInput(instances=[watch], keep=recorded))
+        await env.env().run(env.activities.watch_for_twins, types.TwinWatchInput(instances=[watch], keep=recorded))
         assert env.billing(NODE) == [recorded], "the late twin still bills, or the recorded instance was ended"
         env.clock.advance(600)
         assert env.billing(NODE) == [recorded]
