@@ -19,6 +19,7 @@ the node lives; after the node ends, nothing of it bills, then or later.
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from typing import Any
@@ -221,4 +222,5 @@ class NodeMoney(RuleBasedStateMachine):
 
 
 TestNodeMoney = NodeMoney.TestCase
-TestNodeMoney.settings = settings(max_examples=30, stateful_step_count=12, deadline=None)
+# About 6 s in the suite's profile; HYPOTHESIS_PROFILE=explore runs its own count.
+TestNodeMoney.settings = settings(max_examples=30 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else settings().max_examples, stateful_step_count=12)
