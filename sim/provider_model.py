@@ -124,6 +124,13 @@ class ProviderModel:
         """The next terminates end as `outcomes`, in order; after them, `OK`."""
         self.terminate_outcomes.extend(TerminateOutcome(o) for o in outcomes)
 
+    def reset(self) -> None:
+        """Behave consistently again: no lag, no queued outcomes (what already happened, and
+        late actions under way, stay: they are the truth)."""
+        self.list_lag = self.describe_lag = 0.0
+        self.create_outcomes.clear()
+        self.terminate_outcomes.clear()
+
     def vanish(self, instance_id: str) -> None:
         """The provider ends the instance by itself (a host loss): the fake must show it gone."""
         self.ended(instance_id)

@@ -420,6 +420,7 @@ class Lane:
         c.fail_deletes(0)
         c._faults.clear()
         c.set_capacity(CHEAPEST, True)
+        c.model.reset()
         c.boot_delay = BOOT_DELAY
         self.burst.disarm()
 
