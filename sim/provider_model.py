@@ -14,7 +14,8 @@ backends (reference/providers.md, section 5). Tests choose the behaviour:
   gives up (`TIMEOUT_AFTER_BUY`);
 * **terminate outcomes** (`next_terminates`): a terminate answers success and ends the instance
   (`OK`), does nothing (`LIE`), or ends it `late_terminate_after` seconds later (`LATE`);
-* **vanishing** (`vanish`): the provider takes an instance away by itself.
+* **vanishing**: the provider takes an instance away by itself (`SimulatedCloud.preempt`; the
+  fake tells the model through `ended`).
 
 The model's **truth** (`billing`, `billing_named`) is what really bills, whatever the API
 answered: the property tests judge tgp by it. Time is `clock` (seconds); a test passes a
@@ -130,10 +131,6 @@ class ProviderModel:
         self.list_lag = self.describe_lag = 0.0
         self.create_outcomes.clear()
         self.terminate_outcomes.clear()
-
-    def vanish(self, instance_id: str) -> None:
-        """The provider ends the instance by itself (a host loss): the fake must show it gone."""
-        self.ended(instance_id)
 
     # --- truth ---------------------------------------------------------------------------
 
