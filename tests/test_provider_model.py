@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -118,3 +119,15 @@ async def test_a_terminate_can_answer_success_and_do_nothing_or_act_late(name: s
         assert len(model.billing()) == 1
         clock.advance(20)
         assert model.billing() == []
+
+
+async def test_a_create_can_buy_and_answer_nothing_until_the_client_gives_up() -> None:
+    """A timeout after buying: the answer is held until the server stops; the client's read
+    timeout (short here) ends its wait, and the outcome is unknown, not a failure."""
+    model = ProviderModel(clock=ManualClock())
+    model.next_creates(CreateOutcome.TIMEOUT_AFTER_BUY)
+    async with SimulatedCloud(api_key=KEY, boot_delay=60, model=model) as cloud:
+        async with SimulatedProvider(cloud.url, api_key=SecretStr(KEY), timeout=httpx.Timeout(0.5)) as target:
+            with pytest.raises(OutcomeUnknown):
+                await launch(target)
+            assert len(model.billing()) == 1 and cloud.create_requests == 1
