@@ -145,3 +145,14 @@ async def test_a_terminate_that_never_takes_effect_is_termination_stuck() -> Non
             await env.env().run(env.activities.terminate_instance, ref(result.instance.instance_id))
         assert stuck.value.type == "TerminationStuck" and not stuck.value.non_retryable
         assert env.billing(NODE) == [result.instance.instance_id]
+
+
+async def test_the_watch_reads_a_404_inside_the_window_as_an_unknown_not_a_vanished_instance() -> None:
+    """observe_node: a 404 for the recorded instance right after its create is an outage-like
+    unknown (the watch looks again), never `instance=None`, which ends the node as Interrupted."""
+    async with money_env(describe_lag=60) as env:
+        result = await env.launch(NODE)
+        look = types.ObserveInput(instance=ref(result.instance.instance_id, created_by=env.now()), node_name=NODE)
+        with pytest.raises(ApplicationError) as unknown:
+            await env.env().run(env.activities.observe_node, look)
+        assert not unknown.value.non_retryable and "not visible" in unknown.value.message
