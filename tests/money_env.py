@@ -120,7 +120,7 @@ async def money_env(
             providers={"simulated": provider},
             tailnets={"tailscale": tailnet},
             cluster=None,  # type: ignore[arg-type]  # the money path never reads the cluster
-            poll_interval=timedelta(seconds=5),
+            poll_interval=timedelta(seconds=15),  # fake seconds: fewer looks over a window cost less wall time
             create_settle=timedelta(0),
         )
         env = MoneyEnv(clock=clock, model=model, cloud=cloud, provider=provider, activities=activities, window=window)
