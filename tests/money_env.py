@@ -43,6 +43,20 @@ class MoneyEnv:
     window: timedelta
     heartbeats: list[tuple[Any, ...]] = field(default_factory=list)
 
+    def reset(self, *, list_lag: float = 0.0, describe_lag: float = 0.0, late_create_after: float = 70.0) -> None:
+        """The next run on the same servers: a new clock and provider model, no instances (the
+        ids go on counting, so no id is seen twice)."""
+        self.clock = ManualClock()
+        self.model = ProviderModel(
+            clock=self.clock, list_lag=list_lag, describe_lag=describe_lag, late_create_after=late_create_after, late_terminate_after=20.0
+        )
+        self.cloud.release_creates()
+        self.cloud.model = self.model
+        self.cloud.instances.clear()
+        self.cloud.max_live_per_name.clear()
+        self.cloud.create_requests = 0
+        self.heartbeats.clear()
+
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), timezone.utc)
 
