@@ -590,12 +590,11 @@ class Strike:
         """The provider model's behaviours (sim.provider_model), in real time."""
         model = self.lane.cloud.model
         model.late_create_after = model.late_terminate_after = MODEL_DELAY
-        if fault == "late-create":
-            model.next_creates(CreateOutcome.LATE)
-            self._check_hit = lambda: model.creates_by_outcome[CreateOutcome.LATE] > 0
-        elif fault == "429-after-buy":
-            model.next_creates(CreateOutcome.THROTTLED_AFTER_BUY)
-            self._check_hit = lambda: model.creates_by_outcome[CreateOutcome.THROTTLED_AFTER_BUY] > 0
+        if fault in ("late-create", "429-after-buy"):
+            outcome = CreateOutcome.LATE if fault == "late-create" else CreateOutcome.THROTTLED_AFTER_BUY
+            model.next_creates(outcome)
+            met = model.creates_by_outcome[outcome]  # the lane's model counts every cell's
+            self._check_hit = lambda: model.creates_by_outcome[outcome] > met
         elif fault == "lagging-list":
             model.list_lag = model.describe_lag = MODEL_DELAY
             bought = len(model.records)
