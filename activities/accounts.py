@@ -335,9 +335,13 @@ class _BoughtWith:
     """An instance's adapter when its Secret holds another key than the one that bought it:
     the Secret's current key first (a rotation: the same account, the new key works), then,
     for an instance or name the current key does not see, the key it was bought with (a
-    switch to another account). A key that answers 401 (revoked) sees nothing. Whichever key
-    found an instance terminates it. Without the bought-with key, an instance the current key
-    does not see is `unreachable()` (never "gone": that would abandon a billing instance)."""
+    switch to another account). Whichever key found an instance terminates it. Without the
+    bought-with key, or when it answers 401 (revoked), an instance the current key does not see
+    is `unreachable()`, never "gone": after a switch of account it still bills there, and
+    "gone" would mark the node Interrupted, replace it and leave it billing. The price: after a
+    rotation within one account whose old key was revoked, an instance that really is gone
+    reads as unreachable too (TerminationStuck, with a message saying what to do) until the
+    operator confirms it and ends the node."""
 
     def __init__(
         self,
@@ -351,6 +355,8 @@ class _BoughtWith:
         self._elsewhere = elsewhere
         self._unreachable = unreachable
         self._found_by: dict[str, CloudProvider] = {}
+        # What the current key has seen (ids, names): its 404 or empty list then means gone.
+        self._current_saw: set[str] = set()
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._current, attr)  # name, capabilities, list_offers, launch, ...
@@ -361,14 +367,16 @@ class _BoughtWith:
         try:
             found = await call(self._bought_with)
         except AuthError:
-            return empty  # that key was revoked: nothing can be seen with it
+            raise self._unreachable() from None  # revoked: what it bought is out of sight, not gone
         if found:
             self._elsewhere()
         return found
 
     async def describe(self, instance_id: str) -> Any:
         found = await self._current.describe(instance_id)
-        if found is None:
+        if found is not None and instance_id not in self._found_by:
+            self._current_saw.add(instance_id)
+        if found is None and instance_id not in self._current_saw:
             found = await self._other(lambda p: p.describe(instance_id), None)
             if found is not None:
                 self._found_by[instance_id] = self._bought_with  # type: ignore[assignment]
@@ -376,7 +384,9 @@ class _BoughtWith:
 
     async def find_all_by_name(self, name: str) -> list[Any]:
         found = await self._current.find_all_by_name(name)
-        if not found:
+        if found:
+            self._current_saw.add(name)
+        if not found and name not in self._current_saw:
             found = await self._other(lambda p: p.find_all_by_name(name), [])
             for instance in found:
                 self._found_by[instance.instance_id] = self._bought_with  # type: ignore[assignment]

@@ -29,7 +29,7 @@ from tests.kube_env import KubeApi
 from tests.test_credentials import NS, new_key, put_secret
 from tests.test_template_failures import StubTailnet
 from tgp.crds import GPUNodeClassSpec
-from tgp.types import CredentialsRef, InstanceRef, LaunchInput
+from tgp.types import CredentialsRef, InstanceRef, LaunchInput, ObserveInput
 
 REF = CredentialsRef(name="class-cloud", key="apiKey")
 
@@ -111,5 +111,28 @@ async def test_a_rotated_and_revoked_key_falls_back_to_the_current_one(kube_api:
             running = await ActivityEnvironment().run(acts.wait_for_instance_running, ref)
             assert running.instance_id == ref.instance_id
             assert await ActivityEnvironment().run(acts.terminate_instance, ref) is True
+        finally:
+            await registry.aclose()
+
+
+async def test_a_switch_to_another_account_with_the_old_key_revoked_is_unreachable_not_gone(kube_api: KubeApi) -> None:
+    """The old account's key answers 401 and the new account's key sees nothing: the instance
+    still bills in the old account, so it must read as unreachable (an error saying what to
+    do, then TerminationStuck), never as gone (Interrupted, replaced, and left billing)."""
+    key_a, key_b = new_key("a"), new_key("b")
+    async with SimulatedCloud(boot_delay=0.05) as cloud:
+        cloud.add_key(key_a, "team-a")
+        cloud.add_key(key_b, "team-b")
+        acts, registry = await setup(kube_api, cloud, key_a)
+        try:
+            ref = await launch(acts, registry)
+            await put_secret(kube_api.http, REF.name, {REF.key: key_b})
+            cloud.revoke_key(key_a)
+            # The watch's look: an error (an outage to the watch, which keeps the node), not gone.
+            with pytest.raises(ApplicationError, match="put it back in the Secret"):
+                await ActivityEnvironment().run(acts.observe_node, ObserveInput(instance=ref, node_name="gpu-1"))
+            with pytest.raises(ApplicationError, match="put it back in the Secret"):
+                await ActivityEnvironment().run(acts.terminate_instance, ref)
+            assert cloud.instances[ref.instance_id].status != "terminated", "still billing in team-a: nothing may call it gone"
         finally:
             await registry.aclose()
