@@ -39,7 +39,7 @@ def worlds(draw: st.DrawFn) -> tuple[dict[str, int], list[CapacityNode], dict[st
                 launching=kind == "launching",
                 ready_at=ready_at,
                 free_gpus=None if kind == "ready-unknown" else draw(st.integers(0, 8)),
-                gpus=draw(st.sampled_from([1, 2, 4, 8])),
+                gpus=draw(st.sampled_from([1, 2, 4, 8, None])),  # None: rebuilt or recorded by an older release
             )
         )
     nominations = {}
@@ -106,7 +106,8 @@ def test_no_pod_is_nominated_to_a_node_that_cannot_hold_it_and_nominations_to_fu
         assert node is not None and (node.launching or node.ready_at is not None), f"{pod} is nominated to a node that is gone"
         taken[node.workflow_id] = taken.get(node.workflow_id, 0) + pending[pod]
         if nom.workflow_id != (nominations.get(pod) or nom).workflow_id or nom.since == T0:
-            assert node.launching or node.free_gpus is not None, "a new nomination only where the room is known"
+            room_known = node.gpus is not None if node.launching else node.free_gpus is not None
+            assert room_known, "a new nomination only where the room is known"
     for wid, gpus in taken.items():
         node = by_id[wid]
         room = node.gpus if node.launching else node.free_gpus
@@ -117,6 +118,21 @@ def test_no_pod_is_nominated_to_a_node_that_cannot_hold_it_and_nominations_to_fu
         gone = node is None or not (node.launching or node.ready_at is not None)
         if pod in pending and gone:
             assert plan.nominations.get(pod, old).workflow_id != old.workflow_id or pod not in plan.nominations
+
+
+@given(worlds())
+def test_a_launching_node_of_unknown_gpu_count_keeps_its_nominations_and_buys_nothing_for_them(world) -> None:  # type: ignore[no-untyped-def]
+    """A node the pool rebuilt from its running workflow (or recorded before demand by fit)
+    has no GPU count: its room is unknown, so a pod nominated to it is neither voided nor
+    bought for again (else a 2-GPU pod on a 2-GPU node gets a second node)."""
+    pending, nodes, nominations, _, _ = world
+    plan = plan_of(world)
+    unknown = {n.workflow_id for n in nodes if n.launching and n.gpus is None}
+    for pod, old in nominations.items():
+        if pod in pending and old.workflow_id in unknown:
+            assert pod not in plan.voided, f"{pod}: its nomination to {old.workflow_id} was voided"
+            assert pod not in plan.uncovered, f"{pod}: a node was bought for it again"
+            assert plan.nominations[pod].workflow_id == old.workflow_id
 
 
 # --- the examples of issue 17 --------------------------------------------------------------
@@ -147,6 +163,15 @@ def test_item7_a_pod_is_not_nominated_to_a_launching_node_too_small_for_it() -> 
     plan = plan_capacity({"ml/two": 2}, [floor], {}, set(), T0, sizes=SIZES)
     assert "ml/two" not in plan.nominations and plan.uncovered == ["ml/two"]
     assert plan.new_nodes[0].gpus >= 2
+
+
+def test_item7_a_pod_nominated_to_a_launching_node_of_unknown_gpu_count_is_not_bought_again() -> None:
+    """After a restart the pool rebuilds the node from its workflow, without its GPU count."""
+    rebuilt = CapacityNode(workflow_id="w", node_name="n", launching=True, gpus=None)
+    noms = {"ml/two": Nomination(workflow_id="w", since=T0)}
+    plan = plan_capacity({"ml/two": 2, "ml/new": 1}, [rebuilt], noms, set(), T0 + timedelta(seconds=10), sizes=SIZES)
+    assert plan.voided == [] and plan.nominations["ml/two"].workflow_id == "w"
+    assert plan.uncovered == ["ml/new"], "no new nomination to a node whose room is unknown"
 
 
 def test_item8_a_nomination_whose_node_another_pod_took_is_void_and_the_pod_gets_a_node() -> None:

@@ -9,7 +9,8 @@ the facts on every pass and are *void* as soon as they are false:
 * the node is gone (ended, draining, forgotten): the pod gets a node again;
 * the node is full: the GPUs the bridge reports free no longer hold the pods nominated to it
   (another pod took them; the scheduler does not know about nominations);
-* a launching node got more nominations than its GPUs (a state from an older release).
+* a launching node got more nominations than its GPUs (a state from an older release); one
+  whose GPU count the pool does not know keeps its nominations and gets no new ones.
 
 A pod still pending `bind_grace` after its node became Ready, the node not full, does not fit
 that node for a reason GPUs do not show (memory, a volume's zone, anti-affinity): it is unfit,
@@ -64,7 +65,10 @@ class CapacityNode(Frozen):
     ready_at: datetime | None = None  # None until it is Ready
     launching: bool = False  # choosing an offer, launching or joining: it will take pods
     free_gpus: int | None = 0  # Ready nodes: free GPUs reported by the bridge; None = not reported
-    gpus: int = 1  # launching nodes: the GPUs it was bought with (at least its offer's count)
+    # Launching nodes: the GPUs it was bought with (at least its offer's count); None = unknown
+    # (a node the pool rebuilt from its running workflow, or recorded by an older release): its
+    # room is unknown, so the nominations it holds are kept and no new one is made to it.
+    gpus: int | None = 1
 
 
 class OfferSize(Frozen):
@@ -148,7 +152,7 @@ def plan_capacity(
                 (newly_unfit if nom.bought else borrow_failed).append(pod)
                 continue
         elif node is not None and node.launching:
-            if room is None or room < pending[pod]:
+            if room is not None and room < pending[pod]:
                 voided.append(pod)
                 continue
         else:

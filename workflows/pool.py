@@ -458,7 +458,7 @@ class GPUNodePoolWorkflow:
                 launching=n.phase in _LAUNCHING,
                 # Not reported by the bridge (not Ready there yet, or no GPUs registered): unknown.
                 free_gpus=self.state.free_gpus.get(n.node_name) if fit else self.state.free_gpus.get(n.node_name, 0),
-                gpus=n.gpus or 1,
+                gpus=n.gpus if fit else n.gpus or 1,  # unknown: no new nominations, none voided
             )
             for n in live
         ]
