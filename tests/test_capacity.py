@@ -9,7 +9,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, cheapest_holding, plan_capacity
+from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, cheapest_holding, note_ready, plan_capacity
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 GRACE = POD_BIND_GRACE
@@ -195,6 +195,15 @@ def test_item9_a_nomination_to_a_node_that_idled_out_after_holding_its_place_is_
     assert plan.newly_unfit == ["ml/never"] and plan.new_nodes == []
     early = plan_capacity({"ml/never": 1}, [], {"ml/never": seen}, set(), T0 + timedelta(seconds=30), sizes=SIZES)
     assert early.voided == ["ml/never"] and early.uncovered == ["ml/never"], "a node gone before the grace was lost, not refused"
+
+
+def test_item9_a_pass_that_plans_nothing_still_notes_when_the_node_turned_ready() -> None:
+    """What the pool runs on every pass: once noted, the node may go and the pod is judged."""
+    nodes = [CapacityNode(workflow_id="w", node_name="n", ready_at=T0), CapacityNode(workflow_id="l", node_name="m", launching=True)]
+    noms = note_ready({"ml/a": Nomination(workflow_id="w", since=T0), "ml/b": Nomination(workflow_id="l", since=T0)}, nodes)
+    assert noms["ml/a"].ready_at == T0 and noms["ml/b"].ready_at is None
+    plan = plan_capacity({"ml/a": 1}, [], noms, set(), T0 + GRACE, sizes=SIZES)
+    assert plan.newly_unfit == ["ml/a"] and plan.new_nodes == []
 
 
 def test_item21_pods_nominated_to_nodes_other_pods_took_all_get_nodes_again() -> None:

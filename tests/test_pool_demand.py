@@ -18,10 +18,10 @@ from temporalio.testing import WorkflowEnvironment
 from sim.cloud import SimOffer
 from sim.world import SimWorld
 from tests.conftest import binary, eventually, running_world, skip_time
-from tests.test_pool_accounting import end_entities, pool_spec, start_pool
+from tests.test_pool_accounting import CLASS, end_entities, pool_spec, start_pool
 from tgp.capacity import POD_BIND_GRACE
 from tgp.crds import Condition, GPUNodePoolStatus
-from tgp.messages import Demand
+from tgp.messages import Demand, PoolUpdate
 from workers.temporal import DATA_CONVERTER, ensure_search_attributes
 from workflows.pool import RESYNC_INTERVAL, GPUNodePoolWorkflow
 
@@ -194,3 +194,35 @@ async def test_item19_a_pool_at_its_max_nodes_says_so(time_skipping: WorkflowEnv
         await ready_node(pool)
         assert world.cloud.create_requests == 1
         await settle_and_end(time_skipping, pool, class_name, 1)
+
+
+async def test_item9_a_node_that_idled_out_while_the_pool_planned_nothing_does_not_buy_again(time_skipping: WorkflowEnvironment) -> None:
+    """The class goes missing while the node bought for a pod turns Ready and idles out: the
+    passes meanwhile plan nothing, yet they must note when the node turned Ready, else the
+    pod's nomination to the gone node is voided (not judged) and a node is bought again."""
+    async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
+        class_name = f"fit-{uuid.uuid4().hex[:6]}"
+        spec = pool_spec(class_name, disruption={"idleTimeout": "30s"})
+        pool = await start_pool(time_skipping, queue, spec)
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/needs-2tb-ram": 1}))
+
+        async def launched() -> list[str] | None:
+            return bought(world) or None
+
+        await eventually(launched, timeout=60, what="the node bought for the pod")
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=spec, generation=1, node_class=None))
+        await ready_node(pool)
+
+        async def gone() -> bool:
+            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+            return not status.nodes
+
+        await skip_time(time_skipping, POD_BIND_GRACE + 3 * RESYNC_INTERVAL, step=timedelta(seconds=15))
+        await eventually(gone, timeout=60, what="the node to idle out")
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=spec, generation=1, node_class=CLASS))
+        await skip_time(time_skipping, 3 * RESYNC_INTERVAL, step=timedelta(seconds=15))
+
+        assert world.cloud.create_requests == 1, f"{world.cloud.create_requests} nodes bought for one pod that never fits"
+        fit = await condition(pool, "PodsFit")
+        assert fit.status == "False" and fit.reason == "PodDoesNotFit" and "ml/needs-2tb-ram" in fit.message
+        await end_entities(time_skipping, pool, class_name)

@@ -107,6 +107,18 @@ def cheapest_holding(sizes: Iterable[OfferSize], gpus: int) -> OfferSize | None:
     return min(fitting, key=lambda s: (s.hourly_price, s.gpu_count)) if fitting else None
 
 
+def note_ready(nominations: Mapping[str, Nomination], nodes: Iterable[CapacityNode]) -> dict[str, Nomination]:
+    """`nominations` with the time each one's node turned Ready, as seen now. The pool calls it
+    on every pass, also those that plan nothing (offers unknown, class missing): a node that
+    idles out before the next planning pass must have left its Ready time behind, or its
+    nomination is voided instead of judged and the pod is bought for again."""
+    ready = {n.workflow_id: n.ready_at for n in nodes if n.ready_at is not None and not n.launching}
+    return {
+        pod: nom.model_copy(update={"ready_at": ready[nom.workflow_id]}) if nom.workflow_id in ready else nom
+        for pod, nom in nominations.items()
+    }
+
+
 def plan_capacity(
     pending: Mapping[str, int],
     nodes: list[CapacityNode],

@@ -18,7 +18,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.entity import EntityActivities, EventSpec, StatusWrite
     from activities.pool import PoolActivities
-    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, plan_capacity
+    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, note_ready, plan_capacity
     from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
@@ -231,6 +231,9 @@ class GPUNodePoolWorkflow:
             await self._publish({"Ready": ("False", "ListingNodes", "could not list the running node workflows yet; retrying")})
             return False
         live = [n for n in self.state.nodes.values() if not n.phase.is_final]
+        # Every pass, also one that plans nothing: a node may idle out before the next plan.
+        # (State only, no command; the planning before demand by fit does not read it.)
+        self.state.nominations = note_ready(self.state.nominations, self._capacity_nodes(live, fit=True))
         if u.deleting:
             return await self._tear_down(live)
 
