@@ -177,7 +177,7 @@ async def test_item9_with_the_shortest_idle_timeout_a_pod_that_never_fits_buys_o
         await end_entities(time_skipping, pool, class_name)
 
 
-async def test_item19_a_pool_at_its_max_nodes_says_so(time_skipping: WorkflowEnvironment) -> None:
+async def test_item19_a_pool_at_its_max_nodes_says_so_and_stays_ready(time_skipping: WorkflowEnvironment) -> None:
     async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
         class_name = f"fit-{uuid.uuid4().hex[:6]}"
         pool = await start_pool(time_skipping, queue, pool_spec(class_name, maxNodes=1))
@@ -191,6 +191,8 @@ async def test_item19_a_pool_at_its_max_nodes_says_so(time_skipping: WorkflowEnv
         assert budget.reason == "MaxNodesReached" and "maxNodes" in budget.message and "1 pending pod" in budget.message
         [warning] = await eventually(lambda: events(world, "MaxNodesReached"), what="a MaxNodesReached Warning")
         assert warning["type"] == "Warning"
+        ready = await condition(pool, "Ready")
+        assert ready.status == "True" and "maxNodes" in ready.message, "a pool at its own maxNodes works as configured"
         await ready_node(pool)
         assert world.cloud.create_requests == 1
         await settle_and_end(time_skipping, pool, class_name, 1)

@@ -247,9 +247,13 @@ class GPUNodePoolWorkflow:
             wanted["ClassReady"] = ("True", "Found", "")
             wanted["OffersAvailable"] = await self._check_offers(u)
         ok = all(status == "True" for status, _, _ in wanted.values())
+        at_max_nodes = False
         if ok:
             wanted["BudgetAvailable"] = await self._launch(u, live)
-            ok = wanted["BudgetAvailable"][0] == "True"
+            # The pool at its own spec.maxNodes works as configured: BudgetAvailable and the
+            # Warning name the limit, the pool stays Ready. A class limit makes it not Ready.
+            at_max_nodes = wanted["BudgetAvailable"][1] == "MaxNodesReached"
+            ok = wanted["BudgetAvailable"][0] == "True" or at_max_nodes
         live = [n for n in self.state.nodes.values() if not n.phase.is_final]
         ready = sum(1 for n in live if n.phase is NodePhase.READY)
         if ok:
@@ -257,6 +261,8 @@ class GPUNodePoolWorkflow:
             message = f"{ready}/{len(live)} nodes ready"
             if backing_off:
                 message += f"; {self.state.failures} launch failure(s), next launch after {self.state.backoff_until:%H:%M:%S}"
+            if at_max_nodes:
+                message += "; at spec.maxNodes (see BudgetAvailable)"
             wanted["Ready"] = ("True", "Ready" if not backing_off else "LaunchBackoff", message)
         else:
             failing = next(f"{t}: {m}" for t, (s, _, m) in wanted.items() if s != "True")
