@@ -9,7 +9,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, cheapest_holding, note_ready, plan_capacity
+from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, cheapest_holding, no_offer_fits_to_warn, note_ready, plan_capacity
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 GRACE = POD_BIND_GRACE
@@ -133,6 +133,31 @@ def test_a_launching_node_of_unknown_gpu_count_keeps_its_nominations_and_buys_no
             assert pod not in plan.voided, f"{pod}: its nomination to {old.workflow_id} was voided"
             assert pod not in plan.uncovered, f"{pod}: a node was bought for it again"
             assert plan.nominations[pod].workflow_id == old.workflow_id
+
+
+@settings(max_examples=50)
+@given(st.lists(st.tuples(st.booleans(), st.sets(st.sampled_from(["ns/huge", "ns/giant", "ns/small"]))), min_size=1, max_size=12))
+def test_a_pod_no_offer_fits_is_warned_about_once_while_it_pends(passes: list[tuple[bool, set[str]]]) -> None:
+    """Passes as the pool runs them: each with the offer sizes known or not (None: every pod
+    gets a node of its own, nothing is judged) and the pods pending then. A pod that stays
+    pending gets one NoOfferFits Warning however often the sizes come and go."""
+    gpus = {"ns/huge": 64, "ns/giant": 4096, "ns/small": 1}
+    warned: list[str] = []
+    warnings: dict[str, int] = {}
+    pended: set[str] = set()
+    for known, pods in passes:
+        for pod in pended - pods:
+            warnings.pop(pod, None)  # it left (bound or deleted): a later return is a new pod
+        pended = pods
+        pending = {p: gpus[p] for p in pods}
+        plan = plan_capacity(pending, [], {}, set(), T0, GRACE, set(), SIZES if known else None)
+        warn, warned = no_offer_fits_to_warn(warned, plan.no_offer_fits, pending, sizes_known=known)
+        for pod in warn:
+            warnings[pod] = warnings.get(pod, 0) + 1
+        assert all(n == 1 for n in warnings.values()), f"warned again: {warnings}"
+        assert "ns/small" not in warnings
+        if known:
+            assert set(warned) == pods - {"ns/small"}, "every pending pod no offer fits is warned about"
 
 
 # --- the examples of issue 17 --------------------------------------------------------------

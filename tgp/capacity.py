@@ -119,6 +119,18 @@ def note_ready(nominations: Mapping[str, Nomination], nodes: Iterable[CapacityNo
     }
 
 
+def no_offer_fits_to_warn(warned: Iterable[str], found: Iterable[str], pending: Iterable[str], *, sizes_known: bool) -> tuple[list[str], list[str]]:
+    """The pods to warn about now (`NoOfferFits`, once per pod while it stays unfittable) and
+    the pods to remember as warned. `found`: the plan's `no_offer_fits`, judged only when the
+    offer sizes are known; while they are not, the pods warned about that still pend stay
+    remembered (forgetting them would warn again once the sizes are back)."""
+    if not sizes_known:
+        return [], sorted(set(warned) & set(pending))
+    before = set(warned)
+    found = list(dict.fromkeys(found))
+    return [pod for pod in found if pod not in before], sorted(found)
+
+
 def plan_capacity(
     pending: Mapping[str, int],
     nodes: list[CapacityNode],

@@ -18,7 +18,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.entity import EntityActivities, EventSpec, StatusWrite
     from activities.pool import PoolActivities
-    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, note_ready, plan_capacity
+    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, no_offer_fits_to_warn, note_ready, plan_capacity
     from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
@@ -389,9 +389,10 @@ class GPUNodePoolWorkflow:
     def _report_no_offer_fits(self, plan: CapacityPlan, oc: OfferCheck | None) -> None:
         """A Warning per pod that asks for more GPUs than any offer has, once while it pends."""
         largest = max((s.gpu_count for s in oc.sizes), default=0) if oc is not None else 0
-        for pod in plan.no_offer_fits:
-            if pod in self.state.no_offer_fits:
-                continue
+        warn, self.state.no_offer_fits = no_offer_fits_to_warn(
+            self.state.no_offer_fits, plan.no_offer_fits, self.state.demand, sizes_known=oc is not None and bool(oc.sizes)
+        )
+        for pod in warn:
             gpus = self.state.pod_gpus.get(pod, 1)
             self.events.append(
                 self._event(
@@ -401,7 +402,6 @@ class GPUNodePoolWorkflow:
                     "no node is bought for it (the pool's other pods are served)",
                 )
             )
-        self.state.no_offer_fits = sorted(plan.no_offer_fits)
 
     async def _start_node(self, u: PoolUpdate, *, floor: bool, pods: list[str], gpus: int, price: Decimal | None = None) -> tuple[bool, str]:
         """Reserve a class slot and start one node workflow with at least `gpus` GPUs, bought
