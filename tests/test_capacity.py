@@ -9,7 +9,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, cheapest_holding, plan_capacity
+from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, cheapest_holding, no_offer_fits_to_warn, note_ready, plan_capacity
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 GRACE = POD_BIND_GRACE
@@ -39,7 +39,7 @@ def worlds(draw: st.DrawFn) -> tuple[dict[str, int], list[CapacityNode], dict[st
                 launching=kind == "launching",
                 ready_at=ready_at,
                 free_gpus=None if kind == "ready-unknown" else draw(st.integers(0, 8)),
-                gpus=draw(st.sampled_from([1, 2, 4, 8])),
+                gpus=draw(st.sampled_from([1, 2, 4, 8, None])),  # None: rebuilt or recorded by an older release
             )
         )
     nominations = {}
@@ -106,7 +106,8 @@ def test_no_pod_is_nominated_to_a_node_that_cannot_hold_it_and_nominations_to_fu
         assert node is not None and (node.launching or node.ready_at is not None), f"{pod} is nominated to a node that is gone"
         taken[node.workflow_id] = taken.get(node.workflow_id, 0) + pending[pod]
         if nom.workflow_id != (nominations.get(pod) or nom).workflow_id or nom.since == T0:
-            assert node.launching or node.free_gpus is not None, "a new nomination only where the room is known"
+            room_known = node.gpus is not None if node.launching else node.free_gpus is not None
+            assert room_known, "a new nomination only where the room is known"
     for wid, gpus in taken.items():
         node = by_id[wid]
         room = node.gpus if node.launching else node.free_gpus
@@ -117,6 +118,46 @@ def test_no_pod_is_nominated_to_a_node_that_cannot_hold_it_and_nominations_to_fu
         gone = node is None or not (node.launching or node.ready_at is not None)
         if pod in pending and gone:
             assert plan.nominations.get(pod, old).workflow_id != old.workflow_id or pod not in plan.nominations
+
+
+@given(worlds())
+def test_a_launching_node_of_unknown_gpu_count_keeps_its_nominations_and_buys_nothing_for_them(world) -> None:  # type: ignore[no-untyped-def]
+    """A node the pool rebuilt from its running workflow (or recorded before demand by fit)
+    has no GPU count: its room is unknown, so a pod nominated to it is neither voided nor
+    bought for again (else a 2-GPU pod on a 2-GPU node gets a second node)."""
+    pending, nodes, nominations, _, _ = world
+    plan = plan_of(world)
+    unknown = {n.workflow_id for n in nodes if n.launching and n.gpus is None}
+    for pod, old in nominations.items():
+        if pod in pending and old.workflow_id in unknown:
+            assert pod not in plan.voided, f"{pod}: its nomination to {old.workflow_id} was voided"
+            assert pod not in plan.uncovered, f"{pod}: a node was bought for it again"
+            assert plan.nominations[pod].workflow_id == old.workflow_id
+
+
+@settings(max_examples=50)
+@given(st.lists(st.tuples(st.booleans(), st.sets(st.sampled_from(["ns/huge", "ns/giant", "ns/small"]))), min_size=1, max_size=12))
+def test_a_pod_no_offer_fits_is_warned_about_once_while_it_pends(passes: list[tuple[bool, set[str]]]) -> None:
+    """Passes as the pool runs them: each with the offer sizes known or not (None: every pod
+    gets a node of its own, nothing is judged) and the pods pending then. A pod that stays
+    pending gets one NoOfferFits Warning however often the sizes come and go."""
+    gpus = {"ns/huge": 64, "ns/giant": 4096, "ns/small": 1}
+    warned: list[str] = []
+    warnings: dict[str, int] = {}
+    pended: set[str] = set()
+    for known, pods in passes:
+        for pod in pended - pods:
+            warnings.pop(pod, None)  # it left (bound or deleted): a later return is a new pod
+        pended = pods
+        pending = {p: gpus[p] for p in pods}
+        plan = plan_capacity(pending, [], {}, set(), T0, GRACE, set(), SIZES if known else None)
+        warn, warned = no_offer_fits_to_warn(warned, plan.no_offer_fits, pending, sizes_known=known)
+        for pod in warn:
+            warnings[pod] = warnings.get(pod, 0) + 1
+        assert all(n == 1 for n in warnings.values()), f"warned again: {warnings}"
+        assert "ns/small" not in warnings
+        if known:
+            assert set(warned) == pods - {"ns/small"}, "every pending pod no offer fits is warned about"
 
 
 # --- the examples of issue 17 --------------------------------------------------------------
@@ -149,6 +190,15 @@ def test_item7_a_pod_is_not_nominated_to_a_launching_node_too_small_for_it() -> 
     assert plan.new_nodes[0].gpus >= 2
 
 
+def test_item7_a_pod_nominated_to_a_launching_node_of_unknown_gpu_count_is_not_bought_again() -> None:
+    """After a restart the pool rebuilds the node from its workflow, without its GPU count."""
+    rebuilt = CapacityNode(workflow_id="w", node_name="n", launching=True, gpus=None)
+    noms = {"ml/two": Nomination(workflow_id="w", since=T0)}
+    plan = plan_capacity({"ml/two": 2, "ml/new": 1}, [rebuilt], noms, set(), T0 + timedelta(seconds=10), sizes=SIZES)
+    assert plan.voided == [] and plan.nominations["ml/two"].workflow_id == "w"
+    assert plan.uncovered == ["ml/new"], "no new nomination to a node whose room is unknown"
+
+
 def test_item8_a_nomination_whose_node_another_pod_took_is_void_and_the_pod_gets_a_node() -> None:
     node = CapacityNode(workflow_id="w", node_name="n", ready_at=T0, free_gpus=0)  # the other pod runs there
     noms = {"ml/first": Nomination(workflow_id="w", since=T0 - timedelta(minutes=1))}
@@ -170,6 +220,15 @@ def test_item9_a_nomination_to_a_node_that_idled_out_after_holding_its_place_is_
     assert plan.newly_unfit == ["ml/never"] and plan.new_nodes == []
     early = plan_capacity({"ml/never": 1}, [], {"ml/never": seen}, set(), T0 + timedelta(seconds=30), sizes=SIZES)
     assert early.voided == ["ml/never"] and early.uncovered == ["ml/never"], "a node gone before the grace was lost, not refused"
+
+
+def test_item9_a_pass_that_plans_nothing_still_notes_when_the_node_turned_ready() -> None:
+    """What the pool runs on every pass: once noted, the node may go and the pod is judged."""
+    nodes = [CapacityNode(workflow_id="w", node_name="n", ready_at=T0), CapacityNode(workflow_id="l", node_name="m", launching=True)]
+    noms = note_ready({"ml/a": Nomination(workflow_id="w", since=T0), "ml/b": Nomination(workflow_id="l", since=T0)}, nodes)
+    assert noms["ml/a"].ready_at == T0 and noms["ml/b"].ready_at is None
+    plan = plan_capacity({"ml/a": 1}, [], noms, set(), T0 + GRACE, sizes=SIZES)
+    assert plan.newly_unfit == ["ml/a"] and plan.new_nodes == []
 
 
 def test_item21_pods_nominated_to_nodes_other_pods_took_all_get_nodes_again() -> None:

@@ -18,12 +18,14 @@ from temporalio.testing import WorkflowEnvironment
 from sim.cloud import SimOffer
 from sim.world import SimWorld
 from tests.conftest import binary, eventually, running_world, skip_time
-from tests.test_pool_accounting import end_entities, pool_spec, start_pool
-from tgp.capacity import POD_BIND_GRACE
+from tests.test_pool_accounting import CLASS, end_entities, pool_spec, start_pool
+from tgp.capacity import POD_BIND_GRACE, Nomination
 from tgp.crds import Condition, GPUNodePoolStatus
-from tgp.messages import Demand
+from tgp.messages import ClassInput, ClassUpdate, Demand, PoolNode, PoolUpdate, class_workflow_id, pool_workflow_id
+from tgp.types import NodePhase
 from workers.temporal import DATA_CONVERTER, ensure_search_attributes
-from workflows.pool import RESYNC_INTERVAL, GPUNodePoolWorkflow
+from workflows.node_class import GPUNodeClassWorkflow
+from workflows.pool import RESYNC_INTERVAL, GPUNodePoolWorkflow, PoolInput, PoolState
 
 # One RTX4090 for $0.44/h, two for $0.95/h, eight for $3.52/h (as cheap per GPU as one).
 CATALOG = (
@@ -177,7 +179,7 @@ async def test_item9_with_the_shortest_idle_timeout_a_pod_that_never_fits_buys_o
         await end_entities(time_skipping, pool, class_name)
 
 
-async def test_item19_a_pool_at_its_max_nodes_says_so(time_skipping: WorkflowEnvironment) -> None:
+async def test_item19_a_pool_at_its_max_nodes_says_so_and_stays_ready(time_skipping: WorkflowEnvironment) -> None:
     async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
         class_name = f"fit-{uuid.uuid4().hex[:6]}"
         pool = await start_pool(time_skipping, queue, pool_spec(class_name, maxNodes=1))
@@ -191,6 +193,82 @@ async def test_item19_a_pool_at_its_max_nodes_says_so(time_skipping: WorkflowEnv
         assert budget.reason == "MaxNodesReached" and "maxNodes" in budget.message and "1 pending pod" in budget.message
         [warning] = await eventually(lambda: events(world, "MaxNodesReached"), what="a MaxNodesReached Warning")
         assert warning["type"] == "Warning"
+        ready = await condition(pool, "Ready")
+        assert ready.status == "True" and "maxNodes" in ready.message, "a pool at its own maxNodes works as configured"
         await ready_node(pool)
         assert world.cloud.create_requests == 1
         await settle_and_end(time_skipping, pool, class_name, 1)
+
+
+async def test_item9_a_node_that_idled_out_while_the_pool_planned_nothing_does_not_buy_again(time_skipping: WorkflowEnvironment) -> None:
+    """The class goes missing while the node bought for a pod turns Ready and idles out: the
+    passes meanwhile plan nothing, yet they must note when the node turned Ready, else the
+    pod's nomination to the gone node is voided (not judged) and a node is bought again."""
+    async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
+        class_name = f"fit-{uuid.uuid4().hex[:6]}"
+        spec = pool_spec(class_name, disruption={"idleTimeout": "30s"})
+        pool = await start_pool(time_skipping, queue, spec)
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/needs-2tb-ram": 1}))
+
+        async def launched() -> list[str] | None:
+            return bought(world) or None
+
+        await eventually(launched, timeout=60, what="the node bought for the pod")
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=spec, generation=1, node_class=None))
+        await ready_node(pool)
+
+        async def gone() -> bool:
+            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+            return not status.nodes
+
+        await skip_time(time_skipping, POD_BIND_GRACE + 3 * RESYNC_INTERVAL, step=timedelta(seconds=15))
+        await eventually(gone, timeout=60, what="the node to idle out")
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=spec, generation=1, node_class=CLASS))
+        await skip_time(time_skipping, 3 * RESYNC_INTERVAL, step=timedelta(seconds=15))
+
+        assert world.cloud.create_requests == 1, f"{world.cloud.create_requests} nodes bought for one pod that never fits"
+        fit = await condition(pool, "PodsFit")
+        assert fit.status == "False" and fit.reason == "PodDoesNotFit" and "ml/needs-2tb-ram" in fit.message
+        await end_entities(time_skipping, pool, class_name)
+
+
+async def test_item7_a_pod_nominated_to_a_launching_node_of_unknown_gpu_count_is_not_bought_again(time_skipping: WorkflowEnvironment) -> None:
+    """A state carried from before demand by fit (or a node rebuilt from its running workflow)
+    has no GPU count for a launching node: it was counted as 1 GPU, so the 2-GPU pod
+    nominated to it was voided and a second node bought while the first would idle."""
+    async with running_world(time_skipping, catalog=CATALOG) as (_, _, queue):
+        class_name = f"fit-{uuid.uuid4().hex[:6]}"
+        spec = pool_spec(class_name)
+        await time_skipping.client.start_workflow(
+            GPUNodeClassWorkflow.run,
+            ClassInput(name=class_name),
+            id=class_workflow_id(class_name),
+            task_queue=queue,
+            start_signal="update_class",
+            start_signal_args=[ClassUpdate(spec=CLASS, generation=1)],
+        )
+        name = f"pool-{uuid.uuid4().hex[:6]}"
+        now = datetime.now(timezone.utc)
+        wid = f"gpunode/ml/{name}/{name}-old01"
+        state = PoolState(
+            demand=["ml/two"],
+            pod_gpus={"ml/two": 2},
+            nodes={wid: PoolNode(workflow_id=wid, node_name=f"{name}-old01", phase=NodePhase.LAUNCHING, created_at=now, phase_at=now, gpus=None)},
+            nominations={"ml/two": Nomination(workflow_id=wid, since=now)},
+        )
+        pool = await time_skipping.client.start_workflow(
+            GPUNodePoolWorkflow.run,
+            PoolInput(namespace="ml", name=name, state=state),
+            id=pool_workflow_id("ml", name),
+            task_queue=queue,
+            start_signal="update",
+            start_signal_args=[PoolUpdate(spec=spec, generation=1, node_class=CLASS)],
+        )
+
+        async def planned() -> GPUNodePoolStatus | None:
+            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+            return status if any(c.type == "BudgetAvailable" for c in status.conditions) else None
+
+        status = await eventually(planned, timeout=60, what="a planning pass")
+        assert [n.workflow_id for n in status.nodes] == [wid], "a second node was bought for the pod nominated to the first"
+        await end_entities(time_skipping, pool, class_name)

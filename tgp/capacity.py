@@ -9,7 +9,8 @@ the facts on every pass and are *void* as soon as they are false:
 * the node is gone (ended, draining, forgotten): the pod gets a node again;
 * the node is full: the GPUs the bridge reports free no longer hold the pods nominated to it
   (another pod took them; the scheduler does not know about nominations);
-* a launching node got more nominations than its GPUs (a state from an older release).
+* a launching node got more nominations than its GPUs (a state from an older release); one
+  whose GPU count the pool does not know keeps its nominations and gets no new ones.
 
 A pod still pending `bind_grace` after its node became Ready, the node not full, does not fit
 that node for a reason GPUs do not show (memory, a volume's zone, anti-affinity): it is unfit,
@@ -64,7 +65,10 @@ class CapacityNode(Frozen):
     ready_at: datetime | None = None  # None until it is Ready
     launching: bool = False  # choosing an offer, launching or joining: it will take pods
     free_gpus: int | None = 0  # Ready nodes: free GPUs reported by the bridge; None = not reported
-    gpus: int = 1  # launching nodes: the GPUs it was bought with (at least its offer's count)
+    # Launching nodes: the GPUs it was bought with (at least its offer's count); None = unknown
+    # (a node the pool rebuilt from its running workflow, or recorded by an older release): its
+    # room is unknown, so the nominations it holds are kept and no new one is made to it.
+    gpus: int | None = 1
 
 
 class OfferSize(Frozen):
@@ -101,6 +105,30 @@ def cheapest_holding(sizes: Iterable[OfferSize], gpus: int) -> OfferSize | None:
     """The cheapest offer with at least `gpus` GPUs (fewer GPUs on a tie), or None."""
     fitting = [s for s in sizes if s.gpu_count >= gpus]
     return min(fitting, key=lambda s: (s.hourly_price, s.gpu_count)) if fitting else None
+
+
+def note_ready(nominations: Mapping[str, Nomination], nodes: Iterable[CapacityNode]) -> dict[str, Nomination]:
+    """`nominations` with the time each one's node turned Ready, as seen now. The pool calls it
+    on every pass, also those that plan nothing (offers unknown, class missing): a node that
+    idles out before the next planning pass must have left its Ready time behind, or its
+    nomination is voided instead of judged and the pod is bought for again."""
+    ready = {n.workflow_id: n.ready_at for n in nodes if n.ready_at is not None and not n.launching}
+    return {
+        pod: nom.model_copy(update={"ready_at": ready[nom.workflow_id]}) if nom.workflow_id in ready else nom
+        for pod, nom in nominations.items()
+    }
+
+
+def no_offer_fits_to_warn(warned: Iterable[str], found: Iterable[str], pending: Iterable[str], *, sizes_known: bool) -> tuple[list[str], list[str]]:
+    """The pods to warn about now (`NoOfferFits`, once per pod while it stays unfittable) and
+    the pods to remember as warned. `found`: the plan's `no_offer_fits`, judged only when the
+    offer sizes are known; while they are not, the pods warned about that still pend stay
+    remembered (forgetting them would warn again once the sizes are back)."""
+    if not sizes_known:
+        return [], sorted(set(warned) & set(pending))
+    before = set(warned)
+    found = list(dict.fromkeys(found))
+    return [pod for pod in found if pod not in before], sorted(found)
 
 
 def plan_capacity(
@@ -148,7 +176,7 @@ def plan_capacity(
                 (newly_unfit if nom.bought else borrow_failed).append(pod)
                 continue
         elif node is not None and node.launching:
-            if room is None or room < pending[pod]:
+            if room is not None and room < pending[pod]:
                 voided.append(pod)
                 continue
         else:

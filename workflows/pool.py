@@ -18,7 +18,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.entity import EntityActivities, EventSpec, StatusWrite
     from activities.pool import PoolActivities
-    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, plan_capacity
+    from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, no_offer_fits_to_warn, note_ready, plan_capacity
     from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
@@ -231,6 +231,9 @@ class GPUNodePoolWorkflow:
             await self._publish({"Ready": ("False", "ListingNodes", "could not list the running node workflows yet; retrying")})
             return False
         live = [n for n in self.state.nodes.values() if not n.phase.is_final]
+        # Every pass, also one that plans nothing: a node may idle out before the next plan.
+        # (State only, no command; the planning before demand by fit does not read it.)
+        self.state.nominations = note_ready(self.state.nominations, self._capacity_nodes(live, fit=True))
         if u.deleting:
             return await self._tear_down(live)
 
@@ -244,9 +247,13 @@ class GPUNodePoolWorkflow:
             wanted["ClassReady"] = ("True", "Found", "")
             wanted["OffersAvailable"] = await self._check_offers(u)
         ok = all(status == "True" for status, _, _ in wanted.values())
+        at_max_nodes = False
         if ok:
             wanted["BudgetAvailable"] = await self._launch(u, live)
-            ok = wanted["BudgetAvailable"][0] == "True"
+            # The pool at its own spec.maxNodes works as configured: BudgetAvailable and the
+            # Warning name the limit, the pool stays Ready. A class limit makes it not Ready.
+            at_max_nodes = wanted["BudgetAvailable"][1] == "MaxNodesReached"
+            ok = wanted["BudgetAvailable"][0] == "True" or at_max_nodes
         live = [n for n in self.state.nodes.values() if not n.phase.is_final]
         ready = sum(1 for n in live if n.phase is NodePhase.READY)
         if ok:
@@ -254,6 +261,8 @@ class GPUNodePoolWorkflow:
             message = f"{ready}/{len(live)} nodes ready"
             if backing_off:
                 message += f"; {self.state.failures} launch failure(s), next launch after {self.state.backoff_until:%H:%M:%S}"
+            if at_max_nodes:
+                message += "; at spec.maxNodes (see BudgetAvailable)"
             wanted["Ready"] = ("True", "Ready" if not backing_off else "LaunchBackoff", message)
         else:
             failing = next(f"{t}: {m}" for t, (s, _, m) in wanted.items() if s != "True")
@@ -380,9 +389,10 @@ class GPUNodePoolWorkflow:
     def _report_no_offer_fits(self, plan: CapacityPlan, oc: OfferCheck | None) -> None:
         """A Warning per pod that asks for more GPUs than any offer has, once while it pends."""
         largest = max((s.gpu_count for s in oc.sizes), default=0) if oc is not None else 0
-        for pod in plan.no_offer_fits:
-            if pod in self.state.no_offer_fits:
-                continue
+        warn, self.state.no_offer_fits = no_offer_fits_to_warn(
+            self.state.no_offer_fits, plan.no_offer_fits, self.state.demand, sizes_known=oc is not None and bool(oc.sizes)
+        )
+        for pod in warn:
             gpus = self.state.pod_gpus.get(pod, 1)
             self.events.append(
                 self._event(
@@ -392,7 +402,6 @@ class GPUNodePoolWorkflow:
                     "no node is bought for it (the pool's other pods are served)",
                 )
             )
-        self.state.no_offer_fits = sorted(plan.no_offer_fits)
 
     async def _start_node(self, u: PoolUpdate, *, floor: bool, pods: list[str], gpus: int, price: Decimal | None = None) -> tuple[bool, str]:
         """Reserve a class slot and start one node workflow with at least `gpus` GPUs, bought
@@ -458,7 +467,7 @@ class GPUNodePoolWorkflow:
                 launching=n.phase in _LAUNCHING,
                 # Not reported by the bridge (not Ready there yet, or no GPUs registered): unknown.
                 free_gpus=self.state.free_gpus.get(n.node_name) if fit else self.state.free_gpus.get(n.node_name, 0),
-                gpus=n.gpus or 1,
+                gpus=n.gpus if fit else n.gpus or 1,  # unknown: no new nominations, none voided
             )
             for n in live
         ]
