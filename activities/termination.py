@@ -84,6 +84,7 @@ async def end_for_good(
             inst = await provider.describe(instance_id)
             if (inst is None and settled) or (inst is not None and inst.state is InstanceState.TERMINATED):
                 confirmed.add(instance_id)
+                log.info("instance_terminated", provider=provider.name, instance_id=instance_id, verified="gone" if inst is None else "terminated")
                 continue
             # Running, or a 404 that may be a lagging read: (again) terminate, then read again.
             await provider.terminate(instance_id)

@@ -245,7 +245,12 @@ def test_a_burst_with_a_scheduler_that_binds_any_pod_anywhere_ends_with_every_po
     """The pool's planning over passes against an adversarial scheduler: bought nodes turn
     Ready with their GPUs, and the scheduler binds pending pods to any node with room, in any
     order (a pod may take the node bought for another). Every pod that fits an offer ends up
-    bound, and no more nodes are bought than pods."""
+    bound. A pod that takes the node bought for another, or room it was not nominated to, can
+    leave one node without its pod and void one nomination (which buys again): each pod binds
+    once, so at most two nodes are bought per pod. (Not one per pod: with a 1- and a 2-GPU pod,
+    the 1-GPU pod taking the 2-GPU node bought for the other leaves its own 1-GPU node empty
+    and the 2-GPU pod needs a third node; a real scheduler prefers no such thing, and the empty
+    node idles out.)"""
     if max(gpus) > max(s.gpu_count for s in sizes):
         gpus = [min(g, max(s.gpu_count for s in sizes)) for g in gpus]
     pending = {f"ml/p{i:02d}": g for i, g in enumerate(gpus)}
@@ -286,4 +291,4 @@ def test_a_burst_with_a_scheduler_that_binds_any_pod_anywhere_ends_with_every_po
                 nodes[w][1] += pending.pop(pod)
         now += timedelta(seconds=10)
     assert not pending, f"pods left pending: {pending}"
-    assert len(nodes) <= len(gpus)
+    assert len(nodes) <= 2 * len(gpus)

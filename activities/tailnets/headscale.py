@@ -267,9 +267,11 @@ class HeadscaleTailnet(HttpAdapter):
             if response.status_code >= 500:
                 # 0.23/0.24 validate the key before expiring it: a key used or expired since
                 # the list is refused with these words, for good. Either way it is done.
-                message = error_message(response)
-                if not any(words in message for words in _KEY_ALREADY_DONE):
-                    raise self._error(TransientError, f"{SYSTEM}: expiring a pre-auth key answered {response.status_code}: {message}")
+                # The server's words sort the answer; only its code is quoted (they may echo).
+                if not any(words in error_detail(response) for words in _KEY_ALREADY_DONE):
+                    raise self._error(
+                        TransientError, f"{SYSTEM}: expiring a pre-auth key answered {response.status_code}: {error_message(response)}"
+                    )
             return False
         try:
             response = await self._call("POST", "/api/v1/preauthkey/expire", json={"id": key_id}, ok=(404,))
