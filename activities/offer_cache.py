@@ -124,12 +124,14 @@ class OfferCache:
         self.unavailable = unavailable or UnavailableOffers(clock)
         self._entries: dict[tuple[str, str], _Entry] = {}
         self.listings = 0  # provider calls made (for tests and the benchmark)
+        self.lookups = 0  # offers() calls so far
         metrics.OFFER_CACHE_AGES.caches.add(self)
 
     async def offers(self, provider: str, account: str | None, list_offers: List) -> Listing:
         """The account's offers: cached while younger than the TTL, else listed now (one listing
         for all concurrent lookups). Raises the listing's error when there is no good listing
         within SERVE_STALE_FOR past its TTL."""
+        self.lookups += 1
         entry = self._entries.setdefault((provider, account or WORKER_ACCOUNT), _Entry(provider))
         now = self.clock()
         entry.looked_up_at, entry.lister = now, list_offers
