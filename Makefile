@@ -56,6 +56,7 @@ release-histories: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/offer_selection.py
 	PYTHONPATH=. $(BIN)/python bench/template_bounds.py
+	PYTHONPATH=. $(BIN)/python bench/offer_cache.py
 
 # Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
 crds: $(STAMP)
