@@ -12,9 +12,11 @@ afford in a burst. Now:
 * A lookup younger than `OFFER_CACHE_TTL` is a hit: no provider call. An older one lists, and
   concurrent lookups of one account share that one listing (single flight); the listing runs to
   the end even when the lookup that started it is cancelled, so the others still get it.
-* Stale while error: a listing that fails keeps the last good offers for at most
-  `SERVE_STALE_FOR` past their TTL, marked stale with the age and the error (callers log and
-  report it); after that the account's offers are an error again, as without a cache. A failed
+* Stale while error: a listing that fails for a passing reason (an outage, a timeout, a 429)
+  keeps the last good offers for at most `SERVE_STALE_FOR` past their TTL, marked stale with
+  the age and the error (callers log and report it); after that the account's offers are an
+  error again, as without a cache. A lasting refusal (a revoked key: AuthError, a ConfigError)
+  serves no stale offers: a launch from them would fail the same way. A failed
   listing is not retried for `RETRY_FAILED_AFTER`, so a provider that is down is not asked by
   every node in turn.
 * Accounts are independent: one account's slow or failing listing never delays or hides
@@ -42,6 +44,7 @@ from datetime import timedelta
 
 import structlog
 from activities import metrics
+from tgp.errors import TgpError
 from tgp.offers import UnavailableOffers
 from tgp.types import Offer
 
@@ -159,7 +162,10 @@ class OfferCache:
     def _stale_or_raise(self, entry: _Entry, now: float, error: BaseException | None = None) -> Listing:
         error = error or entry.error
         assert error is not None
-        if entry.offers is not None and now - entry.listed_at < self.ttl + self.serve_stale_for:
+        # Only an outage is ridden out: a refused key or a broken configuration (a non-retryable
+        # TgpError) would fail a launch from those offers too, so the account has none now.
+        lasting = isinstance(error, TgpError) and not error.retryable
+        if entry.offers is not None and not lasting and now - entry.listed_at < self.ttl + self.serve_stale_for:
             stale = now - entry.listed_at >= self.ttl
             if stale:
                 metrics.OFFER_CACHE_STALE_SERVED.labels(entry.provider).inc()

@@ -223,3 +223,29 @@ async def test_a_cancelled_lookup_leaves_the_listing_to_the_others() -> None:
     first.cancel()
     gate.set()
     assert (await second).offers == [] and len(calls) == 1
+
+
+async def test_a_refused_key_serves_no_stale_offers() -> None:
+    """Stale while error rides out outages only: offers of a key the provider now refuses (401)
+    would fail the launch the same way, so the other provider's offer is chosen at once."""
+    clock = Clock()
+    async with (
+        SimulatedCloud(catalog=(SimOffer("cheap", "RTX4090", "us-east", Decimal("0.30")),), api_key="alpha-key") as alpha_cloud,
+        SimulatedCloud(catalog=(SimOffer("dear", "RTX4090", "us-east", Decimal("0.50")),)) as beta_cloud,
+    ):
+        providers = {
+            "alpha": SimulatedProvider(alpha_cloud.url, name="alpha", api_key=SecretStr("alpha-key")),
+            "beta": SimulatedProvider(beta_cloud.url, name="beta"),
+        }
+        cache = OfferCache(clock=clock)
+        node = NodeActivities(providers=providers, tailnets={}, cluster=None, registry=ProviderRegistry(cluster=None, fallback=providers, offers=cache))  # type: ignore[arg-type]
+        req = select(OfferRequirements(gpu_types=["RTX4090"]))
+        try:
+            assert (await node.select_offer(req)).offer.provider == "alpha"  # type: ignore[union-attr]
+            alpha_cloud._api_key = "rotated"  # the worker's key now answers 401
+            clock.advance(TTL)
+            choice = await node.select_offer(req)
+            assert choice.offer is not None and choice.offer.provider == "beta" and choice.stale == {}
+        finally:
+            for p in providers.values():
+                await p.aclose()
