@@ -15,19 +15,21 @@ from decimal import Decimal
 import pytest
 from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.accounts import ProviderRegistry
 from activities.clouds.simulated import SimulatedProvider
 from activities.node import NodeActivities
-from activities.offer_cache import OFFER_CACHE_TTL, RETRY_FAILED_AFTER, SERVE_STALE_FOR, OfferCache
+from activities.offer_cache import OFFER_CACHE_TTL, REFRESH_AHEAD, RETRY_FAILED_AFTER, SERVE_STALE_FOR, OfferCache
 from activities.pool import PoolActivities
 from sim.cloud import SimOffer, SimulatedCloud
-from tests.conftest import eventually
+from tests.conftest import eventually, running_world
+from tests.test_node_lifecycle import request, start
 from tests.kube_env import KubeApi
 from tests.test_credentials import NS, new_key, put_secret
 from tests.test_template_failures import StubTailnet
-from tgp.types import CredentialsRef, LaunchInput, OfferRequirements, SelectOfferInput
+from tgp.types import CredentialsRef, LaunchInput, NodePhase, NodeStatus, OfferRequirements, SelectOfferInput
+from workflows.node import GPUNodeWorkflow
 
 TTL = OFFER_CACHE_TTL.total_seconds()
 
@@ -98,6 +100,30 @@ async def test_a_burst_of_node_starts_lists_each_account_once_per_ttl(kube_api: 
                 clock.advance(TTL)
         finally:
             await registry.aclose()
+
+
+async def test_twenty_node_workflows_started_at_once_list_offers_once(temporal: WorkflowEnvironment) -> None:
+    """The same through the worker as `tgp worker` wires it (build_activities: one registry, one
+    cache, the scheduled refresh) and 20 GPUNodeWorkflows started together: one listing per TTL
+    reaches the cloud (the schedule may add one per TTL less REFRESH_AHEAD on a slow machine)."""
+    async with running_world(temporal) as (world, _, queue):
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        handles = await asyncio.gather(*(start(temporal, queue, request()) for _ in range(20)))
+
+        async def all_chose() -> bool:
+            statuses: list[NodeStatus] = await asyncio.gather(*(h.query(GPUNodeWorkflow.status) for h in handles))
+            return all(s.attempts for s in statuses)
+
+        await eventually(all_chose, timeout=120, what="every node to choose an offer")
+        elapsed = loop.time() - began
+        listings = sum(world.cloud.offer_lists.values())
+        assert 1 <= listings <= 1 + int(elapsed // (TTL - REFRESH_AHEAD.total_seconds())), f"{listings} listings in {elapsed:.0f} s"
+        for h in handles:
+            await h.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        finals: list[NodeStatus] = await asyncio.gather(*(h.result() for h in handles))
+        assert {f.phase for f in finals} == {NodePhase.TERMINATED}
+        assert world.cloud.live_instances() == []
 
 
 async def test_a_stale_entry_is_listed_again_and_the_schedule_keeps_it_warm() -> None:
