@@ -25,7 +25,8 @@ afford in a burst. Now:
   `UnavailableOffers` marks, and selection excludes them from the cached offers.
 * Refreshed on demand (a lookup of a stale entry) and on a schedule (`refresh_loop`, started
   by the worker): accounts looked up within `KEEP_WARM_FOR` are listed again shortly before
-  their TTL ends, so a burst after a quiet spell finds fresh offers and no one waits.
+  their TTL ends, so the next nodes find fresh offers and no one waits; accounts not looked up
+  for that long are forgotten (listed again on their next lookup).
 
 Why per process and not shared across worker replicas: each replica lists each account at most
 once per TTL, so a deployment makes at most (replicas x accounts) listings per TTL, which is
@@ -198,11 +199,17 @@ class OfferCache:
 
     async def refresh_due(self) -> int:
         """The scheduled refresh: list again every account looked up within KEEP_WARM_FOR whose
-        offers end their TTL within REFRESH_AHEAD (and whose last failure is not too recent).
-        Returns how many listings it made; their failures are recorded like a lookup's."""
+        offers end their TTL within REFRESH_AHEAD (and whose last failure is not too recent), and
+        forget the accounts not looked up for that long. Returns how many listings it made; their
+        failures are recorded like a lookup's."""
         now = self.clock()
         flights = []
-        for entry in self._entries.values():
+        for key, entry in list(self._entries.items()):
+            if entry.flight is None and now - entry.looked_up_at >= KEEP_WARM_FOR.total_seconds():
+                # Nobody uses the account now (a class gone, a key rotated away): forget it, so
+                # its age stops showing and its adapter is not held; a lookup lists it again.
+                del self._entries[key]
+                continue
             due = entry.offers is None or now - entry.listed_at >= self.ttl - REFRESH_AHEAD.total_seconds()
             warm = now - entry.looked_up_at < KEEP_WARM_FOR.total_seconds()
             backing_off = entry.failed_at is not None and now - entry.failed_at < self.retry_failed_after

@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from activities.accounts import ProviderRegistry
 from activities.clouds.simulated import SimulatedProvider
 from activities.node import NodeActivities
-from activities.offer_cache import OFFER_CACHE_TTL, REFRESH_AHEAD, RETRY_FAILED_AFTER, SERVE_STALE_FOR, OfferCache
+from activities.offer_cache import KEEP_WARM_FOR, OFFER_CACHE_TTL, REFRESH_AHEAD, RETRY_FAILED_AFTER, SERVE_STALE_FOR, OfferCache
 from activities.pool import PoolActivities
 from sim.cloud import SimOffer, SimulatedCloud
 from tests.conftest import eventually, running_world
@@ -152,6 +152,11 @@ async def test_a_stale_entry_is_listed_again_and_the_schedule_keeps_it_warm() ->
             clock.advance(10)
             await node.select_offer(req)
             assert cloud.offer_lists[""] == 3, "kept warm: a hit"
+
+            # An account nobody looks up is not polled, and is forgotten after KEEP_WARM_FOR.
+            clock.advance(KEEP_WARM_FOR.total_seconds())
+            assert await cache.refresh_due() == 0 and list(cache.ages()) == []
+            assert cloud.offer_lists[""] == 3
         finally:
             await provider.aclose()
 
