@@ -280,3 +280,79 @@ async def test_a_refused_key_serves_no_stale_offers() -> None:
         finally:
             for p in providers.values():
                 await p.aclose()
+
+
+# --- the cache's promises over generated histories ---------------------------------------
+
+from hypothesis import example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tgp.errors import AuthError, TransientError  # noqa: E402
+
+STALE_FOR = SERVE_STALE_FOR.total_seconds()
+RETRY = RETRY_FAILED_AFTER.total_seconds()
+
+Step = st.one_of(
+    st.tuples(st.just("advance"), st.sampled_from([1.0, 9.0, 10.0, 30.0, 59.0, 60.0, 61.0, 300.0, 599.0, 700.0])),
+    st.tuples(st.just("burst"), st.integers(1, 6)),
+    st.tuples(st.just("provider"), st.sampled_from(["up", "outage", "revoked"])),
+)
+
+
+async def cache_history(steps: list[tuple[str, object]]) -> None:
+    clock = Clock()
+    cache = OfferCache(clock=clock)
+    state = {"mode": "up"}
+    calls: list[float] = []  # when each listing reached the provider
+    good: list[float] = []  # when each listing succeeded
+    failed: list[tuple[float, str]] = []
+
+    async def list_offers() -> list:  # the provider: answers after a few turns of the loop, like HTTP
+        calls.append(clock.now)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if state["mode"] == "outage":
+            failed.append((clock.now, "outage"))
+            raise TransientError("provider answered 503")
+        if state["mode"] == "revoked":
+            failed.append((clock.now, "revoked"))
+            raise AuthError("provider answered 401")
+        good.append(clock.now)
+        return [clock.now]  # the "offers" say when they were listed
+
+    for kind, arg in steps:
+        if kind == "advance":
+            clock.advance(arg)  # type: ignore[arg-type]
+            continue
+        if kind == "provider":
+            state["mode"] = arg  # type: ignore[assignment]
+            continue
+        before = len(calls)
+        results = await asyncio.gather(*(cache.offers("p", None, list_offers) for _ in range(arg)), return_exceptions=True)  # type: ignore[call-overload]
+        assert len(calls) - before <= 1, "single flight: one listing per burst at one instant"
+        for r in results:
+            if isinstance(r, BaseException):
+                assert isinstance(r, (TransientError, AuthError))
+                # An error only when no good listing is young enough, or the provider refuses the key.
+                young = good and clock.now - good[-1] < TTL + STALE_FOR
+                assert not young or (failed and failed[-1][1] == "revoked")
+                continue
+            listed_at = r.offers[0]
+            assert r.age == clock.now - listed_at and listed_at == good[-1], "the latest good listing"
+            assert r.age < TTL + STALE_FOR, "stale offers are bounded"
+            assert r.stale == (r.age >= TTL), "served past the TTL only as stale, and then it says so"
+            if r.stale:
+                assert failed and failed[-1][1] == "outage" and "503" in r.error
+    # The provider is asked only when the entry is stale, and not again soon after a failure.
+    for at in calls:
+        earlier_good = [g for g in good if g < at]
+        assert not earlier_good or at - earlier_good[-1] >= TTL or any(g == at for g in good), "listed while fresh"
+        earlier_fail = [f for f, _ in failed if f < at]
+        assert not earlier_fail or at - earlier_fail[-1] >= RETRY or (earlier_good and earlier_good[-1] > earlier_fail[-1]), "retried too soon"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(Step, max_size=25))
+@example([("burst", 2), ("provider", "outage"), ("advance", 61.0), ("burst", 2), ("advance", 599.0), ("burst", 1), ("advance", 10.0), ("burst", 1)])
+def test_the_cache_lists_only_when_stale_once_per_burst_and_bounds_stale_offers(steps: list[tuple[str, object]]) -> None:
+    asyncio.run(cache_history(steps))
