@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fault-matrix venv clean histories release-histories bench crds
+.PHONY: demo test fault-matrix venv clean histories release-histories bench crds kube test-real-cluster dev-real-cluster
 
 venv: $(STAMP)
 
@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml sim/pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ./sim -e '.[dev]'
 	touch $(STAMP)
 
+# The demo's Temporal server takes PORT and its Web UI PORT+1000 (`make demo PORT=8233` runs a
+# second one beside the first; TGP_DEMO_PORT does the same for `tgp demo`).
+PORT ?= $(or $(TGP_DEMO_PORT),7233)
 demo: $(STAMP)
-	$(BIN)/tgp demo
+	$(BIN)/tgp demo --port $(PORT)
 
 # The suite, without the fault matrix: the suite alone takes most of its 10-minute budget on
 # 2 cores, so the matrix is a target of its own.
@@ -56,8 +59,31 @@ release-histories: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/offer_selection.py
 	PYTHONPATH=. $(BIN)/python bench/template_bounds.py
+	$(BIN)/python bench/emulator_at_rest.py
 	PYTHONPATH=. $(BIN)/python bench/offer_cache.py
 
 # Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
 crds: $(STAMP)
 	$(BIN)/python -m workers.crdgen
+
+# The test control plane (hack/kube): kube-apiserver, kube-scheduler, kube-controller-manager and
+# etcd built from the Go module proxy at the pinned release into
+# ${XDG_CACHE_HOME:-~/.cache}/tgp/kube/<version>-<go.sum hash>/; a rebuild happens only when the
+# pin changes. The first build takes long (README "A real control plane"); later ones are instant.
+kube:
+	@command -v go >/dev/null || { echo "make kube: no Go toolchain on PATH: the control plane is built from the Go module proxy"; exit 3; }
+	hack/kube/build.sh
+
+# The real-cluster lane: the tests that ask for kube_api, against that control plane (with its
+# scheduler and controller-manager). Skipped in one line without Go; a failure under CI=true.
+# CI (.ci/run) runs it after `make test` and `make fault-matrix`.
+test-real-cluster: $(STAMP)
+	hack/kube/lane.sh
+
+# The product against the real control plane instead of the emulator: `tgp dev` (Temporal dev
+# server, worker, bridge, simulated cloud whose machines run kubelet stand-ins) against a fresh
+# kube-apiserver + scheduler + controller-manager. It prints the kubeconfig to apply examples/
+# with; Ctrl-C stops everything. `make demo` stays on the emulator (no Go needed, faster start).
+dev-real-cluster: $(STAMP) kube
+	TGP_KUBE_BIN_DIR="$$(hack/kube/build.sh --dir)" $(BIN)/python -m sim.kube_control_plane run -- \
+	  sh -c 'KUBECONFIG="$$TGP_TEST_KUBECONFIG" exec $(BIN)/tgp dev --port $(PORT) --boot-delay 1'

@@ -4,7 +4,7 @@ Headscale).
 `send` makes one request: a timeout (set on the client) and a short, bounded retry on 429 /
 5xx / connection errors that honours `Retry-After`. Past that the caller gets a TransientError
 and Temporal's activity retry policy takes over, so a long outage never blocks a worker slot.
-A request that buys something is retried only after a 429 (see `send`).
+A request that buys something is never retried in-call (see `send`).
 
 `HttpAdapter` is the base of every adapter: its `_call` sends through `send` and turns each
 answer the caller did not ask for into one of tgp's errors, worded the same way for every API
@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any, Self
 
@@ -45,6 +45,10 @@ from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, Trans
 
 # Requests to cloud APIs answer in well under a second; 30 s catches a hung connection.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+# The consistency window of a real cloud API (HttpAdapter.consistency_window): lists lagging
+# 30-90 s behind a create and creates completing 65-75 s after the client gave up were seen
+# (issue 17); three minutes covers both with room.
+CONSISTENCY_WINDOW = timedelta(minutes=3)
 # In-call attempts before handing the retry over to Temporal.
 IN_CALL_ATTEMPTS = 3
 # Cap on one in-call wait; a longer Retry-After is passed on to Temporal as next_retry_delay.
@@ -85,7 +89,8 @@ class HttpAdapter:
     <answer> is `error_message`: the API's error code (or a standard HTTP phrase), never its
     free text, which may echo the request.
 
-    429 and 5xx never get that far: `send` retries them, then raises TransientError. An adapter
+    429 and 5xx never get that far: `send` retries them, then raises TransientError (for a
+    request that buys: OutcomeUnknown at once, see `_create`). An adapter
     supplies `system` and its `Fixes` as data, and overrides a hook only where its API speaks
     its own way: `_answer` (what of an error answer a message may quote), `_refusal` (an answer
     that means something else, say "try again") and `_says_missing` (whether a 404 is the API's
@@ -100,6 +105,11 @@ class HttpAdapter:
     system = "HTTP API"
     # What a create that may have bought something is found again by (see `_create`).
     found_by = "name"
+    # How long after a create this API may still show less than the truth: lists and
+    # describe-by-id lag behind it, and a create the client gave up on may still complete.
+    # Twins are looked for, and a 404 is not taken for "gone", until this has passed since
+    # the last create of a name (docs/providers.md lists each provider's value).
+    consistency_window = CONSISTENCY_WINDOW
 
     def __init__(
         self,
@@ -177,13 +187,14 @@ class HttpAdapter:
 
     async def _create(self, method: str, path: str, *, what: str, ok: Iterable[int], **kwargs: Any) -> httpx.Response:
         """Send a request that buys `what`, returning the refusals listed in `ok` for the
-        adapter to sort (capacity, a refused offer, ...). Only a 429, answered before any work,
-        is retried: after a 5xx or timeout `what` may have been bought all the same, so the
-        TransientError says to look it up by `found_by` before buying again."""
+        adapter to sort (capacity, a refused offer, ...). Nothing is retried here: after a 429,
+        5xx, reset or timeout `what` may have been bought all the same (gateways throttle after
+        the backend acted), so the OutcomeUnknown says to look it up by `found_by` before
+        buying again; the caller settles it by looking (activities.node)."""
         try:
             return await self._call(method, path, ok=ok, idempotent=False, **kwargs)
         except OutcomeUnknown as exc:
-            raise TransientError(
+            raise OutcomeUnknown(
                 f"{exc}; {what} may exist anyway: look it up by {self.found_by} before creating it again",
                 retry_after=exc.retry_after,
             ) from None
@@ -248,8 +259,9 @@ def request_line(response: httpx.Response) -> str:
 
 class OutcomeUnknown(TransientError):
     """A request that is not idempotent (a create that buys) failed without a clear answer:
-    a timeout, a connection error, 408, 425 or 5xx. It may have taken effect, so the caller
-    looks the result up before sending it again."""
+    a timeout, a connection error, 408, 425, 429 or 5xx. It may have taken effect (a gateway
+    can throttle or fail after its backend acted), so the caller looks the result up before
+    sending it again, and never retries it blind."""
 
 
 def retry_after_seconds(response: httpx.Response) -> float | None:
@@ -302,9 +314,9 @@ async def send(
     `system` names the API in messages ("Tailscale API", "RunPod"). `pace`, a rate limiter, is
     entered before each attempt, so a retry waits its turn like any other request.
 
-    A request that buys something is not idempotent (`idempotent=False`): only a 429, which
-    the API answers before doing any work, is retried; a timeout, connection error, 408, 425
-    or 5xx raises OutcomeUnknown at once. `rate_limit_wait` is the wait assumed after a 429
+    A request that buys something is not idempotent (`idempotent=False`): it is never
+    retried here. A timeout, connection error, 408, 425, 429 or 5xx raises OutcomeUnknown at
+    once: a gateway may throttle or fail after the backend bought. `rate_limit_wait` is the wait assumed after a 429
     without Retry-After (default: exponential backoff), for an API with a documented interval.
     """
     hidden = [*secrets, _credential(client.headers.get("Authorization"))]
@@ -361,7 +373,7 @@ async def _send(
             if retry_after is None and status == 429:
                 retry_after = rate_limit_wait
             message = f"{system}: {method} {_path(url)} answered {status}: {error_message(response)}"
-            if not idempotent and status != 429:
+            if not idempotent:
                 raise OutcomeUnknown(message, retry_after=retry_after)
             last = TransientError(message, retry_after=retry_after)
             wait = retry_after if retry_after is not None else backoff(attempt)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import structlog
@@ -33,6 +33,7 @@ from activities.boot.sandbox import RendersBusy, bounded
 from activities.drain import drain
 from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
+from activities.termination import VERIFY_FOR, end_for_good, settled_at
 from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
@@ -65,6 +66,7 @@ from tgp.types import (
     TailnetCleanupInput,
     TailnetCleanupResult,
     TailnetDevice,
+    TwinWatchInput,
     instance_name,
 )
 
@@ -94,20 +96,26 @@ POLL_INTERVAL = timedelta(seconds=5)
 MAX_DEVICES_PER_HOSTNAME = 10
 # Long calls (a create behind a provider's pacer) heartbeat at least this often.
 HEARTBEAT_EVERY = timedelta(seconds=5)
-# After a create that answered nothing clear (timeout, 5xx), how long to look for the instance
-# by name before concluding it was not bought: clouds list a new instance within seconds.
+# After a create that answered nothing clear (timeout, reset, 429, 5xx), the least time to look
+# for the instance by name before buying again; a provider whose consistency window is longer
+# is looked at for its whole window (a create can complete after its caller gave up).
 CREATE_SETTLE = timedelta(seconds=30)
 
 
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
 @contextmanager
-def heartbeating() -> Iterator[None]:
-    """Heartbeat in the background while the block runs, a few times per heartbeat timeout."""
+def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]:
+    """Heartbeat in the background while the block runs, a few times per heartbeat timeout,
+    each beat carrying `details()` (what a retried attempt of the activity reads back)."""
     timeout = activity.info().heartbeat_timeout
     every = min(HEARTBEAT_EVERY, timeout / 3 if timeout else HEARTBEAT_EVERY).total_seconds()
 
     async def beat() -> None:
         while True:
-            activity.heartbeat()
+            activity.heartbeat(*details())
             await asyncio.sleep(every)
 
     task = asyncio.get_running_loop().create_task(beat())
@@ -131,7 +139,11 @@ class NodeActivities:
         create_settle: timedelta = CREATE_SETTLE,
         registry: ProviderRegistry | None = None,
         tailnet_registry: TailnetRegistry | None = None,
+        now: Callable[[], datetime] = _utcnow,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
+        """`now` and `sleep` are the activities' clock (for consistency windows and settle
+        lookups): tests pass a fake clock whose sleep moves it."""
         self.providers = dict(providers)
         # Adapters per class account (providers[].credentialsRef); `providers` is the fallback.
         self.registry = registry or ProviderRegistry(cluster=cluster, fallback=self.providers)
@@ -143,6 +155,17 @@ class NodeActivities:
         self.unavailable = unavailable or self.registry.offers.unavailable
         self.poll_interval = poll_interval
         self.create_settle = create_settle
+        self.now = now
+        self.sleep = sleep
+
+    def _settle_for(self, provider: CloudProvider) -> timedelta:
+        """How long to look by name after a create whose outcome is unknown before buying again."""
+        return max(self.create_settle, _window(provider))
+
+    def _lagging(self, ref: InstanceRef, provider: CloudProvider) -> bool:
+        """Whether a 404 for `ref` may still be the provider lagging behind its create."""
+        settle = settled_at(ref.created_by, provider, self.now())
+        return settle is not None and self.now() < settle
 
     def _provider(self, name: str) -> CloudProvider:
         try:
@@ -283,18 +306,21 @@ class NodeActivities:
         """
         name = instance_name(inp.node_name, inp.attempt)
         bound = log.bind(node=inp.node_name, provider=inp.offer.provider, offer=inp.offer.key, instance_name=name)
+        # What earlier attempts of this activity sent and bought (their heartbeats): a worker
+        # killed during a create leaves its successor that much to look for.
+        memo = LaunchMemo.read(activity.info().heartbeat_details)
         # The heartbeat runs through the whole call, pacing waits included: a live attempt is
         # never timed out and retried beside itself; a dead worker's attempt is, within the
         # heartbeat timeout.
         # The secret scope holds the minted key and the join material (tgp.secrets): every
         # error message and log line of this activity is scrubbed of them.
         launching = metrics.counting_launch(inp.offer.provider, demand_since=inp.demand_since)
-        with secret_scope(), heartbeating(), temporal_errors(), launching:
+        with secret_scope(), heartbeating(memo.details), temporal_errors(), launching:
             provider = await self._provider_for(inp.offer.provider, inp.credentials)
             tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
-            existing = await self._adopt(provider, name, bound)
+            existing = await self._adopt(provider, name, bound, memo)
             if existing is not None:
-                return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider))
+                return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
             # Read the join material before minting: a missing Secret must not cost a key.
             join = await self._class_template(inp, self._join_secrets(inp))
             if join is not None:
@@ -325,12 +351,14 @@ class NodeActivities:
                 )
                 # Once more right before buying: an earlier attempt's create may have landed
                 # while this one minted and rendered.
-                existing = await self._adopt(provider, name, bound)
+                existing = await self._adopt(provider, name, bound, memo)
                 if existing is not None:
                     await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
-                    return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider))
+                    return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
                 sent = True
-                instance = await self._create_or_find(provider, inp, name, boot)
+                memo.sent_at = self.now()
+                activity.heartbeat(*memo.details())  # at once: a worker killed from here on leaves this behind
+                instance = await self._create_or_find(provider, inp, name, boot, memo)
             except BaseException as exc:
                 if isinstance(exc, (CapacityError, OfferRefused)):
                     self.unavailable.mark(inp.offer.key, inp.unavailable_offer_ttl)
@@ -344,7 +372,7 @@ class NodeActivities:
             # Clouds do not enforce unique names: a create that overlapped this one (a retry
             # while the first was still in flight) bought a twin. Every attempt keeps the same
             # one (the lowest id), so two overlapping attempts never end each other's.
-            live = await provider.find_all_by_name(name)
+            live = await self._live(provider, name, memo)
             if all(i.instance_id != instance.instance_id for i in live):
                 live.append(instance)  # a listing that lags behind the create
             survivor = min(live, key=lambda i: i.instance_id)
@@ -352,17 +380,40 @@ class NodeActivities:
             if survivor.instance_id != instance.instance_id:
                 await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))  # our twin is gone with its key
                 bound.info("instance_adopted", instance_id=survivor.instance_id)
-                return LaunchResult(instance=survivor, adopted=True, account=self.registry.account(provider))
+                return LaunchResult(instance=survivor, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
         bound.info("instance_launched", instance_id=instance.instance_id, key_id=key.key_id)
-        return LaunchResult(instance=instance, key_id=key.key_id, account=self.registry.account(provider))
+        return LaunchResult(instance=instance, key_id=key.key_id, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
 
-    async def _adopt(self, provider: CloudProvider, name: str, bound: structlog.BoundLogger) -> Instance | None:
+    async def _live(self, provider: CloudProvider, name: str, memo: LaunchMemo) -> list[Instance]:
+        """Every live instance under `name`: listed, or bought by an earlier attempt (its create
+        answered; a 404 for it while the window is open is the provider lagging)."""
+        found = {i.instance_id: i for i in await provider.find_all_by_name(name)}
+        for bought in memo.bought:
+            if bought.instance_id in found:
+                continue
+            now = await provider.describe(bought.instance_id)
+            if now is not None and now.state is not InstanceState.TERMINATED:
+                found[now.instance_id] = now
+            elif now is None and memo.sent_at is not None and self.now() < memo.sent_at + _window(provider):
+                found[bought.instance_id] = bought
+        memo.seen.update(found)
+        return list(found.values())
+
+    async def _adopt(self, provider: CloudProvider, name: str, bound: structlog.BoundLogger, memo: LaunchMemo) -> Instance | None:
         """The live instance an earlier attempt bought under `name`, if any; twins beyond the
-        first are terminated, so at most one instance per name is left running."""
-        found = sorted(await provider.find_all_by_name(name), key=lambda i: i.instance_id)
+        first are terminated, so at most one instance per name is left running.
+
+        After an earlier attempt sent a create and died or heard nothing clear, its create may
+        still complete: look by name until its settle time has passed before buying again."""
+        found = await self._live(provider, name, memo)
+        if not found and memo.sent_at is not None:
+            until = memo.sent_at + self._settle_for(provider)
+            while not found and self.now() < until:
+                await self.sleep(self.poll_interval.total_seconds())
+                found = await self._live(provider, name, memo)
         if not found:
             return None
-        keep = found[0]  # the same rule as after a create: the lowest id survives
+        keep = min(found, key=lambda i: i.instance_id)  # the same rule as after a create: the lowest id survives
         await self._terminate_twins(provider, name, keep=keep.instance_id, bound=bound, known=found)
         bound.info("instance_adopted", instance_id=keep.instance_id)
         return keep
@@ -375,20 +426,26 @@ class NodeActivities:
                 bound.warning("duplicate_instance_terminated", instance_id=twin.instance_id, kept=keep)
                 await provider.terminate(twin.instance_id)
 
-    async def _create_or_find(self, provider: CloudProvider, inp: LaunchInput, name: str, boot) -> Instance:  # type: ignore[no-untyped-def]
+    async def _create_or_find(self, provider: CloudProvider, inp: LaunchInput, name: str, boot, memo: LaunchMemo) -> Instance:  # type: ignore[no-untyped-def]
         try:
-            return await provider.launch(inp.offer, name=name, boot=boot)
+            instance = await provider.launch(inp.offer, name=name, boot=boot)
         except TransientError:
-            # A 5xx or timeout on create may still have bought the instance, and a cloud may
-            # take a while to list it: look for it before giving up (the heartbeat goes on).
-            deadline = time.monotonic() + self.create_settle.total_seconds()
+            # A 429, 5xx, reset or timeout on create may still have bought the instance, or
+            # may buy it later, and a cloud may take a while to list it: look for it over the
+            # settle time (the provider's consistency window) before giving up; never resend
+            # blind. The heartbeat goes on.
+            deadline = self.now() + self._settle_for(provider)
             while True:
-                found = await provider.find_all_by_name(name)
+                found = await self._live(provider, name, memo)
                 if found:
                     return min(found, key=lambda i: i.instance_id)
-                if time.monotonic() >= deadline:
+                if self.now() >= deadline:
                     raise
-                await asyncio.sleep(self.poll_interval.total_seconds())
+                await self.sleep(self.poll_interval.total_seconds())
+        memo.bought.append(instance)
+        memo.seen[instance.instance_id] = instance
+        activity.heartbeat(*memo.details())
+        return instance
 
     async def _revoke_quietly(self, tailnet: Tailnet, key_id: str) -> None:
         try:
@@ -401,7 +458,10 @@ class NodeActivities:
         """Poll the provider until the instance runs; LaunchFailed if it fails or vanishes."""
 
         async def running() -> Instance | None:
-            inst = await (await self._provider_for(ref.provider, ref.credentials, ref.account)).describe(ref.instance_id or "")
+            provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+            inst = await provider.describe(ref.instance_id or "")
+            if inst is None and self._lagging(ref, provider):
+                return None  # a 404 right after the create: the provider has not caught up yet
             if inst is None or inst.interrupted or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED, InstanceState.STOPPED):
                 state = "vanished" if inst is None else ("was interrupted" if inst.interrupted else inst.state.value.lower())
                 metrics.LAUNCH_FAILURES.labels(ref.provider, "LaunchFailed").inc()
@@ -474,7 +534,10 @@ class NodeActivities:
             seen: list[str] = []
             if inp.instance is not None:
                 ref = inp.instance
-                inst = await (await self._provider_for(ref.provider, ref.credentials, ref.account)).describe(ref.instance_id or "")
+                provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+                inst = await provider.describe(ref.instance_id or "")
+                if inst is None and self._lagging(ref, provider):
+                    return StageLook(up=False, seen=f"instance {ref.instance_id} is not visible yet ({provider.name} lags behind its create)")
                 state = "gone" if inst is None else ("interrupted" if inst.interrupted else inst.state.value.lower())
                 if inst is None or inst.interrupted or inst.state is not InstanceState.RUNNING:
                     return StageLook(up=False, seen=f"instance {ref.instance_id} is {state}")
@@ -510,7 +573,12 @@ class NodeActivities:
     async def observe_node(self, inp: ObserveInput) -> NodeObservation:
         """One look at a Ready node: is the instance alive, is the Node Ready, is it busy?"""
         with temporal_errors():
-            instance = await (await self._provider_for(inp.instance.provider, inp.instance.credentials, inp.instance.account)).describe(inp.instance.instance_id or "")
+            provider = await self._provider_for(inp.instance.provider, inp.instance.credentials, inp.instance.account)
+            instance = await provider.describe(inp.instance.instance_id or "")
+            if instance is None and self._lagging(inp.instance, provider):
+                # A running instance can read 404 while the provider lags behind its create:
+                # an unknown, not a vanished instance (the watch looks again).
+                raise TransientError(f"instance {inp.instance.instance_id} is not visible on {provider.name} yet")
             node = await self.cluster.get_node(inp.node_name)
             pods = await self.cluster.list_pods_on_node(inp.node_name) if node is not None else []
         return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)))
@@ -535,26 +603,45 @@ class NodeActivities:
 
     @activity.defn
     async def terminate_instance(self, ref: InstanceRef) -> bool:
-        """Stop paying for the instance of a launch attempt. Works without an instance id (a
-        launch cancelled in flight) by finding the instance by its deterministic name.
-        Returns whether anything was still running."""
-        with temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
+        """Stop paying for every instance of a launch attempt: the recorded one, every id ever
+        seen under its name, and every live one carrying its name (a twin bought by an
+        overlapping or late create bills as much). Works without an instance id (a launch
+        cancelled in flight). Done only when a read shows each terminated or gone, and (when
+        the attempt's creates are recent) once the provider's consistency window has passed.
+        Returns whether anything was seen."""
+        with heartbeating(), temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
             provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
-            targets: list[Instance] = []
-            if ref.instance_id:
-                inst = await provider.describe(ref.instance_id)
-                if inst is not None and inst.state is not InstanceState.TERMINATED:
-                    targets.append(inst)
-            # Every live instance carrying the attempt's name: a twin bought by an overlapping
-            # create bills as much as the one the workflow recorded.
-            for by_name in await provider.find_all_by_name(ref.instance_name):
-                if all(t.instance_id != by_name.instance_id for t in targets):
-                    targets.append(by_name)
-            for inst in targets:
-                await provider.terminate(inst.instance_id)
-                metrics.TERMINATIONS.labels(ref.provider).inc()
-                log.info("instance_terminated", provider=ref.provider, instance_id=inst.instance_id)
-        return bool(targets)
+            seen = await end_for_good(
+                provider,
+                [*ref.known_ids, ref.instance_id or ""],
+                names=[ref.instance_name],
+                settle=settled_at(ref.created_by, provider, self.now()),
+                now=self.now,
+                sleep=self.sleep,
+                every=self.poll_interval,
+            )
+            log.info("instances_terminated", provider=ref.provider, instance_name=ref.instance_name, instance_ids=sorted(seen))
+        return bool(seen)
+
+    @activity.defn
+    async def watch_for_twins(self, inp: TwinWatchInput) -> list[InstanceRef]:
+        """While the node lives: end (and verify) every instance under its attempts' names
+        that is not the one it recorded (`keep`), until each name's consistency window has
+        passed, since a create can complete after its caller gave up. Returns the names with
+        every id seen under them, for the workflow to remember."""
+        with heartbeating(), temporal_errors():
+
+            async def watch(ref: InstanceRef) -> InstanceRef:
+                provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+                settle = settled_at(ref.created_by, provider, self.now())
+                budget = VERIFY_FOR + max(timedelta(0), (settle - self.now()) if settle else timedelta(0))
+                seen = await end_for_good(
+                    provider, ref.known_ids, names=[ref.instance_name], keep=inp.keep, settle=settle,
+                    now=self.now, sleep=self.sleep, every=self.poll_interval, budget=budget,
+                )
+                return ref.model_copy(update={"known_ids": sorted(set(ref.known_ids) | seen)})
+
+            return list(await asyncio.gather(*(watch(ref) for ref in inp.instances)))
 
     @activity.defn
     async def remove_from_tailnet(self, inp: TailnetCleanupInput) -> TailnetCleanupResult:
@@ -599,6 +686,38 @@ class NodeActivities:
             self.observe_node,
             self.drain_node,
             self.terminate_instance,
+            self.watch_for_twins,
             self.remove_from_tailnet,
             self.delete_node,
         ]
+
+
+def _window(provider: CloudProvider) -> timedelta:
+    return getattr(provider, "consistency_window", timedelta(0))
+
+
+class LaunchMemo:
+    """What one launch activity carries from a failed or killed attempt to the next, in its
+    heartbeat details: when it last sent a create, and what its creates answered with."""
+
+    def __init__(self, sent_at: datetime | None = None, bought: list[Instance] | None = None) -> None:
+        self.sent_at = sent_at
+        self.bought = list(bought or [])
+        self.seen: dict[str, Instance] = {i.instance_id: i for i in self.bought}
+
+    @classmethod
+    def read(cls, details: Sequence[Any]) -> LaunchMemo:
+        """The memo of the last heartbeat an earlier attempt sent (none: a fresh memo)."""
+        raw = details[0] if details else None
+        if not isinstance(raw, dict):
+            return cls()
+        sent = raw.get("sent_at")
+        return cls(
+            sent_at=datetime.fromisoformat(sent) if isinstance(sent, str) else None,
+            bought=[Instance.model_validate(i) for i in raw.get("bought") or []],
+        )
+
+    def details(self) -> tuple[dict[str, Any], ...]:
+        if self.sent_at is None and not self.bought:
+            return ()
+        return ({"sent_at": self.sent_at.isoformat() if self.sent_at else None, "bought": [i.model_dump(mode="json") for i in self.bought]},)

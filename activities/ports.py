@@ -18,6 +18,9 @@ class CloudProvider(Protocol):
 
     name: str
     capabilities: ProviderCapabilities
+    # How long after a create the API may show less than the truth (lagging lists, 404 on
+    # describe, a create completing after the client gave up): see HttpAdapter.
+    consistency_window: timedelta
 
     async def list_offers(self) -> list[Offer]: ...
 

@@ -2,14 +2,20 @@
 belong to no running node workflow, and remove them.
 
 Every exit path of a node workflow releases what it bought; this is the backstop for what no
-workflow can clean up any more (a workflow terminated by hand, a bug). It assumes one tgp
+workflow can clean up any more (a workflow terminated by hand, a bug, a create that landed
+after everyone stopped looking). It ends every tgp-named instance whose id is not the recorded
+one of a running node workflow, once it has been seen for longer than its provider's
+consistency window (a node still launching has recorded nothing yet, and is left alone), and
+verifies each termination by reading the instance (activities.termination). It assumes one tgp
 installation per cloud account and node tag.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta, timezone
 
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -20,7 +26,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
+from activities.termination import end_for_good
 from activities import metrics
+from tgp.errors import TransientError
 from tgp.messages import class_workflow_id
 from tgp.types import LABEL_MANAGED
 
@@ -40,14 +48,19 @@ class SweepInput(BaseModel):
 
 class Orphan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    # "instance" or "device" (removed after the grace), or "stray": an instance named after a
-    # running node that is not the one the node recorded (reported, never removed by the sweeper:
-    # the node's own cleanup terminates every instance of its name).
+    # "instance" or "device": no running node workflow owns it; or "stray": an instance named
+    # after a running node that is not the one the node recorded (a twin its launch bought).
+    # All are removed once seen for the grace and the provider's consistency window.
     kind: str
     system: str  # provider or tailnet backend name
     id: str
     name: str
     node_name: str
+    seen_at: datetime | None = None  # when the sweep first saw it
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.kind, self.system, self.id)
 
 
 def node_of_instance(name: str) -> str | None:
@@ -57,10 +70,20 @@ def node_of_instance(name: str) -> str | None:
 
 
 class SweeperActivities:
-    def __init__(self, *, providers: Mapping[str, CloudProvider], tailnets: Mapping[str, Tailnet], cluster: Cluster | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        providers: Mapping[str, CloudProvider],
+        tailnets: Mapping[str, Tailnet],
+        cluster: Cluster | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
         self.providers = dict(providers)
         self.tailnets = dict(tailnets)
         self.cluster = cluster
+        self.now = now
+        self.sleep = sleep
 
     async def _running_nodes(self) -> dict[str, str]:
         """Node name -> workflow id of every running node workflow (TgpNodeName)."""
@@ -70,18 +93,19 @@ class SweeperActivities:
                 names[str(value)] = wf.id
         return names
 
-    async def _recorded_instances(self, workflow_id: str) -> set[str] | None:
-        """Instance ids a running node recorded (its attempts), or None when it cannot say."""
+    async def _recorded_instance(self, workflow_id: str) -> str | None:
+        """The instance id a running node recorded, or None when it has none yet (launching) or
+        cannot say (busy, just closed): no verdict this round."""
         try:
             status = await activity.client().get_workflow_handle(workflow_id).query("status")
         except Exception:  # noqa: BLE001 - a node busy or just closed: no verdict this round
             return None
-        ids = {a.get("instance_id") for a in status.get("attempts") or []} | {status.get("instance_id")}
-        return {i for i in ids if i}
+        return status.get("instance_id") or None
 
     async def _orphans(self, inp: SweepInput) -> list[Orphan]:
         running = await self._running_nodes()
         found: list[Orphan] = []
+        now = self.now()
         with temporal_errors():
             for name, provider in self.providers.items():
                 for inst in await provider.list_instances(inp.prefix):
@@ -89,16 +113,18 @@ class SweeperActivities:
                     if node is None:
                         continue
                     if node not in running:
-                        found.append(Orphan(kind="instance", system=name, id=inst.instance_id, name=inst.name, node_name=node))
+                        found.append(Orphan(kind="instance", system=name, id=inst.instance_id, name=inst.name, node_name=node, seen_at=now))
                         continue
-                    recorded = await self._recorded_instances(running[node])
-                    if recorded and inst.instance_id not in recorded:
+                    recorded = await self._recorded_instance(running[node])
+                    if recorded and inst.instance_id != recorded:
                         log.warning("stray_instance", provider=name, instance_id=inst.instance_id, instance_name=inst.name, node=node)
-                        found.append(Orphan(kind="stray", system=name, id=inst.instance_id, name=inst.name, node_name=node))
+                        found.append(Orphan(kind="stray", system=name, id=inst.instance_id, name=inst.name, node_name=node, seen_at=now))
             for name, tailnet in self.tailnets.items():
                 for device in await tailnet.list_devices(inp.tags):
                     if device.hostname and device.hostname not in running:
-                        found.append(Orphan(kind="device", system=name, id=device.device_id, name=device.hostname, node_name=device.hostname))
+                        found.append(
+                            Orphan(kind="device", system=name, id=device.device_id, name=device.hostname, node_name=device.hostname, seen_at=now)
+                        )
         return found
 
     @activity.defn
@@ -112,18 +138,45 @@ class SweeperActivities:
     @activity.defn
     async def remove_orphans(self, inp: SweepInput, suspects: list[Orphan]) -> list[Orphan]:
         """Remove the suspects that are still orphans now (a node that started meanwhile keeps
-        what it has). Returns what was removed."""
-        still = {o for o in set(await self._orphans(inp)) & set(suspects) if o.kind != "stray"}
+        what it has) and have been seen for longer than their provider's consistency window
+        (younger ones wait for the next sweep: a node may not have recorded them yet). An
+        instance counts as removed only once a read shows it terminated or gone; one that will
+        not go is logged and left to the next sweep. Returns what was removed."""
+        now = self.now()
+        earlier = {o.key: o for o in suspects}
+        still = [o for o in await self._orphans(inp) if o.key in earlier and self._old_enough(earlier[o.key], now)]
+        removed: list[Orphan] = []
         with temporal_errors(always_retry=True):
             for orphan in sorted(still, key=lambda o: (o.kind, o.id)):
-                if orphan.kind == "instance":
-                    await self.providers[orphan.system].terminate(orphan.id)
-                    await self._forget_node(orphan.node_name)
+                if orphan.kind in ("instance", "stray"):
+                    if not await self._end_instance(orphan):
+                        continue
+                    if orphan.kind == "instance":
+                        await self._forget_node(orphan.node_name)
                 else:
                     await self.tailnets[orphan.system].delete_device(orphan.id)
+                removed.append(orphan)
                 metrics.ORPHANS_REMOVED.labels(orphan.kind, orphan.system).inc()
                 log.warning("orphan_removed", kind=orphan.kind, system=orphan.system, id=orphan.id, node=orphan.node_name)
-        return sorted(still, key=lambda o: (o.kind, o.id))
+        return removed
+
+    def _old_enough(self, suspect: Orphan, now: datetime) -> bool:
+        """Seen for at least the provider's consistency window (devices: any age)."""
+        if suspect.kind == "device" or suspect.seen_at is None:
+            return True
+        window = getattr(self.providers.get(suspect.system), "consistency_window", timedelta(0))
+        return now - suspect.seen_at >= window
+
+    async def _end_instance(self, orphan: Orphan) -> bool:
+        """Terminate and read until the instance shows terminated or gone (it is older than the
+        window, so a 404 is the truth). False when it will not go this sweep."""
+        try:
+            await end_for_good(self.providers[orphan.system], [orphan.id], settle=None, now=self.now, sleep=self.sleep, heartbeat=activity.heartbeat)
+        except TransientError as exc:
+            metrics.TERMINATION_FAILURES.labels(orphan.system, "TerminationStuck").inc()
+            log.error("orphan_termination_stuck", system=orphan.system, id=orphan.id, node=orphan.node_name, error=str(exc))
+            return False
+        return True
 
     async def _forget_node(self, node_name: str) -> None:
         """What a node workflow closed without cleanup also left: its Node object (only if

@@ -5,7 +5,10 @@ with the auth key found in its boot payload (as tailscaled would), and registers
 cluster (as a kubelet would). Faults are injected from Python: capacity errors per offer, boot
 failures, preemption, gates that hold creates, terminates or offer listings in flight, creates that answer slower
 than the caller waits or answer 5xx after buying (as real clouds do under load), describes that
-answer slowly, and terminates that fail for a while.
+answer slowly, and terminates that fail for a while. What a real control plane does under load (list and
+describe lag, creates bought after the client gave up or answered 429/5xx/reset after buying,
+terminates that lie or act late, instances that vanish) is the shared `ProviderModel`
+(sim.provider_model): pass one as `model=`, and read its truth (`model.billing()`).
 
 Names are not unique, as on every real cloud: two creates with the same name buy two
 instances. `max_live_per_name` records the most live instances one name ever had at once.
@@ -41,6 +44,8 @@ from typing import Any, Literal
 from aiohttp import web
 
 from sim.fakeserver import EchoForm, EchoMode, Fault, echo_errors, fault_body_response
+from sim.kube_kubelet import kubelet_registration
+from sim.provider_model import ProviderModel
 
 # never_runs: the instance fails to boot; never_joins: it runs but never reaches the tailnet;
 # gpus_never_register: its Node turns Ready but the GPU driver never loads (allocatable
@@ -49,7 +54,9 @@ BootFailure = Literal["never_runs", "never_joins", "gpus_never_register"]
 TailnetRegister = Callable[[str, str], Awaitable[object]]
 # The account of the key a request came with (set by the auth middleware).
 _ACCOUNT = web.RequestKey("account", str)
-NodeRegister = Callable[[str, dict[str, str], int], Awaitable[object]]
+# The machine's kubelet: (node name, labels, GPUs, taints). It may run for the machine's whole
+# life (sim.kube_kubelet.SimKubelet): the boot task awaits it and is cancelled at termination.
+NodeRegister = Callable[[str, dict[str, str], int, list[dict[str, str]]], Awaitable[object]]
 
 
 @dataclass(frozen=True)
@@ -126,7 +133,9 @@ class SimulatedCloud:
         api_key: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        model: ProviderModel | None = None,
     ) -> None:
+        self.model = model or ProviderModel()
         # API key -> account. Empty: no key is checked and every caller sees every instance.
         self.accounts: dict[str, str] = {api_key: "default"} if api_key else {}
         self.requests_by_key: Counter[str] = Counter()  # requests each key made (accepted ones)
@@ -287,8 +296,10 @@ class SimulatedCloud:
         inst = self.instances[instance_id]
         self._stop_boot(inst)
         inst.status, inst.interrupted = "terminated", True
+        self.model.ended(inst.id)
 
     def live_instances(self) -> list[SimInstance]:
+        self.model.settle()
         return [i for i in self.instances.values() if i.status != "terminated"]
 
     # --- server ------------------------------------------------------------------------
@@ -317,6 +328,7 @@ class SimulatedCloud:
         self.release_creates()
         self.release_deletes()
         self.slow_describes(0)
+        self.model.held.set()
         for inst in self.instances.values():
             self._stop_boot(inst)
         if self._runner is not None:
@@ -388,17 +400,26 @@ class SimulatedCloud:
         if self._create_delay:
             # The provider is still working on it: nothing is visible by name yet.
             await asyncio.sleep(self._create_delay)
-        inst = SimInstance(
-            id=f"sim-{next(self._ids):04d}", name=body["name"], offer=offer, user_data=body.get("userData", ""), account=request.get(_ACCOUNT)
-        )
-        self.instances[inst.id] = inst
-        live = len(self.live_named(inst.name))
-        self.max_live_per_name[inst.name] = max(live, self.max_live_per_name.get(inst.name, 0))
-        self.create_arrived.set()
-        inst.boot = asyncio.create_task(self._boot(inst))
+        def buy() -> SimInstance:
+            inst = SimInstance(
+                id=f"sim-{next(self._ids):04d}", name=body["name"], offer=offer, user_data=body.get("userData", ""), account=request.get(_ACCOUNT)
+            )
+            self.instances[inst.id] = inst
+            self.model.bought(inst.id, inst.name)
+            live = len(self.live_named(inst.name))
+            self.max_live_per_name[inst.name] = max(live, self.max_live_per_name.get(inst.name, 0))
+            self.create_arrived.set()
+            inst.boot = asyncio.create_task(self._boot(inst))
+            return inst
+
+        outcome, inst = self.model.create(buy)
+        self.create_arrived.set()  # taken: bought now, or (a late create) later
         if self._create_gate is not None:
             # Bought, but the answer is still on its way: the case a cancelled launch must survive.
             await self._create_gate.wait()
+        answer = await self.model.answer_create(request, outcome, lambda status: _error(status, "unavailable", "please retry"))
+        if answer is not None or inst is None:
+            return answer or web.Response(status=499)
         if self._creates_failing_after_buy:
             self._creates_failing_after_buy -= 1
             return _error(503, "service-unavailable", "upstream timeout, please retry")
@@ -406,7 +427,11 @@ class SimulatedCloud:
 
     async def _list_instances(self, request: web.Request) -> web.Response:
         name = request.query.get("name")
-        found = [i.to_json() for i in self.live_instances() if (name is None or i.name == name) and self._visible(request, i)]
+        found = [
+            i.to_json()
+            for i in self.live_instances()
+            if (name is None or i.name == name) and self._visible(request, i) and self.model.listed(i.id)
+        ]
         return web.json_response({"instances": found})
 
     async def _get(self, request: web.Request) -> web.Response:
@@ -418,14 +443,16 @@ class SimulatedCloud:
                 await asyncio.wait_for(self._describes_sped_up.wait(), self._describe_delay)
             except asyncio.TimeoutError:
                 pass
+        self.model.settle()
         inst = self.instances.get(request.match_info["id"])
-        if inst is None or not self._visible(request, inst):
+        if inst is None or not self._visible(request, inst) or not self.model.describable(inst.id):
             return _error(404, "not-found", "instance not found")
         return web.json_response(inst.to_json())
 
     async def _delete(self, request: web.Request) -> web.Response:
+        self.model.settle()
         inst = self.instances.get(request.match_info["id"])
-        if inst is None or not self._visible(request, inst):
+        if inst is None or not self._visible(request, inst) or not self.model.describable(inst.id):
             return _error(404, "not-found", "instance not found")
         self.delete_requests += 1
         self.delete_arrived.set()
@@ -434,9 +461,15 @@ class SimulatedCloud:
         if self._deletes_failing:
             self._deletes_failing -= 1
             return _error(500, "internal", "could not terminate the instance, try again")
+        if inst.status != "terminated":
+            self.model.terminate(inst.id, lambda: self._end(inst))
+        return web.json_response(inst.to_json())
+
+    def _end(self, inst: SimInstance) -> None:
+        """The instance stops billing (a terminate that took effect)."""
         self._stop_boot(inst)
         inst.status = "terminated"
-        return web.json_response(inst.to_json())
+        self.model.ended(inst.id)
 
     # --- the simulated machine -----------------------------------------------------------
 
@@ -456,8 +489,10 @@ class SimulatedCloud:
         if self._tailnet_register is not None and "TS_AUTHKEY" in env:
             await self._tailnet_register(env["TS_AUTHKEY"], hostname)
         if self._node_register is not None:
-            labels = {"kubernetes.io/hostname": hostname, "nvidia.com/gpu.present": "true"}
-            await self._node_register(hostname, labels, 0 if failure == "gpus_never_register" else inst.offer.gpu_count)
+            # The kubelet registers with the labels and taints its boot payload gives it.
+            extra_labels, taints = kubelet_registration(inst.user_data)
+            labels = {**extra_labels, "kubernetes.io/hostname": hostname, "nvidia.com/gpu.present": "true"}
+            await self._node_register(hostname, labels, 0 if failure == "gpus_never_register" else inst.offer.gpu_count, taints)
 
     def _stop_boot(self, inst: SimInstance) -> None:
         if inst.boot is not None and not inst.boot.done():

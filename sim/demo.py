@@ -42,6 +42,7 @@ from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, dev_server_args
 from tgp.types import NodeStatus
 from workers.main import WorkerConfig, build_activities, make_worker
+from workers.metrics import start_worker_metrics
 
 # The dev server answers within a second or two; give a slow first start some room.
 DEV_SERVER_START_TIMEOUT = 30.0
@@ -61,6 +62,16 @@ def temporal_binary() -> str:
     return found
 
 
+# The port of the demo's Temporal server (its Web UI on port+1000), when not given as --port.
+PORT_ENV = "TGP_DEMO_PORT"
+DEFAULT_PORT = 7233
+
+
+def default_port() -> int:
+    value = os.environ.get(PORT_ENV, "")
+    return int(value) if value.isdigit() else DEFAULT_PORT
+
+
 def check_ports_free(*ports: int) -> None:
     """A taken port is an error naming it: a second demo must not silently use the first
     demo's Temporal server."""
@@ -70,7 +81,10 @@ def check_ports_free(*ports: int) -> None:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
-                raise ConfigError(f"port {port} is in use (another `tgp demo` or Temporal server?): stop it or pass --port") from None
+                raise ConfigError(
+                    f"port {port} is in use (another `tgp demo` or Temporal server?): stop it, or pick other ports with "
+                    f"--port N (make demo PORT=N, or {PORT_ENV}=N): the Temporal server takes N and its Web UI N+1000"
+                ) from None
 
 
 async def start_dev_server(port: int, stack: AsyncExitStack, db_file: Path | None = None) -> Client:
@@ -106,6 +120,15 @@ async def start_dev_server(port: int, stack: AsyncExitStack, db_file: Path | Non
             if asyncio.get_running_loop().time() > deadline:
                 raise ConfigError(f"the Temporal dev server did not answer on port {port} within {DEV_SERVER_START_TIMEOUT:.0f}s") from None
             await asyncio.sleep(0.3)
+
+
+async def serve_demo_metrics(client: Client, stack: AsyncExitStack, activities: Any) -> str:
+    """/metrics as production serves it (docs/metrics.md): the worker's fleet gauges and, the
+    bridge being in the same process, the bridge's metrics too. On a free port (two demos side
+    by side must not collide); where it is, for the banner."""
+    port = await start_worker_metrics(client, stack, port=0, host="127.0.0.1",
+                                      unavailable=lambda: len(activities.node.unavailable.keys()))
+    return f"http://127.0.0.1:{port}/metrics (worker and bridge)" if port else "not served (no free port)"
 
 
 def write_env(path: Path, kubeconfig: Path, world: SimWorld, port: int) -> Path:
@@ -212,9 +235,12 @@ async def run_demo(args: argparse.Namespace) -> int:
         bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE, pool_watch_interval=timedelta(seconds=5)).run())
         stack.push_async_callback(_cancel, bridge)
         kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url, timeout=10))
-        kubeconfig = world.kube.write_kubeconfig(Path(args.state_dir) / "kubeconfig", context="tgp-demo").resolve()
-        env_file = write_env(Path(args.state_dir) / "env", kubeconfig, world, args.port)
+        # Per port: a second demo on other ports does not overwrite the first one's files.
+        state = Path(args.state_dir) / str(args.port)
+        kubeconfig = world.kube.write_kubeconfig(state / "kubeconfig", context="tgp-demo").resolve()
+        env_file = write_env(state / "env", kubeconfig, world, args.port)
         ui = f"http://localhost:{args.port + 1000}"
+        metrics = await serve_demo_metrics(client, stack, activities)
         bin_dir = Path(sys.executable).parent
         print(
             f"\nWeb UI:  {ui}   (filter: TgpPool = 'default/ml-workload-pool')\n"
@@ -225,6 +251,7 @@ async def run_demo(args: argparse.Namespace) -> int:
             f"tgp:     source {env_file}; tgp plan default/ml-workload-pool; tgp status; tgp evict <node>\n"
             f"evict:   {temporal_binary()} workflow signal --address 127.0.0.1:{args.port} "
             f"--workflow-id <node workflow id> --name evict --input '{{\"reason\":\"manual\"}}'\n"
+            f"metrics: {metrics}\n"
         )
         for name in STORY_FILES:
             for obj in yaml.safe_load_all((EXAMPLES / name).read_text()):
@@ -289,7 +316,14 @@ async def run_dev(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         cluster = await stack.enter_async_context(KubernetesCluster.from_kubeconfig(kubeconfig))
         http = await stack.enter_async_context(authenticated_http(kubeconfig))
-        if (await http.get("/apis/tgp.io/v1")).status_code == 404:
+        try:
+            probe = await http.get("/apis/tgp.io/v1")
+        except httpx.TransportError as exc:  # down, wrong address, TLS: one line naming the server
+            raise ConfigError(
+                f"cannot reach the Kubernetes API at {http.base_url} (kubeconfig {kubeconfig}): {type(exc).__name__}"
+                + (f": {str(exc)[:200]}" if str(exc) else "")
+            ) from None
+        if probe.status_code == 404:
             raise ConfigError(f"the tgp CRDs are not installed in {http.base_url}: kubectl apply -f deploy/crds/")
         print(f"Starting the Temporal dev server (Web UI), a worker and the bridge against {http.base_url} ...")
         state = Path(args.state_dir)
@@ -343,9 +377,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     demo = sub.add_parser(
         "demo", help="the whole system on a simulated cloud and cluster: kubectl apply -> a GPU node -> scale to zero, with the Web UI"
     )
-    demo.add_argument("--port", type=int, default=7233, help="Temporal dev server port (Web UI on port+1000)")
+    demo.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
     demo.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
-    demo.add_argument("--state-dir", default=".demo", help="where the demo writes its kubeconfig")
+    demo.add_argument("--state-dir", default=".demo", help="where the demo writes its kubeconfig and env (in a folder per port)")
     demo.add_argument("--exit-when-done", action="store_true", help="stop once the pool is back to zero instead of keeping everything up")
 
     demo.set_defaults(run=run_demo)
@@ -353,7 +387,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dev = sub.add_parser(
         "dev", help="the demo's processes (Temporal dev server, worker, bridge) against your current kube context"
     )
-    dev.add_argument("--port", type=int, default=7233, help="Temporal dev server port (Web UI on port+1000)")
+    dev.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
     dev.add_argument(
         "--simulated-cloud", action=argparse.BooleanOptionalAction, default=None,
         help="buy from the simulated cloud (KWOK-style Nodes in your cluster); default: on unless a provider API key is set",

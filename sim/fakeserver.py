@@ -270,6 +270,9 @@ class FakeServer:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
+        model = getattr(self, "model", None)  # a provider fake's ProviderModel: end held answers
+        if model is not None:
+            model.held.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

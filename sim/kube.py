@@ -25,7 +25,10 @@ kube_openapi_v2), Table responses with CRD printer columns and built-in printers
 lists that end their initial events with a bookmark; `write_kubeconfig` points kubectl at the
 emulator.
 
-kube_kubelet plays the kubelet for a simulated cloud (`register_node`, `set_node_ready`).
+kube_kubelet plays the kubelet for a simulated cloud (`register_node`, `set_node_ready`, and
+`SimKubelet`, which keeps a Node alive with Lease and status heartbeats and runs its pods).
+kube_control_plane starts the real thing (etcd, kube-apiserver, scheduler, controller-manager
+built by `make kube`) for the real-cluster lane.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ from sim.kube_machinery import (
 )
 from sim.kube_store import parse_resource_version, storage_order
 
+REQUEST_LOG = 100
+OBJECT_HISTORY = 4
 _EVICTION_PATH = re.compile(r"/api/v1/namespaces/[^/]+/pods/[^/]+/eviction")
 _RESOURCE_PATH = re.compile(r"/apis?/.+")
 _OPENAPI_V3_PATH = re.compile(r"/openapi/v3(?:/(?P<path>.+))?")
@@ -81,6 +86,11 @@ class KubeEmulator(KubeEviction):
     `expired_watch_as_http`, `field_validation`.
     """
 
+    # How many requests the emulator remembers (for tests' assertions and kmock's reactions):
+    # kmock matches each request against its whole log, so an unbounded log makes every
+    # request slower than the one before (a demo left up for an hour went from 21% to 80% of a
+    # core at rest). Tests look at the last few dozen.
+    request_log: int = attrs.field(default=REQUEST_LOG)
     _server: kmock.Server | None = attrs.field(default=None, init=False)
     # The OpenAPI documents and what they were built from (served resources, CRD versions).
     _openapi_cache: tuple[Any, dict[str, Obj]] | None = attrs.field(default=None, init=False)
@@ -136,6 +146,7 @@ class KubeEmulator(KubeEviction):
     @override
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # Skips KubernetesEmulator._handle, which writes before any reaction is consulted.
+        self._forget_old_requests()
         try:
             return await kmock.RawHandler._handle(self, request)
         except ApiStatus as status:
@@ -274,6 +285,26 @@ class KubeEmulator(KubeEviction):
             stream = self._table_events(request, resource, stream)
         # A Response's headers stick to the reaction (kmock), which is harmless: always JSON.
         return kmock.Response(headers={"Content-Type": "application/json"}, payload=stream)
+
+    def _forget_old_requests(self) -> None:
+        """Keep the last `request_log` requests in kmock's log and in each reaction's (the one
+        being handled is the newest and stays)."""
+        logs = [self._requests, *(getattr(p, "_requests", None) for p in self._payloads)]
+        for log in logs:
+            if isinstance(log, list) and len(log) > self.request_log:
+                del log[: len(log) - self.request_log]
+
+    @override
+    def _publish(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> None:
+        """Every write: watches get it (KubeWatch), and the object keeps only its last few
+        versions (kmock would keep every one: a Lease renewed every 10 s for an hour is 360)."""
+        super()._publish(resource, kind, obj, previous)
+        meta = obj.get("metadata") or {}
+        key = (resource, meta.get("namespace") or None, meta.get("name"))
+        if key in self.objects:
+            history = self.objects[key].history
+            if len(history) > OBJECT_HISTORY:
+                del history[: len(history) - OBJECT_HISTORY]
 
     def _served(self, request: kmock.Request, *, subresources: Collection[str] = ()) -> kmock.resource:
         """The resource of `request`, or 404 as the API server answers for a path it lacks."""

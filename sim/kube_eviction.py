@@ -144,6 +144,12 @@ class KubeEviction(KubeWatch):
 
     # --- graceful deletion ---------------------------------------------------------------
 
+    def _delete_dependent(self, key: Key, current: Obj) -> None:
+        if key[0] == PODS:
+            self._delete_pod(key, current, None)  # the garbage collector deletes pods gracefully
+        else:
+            super()._delete_dependent(key, current)
+
     def _delete_pod(self, key: Key, current: Obj, requested: int | None) -> Obj:
         """Delete a Pod gracefully, as the API server's pod strategy and generic registry do
         (CheckGracefulDelete, BeforeDelete); the pod afterwards. `requested` is the

@@ -369,7 +369,7 @@ class KubeStore(kmock.KubernetesEmulator):
     def _field_validation(self, request: kmock.Request, resource: kmock.resource, obj: Any) -> str | None:
         """The `fieldValidation` option of a write (Strict, Warn (the default) or Ignore) applied
         to the fields of a custom resource that its schema does not declare (and pruning would
-        drop): Strict refuses the write (400), Warn returns the Warning header to send, one
+        drop): Strict refuses the write (400; 422 for a patch), Warn returns the Warning header to send, one
         warning per field, as the API server does. kubectl sends Strict. Built-in kinds are not
         checked (the emulator has no complete schemas for them)."""
         mode = request.params.get("fieldValidation") or "Warn"
@@ -386,6 +386,11 @@ class KubeStore(kmock.KubernetesEmulator):
             return None
         if mode == "Strict":
             kind = custom[0].kind
+            problem = "strict decoding error: " + ", ".join(f'unknown field "{field}"' for field in unknown)
+            if request.method.upper() == "PATCH":
+                # A patch is decoded after it is applied: the server answers 422, quoting the
+                # patched object (measured on 1.34).
+                raise invalid("", "", "", [FieldError.invalid("patch", json.dumps(obj, separators=(",", ":")), problem)])
             raise ApiStatus(400, "BadRequest", (
                 f'{kind} in version "{resource.version}" cannot be handled as a {kind}: strict decoding error: '
                 + ", ".join(f'unknown field "{field}"' for field in unknown)
@@ -419,7 +424,28 @@ class KubeStore(kmock.KubernetesEmulator):
         custom = self._custom.get((key[0].group or "", key[0].plural or ""))
         if custom is not None and custom.terminating:
             self._finish_crd_deletion(custom)
+        if current["metadata"].get("uid"):
+            self._collect_garbage(str(current["metadata"]["uid"]))
         return gone
+
+    def _collect_garbage(self, uid: str) -> None:
+        """The garbage collector, at once and in the background: an object whose owners are
+        all gone now (one of them the object just removed, `uid`) is deleted, as a Node's
+        Lease goes with the Node. Owners that never existed are not looked for."""
+        live: set[str] | None = None
+        for key, stored in list(self.objects.items()):
+            if stored.deleted:
+                continue
+            owners = stored.raw["metadata"].get("ownerReferences") or []
+            if not any(o.get("uid") == uid for o in owners):
+                continue
+            if live is None:
+                live = {str(o.raw["metadata"].get("uid")) for o in self.objects.values() if not o.deleted}
+            if all(str(o.get("uid")) not in live for o in owners):
+                self._delete_dependent(key, stored.raw)
+
+    def _delete_dependent(self, key: Key, current: Obj) -> None:
+        self._delete(key, current)
 
     def _publish(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> None:
         """Every write ends here: `kind` (ADDED, MODIFIED or DELETED) of the object stored at

@@ -46,6 +46,7 @@ from typing import Any, Unpack
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sim.provider_model import ProviderModel
 from sim.fakeserver import Fault, FakeServer, FaultOptions, Handler, RecordedRequest
 
 __all__ = ["DEFAULT_CAPACITY", "DEFAULT_CATALOG", "REGIONS", "FakeInstance", "FakeInstanceType", "FakeLambda"]
@@ -177,8 +178,11 @@ class FakeLambda(FakeServer):
         boot_delay: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         host: str = "127.0.0.1",
+        model: ProviderModel | None = None,
     ) -> None:
         super().__init__(host=host)
+        # Lag, late creates, answers after buying, lying terminates (sim.provider_model).
+        self.model = model or ProviderModel(clock=clock)
         self.api_key = api_key
         self.catalog = {t.name: t for t in catalog}
         self.capacity: dict[tuple[str, str], int] = dict(DEFAULT_CAPACITY if capacity is None else capacity)
@@ -302,11 +306,13 @@ class FakeLambda(FakeServer):
         return web.json_response({"data": data})
 
     async def _list_instances(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [i.to_json() for i in self.instances.values() if i.status != "terminated"]})
+        return web.json_response(
+            {"data": [i.to_json() for i in self.instances.values() if i.status != "terminated" and self.model.listed(i.id)]}
+        )
 
     async def _get_instance(self, request: web.Request) -> web.Response:
         inst = self.instances.get(request.match_info["instance_id"])
-        if inst is None or inst.status == "terminated":
+        if inst is None or inst.status == "terminated" or not self.model.describable(inst.id):
             return _error(404, "global/object-does-not-exist", "Specified instance does not exist.")
         return web.json_response({"data": inst.to_json()})
 
@@ -316,19 +322,25 @@ class FakeLambda(FakeServer):
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
             return _error(400, "global/invalid-parameters", "instance_ids must be a non-empty list of instance ids.")
         found = [self.instances.get(i) for i in ids]
-        if any(inst is None or inst.status == "terminated" for inst in found):
+        if any(inst is None or inst.status == "terminated" or not self.model.describable(inst.id) for inst in found):
             return _error(404, "global/object-does-not-exist", "Specified instance does not exist.")
         terminated = []
         for inst in found:
             assert inst is not None
-            if inst.timer is not None:
-                inst.timer.cancel()
             if inst.status != "terminating":
-                inst.status = "terminating"
-                key = (inst.type.name, inst.region)
-                self.capacity[key] = self.capacity.get(key, 0) + 1
-            terminated.append(inst.to_json())
+                self.model.terminate(inst.id, lambda inst=inst: self._end(inst))  # type: ignore[misc]
+            terminated.append({**inst.to_json(), "status": "terminating"})
         return web.json_response({"data": {"terminated_instances": terminated}})
+
+    def _end(self, inst: FakeInstance) -> None:
+        """A terminate that took effect: the instance is terminating and stops billing."""
+        if inst.timer is not None:
+            inst.timer.cancel()
+        if inst.status not in ("terminating", "terminated"):
+            inst.status = "terminating"
+            key = (inst.type.name, inst.region)
+            self.capacity[key] = self.capacity.get(key, 0) + 1
+        self.model.ended(inst.id)
 
     async def _launch(self, request: web.Request) -> web.Response:
         now = self.clock()
@@ -352,20 +364,29 @@ class FakeLambda(FakeServer):
             return _error(
                 400, "instance-operations/launch/insufficient-capacity", "Not enough capacity to fulfill launch request."
             )
-        self.capacity[(itype.name, region)] -= 1
-        inst = FakeInstance(
-            id=secrets.token_hex(16),
-            name=str(body.get("name") or ""),
-            type=itype,
-            region=region,
-            ssh_key_names=list(body["ssh_key_names"]),
-            hostname=str(body.get("hostname") or f"{secrets.token_hex(4)}"),
-            user_data=str(body.get("user_data") or ""),
-            number=next(self._numbers),
-        )
-        self.instances[inst.id] = inst
-        if self.boot_delay is not None:
-            inst.timer = self._call_later(self.boot_delay, self._boot, inst.id)
+
+        def buy() -> FakeInstance:
+            self.capacity[(itype.name, region)] -= 1
+            inst = FakeInstance(
+                id=secrets.token_hex(16),
+                name=str(body.get("name") or ""),
+                type=itype,
+                region=region,
+                ssh_key_names=list(body["ssh_key_names"]),
+                hostname=str(body.get("hostname") or f"{secrets.token_hex(4)}"),
+                user_data=str(body.get("user_data") or ""),
+                number=next(self._numbers),
+            )
+            self.instances[inst.id] = inst
+            self.model.bought(inst.id, inst.name)
+            if self.boot_delay is not None:
+                inst.timer = self._call_later(self.boot_delay, self._boot, inst.id)
+            return inst
+
+        outcome, inst = self.model.create(buy)
+        answer = await self.model.answer_create(request, outcome, lambda status: _error(status, "provider/internal-unavailable", "Try again shortly."))
+        if answer is not None or inst is None:
+            return answer  # type: ignore[return-value]
         return web.json_response({"data": {"instance_ids": [inst.id]}})
 
     def _launch_problem(self, body: dict[str, Any]) -> web.Response | None:

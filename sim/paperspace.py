@@ -40,6 +40,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sim.provider_model import ProviderModel
 from sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest, fault_body_response
 
 __all__ = ["DEFAULT_TEMPLATE_ID", "SOLD_IN", "FakeMachine", "FakePaperspace", "PaperspaceRequest"]
@@ -139,8 +140,11 @@ class FakePaperspace(FakeServer):
         sold_in: dict[str, tuple[str, ...]] | None = None,
         page_size: int = 20,
         host: str = "127.0.0.1",
+        model: ProviderModel | None = None,
     ) -> None:
         super().__init__(host=host)
+        # Lag, late creates, answers after buying, lying terminates (sim.provider_model).
+        self.model = model or ProviderModel()
         self.api_key = api_key
         self.template_id = DEFAULT_TEMPLATE_ID
         self.templates: list[dict[str, Any]] = templates if templates is not None else [
@@ -292,20 +296,30 @@ class FakePaperspace(FakeServer):
                 f"We are currently out of capacity for {body['machineType']} in {body['region']}. "
                 "Please try again later or select a different region.",
             )
-        if left is not None:
-            self.capacity[key] = left - 1
         self.creates += 1
-        machine = FakeMachine(
-            id=f"ps{next(self._ids):06d}",
-            name=body["name"],
-            machine_type=body["machineType"],
-            region=body["region"],
-            template_id=body["templateId"],
-            disk_size=int(body["diskSize"]),
-            startup_script_id=body.get("startupScriptId"),
-            body=body,
-        )
-        self.machines[machine.id] = machine
+
+        def buy() -> FakeMachine:
+            if left is not None:
+                self.capacity[key] = left - 1
+            machine = FakeMachine(
+                id=f"ps{next(self._ids):06d}",
+                name=body["name"],
+                machine_type=body["machineType"],
+                region=body["region"],
+                template_id=body["templateId"],
+                disk_size=int(body["diskSize"]),
+                startup_script_id=body.get("startupScriptId"),
+                body=body,
+            )
+            self.machines[machine.id] = machine
+            self.model.bought(machine.id, machine.name)
+            return machine
+
+        outcome, bought = self.model.create(buy)
+        answer = await self.model.answer_create(request, outcome, lambda status: _error(status, "SERVICE_UNAVAILABLE", "Please try again later."))
+        if answer is not None or bought is None:
+            return answer  # type: ignore[return-value]
+        machine = bought
         event = {
             "id": f"ev{secrets.token_hex(4)}",
             "name": "create",
@@ -320,23 +334,33 @@ class FakePaperspace(FakeServer):
 
     async def _list_machines(self, request: web.Request) -> web.Response:
         name = request.query.get("name")
-        items = [m.to_json() for m in self.live_machines() if name is None or not self.honour_name_filter or m.name == name]
+        items = [
+            m.to_json()
+            for m in self.live_machines()
+            if (name is None or not self.honour_name_filter or m.name == name) and self.model.listed(m.id)
+        ]
         return self._page(request, items)
 
     async def _get_machine(self, request: web.Request) -> web.Response:
         machine = self.machines.get(request.match_info["id"])
-        if machine is None or (machine.dt_deleted and not self.deleted_visible):
+        if machine is None or (machine.dt_deleted and not self.deleted_visible) or not self.model.describable(machine.id):
             return _error(404, "NOT_FOUND", "Machine not found")
         return web.json_response(machine.to_json())
 
     async def _delete_machine(self, request: web.Request) -> web.Response:
         machine = self.machines.get(request.match_info["id"])
-        if machine is None or machine.dt_deleted:
+        if machine is None or machine.dt_deleted or not self.model.describable(machine.id):
             return _error(404, "NOT_FOUND", "Machine not found")
         if self.delete_requires_off and machine.state != "off":
             return _error(400, "BAD_REQUEST", "This machine is currently starting.")
-        machine.dt_deleted = _now()
+        self.model.terminate(machine.id, lambda: self._end(machine))
         return web.json_response(machine.to_json())
+
+    def _end(self, machine: FakeMachine) -> None:
+        """A delete that took effect."""
+        if not machine.dt_deleted:
+            machine.dt_deleted = _now()
+        self.model.ended(machine.id)
 
     async def _stop_machine(self, request: web.Request) -> web.Response:
         machine = self.machines.get(request.match_info["id"])

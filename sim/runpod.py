@@ -44,6 +44,7 @@ from typing import Any, Unpack
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sim.provider_model import ProviderModel
 from sim.fakeserver import Fault, FakeServer, FaultOptions, Handler, RecordedRequest
 
 __all__ = ["DEFAULT_CATALOG", "DEFAULT_STOCK", "FakeGpu", "FakePod", "FakeRunPod", "CAPACITY_DETAIL"]
@@ -189,7 +190,10 @@ class FakeRunPod(FakeServer):
         rate_limit_per_minute: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         host: str = "127.0.0.1",
+        model: ProviderModel | None = None,
     ) -> None:
+        # Lag, late creates, answers after buying, lying terminates (sim.provider_model).
+        self.model = model or ProviderModel(clock=clock)
         if start_status not in ("RUNNING", "PROVISIONING"):
             raise ValueError("start_status must be RUNNING or PROVISIONING")
         super().__init__(host=host)
@@ -355,24 +359,31 @@ class FakeRunPod(FakeServer):
     async def _list_pods(self, request: web.Request) -> web.Response:
         # Terminated pods stay in the list here, so an adapter must skip them when it matches
         # names (whether the real list shows them, and for how long, is unverified).
-        return web.json_response({"pods": [p.to_json() for p in self.instances.values()]})
+        return web.json_response({"pods": [p.to_json() for p in self.instances.values() if self.model.listed(p.id)]})
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         pod = self.instances.get(request.match_info["pod_id"])
-        if pod is None or pod.status == "TERMINATED":
+        if pod is None or pod.status == "TERMINATED" or not self.model.describable(pod.id):
             return _problem(404, "pod not found")
         return web.json_response(pod.to_json())
 
     async def _delete_pod(self, request: web.Request) -> web.Response:
         pod = self.instances.get(request.match_info["pod_id"])
-        if pod is None or pod.status == "TERMINATED":
+        if pod is None or pod.status == "TERMINATED" or not self.model.describable(pod.id):
             return _problem(404, "pod not found")
+        self.model.terminate(pod.id, lambda: self._end(pod))
+        return web.Response(status=204)
+
+    def _end(self, pod: FakePod) -> None:
+        """A terminate that took effect."""
+        if pod.status == "TERMINATED":
+            return
         if pod.timer is not None:
             pod.timer.cancel()
         pod.status, pod.has_ports = "TERMINATED", False
         key = (pod.gpu.id, pod.data_center)
         self.stock[key] = self.stock.get(key, 0) + pod.gpu_count
-        return web.Response(status=204)
+        self.model.ended(pod.id)
 
     async def _create_pod(self, request: web.Request) -> web.Response:
         try:
@@ -391,6 +402,20 @@ class FakeRunPod(FakeServer):
         dc = next((d for d in body.get("dataCenterIds") or gpu.data_centers if self.stock.get((gpu.id, d), 0) >= count), None)
         if dc is None or count > gpu.max_count:
             return _problem(400, CAPACITY_DETAIL)
+
+        def buy() -> FakePod:
+            return self._buy(body, gpu, count, dc)
+
+        outcome, pod = self.model.create(buy)
+        answer = await self.model.answer_create(request, outcome, lambda status: _problem(status, "create pod: upstream unavailable"))
+        if answer is not None or pod is None:
+            return answer  # type: ignore[return-value]
+        if self._create_failures:
+            # Bought and started, but the answer says otherwise.
+            return _problem(self._create_failures.pop(0), "create pod: internal error")
+        return web.json_response(pod.to_json(), status=201)
+
+    def _buy(self, body: dict[str, Any], gpu: FakeGpu, count: int, dc: str) -> FakePod:
         self.stock[(gpu.id, dc)] -= count
         n = next(self._ids)
         status = self.start_status
@@ -410,12 +435,10 @@ class FakeRunPod(FakeServer):
             public_port=40000 + n,
         )
         self.instances[pod.id] = pod
+        self.model.bought(pod.id, pod.name)
         if self.boot_delay is not None:
             pod.timer = self._call_later(self.boot_delay, self.make_ready, pod.id)
-        if self._create_failures:
-            # Bought and started, but the answer says otherwise.
-            return _problem(self._create_failures.pop(0), "create pod: internal error")
-        return web.json_response(pod.to_json(), status=201)
+        return pod
 
 
 _LEVELS = ["NONE", "LOW", "MEDIUM", "HIGH"]

@@ -47,6 +47,7 @@ from typing import Any, Literal
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from sim.provider_model import ProviderModel
 from sim.fakeserver import Fault, FakeServer, Handler, RecordedRequest, fault_body_response
 
 __all__ = ["FakeAsk", "FakeVast", "FakeVastInstance", "VastRequest"]
@@ -201,8 +202,11 @@ class FakeVast(FakeServer):
         min_intervals: dict[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         host: str = "127.0.0.1",
+        model: ProviderModel | None = None,
     ) -> None:
         super().__init__(host=host)
+        # Lag, late creates, answers after buying, lying terminates (sim.provider_model).
+        self.model = model or ProviderModel(clock=clock)
         self.api_key = api_key
         self.asks: dict[int, FakeAsk] = {a.id: a for a in asks or []}
         self.instances: dict[int, FakeVastInstance] = {}
@@ -351,17 +355,29 @@ class FakeVast(FakeServer):
         is_bid = price is not None
         if is_bid and ask.min_bid is not None and Decimal(str(price)) < ask.min_bid:
             return _error(400, "invalid_price", f"bid {price} is below the minimum bid {ask.min_bid}")
-        inst = FakeVastInstance(
-            id=next(self._ids),
-            ask=ask,
-            label=str(body.get("label") or ""),
-            image=str(body["image"]),
-            body=body,
-            is_bid=is_bid,
-            dph_total=Decimal(str(price)) if is_bid else ask.dph_total(int(body.get("disk") or 10)),
+
+        def buy() -> FakeVastInstance:
+            inst = FakeVastInstance(
+                id=next(self._ids),
+                ask=ask,
+                label=str(body.get("label") or ""),
+                image=str(body["image"]),
+                body=body,
+                is_bid=is_bid,
+                dph_total=Decimal(str(price)) if is_bid else ask.dph_total(int(body.get("disk") or 10)),
+            )
+            self.instances[inst.id] = inst
+            ask.rented = True
+            self.model.bought(str(inst.id), inst.label)
+            return inst
+
+        outcome, bought = self.model.create(buy)
+        answer = await self.model.answer_create(
+            request, outcome, lambda status: _error(status, "rate_limited" if status == 429 else "server_error", "API requests too frequent")
         )
-        self.instances[inst.id] = inst
-        ask.rented = True
+        if answer is not None or bought is None:
+            return answer  # type: ignore[return-value]
+        inst = bought
         market = ask.market_bid if ask.market_bid is not None else ask.min_bid
         if is_bid and market is not None and Decimal(str(price)) < market:
             # Vast still creates the contract, stopped, and reports the bid as the problem.
@@ -379,7 +395,7 @@ class FakeVast(FakeServer):
 
     async def _show(self, request: web.Request) -> web.Response:
         inst = self.instances.get(_int(request.match_info["id"]))
-        if inst is None or inst.destroyed:
+        if inst is None or inst.destroyed or not self.model.describable(str(inst.id)):
             return web.json_response({"instances": None})
         return web.json_response({"instances": inst.to_json()})
 
@@ -390,7 +406,7 @@ class FakeVast(FakeServer):
         rows = [
             i.to_json()
             for i in sorted(self.live_instances(), key=lambda i: i.id)
-            if all(_matches(i.to_json().get(name), cond) for name, cond in filters.items())
+            if self.model.listed(str(i.id)) and all(_matches(i.to_json().get(name), cond) for name, cond in filters.items())
         ]
         page = rows[start : start + limit]
         more = start + limit < len(rows)
@@ -400,11 +416,17 @@ class FakeVast(FakeServer):
 
     async def _destroy(self, request: web.Request) -> web.Response:
         inst = self.instances.get(_int(request.match_info["id"]))
-        if inst is None or inst.destroyed:
+        if inst is None or inst.destroyed or not self.model.describable(str(inst.id)):
             return _error(404, "not_found", "Instance not found")
-        inst.destroyed = True
-        inst.ask.rented = False  # the machine is back on the market
+        self.model.terminate(str(inst.id), lambda: self._end(inst))
         return web.json_response({"success": True})
+
+    def _end(self, inst: FakeVastInstance) -> None:
+        """A destroy that took effect."""
+        if not inst.destroyed:
+            inst.destroyed = True
+            inst.ask.rented = False  # the machine is back on the market
+        self.model.ended(str(inst.id))
 
 
 def _endpoint(request: web.Request) -> str:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from sim.cloud import DEFAULT_CATALOG, SimOffer, SimulatedCloud
 from sim.headscale import FakeHeadscale
 from sim.kube import KubeEmulator
-from sim.kube_kubelet import register_node
+from sim.kube_kubelet import SimKubelet
 from sim.tailscale import FakeTailscale
 
 # Tag of the provisioner's OAuth client, and the tag it may give the nodes (tagOwners).
@@ -123,8 +123,9 @@ async def sim_world(
             else:
                 tailscale.register(auth_key, hostname)
 
-        async def join_cluster(name: str, labels: dict[str, str], gpus: int) -> None:
-            await register_node(api_url, name, labels=labels, gpus=gpus, client=kube_client)
+        async def join_cluster(name: str, labels: dict[str, str], gpus: int, taints: list[dict[str, str]]) -> None:
+            # The machine's kubelet, for as long as the machine lives (its boot task).
+            await SimKubelet(api_url, name, labels=labels, taints=taints, gpus=gpus, client=kube_client).run()
 
         cloud_api_key = "sim-" + secrets.token_hex(16)
         cloud = await stack.enter_async_context(

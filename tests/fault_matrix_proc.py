@@ -8,7 +8,8 @@ first (the process is otherwise exactly what `tgp worker` / `tgp bridge` run):
 * worker: the pricing cache keeps no offers (TTL 0; tgp: 60 s), so the matrix's `select` stage
   catches each node while it lists (concurrent lookups still share one listing); the wait-for-*
   and drain activities look every 0.2 s (tgp: 5 s); an unanswered create
-  is looked for by name for 5 s (tgp: 30 s); a node's API-call timeout and the pool's and class's
+  is looked for by name for 5 s (tgp: 30 s); the simulated provider's consistency window is 6 s
+  (tgp: 0, a simulated cloud without lag), past the matrix's provider-model faults (3 s); a node's API-call timeout and the pool's and class's
   activity timeout, which are also how soon a SIGKILLed worker's activity is retried elsewhere,
   are 10 s and 15 s (tgp: 2 min and 60 s; the class's status write keeps its own 30 s);
 * bridge: pod batches settle in 0.2 s (max 2 s), nodes are looked at every second (or every
@@ -24,11 +25,13 @@ from datetime import timedelta
 
 API_CALL = timedelta(seconds=10)
 ENTITY_ACTIVITY = timedelta(seconds=15)
+MATRIX_WINDOW = timedelta(seconds=6)
 
 
 def _configure() -> None:
     import tgp.pools
     import workflows.entity
+    from activities.clouds.simulated import SimulatedProvider
     from activities.node import NodeActivities
     from activities.offer_cache import OfferCache
     from crd_bridge.bridge import Bridge
@@ -37,6 +40,7 @@ def _configure() -> None:
 
     NodeActivities.__init__.__kwdefaults__.update(poll_interval=timedelta(seconds=0.2), create_settle=timedelta(seconds=5))
     OfferCache.__init__.__kwdefaults__.update(ttl=timedelta(0))
+    SimulatedProvider.__init__.__kwdefaults__.update(consistency_window=MATRIX_WINDOW)
     Bridge.__init__.__kwdefaults__.update(
         batch_idle=timedelta(milliseconds=200),
         batch_max=timedelta(seconds=2),

@@ -13,20 +13,19 @@ import asyncio
 import contextlib
 import os
 import secrets
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
-from kubernetes.aio import client as k8s
-from kubernetes.aio import config as k8s_config
 
-from activities.kube.cluster import MERGE_PATCH, KubernetesCluster
+from activities.kube.cluster import MERGE_PATCH, KubernetesCluster, authenticated_http
 from sim.kube import KubeEmulator
 
 KUBECONFIG_ENV = "TGP_TEST_KUBECONFIG"
+# Set by `python -m sim.kube_control_plane run`: the cluster is the lane's own, thrown away after.
+OWN_CONTROL_PLANE_ENV = "TGP_TEST_OWN_CONTROL_PLANE"
 # How long a real cluster's controllers (node lifecycle, disruption, service accounts) may take
 # to catch up. The emulator applies their effects within the write, so it never waits.
 CONVERGENCE_TIMEOUT = 30.0
@@ -89,19 +88,23 @@ class KubeApi:
         gpu: bool = False,
         owner_kind: str | None = None,
         owner_name: str | None = None,
+        owner_api_version: str = "apps/v1",
+        owner_uid: str = "00000000-0000-0000-0000-000000000001",
         mirror: bool = False,
         grace_period: int = 0,
     ) -> dict[str, Any]:
         """A pod bound to `node`; `phase="Running"` also reports it Ready, as a kubelet would.
-        `grace_period` is its terminationGracePeriodSeconds (0: a deletion removes it at once)."""
+        `grace_period` is its terminationGracePeriodSeconds (0: a deletion removes it at once).
+        On a real cluster the garbage collector deletes a pod whose owner does not exist (by
+        uid): give a real owner's `owner_api_version` and `owner_uid` there."""
         container: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.9"}
         if gpu:
             container["resources"] = {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}
         metadata: dict[str, Any] = {"name": name, "namespace": self.namespace, "labels": labels or {}}
         if owner_kind:
             metadata["ownerReferences"] = [{
-                "apiVersion": "apps/v1", "kind": owner_kind, "name": owner_name or f"{name}-owner",
-                "uid": "00000000-0000-0000-0000-000000000001", "controller": True,
+                "apiVersion": owner_api_version, "kind": owner_kind, "name": owner_name or f"{name}-owner",
+                "uid": owner_uid, "controller": True,
             }]
         if mirror:
             metadata["annotations"] = {"kubernetes.io/config.mirror": "0123456789abcdef"}
@@ -152,6 +155,31 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float) ->
         if loop.time() > deadline:
             raise AssertionError(f"condition not reached within {timeout}s")
         await asyncio.sleep(_POLL_INTERVAL)
+
+
+# Namespaces that tests share (created when absent, kept between tests): test_bridge.py and
+# test_credentials.py. On the lane's own control plane they are deleted when the session ends.
+SHARED_NAMESPACES = ("ml", "tgp-system")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    kubeconfig = os.environ.get(KUBECONFIG_ENV)
+    if kubeconfig and os.environ.get(OWN_CONTROL_PLANE_ENV):
+        asyncio.run(_delete_shared_namespaces(kubeconfig))
+
+
+async def _delete_shared_namespaces(kubeconfig: str) -> None:
+    async with authenticated_http(kubeconfig) as http:
+        for name in SHARED_NAMESPACES:
+            await http.delete(f"/api/v1/namespaces/{name}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that asks for `kube_api` is real-cluster capable: `make test-real-cluster`
+    runs exactly these (`-m real_cluster`) against a real control plane."""
+    for item in items:
+        if "kube_api" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_cluster)
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ async def put_secret(http: httpx.AsyncClient, name: str, data: dict[str, str], n
     path = f"/api/v1/namespaces/{namespace}/secrets"
     body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "data": encoded}
     created = await http.post(path, json=body)
+    _PUT.add((namespace, name))
     if created.status_code == 409:
         merge = {"Content-Type": "application/merge-patch+json"}
         (await http.patch(f"{path}/{name}", json={"data": encoded}, headers=merge)).raise_for_status()
@@ -50,10 +51,18 @@ async def put_secret(http: httpx.AsyncClient, name: str, data: dict[str, str], n
         created.raise_for_status()
 
 
+# Secrets put by the running test: deleted after it on a real cluster, which keeps them.
+_PUT: set[tuple[str, str]] = set()
+
+
 @pytest.fixture
-async def cloud() -> AsyncIterator[SimulatedCloud]:
+async def cloud(kube_api: KubeApi) -> AsyncIterator[SimulatedCloud]:
+    _PUT.clear()
     async with SimulatedCloud(api_key=new_key("worker")) as c:
         yield c
+    if kube_api.real:
+        for namespace, name in sorted(_PUT):
+            await kube_api.http.delete(f"/api/v1/namespaces/{namespace}/secrets/{name}")
 
 
 async def test_each_secret_key_gets_its_own_adapter_billing_its_own_account(kube_api: KubeApi, cloud: SimulatedCloud) -> None:

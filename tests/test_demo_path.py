@@ -28,7 +28,7 @@ async def run(*argv: str, env: dict[str, str]) -> str:
 @pytest.mark.timeout(600)  # the whole product's path, minutes of it, on a loaded 2-core machine
 async def test_the_demo_path_with_kubectl_and_temporal(tmp_path: Path) -> None:
     port = free_port_pair()
-    env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "state" / "kubeconfig")}
+    env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "state" / str(port) / "kubeconfig")}
     demo = await asyncio.create_subprocess_exec(
         binary("tgp"), "demo", "--port", str(port), "--boot-delay", "0.5", "--state-dir", str(tmp_path / "state"),
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,

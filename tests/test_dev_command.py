@@ -16,6 +16,7 @@ from tests.conftest import binary, eventually
 from workers.crdgen import manifests
 from sim.demo import EXAMPLES, apply
 from sim.kube import KubeEmulator
+from sim.kube import kubeconfig as kube_config
 from sim.scheduler import SimScheduler
 
 
@@ -93,6 +94,19 @@ async def test_tgp_dev_says_what_is_missing_in_one_line(tmp_path: Path) -> None:
     assert len(err.decode().strip().splitlines()) == 1
 
 
+async def test_tgp_dev_against_a_cluster_that_is_down_names_the_server_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on once the socket is closed
+        closed.bind(("127.0.0.1", 0))
+        server = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(kube_config(server)))
+    down = await tgp("dev", "--port", str(free_port_pair()), "--state-dir", str(tmp_path / "dev"), env={"KUBECONFIG": str(kubeconfig)})
+    _, err = await asyncio.wait_for(down.communicate(), 60)
+    lines = err.decode().strip().splitlines()
+    assert down.returncode == 2 and len(lines) == 1, err.decode()[-3000:]
+    assert lines[0].startswith(f"tgp: cannot reach the Kubernetes API at {server}") and "ConnectError" in lines[0], lines
+
+
 async def test_a_taken_port_is_an_error_naming_it() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -101,6 +115,7 @@ async def test_a_taken_port_is_an_error_naming_it() -> None:
         proc = await tgp("demo", "--port", str(port), env={})
         _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2 and f"port {port} is in use" in err.decode(), err.decode()
+    assert "make demo PORT=N" in err.decode() and "TGP_DEMO_PORT" in err.decode()
 
 
 async def test_the_bridge_without_a_kubeconfig_says_so_in_one_line_and_nothing_else(tmp_path: Path, temporal: object) -> None:

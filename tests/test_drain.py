@@ -36,13 +36,19 @@ async def kubelet_of(kube_api: KubeApi, node: str) -> AsyncIterator[None]:
         yield
         return
 
+    # A kubelet gives the containers the whole grace period from when it sees the deletion;
+    # the deletionTimestamp is written in whole seconds, so it may read up to a second early.
+    seen: dict[str, datetime] = {}
+
     async def confirm_deletions() -> None:
         while True:
             listing = await kube_api.get(f"/api/v1/namespaces/{kube_api.namespace}/pods?fieldSelector=spec.nodeName={node}")
             for pod in (listing or {}).get("items") or []:
                 meta = pod["metadata"]
-                due = meta.get("deletionTimestamp")
-                if due and datetime.strptime(due, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) <= datetime.now(UTC):
+                if not meta.get("deletionTimestamp"):
+                    continue
+                grace = timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
+                if seen.setdefault(meta["uid"], datetime.now(UTC)) + grace <= datetime.now(UTC):
                     await kube_api.http.request(
                         "DELETE", f"/api/v1/namespaces/{kube_api.namespace}/pods/{meta['name']}",
                         json={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},

@@ -30,6 +30,15 @@ Faults (columns):
                 the next 3 describes 1.5 s; at the launch stage the create in flight (already
                 bought) is held 12 s more
   delete-fails  the next 8 terminate calls answer 500 and terminate nothing
+  late-create   the next create's connection drops before any answer; the cloud buys 3 s later
+                (the provider model, sim.provider_model: a create that completes after its
+                caller gave up)
+  lagging-list  from then on, a new instance is missing from lists and describes 404 for 3 s
+  429-after-buy the next create buys, then answers 429 (a gateway throttling after its backend acted)
+  lying-terminate the next two terminates answer success: one does nothing, one acts 3 s later
+
+The worker's simulated provider has a consistency window of 6 s (tests/fault_matrix_proc.py),
+longer than the model's lags and late creates, as a real provider's window must be.
 
 A fault strikes at its stage and affects what comes after; where nothing it breaks comes
 after (no create follows the Ready stage), the cell still runs and is marked PASS°.
@@ -77,6 +86,7 @@ from tests.conftest import binary
 from tests.fault_matrix_proc import ENTITY_ACTIVITY
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
 from sim.cloud import SimulatedCloud
+from sim.provider_model import CreateOutcome, TerminateOutcome
 from sim.kube import KubeEmulator
 from sim.kube_machinery import NODES, PODS
 from sim.world import SimWorld, sim_world
@@ -106,7 +116,10 @@ STAGE_TITLES = {
     "terminate": "terminate",
 }
 PROCESS_FAULTS = ("worker-kill", "temporal-kill", "bridge-kill")
-FAULTS = (*PROCESS_FAULTS, "kube-burst", "capacity", "5xx-before", "5xx-after", "slow-create", "delete-fails")
+MODEL_FAULTS = ("late-create", "lagging-list", "429-after-buy", "lying-terminate")
+FAULTS = (*PROCESS_FAULTS, "kube-burst", "capacity", "5xx-before", "5xx-after", "slow-create", "delete-fails", *MODEL_FAULTS)
+# The provider model's lags and late actions, in seconds (shorter than MATRIX_WINDOW).
+MODEL_DELAY = 3.0
 
 CHEAPEST = "rtx4090-us-east"  # the offer every cell's pool picks first
 BOOT_DELAY = 0.2
@@ -407,6 +420,7 @@ class Lane:
         c.fail_deletes(0)
         c._faults.clear()
         c.set_capacity(CHEAPEST, True)
+        c.model.reset()
         c.boot_delay = BOOT_DELAY
         self.burst.disarm()
 
@@ -567,8 +581,27 @@ class Strike:
         elif fault == "delete-fails":
             cloud.fail_deletes(8)
             self._check_hit = lambda: cloud._deletes_failing < 8
+        elif fault in MODEL_FAULTS:
+            self._strike_model(fault)
         else:
             raise AssertionError(f"unknown fault {fault}")
+
+    def _strike_model(self, fault: str) -> None:
+        """The provider model's behaviours (sim.provider_model), in real time."""
+        model = self.lane.cloud.model
+        model.late_create_after = model.late_terminate_after = MODEL_DELAY
+        if fault in ("late-create", "429-after-buy"):
+            outcome = CreateOutcome.LATE if fault == "late-create" else CreateOutcome.THROTTLED_AFTER_BUY
+            model.next_creates(outcome)
+            met = model.creates_by_outcome[outcome]  # the lane's model counts every cell's
+            self._check_hit = lambda: model.creates_by_outcome[outcome] > met
+        elif fault == "lagging-list":
+            model.list_lag = model.describe_lag = MODEL_DELAY
+            bought = len(model.records)
+            self._check_hit = lambda: len(model.records) > bought
+        else:
+            model.next_terminates(TerminateOutcome.LIE, TerminateOutcome.LATE)
+            self._check_hit = lambda: not model.terminate_outcomes
 
     def hit(self) -> bool:
         return self._check_hit()
@@ -828,7 +861,10 @@ async def cleanup(lane: Lane, names: CellNames) -> None:
 # Seconds a cell of each fault took (6 lanes on a loaded 2-core machine), to spread the slow
 # ones over the lanes, longest first: a SIGKILLed worker's activities wait for their timeouts,
 # and a restarted process takes a while to start on a busy machine.
-COST = {"worker-kill": 38, "temporal-kill": 16, "bridge-kill": 27, "kube-burst": 17, "5xx-before": 16, "5xx-after": 15, "slow-create": 21, "delete-fails": 22, "capacity": 14}
+COST = {
+    "worker-kill": 38, "temporal-kill": 16, "bridge-kill": 27, "kube-burst": 17, "5xx-before": 16, "5xx-after": 15, "slow-create": 21,
+    "delete-fails": 22, "capacity": 14, "late-create": 20, "lagging-list": 20, "429-after-buy": 18, "lying-terminate": 18,
+}
 
 
 def plan(cells: list[Cell], lanes: int) -> list[list[Cell]]:
@@ -939,7 +975,7 @@ async def lanes(count: int, **options: Any) -> AsyncIterator[list[Lane]]:
 
 
 def selected_cells() -> list[Cell]:
-    """All 81, or the ones named in TGP_FAULT_MATRIX_CELLS ("stage:fault,stage:fault", "stage:*")."""
+    """Every cell (stage × fault), or the ones named in TGP_FAULT_MATRIX_CELLS ("stage:fault,stage:fault", "stage:*")."""
     wanted = [w.split(":") for w in os.environ.get("TGP_FAULT_MATRIX_CELLS", "").split(",") if w]
     cells = [Cell(s, f) for s in STAGES for f in FAULTS]
     if not wanted:

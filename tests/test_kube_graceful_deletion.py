@@ -4,19 +4,22 @@
 Runs against `kube_api`: the emulator, or a real cluster when TGP_TEST_KUBECONFIG is set.
 Expected values come from the API server's pod strategy and generic registry (CheckGracefulDelete,
 BeforeDelete), not from the emulator. The final removal of a pod is the kubelet's part: it deletes
-the pod for good once its containers stopped. The test Nodes of a real cluster have no kubelet, so
-the tests of that removal run on the emulator only, which plays it when the grace period ends.
+the pod for good once its containers stopped. The emulator plays it when the grace period ends; on
+a real cluster the simulated kubelet (sim.kube_kubelet.SimKubelet) of the test Node does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sim.kube_kubelet import SimKubelet
 from tests.kube_env import KubeApi, eventually
-from tests.test_kube_emulator import STREAM_READ_TIMEOUT, no_server_errors, read_events  # noqa: F401 - an autouse fixture
+from tests.test_kube_emulator import STREAM_READ_TIMEOUT, WatchReader, no_server_errors  # noqa: F401 - an autouse fixture
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
 GRACE = 30  # seconds: longer than any test, so a pod in graceful deletion stays for the test
@@ -41,9 +44,22 @@ def _time(value: str) -> datetime:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
-def _emulator_only(kube_api: KubeApi) -> None:
-    if kube_api.real:
-        pytest.skip("the kubelet removes a pod after its grace period; the test Nodes have none")
+@contextlib.asynccontextmanager
+async def _kubelet(kube_api: KubeApi, node: str) -> AsyncIterator[None]:
+    """The kubelet's part: the emulator's own timer, or on a real cluster the Node's simulated
+    kubelet, which deletes a pod for good once its grace period (from when it saw the deletion)
+    has passed."""
+    if not kube_api.real:
+        yield
+        return
+    kubelet = SimKubelet(kube_api.url, node, client=kube_api.http, pod_sync_interval=0.1)
+    task = asyncio.create_task(kubelet.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def _gone(kube_api: KubeApi, name: str) -> bool:
@@ -178,19 +194,22 @@ async def test_a_status_update_keeps_a_terminating_pod(kube_api: KubeApi) -> Non
 
 
 async def test_watch_sees_terminating_then_deleted_after_the_grace_period(kube_api: KubeApi) -> None:
-    _emulator_only(kube_api)
     node = kube_api.unique("watched")
     await kube_api.create_node(node)
     created = await kube_api.create_pod("job", node=node, grace_period=2)
     params = {"watch": "true", "resourceVersion": created["metadata"]["resourceVersion"],
               "fieldSelector": "metadata.name=job"}
     loop = asyncio.get_running_loop()
-    async with kube_api.http.stream(
+    async with _kubelet(kube_api, node), kube_api.http.stream(
         "GET", f"/api/v1/namespaces/{kube_api.namespace}/pods", params=params, timeout=STREAM_READ_TIMEOUT
     ) as stream:
         asked = loop.time()
         await _delete(kube_api, "job")
-        terminating, deleted = await read_events(stream, 2)
+        reader = WatchReader(stream)
+        events = await reader.read(2)
+        while events[-1]["type"] != "DELETED":  # a real server may report the kubelet's final write
+            events += await reader.read(1)
+        terminating, deleted = events[0], events[-1]
         ended = loop.time()
     assert terminating["type"] == "MODIFIED" and terminating["object"]["metadata"]["deletionGracePeriodSeconds"] == 2
     assert deleted["type"] == "DELETED"
@@ -198,27 +217,27 @@ async def test_watch_sees_terminating_then_deleted_after_the_grace_period(kube_a
 
 
 async def test_a_shortened_grace_period_ends_sooner(kube_api: KubeApi) -> None:
-    _emulator_only(kube_api)
     node = kube_api.unique("sooner")
     await kube_api.create_node(node)
     await kube_api.create_pod("job", node=node, grace_period=GRACE * 10)
-    await _delete(kube_api, "job")
-    await _delete(kube_api, "job", options={"gracePeriodSeconds": 1})
-    await eventually(lambda: _gone(kube_api, "job"), timeout=1 + REMOVAL_SLACK)
+    async with _kubelet(kube_api, node):
+        await _delete(kube_api, "job")
+        await _delete(kube_api, "job", options={"gracePeriodSeconds": 1})
+        await eventually(lambda: _gone(kube_api, "job"), timeout=1 + REMOVAL_SLACK)
 
 
 async def test_finalizers_keep_a_pod_past_its_grace_period(kube_api: KubeApi) -> None:
-    _emulator_only(kube_api)
     node = kube_api.unique("held")
     await kube_api.create_node(node)
     await kube_api.create_pod("job", node=node, grace_period=1)
     assert (await kube_api.merge_patch(_path(kube_api, "job"), {"metadata": {"finalizers": ["tgp.io/test"]}})).status_code == 200
-    await _delete(kube_api, "job")
+    async with _kubelet(kube_api, node):
+        await _delete(kube_api, "job")
 
-    async def due() -> bool:  # the kubelet's final delete only sets the grace period to 0
-        pod = await kube_api.get(_path(kube_api, "job"))
-        return pod is not None and pod["metadata"]["deletionGracePeriodSeconds"] == 0
+        async def due() -> bool:  # the kubelet's final delete only sets the grace period to 0
+            pod = await kube_api.get(_path(kube_api, "job"))
+            return pod is not None and pod["metadata"]["deletionGracePeriodSeconds"] == 0
 
-    await eventually(due, timeout=1 + REMOVAL_SLACK)
+        await eventually(due, timeout=1 + REMOVAL_SLACK)
     assert (await kube_api.merge_patch(_path(kube_api, "job"), {"metadata": {"finalizers": None}})).status_code == 200
     assert not await kube_api.pod_exists("job")

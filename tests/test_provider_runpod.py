@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from decimal import Decimal
 
 import pytest
+
+from activities.http import OutcomeUnknown
 from pydantic import SecretStr
 
 from activities.ports import CloudProvider
@@ -254,10 +256,13 @@ async def test_429_without_retry_after_backs_off(rp: FakeRunPod, provider: RunPo
     assert len(sleeps) == 2 and all(0 <= s <= 5 for s in sleeps)
 
 
-async def test_429_on_create_is_retried_once_refused(rp: FakeRunPod, provider: RunPodProvider, sleeps: Sleeps) -> None:
+async def test_429_on_create_is_an_unknown_outcome_never_retried_blind(rp: FakeRunPod, provider: RunPodProvider, sleeps: Sleeps) -> None:
+    # A gateway may throttle after the backend bought (issue 17, item 2): look, never resend.
     rp.fail("/pods", 429, method="POST", retry_after=1)
-    inst = await provider.launch(rtx_offer(), name="n", boot=BOOT)
-    assert sleeps == [1.0] and rp.create_requests == 1 and list(rp.instances) == [inst.instance_id]
+    with pytest.raises(OutcomeUnknown) as exc:
+        await provider.launch(rtx_offer(), name="n", boot=BOOT)
+    assert exc.value.retry_after == 1.0 and sleeps == []
+    assert [r.method for r in rp.requests if r.path == "/v2/pods"] == ["POST"]
 
 
 async def test_5xx_is_retried_then_succeeds(rp: FakeRunPod, provider: RunPodProvider, sleeps: Sleeps) -> None:

@@ -92,20 +92,24 @@ async def test_a_node_workflow_terminated_by_hand_leaves_nothing_after_a_sweep(t
         await ledger.terminate("test finished")
 
 
-async def test_an_instance_named_after_a_running_node_but_not_its_own_is_flagged_not_removed(temporal: WorkflowEnvironment) -> None:
+async def test_an_instance_named_after_a_running_node_but_not_its_own_is_ended_and_the_recorded_one_kept(temporal: WorkflowEnvironment) -> None:
+    """A twin a late create bought under a running node's name bills like any orphan: once
+    older than the consistency window (the simulated cloud's is 0), the sweeper ends it,
+    verified, and keeps the instance the node recorded (issue 17, item 4)."""
     async with running_world(temporal) as (world, _, queue):
         req = request()
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY)
         async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
             stray = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": instance_name(req.node_name, 1)})).json()
+        world.cloud.model.next_terminates("lie")  # the first terminate answers 200 and does nothing
 
-        found: list[Orphan] = await temporal.client.execute_workflow(
+        removed: list[Orphan] = await temporal.client.execute_workflow(
             SweeperWorkflow.run, SweepRequest(sweep=SweepInput(tags=[NODE_TAG]), grace=timedelta(seconds=1)), id=f"sweep-{uuid.uuid4().hex[:6]}", task_queue=queue
         )
-        assert found == [], "a stray is reported (logged), never removed by the sweeper"
-        assert world.cloud.instances[stray["id"]].status != "terminated"
-        assert world.cloud.instances[ready.instance_id or ""].status == "running"
+        assert [(o.kind, o.id) for o in removed] == [("stray", stray["id"])]
+        assert world.cloud.instances[stray["id"]].status == "terminated", "a terminate that lied was verified and sent again"
+        assert world.cloud.instances[ready.instance_id or ""].status == "running", "the recorded instance is kept"
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         await handle.result()
-        assert world.cloud.live_instances() == [], "the node's cleanup ends every instance of its name, the stray too"
+        assert world.cloud.live_instances() == []

@@ -26,6 +26,11 @@ class TransientError(TgpError):
         self.retry_after = retry_after
 
 
+class TerminationStuck(TransientError):
+    """A terminate was answered, but reading the instance still shows it running (or it came
+    back): keep terminating and reading; the node shows TerminationStuck meanwhile."""
+
+
 class CapacityError(TgpError):
     """The provider has no capacity for this offer now: fail over to the next offer."""
 

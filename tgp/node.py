@@ -18,6 +18,9 @@ class NodeState(BaseModel):
     attempts: list[LaunchAttempt] = []
     offer: Offer | None = None
     instance: InstanceRef | None = None
+    # Every launch attempt's name with every instance id ever seen under it (the current
+    # attempt's included): each is terminated and verified on every way out (money by ids).
+    seen: list[InstanceRef] = []
     key_ids: list[str] = []
     watch: WatchState | None = None
     stages: list[StageRecord] = []

@@ -479,6 +479,7 @@ class LaunchResult(Model):
     key_id: str | None = Field(None, description="Id (never the secret) of the minted tailnet key.")
     adopted: bool = Field(False, description="An instance of this name already existed and was adopted.")
     account: str | None = Field(None, description="Fingerprint of the class key it was bought with (None: the worker's own).")
+    seen_ids: list[str] = Field([], description="Every instance id the launch saw under its name (twins it ended included).")
 
 
 class InstanceRef(Model):
@@ -489,6 +490,20 @@ class InstanceRef(Model):
     account: str | None = Field(
         None, description="Fingerprint of the key it was bought with: it is reached with that key until it ends, whatever the Secret holds since."
     )
+    created_by: datetime | None = Field(
+        None,
+        description="The latest moment a create under this name may have been sent (the end of its launch): the "
+        "provider's lists may lag, and a late create may land, until its consistency window after this.",
+    )
+    known_ids: list[str] = Field([], description="Every instance id ever seen under this name: each is terminated and verified.")
+
+
+class TwinWatchInput(Model):
+    """The names a node's launches used, with what is known of each, and the one instance
+    the node recorded: every other instance under those names is ended."""
+
+    instances: list[InstanceRef]
+    keep: str | None = None
 
 
 class DeviceQuery(Model):

@@ -14,11 +14,14 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 import traceback
+from collections.abc import Coroutine
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tgp.errors import ConfigError, TgpError
 from tgp.types import DEFAULT_TASK_QUEUE
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
 # Entry points of this group add commands: each is called with the subparsers object, adds its
 # parsers and sets `run` (an `async (args) -> int`) as their default.
 COMMANDS_GROUP = "tgp.commands"
+# How long a worker stopped by SIGTERM lets running activities finish: under the Deployment's
+# terminationGracePeriodSeconds (30 s by default), with room to close connections.
+SHUTDOWN_GRACE = timedelta(seconds=20)
 # Commands whose process ends without interpreter teardown (they hold Temporal clients).
 _HARD_EXIT = {"worker", "bridge", "status", "evict", "temporal", "demo", "dev"}
 
@@ -82,7 +88,10 @@ async def run_worker(args: argparse.Namespace) -> None:
             print(f"tgp worker metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
         watcher = asyncio.create_task(watch_sweeps(client))  # tgp_sweep_overdue and its log error
         stack.callback(watcher.cancel)
-        worker = make_worker(client, activities, task_queue=args.task_queue)
+        # SIGTERM (how Kubernetes stops the pod) lets running activities finish for up to
+        # SHUTDOWN_GRACE, inside the Deployment's 30 s grace period; what is still running
+        # then is cancelled and retried on another worker (a launch adopts what it bought).
+        worker = make_worker(client, activities, task_queue=args.task_queue, graceful_shutdown_timeout=SHUTDOWN_GRACE)
         print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
         await worker.run()
 
@@ -230,18 +239,43 @@ def _exit_without_finalizing(code: int) -> NoReturn:
     os._exit(code)
 
 
+async def _until_terminated(main: Coroutine[Any, Any, None]) -> None:
+    """Run a long-lived command; SIGTERM cancels it as Ctrl-C does, so that it stops the way
+    it would on Ctrl-C (the worker finishes or hands back its activities, the bridge closes its
+    watches) and the process exits 0 instead of dying at once."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        await main
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+        print("tgp: stopped on SIGTERM", file=sys.stderr)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         if hasattr(args, "run"):  # a command of a plugin (COMMANDS_GROUP)
             return asyncio.run(args.run(args))
         if args.command == "worker":
-            asyncio.run(run_worker(args))
+            asyncio.run(_until_terminated(run_worker(args)))
         elif args.command == "offers":
             from workers.offers_cli import run_offers
 
             return asyncio.run(run_offers(args))
         elif args.command == "bridge":
-            asyncio.run(run_bridge(args))
+            asyncio.run(_until_terminated(run_bridge(args)))
         elif args.command in ("plan", "status", "evict", "temporal"):
             return asyncio.run(run_ops(args))
         elif args.command == "codec-server":

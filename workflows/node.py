@@ -24,10 +24,12 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall, NodeClassActivities
     from activities.node import NodeActivities
+    from activities.termination import VERIFY_FOR
     from tgp.messages import NodeReport, Reservation
     from tgp.node import NodeState, NodeWorkflowInput
     from workflows.entity import describe as _describe
     from workflows.entity import history_is_long
+    from workflows.legacy.r31e9066.frozen import frozen_node
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from tgp.lifecycle import EndReason, WatchState, judge_observation
     from tgp.types import (
@@ -60,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         StageRecord,
         TailnetCleanupInput,
         TimeoutsUpdate,
+        TwinWatchInput,
         instance_name,
         upsert_stage,
     )
@@ -88,6 +91,12 @@ CANCEL_PATCH = "cancel-ends-cancelled"
 DRAIN_REVALIDATE_PATCH = "drain-revalidate"
 # Marks runs whose join waits for the Node's GPUs after Ready.
 GPU_REGISTRATION_PATCH = "gpu-registration-stage"
+# Marks runs that remember every instance id seen under the node's names, look for twins over
+# the provider's consistency window, and terminate every name (verified) on the way out.
+MONEY_BY_IDS_PATCH = "money-by-ids"
+# A launch that failed with one of these was refused before anything was bought: no create of
+# it can still be landing, so its release need not wait out the consistency window.
+_CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")
 
 
 class LaunchAttemptFailed(Exception):
@@ -102,22 +111,28 @@ class NodeEvicted(Exception):
 class GPUNodeWorkflow:
     @workflow.init
     def __init__(self, inp: NodeWorkflowInput) -> None:
+        self.legacy = frozen_node(inp)  # a run of release 31e9066 ends in its own code
         self.req = inp.request
         self.state = inp.state or NodeState()
         self._reports: list[asyncio.Future[None]] = []
         self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
+        self._twin_watch: asyncio.Future[None] | None = None
 
     # --- messages ------------------------------------------------------------------------
 
     @workflow.signal
     def evict(self, request: EvictRequest) -> None:
         """Drain and terminate this node now. The first reason wins."""
+        if self.legacy:
+            return self.legacy.handle("evict", request)
         if self.state.evict_reason is None:
             self.state.evict_reason = request.reason or "manual"
 
     @workflow.signal
     def update_timeouts(self, u: TimeoutsUpdate) -> None:
         """The pool's new idle, drain and expiry settings; they apply from the next look."""
+        if self.legacy:
+            return self.legacy.handle("update_timeouts", u)
         timeouts = self.req.timeouts.model_copy(update={"idle": u.idle, "drain": u.drain, "expire_after": u.expire_after})
         if u.hold is not None:  # the pool's nominations: hold the pods' place, or no more
             timeouts = timeouts.model_copy(update={"bind_grace": u.hold or None})
@@ -125,6 +140,8 @@ class GPUNodeWorkflow:
 
     @workflow.query
     def status(self) -> NodeStatus:
+        if self.legacy:
+            return self.legacy.query("status")
         offer, inst = self.state.offer, self.state.instance
         return NodeStatus(
             workflow_id=self.req.workflow_id,
@@ -147,6 +164,8 @@ class GPUNodeWorkflow:
     @workflow.run
     async def run(self, inp: NodeWorkflowInput) -> NodeStatus:
         """Bring the node up, watch it, drain it; whatever happens, release what was bought."""
+        if self.legacy:
+            return await self.legacy.run()
         try:
             if self.state.watch is None:  # a run continued as new is already past bring-up
                 await self._bring_up()
@@ -303,6 +322,8 @@ class GPUNodeWorkflow:
         self.state.instance = InstanceRef(
             provider=offer.provider, instance_name=instance_name(self.req.node_name, attempt.attempt), credentials=credentials
         )
+        if self._money_by_ids():
+            self._remember(self.state.instance)
         self._upsert_offer_attributes(offer)
         launch = workflow.start_activity_method(
             NodeActivities.launch_instance,
@@ -336,15 +357,18 @@ class GPUNodeWorkflow:
         except asyncio.CancelledError:
             try:
                 self._launched(await launch)
-            except ActivityError:
-                pass  # nothing bought, or cleanup finds it by name
+            except ActivityError as exc:
+                self._launch_failed(exc)  # nothing bought, or cleanup finds it by name
             raise
         except ActivityError as exc:
+            self._launch_failed(exc)
             if isinstance(exc.cause, ApplicationError) and exc.cause.type in ("ConfigError", "TemplateError"):
                 raise  # a bad template or join Secret fails on every offer: end now, say what to fix
             raise LaunchAttemptFailed(_describe(exc)) from None
         self._launched(result)
         self._record(attempt, "launched", result.instance.instance_id)
+        if self._money_by_ids():
+            self._twin_watch = asyncio.ensure_future(self._watch_for_twins())
         await self._wait_for(
             NodeActivities.wait_for_instance_running,
             self.state.instance,
@@ -357,8 +381,73 @@ class GPUNodeWorkflow:
     def _launched(self, result: LaunchResult) -> None:
         assert self.state.instance is not None
         self.state.instance = self.state.instance.model_copy(update={"instance_id": result.instance.instance_id, "account": result.account})
+        if self._money_by_ids():
+            ids = sorted({*self.state.instance.known_ids, *result.seen_ids, result.instance.instance_id})
+            self._remember(self.state.instance.model_copy(update={"created_by": workflow.now(), "known_ids": ids}))
         if result.key_id:
             self.state.key_ids.append(result.key_id)
+
+    def _launch_failed(self, exc: ActivityError) -> None:
+        """A launch that failed may still have bought (an unknown outcome, a killed worker): its
+        name is looked at until the consistency window after now has passed. A clear refusal
+        bought nothing."""
+        if self.state.instance is None or not self._money_by_ids():
+            return
+        if isinstance(exc.cause, ApplicationError) and exc.cause.type in _CLEAR_REFUSALS:
+            return
+        self._remember(self.state.instance.model_copy(update={"created_by": workflow.now()}))
+
+    def _money_by_ids(self) -> bool:
+        return workflow.patched(MONEY_BY_IDS_PATCH)
+
+    def _remember(self, ref: InstanceRef) -> None:
+        """Keep `ref` (a launch attempt's name, with every id seen under it) in the state, and as
+        the current instance when it is the current attempt's."""
+        merged = ref
+        for i, known in enumerate(self.state.seen):
+            if known.instance_name == ref.instance_name:
+                merged = ref.model_copy(
+                    update={
+                        "known_ids": sorted(set(known.known_ids) | set(ref.known_ids)),
+                        "created_by": ref.created_by or known.created_by,
+                        "instance_id": ref.instance_id or known.instance_id,
+                    }
+                )
+                self.state.seen[i] = merged
+                break
+        else:
+            self.state.seen.append(ref)
+        current = self.state.instance
+        if current is not None and current.instance_name == ref.instance_name:
+            self.state.instance = current.model_copy(
+                update={"known_ids": merged.known_ids, "created_by": merged.created_by, "instance_id": current.instance_id or merged.instance_id}
+            )
+
+    async def _watch_for_twins(self) -> None:
+        """In the background while the node lives: end every instance under its names but the
+        recorded one until the provider's consistency window has passed (a create can land
+        after its caller gave up), and remember every id seen. A failure leaves it to the
+        release and the sweeper."""
+        assert self.state.instance is not None
+        try:
+            refs = await workflow.execute_activity_method(
+                NodeActivities.watch_for_twins,
+                TwinWatchInput(instances=list(self.state.seen), keep=self.state.instance.instance_id),
+                start_to_close_timeout=self.req.timeouts.launch + self.req.timeouts.api_call,
+                heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
+                retry_policy=API_RETRY,
+                summary="end twins over the consistency window",
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("looking for twins failed; the release and the sweeper end them: %s", _describe(exc))
+            return
+        for ref in refs:
+            self._remember(ref)
+
+    def _stop_twin_watch(self) -> None:
+        if self._twin_watch is not None and not self._twin_watch.done():
+            self._twin_watch.cancel()
+        self._twin_watch = None
 
     async def _join(self) -> None:
         """Both halves of joining, each with its own timeout and failure reason."""
@@ -497,6 +586,7 @@ class GPUNodeWorkflow:
     async def _release_attempt(self) -> None:
         """Give back everything the current launch attempt bought: instance, tailnet key and
         device, Node object. Idempotent, retried until it succeeds."""
+        self._stop_twin_watch()
         if self.state.instance is not None:
             await self._terminate(self.state.instance)
         await workflow.execute_activity_method(
@@ -527,7 +617,9 @@ class GPUNodeWorkflow:
         terminate = workflow.start_activity_method(
             NodeActivities.terminate_instance,
             instance,
-            start_to_close_timeout=self.req.timeouts.api_call,
+            # It terminates, then reads until the instance shows terminated or gone.
+            start_to_close_timeout=self.req.timeouts.api_call + VERIFY_FOR,
+            heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
             retry_policy=CLEANUP_RETRY,
             summary="terminate instance",
         )
@@ -554,6 +646,13 @@ class GPUNodeWorkflow:
         self._tell_pool()
         if self.state.attempts:
             await self._release_attempt()
+            if self._money_by_ids():
+                # Every earlier attempt's name too: a late create may have landed under it
+                # since that attempt was released.
+                current = self.state.instance.instance_name if self.state.instance else None
+                for ref in list(self.state.seen):
+                    if ref.instance_name != current:
+                        await self._terminate(ref)
             self._stamp(Stage.RELEASED)
         if self.req.class_workflow_id:
             await workflow.execute_activity_method(

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.crds import Condition, GPUNodeClassStatus
     from tgp.messages import ClassInput, ClassUpdate, Grant, Ledger, ObjectRef, Reservation
     from workflows.entity import best_effort, history_is_long, write_status_once
+    from workflows.legacy.r31e9066.frozen import frozen_class
 
 # Continue-as-new well before Temporal's suggestion; the ledger is small, history is not.
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
@@ -42,6 +43,7 @@ RELEASED_REMEMBERED = 1000
 class GPUNodeClassWorkflow:
     @workflow.init
     def __init__(self, inp: ClassInput) -> None:
+        self.legacy = frozen_class(inp)  # a run of release 31e9066 ends in its own code
         self.inp = inp
         self.ledger = inp.ledger
         self.dirty = True
@@ -60,6 +62,8 @@ class GPUNodeClassWorkflow:
         """Hold a node slot (and its price, if known) for a node about to launch. Waits for the
         class's first validation; everything after that wait runs without awaiting, so
         concurrent reservations are still decided one at a time."""
+        if self.legacy:
+            return self.legacy.handle("reserve", r)
         # Also after one look at the running node workflows: a new run of this ledger (after a
         # crash or reset) must count the live nodes before it grants anything.
         await workflow.wait_condition(lambda: (self.problems is not None and self.seen_at is not None) or self.inp.spec is None)
@@ -73,6 +77,8 @@ class GPUNodeClassWorkflow:
     @workflow.update
     def settle(self, r: Reservation) -> Grant:
         """Record the price a node is about to pay; refused when it would break the budget."""
+        if self.legacy:
+            return self.legacy.handle("settle", r)
         return self._admit(r)
 
     def _admit(self, r: Reservation) -> Grant:
@@ -86,6 +92,8 @@ class GPUNodeClassWorkflow:
     @workflow.update
     def release(self, node_id: str) -> None:
         """The node is gone: give back its slot and $/h."""
+        if self.legacy:
+            return self.legacy.handle("release", node_id)
         released = [*self.ledger.released, node_id][-RELEASED_REMEMBERED:]
         reservations = {k: v for k, v in self.ledger.reservations.items() if k != node_id}
         self.ledger = self.ledger.model_copy(update={"reservations": reservations, "released": released})
@@ -94,6 +102,8 @@ class GPUNodeClassWorkflow:
     @workflow.signal
     def update_class(self, u: ClassUpdate) -> None:
         """The bridge saw the GPUNodeClass change (or disappear)."""
+        if self.legacy:
+            return self.legacy.handle("update_class", u)
         self.inp = self.inp.model_copy(update={"spec": u.spec, "generation": u.generation, "uid": u.uid or self.inp.uid})
         if u.spec is not None:
             self.ledger = self.ledger.model_copy(update={"limits": u.spec.limits})
@@ -101,7 +111,7 @@ class GPUNodeClassWorkflow:
 
     @workflow.query
     def budget(self) -> Ledger:
-        return self.ledger
+        return self.legacy.query("budget") if self.legacy else self.ledger
 
     def _hold(self, r: Reservation) -> None:
         held = self.ledger.reservations.get(r.node_id)
@@ -111,6 +121,8 @@ class GPUNodeClassWorkflow:
 
     @workflow.run
     async def run(self, inp: ClassInput) -> None:
+        if self.legacy:
+            return await self.legacy.run()
         if inp.spec is not None:
             self.ledger = self.ledger.model_copy(update={"limits": inp.spec.limits})
         while True:

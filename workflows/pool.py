@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.pools import node_request, node_timeouts, offer_requirements
     from tgp.types import NodePhase, Stage, StageRecord, TimeoutsUpdate
     from workflows.entity import best_effort, history_is_long, write_status_once
+    from workflows.legacy.r31e9066.frozen import frozen_pool
 
 # Even with no news the pool looks again this often (a lost signal cannot stall it).
 RESYNC_INTERVAL = timedelta(minutes=1)
@@ -114,6 +115,7 @@ class PoolInput(BaseModel):
 class GPUNodePoolWorkflow:
     @workflow.init
     def __init__(self, inp: PoolInput) -> None:
+        self.legacy = frozen_pool(inp)  # a run of release 31e9066 ends in its own code
         self.inp = inp
         self.state = inp.state
         self.dirty = True
@@ -127,6 +129,8 @@ class GPUNodePoolWorkflow:
     @workflow.signal
     def update(self, u: PoolUpdate) -> None:
         """The pool (and its class) as the bridge sees them now."""
+        if self.legacy:
+            return self.legacy.handle("update", u)
         old = self.state.update
         if old is not None and old.generation != u.generation:
             self.state.unfit = []  # the user changed the pool: give those pods another look
@@ -136,6 +140,8 @@ class GPUNodePoolWorkflow:
     @workflow.signal
     def demand(self, d: Demand) -> None:
         """The pending GPU pods this pool should serve now."""
+        if self.legacy:
+            return self.legacy.handle("demand", d)
         self.state.demand = list(d.pods)
         self.state.pending_since = {pod: self.state.pending_since.get(pod, d.observed_at) for pod in d.pods}
         self.state.demand_gpus = d.max_gpus
@@ -146,6 +152,8 @@ class GPUNodePoolWorkflow:
     @workflow.signal
     def node_phase(self, r: NodeReport) -> None:
         """A node workflow moved to a new phase."""
+        if self.legacy:
+            return self.legacy.handle("node_phase", r)
         old = self.state.nodes.get(r.workflow_id)
         overtaken = old is not None and old.reported_at is not None and r.at < old.reported_at
         if (overtaken or r.workflow_id in self.state.ended) and workflow.patched(REPORT_ORDER_PATCH):
@@ -179,12 +187,14 @@ class GPUNodePoolWorkflow:
 
     @workflow.query
     def status(self) -> GPUNodePoolStatus:
-        return self._status()
+        return self.legacy.query("status") if self.legacy else self._status()
 
     # --- the loop ------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, inp: PoolInput) -> None:
+        if self.legacy:
+            return await self.legacy.run()
         while True:
             try:
                 await workflow.wait_condition(lambda: self.dirty, timeout=self._next_wake())

@@ -1,6 +1,7 @@
 """SweeperWorkflow: on a Temporal Schedule, remove instances and tailnet devices that carry
-tgp's marks but belong to no running node workflow, after a grace period (so a node that is
-just starting is never swept)."""
+tgp's marks but belong to no running node workflow (or are not the instance a running node
+recorded), after a grace period (so a node that is just starting is never swept); each
+termination is verified by reading the instance."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ with workflow.unsafe.imports_passed_through():
     from activities.sweeper import Orphan, SweeperActivities, SweepInput
     from workflows.retries import SWEEP_RETRY
 
-# Long enough for a node workflow to start and upsert its TgpNodeName search attribute.
+# Long enough for a node workflow to start and upsert its TgpNodeName search attribute, and
+# longer than every provider's consistency window (activities.http.CONSISTENCY_WINDOW): a
+# suspect younger than its window is left for the next sweep (activities.sweeper).
 SWEEP_GRACE = timedelta(minutes=5)
 SWEEP_EVERY = timedelta(minutes=15)
 SWEEP_CALL_TIMEOUT = timedelta(minutes=5)

@@ -7,6 +7,7 @@ real clouds get.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -38,14 +39,25 @@ class SimulatedProvider(HttpAdapter):
     capabilities = ProviderCapabilities(machine="vm", boot_payload="env", joins_as_node=True, spot=True)
 
     def __init__(
-        self, base_url: str, *, api_key: SecretStr | None = None, client: httpx.AsyncClient | None = None, name: str = "simulated"
+        self,
+        base_url: str,
+        *,
+        api_key: SecretStr | None = None,
+        client: httpx.AsyncClient | None = None,
+        name: str = "simulated",
+        consistency_window: timedelta = timedelta(0),
+        timeout: httpx.Timeout | None = None,
     ) -> None:
+        """`consistency_window`: the simulated cloud is consistent at once unless a test gives
+        it a lag (sim.provider_model); such a test sets the window to match."""
         fixes = Fixes(
             auth="set the simulated cloud's API key in TGP_SIMULATED_CLOUD_API_KEY or the class's credentialsRef Secret",
             denied="the simulated cloud answers 403 only to a fault a test injected",
         )
-        super().__init__(fixes=fixes, base_url=base_url, api_key=api_key, client=client)
-        self.name = name  # several simulated clouds can stand in for several providers
+        extra = {"timeout": timeout} if timeout is not None else {}
+        super().__init__(fixes=fixes, base_url=base_url, api_key=api_key, client=client, **extra)
+        self.name = name
+        self.consistency_window = consistency_window  # several simulated clouds can stand in for several providers
 
     async def list_offers(self) -> list[Offer]:
         body = (await self._call("GET", "/v1/offers")).json()

@@ -1,0 +1,109 @@
+"""Ending instances for good: a terminate is done only when a read shows the instance
+terminated or gone, and a name is settled only once its consistency window has passed.
+
+Real clouds answer a terminate with 200 and sometimes do nothing (or act minutes later), list
+and describe lag behind a create (describe-by-id answers 404 for an instance that is running),
+and a create can complete after its caller gave up (reference/providers.md, issue 17). So:
+
+* every instance is terminated, then read; one still running is terminated again;
+* a 404 counts as gone only after the window: before, it may be a lagging read of a running
+  instance;
+* names are looked up until the window has passed, since a late create lands under them.
+
+Shared by the node's release (activities.node) and the sweeper (activities.sweeper).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timedelta
+
+import structlog
+
+from activities.ports import CloudProvider
+from activities import metrics
+from tgp.errors import TerminationStuck, TransientError
+from tgp.types import InstanceState
+
+log = structlog.get_logger("tgp.termination")
+
+# How long one call keeps terminating and reading before it hands the rest to Temporal's retry:
+# clouds that honour a terminate show it within seconds; one that lies is retried meanwhile.
+VERIFY_FOR = timedelta(seconds=90)
+# Between two reads of instances being terminated.
+VERIFY_EVERY = timedelta(seconds=5)
+
+Now = Callable[[], datetime]
+Sleep = Callable[[float], Awaitable[object]]
+
+
+def settled_at(created_by: datetime | None, provider: CloudProvider, now: datetime) -> datetime | None:
+    """When names created up to `created_by` stop changing: the provider's consistency window
+    after it (None: no create time known, or a provider without lag: nothing to wait for).
+    Never more than one window from `now`: `created_by` is the workflow's clock, which a test
+    server may have skipped ahead of this one."""
+    window = getattr(provider, "consistency_window", timedelta(0))
+    if created_by is None or not window:
+        return None
+    return min(created_by, now) + window
+
+
+async def end_for_good(
+    provider: CloudProvider,
+    ids: Iterable[str],
+    *,
+    names: Iterable[str] = (),
+    keep: str | None = None,
+    settle: datetime | None,
+    now: Now,
+    sleep: Sleep,
+    heartbeat: Callable[[], object] = lambda: None,
+    budget: timedelta = VERIFY_FOR,
+    every: timedelta = VERIFY_EVERY,
+) -> set[str]:
+    """Terminate every instance in `ids` and every live one carrying one of `names`, except
+    `keep`, and read each until it shows terminated or gone; a 404 counts as gone, and names
+    stop being looked up, only once `settle` has passed. Returns every id seen (`keep`
+    included if it was seen).
+
+    Raises TerminationStuck when an instance still runs after `budget` of terminating and
+    reading, and TransientError when only the window is left to wait out: Temporal's retry
+    goes on from there."""
+    wanted = set(ids) - {""}
+    seen = set(wanted)
+    confirmed: set[str] = set()
+    deadline = now() + budget
+    names = list(names)
+    while True:
+        heartbeat()
+        for name in names:
+            seen |= {i.instance_id for i in await provider.find_all_by_name(name)}
+        settled = settle is None or now() >= settle
+        running: list[str] = []
+        for instance_id in sorted(seen - confirmed - {keep}):
+            inst = await provider.describe(instance_id)
+            if (inst is None and settled) or (inst is not None and inst.state is InstanceState.TERMINATED):
+                confirmed.add(instance_id)
+                continue
+            # Running, or a 404 that may be a lagging read: (again) terminate, then read again.
+            await provider.terminate(instance_id)
+            metrics.TERMINATIONS.labels(provider.name).inc()
+            log.info("instance_terminate_sent", provider=provider.name, instance_id=instance_id)
+            if inst is not None:
+                running.append(instance_id)
+        unconfirmed = seen - confirmed - {keep}
+        if not unconfirmed and settled:
+            return seen
+        if now() >= deadline:
+            if running:
+                raise TerminationStuck(
+                    f"{provider.name} answered the terminate of {', '.join(running)} but still shows it running after "
+                    f"{int(budget.total_seconds())}s; terminating again"
+                )
+            left = (settle - now()).total_seconds() if settle is not None else 0.0
+            raise TransientError(
+                f"{provider.name}: waiting out the consistency window ({max(0, int(left))}s left) before "
+                f"{', '.join(sorted(unconfirmed)) or 'the names'} can be counted as gone",
+                retry_after=min(max(left, 1.0), 30.0),
+            )
+        await sleep(every.total_seconds())

@@ -1,0 +1,248 @@
+"""Money holds for every fault sequence (issue 17, "Prove it" (a)): a Hypothesis state machine
+drives a node's launch / twin watch / terminate lifecycle, the way GPUNodeWorkflow calls its
+activities, against the provider model (tests.money_env: the simulated cloud over HTTP, a fake
+clock) with generated faults:
+
+* create outcomes: ok, late (bought after the client gave up), 429 / 5xx / reset after buying;
+  a timeout differs from a reset only in how long the client waits, so reset stands for both;
+* list and describe lag, chosen per run;
+* worker kills during a create (an activity retry), with or without the last heartbeat;
+* terminates that answer 200 and do nothing, or act late; instances that vanish;
+* the end (a cancel or an evict) at any point, a launch in flight included.
+
+After every step, judged by the model's truth (what really bills), never by API answers:
+once the node's twin watch has run through the consistency window, at most one instance
+bills for the node and it is the one recorded; the recorded instance is never ended while
+the node lives; after the node ends, nothing of it bills, then or later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from temporalio.exceptions import ApplicationError
+
+from sim.provider_model import CreateOutcome, TerminateOutcome
+from tests.money_env import MoneyEnv, money_env
+from tgp.types import InstanceRef, TwinWatchInput, instance_name
+
+NODE = "gpu-prop"
+WINDOW = timedelta(minutes=3)
+# LAUNCH_RETRY's attempts per launch, and the node's launch attempts (max_launch_attempts).
+ACTIVITY_ATTEMPTS = 5
+NODE_ATTEMPTS = 3
+CREATES = st.sampled_from(
+    [
+        CreateOutcome.OK,
+        CreateOutcome.LATE,
+        CreateOutcome.THROTTLED_AFTER_BUY,
+        CreateOutcome.FAILED_AFTER_BUY,
+        CreateOutcome.RESET_AFTER_BUY,
+    ]
+)
+
+
+@dataclass
+class World:
+    """One event loop and one set of servers for every run of the machine (starting them per
+    run would cost most of the test's time); each run resets the cloud (MoneyEnv.reset)."""
+
+    loop: asyncio.AbstractEventLoop
+    env: MoneyEnv
+
+
+class NodeMoney(RuleBasedStateMachine):
+    def __init__(self, world: World) -> None:
+        super().__init__()
+        self.world = world
+        self.loop = world.loop
+        self.env: MoneyEnv | None = None
+        self.phase = "launching"  # -> up -> ended
+        self.node_attempt = 1
+        self.activity_attempts = 0
+        self.details: tuple[Any, ...] = ()
+        self.refs: dict[str, InstanceRef] = {}  # the workflow's state.seen
+        self.recorded: str | None = None
+        self.watched = False
+        self.vanished = False
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    @property
+    def e(self) -> MoneyEnv:
+        assert self.env is not None
+        return self.env
+
+    # --- the world ---------------------------------------------------------------------
+
+    @initialize(
+        list_lag=st.sampled_from([0.0, 30.0, 90.0]),
+        describe_lag=st.sampled_from([0.0, 30.0, 90.0]),
+        late=st.sampled_from([20.0, 70.0, 150.0]),
+    )
+    def start(self, list_lag: float, describe_lag: float, late: float) -> None:
+        self.world.env.reset(list_lag=list_lag, describe_lag=describe_lag, late_create_after=late)
+        self.env = self.world.env
+        self.remember(InstanceRef(provider="simulated", instance_name=self.name))
+
+    @property
+    def name(self) -> str:
+        return instance_name(NODE, self.node_attempt)
+
+    def remember(self, ref: InstanceRef) -> None:
+        """GPUNodeWorkflow._remember: one entry per name, ids merged."""
+        known = self.refs.get(ref.instance_name)
+        if known is not None:
+            ref = ref.model_copy(
+                update={
+                    "known_ids": sorted(set(known.known_ids) | set(ref.known_ids)),
+                    "created_by": ref.created_by or known.created_by,
+                    "instance_id": ref.instance_id or known.instance_id,
+                }
+            )
+        self.refs[ref.instance_name] = ref
+
+    def billing(self) -> list[str]:
+        names = {instance_name(NODE, n) for n in range(1, NODE_ATTEMPTS + 2)}
+        return sorted(r.id for r in self.e.model.billing() if r.name in names)
+
+    # --- faults ------------------------------------------------------------------------
+
+    @rule(seconds=st.sampled_from([1.0, 10.0, 45.0, 120.0, 400.0]))
+    def advance(self, seconds: float) -> None:
+        if self.phase == "up" and not self.watched:
+            self.watch_twins()  # the workflow's watch runs in the background all along
+        self.e.clock.advance(seconds)
+
+    @rule(outcomes=st.lists(st.sampled_from([TerminateOutcome.LIE, TerminateOutcome.LATE]), min_size=1, max_size=3))
+    def terminates_misbehave(self, outcomes: list[TerminateOutcome]) -> None:
+        self.e.model.next_terminates(*outcomes)
+
+    @precondition(lambda self: self.phase == "up" and not self.vanished)
+    @rule()
+    def instance_vanishes(self) -> None:
+        assert self.recorded is not None
+        self.run(self.e.cloud.preempt(self.recorded))
+        self.vanished = True
+
+    # --- the node ----------------------------------------------------------------------
+
+    @precondition(lambda self: self.phase == "launching")
+    @rule(outcome=CREATES, killed=st.booleans(), heartbeat_lost=st.booleans())
+    def launch(self, outcome: CreateOutcome, killed: bool, heartbeat_lost: bool) -> None:
+        """One attempt of the launch activity: Temporal's retries are further calls of this."""
+        e = self.e
+        e.model.create_outcomes.clear()
+        e.model.next_creates(outcome)
+        self.activity_attempts += 1
+        if killed:
+            self.run(e.launch_killed_at_create(NODE, attempt=self.activity_attempts, details=self.details))
+            self.details = self.details if heartbeat_lost else e.last_details()
+        else:
+            try:
+                result = self.run(e.env(attempt=self.activity_attempts, details=self.details).run(e.activities.launch_instance, e.launch_input(NODE, self.node_attempt)))
+            except ApplicationError:
+                self.details = e.last_details()
+            else:
+                # GPUNodeWorkflow._launched
+                self.recorded = result.instance.instance_id
+                ids = sorted({*result.seen_ids, self.recorded})
+                self.remember(InstanceRef(provider="simulated", instance_name=self.name, instance_id=self.recorded, created_by=e.now(), known_ids=ids))
+                self.phase, self.watched = "up", False
+                return
+        if self.activity_attempts >= ACTIVITY_ATTEMPTS:
+            self.fail_over()
+
+    def fail_over(self) -> None:
+        """The launch failed for good (GPUNodeWorkflow._launch_failed, _release_attempt): the
+        attempt's name is released, and the next offer gets a new name."""
+        self.remember(self.refs[self.name].model_copy(update={"created_by": self.e.now()}))
+        self.run(self.e.terminate(self.refs[self.name]))
+        if self.node_attempt >= NODE_ATTEMPTS:
+            self.end_node()
+            return
+        self.node_attempt += 1
+        self.activity_attempts, self.details = 0, ()
+        self.e.heartbeats.clear()
+        self.remember(InstanceRef(provider="simulated", instance_name=self.name))
+
+    @precondition(lambda self: self.phase == "up" and not self.watched)
+    @rule()
+    def watch_twins(self) -> None:
+        refs = self.run(self.e.env().run(self.e.activities.watch_for_twins, TwinWatchInput(instances=list(self.refs.values()), keep=self.recorded)))
+        for ref in refs:
+            self.remember(ref)
+        self.watched = True
+
+    @precondition(lambda self: self.phase != "ended")
+    @rule()
+    def end(self) -> None:
+        """A cancel or an evict, at any point (a launch in flight included)."""
+        self.end_node()
+
+    def end_node(self) -> None:
+        """GPUNodeWorkflow._release_all: the current attempt's name (a launch in flight may
+        still be buying under it), then every other name."""
+        e = self.e
+        if self.phase == "launching":
+            self.remember(self.refs[self.name].model_copy(update={"created_by": e.now()}))
+        for name in [self.name, *(n for n in self.refs if n != self.name)]:
+            self.run(e.terminate(self.refs[name]))
+        self.phase = "ended"
+
+    # --- what must hold -----------------------------------------------------------------
+
+    @invariant()
+    def one_instance_once_the_window_has_passed(self) -> None:
+        if self.env is None or self.phase != "up" or not self.watched:
+            return
+        billing = self.billing()
+        expected = [] if self.vanished else [self.recorded]
+        assert billing == expected, f"billing {billing} for one node; it recorded {self.recorded}"
+
+    @invariant()
+    def the_recorded_instance_is_kept(self) -> None:
+        if self.env is None or self.phase != "up" or self.vanished:
+            return
+        assert self.recorded in self.billing(), f"the recorded instance {self.recorded} was ended while the node lives"
+
+    @invariant()
+    def nothing_bills_after_the_end(self) -> None:
+        if self.env is None or self.phase != "ended":
+            return
+        assert self.billing() == [], f"{self.billing()} still billing after the node ended"
+
+    def teardown(self) -> None:
+        if self.env is not None:
+            if self.phase != "ended":
+                self.end_node()
+            self.e.clock.advance(3600)  # every late create and terminate has happened by now
+            assert self.billing() == [], f"{self.billing()} billing an hour after the node ended"
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    loop = asyncio.new_event_loop()
+    stack = AsyncExitStack()
+    try:
+        env = loop.run_until_complete(stack.enter_async_context(money_env(window=WINDOW)))
+        yield World(loop=loop, env=env)
+    finally:
+        loop.run_until_complete(stack.aclose())
+        loop.close()
+
+
+def test_money_holds_for_every_fault_sequence(world: World) -> None:
+    # About 5 s in the suite's profile (explore's 2,000 runs pass too); HYPOTHESIS_PROFILE=explore runs its own count.
+    examples = 40 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else settings().max_examples
+    run_state_machine_as_test(lambda: NodeMoney(world), settings=settings(max_examples=examples, stateful_step_count=12))
