@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/offer_selection.py
 	PYTHONPATH=. $(BIN)/python bench/template_bounds.py
 	$(BIN)/python bench/emulator_at_rest.py
+	PYTHONPATH=. $(BIN)/python bench/offer_cache.py
 
 # Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
 crds: $(STAMP)

@@ -47,6 +47,7 @@ from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.tailnets.tailscale import DEFAULT_BASE_URL as TAILSCALE_API_URL
 from activities.tailnets.tailscale import TailscaleTailnet
 from activities.clouds.registry import build_provider, static_capabilities
+from activities.offer_cache import OfferCache
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, ConfigError, TgpError, TransientError
 from tgp.secrets import register_process
@@ -200,10 +201,14 @@ class ProviderRegistry:
         fallback: dict[str, CloudProvider] | None = None,
         build: Build = build_provider,
         retire_after: timedelta = RETIRE_AFTER,
+        offers: OfferCache | None = None,
     ) -> None:
         self.env = dict(env or {})
         self.fallback = fallback if fallback is not None else {}
         self._build = build
+        # The pricing cache, keyed like the adapters by account: shared by whoever shares this
+        # registry (the worker's node, pool and class activities).
+        self.offers = offers or OfferCache()
         self._adapters = VersionedAdapters(cluster, retire_after=retire_after, on_replaced=self._keep)
         # Which account (key fingerprint) and Secret each adapter built here bills.
         self._accounts: dict[int, tuple[tuple[str, CredentialsRef], str]] = {}
@@ -220,6 +225,11 @@ class ProviderRegistry:
         """The account (key fingerprint) `adapter` bills, when it was built from a class Secret."""
         found = self._accounts.get(id(adapter))
         return found[1] if found else None
+
+    async def list_offers(self, adapter: CloudProvider) -> Any:
+        """`adapter`'s offers through the pricing cache of its account (activities.offer_cache):
+        a Listing, stale (with why) while listings fail, bounded."""
+        return await self.offers.offers(adapter.name, self.account(adapter), adapter.list_offers)
 
     def _keep(self, adapter: Any) -> None:
         """An adapter whose Secret now holds another key: kept open for the nodes it bought."""

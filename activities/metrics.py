@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import httpx
 import structlog
@@ -115,29 +117,53 @@ FLEET_REFRESHED = Gauge("tgp_fleet_refresh_timestamp_seconds", "When the fleet g
 FLEET_REFRESH_ERRORS = Counter("tgp_fleet_refresh_errors", "Fleet refreshes that failed (the gauges keep their last values).")
 
 
-class OfferAges(Collector):
-    """`tgp_offers_age_seconds{provider}`: how old this worker's latest successful offer
-    listing of each provider is, computed at scrape time. Offers are listed fresh for each
-    choice; a growing age means nothing has needed offers, or every listing fails."""
+# --- the pricing cache (activities.offer_cache) --------------------------------------------
+
+OFFER_CACHE_HITS = Counter(
+    "tgp_offer_cache_hits",
+    "Offer lookups (a node's selection, a pool's offer check) served without a provider call of their own: fresh "
+    "offers, a listing already in flight, or a listing that failed moments ago.",
+    ["provider"],
+)
+OFFER_CACHE_MISSES = Counter("tgp_offer_cache_misses", "Offer lookups that listed the provider's offers (none cached, or older than the TTL).", ["provider"])
+OFFER_CACHE_STALE_SERVED = Counter(
+    "tgp_offer_cache_stale_served",
+    "Offer lookups served offers older than the TTL because listing them again failed (stale while error, bounded).",
+    ["provider"],
+)
+OFFER_LISTINGS = Counter(
+    "tgp_offer_listings", "Offer listings the pricing cache made, by trigger: demand (a lookup) or schedule.", ["provider", "trigger"]
+)
+OFFER_CACHE_REFRESH_FAILURES = Counter(
+    "tgp_offer_cache_refresh_failures", "Offer listings that failed, by error type (the cache keeps the last good offers, bounded).", ["provider", "reason"]
+)
+
+
+class OfferCacheAges(Collector):
+    """`tgp_offer_cache_age_seconds{provider, account}`, computed at scrape time from every
+    pricing cache of this process (normally one; tests make more): how old the offers that
+    selections get are. Above the cache's TTL only while listings fail (stale while error)."""
 
     def __init__(self) -> None:
-        self._listed: dict[str, float] = {}
-
-    def listed(self, provider: str) -> None:
-        self._listed[provider] = time.monotonic()
+        self.caches: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
-            "tgp_offers_age_seconds", "Seconds since this worker last listed a provider's offers successfully.", labels=["provider"]
+            "tgp_offer_cache_age_seconds",
+            "Seconds since the offers this worker's pricing cache holds for a provider account were listed.",
+            labels=["provider", "account"],
         )
-        now = time.monotonic()
-        for provider, at in sorted(self._listed.items()):
-            family.add_metric([provider], now - at)
+        youngest: dict[tuple[str, str], float] = {}
+        for cache in list(self.caches):
+            for provider, account, age in cache.ages():
+                youngest[(provider, account)] = min(age, youngest.get((provider, account), age))
+        for (provider, account), age in sorted(youngest.items()):
+            family.add_metric([provider, account], age)
         yield family
 
 
-OFFER_AGES = OfferAges()
-REGISTRY.register(OFFER_AGES)
+OFFER_CACHE_AGES = OfferCacheAges()
+REGISTRY.register(OFFER_CACHE_AGES)
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -151,7 +151,8 @@ class NodeActivities:
         # Tailnet adapters per class (tailscaleConfig.oauthSecretRef); `tailnets` is the fallback.
         self.tailnet_registry = tailnet_registry or TailnetRegistry(cluster=cluster, fallback=self.tailnets)
         self.cluster = cluster
-        self.unavailable = unavailable or UnavailableOffers()
+        # Offers that just failed, kept by the pricing cache beside the offers (shared with the pool).
+        self.unavailable = unavailable or self.registry.offers.unavailable
         self.poll_interval = poll_interval
         self.create_settle = create_settle
         self.now = now
@@ -258,18 +259,23 @@ class NodeActivities:
 
     @activity.defn
     async def select_offer(self, inp: SelectOfferInput) -> OfferChoice:
-        """The cheapest offer that meets the requirements and has not failed recently."""
+        """The cheapest offer that meets the requirements and has not failed recently. Offers
+        come from the pricing cache of each provider account (listed once per TTL for the whole
+        worker); a provider whose listing fails serves its last good offers for a bounded time,
+        and one that has none is skipped while the others' offers are still chosen from."""
         names = inp.requirements.providers or sorted(self.providers)
         with temporal_errors():
             providers = [await self._provider_for(n, inp.requirements.credentials.get(n)) for n in names]
-            listed = await asyncio.gather(*(p.list_offers() for p in providers), return_exceptions=True)
-        offers = []
+            listed = await asyncio.gather(*(self.registry.list_offers(p) for p in providers), return_exceptions=True)
+        offers, stale = [], {}
         for provider, result in zip(providers, listed, strict=True):
             if isinstance(result, BaseException):
                 log.warning("offers_unavailable", provider=provider.name, error=str(result))
             else:
-                metrics.OFFER_AGES.listed(provider.name)
-                offers.extend(result)
+                if result.stale:
+                    stale[provider.name] = f"offers listed {result.age:.0f}s ago; listing them again failed: {result.error}"[:300]
+                    log.warning("offers_stale", provider=provider.name, age_seconds=round(result.age), error=result.error)
+                offers.extend(result.offers)
         if not offers and any(isinstance(r, BaseException) for r in listed):
             with temporal_errors():
                 raise TransientError(f"no provider could list offers ({', '.join(names)}); retrying")
@@ -281,6 +287,7 @@ class NodeActivities:
             seen=len(offers),
             matching=matching,
             unavailable=matching - len(ranked),
+            stale=stale,
         )
 
     @activity.defn

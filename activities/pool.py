@@ -16,6 +16,7 @@ from activities.accounts import AccountActivities
 from activities.entity import resource
 from activities.errors import temporal_errors
 from activities.node_class import ledger_update
+from activities.offer_cache import Listing
 from tgp.capacity import OfferSize
 from tgp.crds import FINALIZER
 from tgp.errors import TransientError
@@ -82,22 +83,25 @@ class PoolActivities(AccountActivities):
         per GPU count (what the pool sizes its nodes from)?"""
         names = [n for n in req.providers or sorted(self.providers) if n in self.providers or n in req.credentials]
 
-        async def offers_of(name: str) -> list[Offer]:
-            # The class's account when it names one (its Secret read now), else the worker's.
+        async def offers_of(name: str) -> Listing:
+            # The class's account when it names one (its Secret read now), else the worker's;
+            # from the pricing cache the node selections of this worker read too.
             ref = req.credentials.get(name)
-            return await (self.providers[name] if ref is None else await self.registry.get(name, ref)).list_offers()
+            return await self.registry.list_offers(self.providers[name] if ref is None else await self.registry.get(name, ref))
 
         # One provider failing (a rotated key, an inactive account, an outage, a missing
         # Secret) must not hide the others' offers; it is named in the result instead.
         listed = await asyncio.gather(*(offers_of(n) for n in names), return_exceptions=True)
-        offers, failed = [], {}
+        offers, failed, stale = [], {}, {}
         for name, result in zip(names, listed, strict=True):
             if isinstance(result, BaseException):
                 failed[name] = str(result)[:300]
                 log.warning("offers_unavailable", provider=name, error=str(result))
             else:
-                metrics.OFFER_AGES.listed(name)
-                offers.extend(result)
+                if result.stale:
+                    stale[name] = f"offers listed {result.age:.0f}s ago; listing them again failed: {result.error}"[:300]
+                    log.warning("offers_stale", provider=name, age_seconds=round(result.age), error=result.error)
+                offers.extend(result.offers)
         if names and len(failed) == len(names):
             with temporal_errors():
                 raise TransientError(f"no provider could list offers: {'; '.join(f'{n}: {m}' for n, m in failed.items())}")
@@ -117,6 +121,7 @@ class PoolActivities(AccountActivities):
             cheapest_any_price=best.hourly_price if best else None,
             cheapest_description=f"{best.gpu_type} on {best.provider} in {best.region}" if best else "",
             failed=failed,
+            stale=stale,
         )
 
     def all(self) -> list[object]:

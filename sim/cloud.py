@@ -139,6 +139,7 @@ class SimulatedCloud:
         # API key -> account. Empty: no key is checked and every caller sees every instance.
         self.accounts: dict[str, str] = {api_key: "default"} if api_key else {}
         self.requests_by_key: Counter[str] = Counter()  # requests each key made (accepted ones)
+        self.offer_lists: Counter[str] = Counter()  # GET /v1/offers by account ("" when no key is checked)
         self.catalog = {o.id: o for o in catalog}
         self.boot_delay = boot_delay
         self.instances: dict[str, SimInstance] = {}
@@ -367,6 +368,7 @@ class SimulatedCloud:
         return await handler(request)
 
     async def _list_offers(self, request: web.Request) -> web.Response:
+        self.offer_lists[request.get(_ACCOUNT) or ""] += 1
         self.offers_listed.set()
         if self._offers_gate is not None:
             await self._offers_gate.wait()

@@ -5,7 +5,9 @@ This is `workers.cli.main` itself, configured from the environment like the real
 the intervals a deployment never needs to change, and a test cannot wait for, get test values
 first (the process is otherwise exactly what `tgp worker` / `tgp bridge` run):
 
-* worker: the wait-for-* and drain activities look every 0.2 s (tgp: 5 s); an unanswered create
+* worker: the pricing cache keeps no offers (TTL 0; tgp: 60 s), so the matrix's `select` stage
+  catches each node while it lists (concurrent lookups still share one listing); the wait-for-*
+  and drain activities look every 0.2 s (tgp: 5 s); an unanswered create
   is looked for by name for 5 s (tgp: 30 s); the simulated provider's consistency window is 6 s
   (tgp: 0, a simulated cloud without lag), past the matrix's provider-model faults (3 s); a node's API-call timeout and the pool's and class's
   activity timeout, which are also how soon a SIGKILLed worker's activity is retried elsewhere,
@@ -31,11 +33,13 @@ def _configure() -> None:
     import workflows.entity
     from activities.clouds.simulated import SimulatedProvider
     from activities.node import NodeActivities
+    from activities.offer_cache import OfferCache
     from crd_bridge.bridge import Bridge
     from tgp.crds import DisruptionBounds
     from tgp.types import LifecycleTimeouts
 
     NodeActivities.__init__.__kwdefaults__.update(poll_interval=timedelta(seconds=0.2), create_settle=timedelta(seconds=5))
+    OfferCache.__init__.__kwdefaults__.update(ttl=timedelta(0))
     SimulatedProvider.__init__.__kwdefaults__.update(consistency_window=MATRIX_WINDOW)
     Bridge.__init__.__kwdefaults__.update(
         batch_idle=timedelta(milliseconds=200),

@@ -127,7 +127,7 @@ async def test_a_node_lifecycle_moves_the_counters_gauges_and_histograms(tempora
         assert grew("tgp_demand_to_launch_seconds_sum", provider="simulated") >= 5
         assert ready.value("tgp_hourly_cost_dollars", **here) == pytest.approx(0.49), "the eu-west offer it failed over to"
         assert ready.value("tgp_unavailable_offers") >= 1
-        assert ready.value("tgp_offers_age_seconds", provider="simulated") < 60
+        assert ready.value("tgp_offer_cache_age_seconds", provider="simulated") < 60
         assert ready.value("tgp_fleet_refresh_timestamp_seconds") > 0
 
         async def charged() -> Scrape | None:

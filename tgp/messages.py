@@ -168,5 +168,8 @@ class OfferCheck(Msg):
     cheapest_any_price: Decimal | None = None
     cheapest_description: str = ""
     failed: dict[str, str] = Field({}, description="Providers whose offers could not be listed, with why.")
+    stale: dict[str, str] = Field(
+        {}, description="Providers whose offers came from an earlier listing because listing them again failed, with its age and why."
+    )
     sizes: list[OfferSize] = Field([], description="The cheapest matching offer per GPU count (what demand by fit buys from).")
 

@@ -452,6 +452,9 @@ class OfferChoice(Model):
     seen: int = Field(description="Offers the providers listed.")
     matching: int = Field(description="Offers that satisfy the requirements.")
     unavailable: int = Field(0, description="Matching offers skipped as recently failed or already tried.")
+    stale: dict[str, str] = Field(
+        {}, description="Providers whose offers came from an earlier listing because listing them again failed, with its age and why."
+    )
 
 
 class LaunchInput(Model):

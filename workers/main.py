@@ -8,8 +8,8 @@ the environment (a Kubernetes Secret in production); a class's own credentials
 
 from __future__ import annotations
 
-import os
 import asyncio
+import os
 import dataclasses
 from datetime import datetime, timedelta, timezone
 from collections.abc import Mapping
@@ -138,6 +138,10 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
     # environment's adapters are the fallback. Closed before the cluster it reads through.
     registry = ProviderRegistry(cluster=cluster, env=config.env, fallback=providers)
     stack.push_async_callback(registry.aclose)
+    # The pricing cache's scheduled refresh (activities.offer_cache): accounts in use are listed
+    # again shortly before their offers expire; stopped before the adapters it lists with close.
+    refresher = asyncio.get_running_loop().create_task(registry.offers.refresh_loop())
+    stack.callback(refresher.cancel)
     # Likewise the tailnets of classes with their own tailscaleConfig.oauthSecretRef.
     tailnet_env = {**config.env, "TGP_TAILSCALE_API_URL": config.tailscale_api_url}
     tailnet_registry = TailnetRegistry(cluster=cluster, env=tailnet_env, fallback=tailnets)
