@@ -232,6 +232,9 @@ def test_deployments_are_hardened_probed_and_bounded(name: str) -> None:
             assert container[probe]["tcpSocket"] == {"port": "metrics"}, f"{where} {probe}"
         # A read-only root: /tmp is the one writable place.
         assert [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")] == ["/tmp"], where
+        if deployment["metadata"]["name"] == "tgp-worker":
+            # Two releases' workers side by side break replay (docs/workflow-versioning.md).
+            assert deployment["spec"].get("strategy") == {"type": "Recreate"}, where
 
 
 def test_metrics_ports_are_the_processes_defaults() -> None:
