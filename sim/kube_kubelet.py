@@ -457,11 +457,13 @@ def _micro_time() -> str:
 _NODE_LABELS_JSON = re.compile(r"^\s*nodeLabels:\s*(\{.*\})\s*$", re.MULTILINE)
 _NODE_LABELS_FLAG = re.compile(r"--node-labels=([^\s\"']+)")
 _REGISTER_WITH_TAINTS = re.compile(r"^\s*registerWithTaints:\s*(\[.*\])\s*$", re.MULTILINE)
+_REGISTER_WITH_TAINTS_FLAG = re.compile(r"--register-with-taints=([^\s\"']+)")
 
 
 def kubelet_registration(user_data: str) -> tuple[dict[str, str], list[dict[str, str]]]:
     """The labels and taints a machine's kubelet registers with, read from its boot payload as
-    the kubelet reads its configuration; none for a payload without them (`env`)."""
+    the kubelet reads its configuration: a Talos config, cloud-init's kubelet flags, or the `env`
+    payload's KUBELET_EXTRA_ARGS."""
     labels: dict[str, str] = {}
     taints: list[dict[str, str]] = []
     with contextlib.suppress(ValueError):
@@ -472,4 +474,9 @@ def kubelet_registration(user_data: str) -> tuple[dict[str, str], list[dict[str,
     with contextlib.suppress(ValueError, AttributeError):
         if match := _REGISTER_WITH_TAINTS.search(user_data):
             taints = [{str(k): str(v) for k, v in t.items() if v is not None} for t in json.loads(match.group(1))]
+        elif match := _REGISTER_WITH_TAINTS_FLAG.search(user_data):  # key=value:Effect,...
+            for item in match.group(1).split(","):
+                key_value, effect = item.rsplit(":", 1)
+                key, _, value = key_value.partition("=")
+                taints.append({"key": key, "effect": effect, **({"value": value} if value else {})})
     return labels, taints

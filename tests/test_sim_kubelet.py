@@ -169,8 +169,19 @@ def test_the_kubelet_reads_labels_and_taints_from_the_shipped_templates(template
     assert taints == POOL_TAINTS
 
 
-def test_an_env_payload_registers_with_no_pool_labels_or_taints() -> None:
+def test_an_env_payload_without_pool_labels_or_taints_registers_with_none() -> None:
     assert kubelet_registration("TS_AUTHKEY=tskey-auth-x\nTS_HOSTNAME=n1\n") == ({}, [])
+
+
+def test_the_env_payload_registers_with_the_pools_labels_and_taints() -> None:
+    """The payload of the simulated provider (`env`, what `tgp dev` buys) carries the pool's
+    labels and taints as the kubelet flags the shipped templates use (issue 19: simulated
+    Nodes registered untainted, leaving a window for any pod before tgp tainted them)."""
+    settings = BootSettings(node_pool="blue", node_labels=POOL_LABELS, node_taints=[Taint(**t) for t in POOL_TAINTS])
+    payload = render_boot_payload("env", hostname="blue-1", auth_key=SecretStr("tskey-auth-k1-x"), settings=settings)
+    labels, taints = kubelet_registration(payload.content)
+    assert labels == POOL_LABELS
+    assert taints == POOL_TAINTS
 
 
 async def test_a_simulated_machine_registers_with_its_payload_taints() -> None:

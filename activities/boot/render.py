@@ -815,6 +815,14 @@ def render_boot_payload(
         )
         if extra:
             lines.append(f"TS_EXTRA_ARGS={' '.join(extra)}")
+        # A machine that runs a kubelet registers with the pool's labels and taints, as the
+        # shipped templates do, so no pod lands on it before tgp labels and taints the Node.
+        # Both were checked above: Kubernetes syntax holds no space, quote or newline.
+        labels = ",".join(f"{k}={v}" for k, v in sorted(s.node_labels.items()))
+        taints = ",".join(f"{t.key}={t.value}:{t.effect}" for t in s.node_taints)
+        kubelet = ([f"--node-labels={labels}"] if labels else []) + ([f"--register-with-taints={taints}"] if taints else [])
+        if kubelet:
+            lines.append(f"KUBELET_EXTRA_ARGS={' '.join(kubelet)}")
         return BootPayload(kind=kind, content="\n".join(lines) + "\n", hostname=hostname)
     if template is None:
         default = default_template(kind)
