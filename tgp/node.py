@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tgp.lifecycle import WatchState
-from tgp.types import InstanceRef, LaunchAttempt, NodePhase, NodeRequest, Offer, StageRecord, stage_records
+from tgp.types import InstanceRef, LaunchAttempt, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
 
 
 class NodeState(BaseModel):
@@ -32,9 +32,7 @@ class NodeState(BaseModel):
     @classmethod
     def _from_stage_times(cls, data: object) -> object:
         """A run continued as new before the records were typed carries `stage_times`."""
-        if isinstance(data, dict) and "stage_times" in data:
-            data = {k: v for k, v in data.items() if k != "stage_times"} | {"stages": data.get("stages") or stage_records(data["stage_times"])}
-        return data
+        return stage_times_to_records(data)
 
 
 class NodeWorkflowInput(BaseModel):

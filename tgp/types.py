@@ -118,6 +118,14 @@ def stage_records(value: object) -> list[StageRecord]:
     return sorted(records, key=lambda r: r.at)
 
 
+def stage_times_to_records(data: object) -> object:
+    """A model's raw input with an older `stage_times` map replaced by `stages` records (for
+    the `mode="before"` validators of the node's state and its status answer)."""
+    if isinstance(data, dict) and "stage_times" in data:
+        return {k: v for k, v in data.items() if k != "stage_times"} | {"stages": data.get("stages") or stage_records(data["stage_times"])}
+    return data
+
+
 def upsert_stage(records: list[StageRecord], record: StageRecord) -> list[StageRecord]:
     """`records` with `record` as its stage's one entry, last: a stage entered again (a second
     launch attempt, Ready after a called-off drain) keeps its latest time and reason."""
@@ -381,9 +389,7 @@ class NodeStatus(NodeOverview):
     @classmethod
     def _from_stage_times(cls, data: object) -> object:
         """Answers of runs from before the typed records carry `stage_times` instead."""
-        if isinstance(data, dict) and "stage_times" in data:
-            data = {k: v for k, v in data.items() if k != "stage_times"} | {"stages": data.get("stages") or stage_records(data["stage_times"])}
-        return data
+        return stage_times_to_records(data)
 
     @property
     def stage_times(self) -> dict[str, datetime]:
