@@ -123,8 +123,11 @@ class Bridge:
             self.classes[name] = klass
             update = ClassUpdate(spec=klass.spec, generation=klass.metadata.generation, uid=klass.metadata.uid)
         await self._send_class(name, update)
-        for pool in list(self.pools.values()):
-            if pool.spec.node_class_ref.name == name:
+        for key in list(self.pools):
+            # Read each pool as it is now, not as it was when the loop began: a pool event
+            # handled meanwhile (its deletion) must not be overtaken by the older object.
+            pool = self.pools.get(key)
+            if pool is not None and pool.spec.node_class_ref.name == name:
                 await self._send_pool(pool)
 
     async def _send_class(self, name: str, update: ClassUpdate) -> None:

@@ -155,3 +155,25 @@ async def _has(phases: object, node: str) -> dict[str, str] | None:
 
 async def _lacks(phases: object, node: str) -> bool:
     return node not in await phases()  # type: ignore[operator]
+
+
+async def test_an_older_update_that_overtakes_the_deletion_does_not_undelete_the_pool(temporal: WorkflowEnvironment) -> None:
+    """The bridge sends a pool's update from two paths (the pool's own events, and every pool of
+    a class whose status changed); an update built before the deletion can reach the workflow
+    after it (seen in the fault matrix: the finalizer stayed 5 minutes, until the next event). A
+    deletionTimestamp is never taken back, so the pool tears down all the same."""
+    async with running_world(temporal) as (_, _, queue):
+        spec = pool_spec(f"class-{uuid.uuid4().hex[:6]}")
+        pool = await start_pool(temporal, queue, spec)
+        uid = "3f0c2c1e-0000-4000-8000-000000000001"
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=spec, generation=1, node_class=CLASS, uid=uid))
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=spec, generation=1, node_class=CLASS, uid=uid, deleting=True))
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=spec, generation=1, node_class=CLASS, uid=uid))  # the older one
+
+        async def ended() -> bool:
+            return (await pool.describe()).status.name == "COMPLETED"
+
+        try:
+            await eventually(ended, timeout=30, what="the deleted pool to let its finalizer go and end")
+        finally:
+            await end_entities(temporal, pool, spec.node_class_ref.name)

@@ -61,6 +61,8 @@ VISIBILITY_LAG = timedelta(minutes=1)
 # order (a delivery that is retried is overtaken by the next one; seen under load): a report
 # older than the one already taken, or about a node that has ended, is stale and ignored.
 REPORT_ORDER_PATCH = "node-report-order"
+# A pool being deleted stays deleted: an older update that overtook the deletion is ignored.
+DELETION_IS_FINAL_PATCH = "pool-deletion-is-final"
 # Ended node workflows remembered for that (their late reports would bring them back as ghosts).
 ENDED_REMEMBERED = 500
 # Demand by fit (tgp.capacity): nodes sized from their own pods and packed, nominations void
@@ -81,6 +83,7 @@ class PoolState(BaseModel):
     demand: list[str] = []
     demand_gpus: int = 1
     pending_since: dict[str, datetime] = Field({}, description="When each pod of the demand was first reported pending (metrics).")
+    demand_at: datetime | None = Field(None, description="When the bridge observed the demand last sent (its observed_at).")
     pod_gpus: dict[str, int] = {}
     free_gpus: dict[str, int] = {}
     nominations: dict[str, Nomination] = {}
@@ -132,6 +135,10 @@ class GPUNodePoolWorkflow:
         if self.legacy:
             return self.legacy.handle("update", u)
         old = self.state.update
+        if old is not None and old.deleting and not u.deleting and old.uid == u.uid and workflow.patched(DELETION_IS_FINAL_PATCH):
+            # A deletionTimestamp is never taken back: this update was sent before the one that
+            # said the pool is being deleted and overtook it (two bridge paths race).
+            return
         if old is not None and old.generation != u.generation:
             self.state.unfit = []  # the user changed the pool: give those pods another look
         self.state.update = u
@@ -144,6 +151,7 @@ class GPUNodePoolWorkflow:
             return self.legacy.handle("demand", d)
         self.state.demand = list(d.pods)
         self.state.pending_since = {pod: self.state.pending_since.get(pod, d.observed_at) for pod in d.pods}
+        self.state.demand_at = d.observed_at
         self.state.demand_gpus = d.max_gpus
         self.state.pod_gpus = dict(d.pod_gpus)
         self.state.free_gpus = dict(d.free_gpus)
@@ -459,18 +467,30 @@ class GPUNodePoolWorkflow:
         return True, ""
 
     def _capacity_nodes(self, live: list[PoolNode], *, fit: bool) -> list[CapacityNode]:
-        return [
-            CapacityNode(
-                workflow_id=n.workflow_id,
-                node_name=n.node_name,
-                ready_at=n.phase_at if n.phase is NodePhase.READY else None,
-                launching=n.phase in _LAUNCHING,
-                # Not reported by the bridge (not Ready there yet, or no GPUs registered): unknown.
-                free_gpus=self.state.free_gpus.get(n.node_name) if fit else self.state.free_gpus.get(n.node_name, 0),
-                gpus=n.gpus if fit else n.gpus or 1,  # unknown: no new nominations, none voided
-            )
-            for n in live
-        ]
+        return [self._capacity_node(n, fit=fit) for n in live]
+
+    def _capacity_node(self, n: PoolNode, *, fit: bool) -> CapacityNode:
+        if fit and self._left_after_the_demand(n):
+            # Draining since the bridge last looked: the pods nominated to it may be bound to it
+            # (the drain evicts them) or gone, and the demand that lists them is older than the
+            # drain. Its room is unknown: the nominations stay, none is added, nothing is bought
+            # for them until a demand observed after the drain began still lists them (else a
+            # bridge that is slow to report, or restarting, buys a node per drained pod).
+            return CapacityNode(workflow_id=n.workflow_id, node_name=n.node_name, launching=True, gpus=None)
+        return CapacityNode(
+            workflow_id=n.workflow_id,
+            node_name=n.node_name,
+            ready_at=n.phase_at if n.phase is NodePhase.READY else None,
+            launching=n.phase in _LAUNCHING,
+            # Not reported by the bridge (not Ready there yet, or no GPUs registered): unknown.
+            free_gpus=self.state.free_gpus.get(n.node_name) if fit else self.state.free_gpus.get(n.node_name, 0),
+            gpus=n.gpus if fit else n.gpus or 1,  # unknown: no new nominations, none voided
+        )
+
+    def _left_after_the_demand(self, n: PoolNode) -> bool:
+        """The node is on its way out (draining, terminating) and the demand was observed before."""
+        leaving = n.phase not in _LAUNCHING and n.phase is not NodePhase.READY
+        return leaving and (self.state.demand_at is None or self.state.demand_at <= n.phase_at)
 
     def _account(self, live: list[PoolNode], sizes: list[OfferSize] | None) -> CapacityPlan:
         """Which pending pods the live nodes hold, and which new nodes the rest need; pods that
