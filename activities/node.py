@@ -33,7 +33,7 @@ from activities.boot.sandbox import RendersBusy, bounded
 from activities.drain import drain
 from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
-from activities.termination import VERIFY_FOR, end_for_good, settled_at
+from activities.termination import VERIFY_FOR, consistency_window, end_for_good, settled_at
 from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
@@ -160,7 +160,7 @@ class NodeActivities:
 
     def _settle_for(self, provider: CloudProvider) -> timedelta:
         """How long to look by name after a create whose outcome is unknown before buying again."""
-        return max(self.create_settle, _window(provider))
+        return max(self.create_settle, consistency_window(provider))
 
     def _lagging(self, ref: InstanceRef, provider: CloudProvider) -> bool:
         """Whether a 404 for `ref` may still be the provider lagging behind its create."""
@@ -384,6 +384,15 @@ class NodeActivities:
         bound.info("instance_launched", instance_id=instance.instance_id, key_id=key.key_id)
         return LaunchResult(instance=instance, key_id=key.key_id, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
 
+    async def _look_until(self, provider: CloudProvider, name: str, memo: LaunchMemo, until: datetime) -> list[Instance]:
+        """The live instances under `name`, looked for until some show up or `until` has passed
+        (at least one look)."""
+        while True:
+            found = await self._live(provider, name, memo)
+            if found or self.now() >= until:
+                return found
+            await self.sleep(self.poll_interval.total_seconds())
+
     async def _live(self, provider: CloudProvider, name: str, memo: LaunchMemo) -> list[Instance]:
         """Every live instance under `name`: listed, or bought by an earlier attempt (its create
         answered; a 404 for it while the window is open is the provider lagging)."""
@@ -394,7 +403,7 @@ class NodeActivities:
             now = await provider.describe(bought.instance_id)
             if now is not None and now.state is not InstanceState.TERMINATED:
                 found[now.instance_id] = now
-            elif now is None and memo.sent_at is not None and self.now() < memo.sent_at + _window(provider):
+            elif now is None and memo.sent_at is not None and self.now() < memo.sent_at + consistency_window(provider):
                 found[bought.instance_id] = bought
         memo.seen.update(found)
         return list(found.values())
@@ -405,12 +414,8 @@ class NodeActivities:
 
         After an earlier attempt sent a create and died or heard nothing clear, its create may
         still complete: look by name until its settle time has passed before buying again."""
-        found = await self._live(provider, name, memo)
-        if not found and memo.sent_at is not None:
-            until = memo.sent_at + self._settle_for(provider)
-            while not found and self.now() < until:
-                await self.sleep(self.poll_interval.total_seconds())
-                found = await self._live(provider, name, memo)
+        until = memo.sent_at + self._settle_for(provider) if memo.sent_at is not None else self.now()
+        found = await self._look_until(provider, name, memo, until)
         if not found:
             return None
         keep = min(found, key=lambda i: i.instance_id)  # the same rule as after a create: the lowest id survives
@@ -434,14 +439,10 @@ class NodeActivities:
             # may buy it later, and a cloud may take a while to list it: look for it over the
             # settle time (the provider's consistency window) before giving up; never resend
             # blind. The heartbeat goes on.
-            deadline = self.now() + self._settle_for(provider)
-            while True:
-                found = await self._live(provider, name, memo)
-                if found:
-                    return min(found, key=lambda i: i.instance_id)
-                if self.now() >= deadline:
-                    raise
-                await self.sleep(self.poll_interval.total_seconds())
+            found = await self._look_until(provider, name, memo, self.now() + self._settle_for(provider))
+            if not found:
+                raise
+            return min(found, key=lambda i: i.instance_id)
         memo.bought.append(instance)
         memo.seen[instance.instance_id] = instance
         activity.heartbeat(*memo.details())
@@ -690,10 +691,6 @@ class NodeActivities:
             self.remove_from_tailnet,
             self.delete_node,
         ]
-
-
-def _window(provider: CloudProvider) -> timedelta:
-    return getattr(provider, "consistency_window", timedelta(0))
 
 
 class LaunchMemo:

@@ -26,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import temporal_errors
 from activities.ports import Cluster, CloudProvider, Tailnet
-from activities.termination import end_for_good
+from activities.termination import consistency_window, end_for_good
 from activities import metrics
 from tgp.errors import TransientError
 from tgp.messages import class_workflow_id
@@ -164,7 +164,8 @@ class SweeperActivities:
         """Seen for at least the provider's consistency window (devices: any age)."""
         if suspect.kind == "device" or suspect.seen_at is None:
             return True
-        window = getattr(self.providers.get(suspect.system), "consistency_window", timedelta(0))
+        provider = self.providers.get(suspect.system)
+        window = consistency_window(provider) if provider is not None else timedelta(0)
         return now - suspect.seen_at >= window
 
     async def _end_instance(self, orphan: Orphan) -> bool:

@@ -37,12 +37,17 @@ Now = Callable[[], datetime]
 Sleep = Callable[[float], Awaitable[object]]
 
 
+def consistency_window(provider: CloudProvider) -> timedelta:
+    """How long the provider's lists and reads may lag behind a create (0: no lag modelled)."""
+    return getattr(provider, "consistency_window", timedelta(0))
+
+
 def settled_at(created_by: datetime | None, provider: CloudProvider, now: datetime) -> datetime | None:
     """When names created up to `created_by` stop changing: the provider's consistency window
     after it (None: no create time known, or a provider without lag: nothing to wait for).
     Never more than one window from `now`: `created_by` is the workflow's clock, which a test
     server may have skipped ahead of this one."""
-    window = getattr(provider, "consistency_window", timedelta(0))
+    window = consistency_window(provider)
     if created_by is None or not window:
         return None
     return min(created_by, now) + window
