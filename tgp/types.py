@@ -436,6 +436,30 @@ class NodeObservation(Model):
     busy_pods: int = Field(description="Pods that keep the node from being idle.")
 
 
+class NodeFacts(Model):
+    """What the cluster says about a managed Node, sent by the bridge to its node workflow
+    (signal `node_facts`) when it changes, and again for every node after the bridge restarts
+    (level-triggered: a lost signal heals). The node's watch acts on these instead of polling."""
+
+    node_name: str
+    present: bool = Field(description="Whether the Node object exists.")
+    ready: bool = False
+    gpus: int = Field(0, description="Allocatable nvidia.com/gpu.")
+    busy_pods: int = Field(0, description="Pods that keep the node from being idle (tgp.lifecycle.pod_keeps_node_busy).")
+    at: datetime = Field(description="When the bridge saw this (its clock).")
+
+
+class InstanceSighting(Model):
+    """What a provider's bulk listing (one list per account per interval) says about a node's
+    instance, sent (signal `instance_seen`) only when it is not plainly running: the node then
+    looks for itself (one describe) before acting, since lists lag behind the truth."""
+
+    instance_id: str | None = Field(None, description="The id listed under the node's instance name; None when none was listed.")
+    state: InstanceState | None = Field(None, description="None: the listing did not show the instance at all.")
+    interrupted: bool = False
+    at: datetime = Field(description="When the listing was taken.")
+
+
 class DrainResult(Model):
     evicted: int
     remaining: list[str] = Field([], description="namespace/name of pods not evicted by the deadline (e.g. blocked by a PodDisruptionBudget).")
