@@ -22,6 +22,8 @@ from tgp.types import NodePhase
 log = structlog.get_logger("tgp.entity")
 
 _PLURALS = {"GPUNodePool": "gpunodepools", "GPUNodeClass": "gpunodeclasses"}
+# Events of one emit_events call written at once.
+EVENT_WRITES_AT_ONCE = 20
 RUNNING_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"
 
 
@@ -112,9 +114,16 @@ class EntityActivities:
 
     @activity.defn
     async def emit_events(self, events: list[EventSpec]) -> None:
-        with temporal_errors():
-            for e in events:
+        """Write a pass's Events, EVENT_WRITES_AT_ONCE at a time (a burst's pass has hundreds:
+        one at a time they outlasted the activity's timeout, and the pass retried them all)."""
+        gate = asyncio.Semaphore(EVENT_WRITES_AT_ONCE)
+
+        async def emit(e: EventSpec) -> None:
+            async with gate:
                 await self.cluster.create_event(resource(e.ref), type=e.type, reason=e.reason, message=e.message)
+
+        with temporal_errors():
+            await asyncio.gather(*(emit(e) for e in events))
 
     def all(self) -> list[object]:
         return [self.running_nodes, self.closed_workflows, self.write_status, self.emit_events]
