@@ -16,7 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.errors import temporal_errors
 from tgp.crds import GROUP, VERSION
-from tgp.messages import NodeSighting, ObjectRef
+from tgp.messages import NodeSighting, ObjectRef, RunningNodesChanges, RunningNodesQuery
 from tgp.types import NodePhase
 
 log = structlog.get_logger("tgp.entity")
@@ -90,6 +90,20 @@ class EntityActivities:
             raise
 
     @activity.defn
+    async def running_nodes_changed(self, q: RunningNodesQuery) -> RunningNodesChanges:
+        """`running_nodes` as differences from what the caller knows: its history records the
+        nodes that appeared or went, not the whole fleet each time it looks."""
+        running = await self.running_nodes(q.query)
+        if running is None:
+            return RunningNodesChanges(listed=False)
+        known = set(q.known)
+        names = {s.workflow_id.removeprefix(q.prefix): s for s in running}
+        return RunningNodesChanges(
+            unknown=[s for name, s in sorted(names.items()) if name not in known],
+            missing=sorted(known - set(names)),
+        )
+
+    @activity.defn
     async def closed_workflows(self, workflow_ids: list[str]) -> list[str]:
         """Those of `workflow_ids` whose latest run is closed or that never existed (read from
         the workflows themselves, not from eventually consistent visibility)."""
@@ -126,4 +140,4 @@ class EntityActivities:
             await asyncio.gather(*(emit(e) for e in events))
 
     def all(self) -> list[object]:
-        return [self.running_nodes, self.closed_workflows, self.write_status, self.emit_events]
+        return [self.running_nodes, self.running_nodes_changed, self.closed_workflows, self.write_status, self.emit_events]

@@ -161,6 +161,24 @@ class NodeSighting(NodeOverview):
     started_at: datetime | None = None
 
 
+class RunningNodesQuery(Msg):
+    """What a pool already knows of its running node workflows, to hear only what differs. Ids
+    are sent without their common `prefix` (gpunode/<namespace>/<pool>/): a few bytes per node."""
+
+    query: str = Field(description="Visibility filter on tgp's search attributes, e.g. TgpPool = 'ml/rtx'.")
+    prefix: str
+    known: list[str] = Field([], description="Node names (ids without the prefix) the pool counts as live.")
+
+
+class RunningNodesChanges(Msg):
+    """The running node workflows a pool does not know (sightings), and the ones it knows that
+    are not listed (ids without the prefix). `listed`: False when the server has no visibility."""
+
+    listed: bool = True
+    unknown: list[NodeSighting] = []
+    missing: list[str] = []
+
+
 class StartNodeInput(Msg):
     class_name: str
     reservation: Reservation

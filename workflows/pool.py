@@ -26,17 +26,19 @@ with workflow.unsafe.imports_passed_through():
     from tgp.messages import (
         Demand,
         NodeReport,
+        NodeSighting,
         NodeStart,
         ObjectRef,
         OfferCheck,
         PoolNode,
         PoolUpdate,
         Reservation,
+        RunningNodesQuery,
         StartNodeInput,
         StartNodesInput,
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements, request_for
-    from tgp.types import NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate
+    from tgp.types import NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate, node_workflow_id
     from workflows.entity import best_effort, history_is_long, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_pool
 
@@ -85,6 +87,10 @@ ENDED_REMEMBERED = 500
 # once their node is full or gone, pods no offer fits reported, limits reported. Passes before
 # the patch replay through tgp.capacity_v1 with the commands they recorded.
 DEMAND_BY_FIT_PATCH = "demand-by-fit"
+# The pool's look at its running node workflows (once a resync) records only the differences
+# from what it knows (ids in, changes out): a full listing of a 500-node pool was ~130 KB of
+# history a minute.
+RUNNING_NODES_CHANGES_PATCH = "running-nodes-changes"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -324,14 +330,33 @@ class GPUNodePoolWorkflow:
         if self.state.seen_running_at is not None and now - self.state.seen_running_at < self.inp.resync_interval:
             return
         pool = f"{self.inp.namespace}/{self.inp.name}"
-        seen = await best_effort(EntityActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
-        if not seen.ok:
-            return
-        self.state.seen_running_at = now
-        if seen.value is None:
-            return  # a server without visibility: nothing to rebuild from
-        running = {s.workflow_id: s for s in seen.value}
-        for wid, s in running.items():
+        if workflow.patched(RUNNING_NODES_CHANGES_PATCH):
+            prefix = node_workflow_id(self.inp.namespace, self.inp.name, "")
+            known = sorted(wid.removeprefix(prefix) for wid, n in self.state.nodes.items() if not n.phase.is_final)
+            changed = await best_effort(
+                EntityActivities.running_nodes_changed,
+                RunningNodesQuery(query=f"TgpPool = '{pool}'", prefix=prefix, known=known),
+                summary="list running nodes (changes)",
+            )
+            if not changed.ok:
+                return
+            self.state.seen_running_at = now
+            if not changed.value.listed:
+                return  # a server without visibility: nothing to rebuild from
+            unknown: list[NodeSighting] = changed.value.unknown
+            gone = {prefix + name for name in changed.value.missing}
+        else:
+            seen = await best_effort(EntityActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
+            if not seen.ok:
+                return
+            self.state.seen_running_at = now
+            if seen.value is None:
+                return  # a server without visibility: nothing to rebuild from
+            unknown = seen.value
+            listed = {s.workflow_id for s in seen.value}
+            gone = {n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id not in listed}
+        for s in unknown:
+            wid = s.workflow_id
             if wid in self.state.ended and workflow.patched(REPORT_ORDER_PATCH):
                 continue  # visibility lags: it ended after the listing
             if wid not in self.state.nodes:
@@ -347,7 +372,7 @@ class GPUNodePoolWorkflow:
                     reason="adopted from its running workflow",
                 )
         missing = [
-            n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id not in running and now - n.created_at >= self.inp.visibility_lag
+            n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id in gone and now - n.created_at >= self.inp.visibility_lag
         ]
         if missing:
             closed = await best_effort(EntityActivities.closed_workflows, missing, summary="check closed nodes")
