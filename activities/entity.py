@@ -15,7 +15,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.errors import temporal_errors
-from tgp.crds import GROUP, VERSION
+from tgp.crds import GROUP, VERSION, GPUNodePoolStatus
 from tgp.messages import NodeSighting, ObjectRef, RunningNodesChanges, RunningNodesQuery
 from tgp.types import NodePhase
 
@@ -58,6 +58,15 @@ class StatusWrite(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ref: ObjectRef
     status: dict[str, object]
+
+
+class PoolStatusWrite(BaseModel):
+    """Write a pool's status as its workflow's `status` query answers it now: the history records
+    this small reference, not the status (~110 KB for a 500-node pool) on each change."""
+
+    model_config = ConfigDict(extra="forbid")
+    ref: ObjectRef
+    workflow_id: str
 
 
 class EventSpec(BaseModel):
@@ -127,6 +136,14 @@ class EntityActivities:
             return await self.cluster.patch_custom_status(resource(write.ref), write.status)
 
     @activity.defn
+    async def write_pool_status(self, write: PoolStatusWrite) -> bool:
+        """Patch a pool's status subresource with what its workflow's `status` query answers (the
+        state of the pass that scheduled this, or a later one); False when the object is gone."""
+        status = await activity.client().get_workflow_handle(write.workflow_id).query("status", result_type=GPUNodePoolStatus)
+        with temporal_errors():
+            return await self.cluster.patch_custom_status(resource(write.ref), status.model_dump(mode="json", by_alias=True))
+
+    @activity.defn
     async def emit_events(self, events: list[EventSpec]) -> None:
         """Write a pass's Events, EVENT_WRITES_AT_ONCE at a time (a burst's pass has hundreds:
         one at a time they outlasted the activity's timeout, and the pass retried them all)."""
@@ -140,4 +157,4 @@ class EntityActivities:
             await asyncio.gather(*(emit(e) for e in events))
 
     def all(self) -> list[object]:
-        return [self.running_nodes, self.running_nodes_changed, self.closed_workflows, self.write_status, self.emit_events]
+        return [self.running_nodes, self.running_nodes_changed, self.closed_workflows, self.write_status, self.write_pool_status, self.emit_events]

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EntityActivities, EventSpec, StatusWrite
+    from activities.entity import EntityActivities, EventSpec, PoolStatusWrite, StatusWrite
     from activities.pool import PoolActivities
     from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, no_offer_fits_to_warn, note_ready, plan_capacity
     from tgp.capacity_v1 import plan_capacity_v1
@@ -91,6 +91,9 @@ DEMAND_BY_FIT_PATCH = "demand-by-fit"
 # from what it knows (ids in, changes out): a full listing of a 500-node pool was ~130 KB of
 # history a minute.
 RUNNING_NODES_CHANGES_PATCH = "running-nodes-changes"
+# The status is written by an activity that reads it through the pool's `status` query: the
+# history records a reference on each change, not the whole status (~110 KB at 500 nodes).
+STATUS_BY_QUERY_PATCH = "status-by-query"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -802,9 +805,15 @@ class GPUNodePoolWorkflow:
         self.state.conditions = {c.type: c for c in conditions}
         status = self._status()
         body = status.model_dump(mode="json", by_alias=True)
-        self.state.written = await write_status_once(
-            StatusWrite(ref=self._ref(), status=body), fingerprint=repr(body), written=self.state.written, summary="write the pool status"
-        )
+        fingerprint = repr(body)
+        if fingerprint != self.state.written and workflow.patched(STATUS_BY_QUERY_PATCH):
+            write = PoolStatusWrite(ref=self._ref(), workflow_id=workflow.info().workflow_id)
+            if (await best_effort(EntityActivities.write_pool_status, write, summary="write the pool status")).ok:
+                self.state.written = fingerprint
+        else:
+            self.state.written = await write_status_once(
+                StatusWrite(ref=self._ref(), status=body), fingerprint=fingerprint, written=self.state.written, summary="write the pool status"
+            )
         await self._flush_events()
 
     async def _flush_events(self) -> None:
