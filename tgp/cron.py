@@ -108,7 +108,7 @@ class CronSchedule:
         sets = [_parse_field(part, field, text) for part, field in zip(parts, _FIELDS, strict=True)]
         if _SCHEDULE.fullmatch(text) is None:  # what the API server refuses, refused alike
             raise CronError(f"{text!r} is not read the same everywhere (spacing, leading zeros, letters); {SCHEDULE_MESSAGE}")
-        day_and = parts[2] in ("*", "?") or parts[4] in ("*", "?") or _star_list(parts[2]) or _star_list(parts[4])
+        day_and = _star_list(parts[2]) or _star_list(parts[4])
         return cls(text, *(frozenset(s) for s in sets), day_and=day_and)
 
     def matches_day(self, day: date) -> bool:
