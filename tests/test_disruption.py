@@ -4,7 +4,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -80,6 +80,7 @@ def test_another_budget_never_allows_more(budgets: list[DisruptionBudget], extra
     assert before is None or after is None or after <= before
 
 
+@settings(max_examples=50)
 @given(st.lists(ALWAYS, max_size=4), st.sampled_from([DisruptionReason.EVICTED, DisruptionReason.INTERRUPTED, DisruptionReason.LOST]), POOLS)
 def test_a_manual_evict_an_interruption_and_a_loss_are_never_limited(budgets: list[DisruptionBudget], reason: DisruptionReason, pool: tuple[int, int]) -> None:
     zero = DisruptionBudget(nodes="0")
@@ -127,6 +128,14 @@ def test_a_zero_budget_blocks_within_its_window_and_not_outside(fire: datetime, 
         assert verdict.allowed is not None and verdict.allowed >= 1
 
 
+def test_a_naive_time_is_utc_and_a_year_long_window_is_quick() -> None:
+    window = DisruptionBudget(nodes="0", schedule="0 0 29 2 *", duration="8784h")  # Feb 29: 2028, 2032
+    assert not budget_active(window, datetime(2027, 1, 1, tzinfo=UTC)) and budget_active(window, datetime(2028, 3, 1, tzinfo=UTC))
+    assert budget_active(window, datetime(2029, 2, 28, tzinfo=UTC)) and not budget_active(window, datetime(2029, 3, 1, tzinfo=UTC))
+    daily = DisruptionBudget(nodes="0", schedule="0 9 * * *", duration="1h")
+    assert budget_active(daily, datetime(2026, 11, 24, 9, 30)) and not budget_active(daily, datetime(2026, 11, 24, 10, 30))
+
+
 def test_business_hours_freeze_example() -> None:
     """The issue's example: no voluntary disruption on weekdays 09:00-17:00 UTC."""
     budgets = [DisruptionBudget(nodes="0", schedule="0 9 * * mon-fri", duration="8h"), DisruptionBudget(nodes="20%")]
@@ -153,6 +162,7 @@ def test_business_hours_freeze_example() -> None:
         ({"nodes": "0", "schedule": "0 9 * * *"}, "schedule and duration go together"),
         ({"nodes": "0", "schedule": "0 9 * * 8", "duration": "8h"}, "day-of-week '8' is outside 0-6"),
         ({"nodes": "0", "reasons": []}, "at least 1 item"),
+        ({"nodes": "0", "schedule": "@daily", "duration": "8785h"}, "longer than 8784h"),
         ({"nodes": "0", "reasons": ["Evicted"]}, "'Empty', 'Expired', 'Drifted', 'Underutilized' or 'Cheaper'"),
     ],
 )

@@ -4,7 +4,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
@@ -102,6 +102,7 @@ def _hash(c: Obj, p: Obj) -> str:
     return drift_hash(klass, pool, klass.providers[0].name)
 
 
+@settings(max_examples=50)
 @given(classes(), POOLS, st.sampled_from(sorted(REPLACEMENT)), NAMES)
 def test_changing_what_made_a_node_changes_its_hash(klass: Obj, pool: Obj, change: str, token: str) -> None:
     before = _hash(klass, pool)
@@ -111,6 +112,7 @@ def test_changing_what_made_a_node_changes_its_hash(klass: Obj, pool: Obj, chang
     assert after != before and drifted(before, after), change
 
 
+@settings(max_examples=50)
 @given(classes(), POOLS, st.sampled_from(sorted(IN_PLACE)), NAMES)
 def test_changing_what_is_applied_in_place_keeps_the_hash(klass: Obj, pool: Obj, change: str, token: str) -> None:
     before = _hash(klass, pool)
@@ -119,6 +121,7 @@ def test_changing_what_is_applied_in_place_keeps_the_hash(klass: Obj, pool: Obj,
     assert _hash(c, p) == before and not drifted(before, _hash(c, p)), change
 
 
+@settings(max_examples=50)
 @given(classes(), POOLS)
 def test_another_providers_credentials_do_not_drift_this_node(klass: Obj, pool: Obj) -> None:
     before = _hash(klass, pool)

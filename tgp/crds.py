@@ -389,6 +389,9 @@ class PoolTemplate(Spec):
 BUDGET_REASONS = ("Empty", "Expired", "Drifted", "Underutilized", "Cheaper")
 BudgetReason = Literal["Empty", "Expired", "Drifted", "Underutilized", "Cheaper"]
 MAX_BUDGETS = 50
+# A budget's window is at most a year: a budget active for longer needs no schedule, and the
+# check walks the window's days. Checked by the model (the bridge), as a pattern cannot bound it.
+MAX_BUDGET_DURATION = timedelta(days=366)
 BUDGET_NODES_PATTERN = r"^((100|[0-9]{1,2})%|[0-9]{1,4})$"
 BUDGET_NODES_MESSAGE = (
     "nodes must be a count of nodes from 0 to 9999 (e.g. 2; 0 blocks) or a percentage of the pool's nodes from 0% "
@@ -462,7 +465,8 @@ class DisruptionBudget(Spec):
     )
     duration: OptionalDuration = Field(
         None,
-        description="How long the budget stays active each time its schedule fires, e.g. 8h. Needs schedule.",
+        description=f"How long the budget stays active each time its schedule fires, e.g. 8h; at most {format_duration(MAX_BUDGET_DURATION)} "
+        "(the bridge refuses more). Needs schedule.",
     )
     reasons: list[BudgetReason] | None = Field(
         None,
@@ -476,6 +480,11 @@ class DisruptionBudget(Spec):
     def _window_needs_both(self) -> DisruptionBudget:
         if (self.schedule is None) != (self.duration is None):
             raise ValueError(BUDGET_WINDOW_MESSAGE)
+        if self.duration is not None and self.duration > MAX_BUDGET_DURATION:
+            raise ValueError(
+                f"duration {format_duration(self.duration)} is longer than {format_duration(MAX_BUDGET_DURATION)}: "
+                "a budget active for longer needs no schedule"
+            )
         return self
 
     def describe(self) -> str:

@@ -120,7 +120,7 @@ class CronSchedule:
 
     def fired_between(self, start: datetime, end: datetime) -> bool:
         """Whether a fire time F (a whole UTC minute) lies in (start, end]."""
-        start, end = start.astimezone(UTC), end.astimezone(UTC)
+        start, end = _utc(start), _utc(end)
         if end <= start:
             return False
         hours, minutes = sorted(self.hours), sorted(self.minutes)
@@ -139,6 +139,10 @@ class CronSchedule:
                             return True
             day += timedelta(days=1)
         return False
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)  # naive = UTC, never local time
 
 
 def _star_list(part: str) -> bool:
