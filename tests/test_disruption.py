@@ -19,7 +19,10 @@ from tgp.disruption import (
     budget_nodes,
     do_not_disrupt,
     held_message,
+    pod_delete_at,
+    pod_holds_node,
     reshop,
+    termination_deadline,
 )
 
 NOW = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)  # a Tuesday
@@ -186,6 +189,13 @@ def test_do_not_disrupt_is_either_annotation_set_to_true(annotations: dict[str, 
     assert held is (expected and reason in VOLUNTARY)
 
 
+@given(st.dictionaries(_KEYS, _VALUES, max_size=3), st.sampled_from(["Pending", "Running", "Succeeded", "Failed", "Unknown"]), st.booleans())
+def test_only_an_active_pod_holds_its_node(annotations: dict[str, str], phase: str, deleting: bool) -> None:
+    """Karpenter's IsDisruptable: a finished or terminating pod no longer holds its node."""
+    active = phase not in ("Succeeded", "Failed") and not deleting
+    assert pod_holds_node(annotations, phase, deleting) is (do_not_disrupt(annotations) and active)
+
+
 def test_do_not_disrupt_holds_voluntary_reasons_only() -> None:
     assert do_not_disrupt({"karpenter.sh/do-not-disrupt": "true"}) and not do_not_disrupt(None)
     assert {r for r in DisruptionReason if blocks(r)} == {
@@ -200,6 +210,22 @@ def test_a_node_past_expiry_says_what_holds_it() -> None:
     assert message.startswith("node is past its expireAfter but do-not-disrupt holds it: ml/train-0, ml/train-1, ml/a and 1 more")
     assert "manual evict does not wait" in message
     assert "terminationGracePeriod (24h) ends the wait" in held_message(DisruptionReason.EXPIRED, ["node"], timedelta(hours=24))
+
+
+# --- terminationGracePeriod -------------------------------------------------------------------
+
+
+@given(
+    st.datetimes(datetime(2026, 1, 1), datetime(2027, 1, 1)).map(lambda t: t.replace(tzinfo=UTC)),
+    st.integers(0, 48 * 3600).map(lambda s: timedelta(seconds=s)),
+    st.integers(0, 3 * 3600).map(lambda s: timedelta(seconds=s)),
+)
+def test_a_pod_is_deleted_in_time_for_its_own_grace(began: datetime, grace: timedelta, pod_grace: timedelta) -> None:
+    deadline = termination_deadline(began, grace)
+    assert deadline == began + grace and termination_deadline(began, None) is None
+    delete_at = pod_delete_at(deadline, pod_grace, began)
+    assert began <= delete_at <= deadline
+    assert delete_at + pod_grace <= deadline or delete_at == began  # its whole grace fits, unless the window is shorter
 
 
 # --- re-shopping ------------------------------------------------------------------------------

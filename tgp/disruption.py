@@ -6,9 +6,11 @@ cheaper offer is worth a replacement. No I/O; the node and pool workflows call t
   [each fire, fire + duration); a budget with no `reasons` covers every voluntary reason; of the
   active budgets that cover a reason the most restrictive wins; nodes already disrupting count
   against it. A manual evict, an interruption and a lost node are never limited.
-* **do-not-disrupt** (`do_not_disrupt`, `blocks`): `tgp.io/do-not-disrupt: "true"` or
-  Karpenter's `karpenter.sh/do-not-disrupt: "true"` on a pod or a Node stops voluntary reasons;
-  a manual evict, an interruption, a lost node and a repair go ahead.
+* **do-not-disrupt** (`do_not_disrupt`, `pod_holds_node`, `blocks`): `tgp.io/do-not-disrupt:
+  "true"` or Karpenter's `karpenter.sh/do-not-disrupt: "true"` on a running pod or on a Node
+  stops voluntary reasons; a manual evict, an interruption, a lost node and a repair go ahead.
+* **terminationGracePeriod** (`termination_deadline`, `pod_delete_at`): the longest a node may
+  take to leave once its disruption began, over PDBs and do-not-disrupt.
 * **Re-shopping** (`reshop`): replace a node when the best current offer that fits its pods is
   at least `cheaperBy` cheaper and the node has run at least `after`.
 """
@@ -133,6 +135,13 @@ def do_not_disrupt(annotations: Mapping[str, str] | None) -> bool:
     return any((annotations or {}).get(key) == "true" for key in DO_NOT_DISRUPT_ANNOTATIONS)
 
 
+def pod_holds_node(annotations: Mapping[str, str] | None, phase: str = "Running", deleting: bool = False) -> bool:
+    """Whether a pod holds its node against voluntary disruption: it asks not to be disrupted and
+    is still active (not Succeeded or Failed, not being deleted), as Karpenter's IsDisruptable
+    reads it. A finished Job pod no longer holds its node."""
+    return do_not_disrupt(annotations) and phase not in ("Succeeded", "Failed") and not deleting
+
+
 def blocks(reason: DisruptionReason) -> bool:
     """Whether a do-not-disrupt pod or Node holds back a disruption for `reason`: the voluntary
     ones, not a manual evict, an interruption, a lost node or a repair."""
@@ -156,6 +165,22 @@ def held_message(reason: DisruptionReason, holders: Sequence[str], grace: timede
         else "; it waits until they finish or the annotation is removed (a manual evict does not wait)"
     )
     return f"node {why} but do-not-disrupt holds it: {shown}{until}"
+
+
+# --- terminationGracePeriod ------------------------------------------------------------------
+
+
+def termination_deadline(began: datetime, grace: timedelta | None) -> datetime | None:
+    """When a node whose disruption began at `began` is terminated whatever holds it (PDBs,
+    do-not-disrupt pods): `began + terminationGracePeriod`; None = no such bound."""
+    return None if grace is None else began + grace
+
+
+def pod_delete_at(deadline: datetime, pod_grace: timedelta, began: datetime) -> datetime:
+    """When to delete a pod that still blocks the drain so that it gets its whole
+    terminationGracePeriodSeconds before the node's deadline (Karpenter: deadline - the pod's
+    grace), never before the disruption began."""
+    return max(began, deadline - pod_grace)
 
 
 # --- re-shopping ----------------------------------------------------------------------------
