@@ -82,6 +82,7 @@ def test_robfig_day_rule_and_names() -> None:
     assert not either.day_and and either.matches_day(date(2026, 11, 23)) and either.matches_day(date(2026, 12, 1))
     stepped = CronSchedule.parse("0 0 */2 * mon")  # robfig: */2 is not "any", so either (Debian cron: both)
     assert not stepped.day_and
+    assert CronSchedule.parse("0 0 */01 * mon").day_and and CronSchedule.parse("0 0 5,* * mon").day_and
     assert replace(CronSchedule.parse("@weekly"), text="") == replace(CronSchedule.parse("0 0 * * 0"), text="")
     assert CronSchedule.parse("5/20 * * * *").minutes == {5, 25, 45}
     assert CronSchedule.parse("0 9 * JAN-mar *").months == {1, 2, 3}

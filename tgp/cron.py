@@ -147,7 +147,11 @@ def _utc(t: datetime) -> datetime:
 
 def _star_list(part: str) -> bool:
     # robfig/cron marks a field as "any" when one of its list items is * or ? without a step > 1.
-    return any(item in ("*", "?", "*/1", "?/1") for item in part.split(","))
+    def star(item: str) -> bool:
+        body, _, step = item.partition("/")
+        return body in ("*", "?") and (not step or int(step) == 1)
+
+    return any(star(item) for item in part.split(","))
 
 
 def _parse_field(part: str, field: _Field, text: str) -> set[int]:
