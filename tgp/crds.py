@@ -560,7 +560,7 @@ class Disruption(Spec):
 
     budgets: list[DisruptionBudget] = Field(
         [DisruptionBudget()],
-        json_schema_extra={"maxItems": MAX_BUDGETS},
+        max_length=MAX_BUDGETS,
         description="Disruption budgets (Karpenter's): how many nodes tgp may disrupt at once for voluntary reasons "
         "(Empty, Expired, Drifted, Underutilized, Cheaper). When several are active the most restrictive wins. "
         f"Unset = one budget of nodes: 10%; an empty list = no limit. At most {MAX_BUDGETS}.",
