@@ -205,6 +205,16 @@ def test_do_not_disrupt_holds_voluntary_reasons_only() -> None:
         assert not blocks(reason)
 
 
+def test_do_not_disrupt_on_a_pod_and_on_a_node() -> None:
+    """The issue's examples: either annotation, on a running pod or on the Node, holds expiry; a
+    finished pod does not; a manual evict goes ahead."""
+    annotated = {"tgp.io/do-not-disrupt": "true"}
+    assert pod_holds_node(annotated, "Running") and blocks(DisruptionReason.EXPIRED)
+    assert not pod_holds_node(annotated, "Succeeded") and not pod_holds_node({"tgp.io/do-not-disrupt": "false"})
+    node = {"karpenter.sh/do-not-disrupt": "true", "node.alpha.kubernetes.io/ttl": "0"}
+    assert do_not_disrupt(node) and not blocks(DisruptionReason.EVICTED)
+
+
 def test_a_node_past_expiry_says_what_holds_it() -> None:
     message = held_message(DisruptionReason.EXPIRED, ["ml/train-0", "ml/train-1", "ml/a", "ml/b"])
     assert message.startswith("node is past its expireAfter but do-not-disrupt holds it: ml/train-0, ml/train-1, ml/a and 1 more")

@@ -142,3 +142,12 @@ def test_the_hash_is_the_same_in_every_process() -> None:
 
 def test_a_hash_of_another_version_or_none_is_not_drift() -> None:
     assert not drifted(None, "v1-abc") and not drifted("v0-abc", "v1-def") and drifted("v1-abc", "v1-def") and not drifted("v1-abc", "v1-abc")
+
+
+def test_a_class_template_change_drifts_a_node_and_a_pool_label_change_does_not() -> None:
+    """The issue's examples: a new boot template replaces nodes; a new label is applied in place."""
+    klass = {"providers": [{"name": "simulated"}], "bootstrapTemplate": "#cloud-config\nv1"}
+    pool = {"nodeClassRef": {"name": "c"}, "template": {"metadata": {"labels": {"team": "a"}}}}
+    made_with = _hash(klass, pool)
+    assert drifted(made_with, _hash({**klass, "bootstrapTemplate": "#cloud-config\nv2"}, pool))
+    assert not drifted(made_with, _hash(klass, {**pool, "template": {"metadata": {"labels": {"team": "b"}}}}))
