@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.drift import DRIFT_HASH_VERSION, drift_hash, drifted
+from tgp.drift import DRIFT_HASH_VERSION, IN_PLACE_FIELDS, drift_hash, drifted, in_place_changes
 
 Obj = dict[str, Any]
 NAMES = st.text("abcdefgh", min_size=1, max_size=6)
@@ -97,6 +97,16 @@ IN_PLACE: dict[str, Mutation] = {
 }
 
 
+# What each in-place change applies to running nodes (the rest touch no node: the pool's own
+# budgets, counts and prices, the class's limits, or only an order).
+APPLIED = {
+    "labels": frozenset({"labels"}),
+    "taints": frozenset({"taints"}),
+    "timeouts": frozenset({"timeouts"}),
+    "consolidation": frozenset({"timeouts"}),  # terminationGracePeriod rides along
+}
+
+
 def _hash(c: Obj, p: Obj) -> str:
     klass, pool = GPUNodeClassSpec.model_validate(c), GPUNodePoolSpec.model_validate(p)
     return drift_hash(klass, pool, klass.providers[0].name)
@@ -119,6 +129,8 @@ def test_changing_what_is_applied_in_place_keeps_the_hash(klass: Obj, pool: Obj,
     c, p = copy.deepcopy(klass), copy.deepcopy(pool)
     IN_PLACE[change](c, p, token)
     assert _hash(c, p) == before and not drifted(before, _hash(c, p)), change
+    applied = in_place_changes(GPUNodePoolSpec.model_validate(pool), GPUNodePoolSpec.model_validate(p))
+    assert applied == APPLIED.get(change, frozenset()) and applied <= set(IN_PLACE_FIELDS), change
 
 
 @settings(max_examples=50)

@@ -80,3 +80,26 @@ def drifted(recorded: str | None, current: str) -> bool:
     if recorded is None or recorded.partition("-")[0] != current.partition("-")[0]:
         return False
     return recorded != current
+
+
+IN_PLACE_FIELDS = ("labels", "taints", "timeouts")
+
+
+def in_place_changes(old: GPUNodePoolSpec, new: GPUNodePoolSpec) -> frozenset[str]:
+    """What of a pool's change is applied to its running nodes in place: `labels`, `taints`,
+    `timeouts` (idleTimeout, expireAfter, drainTimeout, terminationGracePeriod). Order does
+    not count (taints are a set on a Node). Budgets, consolidation, counts and prices are the
+    pool's own and touch no node; what needs a new node is `drift_hash`'s."""
+    changed = set()
+    if old.template.metadata.labels != new.template.metadata.labels:
+        changed.add("labels")
+    if _taints(old) != _taints(new):
+        changed.add("taints")
+    timeouts = ("idle_timeout", "expire_after", "drain_timeout", "termination_grace_period")
+    if any(getattr(old.disruption, t) != getattr(new.disruption, t) for t in timeouts):
+        changed.add("timeouts")
+    return frozenset(changed)
+
+
+def _taints(pool: GPUNodePoolSpec) -> set[tuple[str, str | None, str]]:
+    return {(t.key, t.value, t.effect) for t in pool.template.spec.taints}
