@@ -139,6 +139,16 @@ def test_a_naive_time_is_utc_and_a_year_long_window_is_quick() -> None:
     assert budget_active(daily, datetime(2026, 11, 24, 9, 30)) and not budget_active(daily, datetime(2026, 11, 24, 10, 30))
 
 
+def test_a_budget_that_cannot_be_read_fails_closed() -> None:
+    """As Karpenter's: a schedule or count no longer readable (admitted under older rules and
+    carried in history) blocks rather than lets every node go."""
+    unreadable = DisruptionBudget.model_construct(nodes="10%", schedule="0 9 * * 7", duration=timedelta(hours=1), reasons=None)
+    verdict = allowed_disruptions([DisruptionBudget(nodes="50%"), unreadable], NOW, DisruptionReason.DRIFTED, 10, 0)
+    assert verdict.allowed == 0 and verdict.blocking == 1
+    garbled = DisruptionBudget.model_construct(nodes="lots", schedule=None, duration=None, reasons=None)
+    assert allowed_disruptions([garbled], NOW, DisruptionReason.EMPTY, 10, 0).allowed == 0
+
+
 def test_business_hours_freeze_example() -> None:
     """The issue's example: no voluntary disruption on weekdays 09:00-17:00 UTC."""
     budgets = [DisruptionBudget(nodes="0", schedule="0 9 * * mon-fri", duration="8h"), DisruptionBudget(nodes="20%")]

@@ -104,25 +104,33 @@ def allowed_disruptions(
     still booting does not widen a percentage); `disrupting` those already being disrupted, which
     every budget counts against itself. The most restrictive active budget that covers `reason`
     wins; a manual evict, an interruption and a lost node are never limited."""
-    best: tuple[int, int] | None = None  # (allowed, budget index)
+    best: tuple[int, int, int | None] | None = None  # (allowed, budget index, its limit; None = unreadable)
     for index, budget in enumerate(budgets):
-        if not budget_covers(budget, reason) or not budget_active(budget, now):
+        if not budget_covers(budget, reason):
             continue
-        allowed = max(0, budget_nodes(budget, pool_nodes) - disrupting)
+        try:
+            if not budget_active(budget, now):
+                continue
+            limit: int | None = budget_nodes(budget, pool_nodes)
+        except ValueError:
+            limit = None  # a budget that cannot be read (admitted under older rules) fails closed, as Karpenter's does
+        allowed = 0 if limit is None else max(0, limit - disrupting)
         if best is None or allowed < best[0]:
-            best = (allowed, index)
+            best = (allowed, index, limit)
     if best is None:
         return BudgetVerdict(allowed=None)
-    allowed, index = best
+    allowed, index, limit = best
     if allowed > 0:
         return BudgetVerdict(allowed=allowed)
     budget = budgets[index]
-    limit = budget_nodes(budget, pool_nodes)
-    of = f" ({budget.nodes} of {pool_nodes} nodes)" if budget.nodes.endswith("%") else ""
-    message = (
-        f"{reason.value} disruption blocked by budgets[{index}] ({budget.describe()}): it allows {limit}{of} "
-        f"at once and {disrupting} {'is' if disrupting == 1 else 'are'} disrupting"
-    )
+    if limit is None:
+        message = f"{reason.value} disruption blocked by budgets[{index}] ({budget.describe()}): it cannot be read, so it blocks"
+    else:
+        of = f" ({budget.nodes} of {pool_nodes} nodes)" if budget.nodes.endswith("%") else ""
+        message = (
+            f"{reason.value} disruption blocked by budgets[{index}] ({budget.describe()}): it allows {limit}{of} "
+            f"at once and {disrupting} {'is' if disrupting == 1 else 'are'} disrupting"
+        )
     return BudgetVerdict(allowed=0, blocking=index, message=message)
 
 
