@@ -5,13 +5,13 @@ Syntax: five fields `minute hour day-of-month month day-of-week`, each a comma l
 `N` or `N-M`, optionally `/step`; month and weekday names (`jan`, `mon-fri`, any case); `?`
 for `*` in the day fields; or one of `@yearly` `@annually` `@monthly` `@weekly` `@daily`
 `@midnight` `@hourly`. Day rule of robfig/cron (what Karpenter and CronJobs run): when either
-day field is a plain `*` (or `?`) both must match, otherwise either may.
+day field is `*` or `?` without a step, both must match, otherwise either may.
 
 Why not a library: cronsim (the well-kept pure one on PyPI) follows Debian cron, not
 robfig/cron (its day rule differs for `*/n`, it has no `@daily`, and it accepts `L`, `W`, `#`
 and a seconds field that the CRD must refuse), and it searches forward up to 50 years where a
 budget only needs "did it fire in (now - duration, now]", a bounded walk over the window's days.
-The tests compare this module with cronsim where the two agree by definition.
+The tests check that walk against a minute-by-minute one, and the parser against the CRD's rule.
 """
 
 from __future__ import annotations
