@@ -10,6 +10,10 @@ the same signals again, which the workflows (stable ids, signal-with-start) abso
 * Pods         -> unschedulable GPU pods, batched, assigned to pools (tgp.demand) -> `demand`.
 * Nodes        -> `tgp.io/evict=<reason>` on a managed Node -> `evict` on its node workflow.
 
+A pool or class is sent only when what its workflow reads changed since the bridge last sent it
+(spec and generation, uid, deletion, the class a pool refers to): the status the workflows write
+comes back as events and is not sent back to them. A restarted bridge sends everything once.
+
 Level-triggered as well: every `entity_resync` the bridge checks that each pool and class it
 knows has a running workflow, and starts the missing ones (a workflow terminated by hand, or
 lost with a Temporal namespace) with the object as it is; a restarted pool gets its demand again.
