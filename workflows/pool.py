@@ -149,6 +149,7 @@ class PoolInput(BaseModel):
     resync_interval: timedelta = RESYNC_INTERVAL
     bind_grace: timedelta = POD_BIND_GRACE
     visibility_lag: timedelta = VISIBILITY_LAG
+    class_refusal_backoff: timedelta = CLASS_REFUSAL_BACKOFF
     state: PoolState = PoolState()
 
 
@@ -550,7 +551,7 @@ class GPUNodePoolWorkflow:
         if refused:
             self.state.class_refusal = ClassRefusal(
                 reason=refused,
-                until=now + CLASS_REFUSAL_BACKOFF,
+                until=now + self.inp.class_refusal_backoff,
                 generation=u.generation,
                 node_class=_class_key(u),
                 nodes_ended=self.state.nodes_ended,
