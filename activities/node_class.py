@@ -76,6 +76,9 @@ async def ledger_batch(class_workflow_id: str, name: str, reservations: list[Res
             return [Grant(granted=False, reason=why)] * len(reservations)
         raise
     except WorkflowUpdateFailedError as exc:
+        if "not found" in str(exc.cause or ""):
+            # A class run by an older worker that has no batch updates: one call each.
+            return [await ledger_update(class_workflow_id, name.removesuffix("_many"), r) for r in reservations]
         return [Grant(granted=False, reason=str(exc.cause or exc))] * len(reservations)
     return answer.grants
 
@@ -151,9 +154,25 @@ class LedgerBatcher:
             why = f"the class ledger {class_workflow_id} is not running (is the GPUNodeClass applied?)"
             return [Grant(granted=False, reason=why)] * len(items)
         except WorkflowUpdateFailedError as exc:
+            if "not found" in str(exc.cause or ""):
+                # A class run by an older worker that has no batch updates: one call each.
+                return await LedgerBatcher._one_by_one(handle, kind, items)
             if kind == "release":
                 raise
             return [Grant(granted=False, reason=str(exc.cause or exc))] * len(items)
+
+    @staticmethod
+    async def _one_by_one(handle: Any, kind: str, items: list[Any]) -> list[Any]:
+        answers = []
+        for item in items:
+            if kind == "settle":
+                try:
+                    answers.append(await handle.execute_update("settle", item, result_type=Grant))
+                except WorkflowUpdateFailedError as exc:
+                    answers.append(Grant(granted=False, reason=str(exc.cause or exc)))
+            else:
+                answers.append(await handle.execute_update("release", item))
+        return answers
 
 
 async def _template_report(owner: str, field: str, template: str, settings: BootSettings | None = None) -> TemplateReport:
