@@ -26,7 +26,7 @@ from tgp.messages import NodeReport
 from tgp.types import NodePhase, node_workflow_id
 from workflows.pool import GPUNodePoolWorkflow
 
-NODES = int(os.environ.get("TGP_HISTORY_NODES", "300"))
+NODES = int(os.environ.get("TGP_HISTORY_NODES", "200"))
 LISTINGS = {"running_nodes", "running_nodes_changed"}
 STATUS_WRITES = {"write_status", "write_pool_status"}
 
