@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
@@ -19,6 +20,7 @@ from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, running_stack
 from tests.test_burst import plain_pod
+from tgp.messages import class_workflow_id, pool_workflow_id
 
 PODS = int(os.environ.get("TGP_BURST_PODS", "40"))
 
@@ -39,7 +41,7 @@ async def test_a_burst_through_the_bridge_gets_every_pod_a_node(temporal: Workfl
                 return None if waiting else pods
 
             try:
-                await eventually(all_running, timeout=60 + PODS, what=f"all {PODS} pods Running")
+                await eventually(all_running, timeout=120 + 2 * PODS, what=f"all {PODS} pods Running")
             except AssertionError:
                 raise AssertionError(await _what_stalled(s)) from None
         took = time.monotonic() - began
@@ -48,6 +50,8 @@ async def test_a_burst_through_the_bridge_gets_every_pod_a_node(temporal: Workfl
 
 
 async def _what_stalled(s: Any) -> str:
+    """What a stalled burst looks like: the pods, the pool's view, and the pool's and class's
+    histories (what they are waiting on)."""
     pods = (await s.kube.get("/api/v1/namespaces/ml/pods")).json()["items"]
     waiting = sorted(p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") != "Running")
     status = await s.pool_status("ml", "burst")
@@ -55,8 +59,6 @@ async def _what_stalled(s: Any) -> str:
     for n in status.get("nodes") or []:
         phases[n["phase"]] = phases.get(n["phase"], 0) + 1
     conditions = {c["type"]: (c["status"], c["reason"], c["message"][:200]) for c in status.get("conditions") or []}
-    from collections import Counter
-    from tgp.messages import class_workflow_id, pool_workflow_id
     extra = ""
     for wid in (class_workflow_id("sim"), pool_workflow_id("ml", "burst")):
         h = s.env.client.get_workflow_handle(wid)
