@@ -33,6 +33,7 @@ async def test_a_burst_through_the_bridge_gets_every_pod_a_node(temporal: Workfl
         await apply(s.kube, gpu_pool("burst", disruption=NO_IDLING))
         began = time.monotonic()
         await asyncio.gather(*(plain_pod(s.kube, f"b-{i}") for i in range(PODS)))
+        started = asyncio.create_task(_all_started(s, began))
         async with SimScheduler(kube_api.url, interval=0.2, client=kube_api.http):
 
             async def all_running() -> list[dict[str, Any]] | None:
@@ -43,10 +44,20 @@ async def test_a_burst_through_the_bridge_gets_every_pod_a_node(temporal: Workfl
             try:
                 await eventually(all_running, timeout=120 + 2 * PODS, what=f"all {PODS} pods Running")
             except AssertionError:
+                started.cancel()
                 raise AssertionError(await _what_stalled(s)) from None
         took = time.monotonic() - began
-        print(f"burst: {PODS} pods Running in {took:.1f} s; {len(s.world.cloud.instances)} instances bought")
+        print(f"burst: {PODS} pods Running in {took:.1f} s (their node workflows all started after {await started:.1f} s); {len(s.world.cloud.instances)} instances bought")
         assert len(s.world.cloud.instances) == PODS, f"{len(s.world.cloud.instances)} nodes bought for {PODS} one-GPU pods"
+
+
+async def _all_started(s: Any, began: float) -> float:
+    """Seconds from the burst until the pool counts a node for every pod (its status)."""
+    while (await s.pool_status("ml", "burst")).get("desiredNodes", 0) < PODS:
+        await asyncio.sleep(0.5)
+    took = time.monotonic() - began
+    print(f"burst: the pool counts {PODS} nodes after {took:.1f} s", flush=True)
+    return took
 
 
 async def _what_stalled(s: Any) -> str:
