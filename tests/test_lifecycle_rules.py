@@ -190,3 +190,11 @@ def test_a_view_from_before_ready_or_before_the_last_one_is_dated_no_earlier_tha
     state = apply_view(state, look(busy=1), T0 + timedelta(minutes=4), TIMEOUTS)
     state = apply_view(state, look(), T0 + timedelta(minutes=1), TIMEOUTS)  # a late signal
     assert state.idle_since == T0 + timedelta(minutes=4)
+
+
+def test_a_request_with_the_old_poll_interval_gets_the_backstop_look() -> None:
+    from tgp.lifecycle import BACKSTOP_LOOK, backstop_period
+
+    assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=30))) == BACKSTOP_LOOK
+    assert backstop_period(LifecycleTimeouts()) == BACKSTOP_LOOK
+    assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=1))) == timedelta(seconds=1)

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tgp.types import Instance, InstanceState, LifecycleTimeouts, NodeFacts, NodeObservation, NodeSummary, PodSummary
+from tgp.types import WATCH_INTERVAL, Instance, InstanceState, LifecycleTimeouts, NodeFacts, NodeObservation, NodeSummary, PodSummary
 
 # A Ready node that stays missing or NotReady this long is given up as lost (the kubelet's
 # default node-monitor grace is 40 s; 5 minutes rides out a tailnet blip or a reboot). The
@@ -19,7 +19,11 @@ NODE_LOST_AFTER = timedelta(minutes=5)
 # the provider's bulk listing missed. Every 45 minutes a look costs a Ready node at rest about
 # 8 history events an hour (a timer and a local activity's marker per look), under the 10 the
 # issue allows; it is the default `watch_interval` of a node (tests shorten it).
-BACKSTOP_LOOK = timedelta(minutes=45)
+BACKSTOP_LOOK = WATCH_INTERVAL
+# The poll interval every node request carried before the event-driven watch (the default
+# then): a run continued as new or handed over from an older release still has it in its
+# input, and gets the backstop look instead of a look every 30 seconds for the rest of its life.
+POLL_INTERVAL_BEFORE_EVENTS = timedelta(seconds=30)
 
 
 class EndReason(StrEnum):
@@ -92,6 +96,14 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
     if idle_since is not None and timeouts.idle is not None and now - idle_since >= timeouts.idle and not held:
         return WatchVerdict(state=new_state, end=EndReason.IDLE, detail=f"no workload pods for {_minutes(now - idle_since)}")
     return WatchVerdict(state=new_state)
+
+
+def backstop_period(timeouts: LifecycleTimeouts) -> timedelta:
+    """How often the event-driven watch looks without a reason: the request's watch interval,
+    unless that is the old poll default an older request carries."""
+    if timeouts.watch_interval == POLL_INTERVAL_BEFORE_EVENTS:
+        return BACKSTOP_LOOK
+    return timeouts.watch_interval
 
 
 def facts_view(facts: NodeFacts, instance: Instance | None) -> NodeObservation:
