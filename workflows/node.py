@@ -19,7 +19,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall, NodeClassActivities
@@ -655,10 +655,10 @@ class GPUNodeWorkflow:
                 retry_policy=API_RETRY,
                 summary="look",
             )
-        except ActivityError as exc:
+        except FailureError as exc:  # a local activity's failure comes unwrapped, as its cause
             if self._cancel_requested():
                 raise asyncio.CancelledError() from None  # the cancel landed during the look
-            self.state.last_error = f"could not observe the node: {_describe(exc)}"
+            self.state.last_error = f"could not observe the node: {_describe_failure(exc)}"
             self.state.watch = self.state.watch.model_copy(update={"looked_at": workflow.now()})
             return
         now = workflow.now()
@@ -997,6 +997,18 @@ class GPUNodeWorkflow:
             lines.append(f"- last error: {self.state.last_error}")
         lines.append(f"- evict: `temporal workflow signal --workflow-id {workflow.info().workflow_id} --name evict --input '{{\"reason\":\"manual\"}}'`")
         return "\n".join(lines)
+
+
+def _describe_failure(exc: FailureError) -> str:
+    """An activity's failure as `_describe` says it, whether it came wrapped in an ActivityError
+    (an activity) or as its bare cause (a local activity)."""
+    if isinstance(exc, ActivityError):
+        return _describe(exc)
+    if isinstance(exc, ApplicationError):
+        return f"{exc.type}: {exc.message}" if exc.type else exc.message
+    if isinstance(exc, TimeoutError):
+        return f"activity timed out ({exc.type.name if exc.type else 'timeout'})"
+    return str(exc)
 
 
 def _human(d: timedelta) -> str:
