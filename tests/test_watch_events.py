@@ -209,3 +209,51 @@ def test_the_bridge_reads_a_pod_as_the_activities_do(pod: dict[str, Any]) -> Non
     decoded = k8s.ApiClient.__new__(k8s.ApiClient)
     v1 = decoded._ApiClient__deserialize({"apiVersion": "v1", "kind": "Pod", **pod}, "V1Pod")  # type: ignore[attr-defined]
     assert pod_summary_of(pod) == _pod_summary(v1)
+
+
+# --- the sender -------------------------------------------------------------------------------
+
+
+def _node(name: str, *, ready: bool = True, gpus: str = "1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"tgp.io/managed": "true", "tgp.io/pool": "rtx", "tgp.io/pool-namespace": "ml"}},
+        "status": {"allocatable": {"nvidia.com/gpu": gpus}, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def _pod(name: str, node: str, **status: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml"}, "spec": {"nodeName": node, "containers": [{"name": "c"}]}, "status": {"phase": "Running", **status}}
+
+
+async def test_the_bridge_tells_nothing_before_both_lists_then_every_node_once(temporal: WorkflowEnvironment) -> None:
+    """A Node listed before its pods would read idle: nothing is sent until the Pods and the
+    Nodes informers have both listed; then every managed node's facts are, once. A node whose
+    workflow is not running (NOT_FOUND) is dropped, not retried, and holds up no other."""
+    from crd_bridge.node_facts import NodeFactsSender
+
+    sender = NodeFactsSender(temporal.client)
+    task = asyncio.create_task(sender.run())
+    try:
+        sender.on_node("ADDED", _node("a"))
+        sender.on_node("ADDED", _node("b", ready=False))
+        sender.on_listed("nodes")
+        for _ in range(20):  # the sender gets its turns: it must not send
+            await asyncio.sleep(0)
+        assert sender.sent == {}, "facts sent from half a picture"
+        sender.on_pod("ADDED", _pod("job", "a"))
+        sender.on_pod("ADDED", _pod("done", "a", phase="Succeeded"))
+        sender.on_listed("pods")
+
+        async def all_sent() -> bool:
+            return set(sender.sent) == {"a", "b"} and not sender.due
+
+        await eventually(all_sent, what="every node's facts sent once both informers listed")
+        assert (sender.sent["a"].busy_pods, sender.sent["a"].ready, sender.sent["a"].gpus) == (1, True, 1)
+        assert (sender.sent["b"].busy_pods, sender.sent["b"].ready) == (0, False)
+        sent_a = sender.sent["a"]
+        sender.on_pod("MODIFIED", _pod("job", "a", phase="Running"))  # no change of the facts
+        sender.on_pod("DELETED", _pod("job", "a"))
+        await eventually(lambda: asyncio.sleep(0, sender.sent["a"].busy_pods == 0), what="the change sent")
+        assert sender.sent["a"].at >= sent_a.at
+    finally:
+        task.cancel()
