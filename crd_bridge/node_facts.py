@@ -44,8 +44,9 @@ INFORMERS = ("pods", "nodes")
 
 
 class NodeFactsSender:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, signal_timeout: timedelta = FACTS_SIGNAL_TIMEOUT) -> None:
         self.client = client
+        self.signal_timeout = signal_timeout
         self.workflow_ids: dict[str, str] = {}  # managed Node name -> its node workflow id
         self.latest: dict[str, NodeFacts] = {}  # Node name -> its facts, `at` when they last changed
         self.sent: dict[str, NodeFacts] = {}  # Node name -> the facts its workflow last received
@@ -155,7 +156,7 @@ class NodeFactsSender:
             return
         async with limit:
             try:
-                await self.client.get_workflow_handle(workflow_id).signal("node_facts", facts, rpc_timeout=FACTS_SIGNAL_TIMEOUT)
+                await self.client.get_workflow_handle(workflow_id).signal("node_facts", facts, rpc_timeout=self.signal_timeout)
             except RPCError as exc:
                 if exc.status is RPCStatusCode.NOT_FOUND:
                     self._delivered(name, facts)  # no live workflow for it: nobody to tell

@@ -285,3 +285,73 @@ async def test_a_sighting_from_the_providers_listing_makes_the_node_look_then_ac
         final = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.INTERRUPTED and (final.end_reason or "").startswith("interrupted"), final
         assert_nothing_left(world, req.node_name)
+
+
+class Gate:
+    """A TCP forwarder to the Temporal frontend that can be shut (every connection cut, new
+    ones refused) and opened again: the bridge's signals fail while it is shut."""
+
+    def __init__(self, upstream: str) -> None:
+        self.host, port = upstream.rsplit(":", 1)
+        self.port = int(port)
+        self.open = True
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def shut(self) -> None:
+        self.open = False
+        for writer in list(self.writers):
+            writer.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self.writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+                self.writers.discard(dst)
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def test_a_failed_signal_is_sent_again_until_it_gets_through(temporal: WorkflowEnvironment) -> None:
+    """The Temporal frontend unreachable: every node's facts wait and are retried with backoff;
+    once it answers again each node gets its latest facts (a change made meanwhile included)."""
+    from temporalio.client import Client
+
+    from crd_bridge.node_facts import NodeFactsSender
+
+    gate = Gate(temporal.client.service_client.config.target_host)
+    client = await Client.connect(await gate.start(), namespace=temporal.client.namespace, data_converter=DATA_CONVERTER)
+    sender = NodeFactsSender(client, signal_timeout=timedelta(seconds=1))
+    task = asyncio.create_task(sender.run())
+    try:
+        gate.shut()
+        for name in ("a", "b"):
+            sender.on_node("ADDED", _node(name))
+        sender.on_listed("nodes")
+        sender.on_listed("pods")
+        await eventually(lambda: asyncio.sleep(0, set(sender._failures) == {"a", "b"}), what="both sends failed")
+        assert sender.sent == {}, "nothing got through"
+        sender.on_pod("ADDED", _pod("job", "b"))  # a change while it cannot be told
+        gate.open = True
+        await eventually(lambda: asyncio.sleep(0, set(sender.sent) == {"a", "b"} and not sender.due), what="every node told once it answers")
+        assert sender.sent["b"].busy_pods == 1, "the latest facts, not the ones that failed"
+    finally:
+        task.cancel()
+        if gate.server is not None:
+            gate.server.close()
