@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.cluster import node_summary_of, pod_summary_of
 from crd_bridge.informer import Obj, object_key
+from crd_bridge.metrics import NODE_FACTS_SIGNALS
 from tgp.lifecycle import pod_keeps_node_busy
 from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, NodeFacts, node_workflow_id
 
@@ -159,6 +160,7 @@ class NodeFactsSender:
                 await self.client.get_workflow_handle(workflow_id).signal("node_facts", facts, rpc_timeout=self.signal_timeout)
             except RPCError as exc:
                 if exc.status is RPCStatusCode.NOT_FOUND:
+                    NODE_FACTS_SIGNALS.labels("no_workflow").inc()
                     self._delivered(name, facts)  # no live workflow for it: nobody to tell
                     return
                 self._failed(name, f"{exc.status.name if exc.status else 'RPCError'}: {exc}")
@@ -166,6 +168,7 @@ class NodeFactsSender:
             except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
                 self._failed(name, f"{type(exc).__name__}: {exc}")
                 return
+        NODE_FACTS_SIGNALS.labels("sent").inc()
         self._delivered(name, facts)
 
     def _delivered(self, name: str, facts: NodeFacts) -> None:
@@ -180,6 +183,7 @@ class NodeFactsSender:
             self.due.discard(name)
 
     def _failed(self, name: str, error: str) -> None:
+        NODE_FACTS_SIGNALS.labels("failed").inc()
         failures = self._failures.get(name, 0) + 1
         self._failures[name] = failures
         wait = min(FACTS_RETRY_START.total_seconds() * 2 ** (failures - 1), FACTS_RETRY_MAX.total_seconds())
