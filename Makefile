@@ -25,7 +25,7 @@ demo: $(STAMP)
 # The suite, without the fault matrix: the suite alone takes most of its 10-minute budget on
 # 2 cores, so the matrix is a target of its own.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not fault_matrix" --durations=30
+	$(BIN)/python -m pytest -q -m "not fault_matrix" -n auto --maxprocesses 4 --dist loadfile --durations=30
 
 # The fault matrix (tests/test_fault_matrix.py, marked fault_matrix): every lifecycle stage x
 # every fault with real worker, bridge and Temporal processes, then the 40-node burst; it prints

@@ -106,6 +106,8 @@ async def test_a_different_key_under_the_same_id_is_a_clear_error() -> None:
         ("k1:" + base64.b64encode(b"short").decode(), "is 5 bytes; it must be 32"),
         (key_entry("k1") + "," + key_entry("k1"), "'k1' appears twice"),
     ],
+    # Names that do not carry the random keys: every collection (each xdist worker's) agrees.
+    ids=["empty", "no-colon", "no-key", "no-id", "not-base64", "short-key", "duplicate-id"],
 )
 def test_malformed_keys_say_what_to_fix_without_echoing_the_key(value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as err:
