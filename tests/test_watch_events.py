@@ -355,3 +355,22 @@ async def test_a_failed_signal_is_sent_again_until_it_gets_through(temporal: Wor
         task.cancel()
         if gate.server is not None:
             gate.server.close()
+
+
+async def test_facts_told_during_bring_up_start_the_watch_without_a_look(temporal: WorkflowEnvironment) -> None:
+    """Facts that arrive before Ready are kept and start the watch: no look is needed to seed
+    it, and idleness counts from Ready (never from before it)."""
+    async with running_world(temporal) as (world, _, queue):
+        req = request(timeouts=AT_REST.model_copy(update={"idle": IDLE}))
+        handle = await start(temporal, queue, req)
+        early = NodeFacts(node_name=req.node_name, present=True, ready=True, gpus=1, busy_pods=0, at=datetime.now(timezone.utc))
+        await handle.signal(GPUNodeWorkflow.node_facts, early)
+        status = await asyncio.wait_for(handle.result(), 60)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+        ready = next(r for r in status.stages if r.stage is Stage.READY)
+        draining = next(r for r in status.stages if r.stage is Stage.DRAINING)
+        assert draining.at >= ready.at + IDLE, "idle counted from before Ready"
+        history = await handle.fetch_history()
+        looks = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and e.marker_recorded_event_attributes.marker_name == "core_local_activity"]
+        assert looks == [], "the watch looked although the bridge had told it"
+        assert_nothing_left(world, req.node_name)
