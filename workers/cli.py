@@ -69,7 +69,7 @@ def _temporal_settings(args: argparse.Namespace) -> TemporalSettings:
 async def run_worker(args: argparse.Namespace) -> None:
     from activities.metrics import METRICS_PORT_ENV, WORKER_METRICS_PORT, metrics_port, sdk_metrics
     from workers.temporal import connect, ensure_search_attributes
-    from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker, watch_sweeps
+    from workers.main import WorkerConfig, build_activities, ensure_fleet_look, ensure_sweeper_schedule, make_worker, watch_sweeps
     from activities.kube.cluster import load_client_classes
     from workers.metrics import start_worker_metrics
 
@@ -80,6 +80,7 @@ async def run_worker(args: argparse.Namespace) -> None:
     client = await connect(settings, runtime=sdk.runtime if sdk else None)
     await ensure_search_attributes(client)
     await ensure_sweeper_schedule(client, args.task_queue)
+    await ensure_fleet_look(client, args.task_queue)
     async with AsyncExitStack() as stack:
         activities = await build_activities(WorkerConfig.from_env(), stack)
         if port is not None and await start_worker_metrics(
