@@ -162,6 +162,7 @@ class SimulatedCloud:
         self._slow_describes_left: int | None = None
         self._describes_sped_up = asyncio.Event()
         self.describe_requests = 0
+        self.instance_lists = 0  # GET /v1/instances without a name (a whole listing: the fleet look, the sweeper)
         self._creates_failing_after_buy = 0
         self._deletes_failing = 0
         self.delete_requests = 0
@@ -427,6 +428,7 @@ class SimulatedCloud:
 
     async def _list_instances(self, request: web.Request) -> web.Response:
         name = request.query.get("name")
+        self.instance_lists += name is None
         found = [
             i.to_json()
             for i in self.live_instances()

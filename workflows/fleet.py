@@ -31,8 +31,8 @@ FLEET_LOOK_ID = "tgp-fleet-look"
 FLEET_LOOK_EVERY = timedelta(minutes=1)
 # One look: a paced, paged listing per account (Lambda's pacer: ~1 request/s) plus signals.
 FLEET_LOOK_TIMEOUT = timedelta(minutes=5)
-# After failed listings an account waits FLEET_LOOK_EVERY * 2^(failures-1), at most this
-# (or longer when the provider's Retry-After says so).
+# After n failed listings in a row an account waits FLEET_LOOK_EVERY * 2^n (so it sits out at
+# least the next look), at most this, or longer when the provider's Retry-After says so.
 FLEET_BACKOFF_MAX = timedelta(minutes=15)
 # About 8 history events per look: continue as new well before histories get long.
 LOOKS_PER_RUN = 120
@@ -58,7 +58,7 @@ class FleetLookRequest(BaseModel):
 
 def backoff(every: timedelta, failures: int, retry_after: float | None = None) -> timedelta:
     """How long an account waits after `failures` failed listings in a row."""
-    wait = min(every * (2 ** max(0, failures - 1)), FLEET_BACKOFF_MAX)
+    wait = min(every * (2 ** min(failures, 16)), FLEET_BACKOFF_MAX)
     return max(wait, timedelta(seconds=retry_after or 0))
 
 

@@ -1,0 +1,152 @@
+"""The fleet look against the simulated cloud and a real Temporal dev server: at rest one list
+per account per look and no request per node; an instance the provider ended is told to its
+node; a listing that fails or lags tells nothing wrong (issue 20, provider state in bulk)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from activities.accounts import ProviderRegistry
+from activities.clouds.registry import providers_from_env
+from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult
+from sim.world import SimWorld
+from tests.conftest import running_world
+from tests.test_node_lifecycle import FAST, request, start, wait_phase
+from tgp.types import InstanceSighting, NodePhase, NodeStatus
+from workers.temporal import DATA_CONVERTER
+from workflows.node import GPUNodeWorkflow
+
+# Nodes that do not look at their instance themselves during the test (the watch poll this
+# look replaces; on a tree where it is gone, the interval changes nothing).
+AT_REST = FAST.model_copy(update={"watch_interval": timedelta(hours=1)})
+
+
+async def look(env: WorkflowEnvironment, fleet: FleetActivities, skip: list[str] | None = None) -> FleetLookResult:
+    return await ActivityEnvironment(client=env.client).run(fleet.look_at_fleet, FleetLookInput(skip=skip or []))
+
+
+async def sightings_told(handle: WorkflowHandle) -> list[InstanceSighting]:
+    """The instance_seen signals in the node's history."""
+    told: list[InstanceSighting] = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            attrs = event.workflow_execution_signaled_event_attributes
+            if attrs.signal_name == "instance_seen":
+                [raw] = await DATA_CONVERTER.decode(attrs.input.payloads, [InstanceSighting])
+                told.append(raw)
+    return told
+
+
+async def ready_nodes(env: WorkflowEnvironment, queue: str, count: int) -> list[tuple[WorkflowHandle, NodeStatus]]:
+    handles = [await start(env, queue, request(timeouts=AT_REST)) for _ in range(count)]
+    return [(h, await wait_phase(h, NodePhase.READY)) for h in handles]
+
+
+async def until_listed_ready(env: WorkflowEnvironment, fleet: FleetActivities, count: int) -> FleetLookResult:
+    """Looks until visibility shows `count` Ready nodes (it lags a second or so)."""
+    for _ in range(200):
+        result = await look(env, fleet)
+        if result.nodes >= count and result.unresolved == 0:
+            return result
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"visibility never showed {count} Ready nodes")
+
+
+async def test_at_rest_each_look_lists_each_account_once_and_asks_nothing_per_node(temporal: WorkflowEnvironment) -> None:
+    """(a) N Ready nodes over several looks: one instance listing per look for the one account,
+    no describe of any node's instance, no signal."""
+    async with running_world(temporal) as (world, _, queue):
+        nodes = await ready_nodes(temporal, queue, 4)
+        async with fleet_look(world) as fleet:
+            await until_listed_ready(temporal, fleet, len(nodes))
+            lists, describes = world.cloud.instance_lists, world.cloud.describe_requests
+            results = [await look(temporal, fleet) for _ in range(3)]
+
+        assert world.cloud.instance_lists - lists == 3, "one listing per account per look"
+        assert world.cloud.describe_requests == describes, "no request per node"
+        assert all([(a.account, a.nodes, a.sent, a.failure) for a in r.accounts] == [("simulated", 4, 0, None)] for r in results)
+        for handle, _ in nodes:
+            assert await sightings_told(handle) == []
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+            await handle.result()
+
+
+async def test_an_instance_the_provider_ended_is_told_to_its_node_only(temporal: WorkflowEnvironment) -> None:
+    """(b), the look's part: the provider takes one instance away behind tgp's back; the next
+    look tells that node (missing from the listing), and no other."""
+    async with running_world(temporal) as (world, _, queue):
+        (victim, victim_status), (bystander, _) = await ready_nodes(temporal, queue, 2)
+        async with fleet_look(world) as fleet:
+            await until_listed_ready(temporal, fleet, 2)
+            await world.cloud.preempt(victim_status.instance_id or "")
+            result = await look(temporal, fleet)
+
+        assert [(a.account, a.sent) for a in result.accounts] == [("simulated", 1)]
+        [told] = await sightings_told(victim)
+        assert (told.instance_id, told.state) == (None, None), "the simulated cloud lists no ended instance: missing"
+        assert await sightings_told(bystander) == []
+        for handle in (victim, bystander):
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+            await handle.result()
+
+
+async def test_a_listing_that_lags_behind_a_new_node_tells_it_nothing(temporal: WorkflowEnvironment) -> None:
+    """(c) The provider's list lags behind creates (a window of 10 minutes here): a node that
+    just became Ready is missing from the listing, and is told nothing within the window."""
+    async with running_world(temporal) as (world, _, queue):
+        [(handle, _)] = await ready_nodes(temporal, queue, 1)
+        world.cloud.model.list_lag = 3600.0  # every listing from now on omits the instance
+        async with fleet_look(world, consistency_window=timedelta(minutes=10)) as fleet:
+            result = await until_listed_ready(temporal, fleet, 1)
+
+        assert [(a.account, a.listed, a.sent) for a in result.accounts] == [("simulated", 0, 0)]
+        assert await sightings_told(handle) == []
+        assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.READY
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await handle.result()
+
+
+async def test_a_throttled_listing_tells_nothing_and_is_skipped_while_it_backs_off(temporal: WorkflowEnvironment) -> None:
+    """(d) Every list answers 429 (after the adapter's own bounded retries): the look reports
+    the account failed with its error type only and tells no node; while the account backs off
+    the next look does not list it at all."""
+    async with running_world(temporal) as (world, _, queue):
+        [(handle, _)] = await ready_nodes(temporal, queue, 1)
+        async with fleet_look(world) as fleet:
+            await until_listed_ready(temporal, fleet, 1)
+            world.cloud.fail("/v1/instances", 429, times=1000, method="GET", message="slow down, key sk-live-123")
+            requests = sum(world.cloud.requests_by_key.values())
+
+            failed = await look(temporal, fleet)
+            [account] = failed.accounts
+            assert (account.failure, account.sent) == ("TransientError", 0)
+            assert await sightings_told(handle) == [], "a failed listing is not an empty one"
+            tried = sum(world.cloud.requests_by_key.values())
+            assert tried > requests
+
+            skipped = await look(temporal, fleet, skip=[account.account])
+            assert [(a.skipped, a.sent) for a in skipped.accounts] == [(True, 0)]
+            assert sum(world.cloud.requests_by_key.values()) == tried, "an account backing off is not listed"
+        world.cloud._faults.clear()
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await handle.result()
+
+
+@asynccontextmanager
+async def fleet_look(world: SimWorld, *, consistency_window: timedelta | None = None) -> AsyncIterator[FleetActivities]:
+    """The fleet look's activities with the worker's own adapters (the simulated cloud)."""
+    providers = providers_from_env(world.worker_env())
+    if consistency_window is not None:
+        providers["simulated"].consistency_window = consistency_window  # type: ignore[misc]
+    try:
+        yield FleetActivities(registry=ProviderRegistry(cluster=None, fallback=providers))  # type: ignore[arg-type]
+    finally:
+        for provider in providers.values():
+            await provider.aclose()  # type: ignore[attr-defined]
