@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
+import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -150,3 +151,64 @@ async def fleet_look(world: SimWorld, *, consistency_window: timedelta | None = 
     finally:
         for provider in providers.values():
             await provider.aclose()  # type: ignore[attr-defined]
+
+
+async def test_each_account_is_listed_once_per_look_whatever_its_nodes(temporal: WorkflowEnvironment) -> None:
+    """Two accounts (the worker's own key, and a class whose credentialsRef names another
+    account's key), nodes on each: one listing per account per look; the class's account is
+    learnt from the GPUNodeClass once per node, not read each look; and a preempted instance
+    on the class's account is told to its node."""
+    from activities.kube.cluster import KubernetesCluster
+    from tests.test_credentials import NS, new_key, put_secret
+    from tgp.crds import GROUP, VERSION
+    from tgp.types import CredentialsRef, OfferRequirements
+    from workers.crdgen import manifests
+
+    async with running_world(temporal) as (world, _, queue):
+        assert world.kube is not None
+        for crd in manifests().values():
+            world.kube.install_crd(crd)
+        team_key, ref = new_key("team"), CredentialsRef(namespace=NS, name="team-cloud", key="apiKey")
+        world.cloud.add_key(team_key, "team")
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            await kube.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+            await put_secret(kube, ref.name, {ref.key: team_key})
+            klass = {"providers": [{"name": "simulated", "credentialsRef": {"namespace": NS, "name": ref.name, "key": ref.key}}]}
+            made = await kube.post(f"/apis/{GROUP}/{VERSION}/gpunodeclasses", json={"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNodeClass", "metadata": {"name": "team"}, "spec": klass})
+            assert made.status_code == 201, made.text
+        team_requirements = OfferRequirements(gpu_types=["RTX4090"], allow_spot=False, credentials={"simulated": ref})
+        own = [await start(temporal, queue, request(timeouts=AT_REST)) for _ in range(2)]
+        team = [await start(temporal, queue, request(timeouts=AT_REST, node_class="team", requirements=team_requirements)) for _ in range(2)]
+        statuses = {h.id: await wait_phase(h, NodePhase.READY) for h in own + team}
+        assert {world.cloud.instances[s.instance_id or ""].account for s in statuses.values()} == {"default", "team"}
+
+        providers = providers_from_env(world.worker_env())
+        cluster = KubernetesCluster.from_url(world.kube_url)
+        registry = ProviderRegistry(cluster=cluster, env=world.worker_env(), fallback=providers)
+        try:
+            fleet = FleetActivities(registry=registry, cluster=cluster)
+            await until_listed_ready(temporal, fleet, 4)
+            lists_by_key = dict(world.cloud.requests_by_key)
+            describes = world.cloud.describe_requests
+            results = [await look(temporal, fleet) for _ in range(2)]
+            team_account = f"simulated:{NS}/{ref.name}/{ref.key}"
+            assert all([(a.account, a.nodes, a.sent) for a in r.accounts] == [("simulated", 2, 0), (team_account, 2, 0)] for r in results)
+            assert world.cloud.describe_requests == describes
+            # Per key: its listings (2), and the team key nothing else.
+            assert world.cloud.requests_by_key[team_key] - lists_by_key.get(team_key, 0) == 2
+            assert world.cloud.requests_by_key[world.cloud_api_key] - lists_by_key.get(world.cloud_api_key, 0) == 2
+
+            await world.cloud.preempt(statuses[team[0].id].instance_id or "")
+            told = await look(temporal, fleet)
+            assert [(a.account, a.sent) for a in told.accounts] == [("simulated", 0), (team_account, 1)]
+            assert len(await sightings_told(team[0])) == 1
+            for handle in own + team[1:]:
+                assert await sightings_told(handle) == []
+        finally:
+            await registry.aclose()
+            for provider in providers.values():
+                await provider.aclose()  # type: ignore[attr-defined]
+            await cluster.close()
+        for handle in own + team:
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+            await handle.result()

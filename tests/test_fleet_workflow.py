@@ -79,3 +79,21 @@ async def test_the_look_survives_failures_backs_off_per_account_and_continues_as
     assert listed[1] - listed[0] >= backoff(EVERY, 1) and listed[2] - listed[1] >= backoff(EVERY, 2), "the throttled account waits longer each time"
     assert all(at2 - at1 <= EVERY + timedelta(seconds=5) for at1, at2 in zip(listed[2:], listed[3:])), "listed every interval once well"
     assert len(stand_in.calls) > LOOKS_PER_RUN
+
+
+async def test_every_worker_start_keeps_one_fleet_look_on_its_task_queue(temporal: WorkflowEnvironment) -> None:
+    """A second worker starting keeps the running look; a worker on another task queue moves it
+    there (a look left on a queue no worker polls would never run)."""
+    from workers.main import ensure_fleet_look
+
+    look_id = f"fleet-look-{uuid.uuid4().hex[:6]}"
+    await ensure_fleet_look(temporal.client, "queue-a", workflow_id=look_id)
+    first = await temporal.client.get_workflow_handle(look_id).describe()
+    await ensure_fleet_look(temporal.client, "queue-a", workflow_id=look_id)
+    again = await temporal.client.get_workflow_handle(look_id).describe()
+    assert again.run_id == first.run_id and again.status is WorkflowExecutionStatus.RUNNING
+
+    await ensure_fleet_look(temporal.client, "queue-b", workflow_id=look_id)
+    moved = await temporal.client.get_workflow_handle(look_id).describe()
+    assert moved.task_queue == "queue-b" and moved.status is WorkflowExecutionStatus.RUNNING
+    await temporal.client.get_workflow_handle(look_id).terminate("test finished")

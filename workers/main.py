@@ -207,7 +207,7 @@ async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timede
             pass  # it ended meanwhile
 
 
-async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta = FLEET_LOOK_EVERY) -> None:
+async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta = FLEET_LOOK_EVERY, *, workflow_id: str = FLEET_LOOK_ID) -> None:
     """Start the fleet look (workflows.fleet), or keep the one running (every worker calls this
     at start). One running on another task queue than this worker's is replaced, as the
     sweeper's Schedule is moved: its looks would wait there for a worker that never comes."""
@@ -215,7 +215,7 @@ async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta = 
         handle = await client.start_workflow(
             FleetLookWorkflow.run,
             FleetLookRequest(every=every),
-            id=FLEET_LOOK_ID,
+            id=workflow_id,
             task_queue=task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             static_summary="lists each provider account's instances every interval and tells nodes whose instance ended",
