@@ -5,6 +5,7 @@ node; a listing that fails or lags tells nothing wrong (issue 20, provider state
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -93,9 +94,9 @@ async def test_an_instance_the_provider_ended_is_told_to_its_node_only(temporal:
         [told] = await sightings_told(victim)
         assert (told.instance_id, told.state) == (None, None), "the simulated cloud lists no ended instance: missing"
         assert await sightings_told(bystander) == []
-        for handle in (victim, bystander):
-            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
-            await handle.result()
+        assert (await asyncio.wait_for(victim.result(), 60)).phase is NodePhase.INTERRUPTED
+        await bystander.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await bystander.result()
 
 
 async def test_a_listing_that_lags_behind_a_new_node_tells_it_nothing(temporal: WorkflowEnvironment) -> None:
@@ -209,6 +210,35 @@ async def test_each_account_is_listed_once_per_look_whatever_its_nodes(temporal:
             for provider in providers.values():
                 await provider.aclose()  # type: ignore[attr-defined]
             await cluster.close()
-        for handle in own + team:
+        assert (await asyncio.wait_for(team[0].result(), 60)).phase is NodePhase.INTERRUPTED, "its own describe (with the class's key) confirmed it"
+        for handle in own + team[1:]:
             await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
             await handle.result()
+        assert world.cloud.live_instances() == []
+
+
+async def test_an_instance_preempted_behind_tgps_back_ends_its_node_interrupted_within_a_look(temporal: WorkflowEnvironment) -> None:
+    """(b) End to end: the fleet look runs as the worker runs it (its workflow, every second
+    here); the provider takes a Ready node's instance away; the next look tells the node, the
+    node describes its instance once and ends Interrupted with everything released. Its
+    neighbour, at rest, is told nothing and stays Ready. The nodes' own backstop look is an
+    hour away: only the fleet look can have noticed."""
+    from workers.main import ensure_fleet_look
+
+    async with running_world(temporal) as (world, _, queue):
+        (victim, victim_status), (bystander, _) = await ready_nodes(temporal, queue, 2)
+        look_id = f"fleet-look-{uuid.uuid4().hex[:6]}"
+        await ensure_fleet_look(temporal.client, queue, timedelta(seconds=1), workflow_id=look_id)
+        try:
+            await world.cloud.preempt(victim_status.instance_id or "")
+            ended: NodeStatus = await asyncio.wait_for(victim.result(), 60)
+        finally:
+            await temporal.client.get_workflow_handle(look_id).terminate("test finished")
+
+        assert ended.phase is NodePhase.INTERRUPTED, ended.end_reason
+        assert len(await sightings_told(victim)) >= 1
+        assert await sightings_told(bystander) == []
+        assert (await bystander.query(GPUNodeWorkflow.status)).phase is NodePhase.READY
+        await bystander.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await bystander.result()
+        assert world.cloud.live_instances() == []
