@@ -5,6 +5,7 @@ node; a listing that fails or lags tells nothing wrong (issue 20, provider state
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,9 +21,12 @@ from activities.clouds.registry import providers_from_env
 from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult
 from sim.world import SimWorld
 from tests.conftest import running_world
-from tests.test_node_lifecycle import FAST, request, start, wait_phase
+from temporalio.worker import Replayer
+
+from tests.test_node_lifecycle import FAST, HISTORIES, request, start, wait_phase
 from tgp.types import InstanceSighting, NodePhase, NodeStatus
 from workers.temporal import DATA_CONVERTER
+from workflows.fleet import FleetLookWorkflow
 from workflows.node import GPUNodeWorkflow
 
 # Nodes that do not look at their instance themselves during the test (the watch poll this
@@ -233,7 +237,12 @@ async def test_an_instance_preempted_behind_tgps_back_ends_its_node_interrupted_
             await world.cloud.preempt(victim_status.instance_id or "")
             ended: NodeStatus = await asyncio.wait_for(victim.result(), 60)
         finally:
-            await temporal.client.get_workflow_handle(look_id).terminate("test finished")
+            look_handle = temporal.client.get_workflow_handle(look_id)
+            await look_handle.terminate("test finished")
+        history = await look_handle.fetch_history()
+        await Replayer(workflows=[FleetLookWorkflow], data_converter=DATA_CONVERTER).replay_workflow(history)
+        if os.environ.get("TGP_RECORD_HISTORIES"):  # `make histories`: the scenario tests/test_replay.py replays
+            (HISTORIES / "fleet_look.json").write_text(history.to_json())
 
         assert ended.phase is NodePhase.INTERRUPTED, ended.end_reason
         assert len(await sightings_told(victim)) >= 1
