@@ -280,6 +280,10 @@ class SimulatedCloud:
         fault = Fault(path, method.upper() if method else None, status, times, None, body, after_handling, message)
         self._faults.append(fault)
 
+    def clear_faults(self) -> None:
+        """Requests answer normally again (the faults `fail` queued and not yet used are dropped)."""
+        self._faults.clear()
+
     def fail_deletes(self, count: int) -> None:
         """The next `count` terminate requests answer 500 and terminate nothing."""
         self._deletes_failing = count

@@ -20,7 +20,7 @@ from activities.accounts import ProviderRegistry
 from activities.clouds.registry import providers_from_env
 from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult
 from sim.world import SimWorld
-from tests.conftest import running_world
+from tests.conftest import eventually, running_world
 from temporalio.worker import Replayer
 
 from tests.test_node_lifecycle import FAST, HISTORIES, request, start, wait_phase
@@ -57,12 +57,18 @@ async def ready_nodes(env: WorkflowEnvironment, queue: str, count: int) -> list[
 
 async def until_listed_ready(env: WorkflowEnvironment, fleet: FleetActivities, count: int) -> FleetLookResult:
     """Looks until visibility shows `count` Ready nodes (it lags a second or so)."""
-    for _ in range(200):
+
+    async def listed() -> FleetLookResult | None:
         result = await look(env, fleet)
-        if result.nodes >= count and result.unresolved == 0:
-            return result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"visibility never showed {count} Ready nodes")
+        return result if result.nodes >= count and result.unresolved == 0 else None
+
+    return await eventually(listed, timeout=60, what=f"visibility showing {count} Ready nodes")
+
+
+async def looks_completed(handle: WorkflowHandle) -> int:
+    """Looks the fleet look's workflow has completed (its activity results in history)."""
+    events = [e async for e in handle.fetch_history_events()]
+    return sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
 
 
 async def test_at_rest_each_look_lists_each_account_once_and_asks_nothing_per_node(temporal: WorkflowEnvironment) -> None:
@@ -78,6 +84,38 @@ async def test_at_rest_each_look_lists_each_account_once_and_asks_nothing_per_no
         assert world.cloud.instance_lists - lists == 3, "one listing per account per look"
         assert world.cloud.describe_requests == describes, "no request per node"
         assert all([(a.account, a.nodes, a.sent, a.failure) for a in r.accounts] == [("simulated", 4, 0, None)] for r in results)
+        for handle, _ in nodes:
+            assert await sightings_told(handle) == []
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+            await handle.result()
+
+
+async def test_at_rest_over_several_intervals_the_running_look_lists_once_per_look_and_nothing_per_node(temporal: WorkflowEnvironment) -> None:
+    """(a) As the worker runs it: the fleet look's workflow (every half second here) over
+    several looks of four Ready nodes at rest: the provider sees one instance listing per look
+    (the worker's one account), no describe, and no node is signalled."""
+    from workers.main import ensure_fleet_look
+
+    async with running_world(temporal) as (world, _, queue):
+        nodes = await ready_nodes(temporal, queue, 4)
+        async with fleet_look(world) as fleet:
+            await until_listed_ready(temporal, fleet, len(nodes))
+        lists, describes = world.cloud.instance_lists, world.cloud.describe_requests
+        look_id = f"fleet-look-{uuid.uuid4().hex[:6]}"
+        await ensure_fleet_look(temporal.client, queue, timedelta(seconds=0.5), workflow_id=look_id)
+        look_handle = temporal.client.get_workflow_handle(look_id)
+
+        async def several() -> int | None:
+            done = await looks_completed(look_handle)
+            return done if done >= 4 else None
+
+        await eventually(several, timeout=60, what="four fleet looks")
+        await look_handle.terminate("test finished")
+        looks = await looks_completed(look_handle)
+
+        listed = world.cloud.instance_lists - lists
+        assert looks <= listed <= looks + 1, "one listing per look (one more if a look was cut short by the end)"
+        assert world.cloud.describe_requests == describes, "no request per node"
         for handle, _ in nodes:
             assert await sightings_told(handle) == []
             await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
@@ -140,7 +178,7 @@ async def test_a_throttled_listing_tells_nothing_and_is_skipped_while_it_backs_o
             skipped = await look(temporal, fleet, skip=[account.account])
             assert [(a.skipped, a.sent) for a in skipped.accounts] == [(True, 0)]
             assert sum(world.cloud.requests_by_key.values()) == tried, "an account backing off is not listed"
-        world.cloud._faults.clear()
+        world.cloud.clear_faults()
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         await handle.result()
 
