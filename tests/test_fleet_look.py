@@ -109,8 +109,10 @@ async def test_at_rest_over_several_intervals_the_running_look_lists_once_per_lo
             done = await looks_completed(look_handle)
             return done if done >= 4 else None
 
-        await eventually(several, timeout=60, what="four fleet looks")
-        await look_handle.terminate("test finished")
+        try:
+            await eventually(several, timeout=60, what="four fleet looks")
+        finally:
+            await look_handle.terminate("test finished")
         looks = await looks_completed(look_handle)
 
         listed = world.cloud.instance_lists - lists
