@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from hypothesis import given
+from hypothesis import strategies as st
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
@@ -35,6 +37,45 @@ def test_an_account_listed_again_is_well_and_one_that_failed_waits() -> None:
     )
     after = after_look(state, result, T0, EVERY)
     assert after.failures == {"vastai": 1} and after.due == {"vastai": T0 + timedelta(minutes=2)}
+
+
+ACCOUNTS = ["runpod", "lambdalabs", "vastai:ml/team/key"]
+
+
+@given(
+    looks=st.lists(
+        st.tuples(
+            st.integers(min_value=1, max_value=600),  # seconds until this look
+            st.lists(st.tuples(st.sampled_from(ACCOUNTS), st.booleans(), st.one_of(st.none(), st.integers(0, 3600))), max_size=3, unique_by=lambda t: t[0]),
+        ),
+        max_size=12,
+    )
+)
+def test_an_account_is_skipped_exactly_while_it_backs_off(looks: list[tuple[int, list[tuple[str, bool, int | None]]]]) -> None:
+    """Over any run of looks (each account listed well or failing, with or without a
+    Retry-After): an account waits only after a failure, at least two intervals and at least
+    its Retry-After, at most the cap (or that Retry-After); a listing that worked clears it."""
+    state, now = FleetState(), T0
+    for gap, outcomes in looks:
+        now += timedelta(seconds=gap)
+        skip = {k for k, at in state.due.items() if at > now}
+        accounts = [
+            AccountLook(account=a, provider=a.split(":")[0], skipped=a in skip, failure=None if ok or a in skip else "TransientError", retry_after=ra)
+            for a, ok, ra in outcomes
+        ]
+        after = after_look(state, FleetLookResult(accounts=accounts), now, EVERY)
+        for look in accounts:
+            if look.skipped:
+                assert after.due.get(look.account) == state.due[look.account], "a skipped account keeps its wait"
+            elif look.failure is None:
+                assert look.account not in after.due and look.account not in after.failures, "listed well: no wait"
+            else:
+                wait = after.due[look.account] - now
+                assert wait >= 2 * EVERY and wait >= timedelta(seconds=look.retry_after or 0)
+                assert wait <= max(FLEET_BACKOFF_MAX, timedelta(seconds=look.retry_after or 0))
+                assert after.failures[look.account] == state.failures.get(look.account, 0) + 1
+        assert all(at > now for at in after.due.values()), "past waits are forgotten"
+        state = after
 
 
 @dataclass

@@ -54,7 +54,7 @@ from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow
-from workflows.fleet import FLEET_LOOK_EVERY, FLEET_LOOK_ID, FleetLookRequest, FleetLookWorkflow
+from workflows.fleet import FLEET_LOOK_ID, FleetLookRequest, FleetLookWorkflow
 from workflows.sweeper import SWEEP_EVERY, SweeperWorkflow, SweepRequest
 
 log = structlog.get_logger("tgp.worker")
@@ -207,10 +207,11 @@ async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timede
             pass  # it ended meanwhile
 
 
-async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta = FLEET_LOOK_EVERY, *, workflow_id: str = FLEET_LOOK_ID) -> None:
+async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta | None = None, *, workflow_id: str = FLEET_LOOK_ID) -> None:
     """Start the fleet look (workflows.fleet), or keep the one running (every worker calls this
     at start). One running on another task queue than this worker's is replaced, as the
-    sweeper's Schedule is moved: its looks would wait there for a worker that never comes."""
+    sweeper's Schedule is moved: its looks would wait there for a worker that never comes.
+    `every`: the interval (None: FLEET_LOOK_EVERY of the code running the look)."""
     for _ in range(2):
         handle = await client.start_workflow(
             FleetLookWorkflow.run,

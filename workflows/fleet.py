@@ -52,7 +52,9 @@ class FleetState(BaseModel):
 
 class FleetLookRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    every: timedelta = FLEET_LOOK_EVERY
+    # None: FLEET_LOOK_EVERY of the code that runs the look, so a release that changes it
+    # applies from the look's next run (it continues as new every LOOKS_PER_RUN looks).
+    every: timedelta | None = None
     state: FleetState = FleetState()
 
 
@@ -82,10 +84,10 @@ def after_look(state: FleetState, result: FleetLookResult, now: datetime, every:
 class FleetLookWorkflow:
     @workflow.run
     async def run(self, req: FleetLookRequest) -> None:
-        state = req.state
+        state, every = req.state, req.every or FLEET_LOOK_EVERY
         for _ in range(LOOKS_PER_RUN):
             now = workflow.now()
-            wait = req.every
+            wait = every
             try:
                 result = await workflow.execute_activity_method(
                     FleetActivities.look_at_fleet,
@@ -98,9 +100,9 @@ class FleetLookWorkflow:
             except ActivityError as exc:
                 failures = state.failures.get(WHOLE_LOOK, 0) + 1
                 state = state.model_copy(update={"failures": {**state.failures, WHOLE_LOOK: failures}})
-                wait = backoff(req.every, failures)
+                wait = backoff(every, failures)
                 workflow.logger.warning("fleet look failed (%d in a row), next in %s: %s", failures, wait, type(exc.cause).__name__)
             else:
-                state = after_look(state, result, workflow.now(), req.every)
+                state = after_look(state, result, workflow.now(), every)
             await workflow.sleep(wait, summary="until the next fleet look")
         workflow.continue_as_new(FleetLookRequest(every=req.every, state=state))
