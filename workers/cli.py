@@ -80,7 +80,6 @@ async def run_worker(args: argparse.Namespace) -> None:
     client = await connect(settings, runtime=sdk.runtime if sdk else None)
     await ensure_search_attributes(client)
     await ensure_sweeper_schedule(client, args.task_queue)
-    await ensure_fleet_look(client, args.task_queue)
     async with AsyncExitStack() as stack:
         activities = await build_activities(WorkerConfig.from_env(), stack)
         if port is not None and await start_worker_metrics(
@@ -93,6 +92,9 @@ async def run_worker(args: argparse.Namespace) -> None:
         # SHUTDOWN_GRACE, inside the Deployment's 30 s grace period; what is still running
         # then is cancelled and retried on another worker (a launch adopts what it bought).
         worker = make_worker(client, activities, task_queue=args.task_queue, graceful_shutdown_timeout=SHUTDOWN_GRACE)
+        # Only a worker that can run it takes the fleet look to its task queue (after its
+        # configuration is known good): one that exits on a bad setting must not move it away.
+        await ensure_fleet_look(client, args.task_queue)
         print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
         await worker.run()
 
