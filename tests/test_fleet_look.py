@@ -71,25 +71,6 @@ async def looks_completed(handle: WorkflowHandle) -> int:
     return sum(1 for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
 
 
-async def test_at_rest_each_look_lists_each_account_once_and_asks_nothing_per_node(temporal: WorkflowEnvironment) -> None:
-    """(a) N Ready nodes over several looks: one instance listing per look for the one account,
-    no describe of any node's instance, no signal."""
-    async with running_world(temporal) as (world, _, queue):
-        nodes = await ready_nodes(temporal, queue, 4)
-        async with fleet_look(world) as fleet:
-            await until_listed_ready(temporal, fleet, len(nodes))
-            lists, describes = world.cloud.instance_lists, world.cloud.describe_requests
-            results = [await look(temporal, fleet) for _ in range(3)]
-
-        assert world.cloud.instance_lists - lists == 3, "one listing per account per look"
-        assert world.cloud.describe_requests == describes, "no request per node"
-        assert all([(a.account, a.nodes, a.sent, a.failure) for a in r.accounts] == [("simulated", 4, 0, None)] for r in results)
-        for handle, _ in nodes:
-            assert await sightings_told(handle) == []
-            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
-            await handle.result()
-
-
 async def test_at_rest_over_several_intervals_the_running_look_lists_once_per_look_and_nothing_per_node(temporal: WorkflowEnvironment) -> None:
     """(a) As the worker runs it: the fleet look's workflow (every half second here) over
     several looks of four Ready nodes at rest: the provider sees one instance listing per look
