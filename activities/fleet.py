@@ -16,13 +16,14 @@ the same way, and its list age and failures are one metric (activities.listing).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 
 import structlog
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecution
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.accounts import ProviderRegistry
@@ -41,6 +42,9 @@ log = structlog.get_logger("tgp.fleet")
 WATCHED_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND TgpPhase = 'Ready'"
 INSTANCE_PREFIX = "tgp-"
 SIGNAL = "instance_seen"
+# Status queries (and class reads) in flight at once while learning new nodes: after a worker
+# restart every Ready node is new, and 1,000 queries one by one would hold the look for seconds.
+LEARN_AT_ONCE = 16
 
 
 class FleetLookInput(BaseModel):
@@ -126,20 +130,28 @@ class FleetActivities:
         except RPCError as exc:
             raise TransientError(f"could not list the running node workflows ({exc.status.name})") from None
         result = FleetLookResult(nodes=len(listed))
-        present: set[str] = set()
-        classes: dict[str, dict[str, CredentialsRef] | None] = {}
+        present = {wf.id for wf in listed}
+        for gone in set(self._known) - present:
+            del self._known[gone]
+        # Nodes new to this process (all of them after a worker restart) are learnt a few at a time.
+        classes: dict[str, asyncio.Task[dict[str, CredentialsRef] | None]] = {}
+        gate = asyncio.Semaphore(LEARN_AT_ONCE)
+
+        async def learn(wf: WorkflowExecution) -> None:
+            async with gate:
+                known = await self._learn(client, wf.id, wf.search_attributes or {}, classes)
+            if known is not None:
+                self._known[wf.id] = known
+
+        await asyncio.gather(*(learn(wf) for wf in listed if wf.id not in self._known))
         groups: dict[str, tuple[str, CredentialsRef | None, list[WatchedNode]]] = {}
         for wf in listed:
-            present.add(wf.id)
-            known = self._known.get(wf.id) or await self._learn(client, wf.id, wf.search_attributes or {}, classes)
+            known = self._known.get(wf.id)
             if known is None:
                 result.unresolved += 1
                 continue
-            self._known[wf.id] = known
             key = account_key(known.node.provider, known.credentials)
             groups.setdefault(key, (known.node.provider, known.credentials, []))[2].append(known.node)
-        for gone in set(self._known) - present:
-            del self._known[gone]
         skip = set(inp.skip)
         for key, (provider_name, credentials, nodes) in sorted(groups.items()):
             look = AccountLook(account=key, provider=provider_name, nodes=len(nodes), skipped=key in skip)
@@ -161,7 +173,11 @@ class FleetActivities:
         return result
 
     async def _learn(
-        self, client: Client, workflow_id: str, search_attributes: Mapping[str, object], classes: dict[str, dict[str, CredentialsRef] | None]
+        self,
+        client: Client,
+        workflow_id: str,
+        search_attributes: Mapping[str, object],
+        classes: dict[str, asyncio.Task[dict[str, CredentialsRef] | None]],
     ) -> _Known | None:
         """A node's instance and account, from its `status` answer and its class; None when it
         cannot be told now (no instance recorded yet, the node busy or closing, the class
@@ -176,9 +192,9 @@ class FleetActivities:
         credentials: CredentialsRef | None = None
         klass = _first(search_attributes, "TgpClass")
         if klass:
-            if klass not in classes:
-                classes[klass] = await self._class_credentials(klass)
-            per_provider = classes[klass]
+            if klass not in classes:  # one read per class per look, shared by its new nodes
+                classes[klass] = asyncio.ensure_future(self._class_credentials(klass))
+            per_provider = await asyncio.shield(classes[klass])
             if per_provider is None:
                 return None
             credentials = per_provider.get(status.provider)
