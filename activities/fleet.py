@@ -8,7 +8,8 @@ node. The node confirms with one describe of its own before it acts (lists lag).
 What each node's instance is (its id, since when it surely exists, and which account holds it)
 is learnt once per node life, when the look first finds the node Ready: one `status` query, and
 for a class with its own credentials one read of its GPUNodeClass. It is kept in this process
-(it does not change while the node lives) and dropped when the node leaves the listing.
+(it does not change while the node lives; a new run is asked again) and dropped when the node
+leaves the listing.
 
 One list function serves the fleet look and the sweeper (`list_account`): both see an account
 the same way, and its list age and failures are one metric (activities.listing).
@@ -116,7 +117,9 @@ class FleetActivities:
         self.registry = registry
         self.cluster = cluster
         self.now = now
-        self._known: dict[str, _Known] = {}  # workflow id -> what its node's instance is
+        # (workflow id, run id) -> what its node's instance is. By run: a run continued as new
+        # is learnt again (one query), so a workflow reset by hand is never judged by an old run.
+        self._known: dict[tuple[str, str], _Known] = {}
 
     @activity.defn
     async def look_at_fleet(self, inp: FleetLookInput) -> FleetLookResult:
@@ -130,7 +133,7 @@ class FleetActivities:
         except RPCError as exc:
             raise TransientError(f"could not list the running node workflows ({exc.status.name})") from None
         result = FleetLookResult(nodes=len(listed))
-        present = {wf.id for wf in listed}
+        present = {(wf.id, wf.run_id) for wf in listed}
         for gone in set(self._known) - present:
             del self._known[gone]
         # Nodes new to this process (all of them after a worker restart) are learnt a few at a time.
@@ -141,12 +144,12 @@ class FleetActivities:
             async with gate:
                 known = await self._learn(client, wf.id, wf.search_attributes or {}, classes)
             if known is not None:
-                self._known[wf.id] = known
+                self._known[(wf.id, wf.run_id)] = known
 
-        await asyncio.gather(*(learn(wf) for wf in listed if wf.id not in self._known))
+        await asyncio.gather(*(learn(wf) for wf in listed if (wf.id, wf.run_id) not in self._known))
         groups: dict[str, tuple[str, CredentialsRef | None, list[WatchedNode]]] = {}
         for wf in listed:
-            known = self._known.get(wf.id)
+            known = self._known.get((wf.id, wf.run_id))
             if known is None:
                 result.unresolved += 1
                 continue
