@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from activities.kube.cluster import KubernetesCluster, _pod_summary, pod_summary
 from crd_bridge.bridge import Bridge
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world, skip_time
-from tests.test_node_lifecycle import assert_nothing_left, request, start, wait_phase
+from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tgp.types import LifecycleTimeouts, NodeFacts, NodePhase, Stage
 from workers.temporal import DATA_CONVERTER
@@ -154,6 +154,7 @@ async def test_a_pod_deletion_ends_an_idle_node_at_the_idle_timeout_after_the_po
         draining = next(r for r in status.stages if r.stage is Stage.DRAINING)
         assert draining.at >= gone.at + IDLE
         assert_nothing_left(world, req.node_name)
+        await replay(handle, "idle_by_facts")
 
 
 async def test_a_node_that_went_idle_while_the_bridge_was_down_still_ends(temporal: WorkflowEnvironment) -> None:
@@ -209,3 +210,78 @@ def test_the_bridge_reads_a_pod_as_the_activities_do(pod: dict[str, Any]) -> Non
     decoded = k8s.ApiClient.__new__(k8s.ApiClient)
     v1 = decoded._ApiClient__deserialize({"apiVersion": "v1", "kind": "Pod", **pod}, "V1Pod")  # type: ignore[attr-defined]
     assert pod_summary_of(pod) == _pod_summary(v1)
+
+
+# --- the sender -------------------------------------------------------------------------------
+
+
+def _node(name: str, *, ready: bool = True, gpus: str = "1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"tgp.io/managed": "true", "tgp.io/pool": "rtx", "tgp.io/pool-namespace": "ml"}},
+        "status": {"allocatable": {"nvidia.com/gpu": gpus}, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def _pod(name: str, node: str, **status: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml"}, "spec": {"nodeName": node, "containers": [{"name": "c"}]}, "status": {"phase": "Running", **status}}
+
+
+async def test_the_bridge_tells_nothing_before_both_lists_then_every_node_once(temporal: WorkflowEnvironment) -> None:
+    """A Node listed before its pods would read idle: nothing is sent until the Pods and the
+    Nodes informers have both listed; then every managed node's facts are, once. A node whose
+    workflow is not running (NOT_FOUND) is dropped, not retried, and holds up no other."""
+    from crd_bridge.node_facts import NodeFactsSender
+
+    sender = NodeFactsSender(temporal.client)
+    task = asyncio.create_task(sender.run())
+    try:
+        sender.on_node("ADDED", _node("a"))
+        sender.on_node("ADDED", _node("b", ready=False))
+        sender.on_listed("nodes")
+        # A sender that sent now would have its NOT_FOUND answer within milliseconds; this wait
+        # can only miss such a bug on a very slow machine, never fail a correct sender.
+        await asyncio.sleep(0.5)
+        assert sender.sent == {}, "facts sent from half a picture"
+        sender.on_pod("ADDED", _pod("job", "a"))
+        sender.on_pod("ADDED", _pod("done", "a", phase="Succeeded"))
+        sender.on_listed("pods")
+
+        async def all_sent() -> bool:
+            return set(sender.sent) == {"a", "b"} and not sender.due
+
+        await eventually(all_sent, what="every node's facts sent once both informers listed")
+        assert (sender.sent["a"].busy_pods, sender.sent["a"].ready, sender.sent["a"].gpus) == (1, True, 1)
+        assert (sender.sent["b"].busy_pods, sender.sent["b"].ready) == (0, False)
+        sent_a = sender.sent["a"]
+        sender.on_pod("MODIFIED", _pod("job", "a", phase="Running"))  # no change of the facts
+        sender.on_pod("DELETED", _pod("job", "a"))
+        await eventually(lambda: asyncio.sleep(0, sender.sent["a"].busy_pods == 0), what="the change sent")
+        assert sender.sent["a"].at >= sent_a.at
+    finally:
+        task.cancel()
+
+
+async def test_a_sighting_from_the_providers_listing_makes_the_node_look_then_act(temporal: WorkflowEnvironment) -> None:
+    """`instance_seen`: a listing that does not show the instance running makes the node look
+    for itself (one describe) before acting: a sighting the look contradicts (lists lag) keeps
+    the node; one the look confirms (preempted) ends it Interrupted."""
+    from tgp.types import InstanceSighting, InstanceState
+
+    async with running_world(temporal) as (world, _, queue):
+        req = request(timeouts=AT_REST)  # the backstop look is 45 minutes away: only the sighting looks
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY)
+        await eventually(lambda: asyncio.sleep(0, world.cloud.describe_requests > 0), what="the seeding look")
+
+        looked = world.cloud.describe_requests
+        stale = InstanceSighting(instance_id=ready.instance_id, state=None, at=datetime.now(timezone.utc))
+        await handle.signal(GPUNodeWorkflow.instance_seen, stale)  # listed as missing, but it runs
+        await eventually(lambda: asyncio.sleep(0, world.cloud.describe_requests == looked + 1), what="one look")
+        assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.READY, "a lagging list is no reason to end a node"
+
+        await world.cloud.preempt(ready.instance_id or "")
+        seen = InstanceSighting(instance_id=ready.instance_id, state=InstanceState.TERMINATED, interrupted=True, at=datetime.now(timezone.utc))
+        await handle.signal(GPUNodeWorkflow.instance_seen, seen)
+        final = await asyncio.wait_for(handle.result(), 60)
+        assert final.phase is NodePhase.INTERRUPTED and (final.end_reason or "").startswith("interrupted"), final
+        assert_nothing_left(world, req.node_name)
