@@ -5,8 +5,9 @@ refuses (422, the rule's message).
 Supported: string literals ('...' or "..."), integers, `true`/`false`, `self` and a macro's
 variable, field access (`self.metadata.name`), `<=`, `<`, `>=`, `>`,
 `!`, `&&`, `||`, `==`, `!=`, parentheses, the string methods `startsWith`, `endsWith`,
-`contains` and `size()`, `size()` of a list or map, and the macros `all(x, e)` and
-`exists(x, e)` over a list's items or a map's keys. A rule outside that subset raises
+`contains`, `matches` (RE2, unanchored, as in CEL) and `size()`, `size()` of a list or map, the
+macros `all(x, e)` and `exists(x, e)` over a list's items or a map's keys, and `has(x.f)`
+(whether a field is present: the API server drops absent fields and nulls that are not nullable). A rule outside that subset raises
 `Unsupported` when compiled; the schema validator then leaves it unevaluated (as before CEL
 rules were evaluated at all), which tests/test_crds.py checks never happens to tgp's own rules.
 """
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["Unsupported", "compile_rule"]
+__all__ = ["Unsupported", "compile_rule", "go_regexp"]
 
 Env = dict[str, Any]
 Expr = Callable[[Env], Any]
@@ -30,6 +31,7 @@ _STRING_METHODS: dict[str, Callable[[str, str], bool]] = {
     "startsWith": str.startswith,
     "endsWith": str.endswith,
     "contains": lambda s, part: part in s,
+    "matches": lambda s, pattern: go_regexp(pattern).search(s) is not None,
 }
 
 
@@ -164,11 +166,36 @@ class _Parser:
             inner = self.disjunction()
             self.take(")")
             return inner
+        if kind == "ident" and value == "has" and self.peek() == ("op", "("):
+            return self.has()
         if kind == "ident":
             if value in ("true", "false"):
                 return lambda env: value == "true"
             return lambda env: env[value] if value in env else _unknown(value)
         raise Unsupported(f"unexpected {value!r}")
+
+
+    def has(self) -> Expr:
+        """`has(e.f)`: e evaluated, then whether it holds the key f."""
+        self.take("(")
+        target = self.primary()
+        names = []
+        while self.peek() == ("op", "."):
+            self.take()
+            names.append(self.take()[1])
+        self.take(")")
+        if not names:
+            raise Unsupported("has() needs a field selection")
+        *path, last = names
+        for name in path:
+            target = (lambda t, n: lambda env: _field(t(env), n))(target, name)
+        return lambda env: _present(target(env), last)
+
+
+def _present(value: Any, name: str) -> bool:
+    if not isinstance(value, Mapping):
+        raise Unsupported(f"has() of a field of {type(value).__name__}")
+    return name in value
 
 
 def _field(value: Any, name: str) -> Any:
@@ -191,3 +218,33 @@ def compile_rule(rule: str) -> Callable[[Any], bool]:
         return bool(expr({"self": value}))  # a map's macros and size() see its keys, as in CEL
 
     return holds
+
+
+_GO_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def go_regexp(pattern: str) -> re.Pattern[str]:
+    """A schema pattern with Go's RE2 meaning of `$`: the very end of the text. Python's `$`
+    also matches before a final newline, so `^[a-z]+$` would take "abc\n", which the API
+    server refuses (the difference an injected newline slips through)."""
+    compiled = _GO_PATTERNS.get(pattern)
+    if compiled is None:
+        out, i, n = [], 0, len(pattern)
+        while i < n:
+            char = pattern[i]
+            if char == "\\" and i + 1 < n:
+                out.append("\\Z" if pattern[i + 1] == "z" else pattern[i : i + 2])  # RE2 \z: end of text
+                i += 2
+            elif char == "[":  # a character class is copied as is ($ is literal in it)
+                j = i + 1
+                j += pattern[j : j + 1] == "^"
+                j += pattern[j : j + 1] == "]"
+                while j < n and pattern[j] != "]":
+                    j += 2 if pattern[j] == "\\" else 1
+                out.append(pattern[i : j + 1])
+                i = j + 1
+            else:
+                out.append("\\Z" if char == "$" else char)
+                i += 1
+        compiled = _GO_PATTERNS[pattern] = re.compile("".join(out))
+    return compiled

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 import kmock
 
-from sim.kube_cel import Unsupported, compile_rule
+from sim.kube_cel import Unsupported, compile_rule, go_regexp
 from tgp.labels import label_value_problems, qualified_name_problems
 from sim.kube_machinery import ApiStatus, FieldError, Obj, api_version, go_number, go_value, invalid, now_time
 
@@ -369,36 +369,6 @@ def _validate_rules(value: Any, schema: Mapping[str, Any], path: str, actual: st
         if not holds:
             message = rule.get("message") or f"failed rule: {rule['rule']}"
             errors.append(FieldError.invalid(path, actual, message))
-
-
-_GO_PATTERNS: dict[str, re.Pattern[str]] = {}
-
-
-def go_regexp(pattern: str) -> re.Pattern[str]:
-    """A schema pattern with Go's RE2 meaning of `$`: the very end of the text. Python's `$`
-    also matches before a final newline, so `^[a-z]+$` would take "abc\n", which the API
-    server refuses (the difference an injected newline slips through)."""
-    compiled = _GO_PATTERNS.get(pattern)
-    if compiled is None:
-        out, i, n = [], 0, len(pattern)
-        while i < n:
-            char = pattern[i]
-            if char == "\\" and i + 1 < n:
-                out.append("\\Z" if pattern[i + 1] == "z" else pattern[i : i + 2])  # RE2 \z: end of text
-                i += 2
-            elif char == "[":  # a character class is copied as is ($ is literal in it)
-                j = i + 1
-                j += pattern[j : j + 1] == "^"
-                j += pattern[j : j + 1] == "]"
-                while j < n and pattern[j] != "]":
-                    j += 2 if pattern[j] == "\\" else 1
-                out.append(pattern[i : j + 1])
-                i = j + 1
-            else:
-                out.append("\\Z" if char == "$" else char)
-                i += 1
-        compiled = _GO_PATTERNS[pattern] = re.compile("".join(out))
-    return compiled
 
 
 def _validate_number(value: float, schema: Mapping[str, Any], path: str, errors: list[FieldError]) -> None:

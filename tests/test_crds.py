@@ -297,3 +297,66 @@ def test_a_class_needs_at_least_one_well_formed_tailnet_tag() -> None:
     schema = yaml.safe_load((crdgen.OUT_DIR / "gpunodeclasses.tgp.io.yaml").read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     tags = schema["properties"]["spec"]["properties"]["tailscaleConfig"]["properties"]["tags"]
     assert tags["minItems"] == 1 and tags["items"]["pattern"].startswith("^tag:")
+
+
+# --- disruption budgets, consolidation, terminationGracePeriod (issue 21) ----------------------
+
+
+def _rules(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str, str]]]:
+    if isinstance(schema, dict):
+        for rule in schema.get("x-kubernetes-validations") or []:
+            yield path, rule
+        for key, sub in schema.items():
+            if key != "x-kubernetes-validations":
+                yield from _rules(sub, f"{path}.{key}")
+    elif isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            yield from _rules(sub, f"{path}[{i}]")
+
+
+def test_the_emulator_evaluates_every_cel_rule_of_the_crds() -> None:
+    """A rule outside sim.kube_cel's subset would be skipped by the emulator, and the tests would
+    not see what a real API server refuses."""
+    from sim.kube_cel import compile_rule
+
+    rules = [(path, rule) for schema in _committed_schemas().values() for path, rule in _rules(schema)]
+    assert len(rules) >= 6
+    for path, rule in rules:
+        compile_rule(rule["rule"])  # raises Unsupported
+        assert rule["message"] and "\n" not in rule["message"], path
+
+
+def test_existing_pools_get_the_default_budget_and_no_consolidation() -> None:
+    schema = _committed_schemas()["gpunodepools.tgp.io.yaml"]["properties"]["spec"]["properties"]["disruption"]
+    assert schema["default"]["budgets"] == [{"nodes": "10%"}] and "consolidation" not in schema["default"]
+    assert Disruption.model_validate(schema["default"]) == Disruption()
+    old = GPUNodePool.admit(_pool(idleTimeout="5m"))
+    assert [b.nodes for b in old.spec.disruption.budgets] == ["10%"]
+    assert old.spec.disruption.consolidation is None and old.spec.disruption.termination_grace_period is None
+    budget = schema["properties"]["budgets"]["items"]["properties"]
+    assert "nullable" not in budget["schedule"] and "nullable" not in budget["duration"]  # has() sees a null as absent
+
+
+def test_a_full_disruption_block_round_trips() -> None:
+    disruption = {
+        "idleTimeout": "10m",
+        "drainTimeout": "10m",
+        "budgets": [{"nodes": "0", "schedule": "0 9 * * mon-fri", "duration": "8h", "reasons": ["Drifted", "Cheaper"]}, {"nodes": "20%"}],
+        "consolidation": {"cheaperBy": "25%", "after": "1h"},
+        "terminationGracePeriod": "24h",
+    }
+    pool = GPUNodePool.admit({"metadata": {"name": "p"}, "spec": {"nodeClassRef": {"name": "c"}, "disruption": disruption}})
+    assert pool.spec.disruption.termination_grace_period == timedelta(hours=24)
+    assert pool.spec.disruption.model_dump(mode="json", by_alias=True, exclude_none=True) == disruption
+
+
+def test_the_emulators_cel_has_and_matches_read_as_the_api_servers() -> None:
+    from sim.kube_cel import compile_rule
+
+    window = compile_rule("has(self.schedule) == has(self.duration)")
+    assert window({}) and window({"schedule": "@daily", "duration": "1h"})
+    assert not window({"duration": "1h"}) and not window({"schedule": "@daily"})
+    assert compile_rule("has(self.a.b)")({"a": {"b": 1}}) and not compile_rule("has(self.a.b)")({"a": {}})
+    assert compile_rule("self.matches('[0-9]+%')")("x10%y")  # CEL's matches is a search, unanchored
+    assert not compile_rule("self.matches('^[0-9]+%$')")("10%\n")  # RE2: $ is the end of the text
+    assert compile_rule("self.matches('^a\\\\.b$')")("a.b") and not compile_rule("self.matches('^a\\\\.b$')")("axb")

@@ -360,8 +360,12 @@ async def test_generated_pool_crd_installs_and_fills_a_partial_disruption_block(
             return {"apiVersion": f"{group}/v1", "kind": "GPUNodePool", "metadata": {"name": name}, "spec": {"nodeClassRef": {"name": "c"}, **spec}}
 
         partial = await kube_api.create(base, gpu_pool("partial", disruption={"idleTimeout": "5m"}))
-        assert partial["spec"]["disruption"] == {"idleTimeout": "5m", "drainTimeout": "10m"}
+        assert partial["spec"]["disruption"] == {"idleTimeout": "5m", "drainTimeout": "10m", "budgets": [{"nodes": "10%"}]}
         assert GPUNodePoolSpec.model_validate(partial["spec"]).disruption.drain_timeout == timedelta(minutes=10)
+        window = {"nodes": "0", "schedule": "0 9 * * mon-fri", "duration": "8h", "reasons": ["Drifted"]}
+        windowed = await kube_api.create(base, gpu_pool("windowed", disruption={"budgets": [window, {"nodes": "2"}], "consolidation": {}}))
+        assert windowed["spec"]["disruption"]["budgets"] == [window, {"nodes": "2"}]
+        assert windowed["spec"]["disruption"]["consolidation"] == {"cheaperBy": "20%", "after": "30m"}
         bare = await kube_api.create(base, gpu_pool("bare"))
         assert (bare["spec"]["disruption"]["idleTimeout"], bare["spec"]["disruption"]["drainTimeout"]) == ("10m", "10m")
         assert bare["spec"]["minNodes"] == 0 and bare["spec"]["template"]["spec"]["taints"] == []
@@ -371,6 +375,16 @@ async def test_generated_pool_crd_installs_and_fills_a_partial_disruption_block(
             ({"maxNodes": 5000}, "spec.maxNodes", "should be less than or equal to 1000"),
             ({"disruption": {"idleTimeout": ""}}, "spec.disruption.idleTimeout", "should match"),
             ({"disruption": {"drainTimeout": "PT10M"}}, "spec.disruption.drainTimeout", "should match"),
+            # Disruption budgets (issue 21): CEL rules whose messages say what to fix.
+            ({"disruption": {"budgets": [{"nodes": "101%"}]}}, "spec.disruption.budgets[0].nodes", "percentage of the pool's nodes from 0% to 100%"),
+            ({"disruption": {"budgets": [{"nodes": "-1"}]}}, "spec.disruption.budgets[0].nodes", "a count of nodes from 0"),
+            ({"disruption": {"budgets": [{"nodes": "0", "duration": "8h"}]}}, "spec.disruption.budgets[0]", "schedule and duration go together"),
+            (
+                {"disruption": {"budgets": [{"nodes": "0", "schedule": "0 25 * * *", "duration": "8h"}]}},
+                "spec.disruption.budgets[0].schedule",
+                "schedule must be a cron expression in UTC",
+            ),
+            ({"disruption": {"consolidation": {"cheaperBy": "120%"}}}, "spec.disruption.consolidation.cheaperBy", "from 1% to 99%"),
         ]:
             response = await kube_api.http.post(base, json=gpu_pool("bad", **spec))
             assert response.status_code == 422, spec

@@ -291,10 +291,10 @@ async def test_get_pools_shows_the_printer_columns(kubectl: Kubectl, kube_api: K
 
     listed = await kubectl("get", "gnp", "-A")
     assert "could also match" not in listed.err  # subresources have no short names
-    assert listed.line("NAME").split() == ["NAMESPACE", "NAME", "READY", "DESIRED", "$/H", "STATUS", "AGE"]
+    assert listed.line("NAME").split() == ["NAMESPACE", "NAME", "READY", "DESIRED", "$/H", "DISRUPTING", "STATUS", "AGE"]
     row = listed.line(name).split()
-    assert row[:6] == [kube_api.namespace, name, "1", "2", "0.74", "True"]
-    assert row[6].endswith(("s", "m"))  # an age such as 3s, not a timestamp
+    assert row[:7] == [kube_api.namespace, name, "1", "2", "0.74", "0", "True"]  # disrupting: 0 by default
+    assert row[7].endswith(("s", "m"))  # an age such as 3s, not a timestamp
 
     classes = await kubectl("get", "gnc", node_class["metadata"]["name"])
     assert classes.line("NAME").split() == ["NAME", "STATUS", "NODES", "$/H", "AGE"]

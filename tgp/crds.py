@@ -25,9 +25,11 @@ from pydantic import (
     ValidationInfo,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+from tgp.cron import MAX_SCHEDULE_LENGTH, SCHEDULE_MESSAGE, SCHEDULE_PATTERN, schedule_problems
 from tgp.labels import (
     LABEL_VALUE_MAX_LENGTH,
     LABEL_VALUE_PATTERN,
@@ -380,6 +382,139 @@ class PoolTemplate(Spec):
     spec: PoolTemplateSpec = Field(PoolTemplateSpec(), description="Node constraints and taints.")
 
 
+# --- Disruption budgets, consolidation, termination grace (issue 21) ---------------------------
+
+# Karpenter's reasons (Empty, Drifted, Underutilized) plus tgp's: Expired waits for the budget
+# here (as in Karpenter before v1), Cheaper is a re-shop to a cheaper offer.
+BUDGET_REASONS = ("Empty", "Expired", "Drifted", "Underutilized", "Cheaper")
+BudgetReason = Literal["Empty", "Expired", "Drifted", "Underutilized", "Cheaper"]
+MAX_BUDGETS = 50
+# A budget's window is at most a year: a budget active for longer needs no schedule, and the
+# check walks the window's days. Checked by the model (the bridge), as a pattern cannot bound it.
+MAX_BUDGET_DURATION = timedelta(days=366)
+BUDGET_NODES_PATTERN = r"^((100|[0-9]{1,2})%|[0-9]{1,4})$"
+BUDGET_NODES_MESSAGE = (
+    "nodes must be a count of nodes from 0 to 9999 (e.g. 2; 0 blocks) or a percentage of the pool's nodes from 0% "
+    "to 100%, rounded up (e.g. 10%)"
+)
+BUDGET_WINDOW_RULE = "has(self.schedule) == has(self.duration)"
+BUDGET_WINDOW_MESSAGE = (
+    "schedule and duration go together: give both (the budget is active for duration from each time the schedule "
+    "fires) or neither (always active)"
+)
+CHEAPER_BY_PATTERN = r"^[1-9][0-9]?%$"
+CHEAPER_BY_MESSAGE = "cheaperBy must be a percentage from 1% to 99% (e.g. 20%): how much cheaper the best offer must be"
+
+
+def _cel_matches(pattern: str, message: str) -> dict[str, str]:
+    quoted = pattern.replace("\\", "\\\\").replace("'", "\\'")
+    return {"rule": f"self.matches('{quoted}')", "message": message}
+
+
+def _check_pattern(value: str, pattern: str, message: str) -> str:
+    if re.fullmatch(pattern.removeprefix("^").removesuffix("$"), value) is None:
+        raise ValueError(f"{value[:40]!r}: {message}")
+    return value
+
+
+def _check_schedule(value: str | None) -> str | None:
+    if value is not None and (problems := schedule_problems(value)):
+        raise ValueError(problems[0])
+    return value
+
+
+BudgetNodes = Annotated[
+    str,
+    BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+    AfterValidator(lambda v: _check_pattern(v, BUDGET_NODES_PATTERN, BUDGET_NODES_MESSAGE)),
+    WithJsonSchema(
+        {"type": "string", "maxLength": 5, "x-kubernetes-validations": [_cel_matches(BUDGET_NODES_PATTERN, BUDGET_NODES_MESSAGE)]}
+    ),
+]
+# Optional strings and durations written without `nullable`: a null the API server drops, so a
+# CEL `has()` sees an absent field, never a present null.
+Schedule = Annotated[
+    str | None,
+    AfterValidator(_check_schedule),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": MAX_SCHEDULE_LENGTH,
+            "x-kubernetes-validations": [_cel_matches(SCHEDULE_PATTERN, SCHEDULE_MESSAGE)],
+        }
+    ),
+]
+OptionalDuration = Annotated[Duration | None, WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})]
+
+
+class DisruptionBudget(Spec):
+    """How many of the pool's nodes tgp may disrupt at once, when, and for which reasons."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": BUDGET_WINDOW_RULE, "message": BUDGET_WINDOW_MESSAGE}]})
+
+    nodes: BudgetNodes = Field(
+        "10%",
+        description="How many of the pool's nodes may be disrupting at once: a count (\"2\"; \"0\" blocks every disruption "
+        "this budget covers) or a percentage of the pool's nodes (\"10%\", rounded up: 10% of 3 nodes is 1). Nodes "
+        "already disrupting count against it.",
+    )
+    schedule: Schedule = Field(
+        None,
+        description="When the budget becomes active: a cron expression in UTC (\"0 9 * * mon-fri\"; minute hour "
+        "day-of-month month day-of-week) or @yearly, @monthly, @weekly, @daily, @hourly. Needs duration. Unset = always active.",
+    )
+    duration: OptionalDuration = Field(
+        None,
+        description=f"How long the budget stays active each time its schedule fires, e.g. 8h; at most {format_duration(MAX_BUDGET_DURATION)} "
+        "(the bridge refuses more). Needs schedule.",
+    )
+    reasons: list[BudgetReason] | None = Field(
+        None,
+        min_length=1,
+        max_length=len(BUDGET_REASONS),
+        description="The disruptions this budget limits: Empty (idle), Expired, Drifted, Underutilized, Cheaper (a re-shop "
+        "to a cheaper offer). Unset = all of them. A manual evict, an interruption and a lost node are never limited.",
+    )
+
+    @model_validator(mode="after")
+    def _window_needs_both(self) -> DisruptionBudget:
+        if (self.schedule is None) != (self.duration is None):
+            raise ValueError(BUDGET_WINDOW_MESSAGE)
+        if self.duration is not None and self.duration > MAX_BUDGET_DURATION:
+            raise ValueError(
+                f"duration {format_duration(self.duration)} is longer than {format_duration(MAX_BUDGET_DURATION)}: "
+                "a budget active for longer needs no schedule"
+            )
+        return self
+
+    def describe(self) -> str:
+        """The budget as a user wrote it, for messages and Events: `nodes: 0, schedule '0 9 * * mon-fri' for 8h, reasons Drifted`."""
+        parts = [f"nodes: {self.nodes}"]
+        if self.schedule is not None and self.duration is not None:
+            parts.append(f"schedule '{self.schedule}' for {format_duration(self.duration)}")
+        if self.reasons is not None:
+            parts.append(f"reasons {', '.join(self.reasons)}")
+        return ", ".join(parts)
+
+
+class Consolidation(Spec):
+    """Re-shopping: replace a node by a cheaper current offer that fits its pods."""
+
+    cheaper_by: Annotated[
+        str,
+        AfterValidator(lambda v: _check_pattern(v, CHEAPER_BY_PATTERN, CHEAPER_BY_MESSAGE)),
+        WithJsonSchema({"type": "string", "maxLength": 4, "x-kubernetes-validations": [_cel_matches(CHEAPER_BY_PATTERN, CHEAPER_BY_MESSAGE)]}),
+    ] = Field(
+        "20%",
+        description="Replace a node when the best current offer that fits its pods costs at least this much less per hour "
+        "than the node's own offer, as a percentage of the node's price (\"20%\": $1.00/h is replaced by $0.80/h or less).",
+    )
+    after: Duration = Field(
+        timedelta(minutes=30),
+        description="Never re-shop a node that has run for less than this, e.g. 30m: a replacement costs a boot and a drain.",
+    )
+
+
 class Disruption(Spec):
     idle_timeout: Duration = Field(
         timedelta(minutes=10),
@@ -422,6 +557,25 @@ class Disruption(Spec):
         if bounds is not None and value > bounds.max_drain_timeout:
             raise ValueError(f"{format_duration(value)} is above the maximum of {format_duration(bounds.max_drain_timeout)}")
         return value
+
+    budgets: list[DisruptionBudget] = Field(
+        [DisruptionBudget()],
+        max_length=MAX_BUDGETS,
+        description="Disruption budgets (Karpenter's): how many nodes tgp may disrupt at once for voluntary reasons "
+        "(Empty, Expired, Drifted, Underutilized, Cheaper). When several are active the most restrictive wins. "
+        f"Unset = one budget of nodes: 10%; an empty list = no limit. At most {MAX_BUDGETS}.",
+    )
+    consolidation: Consolidation | None = Field(
+        None,
+        description="Re-shopping to cheaper offers (cheaperBy, after); unset = off. \"consolidation: {}\" turns it on "
+        "with cheaperBy 20% and after 30m.",
+    )
+    termination_grace_period: OptionalDuration = Field(
+        None,
+        description="Karpenter's terminationGracePeriod: the longest a node may take to leave once its disruption began, "
+        "e.g. 24h. Past it the instance is terminated anyway, overriding PodDisruptionBudgets and do-not-disrupt pods. "
+        "Unset = do-not-disrupt pods can hold a node as long as they run.",
+    )
 
 
 class GPUNodePoolSpec(Spec):
@@ -500,6 +654,7 @@ class GPUNodePoolStatus(Spec):
     desired_nodes: int = 0
     hourly_cost: Price = Decimal("0")
     nodes: list[PoolNodeStatus] = []
+    disrupting: int = Field(0, description="Nodes of the pool being disrupted (drained or replaced) now.")
 
 
 class GPUNodeClassStatus(Spec):

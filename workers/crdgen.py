@@ -47,8 +47,19 @@ class _SerializedDefaults(GenerateJsonSchema):
         json_schema = super().default_schema(schema)
         if "default" in json_schema:
             serializer = pydantic_core.SchemaSerializer(schema["schema"])
-            json_schema["default"] = serializer.to_python(self.get_default_value(schema), mode="json", by_alias=self.by_alias)
+            default = serializer.to_python(self.get_default_value(schema), mode="json", by_alias=self.by_alias)
+            json_schema["default"] = _without_nulls(default)
         return json_schema
+
+
+def _without_nulls(value: Any) -> Any:
+    """A default without its unset fields: a null in a default is refused where the field is not
+    nullable (a budget's `schedule`), and means the same as an absent field where it is."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -188,6 +199,7 @@ def manifests() -> dict[str, dict[str, Any]]:
                 {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
                 {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredNodes"},
                 {"name": "$/h", "type": "string", "jsonPath": ".status.hourlyCost"},
+                {"name": "Disrupting", "type": "integer", "jsonPath": ".status.disrupting"},
                 _ready_column(),
                 age,
             ],
