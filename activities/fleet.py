@@ -93,6 +93,7 @@ class _Known(BaseModel):
     model_config = ConfigDict(frozen=True)
     node: WatchedNode
     credentials: CredentialsRef | None
+    node_class: str | None = None
 
 
 def _first(search_attributes: Mapping[str, object], key: str) -> str | None:
@@ -148,6 +149,7 @@ class FleetActivities:
 
         await asyncio.gather(*(learn(wf) for wf in listed if (wf.id, wf.run_id) not in self._known))
         groups: dict[str, tuple[str, CredentialsRef | None, list[WatchedNode]]] = {}
+        owners: dict[str, set[str]] = {}  # account -> the classes of its nodes
         for wf in listed:
             known = self._known.get((wf.id, wf.run_id))
             if known is None:
@@ -155,6 +157,8 @@ class FleetActivities:
                 continue
             key = account_key(known.node.provider, known.credentials)
             groups.setdefault(key, (known.node.provider, known.credentials, []))[2].append(known.node)
+            if known.node_class:
+                owners.setdefault(key, set()).add(known.node_class)
         skip = set(inp.skip)
         for key, (provider_name, credentials, nodes) in sorted(groups.items()):
             look = AccountLook(account=key, provider=provider_name, nodes=len(nodes), skipped=key in skip)
@@ -168,6 +172,7 @@ class FleetActivities:
             except TgpError as exc:
                 look.failure, look.retry_after = type(exc).__name__, getattr(exc, "retry_after", None)
                 log.warning("fleet_list_failed", account=key, provider=provider_name, error_type=look.failure, nodes=len(nodes))
+                await self._tell_classes(sorted(owners.get(key, ())), provider_name, look.failure, len(nodes))
                 continue
             look.listed = len(instances)
             told = sightings(instances, nodes, at=at, window=consistency_window(provider))
@@ -208,7 +213,7 @@ class FleetActivities:
             instance_id=status.instance_id,
             since=ready_since(status, self.now()),
         )
-        return _Known(node=node, credentials=credentials)
+        return _Known(node=node, credentials=credentials, node_class=klass)
 
     async def _class_credentials(self, name: str) -> dict[str, CredentialsRef] | None:
         """Provider -> the class's credentialsRef (absent: the worker's own key); None when the
@@ -224,6 +229,22 @@ class FleetActivities:
         except Exception as exc:  # noqa: BLE001 - unreadable now: the next look tries again
             log.warning("fleet_class_unreadable", node_class=name, error_type=type(exc).__name__)
             return None
+
+    async def _tell_classes(self, classes: list[str], provider: str, failure: str, nodes: int) -> None:
+        """A Warning Event `InstanceListFailed` on each class whose nodes the failed listing
+        was for: its admin learns that their interruptions are noticed late, and why by error
+        type only (the provider's text stays out). Best effort: the look goes on either way."""
+        if self.cluster is None:
+            return
+        for klass in classes:
+            message = (
+                f"the fleet look could not list the {provider} instances of this class's account ({failure}); interruptions of "
+                f"its {nodes} Ready node(s) there are noticed at the next listing that works (the account backs off meanwhile)"
+            )
+            try:
+                await self.cluster.record_class_event(klass, type="Warning", reason="InstanceListFailed", message=message)
+            except Exception as exc:  # noqa: BLE001 - a courtesy: the look must not fail for it
+                log.warning("class_event_failed", node_class=klass, error_type=type(exc).__name__)
 
     async def _tell(self, client: Client, provider: str, told: Mapping[str, InstanceSighting]) -> int:
         """Signal each node its sighting; a node that closed meanwhile needs nothing."""

@@ -230,6 +230,20 @@ async def test_each_account_is_listed_once_per_look_whatever_its_nodes(temporal:
             assert len(await sightings_told(team[0])) == 1
             for handle in own + team[1:]:
                 assert await sightings_told(handle) == []
+
+            # Every listing throttled: nobody is told anything, and the class's admin hears why
+            # (by error type, never the provider's words).
+            world.cloud.fail("/v1/instances", 429, times=1000, method="GET", message="slow down, key sk-live-xyz")
+            try:
+                failed = await look(temporal, fleet)
+            finally:
+                world.cloud.clear_faults()
+            assert {(a.account, a.failure, a.sent) for a in failed.accounts} >= {(team_account, "TransientError", 0)}
+            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+                events = (await kube.get("/api/v1/events")).json()["items"]
+            [event] = [e for e in events if e["reason"] == "InstanceListFailed"]
+            assert (event["type"], event["involvedObject"]["kind"], event["involvedObject"]["name"]) == ("Warning", "GPUNodeClass", "team")
+            assert "TransientError" in event["message"] and "sk-live" not in event["message"] and "slow down" not in event["message"]
         finally:
             await registry.aclose()
             for provider in providers.values():
