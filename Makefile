@@ -39,7 +39,7 @@ clean:
 # Re-record tests/histories/ after an intended (patched) workflow change.
 histories: $(STAMP)
 	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q tests/test_node_lifecycle.py tests/test_node_long_lived.py tests/test_entities_heal.py \
-		tests/test_node_cancel.py tests/test_node_drain.py tests/test_node_join_gpus.py tests/test_watch_events.py
+		tests/test_node_cancel.py tests/test_node_drain.py tests/test_node_join_gpus.py tests/test_watch_events.py tests/test_fleet_look.py
 
 # Record the pool, class and node histories of a released commit with that release's own tests,
 # into tests/histories/<short sha>/ (docs/workflow-versioning.md): `make release-histories

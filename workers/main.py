@@ -30,6 +30,7 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
@@ -38,6 +39,7 @@ from activities.entity import EntityActivities
 from activities.node_class import NodeClassActivities
 from activities.pool import PoolActivities
 from activities.node import NodeActivities
+from activities.fleet import FleetActivities
 from activities.sweeper import SweeperActivities
 from activities.ports import CloudProvider
 from activities.accounts import ProviderRegistry, TailnetRegistry
@@ -52,11 +54,12 @@ from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow
+from workflows.fleet import FLEET_LOOK_ID, FleetLookRequest, FleetLookWorkflow
 from workflows.sweeper import SWEEP_EVERY, SweeperWorkflow, SweepRequest
 
 log = structlog.get_logger("tgp.worker")
 
-WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, SweeperWorkflow]
+WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, SweeperWorkflow, FleetLookWorkflow]
 SWEEPER_SCHEDULE_ID = "tgp-sweeper"
 # Sweeps are overdue when none completed for this many of the Schedule's intervals.
 SWEEP_OVERDUE_INTERVALS = 2
@@ -71,9 +74,11 @@ class Activities:
     node_class: NodeClassActivities
     entity: EntityActivities
     sweeper: SweeperActivities
+    fleet: FleetActivities | None = None
 
     def all(self) -> list[object]:
-        return [*self.node.all(), *self.pool.all(), *self.node_class.all(), *self.entity.all(), *self.sweeper.all()]
+        fleet = self.fleet.all() if self.fleet is not None else []
+        return [*self.node.all(), *self.pool.all(), *self.node_class.all(), *self.entity.all(), *self.sweeper.all(), *fleet]
 
 
 @dataclass
@@ -154,6 +159,7 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
         node_class=NodeClassActivities(cluster=cluster, providers=providers, registry=registry, tailnets=sorted(tailnets)),
         entity=EntityActivities(cluster=cluster),
         sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster),
+        fleet=FleetActivities(registry=registry, cluster=cluster),
     )
 
 
@@ -199,6 +205,30 @@ async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timede
                 log.warning("sweep_on_old_queue_terminated", workflow_id=running.workflow_id, task_queue=task_queue)
         except RPCError:
             pass  # it ended meanwhile
+
+
+async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta | None = None, *, workflow_id: str = FLEET_LOOK_ID) -> None:
+    """Start the fleet look (workflows.fleet), or keep the one running (every worker calls this
+    at start). One running on another task queue than this worker's is replaced, as the
+    sweeper's Schedule is moved: its looks would wait there for a worker that never comes.
+    `every`: the interval (None: FLEET_LOOK_EVERY of the code running the look)."""
+    for _ in range(2):
+        handle = await client.start_workflow(
+            FleetLookWorkflow.run,
+            FleetLookRequest(every=every),
+            id=workflow_id,
+            task_queue=task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary="lists each provider account's instances every interval and tells nodes whose instance ended",
+        )
+        if (await handle.describe()).task_queue == task_queue:
+            return
+        try:
+            await handle.terminate(f"the fleet look moved to task queue {task_queue!r}")
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise
+        log.warning("fleet_look_moved", task_queue=task_queue)
 
 
 async def check_sweeps(client: Client, *, now: datetime | None = None) -> bool:
