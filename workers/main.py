@@ -60,6 +60,16 @@ WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, Sweeper
 SWEEPER_SCHEDULE_ID = "tgp-sweeper"
 # Sweeps are overdue when none completed for this many of the Schedule's intervals.
 SWEEP_OVERDUE_INTERVALS = 2
+# How many workflows a worker keeps in memory (Temporal's sticky cache; the SDK's default is
+# 1,000). A cached node workflow costs about 0.29 MB (issue 20), so the default held 1,000 nodes
+# at ~290 MB on top of the process's ~100 MB, past the 300 MB a worker may use for them. With the
+# event-driven watch a node at rest is woken only by a change (a signal) or its slow backstop
+# look, minutes apart, so an evicted node is replayed from its (short) history at its next wake:
+# a few ms of CPU per wake, far less than keeping every resting node in memory. Busy workflows
+# (pools, classes, nodes launching or draining) are woken often and so stay cached (LRU). Set
+# TGP_WORKFLOW_CACHE to change it (0 turns the cache off: every task replays).
+WORKFLOW_CACHE = 300
+WORKFLOW_CACHE_ENV = "TGP_WORKFLOW_CACHE"
 
 
 @dataclass
@@ -247,8 +257,20 @@ async def watch_sweeps(client: Client, every: timedelta = SWEEP_EVERY) -> None:
         await asyncio.sleep(every.total_seconds())
 
 
+def workflow_cache(env: Mapping[str, str] = os.environ) -> int:
+    """The worker's workflow cache size: TGP_WORKFLOW_CACHE, else WORKFLOW_CACHE."""
+    raw = env.get(WORKFLOW_CACHE_ENV, "").strip()
+    if not raw:
+        return WORKFLOW_CACHE
+    if not raw.isdigit():
+        raise ConfigError(f"{WORKFLOW_CACHE_ENV}={raw!r} is not a number of workflows (0 turns the cache off)")
+    return int(raw)
+
+
 def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
-    """A Worker hosting every tgp workflow and activity."""
+    """A Worker hosting every tgp workflow and activity, its workflow cache sized by
+    `workflow_cache` unless `max_cached_workflows` is given."""
+    options.setdefault("max_cached_workflows", workflow_cache())
     interceptors = [ActivityLogContext(), *options.pop("interceptors", [])]  # type: ignore[misc]
     return Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]
