@@ -57,8 +57,9 @@ def timed(fn, runs: int = 15) -> tuple[float, float, object]:  # type: ignore[no
     return statistics.median(samples), max(samples), result
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+def measure(n: int = 10_000) -> dict[str, float | int]:
+    """The figures, in ms: wall median and worst, and the CPU time of the whole measurement."""
+    cpu0 = time.process_time()
     rng = random.Random(42)
     rows = vast_rows(n, rng)
     provider = VastProvider(SecretStr("bench"))
@@ -68,11 +69,26 @@ def main() -> None:
     req = OfferRequirements(gpu_types=["RTX4090", "RTX3090"], regions=["us", "ca"], max_hourly_price=Decimal("1.50"))
     rank_med, rank_max, ranked = timed(lambda: rank_offers(offers, req, exclude=unavailable, provider_priority={"vastai": 1}))
     any_med, any_max, _ = timed(lambda: rank_offers(offers, OfferRequirements(), exclude=unavailable))
-    print(f"offers: {len(offers)} Vast-style rows")
-    print(f"translate wire -> Offer:     median {parse_med:7.2f} ms   worst {parse_max:7.2f} ms   (once per listing)")
-    print(f"rank, typical pool filter:   median {rank_med:7.2f} ms   worst {rank_max:7.2f} ms   -> {len(ranked)} eligible")  # type: ignore[arg-type]
-    print(f"rank, no filter (all sort):  median {any_med:7.2f} ms   worst {any_max:7.2f} ms")
-    print(f"goal: ranking < 50 ms -> {'met' if max(rank_max, any_max) < 50 else 'MISSED'}")
+    return {
+        "offers": len(offers),
+        "translate_median_ms": parse_med,
+        "translate_worst_ms": parse_max,
+        "rank_filtered_median_ms": rank_med,
+        "rank_filtered_worst_ms": rank_max,
+        "eligible": len(ranked),  # type: ignore[arg-type]
+        "rank_all_median_ms": any_med,
+        "rank_all_worst_ms": any_max,
+        "cpu_s": time.process_time() - cpu0,
+    }
+
+
+def main() -> None:
+    r = measure(int(sys.argv[1]) if len(sys.argv) > 1 else 10_000)
+    print(f"offers: {r['offers']} Vast-style rows")
+    print(f"translate wire -> Offer:     median {r['translate_median_ms']:7.2f} ms   worst {r['translate_worst_ms']:7.2f} ms   (once per listing)")
+    print(f"rank, typical pool filter:   median {r['rank_filtered_median_ms']:7.2f} ms   worst {r['rank_filtered_worst_ms']:7.2f} ms   -> {r['eligible']} eligible")
+    print(f"rank, no filter (all sort):  median {r['rank_all_median_ms']:7.2f} ms   worst {r['rank_all_worst_ms']:7.2f} ms")
+    print(f"goal: ranking < 50 ms -> {'met' if max(r['rank_filtered_worst_ms'], r['rank_all_worst_ms']) < 50 else 'MISSED'}")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ SWEEPER_SCHEDULE_ID = "tgp-sweeper"
 SWEEP_OVERDUE_INTERVALS = 2
 # How many workflows a worker keeps in memory (Temporal's sticky cache; the SDK's default is
 # 1,000). A cached node workflow costs about 0.29 MB (issue 20), so the default held 1,000 nodes
-# at ~290 MB on top of the process's ~100 MB, past the 300 MB a worker may use for them. With the
+# at ~290 MB on top of the process's ~175 MB, past the 300 MB a worker may use for them. With the
 # event-driven watch a node at rest is woken only by a change (a signal) or its slow backstop
 # look, minutes apart, so an evicted node is replayed from its (short) history at its next wake:
 # a few ms of CPU per wake, far less than keeping every resting node in memory. Busy workflows
