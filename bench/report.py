@@ -30,9 +30,12 @@ def _met(ok: bool | None) -> str:
     return "—" if ok is None else ("met" if ok else "**not met**")
 
 
-def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
-    """(scenario, target, figure, met) for each target of issue 20."""
-    rows: list[tuple[str, str, str, bool | None]] = []
+Row = tuple[str, str, str, str, "bool | None"]
+
+
+def targets(r: dict[str, Any]) -> list[Row]:
+    """(key, scenario, target, figure, met) for each target of issue 20."""
+    rows: list[Row] = []
     bursts = r.get("bursts") or {}
     for n, limit in (("100", 2.0), ("500", 5.0)):
         b = bursts.get(n)
@@ -44,43 +47,43 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
             n = others[0] if limit == 2.0 else others[-1]
             b = bursts[n]
         if "error" in b:
-            rows.append((f"burst 0→{n} pending pods, tgp overhead p99", f"< {limit:.0f} s", f"failed: {b['error'][:120]}", False))
+            rows.append((f"burst{limit:.0f}", f"burst 0→{n} pending pods, tgp overhead p99", f"< {limit:.0f} s", f"failed: {b['error'][:120]}", False))
             continue
         p99 = _get(b, "overhead_s", "p99")
         unserved = b.get("never_served")
         figure = f"{_f(p99, ' s')} (p50 {_f(_get(b, 'overhead_s', 'p50'), ' s')}, max {_f(_get(b, 'overhead_s', 'max'), ' s')}); pods never served: {unserved}; pending → node workflow start p99 {_f(_get(b, 'pending_to_node_workflow_start_s', 'p99'), ' s')}"
         ok = p99 is not None and p99 < limit and unserved == 0
-        rows.append((f"burst 0→{n} pending pods through the bridge, tgp overhead (bound − created − boot) p99; every pod served", f"< {limit:.0f} s, 0 unserved", figure, ok))
+        rows.append((f"burst{limit:.0f}", f"burst 0→{n} pending pods through the bridge, tgp overhead (bound − created − boot) p99; every pod served", f"< {limit:.0f} s, 0 unserved", figure, ok))
     h = r.get("hold")
     if h and "error" not in h:
         n = h["nodes"]
         w = h["usage"]["worker"]
-        rows.append((f"{n} nodes at rest on one worker: worker RSS", "< 300 MB", f"{_f(w['rss_mb'], ' MB', 0)} (peak {_f(w['peak_rss_mb'], ' MB', 0)})", w["rss_mb"] < 300 if n >= 1000 else None))
+        rows.append(("rss", f"{n} nodes at rest on one worker: worker RSS", "< 300 MB", f"{_f(w['rss_mb'], ' MB', 0)} (peak {_f(w['peak_rss_mb'], ' MB', 0)})", w["rss_mb"] < 300 if n >= 1000 else None))
         others = ", ".join(f"{k} {v['cpu_pct_of_core']}%" for k, v in h["usage"].items() if k != "worker")
-        rows.append((f"same: worker CPU at rest", "< 5% of a core", f"{w['cpu_pct_of_core']}% ({others})", w["cpu_pct_of_core"] < 5 if n >= 1000 else None))
+        rows.append(("cpu", "same: worker CPU at rest", "< 5% of a core", f"{w['cpu_pct_of_core']}% ({others})", w["cpu_pct_of_core"] < 5 if n >= 1000 else None))
         rows.append((
-            "same: provider API requests", "O(accounts): no per-node request (1 account here)",
+            "provider", "same: provider API requests", "O(accounts): no per-node request (1 account here)",
             f"{h['provider_requests_per_s']} req/s, of which describes {h['provider_describes_per_s']}/s",
             h["provider_describes_per_s"] == 0 and h["provider_requests_per_s"] < 1,
         ))  # fmt: skip
         top = ", ".join(f"{k.split('/', 1)[1]} {v}" for k, v in list(h["kube_requests_by_verb_per_s"].items())[:4])
-        rows.append(("same: Kubernetes API requests (tgp's)", "one watch per kind, no polling", f"{h['kube_requests_per_s']} req/s, polling GET/LIST {h['kube_polling_requests_per_s']}/s ({top})", h["kube_polling_requests_per_s"] < 0.5))
+        rows.append(("kube", "same: Kubernetes API requests (tgp's)", "one watch per kind, no polling", f"{h['kube_requests_per_s']} req/s, polling GET/LIST {h['kube_polling_requests_per_s']}/s ({top})", h["kube_polling_requests_per_s"] < 0.5))
         hist = h.get("history_events_per_node_hour")
-        rows.append(("same: history events per node-hour at rest", "< 10", _f(hist, "", 0), hist is not None and hist < 10))
+        rows.append(("history", "same: history events per node-hour at rest", "< 10", _f(hist, "", 0), hist is not None and hist < 10))
     elif h:
-        rows.append(("1,000 nodes at rest", "see below", f"failed: {h['error'][:120]}", False))
+        rows.append(("rss", "1,000 nodes at rest", "see below", f"failed: {h['error'][:120]}", False))
     first = next((b for b in bursts.values() if "idle" in b), None)
     if first:
         idle = first["idle"]
         p99 = _get(idle, "reaction_s", "p99")
         rows.append((
-            f"idle reaction: terminate call − pod deletion − idle timeout ({idle['nodes']} nodes), p99", "< 2 s",
+            "idle", f"idle reaction: terminate call − pod deletion − idle timeout ({idle['nodes']} nodes), p99", "< 2 s",
             f"{_f(p99, ' s')} (p50 {_f(_get(idle, 'reaction_s', 'p50'), ' s')}); never terminated: {idle['never_terminated']}",
             p99 is not None and p99 < 2 and idle["never_terminated"] == 0,
         ))  # fmt: skip
         life = idle.get("short_life") or {}
         med = _get(life, "history_events", "p50")
-        rows.append(("history events for one short life", "< 60", f"{_f(med, '', 0)} (median of {life.get('workflows')}, a {_f(_get(life, 'life_s', 'p50'), ' s', 0)} life)", med is not None and med < 60))
+        rows.append(("life", "history events for one short life", "< 60", f"{_f(med, '', 0)} (median of {life.get('workflows')}, a {_f(_get(life, 'life_s', 'p50'), ' s', 0)} life)", med is not None and med < 60))
     per_node = [b["offer_listings_per_node"] for b in bursts.values() if b.get("offer_listings_per_node") is not None]
     cache = r.get("offer_cache")
     if per_node or cache:
@@ -88,12 +91,12 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         if cache:
             parts.append(f"cache bench: burst {_f(cache['burst_per_node'], '', 3)}, trickle {_f(cache['trickle_per_node'], '', 3)}")
         worst = max([*per_node, *([cache["burst_per_node"], cache["trickle_per_node"]] if cache else [])])
-        rows.append(("offer listings per node started", "≈ 0 (< 0.2)", "; ".join(parts), worst < 0.2))
+        rows.append(("listings", "offer listings per node started", "≈ 0 (< 0.2)", "; ".join(parts), worst < 0.2))
     o = r.get("offer_selection")
     if o:
         worst = max(o["rank_filtered_worst_ms"], o["rank_all_worst_ms"])
         rows.append((
-            f"offer selection over {o['offers']:,} offers (rank)", "< 50 ms",
+            "ranking", f"offer selection over {o['offers']:,} offers (rank)", "< 50 ms",
             f"worst {worst:.1f} ms (median filtered {o['rank_filtered_median_ms']:.1f}, all {o['rank_all_median_ms']:.1f}); translating the listing {o['translate_median_ms']:.0f} ms once per listing; CPU {o['cpu_s']:.1f} s in all",
             worst < 50,
         ))  # fmt: skip
@@ -163,9 +166,20 @@ def why(r: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(r: dict[str, Any]) -> str:
+def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
+    """The page; with `baseline` (an earlier run's JSON), its figures in a column beside."""
     m = r["machine"]
     rows = targets(r)
+    before = {row[0]: row for row in targets(baseline)} if baseline else {}
+    if baseline:
+        bm = baseline["machine"]
+        head = f"| scenario | target | measured | | before: `{bm['commit']}`, {baseline['date']} | |"
+        table = [head, "|---|---|---|---|---|---|"]
+        for key, a, b, c, d in rows:
+            old = before.get(key)
+            table.append(f"| {a} | {b} | {c} | {_met(d)} | {old[3] if old else '—'} | {_met(old[4]) if old else ''} |")
+    else:
+        table = ["| scenario | target | measured | |", "|---|---|---|---|", *[f"| {a} | {b} | {c} | {_met(d)} |" for _, a, b, c, d in rows]]
     lines = [
         "# Benchmarks",
         "",
@@ -181,9 +195,7 @@ def render(r: dict[str, Any]) -> str:
         "",
         "## Targets",
         "",
-        "| scenario | target | measured | |",
-        "|---|---|---|---|",
-        *[f"| {a} | {b} | {c} | {_met(d)} |" for a, b, c, d in rows],
+        *table,
         "",
     ]
     h = r.get("hold")

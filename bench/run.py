@@ -470,7 +470,10 @@ async def main() -> int:
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     say(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     doc = os.environ.get("BENCH_DOC", "" if QUICK else str(ROOT / "docs" / "benchmarks.md"))
-    table = render(results)
+    # The figures the work started from, in a column beside (bench/results/baseline.json).
+    base_file = ROOT / "bench" / "results" / "baseline.json"
+    baseline = json.loads(base_file.read_text()) if base_file.exists() and not os.environ.get("BENCH_NO_BASELINE") else None
+    table = render(results, baseline)
     if doc and doc != "-":
         Path(doc).write_text(table)
         say(f"wrote {doc}")
