@@ -47,6 +47,8 @@ def targets(r: dict[str, Any]) -> list[Row]:
             others = [k for k in bursts if k not in ("100", "500")]
             if not others:
                 continue
+            if limit != 2.0 and len(others) < 2:
+                continue  # one burst only (a quick run): shown once, against the first target
             n = others[0] if limit == 2.0 else others[-1]
             b = bursts[n]
         if "error" in b:
