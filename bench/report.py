@@ -155,6 +155,14 @@ def why(r: dict[str, Any]) -> list[str]:
                        f"(an activation replayed or resumed from the cache) or an activity run on the worker; with {h['nodes']} nodes that is "
                        f"{(hist or 0) * h['nodes'] / 3600:.0f} events a second. Kubernetes and provider calls at rest: "
                        f"{h['kube_requests_per_s']} and {h['provider_requests_per_s']} a second.")
+        prof = h.get("worker_profile")
+        if prof and h["usage"]["worker"]["cpu_pct_of_core"] >= 5:
+            mine = [(k, v) for k, v in prof["inclusive"] if k.startswith(("activities/", "workflows/", "tgp/", "workers/", "temporalio/worker/_workflow", "temporalio/worker/_activity"))][:8]
+            out.append(
+                f"**Worker profile at rest** ({prof['seconds']:.0f} s of stacks sampled every {prof['sample_every_s'] * 1000:.0f} ms after the stretch; "
+                f"% of busy samples). Innermost: " + ", ".join(f"`{k}` {v}%" for k, v in prof["self"][:6])
+                + ". Including callees: " + ", ".join(f"`{k}` {v}%" for k, v in mine) + "."
+            )
         if h["provider_describes_per_s"] > 0:
             out.append(f"**Provider requests.** {h['provider_describes_per_s']} describes a second at rest: one GET per node per look, "
                        "instead of one listing per account.")

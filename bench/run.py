@@ -81,6 +81,7 @@ BURST_DEADLINE = {100: 60.0, 500: 120.0}
 HOLD_BRINGUP_DEADLINE = float(knob("BENCH_HOLD_BRINGUP_SECONDS", "180", "60"))
 # After the last node turns Ready, the stack settles (reports, status writes, bind grace) before
 # the stretch is measured.
+PROFILE_SECONDS = float(knob("BENCH_PROFILE_SECONDS", "10", "5"))
 HOLD_SETTLE = float(knob("BENCH_HOLD_SETTLE_SECONDS", "10", "5"))
 IDLE_DEADLINE = 75.0
 # Node workflows whose history lengths the hold reads (spread over all of them).
@@ -401,6 +402,10 @@ async def hold(n: int) -> dict[str, Any]:
         for w, (_, length) in after.items():
             if w in before:
                 events[w] = length - before[w][1] if w not in moved else old_runs.get(w, ("", before[w][1]))[1] - before[w][1] + length
+        # Where the worker's CPU goes at rest: its stacks sampled after the measured stretch (the
+        # sampling costs CPU of its own, so not during it).
+        say(f"hold {n}: sampling the worker's stacks for {PROFILE_SECONDS:.0f} s")
+        profile = await s.profile_worker(PROFILE_SECONDS)
         node_events = [v for w, v in events.items() if w.startswith("gpunode/")]
         other_events = {w: v for w, v in events.items() if not w.startswith("gpunode/")}
         kube = {"/".join(k): round((k1.get(k, 0) - k0.get(k, 0)) / stretch, 2) for k in k1 if k[0] == "tgp" and k1.get(k, 0) != k0.get(k, 0)}
@@ -421,6 +426,7 @@ async def hold(n: int) -> dict[str, Any]:
             "kube_requests_per_s": round(sum(kube.values()), 2),
             "kube_polling_requests_per_s": round(polls, 2),
             "kube_requests_by_verb_per_s": dict(sorted(kube.items(), key=lambda kv: -kv[1])),
+            "worker_profile": profile,
             "history_sampled_nodes": len(node_events),
             "history_events_per_node_hour": round(sum(node_events) / max(1, len(node_events)) / hours, 1) if node_events else None,
             "entity_history_events_per_hour": {w: round(v / hours) for w, v in other_events.items()},

@@ -11,6 +11,7 @@ terminate call arrived.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
 import socket
@@ -213,7 +214,10 @@ class Stack:
         env = {**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{port}", "TGP_TASK_QUEUE": TASK_QUEUE, "TGP_LOG_LEVEL": "WARNING"}
         env.pop("TEMPORAL_API_KEY", None)
         run = [sys.executable, "-m", "bench.proc"]
-        self.worker = Proc("worker", [*run, "worker"], {**env, **self.world.worker_env(), "TGP_METRICS_PORT": str(free_port())}, self.logs / "worker.log")
+        self.worker_profile = self.logs / "worker-profile.json"
+        self.worker_profile.unlink(missing_ok=True)
+        worker_env = {**env, **self.world.worker_env(), "TGP_METRICS_PORT": str(free_port()), "BENCH_PROFILE": str(self.worker_profile)}
+        self.worker = Proc("worker", [*run, "worker"], worker_env, self.logs / "worker.log")
         self.bridge = Proc("bridge", [*run, "bridge"], {**env, "TGP_KUBE_URL": self.emulator.url, "TGP_METRICS_PORT": str(free_port())}, self.logs / "bridge.log")
         for p in (self.worker, self.bridge):
             p.start()
@@ -253,6 +257,22 @@ class Stack:
         for p in (self.server, self.worker, self.bridge):
             if not p.alive():
                 raise RuntimeError(f"{p.name} exited:\n{p.tail()}")
+
+    async def profile_worker(self, seconds: float) -> dict[str, Any] | None:
+        """The worker's busiest functions over `seconds` (bench/proc.py samples its stacks)."""
+        import signal
+
+        os.kill(self.worker.pid, signal.SIGUSR1)
+        await asyncio.sleep(seconds)
+        os.kill(self.worker.pid, signal.SIGUSR2)
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if self.worker_profile.exists():
+                try:
+                    return json.loads(self.worker_profile.read_text())  # type: ignore[no-any-return]
+                except json.JSONDecodeError:
+                    continue
+        return None
 
     async def apply(self, obj: dict[str, Any]) -> None:
         path = CLASSES if obj["kind"] == "GPUNodeClass" else POOLS.format(ns=obj["metadata"]["namespace"])
