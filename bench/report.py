@@ -266,7 +266,7 @@ def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
         "* **Offers**: bench/offer_selection.py (10,000 Vast-style offers ranked for a pool) and bench/offer_cache.py "
         "(listings per node started, 2 accounts), plus each burst's listings at the simulated cloud per instance bought.",
         "",
-        "Knobs: `make bench BENCH_QUICK=1` (1–2 minutes, smaller N); `BENCH_BURSTS`, `BENCH_HOLD_NODES`, `BENCH_HOLD_SECONDS`, "
+        "Knobs: `make bench BENCH_QUICK=1` (about 2 minutes: one burst of 30 with the idle reaction, a hold of 100 nodes; its JSON goes to bench/results/quick.json and this page is left alone); `BENCH_BURSTS`, `BENCH_HOLD_NODES`, `BENCH_HOLD_SECONDS`, "
         "`BENCH_BOOT_SECONDS`, `BENCH_IDLE_SECONDS`, `BENCH_PHASES` (bench/run.py).",
         "",
     ]
