@@ -30,6 +30,7 @@ from types import FrameType
 SAMPLE_EVERY = 0.02
 IDLE = frozenset({"select", "poll", "wait", "get", "sleep", "_worker", "accept", "recv", "read", "epoll", "acquire"})
 PROFILE_ENV = "BENCH_PROFILE"
+OURS = ("activities/", "workflows/", "tgp/", "workers/", "crd_bridge/")
 TOP = 25
 
 
@@ -56,12 +57,15 @@ def _sample_on_signals(out: Path) -> None:
     state: dict[str, object] = {"on": False}
     self_time: Counter[str] = Counter()
     total: Counter[str] = Counter()
+    # The innermost frame with the first of tgp's own frames that called it: who pays for it.
+    paths: Counter[str] = Counter()
     counts = {"busy": 0, "idle": 0}
     started = [0.0]
 
     def start(*_: object) -> None:
         self_time.clear()
         total.clear()
+        paths.clear()
         counts.update(busy=0, idle=0)
         started[0] = time.monotonic()
         state["on"] = True
@@ -76,6 +80,7 @@ def _sample_on_signals(out: Path) -> None:
             "idle_samples": counts["idle"],
             "self": [(k, round(100 * v / busy, 1)) for k, v in self_time.most_common(TOP)],
             "inclusive": [(k, round(100 * v / busy, 1)) for k, v in total.most_common(TOP * 2)],
+            "innermost_from_tgp": [(k, round(100 * v / busy, 1)) for k, v in paths.most_common(TOP)],
         }, indent=1))  # fmt: skip
 
     def loop() -> None:
@@ -93,13 +98,17 @@ def _sample_on_signals(out: Path) -> None:
                 counts["busy"] += 1
                 self_time[_where(frame)] += 1
                 seen = set()
+                ours = ""
                 f: FrameType | None = frame
                 while f is not None:
                     where = _where(f)
                     if where not in seen:
                         seen.add(where)
                         total[where] += 1
+                    if not ours and where.startswith(OURS) and f is not frame:
+                        ours = where
                     f = f.f_back
+                paths[f"{_where(frame)} <- {ours or '?'}"] += 1
 
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)

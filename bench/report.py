@@ -161,7 +161,8 @@ def why(r: dict[str, Any]) -> list[str]:
             out.append(
                 f"**Worker profile at rest** ({prof['seconds']:.0f} s of stacks sampled every {prof['sample_every_s'] * 1000:.0f} ms after the stretch; "
                 f"% of busy samples). Innermost: " + ", ".join(f"`{k}` {v}%" for k, v in prof["self"][:6])
-                + ". Including callees: " + ", ".join(f"`{k}` {v}%" for k, v in mine) + "."
+                + ". Including callees: " + ", ".join(f"`{k}` {v}%" for k, v in mine)
+                + ". Innermost, with the first of tgp's frames above it: " + ", ".join(f"`{k}` {v}%" for k, v in (prof.get("innermost_from_tgp") or [])[:6]) + "."
             )
         if h["provider_describes_per_s"] > 0:
             out.append(f"**Provider requests.** {h['provider_describes_per_s']} describes a second at rest: one GET per node per look, "
