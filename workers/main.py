@@ -62,12 +62,16 @@ SWEEPER_SCHEDULE_ID = "tgp-sweeper"
 SWEEP_OVERDUE_INTERVALS = 2
 # How many workflows a worker keeps in memory (Temporal's sticky cache; the SDK's default is
 # 1,000). A cached node workflow costs about 0.29 MB (issue 20), so the default held 1,000 nodes
-# at ~290 MB on top of the process's ~175 MB, past the 300 MB a worker may use for them. With the
-# event-driven watch a node at rest is woken only by a change (a signal) or its slow backstop
-# look, minutes apart, so an evicted node is replayed from its (short) history at its next wake:
-# a few ms of CPU per wake, far less than keeping every resting node in memory. Busy workflows
-# (pools, classes, nodes launching or draining) are woken often and so stay cached (LRU). Set
-# TGP_WORKFLOW_CACHE to change it (0 turns the cache off: every task replays).
+# at ~290 MB on top of the process's ~175 MB, past the 300 MB a worker may use for them. An
+# evicted workflow is replayed from its history at its next wake: ~36 ms of CPU for a node's
+# 79-event life (measured with the Replayer, docs/benchmarks.md). A node at rest that meets the
+# history target (< 10 events per node-hour) wakes about once an hour, so 1,000 evicted resting
+# nodes cost ~1% of a core in replays, against ~290 MB to keep them all. Workflows that are busy
+# stay cached (LRU) as long as the busy set fits: a burst that launches more nodes at once than
+# the cache holds evicts each one before its next task (a 40-node burst with a cache of 10 cost
+# the worker 3.5x the CPU); with more than ~250 nodes launching at once per worker, raise it
+# (TGP_WORKFLOW_CACHE; 0 turns the cache off: every task replays) or run more workers, which
+# split the active set between their caches.
 WORKFLOW_CACHE = 300
 WORKFLOW_CACHE_ENV = "TGP_WORKFLOW_CACHE"
 
