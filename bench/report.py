@@ -220,7 +220,7 @@ def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
         f"Run: {r['date']}, commit `{m['commit']}`{' (quick mode: smaller N, figures not comparable to the targets)' if r.get('quick') else ''}; "
         f"{m['nproc']} × {m['cpu_model']}, Python {m['python']}; load average {', '.join(f'{x:.2f}' for x in r['load_at_start'])} at start, "
         f"{', '.join(f'{x:.2f}' for x in r.get('load_at_end') or [])} at end (the machine was shared). "
-        f"The whole run took {r.get('bench_wall_s')} s.",
+        f"Worker workflow cache: {_get(r, 'knobs', 'workflow_cache') or 'not recorded'} (`TGP_WORKFLOW_CACHE`). The whole run took {r.get('bench_wall_s')} s.",
         "",
         "## Targets",
         "",
