@@ -237,6 +237,25 @@ def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
         lines += ["## Where a target is missed, why", "", *[f"{p}\n" for p in reasons]]
     if BASELINE_NOTES.exists():
         lines += [BASELINE_NOTES.read_text().rstrip(), ""]
+    entity_lines = []
+    for n, b in (r.get("bursts") or {}).items():
+        for wid, e in (b.get("entities") or {}).items():
+            if isinstance(e, dict) and "events" in e:
+                signals = ", ".join(f"{k} {v}" for k, v in sorted(e["signals"].items(), key=lambda kv: -kv[1])) or "none"
+                updates = ", ".join(f"{k} {v}" for k, v in sorted(e["updates"].items(), key=lambda kv: -kv[1])) or "none"
+                entity_lines.append(f"| burst {n} | `{wid}` | {e['runs']} | {e['events']} | {e['bytes'] / 1024:.0f} KB (largest event {e['largest_event_bytes'] / 1024:.0f} KB) | {signals} | {updates} |")
+    if entity_lines:
+        lines += [
+            "## Pool and class workflows in a burst",
+            "",
+            "Their histories from the start of the burst until all its pods were bound (or the deadline): how much the bridge "
+            "and the nodes tell them, and how big what they record is.",
+            "",
+            "| phase | workflow | runs | events | history | signals | updates |",
+            "|---|---|---|---|---|---|---|",
+            *entity_lines,
+            "",
+        ]
     lines += ["## CPU time and memory beside the wall times", "", "| phase | wall | process | CPU s | % of a core | RSS MB (peak) |", "|---|---|---|---|---|---|"]
     phases: list[tuple[str, float, dict[str, Any]]] = []
     for n, b in (r.get("bursts") or {}).items():

@@ -251,6 +251,10 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         }
         say(f"burst {n}: served {len(clock.bound)}/{n} in {wall:.0f} s; overhead p99 {fmt(result['overhead_s']['p99'])} s, "
             f"pending -> node workflow start p99 {fmt(result['pending_to_node_workflow_start_s']['p99'])} s")  # fmt: skip
+        try:
+            result["entities"] = await entity_histories(s.client)
+        except RPCError as exc:
+            result["entities"] = {"error": str(exc)[:200]}
         if idle:
             result["idle"] = await idle_reaction(s, clock)
         clock.stop()
@@ -323,6 +327,27 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
         result["short_life"]["breakdown"] = await breakdown(s.client, lives[0].id, None)
     say(f"idle: one short life ({fmt(pct(durations, 50))} s) = {fmt(pct([float(e) for e in events], 50))} history events (median of {len(events)})")
     return result
+
+
+async def entity_histories(client: Client) -> dict[str, dict[str, Any]]:
+    """Each pool and class workflow's history (all runs on the bench's queue): events, bytes,
+    signals by name and updates by name. Issue 20: the bridge forwarded the workflows' own
+    status writes back to them as signals, and a pool's history grows with its fleet."""
+    out: dict[str, dict[str, Any]] = {}
+    query = f"TaskQueue = '{TASK_QUEUE}' AND WorkflowType IN ('GPUNodePoolWorkflow', 'GPUNodeClassWorkflow')"
+    async for wf in client.list_workflows(query):
+        e = out.setdefault(wf.id, {"runs": 0, "events": 0, "bytes": 0, "largest_event_bytes": 0, "signals": Counter(), "updates": Counter()})
+        e["runs"] += 1
+        async for event in client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history_events():
+            size = event.ByteSize()
+            e["events"] += 1
+            e["bytes"] += size
+            e["largest_event_bytes"] = max(e["largest_event_bytes"], size)
+            if event.HasField("workflow_execution_signaled_event_attributes"):
+                e["signals"][event.workflow_execution_signaled_event_attributes.signal_name] += 1
+            if event.HasField("workflow_execution_update_accepted_event_attributes"):
+                e["updates"][event.workflow_execution_update_accepted_event_attributes.accepted_request.input.name] += 1
+    return {k: {**v, "signals": dict(v["signals"]), "updates": dict(v["updates"])} for k, v in out.items()}
 
 
 async def breakdown(client: Client, wid: str, since: dt.datetime | None, run_id: str | None = None) -> dict[str, int]:
