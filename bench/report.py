@@ -284,7 +284,10 @@ def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
         f"* **Hold**: {_get(r, 'hold', 'how') or 'see bench/run.py'}. After every node is Ready and the stack has settled, a "
         "stretch at rest is measured: CPU (user + system) and RSS of each process from /proc, the simulated cloud's request count, "
         "the emulator's count of requests sent by tgp's processes (the official Kubernetes client), and each workflow's history "
-        "length from the dev server at the start and end of the stretch.",
+        "length from the dev server at the start and end of the stretch (200 nodes spread over the fleet, every pool and class). "
+        "The stretch is shorter than a slow backstop look's interval and the nodes came up together, so per-hour figures "
+        "extrapolate one window: a longer one (`BENCH_HOLD_SECONDS`) averages more looks. After it the worker's Python "
+        "stacks are sampled (bench/proc.py; py-spy is not available).",
         "* **Offers**: bench/offer_selection.py (10,000 Vast-style offers ranked for a pool) and bench/offer_cache.py "
         "(listings per node started, 2 accounts), plus each burst's listings at the simulated cloud per instance bought.",
         "",
