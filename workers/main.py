@@ -63,6 +63,20 @@ WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, Sweeper
 SWEEPER_SCHEDULE_ID = "tgp-sweeper"
 # Sweeps are overdue when none completed for this many of the Schedule's intervals.
 SWEEP_OVERDUE_INTERVALS = 2
+# How many workflows a worker keeps in memory (Temporal's sticky cache; the SDK's default is
+# 1,000). A cached node workflow costs about 0.29 MB (issue 20), so the default held 1,000 nodes
+# at ~290 MB on top of the process's ~175 MB, past the 300 MB a worker may use for them. An
+# evicted workflow is replayed from its history at its next wake: ~36 ms of CPU for a node's
+# 79-event life (measured with the Replayer, docs/benchmarks.md). A node at rest that meets the
+# history target (< 10 events per node-hour) wakes about once an hour, so 1,000 evicted resting
+# nodes cost ~1% of a core in replays, against ~290 MB to keep them all. Workflows that are busy
+# stay cached (LRU) as long as the busy set fits: a burst that launches more nodes at once than
+# the cache holds evicts each one before its next task (a 40-node burst with a cache of 10 cost
+# the worker 3.5x the CPU); with more than ~250 nodes launching at once per worker, raise it
+# (TGP_WORKFLOW_CACHE; 0 turns the cache off: every task replays) or run more workers, which
+# split the active set between their caches.
+WORKFLOW_CACHE = 300
+WORKFLOW_CACHE_ENV = "TGP_WORKFLOW_CACHE"
 
 
 @dataclass
@@ -277,8 +291,20 @@ async def watch_sweeps(client: Client, every: timedelta = SWEEP_EVERY) -> None:
         await asyncio.sleep(every.total_seconds())
 
 
+def workflow_cache(env: Mapping[str, str] = os.environ) -> int:
+    """The worker's workflow cache size: TGP_WORKFLOW_CACHE, else WORKFLOW_CACHE."""
+    raw = env.get(WORKFLOW_CACHE_ENV, "").strip()
+    if not raw:
+        return WORKFLOW_CACHE
+    if not raw.isdigit():
+        raise ConfigError(f"{WORKFLOW_CACHE_ENV}={raw!r} is not a number of workflows (0 turns the cache off)")
+    return int(raw)
+
+
 def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
-    """A Worker hosting every tgp workflow and activity."""
+    """A Worker hosting every tgp workflow and activity, its workflow cache sized by
+    `workflow_cache` unless `max_cached_workflows` is given."""
+    options.setdefault("max_cached_workflows", workflow_cache())
     interceptors = [ActivityLogContext(), *options.pop("interceptors", [])]  # type: ignore[misc]
     return Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]
