@@ -25,6 +25,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import temporal_errors
+from activities.listing import list_account
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import consistency_window, end_for_good
 from activities import metrics
@@ -108,7 +109,7 @@ class SweeperActivities:
         now = self.now()
         with temporal_errors():
             for name, provider in self.providers.items():
-                for inst in await provider.list_instances(inp.prefix):
+                for inst in await list_account(provider, inp.prefix, account=name):  # the worker's own key (activities.fleet.account_key)
                     node = node_of_instance(inst.name)
                     if node is None:
                         continue

@@ -28,7 +28,7 @@ from tgp.types import OfferRequirements, SelectOfferInput
 TRICKLE_EVERY = 3.0  # seconds between node starts in the trickle (simulated)
 
 
-async def run(n: int) -> None:
+async def run(n: int) -> dict[str, float]:
     now = [1000.0]
     async with (
         SimulatedCloud(catalog=(SimOffer("a-4090", "RTX4090", "us-east", Decimal("0.40")),)) as alpha,
@@ -70,6 +70,7 @@ async def run(n: int) -> None:
         f"({trickle_s * 1000:.0f} ms wall; at most 2 accounts x one per TTL, scheduled refresh included)"
     )
     print(f"goal: about 0 per node -> {'met' if max(burst, trickle) / n < 0.2 else 'MISSED'}")
+    return {"nodes": n, "burst_listings": burst, "burst_per_node": burst / n, "trickle_listings": trickle, "trickle_per_node": trickle / n}
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ the same signals again, which the workflows (stable ids, signal-with-start) abso
   `DisruptionBounds`) is not sent: it gets Ready=False (InvalidSpec) and a Warning Event.
 * Pods         -> unschedulable GPU pods, batched, assigned to pools (tgp.demand) -> `demand`.
 * Nodes        -> `tgp.io/evict=<reason>` on a managed Node -> `evict` on its node workflow.
+* Pods + Nodes -> each managed Node's facts (present, Ready, GPUs, busy pods), on a change and
+  once after every list -> `node_facts` on its node workflow (crd_bridge/node_facts.py).
 
 A pool or class is sent only when what its workflow reads changed since the bridge last sent it
 (spec and generation, uid, deletion, the class a pool refers to): the status the workflows write
@@ -34,6 +36,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from crd_bridge.informer import Informer, Obj, object_key
 from crd_bridge.metrics import OBJECTS_SKIPPED
+from crd_bridge.node_facts import NodeFactsSender
 from tgp.conditions import condition_list
 from tgp.crds import FINALIZER, GROUP, VERSION, DisruptionBounds, GPUNodeClass, GPUNodePool
 from tgp.errors import TgpError
@@ -90,6 +93,7 @@ class Bridge:
         self._batch = Batch()
         self._batch_changed = asyncio.Event()
         self.informers: list[Informer] = []
+        self.facts = NodeFactsSender(client)  # each managed Node's facts for its workflow
 
     async def run(self) -> None:
         """Watch until cancelled."""
@@ -106,14 +110,21 @@ class Bridge:
                 lambda **kw: custom.list_custom_object_for_all_namespaces_without_preload_content(GROUP, VERSION, "gpunodepools", **kw),
                 self.on_pool,
             ),
-            Informer("pods", core.list_pod_for_all_namespaces_without_preload_content, self.on_pod),
-            Informer("nodes", core.list_node_without_preload_content, self.on_node, label_selector=f"{LABEL_MANAGED}=true"),
+            Informer("pods", core.list_pod_for_all_namespaces_without_preload_content, self.on_pod, on_synced=lambda: self.facts.on_listed("pods")),
+            Informer(
+                "nodes",
+                core.list_node_without_preload_content,
+                self.on_node,
+                on_synced=lambda: self.facts.on_listed("nodes"),
+                label_selector=f"{LABEL_MANAGED}=true",
+            ),
         ]
         async with asyncio.TaskGroup() as tasks:
             for informer in self.informers:
                 tasks.create_task(informer.run())
             tasks.create_task(self._demand_loop())
             tasks.create_task(self._entities_loop())
+            tasks.create_task(self.facts.run())
 
     # --- classes -------------------------------------------------------------------------
 
@@ -300,6 +311,7 @@ class Bridge:
     # --- pods and demand -------------------------------------------------------------------
 
     async def on_pod(self, kind: str, obj: Obj) -> None:
+        self.facts.on_pod(kind, obj)
         key = object_key(obj).lstrip("/")
         try:
             pod = None if kind == "DELETED" else pending_gpu_pod(obj)
@@ -420,6 +432,7 @@ class Bridge:
     # --- nodes ---------------------------------------------------------------------------
 
     async def on_node(self, kind: str, obj: Obj) -> None:
+        self.facts.on_node(kind, obj)
         if self._track_node(kind, obj):
             self._batch = self._batch.add(_now())  # the pool's free GPUs changed
             self._batch_changed.set()

@@ -29,6 +29,7 @@ log = structlog.get_logger("tgp.bridge.informer")
 
 Obj = dict[str, Any]
 Handler = Callable[[str, Obj], Awaitable[None]]
+Synced = Callable[[], None]
 # A `*_without_preload_content` list call of kubernetes.aio: returns the raw aiohttp response.
 ListCall = Callable[..., Awaitable[aiohttp.ClientResponse]]
 
@@ -59,9 +60,11 @@ class Informer:
         handler: Handler,
         *,
         watch_timeout: timedelta = WATCH_TIMEOUT,
+        on_synced: Synced | None = None,
         **selectors: str,
     ) -> None:
         self.name = name
+        self._on_synced = on_synced  # told after each list has been delivered
         self._list = list_call
         self._handler = handler
         self._watch_timeout = watch_timeout
@@ -111,6 +114,8 @@ class Informer:
                 await self._deliver("DELETED", key, obj)
         self._schedule_retry()
         self.synced.set()  # objects that failed are retried; they must not hide all the others
+        if self._on_synced is not None:
+            self._on_synced()
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     async def _watch(self, version: str) -> None:

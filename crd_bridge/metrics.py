@@ -1,4 +1,5 @@
-"""The bridge's Prometheus counters: objects it could not use, handler failures it retried."""
+"""The bridge's Prometheus counters: objects it could not use, handler failures it retried, the
+node facts it signalled."""
 
 from __future__ import annotations
 
@@ -13,4 +14,9 @@ HANDLER_ERRORS = Counter(
     "tgp_bridge_handler_errors_total",
     "Informer events whose handler failed; the object is retried without holding up others.",
     ["resource"],
+)
+NODE_FACTS_SIGNALS = Counter(
+    "tgp_bridge_node_facts_signals_total",
+    "node_facts signals to node workflows by outcome: sent, no_workflow (not running: dropped), failed (retried).",
+    ["outcome"],
 )

@@ -162,6 +162,7 @@ class SimulatedCloud:
         self._slow_describes_left: int | None = None
         self._describes_sped_up = asyncio.Event()
         self.describe_requests = 0
+        self.instance_lists = 0  # GET /v1/instances without a name (a whole listing: the fleet look, the sweeper)
         self._creates_failing_after_buy = 0
         self._deletes_failing = 0
         self.delete_requests = 0
@@ -278,6 +279,10 @@ class SimulatedCloud:
         answers (sim.fakeserver.GATEWAY_404_TEXT), anything else as JSON."""
         fault = Fault(path, method.upper() if method else None, status, times, None, body, after_handling, message)
         self._faults.append(fault)
+
+    def clear_faults(self) -> None:
+        """Requests answer normally again (the faults `fail` queued and not yet used are dropped)."""
+        self._faults.clear()
 
     def fail_deletes(self, count: int) -> None:
         """The next `count` terminate requests answer 500 and terminate nothing."""
@@ -427,6 +432,7 @@ class SimulatedCloud:
 
     async def _list_instances(self, request: web.Request) -> web.Response:
         name = request.query.get("name")
+        self.instance_lists += name is None
         found = [
             i.to_json()
             for i in self.live_instances()

@@ -41,7 +41,7 @@ from sim.scheduler import SimScheduler
 from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, dev_server_args
 from tgp.types import NodeStatus
-from workers.main import WorkerConfig, build_activities, make_worker
+from workers.main import WorkerConfig, build_activities, ensure_fleet_look, make_worker
 from workers.metrics import start_worker_metrics
 
 # The dev server answers within a second or two; give a slow first start some room.
@@ -230,9 +230,10 @@ async def run_demo(args: argparse.Namespace) -> int:
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=1)
         await stack.enter_async_context(make_worker(client, activities, task_queue=TASK_QUEUE))
+        await ensure_fleet_look(client, TASK_QUEUE)  # interruptions are noticed by the fleet look (workflows.fleet)
         cluster = KubernetesCluster.from_url(world.kube_url)
         stack.push_async_callback(cluster.close)
-        bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE, pool_watch_interval=timedelta(seconds=5)).run())
+        bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE).run())
         stack.push_async_callback(_cancel, bridge)
         kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url, timeout=10))
         # Per port: a second demo on other ports does not overwrite the first one's files.
@@ -341,6 +342,7 @@ async def run_dev(args: argparse.Namespace) -> int:
         env["KUBECONFIG"] = kubeconfig
         activities = await build_activities(WorkerConfig.from_env(env), stack)
         await stack.enter_async_context(make_worker(client, activities, task_queue=TASK_QUEUE))
+        await ensure_fleet_look(client, TASK_QUEUE)  # interruptions are noticed by the fleet look (workflows.fleet)
         bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE).run())
         stack.push_async_callback(_cancel, bridge)
         print(

@@ -94,3 +94,107 @@ def test_item9_a_node_holds_its_pods_place_for_the_bind_grace_whatever_its_idle_
     assert v.end is EndReason.IDLE, "after the grace the idle timeout applies as before"
     unheld = short.model_copy(update={"bind_grace": None})
     assert judge_observation(look(), WatchState(ready_at=T0, idle_since=T0), T0 + timedelta(seconds=30), unheld).end is EndReason.IDLE
+
+
+# --- the event-driven watch: judged at changes and deadlines, as a continuous poller -----------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tgp.lifecycle import apply_view, judge_view, next_deadline  # noqa: E402
+
+_INSTANCES = st.sampled_from(
+    [
+        RUNNING,
+        RUNNING.model_copy(update={"state": InstanceState.STOPPED}),
+        RUNNING.model_copy(update={"state": InstanceState.FAILED}),
+        RUNNING.model_copy(update={"state": InstanceState.TERMINATED}),
+        RUNNING.model_copy(update={"interrupted": True}),
+        None,
+    ]
+)
+_NODES = st.sampled_from([READY, NodeSummary(name="n", ready=False), None])
+_VIEWS = st.builds(look, busy=st.integers(0, 2), instance=_INSTANCES, node=_NODES)
+_MINUTES = st.integers(1, 40).map(lambda m: timedelta(minutes=m))
+_TIMEOUTS = st.builds(
+    LifecycleTimeouts,
+    idle=st.none() | _MINUTES,
+    expire_after=st.none() | _MINUTES,
+    bind_grace=st.none() | _MINUTES,
+)
+# A life: the view at Ready, then changes of the view at (minute, second) offsets.
+_CHANGES = st.lists(st.tuples(st.integers(1, 60 * 60), _VIEWS), max_size=8).map(lambda cs: sorted(cs, key=lambda c: c[0]))
+HORIZON = 2 * 60 * 60  # seconds
+
+
+def _poller(first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts) -> tuple[int, EndReason | None]:
+    """The ideal watch: it looks every second (every change happens on a whole second), so it
+    sees each view from the moment it holds."""
+    state, view, pending = WatchState(ready_at=T0), first, list(changes)
+    for t in range(HORIZON + 1):
+        while pending and pending[0][0] <= t:
+            view = pending.pop(0)[1]
+        verdict = judge_observation(view, state, T0 + timedelta(seconds=t), timeouts)
+        state = verdict.state
+        if verdict.end is not None:
+            return t, verdict.end
+    return HORIZON, None
+
+
+def _event_driven(first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts) -> tuple[int, EndReason | None]:
+    """The event-driven watch's loop (workflows/node.py): apply each change when it arrives,
+    judge, and otherwise sleep until `next_deadline`."""
+    state = apply_view(WatchState(ready_at=T0), first, T0, timeouts)
+    now, pending = T0, list(changes)
+    while True:
+        verdict = judge_view(state, now, timeouts)
+        if verdict.end is not None:
+            return int((now - T0).total_seconds()), verdict.end
+        state = verdict.state
+        deadline = next_deadline(state, timeouts)
+        assert deadline is None or deadline > now, "a deadline already due would have ended the node"
+        wake = [d for d in (deadline, T0 + timedelta(seconds=pending[0][0]) if pending else None) if d is not None]
+        if not wake or min(wake) > T0 + timedelta(seconds=HORIZON):
+            return HORIZON, None
+        now = min(wake)
+        while pending and T0 + timedelta(seconds=pending[0][0]) <= now:
+            state = apply_view(state, pending.pop(0)[1], now, timeouts)
+
+
+@settings(max_examples=150)
+@given(first=_VIEWS, changes=_CHANGES, timeouts=_TIMEOUTS)
+def test_the_event_driven_watch_ends_when_and_why_a_continuous_poller_would(
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
+) -> None:
+    """Invariant: for any life (a view at Ready, then changes of the instance, the Node and its
+    busy pods at any moments) and any idle, expiry and bind-grace settings, a watch that judges
+    only when the view changes and at `next_deadline` ends the node at the same moment and for
+    the same reason as one that looks continuously; and it never sleeps past a due deadline."""
+    assert _event_driven(first, changes, timeouts) == _poller(first, changes, timeouts)
+
+
+def test_the_next_deadline_is_the_idle_timeout_after_the_pods_left_held_by_the_bind_grace() -> None:
+    timeouts = LifecycleTimeouts(idle=timedelta(minutes=10), bind_grace=timedelta(minutes=15))
+    state = apply_view(WatchState(ready_at=T0), look(busy=1), T0, timeouts)
+    assert next_deadline(state, timeouts) is None, "a busy healthy node has no deadline without an expiry"
+    state = apply_view(state, look(busy=0), T0 + timedelta(minutes=2), timeouts)
+    assert state.idle_since == T0 + timedelta(minutes=2), "idle from when the pod left, not from when it was heard"
+    assert next_deadline(state, timeouts) == T0 + timedelta(minutes=15), "the hold outlasts the idle timeout"
+    state = apply_view(state, look(busy=0, node=None), T0 + timedelta(minutes=3), timeouts)
+    assert next_deadline(state, timeouts) == T0 + timedelta(minutes=3) + NODE_LOST_AFTER
+
+
+def test_a_view_from_before_ready_or_before_the_last_one_is_dated_no_earlier_than_them() -> None:
+    state = apply_view(WatchState(ready_at=T0), look(), T0 - timedelta(minutes=5), TIMEOUTS)
+    assert state.idle_since == T0 and state.seen_at == T0
+    state = apply_view(state, look(busy=1), T0 + timedelta(minutes=4), TIMEOUTS)
+    state = apply_view(state, look(), T0 + timedelta(minutes=1), TIMEOUTS)  # a late signal
+    assert state.idle_since == T0 + timedelta(minutes=4)
+
+
+def test_a_request_with_the_old_poll_interval_gets_the_backstop_look() -> None:
+    from tgp.lifecycle import BACKSTOP_LOOK, backstop_period
+
+    assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=30))) == BACKSTOP_LOOK
+    assert backstop_period(LifecycleTimeouts()) == BACKSTOP_LOOK
+    assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=1))) == timedelta(seconds=1)

@@ -3,7 +3,10 @@
 from datetime import timedelta
 from decimal import Decimal
 
-from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers, rejection_reasons
 from tgp.types import Offer, OfferRequirements
 
 
@@ -82,3 +85,44 @@ def test_rejection_reasons_say_what_to_change() -> None:
         "spot, and the class does not allow spot",
     ]
     assert rejection_reasons(offer, OfferRequirements()) == []
+
+
+# --- the ranking tests requirements without building rejection sentences -------------------
+# Issue 20 ("smaller costs"): offer_satisfies no longer builds rejection_reasons' strings to
+# test for emptiness. The two must agree on every offer and requirement, and the ranking must
+# be exactly the one written from the reasons (what the `tgp offers` listing explains).
+
+_GPUS, _REGIONS, _PROVIDERS = ["RTX4090", "A100", "H100"], ["us-east", "eu-west", "ap-tokyo"], ["vastai", "runpod", "sim"]
+_prices = st.decimals(min_value=Decimal("0.05"), max_value=Decimal("4.00"), places=2)
+_offers = st.builds(
+    Offer,
+    provider=st.sampled_from(_PROVIDERS),
+    offer_id=st.sampled_from(["1", "2", "3", "4"]),
+    gpu_type=st.sampled_from(_GPUS),
+    gpu_count=st.integers(1, 8),
+    region=st.sampled_from(_REGIONS),
+    hourly_price=_prices,
+    spot=st.booleans(),
+)
+_requirements = st.builds(
+    OfferRequirements,
+    gpu_types=st.lists(st.sampled_from(_GPUS), max_size=2, unique=True),
+    regions=st.lists(st.sampled_from(_REGIONS), max_size=2, unique=True),
+    providers=st.lists(st.sampled_from(_PROVIDERS), max_size=2, unique=True),
+    min_gpu_count=st.integers(1, 8),
+    max_hourly_price=st.none() | _prices,
+    allow_spot=st.booleans(),
+    provider_priority=st.dictionaries(st.sampled_from(_PROVIDERS), st.integers(1, 3)),
+)
+
+
+@given(offer=_offers, req=_requirements)
+def test_an_offer_satisfies_exactly_when_it_has_no_rejection_reason(offer: Offer, req: OfferRequirements) -> None:
+    assert offer_satisfies(offer, req) == (rejection_reasons(offer, req) == [])
+
+
+@given(offers=st.lists(_offers, max_size=30), req=_requirements, excluded=st.sets(st.sampled_from([f"{p}/{i}/{r}" for p in _PROVIDERS for i in "1234" for r in _REGIONS])))
+def test_the_ranking_is_the_one_the_rejection_reasons_explain(offers: list[Offer], req: OfferRequirements, excluded: set[str]) -> None:
+    explained = [o for o in offers if o.key not in excluded and not rejection_reasons(o, req)]
+    expected = sorted(explained, key=lambda o: (o.hourly_price, req.provider_priority.get(o.provider, 1_000), o.key))
+    assert rank_offers(offers, req, exclude=excluded) == expected

@@ -39,6 +39,13 @@ async def no_sleep(_: float) -> None:
 
 @asynccontextmanager
 async def provider(name: str, model: ProviderModel) -> AsyncIterator[Any]:
+    async with provider_and_fake(name, model) as (target, _):
+        yield target
+
+
+@asynccontextmanager
+async def provider_and_fake(name: str, model: ProviderModel) -> AsyncIterator[tuple[Any, Any]]:
+    """The real adapter of `name` and the fake it talks to (for its request log and faults)."""
     async with AsyncExitStack() as stack:
         if name == "runpod":
             fake = await stack.enter_async_context(FakeRunPod(api_key=KEY, model=model))
@@ -57,7 +64,7 @@ async def provider(name: str, model: ProviderModel) -> AsyncIterator[Any]:
             fake = await stack.enter_async_context(SimulatedCloud(api_key=KEY, boot_delay=60, model=model))
             target = SimulatedProvider(fake.url, api_key=SecretStr(KEY))
         stack.push_async_callback(target.aclose)
-        yield target
+        yield target, fake
 
 
 async def launch(target: Any) -> Any:

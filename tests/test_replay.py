@@ -18,6 +18,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from workers.temporal import DATA_CONVERTER
+from workflows.fleet import FleetLookWorkflow
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow
@@ -26,13 +27,14 @@ ROOT = Path(__file__).parent / "histories"
 SCENARIOS = sorted(ROOT.glob("*.json"))
 RELEASES = sorted(p for p in ROOT.iterdir() if p.is_dir())
 RELEASED = sorted(ROOT.rglob("*.json.gz"))
-REPLAYER = Replayer(workflows=[GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow], data_converter=DATA_CONVERTER)
+REPLAYER = Replayer(workflows=[GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, FleetLookWorkflow], data_converter=DATA_CONVERTER)
 
 
 def test_histories_exist_for_every_scenario() -> None:
     names = {p.stem for p in SCENARIOS}
     assert {"happy_path_evicted", "cancel_during_launch", "capacity_failover", "join_timeout_failover", "preempted", "idle_drained", "thirty_days"} <= names
     assert {"pool_heals", "class_heals"} <= names, "the entity workflows replay too"
+    assert "fleet_look" in names, "the fleet look (workflows/fleet.py) replays too"
 
 
 def test_each_release_recorded_pool_class_and_node_histories() -> None:

@@ -7,13 +7,23 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tgp.types import InstanceState, LifecycleTimeouts, NodeObservation, PodSummary
+from tgp.types import WATCH_INTERVAL, Instance, InstanceState, LifecycleTimeouts, NodeFacts, NodeObservation, NodeSummary, PodSummary
 
 # A Ready node that stays missing or NotReady this long is given up as lost (the kubelet's
 # default node-monitor grace is 40 s; 5 minutes rides out a tailnet blip or a reboot). The
 # provider's own health readings (Lambda's `unhealthy`, a stopped VM) get the same grace: one
 # bad reading is often a monitoring blip while the machine keeps running its job.
 NODE_LOST_AFTER = timedelta(minutes=5)
+# The event-driven watch's look without a reason (provider describe, GET Node, list its pods):
+# a safety net for a signal lost despite the bridge's re-send after a restart, or an interruption
+# the provider's bulk listing missed. Every 45 minutes a look costs a Ready node at rest about
+# 8 history events an hour (a timer and a local activity's marker per look), under the 10 the
+# issue allows; it is the default `watch_interval` of a node (tests shorten it).
+BACKSTOP_LOOK = WATCH_INTERVAL
+# The poll interval every node request carried before the event-driven watch (the default
+# then): a run continued as new or handed over from an older release still has it in its
+# input, and gets the backstop look instead of a look every 30 seconds for the rest of its life.
+POLL_INTERVAL_BEFORE_EVENTS = timedelta(seconds=30)
 
 
 class EndReason(StrEnum):
@@ -40,6 +50,12 @@ class WatchState(BaseModel):
     ready_at: datetime
     idle_since: datetime | None = None
     unhealthy_since: datetime | None = None
+    # The event-driven watch (runs from before it leave these unset): what is known of the node
+    # now, since when, the bridge's facts it was last told, and when it last looked itself.
+    view: NodeObservation | None = None
+    seen_at: datetime | None = None
+    facts: NodeFacts | None = None
+    looked_at: datetime | None = None
 
 
 class WatchVerdict(BaseModel):
@@ -73,13 +89,66 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
         return WatchVerdict(state=state, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
 
     idle_since = (state.idle_since or now) if obs.busy_pods == 0 and healthy else None
-    new_state = WatchState(ready_at=state.ready_at, idle_since=idle_since, unhealthy_since=unhealthy_since)
+    new_state = state.model_copy(update={"idle_since": idle_since, "unhealthy_since": unhealthy_since})
     # A node holds the place of the pods bought for it until the pool's bind grace has passed:
     # the pool judges a pod that did not bind by then, so the node must not idle out first.
     held = timeouts.bind_grace is not None and now - state.ready_at < timeouts.bind_grace
     if idle_since is not None and timeouts.idle is not None and now - idle_since >= timeouts.idle and not held:
         return WatchVerdict(state=new_state, end=EndReason.IDLE, detail=f"no workload pods for {_minutes(now - idle_since)}")
     return WatchVerdict(state=new_state)
+
+
+def backstop_period(timeouts: LifecycleTimeouts) -> timedelta:
+    """How often the event-driven watch looks without a reason: the request's watch interval,
+    unless that is the old poll default an older request carries."""
+    if timeouts.watch_interval == POLL_INTERVAL_BEFORE_EVENTS:
+        return BACKSTOP_LOOK
+    return timeouts.watch_interval
+
+
+def facts_view(facts: NodeFacts, instance: Instance | None) -> NodeObservation:
+    """The node as the bridge's facts tell it, with the instance as the node last looked at it."""
+    node = NodeSummary(name=facts.node_name, ready=facts.ready, gpus=facts.gpus) if facts.present else None
+    return NodeObservation(instance=instance, node=node, busy_pods=facts.busy_pods)
+
+
+def apply_view(state: WatchState, view: NodeObservation, at: datetime, timeouts: LifecycleTimeouts) -> WatchState:
+    """The watch's state once the node is known to be as `view` says since `at`: idleness and
+    trouble are dated from when they began (not from when the watch heard of them), and never
+    before Ready or a view already applied (clocks of the bridge and the workflow differ)."""
+    at = max(at, state.seen_at or state.ready_at, state.ready_at)
+    judged = judge_observation(view, state, at, timeouts).state
+    return judged.model_copy(update={"view": view, "seen_at": at})
+
+
+def judge_view(state: WatchState, now: datetime, timeouts: LifecycleTimeouts) -> WatchVerdict:
+    """The verdict at `now` on the view the state holds (`judge_observation` of it)."""
+    assert state.view is not None, "the watch judges only once it has a view"
+    return judge_observation(state.view, state, now, timeouts)
+
+
+def next_deadline(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | None:
+    """The first moment at which `judge_view` may end the node while the view stays as it is:
+    the lost or unhealthy grace, the expiry, or the idle timeout (not before the bind-grace hold
+    ends). None: nothing ends it without a change. Before this moment every verdict on the same
+    view is the same (no end); at it the judge must be asked again."""
+    view = state.view
+    if view is None:
+        return None
+    instance = view.instance
+    if instance is None or instance.state is InstanceState.TERMINATED or instance.interrupted:
+        return state.seen_at or state.ready_at
+    due: list[datetime] = []
+    if state.unhealthy_since is not None:
+        due.append(state.unhealthy_since + NODE_LOST_AFTER)
+    if timeouts.expire_after is not None:
+        due.append(state.ready_at + timeouts.expire_after)
+    if state.idle_since is not None and timeouts.idle is not None:
+        idle_end = state.idle_since + timeouts.idle
+        if timeouts.bind_grace is not None:
+            idle_end = max(idle_end, state.ready_at + timeouts.bind_grace)
+        due.append(idle_end)
+    return min(due, default=None)
 
 
 def _minutes(d: timedelta) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tgp.lifecycle import WatchState
-from tgp.types import InstanceRef, LaunchAttempt, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
+from tgp.types import InstanceRef, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
 
 
 class NodeState(BaseModel):
@@ -23,6 +23,9 @@ class NodeState(BaseModel):
     seen: list[InstanceRef] = []
     key_ids: list[str] = []
     watch: WatchState | None = None
+    # The bridge's latest facts about the Node (signal `node_facts`), kept from the first one,
+    # even during bring-up: the event-driven watch starts from them.
+    facts: NodeFacts | None = None
     stages: list[StageRecord] = []
     evict_reason: str | None = None
     last_error: str | None = None

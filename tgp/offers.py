@@ -10,12 +10,24 @@ from tgp.types import Offer, OfferRequirements
 
 
 def offer_satisfies(offer: Offer, req: OfferRequirements) -> bool:
-    """True when `offer` meets every requirement of `req`."""
-    return not rejection_reasons(offer, req)
+    """True when `offer` meets every requirement of `req`.
+
+    The same tests as `rejection_reasons`, without building its sentences: ranking runs this
+    over every listed offer (10,000 on Vast) for each node, and only `tgp offers` reports why
+    (issue 20: building every rejection string to test for emptiness cost 2.7x the CPU)."""
+    return (
+        (not req.gpu_types or offer.gpu_type in req.gpu_types)
+        and (not req.regions or offer.region in req.regions)
+        and (not req.providers or offer.provider in req.providers)
+        and offer.gpu_count >= req.min_gpu_count
+        and (req.max_hourly_price is None or offer.hourly_price <= req.max_hourly_price)
+        and (not offer.spot or req.allow_spot)
+    )
 
 
 def rejection_reasons(offer: Offer, req: OfferRequirements) -> list[str]:
-    """Why `offer` does not meet `req` (empty when it does), in words a user can act on."""
+    """Why `offer` does not meet `req` (empty when it does), in words a user can act on.
+    Keep each test here in step with `offer_satisfies` (a property test holds them equal)."""
     reasons = []
     if req.gpu_types and offer.gpu_type not in req.gpu_types:
         reasons.append(f"GPU {offer.gpu_type} not in {', '.join(req.gpu_types)}")

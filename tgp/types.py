@@ -244,8 +244,10 @@ GPU_REGISTRATION_TIMEOUT = timedelta(minutes=10)
 DRAIN_TIMEOUT = timedelta(minutes=10)
 # Karpenter's consolidateAfter-style grace: a node idle this long is drained and terminated.
 IDLE_TIMEOUT = timedelta(minutes=10)
-# How often a Ready node is looked at; each look is a timer and a short activity in history.
-WATCH_INTERVAL = timedelta(seconds=30)
+# How often a Ready node is looked at without a reason: the event-driven watch's backstop look
+# (tgp.lifecycle.BACKSTOP_LOOK: 45 minutes). Runs from before that watch polled every 30 s; their
+# inputs carry that value, so they keep it.
+WATCH_INTERVAL = timedelta(minutes=45)
 # A capacity error or join failure takes an offer out of rotation this long (Karpenter: 3 min).
 UNAVAILABLE_OFFER_TTL = timedelta(minutes=3)
 # One attempt of a short API call (create, describe, label, terminate). A worker that dies
@@ -268,7 +270,7 @@ class LifecycleTimeouts(Model):
     gpu_registration: timedelta = Field(GPU_REGISTRATION_TIMEOUT, description="From Node Ready until its allocatable nvidia.com/gpu reaches the offer's count.")
     drain: timedelta = DRAIN_TIMEOUT
     idle: timedelta | None = Field(IDLE_TIMEOUT, description="None: never idle out (a pool's minNodes floor).")
-    watch_interval: timedelta = WATCH_INTERVAL
+    watch_interval: timedelta = Field(WATCH_INTERVAL, description="How often a Ready node is looked at without a reason (the event-driven watch's backstop look).")
     api_call: timedelta = API_CALL_TIMEOUT
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")
     termination_stuck: timedelta = Field(TERMINATION_STUCK_AFTER, description="Report TerminationStuck after this long.")

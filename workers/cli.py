@@ -69,7 +69,7 @@ def _temporal_settings(args: argparse.Namespace) -> TemporalSettings:
 async def run_worker(args: argparse.Namespace) -> None:
     from activities.metrics import METRICS_PORT_ENV, WORKER_METRICS_PORT, metrics_port, sdk_metrics
     from workers.temporal import connect, ensure_search_attributes
-    from workers.main import WorkerConfig, build_activities, ensure_sweeper_schedule, make_worker, watch_sweeps
+    from workers.main import WorkerConfig, build_activities, ensure_fleet_look, ensure_sweeper_schedule, make_worker, watch_sweeps
     from activities.kube.cluster import load_client_classes
     from workers.metrics import start_worker_metrics
 
@@ -92,6 +92,9 @@ async def run_worker(args: argparse.Namespace) -> None:
         # SHUTDOWN_GRACE, inside the Deployment's 30 s grace period; what is still running
         # then is cancelled and retried on another worker (a launch adopts what it bought).
         worker = make_worker(client, activities, task_queue=args.task_queue, graceful_shutdown_timeout=SHUTDOWN_GRACE)
+        # Only a worker that can run it takes the fleet look to its task queue (after its
+        # configuration is known good): one that exits on a bad setting must not move it away.
+        await ensure_fleet_look(client, args.task_queue)
         print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
         await worker.run()
 

@@ -30,6 +30,7 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
@@ -38,6 +39,7 @@ from activities.entity import EntityActivities
 from activities.node_class import NodeClassActivities
 from activities.pool import PoolActivities
 from activities.node import NodeActivities
+from activities.fleet import FleetActivities
 from activities.sweeper import SweeperActivities
 from activities.ports import CloudProvider
 from activities.accounts import ProviderRegistry, TailnetRegistry
@@ -52,14 +54,29 @@ from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow
+from workflows.fleet import FLEET_LOOK_ID, FleetLookRequest, FleetLookWorkflow
 from workflows.sweeper import SWEEP_EVERY, SweeperWorkflow, SweepRequest
 
 log = structlog.get_logger("tgp.worker")
 
-WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, SweeperWorkflow]
+WORKFLOWS = [GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, SweeperWorkflow, FleetLookWorkflow]
 SWEEPER_SCHEDULE_ID = "tgp-sweeper"
 # Sweeps are overdue when none completed for this many of the Schedule's intervals.
 SWEEP_OVERDUE_INTERVALS = 2
+# How many workflows a worker keeps in memory (Temporal's sticky cache; the SDK's default is
+# 1,000). A cached node workflow costs about 0.29 MB (issue 20), so the default held 1,000 nodes
+# at ~290 MB on top of the process's ~175 MB, past the 300 MB a worker may use for them. An
+# evicted workflow is replayed from its history at its next wake: ~36 ms of CPU for a node's
+# 79-event life (measured with the Replayer, docs/benchmarks.md). A node at rest that meets the
+# history target (< 10 events per node-hour) wakes about once an hour, so 1,000 evicted resting
+# nodes cost ~1% of a core in replays, against ~290 MB to keep them all. Workflows that are busy
+# stay cached (LRU) as long as the busy set fits: a burst that launches more nodes at once than
+# the cache holds evicts each one before its next task (a 40-node burst with a cache of 10 cost
+# the worker 3.5x the CPU); with more than ~250 nodes launching at once per worker, raise it
+# (TGP_WORKFLOW_CACHE; 0 turns the cache off: every task replays) or run more workers, which
+# split the active set between their caches.
+WORKFLOW_CACHE = 300
+WORKFLOW_CACHE_ENV = "TGP_WORKFLOW_CACHE"
 
 
 @dataclass
@@ -71,9 +88,11 @@ class Activities:
     node_class: NodeClassActivities
     entity: EntityActivities
     sweeper: SweeperActivities
+    fleet: FleetActivities | None = None
 
     def all(self) -> list[object]:
-        return [*self.node.all(), *self.pool.all(), *self.node_class.all(), *self.entity.all(), *self.sweeper.all()]
+        fleet = self.fleet.all() if self.fleet is not None else []
+        return [*self.node.all(), *self.pool.all(), *self.node_class.all(), *self.entity.all(), *self.sweeper.all(), *fleet]
 
 
 @dataclass
@@ -154,6 +173,7 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
         node_class=NodeClassActivities(cluster=cluster, providers=providers, registry=registry, tailnets=sorted(tailnets)),
         entity=EntityActivities(cluster=cluster),
         sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster),
+        fleet=FleetActivities(registry=registry, cluster=cluster),
     )
 
 
@@ -199,6 +219,30 @@ async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timede
                 log.warning("sweep_on_old_queue_terminated", workflow_id=running.workflow_id, task_queue=task_queue)
         except RPCError:
             pass  # it ended meanwhile
+
+
+async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta | None = None, *, workflow_id: str = FLEET_LOOK_ID) -> None:
+    """Start the fleet look (workflows.fleet), or keep the one running (every worker calls this
+    at start). One running on another task queue than this worker's is replaced, as the
+    sweeper's Schedule is moved: its looks would wait there for a worker that never comes.
+    `every`: the interval (None: FLEET_LOOK_EVERY of the code running the look)."""
+    for _ in range(2):
+        handle = await client.start_workflow(
+            FleetLookWorkflow.run,
+            FleetLookRequest(every=every),
+            id=workflow_id,
+            task_queue=task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary="lists each provider account's instances every interval and tells nodes whose instance ended",
+        )
+        if (await handle.describe()).task_queue == task_queue:
+            return
+        try:
+            await handle.terminate(f"the fleet look moved to task queue {task_queue!r}")
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise
+        log.warning("fleet_look_moved", task_queue=task_queue)
 
 
 async def check_sweeps(client: Client, *, now: datetime | None = None) -> bool:
@@ -247,8 +291,20 @@ async def watch_sweeps(client: Client, every: timedelta = SWEEP_EVERY) -> None:
         await asyncio.sleep(every.total_seconds())
 
 
+def workflow_cache(env: Mapping[str, str] = os.environ) -> int:
+    """The worker's workflow cache size: TGP_WORKFLOW_CACHE, else WORKFLOW_CACHE."""
+    raw = env.get(WORKFLOW_CACHE_ENV, "").strip()
+    if not raw:
+        return WORKFLOW_CACHE
+    if not raw.isdigit():
+        raise ConfigError(f"{WORKFLOW_CACHE_ENV}={raw!r} is not a number of workflows (0 turns the cache off)")
+    return int(raw)
+
+
 def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
-    """A Worker hosting every tgp workflow and activity."""
+    """A Worker hosting every tgp workflow and activity, its workflow cache sized by
+    `workflow_cache` unless `max_cached_workflows` is given."""
+    options.setdefault("max_cached_workflows", workflow_cache())
     interceptors = [ActivityLogContext(), *options.pop("interceptors", [])]  # type: ignore[misc]
     return Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall, NodeClassActivities
@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.entity import history_is_long
     from workflows.legacy.r31e9066.frozen import frozen_node
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
-    from tgp.lifecycle import EndReason, WatchState, judge_observation
+    from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
         LABEL_GPU_TYPE,
@@ -44,13 +44,18 @@ with workflow.unsafe.imports_passed_through():
         DrainInput,
         EvictRequest,
         GpuQuery,
+        Instance,
         InstanceRef,
+        InstanceSighting,
+        InstanceState,
         LabelInput,
         LaunchAttempt,
         LaunchInput,
         LaunchResult,
         MarkUnavailableInput,
         NodePhase,
+        NodeFacts,
+        NodeObservation,
         NodeRequest,
         NodeStatus,
         ObserveInput,
@@ -94,6 +99,9 @@ GPU_REGISTRATION_PATCH = "gpu-registration-stage"
 # Marks runs that remember every instance id seen under the node's names, look for twins over
 # the provider's consistency window, and terminate every name (verified) on the way out.
 MONEY_BY_IDS_PATCH = "money-by-ids"
+# Marks runs whose Ready node is watched by events (the bridge's `node_facts`, the provider
+# listing's `instance_seen`) and durable timers, with a slow backstop look, instead of a poll.
+EVENT_DRIVEN_WATCH_PATCH = "event-driven-watch"
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")
@@ -117,6 +125,7 @@ class GPUNodeWorkflow:
         self._reports: list[asyncio.Future[None]] = []
         self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
         self._twin_watch: asyncio.Future[None] | None = None
+        self._sighting: InstanceSighting | None = None  # the provider's listing asks for a look
 
     # --- messages ------------------------------------------------------------------------
 
@@ -137,6 +146,23 @@ class GPUNodeWorkflow:
         if u.hold is not None:  # the pool's nominations: hold the pods' place, or no more
             timeouts = timeouts.model_copy(update={"bind_grace": u.hold or None})
         self.req = self.req.model_copy(update={"timeouts": timeouts})
+
+    @workflow.signal
+    def node_facts(self, facts: NodeFacts) -> None:
+        """The bridge's facts about the Node (sent on a change, and for every node after the
+        bridge starts). Kept, even before the watch, unless older than the facts already kept."""
+        if self.legacy:
+            return self.legacy.handle("node_facts", facts)
+        if self.state.facts is None or facts.at >= self.state.facts.at:
+            self.state.facts = facts
+
+    @workflow.signal
+    def instance_seen(self, sighting: InstanceSighting) -> None:
+        """The provider's bulk listing shows the instance not plainly running (or not at all):
+        the watch looks for itself before acting, since lists lag behind the truth."""
+        if self.legacy:
+            return self.legacy.handle("instance_seen", sighting)
+        self._sighting = sighting
 
     @workflow.query
     def status(self) -> NodeStatus:
@@ -510,8 +536,11 @@ class GPUNodeWorkflow:
         self.state.watch = WatchState(ready_at=workflow.now())
 
     async def _watch_until_done(self) -> EndReason:
-        """Look at the node every watch interval until it is idle, expired, gone or evicted."""
+        """Watch the node until it is idle, expired, gone or evicted: by events and timers, or
+        (runs from before the event-driven watch) by a look every watch interval."""
         assert self.state.instance is not None and self.state.watch is not None
+        if workflow.patched(EVENT_DRIVEN_WATCH_PATCH):
+            return await self._watch_by_events()
         while True:
             t = self.req.timeouts  # `update_timeouts` may have changed them since the last look
             if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
@@ -548,6 +577,108 @@ class GPUNodeWorkflow:
                 self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                 return verdict.end
 
+    async def _watch_by_events(self) -> EndReason:
+        """The watch of a Ready node, with no request at rest: it holds the latest view of the
+        node (the bridge's facts, the instance as last looked at) and sleeps on one durable timer
+        until the first deadline of the judge (idle, expiry, lost or unhealthy) or the backstop
+        look, whichever comes first. It wakes early on an eviction, new facts, a sighting from
+        the provider's listing (then it looks itself: one describe) or new settings.
+
+        tgp.lifecycle's property test proves that judging only at changes and at `next_deadline`
+        ends a node when and why a continuous poller would."""
+        assert self.state.instance is not None and self.state.watch is not None
+        if self.state.watch.view is None:
+            self._seed_view()
+        while True:
+            t = self.req.timeouts
+            if self.state.evict_reason is not None:
+                self.state.end_reason = f"evicted: {self.state.evict_reason}"
+                return EndReason.EVICTED
+            if self._sighting is not None or self._backstop_due() <= workflow.now():
+                self._sighting = None
+                await self._look()
+            self._apply_facts()
+            watch = self.state.watch
+            if watch.view is not None:
+                verdict = judge_view(watch, workflow.now(), t)
+                self.state.watch = watch = verdict.state
+                if verdict.end is not None:
+                    self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
+                    return verdict.end
+            if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                await asyncio.gather(*self._reports)
+                workflow.continue_as_new(NodeWorkflowInput(request=self.req, state=self.state))
+            due = [d for d in (next_deadline(watch, t), self._backstop_due()) if d is not None]
+            sleep = max(min(due) - workflow.now(), timedelta(milliseconds=1))
+            req, facts = self.req, self.state.facts
+            try:
+                await workflow.wait_condition(
+                    lambda: self.state.evict_reason is not None
+                    or self._sighting is not None
+                    or self.state.facts is not facts
+                    or self.req is not req,
+                    timeout=sleep,
+                    timeout_summary="watch",
+                )
+            except asyncio.TimeoutError:
+                pass
+
+    def _seed_view(self) -> None:
+        """The watch's first view: the bridge's facts if they came during bring-up, with the
+        instance as the launch left it (running). With none yet, a look is due at once."""
+        assert self.state.watch is not None and self.state.instance is not None
+        now = workflow.now()
+        if self.state.facts is None:
+            self.state.watch = self.state.watch.model_copy(update={"looked_at": now - backstop_period(self.req.timeouts)})
+            return
+        ref = self.state.instance
+        running = Instance(provider=ref.provider, instance_id=ref.instance_id or "", name=ref.instance_name, state=InstanceState.RUNNING)
+        self.state.watch = self.state.watch.model_copy(update={"looked_at": now, "view": NodeObservation(instance=running, node=None, busy_pods=0)})
+
+    def _backstop_due(self) -> datetime:
+        watch = self.state.watch
+        assert watch is not None
+        return (watch.looked_at or watch.ready_at) + backstop_period(self.req.timeouts)
+
+    async def _look(self) -> None:
+        """Look at the node for oneself (the observe activity: provider describe, Node, its
+        pods), as a local activity: a look records one marker in history instead of three
+        activity events and a second workflow task, which keeps a node at rest under ten events
+        an hour. A look that fails keeps the node (an outage is no reason to end a life)."""
+        assert self.state.instance is not None and self.state.watch is not None
+        try:
+            obs: NodeObservation = await workflow.execute_local_activity_method(
+                NodeActivities.observe_node,
+                ObserveInput(instance=self.state.instance, node_name=self.req.node_name),
+                start_to_close_timeout=self.req.timeouts.api_call,
+                retry_policy=API_RETRY,
+                summary="look",
+            )
+        except FailureError as exc:  # a local activity's failure comes unwrapped, as its cause
+            if self._cancel_requested():
+                raise asyncio.CancelledError() from None  # the cancel landed during the look
+            self.state.last_error = f"could not observe the node: {_describe_failure(exc)}"
+            self.state.watch = self.state.watch.model_copy(update={"looked_at": workflow.now()})
+            return
+        now = workflow.now()
+        self.state.watch = apply_view(self.state.watch, obs, now, self.req.timeouts).model_copy(update={"looked_at": now})
+
+    def _apply_facts(self) -> None:
+        """Take the bridge's latest facts into the view, dated when the bridge saw them."""
+        watch, facts = self.state.watch, self.state.facts
+        assert watch is not None
+        if facts is None or facts == watch.facts:
+            return
+        instance = watch.view.instance if watch.view is not None else None
+        if watch.view is None:
+            self._seed_view()
+            watch = self.state.watch
+            assert watch is not None and watch.view is not None
+            instance = watch.view.instance
+        at = min(facts.at, workflow.now())
+        self.state.watch = apply_view(watch, facts_view(facts, instance), at, self.req.timeouts).model_copy(update={"facts": facts})
+
     async def _drain(self, end: EndReason) -> bool:
         """Drain the node; False when the drain of an idle node was called off because a
         workload pod had arrived since the idle verdict: the node is Ready again."""
@@ -576,6 +707,10 @@ class GPUNodeWorkflow:
             self._stamp(Stage.DRAIN_CALLED_OFF, f"{arrived} arrived on the node after it was judged idle")
             self.state.end_reason = None
             self.state.watch = self.state.watch.model_copy(update={"idle_since": None})
+            view = self.state.watch.view
+            if view is not None:  # the event-driven watch: busy until the bridge says otherwise
+                busy = view.model_copy(update={"busy_pods": max(view.busy_pods, len(result.called_off))})
+                self.state.watch = apply_view(self.state.watch, busy, workflow.now(), self.req.timeouts)
             self._enter(NodePhase.READY)
             self._tell_pool()
             return False
@@ -862,6 +997,18 @@ class GPUNodeWorkflow:
             lines.append(f"- last error: {self.state.last_error}")
         lines.append(f"- evict: `temporal workflow signal --workflow-id {workflow.info().workflow_id} --name evict --input '{{\"reason\":\"manual\"}}'`")
         return "\n".join(lines)
+
+
+def _describe_failure(exc: FailureError) -> str:
+    """An activity's failure as `_describe` says it, whether it came wrapped in an ActivityError
+    (an activity) or as its bare cause (a local activity)."""
+    if isinstance(exc, ActivityError):
+        return _describe(exc)
+    if isinstance(exc, ApplicationError):
+        return f"{exc.type}: {exc.message}" if exc.type else exc.message
+    if isinstance(exc, TimeoutError):
+        return f"activity timed out ({exc.type.name if exc.type else 'timeout'})"
+    return str(exc)
 
 
 def _human(d: timedelta) -> str:

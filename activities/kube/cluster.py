@@ -565,6 +565,43 @@ def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
     )
 
 
+def node_summary_of(obj: Mapping[str, Any]) -> NodeSummary:
+    """`_node_summary` of a Node as the API serves it (camelCase JSON), by the same rules."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    return NodeSummary(
+        name=meta.get("name") or "",
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []),
+        labels=dict(meta.get("labels") or {}),
+        taints=[Taint(key=t.get("key"), value=t.get("value") or "", effect=t.get("effect")) for t in spec.get("taints") or []],
+        unschedulable=bool(spec.get("unschedulable")),
+        gpus=_count((status.get("allocatable") or {}).get(GPU_RESOURCE)),
+    )
+
+
+def pod_summary_of(obj: Mapping[str, Any]) -> PodSummary:
+    """`_pod_summary` of a Pod as the API serves it (a watch event's object, camelCase JSON):
+    what an informer holds, read by the same rules, so the bridge and the activities agree on
+    which pods keep a node busy."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    controller = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
+    containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+    return PodSummary(
+        namespace=meta.get("namespace") or "",
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
+        phase=status.get("phase") or "Pending",
+        owner_kind=controller.get("kind") if controller else None,
+        is_mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
+        requests_gpu=any(_wire_wants_gpu(c) for c in containers),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _wire_wants_gpu(container: Mapping[str, Any]) -> bool:
+    resources = container.get("resources") or {}
+    return any(_positive_quantity(amounts.get(GPU_RESOURCE)) for amounts in (resources.get("requests") or {}, resources.get("limits") or {}))
+
+
 def _wants_gpu(container: k8s.V1Container) -> bool:
     resources = container.resources
     if resources is None:

@@ -1,0 +1,200 @@
+"""Each managed Node's facts for its node workflow (issue 20: the event-driven watch).
+
+From the Pods and Nodes informers the bridge already runs, it keeps for every managed Node
+(label tgp.io/managed=true; the pool labels name its workflow, tgp.types.node_workflow_id)
+whether it exists, is Ready, its allocatable GPUs and how many pods keep it busy
+(tgp.lifecycle.pod_keeps_node_busy, pods read as the activities read them), and signals
+`node_facts` to the node workflow only when that changes.
+
+* Coalesced: one send in flight per node, the latest facts sent; a failed send is retried with
+  a doubling backoff and never holds up another node's. A workflow that is not running
+  (NOT_FOUND) has nobody to tell: dropped.
+* Level-triggered: nothing is sent until both informers have listed (a Node without its pods
+  would look idle), and after every list of either (a start, a re-list after 410 Gone) every
+  managed node's current facts are sent once, so a signal lost while the bridge was down heals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import datetime, timedelta, timezone
+
+import structlog
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.kube.cluster import node_summary_of, pod_summary_of
+from crd_bridge.informer import Obj, object_key
+from crd_bridge.metrics import NODE_FACTS_SIGNALS
+from tgp.lifecycle import pod_keeps_node_busy
+from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, NodeFacts, node_workflow_id
+
+log = structlog.get_logger("tgp.bridge.facts")
+
+# A failed signal is sent again after this, doubling per failure up to the maximum.
+FACTS_RETRY_START = timedelta(seconds=0.5)
+FACTS_RETRY_MAX = timedelta(seconds=30)
+# One signal's RPC; past it the send counts as failed and is retried.
+FACTS_SIGNAL_TIMEOUT = timedelta(seconds=10)
+# Signals in flight at once (a re-send of a thousand nodes after a restart must not open a
+# thousand RPCs).
+FACTS_SENDS_AT_ONCE = 32
+# The informers whose lists make a whole picture.
+INFORMERS = ("pods", "nodes")
+
+
+class NodeFactsSender:
+    def __init__(self, client: Client, *, signal_timeout: timedelta = FACTS_SIGNAL_TIMEOUT) -> None:
+        self.client = client
+        self.signal_timeout = signal_timeout
+        self.workflow_ids: dict[str, str] = {}  # managed Node name -> its node workflow id
+        self.latest: dict[str, NodeFacts] = {}  # Node name -> its facts, `at` when they last changed
+        self.sent: dict[str, NodeFacts] = {}  # Node name -> the facts its workflow last received
+        self.busy: dict[str, set[str]] = {}  # Node name -> keys of the pods that keep it busy
+        self.pod_node: dict[str, str] = {}  # busy pod key -> its Node
+        self.gone: set[str] = set()  # deleted Nodes whose last facts are still to be sent
+        self.due: set[str] = set()
+        self.listed: set[str] = set()  # informers that have listed at least once
+        self._failures: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
+        self._wake = asyncio.Event()
+
+    # --- from the informers ----------------------------------------------------------------
+
+    def on_pod(self, kind: str, obj: Obj) -> None:
+        key = object_key(obj).lstrip("/")
+        node = (obj.get("spec") or {}).get("nodeName")
+        busy = kind != "DELETED" and bool(node) and pod_keeps_node_busy(pod_summary_of(obj))
+        old = self.pod_node.get(key)
+        if (node if busy else None) == old:
+            return
+        if old is not None:
+            del self.pod_node[key]
+            pods = self.busy.get(old, set())
+            pods.discard(key)
+            if not pods:
+                self.busy.pop(old, None)
+            self._changed(old)
+        if busy:
+            self.pod_node[key] = node
+            self.busy.setdefault(node, set()).add(key)
+            self._changed(node)
+
+    def on_node(self, kind: str, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        name, labels = meta.get("name") or "", meta.get("labels") or {}
+        if LABEL_POOL not in labels:
+            return  # not (yet) a pool's node: no workflow to tell
+        self.workflow_ids[name] = node_workflow_id(labels.get(LABEL_POOL_NAMESPACE) or "default", labels[LABEL_POOL], name)
+        if kind == "DELETED":
+            self.gone.add(name)
+            self._update(name, NodeFacts(node_name=name, present=False, at=_now()))
+            return
+        self.gone.discard(name)
+        summary = node_summary_of(obj)
+        self._update(name, NodeFacts(node_name=name, present=True, ready=summary.ready, gpus=summary.gpus, busy_pods=len(self.busy.get(name, ())), at=_now()))
+
+    def on_listed(self, informer: str) -> None:
+        """An informer has delivered a whole list: once both have, send every node's facts."""
+        self.listed.add(informer)
+        if self.ready():
+            self.due.update(self.latest)
+            self._wake.set()
+
+    def ready(self) -> bool:
+        return all(name in self.listed for name in INFORMERS)
+
+    def _changed(self, name: str) -> None:
+        current = self.latest.get(name)
+        if current is not None and current.present:
+            self._update(name, current.model_copy(update={"busy_pods": len(self.busy.get(name, ())), "at": _now()}))
+
+    def _update(self, name: str, facts: NodeFacts) -> None:
+        current = self.latest.get(name)
+        if current is not None and _same(current, facts):
+            return
+        self.latest[name] = facts
+        self.due.add(name)
+        self._wake.set()
+
+    # --- to the workflows ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Send due facts until cancelled."""
+        loop = asyncio.get_running_loop()
+        limit = asyncio.Semaphore(FACTS_SENDS_AT_ONCE)
+        in_flight: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                now = loop.time()
+                waits: list[float] = []
+                if self.ready():
+                    for name in sorted(self.due):
+                        if name in in_flight:
+                            continue
+                        retry_at = self._retry_at.get(name, 0.0)
+                        if retry_at > now:
+                            waits.append(retry_at - now)
+                            continue
+                        self.due.discard(name)
+                        task = asyncio.create_task(self._send(name, limit))
+                        in_flight[name] = task
+                        task.add_done_callback(lambda _, n=name: (in_flight.pop(n, None), self._wake.set()))
+                try:
+                    async with asyncio.timeout(min(waits) if waits else None):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                self._wake.clear()
+        finally:
+            for task in in_flight.values():
+                task.cancel()
+
+    async def _send(self, name: str, limit: asyncio.Semaphore) -> None:
+        facts, workflow_id = self.latest.get(name), self.workflow_ids.get(name)
+        if facts is None or workflow_id is None:
+            return
+        async with limit:
+            try:
+                await self.client.get_workflow_handle(workflow_id).signal("node_facts", facts, rpc_timeout=self.signal_timeout)
+            except RPCError as exc:
+                if exc.status is RPCStatusCode.NOT_FOUND:
+                    NODE_FACTS_SIGNALS.labels("no_workflow").inc()
+                    self._delivered(name, facts)  # no live workflow for it: nobody to tell
+                    return
+                self._failed(name, f"{exc.status.name if exc.status else 'RPCError'}: {exc}")
+                return
+            except Exception as exc:  # noqa: BLE001 - one node's failure must not stop the others
+                self._failed(name, f"{type(exc).__name__}: {exc}")
+                return
+        NODE_FACTS_SIGNALS.labels("sent").inc()
+        self._delivered(name, facts)
+
+    def _delivered(self, name: str, facts: NodeFacts) -> None:
+        self.sent[name] = facts
+        self._failures.pop(name, None)
+        self._retry_at.pop(name, None)
+        if name in self.gone and self.latest.get(name) is facts:
+            # The workflow knows its Node is gone: forget it (a new Node of that name starts over).
+            for table in (self.latest, self.sent, self.workflow_ids):
+                table.pop(name, None)
+            self.gone.discard(name)
+            self.due.discard(name)
+
+    def _failed(self, name: str, error: str) -> None:
+        NODE_FACTS_SIGNALS.labels("failed").inc()
+        failures = self._failures.get(name, 0) + 1
+        self._failures[name] = failures
+        wait = min(FACTS_RETRY_START.total_seconds() * 2 ** (failures - 1), FACTS_RETRY_MAX.total_seconds())
+        self._retry_at[name] = asyncio.get_running_loop().time() + random.uniform(wait / 2, wait)
+        self.due.add(name)
+        log.warning("node_facts_not_sent", node=name, workflow_id=self.workflow_ids.get(name), error=error[:300], retry_in=round(wait, 2))
+
+
+def _same(a: NodeFacts, b: NodeFacts) -> bool:
+    return a.model_copy(update={"at": b.at}) == b
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)

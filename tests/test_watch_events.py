@@ -1,0 +1,376 @@
+"""The node's watch is event-driven (issue 20): the bridge's informers tell each node workflow its
+Node's facts on a change, the workflow holds durable timers, and a Ready node at rest costs no
+request of its own to Kubernetes or the provider, and few history events.
+
+Against the simulated world over HTTP (cloud, Kubernetes emulator), the real bridge and the
+Temporal dev server or the time-skipping server; nothing of tgp is mocked."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kubernetes.aio import client as k8s
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from activities.kube.cluster import KubernetesCluster, _pod_summary, pod_summary_of
+from crd_bridge.bridge import Bridge
+from sim.world import SimWorld
+from tests.conftest import eventually, running_world, skip_time
+from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase
+from tests.test_node_long_lived import put_pod, remove_pod
+from tgp.types import LifecycleTimeouts, NodeFacts, NodePhase, Stage
+from workers.temporal import DATA_CONVERTER
+from workflows.node import GPUNodeWorkflow
+
+pytestmark = pytest.mark.timeout(600)
+
+# Only the events can end these nodes: the backstop look is left at its default (45 minutes).
+AT_REST = LifecycleTimeouts(
+    launch=timedelta(seconds=20), tailnet_join=timedelta(seconds=20), node_ready=timedelta(seconds=20), drain=timedelta(seconds=10), idle=None
+)
+IDLE = timedelta(seconds=2)
+
+
+@asynccontextmanager
+async def bridge_running(env: WorkflowEnvironment, world: SimWorld, queue: str) -> AsyncIterator[Bridge]:
+    """The CRD bridge on the world's API server (no pools there: only its Pod and Node side acts)."""
+    bridge = Bridge(env.client, KubernetesCluster.from_url(world.kube_url), task_queue=queue)
+    task = asyncio.create_task(bridge.run())
+    try:
+        yield bridge
+    finally:
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=30)
+        assert done, "the bridge did not stop within 30 s of being cancelled"
+
+
+async def facts_received(handle: WorkflowHandle) -> list[NodeFacts]:
+    """Every `node_facts` signal in the node's history, in order."""
+    history = await handle.fetch_history()
+    received = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            attrs = event.workflow_execution_signaled_event_attributes
+            if attrs.signal_name == "node_facts":
+                [facts] = await DATA_CONVERTER.decode(attrs.input.payloads, [NodeFacts])
+                received.append(facts)
+    return received
+
+
+async def told(handle: WorkflowHandle, **want: Any) -> NodeFacts:
+    """Wait until the bridge has told the node facts with `want`."""
+
+    async def check() -> NodeFacts | None:
+        last = (await facts_received(handle) or [None])[-1]
+        return last if last is not None and all(getattr(last, k) == v for k, v in want.items()) else None
+
+    return await eventually(check, what=f"node_facts {want}")
+
+
+def per_node_requests(world: SimWorld, node: str, since: int) -> list[str]:
+    """tgp's Kubernetes requests about `node` alone (its Node by name, its pods by field
+    selector) among those logged after the first `since`. The simulated kubelet (httpx) watches
+    its own pods and renews its own Node, as a real kubelet does: not tgp's."""
+    urls = [str(r.url) for r in list(world.kube)[since:] if not r.headers.get("User-Agent", "").startswith("python-httpx")]  # type: ignore[union-attr]
+    return [u for u in urls if f"/nodes/{node}" in u or f"spec.nodeName%3D{node}" in u or f"spec.nodeName={node}" in u]
+
+
+async def test_nodes_at_rest_make_no_request_of_their_own_and_few_history_events(time_skipping: WorkflowEnvironment) -> None:
+    """(a) Two Ready nodes at rest for 30 minutes: no Kubernetes request about either Node, no
+    provider call (the polling watch made one describe, one GET Node and one pod list per node
+    every 30 s). (e) Over 10 hours at rest each node's history grows by fewer than 10 events
+    an hour (the polling watch: about 1,300)."""
+    async with running_world(time_skipping) as (world, _, queue):
+        assert world.kube is not None
+        world.kube.request_log = 1_000_000  # keep every request for counting
+        async with bridge_running(time_skipping, world, queue):
+            reqs = [request(timeouts=AT_REST) for _ in range(2)]
+            handles = [await start(time_skipping, queue, req) for req in reqs]
+            for handle, req in zip(handles, reqs):
+                await wait_phase(handle, NodePhase.READY)
+                await put_pod(world, req.node_name, f"job-{req.node_name}")
+            for handle in handles:
+                await told(handle, busy_pods=1, ready=True)
+
+            kube_seen, describes = len(list(world.kube)), world.cloud.describe_requests
+            lengths = [len((await h.fetch_history()).events) for h in handles]
+            await skip_time(time_skipping, timedelta(minutes=30), step=timedelta(minutes=10))
+            for req in reqs:
+                assert per_node_requests(world, req.node_name, kube_seen) == [], "a node at rest asked Kubernetes about itself"
+            assert world.cloud.describe_requests == describes, "a node at rest asked the provider about its instance"
+
+            await skip_time(time_skipping, timedelta(hours=9, minutes=30), step=timedelta(hours=1))
+            for handle in handles:
+                status = await handle.query(GPUNodeWorkflow.status)
+                assert status.phase is NodePhase.READY
+            per_hour = [(len((await h.fetch_history()).events) - n) / 10 for h, n in zip(handles, lengths)]
+            print(f"history events per node-hour at rest: {per_hour}")
+            assert all(rate < 10 for rate in per_hour), per_hour
+            for handle in handles:
+                await handle.signal("evict", {"reason": "test done"})
+                await handle.result()
+            assert_nothing_left(world, reqs[0].node_name)
+
+
+async def test_a_pod_deletion_ends_an_idle_node_at_the_idle_timeout_after_the_pod_left(temporal: WorkflowEnvironment) -> None:
+    """(b) The node's timer is set for the moment the bridge saw the last pod go plus the idle
+    timeout, not for a later look: in workflow time, the drain starts right then."""
+    async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
+        req = request(timeouts=AT_REST.model_copy(update={"idle": IDLE}))
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await put_pod(world, req.node_name, "job")
+        await told(handle, busy_pods=1)
+        await remove_pod(world, "job")
+        status = await asyncio.wait_for(handle.result(), 60)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+
+        received = await facts_received(handle)
+        last_busy = max(i for i, f in enumerate(received) if f.busy_pods)
+        gone = received[last_busy + 1]  # the pod left (what came after is the drain's and the release's)
+        assert gone.busy_pods == 0 and gone.present
+        # The watch's last timer was aimed at exactly gone.at + idle (the workflow's clock at
+        # that task plus the timer's duration), and the drain began when it fired.
+        history = await handle.fetch_history()
+        task_started, aimed_at = None, None
+        for event in history.events:
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                task_started = event.event_time.ToDatetime(tzinfo=gone.at.tzinfo)
+            if event.event_type == EventType.EVENT_TYPE_TIMER_STARTED and task_started is not None:
+                aimed_at = task_started + event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+            if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                if event.activity_task_scheduled_event_attributes.activity_type.name == "drain_node":
+                    break
+        assert aimed_at is not None and abs(aimed_at - (gone.at + IDLE)) < timedelta(milliseconds=5), (aimed_at, gone.at + IDLE)
+        draining = next(r for r in status.stages if r.stage is Stage.DRAINING)
+        assert draining.at >= gone.at + IDLE
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "idle_by_facts")
+
+
+async def test_a_node_that_went_idle_while_the_bridge_was_down_still_ends(temporal: WorkflowEnvironment) -> None:
+    """(c) Level-triggered: the pod leaves while no bridge watches; the restarted bridge lists
+    and tells every node its facts once, and the idle node ends."""
+    async with running_world(temporal) as (world, _, queue):
+        req = request(timeouts=AT_REST.model_copy(update={"idle": IDLE}))
+        handle = await start(temporal, queue, req)
+        async with bridge_running(temporal, world, queue):
+            await wait_phase(handle, NodePhase.READY)
+            await put_pod(world, req.node_name, "job")
+            await told(handle, busy_pods=1)
+        await remove_pod(world, "job")  # nobody tells the node
+        assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.READY
+        async with bridge_running(temporal, world, queue):
+            status = await asyncio.wait_for(handle.result(), 60)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+        assert_nothing_left(world, req.node_name)
+
+
+# --- the bridge reads pods as the activities do ---------------------------------------------
+
+_POD_WIRE = st.fixed_dictionaries(
+    {
+        "metadata": st.fixed_dictionaries(
+            {"name": st.just("p"), "namespace": st.just("ml")},
+            optional={
+                "ownerReferences": st.lists(
+                    st.fixed_dictionaries(
+                        {"apiVersion": st.just("apps/v1"), "kind": st.sampled_from(["DaemonSet", "ReplicaSet", "Job"]), "name": st.just("o"), "uid": st.just("u")},
+                        optional={"controller": st.booleans()},
+                    ),
+                    max_size=2,
+                ),
+                "annotations": st.sampled_from([{}, {"kubernetes.io/config.mirror": "x"}, {"other": "y"}]),
+                "deletionTimestamp": st.just("2026-01-01T00:00:00Z"),
+            },
+        ),
+        "spec": st.fixed_dictionaries(
+            {"containers": st.lists(st.fixed_dictionaries({"name": st.just("c")}, optional={"resources": st.fixed_dictionaries({}, optional={"requests": st.sampled_from([{}, {"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "0"}]), "limits": st.sampled_from([{}, {"nvidia.com/gpu": "2"}])})}), max_size=2)},
+        ),
+    },
+    optional={"status": st.fixed_dictionaries({}, optional={"phase": st.sampled_from(["Pending", "Running", "Succeeded", "Failed"])})},
+)
+
+
+@settings(max_examples=60)
+@given(pod=_POD_WIRE)
+def test_the_bridge_reads_a_pod_as_the_activities_do(pod: dict[str, Any]) -> None:
+    """The same Pod, as the informer holds it (JSON) and as the Kubernetes client decodes it
+    (V1Pod), reads the same: the bridge and the backstop look agree on which pods keep a node
+    busy."""
+    decoded = k8s.ApiClient.__new__(k8s.ApiClient)
+    v1 = decoded._ApiClient__deserialize({"apiVersion": "v1", "kind": "Pod", **pod}, "V1Pod")  # type: ignore[attr-defined]
+    assert pod_summary_of(pod) == _pod_summary(v1)
+
+
+# --- the sender -------------------------------------------------------------------------------
+
+
+def _node(name: str, *, ready: bool = True, gpus: str = "1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"tgp.io/managed": "true", "tgp.io/pool": "rtx", "tgp.io/pool-namespace": "ml"}},
+        "status": {"allocatable": {"nvidia.com/gpu": gpus}, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def _pod(name: str, node: str, **status: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ml"}, "spec": {"nodeName": node, "containers": [{"name": "c"}]}, "status": {"phase": "Running", **status}}
+
+
+async def test_the_bridge_tells_nothing_before_both_lists_then_every_node_once(temporal: WorkflowEnvironment) -> None:
+    """A Node listed before its pods would read idle: nothing is sent until the Pods and the
+    Nodes informers have both listed; then every managed node's facts are, once. A node whose
+    workflow is not running (NOT_FOUND) is dropped, not retried, and holds up no other."""
+    from crd_bridge.node_facts import NodeFactsSender
+
+    sender = NodeFactsSender(temporal.client)
+    task = asyncio.create_task(sender.run())
+    try:
+        sender.on_node("ADDED", _node("a"))
+        sender.on_node("ADDED", _node("b", ready=False))
+        sender.on_listed("nodes")
+        # A sender that sent now would have its NOT_FOUND answer within milliseconds; this wait
+        # can only miss such a bug on a very slow machine, never fail a correct sender.
+        await asyncio.sleep(0.5)
+        assert sender.sent == {}, "facts sent from half a picture"
+        sender.on_pod("ADDED", _pod("job", "a"))
+        sender.on_pod("ADDED", _pod("done", "a", phase="Succeeded"))
+        sender.on_listed("pods")
+
+        async def all_sent() -> bool:
+            return set(sender.sent) == {"a", "b"} and not sender.due
+
+        await eventually(all_sent, what="every node's facts sent once both informers listed")
+        assert (sender.sent["a"].busy_pods, sender.sent["a"].ready, sender.sent["a"].gpus) == (1, True, 1)
+        assert (sender.sent["b"].busy_pods, sender.sent["b"].ready) == (0, False)
+        sent_a = sender.sent["a"]
+        sender.on_pod("MODIFIED", _pod("job", "a", phase="Running"))  # no change of the facts
+        sender.on_pod("DELETED", _pod("job", "a"))
+        await eventually(lambda: asyncio.sleep(0, sender.sent["a"].busy_pods == 0), what="the change sent")
+        assert sender.sent["a"].at >= sent_a.at
+    finally:
+        task.cancel()
+
+
+async def test_a_sighting_from_the_providers_listing_makes_the_node_look_then_act(temporal: WorkflowEnvironment) -> None:
+    """`instance_seen`: a listing that does not show the instance running makes the node look
+    for itself (one describe) before acting: a sighting the look contradicts (lists lag) keeps
+    the node; one the look confirms (preempted) ends it Interrupted."""
+    from tgp.types import InstanceSighting, InstanceState
+
+    async with running_world(temporal) as (world, _, queue):
+        req = request(timeouts=AT_REST)  # the backstop look is 45 minutes away: only the sighting looks
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY)
+        await eventually(lambda: asyncio.sleep(0, world.cloud.describe_requests > 0), what="the seeding look")
+
+        looked = world.cloud.describe_requests
+        stale = InstanceSighting(instance_id=ready.instance_id, state=None, at=datetime.now(timezone.utc))
+        await handle.signal(GPUNodeWorkflow.instance_seen, stale)  # listed as missing, but it runs
+        await eventually(lambda: asyncio.sleep(0, world.cloud.describe_requests == looked + 1), what="one look")
+        assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.READY, "a lagging list is no reason to end a node"
+
+        await world.cloud.preempt(ready.instance_id or "")
+        seen = InstanceSighting(instance_id=ready.instance_id, state=InstanceState.TERMINATED, interrupted=True, at=datetime.now(timezone.utc))
+        await handle.signal(GPUNodeWorkflow.instance_seen, seen)
+        final = await asyncio.wait_for(handle.result(), 60)
+        assert final.phase is NodePhase.INTERRUPTED and (final.end_reason or "").startswith("interrupted"), final
+        assert_nothing_left(world, req.node_name)
+
+
+class Gate:
+    """A TCP forwarder to the Temporal frontend that can be shut (every connection cut, new
+    ones refused) and opened again: the bridge's signals fail while it is shut."""
+
+    def __init__(self, upstream: str) -> None:
+        self.host, port = upstream.rsplit(":", 1)
+        self.port = int(port)
+        self.open = True
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def shut(self) -> None:
+        self.open = False
+        for writer in list(self.writers):
+            writer.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self.writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+                self.writers.discard(dst)
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def test_a_failed_signal_is_sent_again_until_it_gets_through(temporal: WorkflowEnvironment) -> None:
+    """The Temporal frontend unreachable: every node's facts wait and are retried with backoff;
+    once it answers again each node gets its latest facts (a change made meanwhile included)."""
+    from temporalio.client import Client
+
+    from crd_bridge.node_facts import NodeFactsSender
+
+    gate = Gate(temporal.client.service_client.config.target_host)
+    client = await Client.connect(await gate.start(), namespace=temporal.client.namespace, data_converter=DATA_CONVERTER)
+    sender = NodeFactsSender(client, signal_timeout=timedelta(seconds=1))
+    task = asyncio.create_task(sender.run())
+    try:
+        gate.shut()
+        for name in ("a", "b"):
+            sender.on_node("ADDED", _node(name))
+        sender.on_listed("nodes")
+        sender.on_listed("pods")
+        await eventually(lambda: asyncio.sleep(0, set(sender._failures) == {"a", "b"}), what="both sends failed")
+        assert sender.sent == {}, "nothing got through"
+        sender.on_pod("ADDED", _pod("job", "b"))  # a change while it cannot be told
+        gate.open = True
+        await eventually(lambda: asyncio.sleep(0, set(sender.sent) == {"a", "b"} and not sender.due), what="every node told once it answers")
+        assert sender.sent["b"].busy_pods == 1, "the latest facts, not the ones that failed"
+    finally:
+        task.cancel()
+        if gate.server is not None:
+            gate.server.close()
+
+
+async def test_facts_told_during_bring_up_start_the_watch_without_a_look(temporal: WorkflowEnvironment) -> None:
+    """Facts that arrive before Ready are kept and start the watch: no look is needed to seed
+    it, and idleness counts from Ready (never from before it)."""
+    async with running_world(temporal) as (world, _, queue):
+        req = request(timeouts=AT_REST.model_copy(update={"idle": IDLE}))
+        handle = await start(temporal, queue, req)
+        early = NodeFacts(node_name=req.node_name, present=True, ready=True, gpus=1, busy_pods=0, at=datetime.now(timezone.utc))
+        await handle.signal(GPUNodeWorkflow.node_facts, early)
+        status = await asyncio.wait_for(handle.result(), 60)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+        ready = next(r for r in status.stages if r.stage is Stage.READY)
+        draining = next(r for r in status.stages if r.stage is Stage.DRAINING)
+        assert draining.at >= ready.at + IDLE, "idle counted from before Ready"
+        history = await handle.fetch_history()
+        looks = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and e.marker_recorded_event_attributes.marker_name == "core_local_activity"]
+        assert looks == [], "the watch looked although the bridge had told it"
+        assert_nothing_left(world, req.node_name)
