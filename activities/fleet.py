@@ -41,6 +41,14 @@ log = structlog.get_logger("tgp.fleet")
 
 # The nodes the look is for: past their launch and join (a node launching looks for itself).
 WATCHED_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND TgpPhase = 'Ready'"
+
+
+def watched_nodes(task_queue: str | None) -> str:
+    """The visibility query of the Ready node workflows on `task_queue` (None: on any)."""
+    if task_queue is None:
+        return WATCHED_NODES
+    quoted = task_queue.replace("\\", "\\\\").replace("'", "\\'")
+    return f"{WATCHED_NODES} AND TaskQueue = '{quoted}'"
 INSTANCE_PREFIX = "tgp-"
 SIGNAL = "instance_seen"
 # Status queries (and class reads) in flight at once while learning new nodes: after a worker
@@ -51,6 +59,9 @@ LEARN_AT_ONCE = 16
 class FleetLookInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     skip: list[str] = []  # accounts backing off after a failed listing (their keys, AccountLook.account)
+    # The task queue whose node workflows are looked at (the look's own: one installation's
+    # nodes, not another's sharing the namespace); None: every node workflow (looks before it).
+    task_queue: str | None = None
 
 
 class AccountLook(BaseModel):
@@ -130,7 +141,7 @@ class FleetActivities:
         accounts are still looked at. Raises only when Temporal's visibility cannot be read."""
         client = activity.client()
         try:
-            listed = [wf async for wf in client.list_workflows(WATCHED_NODES)]
+            listed = [wf async for wf in client.list_workflows(watched_nodes(inp.task_queue))]
         except RPCError as exc:
             raise TransientError(f"could not list the running node workflows ({exc.status.name})") from None
         result = FleetLookResult(nodes=len(listed))

@@ -34,8 +34,10 @@ from workflows.node import GPUNodeWorkflow
 AT_REST = FAST.model_copy(update={"watch_interval": timedelta(hours=1)})
 
 
-async def look(env: WorkflowEnvironment, fleet: FleetActivities, skip: list[str] | None = None) -> FleetLookResult:
-    return await ActivityEnvironment(client=env.client).run(fleet.look_at_fleet, FleetLookInput(skip=skip or []))
+async def look(env: WorkflowEnvironment, fleet: FleetActivities, skip: list[str] | None = None, *, queue: str) -> FleetLookResult:
+    """One look at the node workflows of `queue` (the test's own: the session's dev server holds
+    other tests' nodes too)."""
+    return await ActivityEnvironment(client=env.client).run(fleet.look_at_fleet, FleetLookInput(skip=skip or [], task_queue=queue))
 
 
 async def sightings_told(handle: WorkflowHandle) -> list[InstanceSighting]:
@@ -55,11 +57,11 @@ async def ready_nodes(env: WorkflowEnvironment, queue: str, count: int) -> list[
     return [(h, await wait_phase(h, NodePhase.READY)) for h in handles]
 
 
-async def until_listed_ready(env: WorkflowEnvironment, fleet: FleetActivities, count: int) -> FleetLookResult:
+async def until_listed_ready(env: WorkflowEnvironment, fleet: FleetActivities, count: int, *, queue: str) -> FleetLookResult:
     """Looks until visibility shows `count` Ready nodes (it lags a second or so)."""
 
     async def listed() -> FleetLookResult | None:
-        result = await look(env, fleet)
+        result = await look(env, fleet, queue=queue)
         return result if result.nodes >= count and result.unresolved == 0 else None
 
     return await eventually(listed, timeout=60, what=f"visibility showing {count} Ready nodes")
@@ -80,7 +82,7 @@ async def test_at_rest_over_several_intervals_the_running_look_lists_once_per_lo
     async with running_world(temporal) as (world, _, queue):
         nodes = await ready_nodes(temporal, queue, 4)
         async with fleet_look(world) as fleet:
-            await until_listed_ready(temporal, fleet, len(nodes))
+            await until_listed_ready(temporal, fleet, len(nodes), queue=queue)
         lists, describes = world.cloud.instance_lists, world.cloud.describe_requests
         look_id = f"fleet-look-{uuid.uuid4().hex[:6]}"
         await ensure_fleet_look(temporal.client, queue, timedelta(seconds=0.5), workflow_id=look_id)
@@ -111,9 +113,9 @@ async def test_an_instance_the_provider_ended_is_told_to_its_node_only(temporal:
     async with running_world(temporal) as (world, _, queue):
         (victim, victim_status), (bystander, _) = await ready_nodes(temporal, queue, 2)
         async with fleet_look(world) as fleet:
-            await until_listed_ready(temporal, fleet, 2)
+            await until_listed_ready(temporal, fleet, 2, queue=queue)
             await world.cloud.preempt(victim_status.instance_id or "")
-            result = await look(temporal, fleet)
+            result = await look(temporal, fleet, queue=queue)
 
         assert [(a.account, a.sent) for a in result.accounts] == [("simulated", 1)]
         [told] = await sightings_told(victim)
@@ -124,6 +126,20 @@ async def test_an_instance_the_provider_ended_is_told_to_its_node_only(temporal:
         await bystander.result()
 
 
+async def test_a_look_sees_only_the_nodes_of_its_own_task_queue(temporal: WorkflowEnvironment) -> None:
+    """Two installations sharing a Temporal namespace (or two tests sharing a dev server): a look
+    running on one task queue neither lists, queries nor tells the other's nodes. Before the
+    look was scoped, another queue's nodes (their worker gone) stayed unresolved at every look."""
+    async with running_world(temporal) as (world, _, queue):
+        [(handle, _)] = await ready_nodes(temporal, queue, 1)
+        async with fleet_look(world) as fleet:
+            await until_listed_ready(temporal, fleet, 1, queue=queue)
+            elsewhere = await look(temporal, fleet, queue=f"{queue}-other")
+        assert (elsewhere.nodes, elsewhere.unresolved) == (0, 0)
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await handle.result()
+
+
 async def test_a_listing_that_lags_behind_a_new_node_tells_it_nothing(temporal: WorkflowEnvironment) -> None:
     """(c) The provider's list lags behind creates (a window of 10 minutes here): a node that
     just became Ready is missing from the listing, and is told nothing within the window."""
@@ -131,7 +147,7 @@ async def test_a_listing_that_lags_behind_a_new_node_tells_it_nothing(temporal: 
         [(handle, _)] = await ready_nodes(temporal, queue, 1)
         world.cloud.model.list_lag = 3600.0  # every listing from now on omits the instance
         async with fleet_look(world, consistency_window=timedelta(minutes=10)) as fleet:
-            result = await until_listed_ready(temporal, fleet, 1)
+            result = await until_listed_ready(temporal, fleet, 1, queue=queue)
 
         assert [(a.account, a.listed, a.sent) for a in result.accounts] == [("simulated", 0, 0)]
         assert await sightings_told(handle) == []
@@ -147,18 +163,18 @@ async def test_a_throttled_listing_tells_nothing_and_is_skipped_while_it_backs_o
     async with running_world(temporal) as (world, _, queue):
         [(handle, _)] = await ready_nodes(temporal, queue, 1)
         async with fleet_look(world) as fleet:
-            await until_listed_ready(temporal, fleet, 1)
+            await until_listed_ready(temporal, fleet, 1, queue=queue)
             world.cloud.fail("/v1/instances", 429, times=1000, method="GET", message="slow down, key sk-live-123")
             requests = sum(world.cloud.requests_by_key.values())
 
-            failed = await look(temporal, fleet)
+            failed = await look(temporal, fleet, queue=queue)
             [account] = failed.accounts
             assert (account.failure, account.sent) == ("TransientError", 0)
             assert await sightings_told(handle) == [], "a failed listing is not an empty one"
             tried = sum(world.cloud.requests_by_key.values())
             assert tried > requests
 
-            skipped = await look(temporal, fleet, skip=[account.account])
+            skipped = await look(temporal, fleet, skip=[account.account], queue=queue)
             assert [(a.skipped, a.sent) for a in skipped.accounts] == [(True, 0)]
             assert sum(world.cloud.requests_by_key.values()) == tried, "an account backing off is not listed"
         world.cloud.clear_faults()
@@ -213,10 +229,10 @@ async def test_each_account_is_listed_once_per_look_whatever_its_nodes(temporal:
         registry = ProviderRegistry(cluster=cluster, env=world.worker_env(), fallback=providers)
         try:
             fleet = FleetActivities(registry=registry, cluster=cluster)
-            await until_listed_ready(temporal, fleet, 4)
+            await until_listed_ready(temporal, fleet, 4, queue=queue)
             lists_by_key = dict(world.cloud.requests_by_key)
             describes = world.cloud.describe_requests
-            results = [await look(temporal, fleet) for _ in range(2)]
+            results = [await look(temporal, fleet, queue=queue) for _ in range(2)]
             team_account = f"simulated:{NS}/{ref.name}/{ref.key}"
             assert all([(a.account, a.nodes, a.sent) for a in r.accounts] == [("simulated", 2, 0), (team_account, 2, 0)] for r in results)
             assert world.cloud.describe_requests == describes
@@ -225,7 +241,7 @@ async def test_each_account_is_listed_once_per_look_whatever_its_nodes(temporal:
             assert world.cloud.requests_by_key[world.cloud_api_key] - lists_by_key.get(world.cloud_api_key, 0) == 2
 
             await world.cloud.preempt(statuses[team[0].id].instance_id or "")
-            told = await look(temporal, fleet)
+            told = await look(temporal, fleet, queue=queue)
             assert [(a.account, a.sent) for a in told.accounts] == [("simulated", 0), (team_account, 1)]
             assert len(await sightings_told(team[0])) == 1
             for handle in own + team[1:]:
@@ -235,7 +251,7 @@ async def test_each_account_is_listed_once_per_look_whatever_its_nodes(temporal:
             # (by error type, never the provider's words).
             world.cloud.fail("/v1/instances", 429, times=1000, method="GET", message="slow down, key sk-live-xyz")
             try:
-                failed = await look(temporal, fleet)
+                failed = await look(temporal, fleet, queue=queue)
             finally:
                 world.cloud.clear_faults()
             assert {(a.account, a.failure, a.sent) for a in failed.accounts} >= {(team_account, "TransientError", 0)}

@@ -91,7 +91,7 @@ class FleetLookWorkflow:
             try:
                 result = await workflow.execute_activity_method(
                     FleetActivities.look_at_fleet,
-                    FleetLookInput(skip=sorted(k for k, at in state.due.items() if at > now)),
+                    FleetLookInput(skip=sorted(k for k, at in state.due.items() if at > now), task_queue=workflow.info().task_queue),
                     start_to_close_timeout=FLEET_LOOK_TIMEOUT,
                     heartbeat_timeout=FLEET_LOOK_TIMEOUT,
                     retry_policy=ONE_TRY,
