@@ -7,6 +7,7 @@ import asyncio
 
 import structlog
 from temporalio import activity
+from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -42,20 +43,7 @@ class PoolActivities(AccountActivities):
         grant = await ledger_update(inp.class_name, "reserve", inp.reservation)
         if not grant.granted:
             return StartNodeResult(started=False, reason=grant.reason)
-        request = inp.request
-        try:
-            await client.start_workflow(
-                "GPUNodeWorkflow",
-                NodeWorkflowInput(request=request),
-                id=request.workflow_id,
-                task_queue=activity.info().task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                # A retried start after the node already lived and ended must not buy it again.
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                static_summary=f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
-            )
-        except WorkflowAlreadyStartedError:
-            pass  # it ran (and reported to the pool) already
+        await _start_node_workflow(client, inp.request)
         return StartNodeResult(started=True)
 
     @activity.defn
@@ -72,18 +60,7 @@ class PoolActivities(AccountActivities):
 
         async def start(request: NodeRequest) -> None:
             async with gate:
-                try:
-                    await client.start_workflow(
-                        "GPUNodeWorkflow",
-                        NodeWorkflowInput(request=request),
-                        id=request.workflow_id,
-                        task_queue=activity.info().task_queue,
-                        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                        static_summary=f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
-                    )
-                except WorkflowAlreadyStartedError:
-                    pass  # it ran (and reported to the pool) already
+                await _start_node_workflow(client, request)
 
         await asyncio.gather(*(start(r) for r, g in zip(requests, grants, strict=True) if g.granted))
         return StartNodesResult(results=[StartNodeResult(started=g.granted, reason=g.reason) for g in grants])
@@ -161,3 +138,20 @@ class PoolActivities(AccountActivities):
 
     def all(self) -> list[object]:
         return [self.reserve_and_start_node, self.reserve_and_start_nodes, self.evict_nodes, self.remove_finalizer, self.check_offers]
+
+
+async def _start_node_workflow(client: Client, request: NodeRequest) -> None:
+    """Start the node's workflow on this worker's task queue; one that runs or ran already is
+    left as it is (a retried start after the node lived and ended must not buy it again)."""
+    try:
+        await client.start_workflow(
+            "GPUNodeWorkflow",
+            NodeWorkflowInput(request=request),
+            id=request.workflow_id,
+            task_queue=activity.info().task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
+        )
+    except WorkflowAlreadyStartedError:
+        pass  # it ran (and reported to the pool) already
