@@ -26,3 +26,16 @@ def test_the_cache_size_comes_from_the_environment() -> None:
     assert workflow_cache({WORKFLOW_CACHE_ENV: " 2000 "}) == 2000
     with pytest.raises(ConfigError, match=WORKFLOW_CACHE_ENV):
         workflow_cache({WORKFLOW_CACHE_ENV: "lots"})
+
+
+def test_activity_slots_hold_a_burst_of_waiting_launches() -> None:
+    """A node being brought up holds one or two activity slots while it waits (a stage's poll,
+    the twin watch): the SDK's 100 slots brought a 500-node burst up ~50 nodes at a time."""
+    from workers.main import ACTIVITY_SLOTS, ACTIVITY_SLOTS_ENV, activity_slots
+
+    assert ACTIVITY_SLOTS >= 2 * 500 + 100  # a 500-pod burst's waits, twin watches and the rest
+    assert activity_slots({}) == ACTIVITY_SLOTS
+    assert activity_slots({ACTIVITY_SLOTS_ENV: "300"}) == 300
+    for bad in ("0", "many"):
+        with pytest.raises(ConfigError, match=ACTIVITY_SLOTS_ENV):
+            activity_slots({ACTIVITY_SLOTS_ENV: bad})
