@@ -9,6 +9,8 @@ from typing import Any
 
 # Hand-written notes on the baseline run (bench/results/baseline.json), shown on every page.
 BASELINE_NOTES = Path(__file__).resolve().parent / "results" / "baseline.md"
+# Hand-written notes on what the runs since found (bench/results/findings.md), shown on every page.
+FINDINGS = Path(__file__).resolve().parent / "results" / "findings.md"
 # A worker's share of a core at rest that leaves it room for bursts (launches, drains).
 WORKER_CORE_BUDGET = 0.5
 
@@ -242,6 +244,8 @@ def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
     reasons = why(r)
     if reasons:
         lines += ["## Where a target is missed, why", "", *[f"{p}\n" for p in reasons]]
+    if FINDINGS.exists():
+        lines += [FINDINGS.read_text().rstrip(), ""]
     if BASELINE_NOTES.exists():
         lines += [BASELINE_NOTES.read_text().rstrip(), ""]
     entity_lines = []
