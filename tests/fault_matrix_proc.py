@@ -56,6 +56,7 @@ def _configure() -> None:
     tgp.pools.LifecycleTimeouts = MatrixTimeouts  # type: ignore[misc]
     # Every pool and class activity that names no timeout of its own (status writes included).
     workflows.entity.BEST_EFFORT_TIMEOUT = ENTITY_ACTIVITY
+    workflows.entity.ENTITY_TIMEOUT_CAP = ENTITY_ACTIVITY  # and those that name one (a pass's batch of starts: a few nodes here)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,14 @@ T = TypeVar("T")
 # before retrying an activity whose worker died. Read at each call (not bound as a default
 # argument), so every wrapper below honours a deployment's (or the fault matrix's) setting.
 BEST_EFFORT_TIMEOUT = timedelta(seconds=60)
+# The longest timeout any entity activity may be given (None: as each caller asks, e.g. a
+# pass's batch of starts, 3 minutes). The fault matrix sets its short one, so a worker killed
+# under a pool's activity costs it seconds there, as in every other call.
+ENTITY_TIMEOUT_CAP: timedelta | None = None
+
+
+def _capped(timeout: timedelta) -> timedelta:
+    return min(timeout, ENTITY_TIMEOUT_CAP) if ENTITY_TIMEOUT_CAP is not None else timeout
 
 
 class Outcome(Generic[T]):
@@ -40,7 +48,7 @@ async def best_effort(activity: Callable[..., Any], arg: Any, *, summary: str, t
     (non-retryable, or retries spent) is returned, not raised."""
     try:
         value = await workflow.execute_activity_method(
-            activity, arg, start_to_close_timeout=timeout or BEST_EFFORT_TIMEOUT, retry_policy=BEST_EFFORT_RETRY, summary=summary
+            activity, arg, start_to_close_timeout=_capped(timeout or BEST_EFFORT_TIMEOUT), retry_policy=BEST_EFFORT_RETRY, summary=summary
         )
     except ActivityError as exc:
         message = describe(exc)
