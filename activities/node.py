@@ -38,7 +38,7 @@ from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from tgp.secrets import known_secrets, register, register_model, secret_scope
-from tgp.lifecycle import pod_keeps_node_busy
+from tgp.lifecycle import holders_of, pod_keeps_node_busy
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
@@ -582,7 +582,8 @@ class NodeActivities:
                 raise TransientError(f"instance {inp.instance.instance_id} is not visible on {provider.name} yet")
             node = await self.cluster.get_node(inp.node_name)
             pods = await self.cluster.list_pods_on_node(inp.node_name) if node is not None else []
-        return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)))
+        holders, holding = holders_of(pods)
+        return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)), holders=holders, holding=holding)
 
     # --- drain -----------------------------------------------------------------------------
 

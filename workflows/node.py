@@ -102,6 +102,9 @@ MONEY_BY_IDS_PATCH = "money-by-ids"
 # Marks runs whose Ready node is watched by events (the bridge's `node_facts`, the provider
 # listing's `instance_seen`) and durable timers, with a slow backstop look, instead of a poll.
 EVENT_DRIVEN_WATCH_PATCH = "event-driven-watch"
+# Marks runs whose watch holds voluntary ends (expiry, idle) while do-not-disrupt pods or the
+# Node's annotation hold the node (issue 21), saying so in a DisruptionHeld stage record.
+DISRUPTION_RULES_PATCH = "node-disruption-rules"
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")
@@ -587,6 +590,8 @@ class GPUNodeWorkflow:
         tgp.lifecycle's property test proves that judging only at changes and at `next_deadline`
         ends a node when and why a continuous poller would."""
         assert self.state.instance is not None and self.state.watch is not None
+        if not self.state.watch.disruption_rules and workflow.patched(DISRUPTION_RULES_PATCH):
+            self.state.watch = self.state.watch.model_copy(update={"disruption_rules": True})
         if self.state.watch.view is None:
             self._seed_view()
         while True:
@@ -601,10 +606,16 @@ class GPUNodeWorkflow:
             watch = self.state.watch
             if watch.view is not None:
                 verdict = judge_view(watch, workflow.now(), t)
-                self.state.watch = watch = verdict.state
+                self.state.watch = watch = verdict.state.model_copy(update={"held": verdict.held})
                 if verdict.end is not None:
                     self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                     return verdict.end
+                if verdict.held and verdict.held != verdict.state.held:
+                    # A voluntary end is due but held (or held by others now): say so once.
+                    workflow.logger.info("disruption held: %s", verdict.held)
+                    self._stamp(Stage.DISRUPTION_HELD, verdict.held)
+                    self._tell_pool()
+                    workflow.set_current_details(self._details())
             if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await asyncio.gather(*self._reports)
@@ -993,6 +1004,8 @@ class GPUNodeWorkflow:
             lines.append(f"- instance: `{self.state.instance.instance_id}`")
         if self.state.end_reason:
             lines.append(f"- end: {self.state.end_reason}")
+        if self.state.watch is not None and self.state.watch.held:
+            lines.append(f"- held: {self.state.watch.held}")
         if self.state.last_error:
             lines.append(f"- last error: {self.state.last_error}")
         lines.append(f"- evict: `temporal workflow signal --workflow-id {workflow.info().workflow_id} --name evict --input '{{\"reason\":\"manual\"}}'`")

@@ -1,0 +1,87 @@
+"""The node-side rules of disruption (issue 21): do-not-disrupt holds voluntary ends, the pool's
+terminationGracePeriod bounds the drain, and a node whose GPUs are gone is repaired.
+
+Against the simulated world over HTTP (cloud, Kubernetes emulator), the real bridge (which
+tells each node its facts) and the time-skipping Temporal server; nothing of tgp is mocked."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from sim.world import SimWorld
+from tests.conftest import running_world, skip_time
+from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase
+from tests.test_watch_events import AT_REST, bridge_running, told
+from tgp.types import NodePhase, Stage
+from workflows.node import GPUNodeWorkflow
+
+pytestmark = pytest.mark.timeout(600)
+
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+
+
+async def put_held_pod(world: SimWorld, node: str, name: str, annotation: str = "tgp.io/do-not-disrupt") -> None:
+    """A Running pod bound to `node` that asks not to be disrupted."""
+    meta = {"name": name, "namespace": "default", "annotations": {annotation: "true"}}
+    spec = {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}], "terminationGracePeriodSeconds": 1}
+    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        (await kube.post("/api/v1/namespaces/default/pods", json={"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})).raise_for_status()
+        (await kube.patch(f"/api/v1/namespaces/default/pods/{name}/status", json={"status": {"phase": "Running"}}, headers=MERGE_PATCH)).raise_for_status()
+
+
+async def annotate_node(world: SimWorld, node: str, value: str | None) -> None:
+    """Set (or, with None, remove) the Node's tgp.io/do-not-disrupt annotation."""
+    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        patch = {"metadata": {"annotations": {"tgp.io/do-not-disrupt": value}}}
+        (await kube.patch(f"/api/v1/nodes/{node}", json=patch, headers=MERGE_PATCH)).raise_for_status()
+
+
+async def test_a_do_not_disrupt_pod_holds_expiry_and_a_manual_evict_still_wins(time_skipping: WorkflowEnvironment) -> None:
+    """A node past its expireAfter with a running `karpenter.sh/do-not-disrupt` pod stays, for
+    hours, and says why (a DisruptionHeld record naming the pod); `evict` ends it at once."""
+    async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
+        req = request(timeouts=AT_REST.model_copy(update={"expire_after": timedelta(hours=1)}))
+        handle = await start(time_skipping, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await put_held_pod(world, req.node_name, "train", annotation="karpenter.sh/do-not-disrupt")
+        await told(handle, holding=1, holders=["default/train"])
+
+        await skip_time(time_skipping, timedelta(hours=3), step=timedelta(minutes=30))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, "expiry did not wait for the do-not-disrupt pod"
+        held = [r for r in status.stages if r.stage is Stage.DISRUPTION_HELD]
+        assert held and "past its expireAfter" in held[-1].reason and "default/train" in held[-1].reason, status.stages
+
+        await handle.signal("evict", {"reason": "manual"})
+        final = await handle.result()
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted"), final
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "do_not_disrupt_pod_held_then_evicted")
+
+
+async def test_a_do_not_disrupt_node_holds_idle_until_the_annotation_is_removed(time_skipping: WorkflowEnvironment) -> None:
+    """The Node itself annotated `tgp.io/do-not-disrupt: "true"`: idle for an hour past its idle
+    timeout, it stays (DisruptionHeld names the Node); once the annotation is removed it ends
+    idle."""
+    async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
+        req = request(timeouts=AT_REST.model_copy(update={"idle": timedelta(minutes=10)}))
+        handle = await start(time_skipping, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await annotate_node(world, req.node_name, "true")
+        await told(handle, do_not_disrupt=True)
+
+        await skip_time(time_skipping, timedelta(hours=1), step=timedelta(minutes=20))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, "idle did not wait for the Node's do-not-disrupt"
+        held = [r for r in status.stages if r.stage is Stage.DISRUPTION_HELD]
+        assert held and "is idle" in held[-1].reason and f"Node {req.node_name}" in held[-1].reason, status.stages
+
+        await annotate_node(world, req.node_name, None)
+        final = await handle.result()
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("idle"), final
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "do_not_disrupt_node_held_then_idle")
