@@ -6,6 +6,7 @@ tells each node its facts) and the time-skipping Temporal server; nothing of tgp
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import httpx
@@ -85,3 +86,57 @@ async def test_a_do_not_disrupt_node_holds_idle_until_the_annotation_is_removed(
         assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("idle"), final
         assert_nothing_left(world, req.node_name)
         await replay(handle, "do_not_disrupt_node_held_then_idle")
+
+
+# --- terminationGracePeriod -------------------------------------------------------------------
+
+
+def test_the_pools_termination_grace_period_reaches_its_nodes() -> None:
+    from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
+    from tgp.pools import node_request
+
+    klass = GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated"}]})
+    pool = GPUNodePoolSpec.model_validate({"nodeClassRef": {"name": "c"}, "disruption": {"terminationGracePeriod": "90s"}})
+    req = node_request(namespace="ml", pool_name="rtx", class_name="c", node_name="n", pool=pool, klass=klass)
+    assert req.timeouts.termination_grace == timedelta(seconds=90)
+    without = GPUNodePoolSpec.model_validate({"nodeClassRef": {"name": "c"}})
+    assert node_request(namespace="ml", pool_name="rtx", class_name="c", node_name="n", pool=without, klass=klass).timeouts.termination_grace is None
+    # A request from before the field (a running node's input) reads as no bound.
+    from tgp.types import NodeRequest
+
+    old = req.model_dump(mode="json")
+    del old["timeouts"]["termination_grace"]
+    assert NodeRequest.model_validate(old).timeouts.termination_grace is None
+
+
+async def test_termination_grace_period_terminates_a_node_whose_pdb_blocks_the_drain(temporal: WorkflowEnvironment) -> None:
+    """A pod whose PodDisruptionBudget refuses every eviction, a drain timeout of 10 minutes and
+    a terminationGracePeriod of 3 s: the instance is terminated after about 3 s of drain, and the
+    node's DrainTimedOut record (the pool's Warning Event) and the pod's Event name
+    terminationGracePeriod as what ended the wait."""
+    from activities.drain import EVENT_DRAIN_TIMED_OUT
+    from tests.test_node_drain import bind_pod, kube_get
+
+    async with running_world(temporal) as (world, _, queue):
+        timeouts = AT_REST.model_copy(update={"drain": timedelta(minutes=10), "termination_grace": timedelta(seconds=3)})
+        req = request(timeouts=timeouts)
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await bind_pod(world, req.node_name, "db", labels={"app": "db"})
+        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db"},
+               "spec": {"selector": {"matchLabels": {"app": "db"}}, "minAvailable": 1}}
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            (await kube.post("/apis/policy/v1/namespaces/ml/poddisruptionbudgets", json=pdb)).raise_for_status()
+
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED
+        [timed_out] = [s for s in final.stages if s.stage is Stage.DRAIN_TIMED_OUT]
+        assert "terminationGracePeriod (3s) ended the drain" in timed_out.reason and "ml/db" in timed_out.reason, timed_out
+        draining = next(s for s in final.stages if s.stage is Stage.DRAINING)
+        assert timed_out.at - draining.at < timedelta(minutes=1), "the drain was not cut at the grace period"
+        events = (await kube_get(world, "/api/v1/namespaces/ml/events") or {}).get("items") or []
+        [warning] = [e for e in events if e["involvedObject"]["name"] == "db" and e["reason"] == EVENT_DRAIN_TIMED_OUT]
+        assert "terminationGracePeriod (3s) ended the drain" in warning["message"], warning["message"]
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "termination_grace_cuts_pdb_blocked_drain")

@@ -278,6 +278,11 @@ class LifecycleTimeouts(Model):
     api_call: timedelta = API_CALL_TIMEOUT
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")
     termination_stuck: timedelta = Field(TERMINATION_STUCK_AFTER, description="Report TerminationStuck after this long.")
+    termination_grace: timedelta | None = Field(
+        None,
+        description="The pool's terminationGracePeriod: the longest the drain may take once the node's disruption began; "
+        "at it the instance is terminated whatever PodDisruptionBudgets and do-not-disrupt pods say (None: only `drain` bounds it).",
+    )
     bind_grace: timedelta | None = Field(
         None,
         description="The pool's bind grace: after Ready the node holds the place of the pods bought for it this long, "
@@ -601,6 +606,7 @@ class DrainInput(Model):
         description="The drain is for an idle node: right after the cordon, look again, and if a workload pod arrived "
         "since the idle verdict, uncordon and evict nothing (Karpenter re-validates a disruption the same way).",
     )
+    bound: str = Field("", description="What set `timeout`, when not the drain timeout: named in the pods' DrainTimedOut Events.")
 
 
 class TailnetCleanupInput(Model):

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.entity import history_is_long
     from workflows.legacy.r31e9066.frozen import frozen_node
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
+    from tgp.disruption import termination_deadline
     from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
@@ -696,10 +697,17 @@ class GPUNodeWorkflow:
         self._enter(NodePhase.DRAINING)
         self._tell_pool()
         revalidate = end is EndReason.IDLE and workflow.patched(DRAIN_REVALIDATE_PATCH)
+        # The pool's terminationGracePeriod bounds the drain from when it began: at the
+        # deadline the instance is terminated, over PDBs and do-not-disrupt pods.
+        began = workflow.now()
+        timeout, bound = self.req.timeouts.drain, ""
+        deadline = termination_deadline(began, self.req.timeouts.termination_grace)
+        if deadline is not None and deadline - began < timeout:
+            timeout, bound = deadline - began, "terminationGracePeriod"
         result = await workflow.execute_activity_method(
             NodeActivities.drain_node,
-            DrainInput(node_name=self.req.node_name, timeout=self.req.timeouts.drain, revalidate=revalidate),
-            start_to_close_timeout=self.req.timeouts.drain + self.req.timeouts.api_call,
+            DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound),
+            start_to_close_timeout=timeout + self.req.timeouts.api_call,
             heartbeat_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
             summary="drain",
@@ -708,7 +716,11 @@ class GPUNodeWorkflow:
             *([f"not evicted (disruption budget?): {', '.join(result.remaining)}"] if result.remaining else []),
             *([f"still shutting down: {', '.join(result.terminating)}"] if result.terminating else []),
         ]
-        if stuck:
+        if stuck and bound:
+            why = f"terminationGracePeriod ({_human(timeout)}) ended the drain; terminated with pods still on the node, over their PodDisruptionBudgets and do-not-disrupt"
+            self.state.last_error = f"{why}; {'; '.join(stuck)}"
+            self._stamp(Stage.DRAIN_TIMED_OUT, f"{why}: {'; '.join(stuck)}")
+        elif stuck:
             self.state.last_error = f"drain timed out after {self.req.timeouts.drain}; terminated with pods still on the node; {'; '.join(stuck)}"
             self._stamp(Stage.DRAIN_TIMED_OUT, f"timed out after {_human(self.req.timeouts.drain)}; terminated with pods still on the node: {'; '.join(stuck)}")
         if result.called_off:
