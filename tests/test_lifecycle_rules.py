@@ -8,7 +8,7 @@ from tgp.types import Instance, InstanceState, LifecycleTimeouts, NodeObservatio
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TIMEOUTS = LifecycleTimeouts(idle=timedelta(minutes=10), expire_after=timedelta(days=7))
 RUNNING = Instance(provider="p", instance_id="i", name="n", state=InstanceState.RUNNING)
-READY = NodeSummary(name="n", ready=True)
+READY = NodeSummary(name="n", ready=True, gpus=1)
 
 
 def look(busy: int = 0, instance: Instance | None = RUNNING, node: NodeSummary | None = READY, holders: tuple[str, ...] = ()) -> NodeObservation:
@@ -113,7 +113,9 @@ _INSTANCES = st.sampled_from(
         None,
     ]
 )
-_NODES = st.sampled_from([READY, NodeSummary(name="n", ready=False), None, READY.model_copy(update={"do_not_disrupt": True})])
+_NODES = st.sampled_from(
+    [READY, NodeSummary(name="n", ready=False), None, READY.model_copy(update={"do_not_disrupt": True}), READY.model_copy(update={"gpus": 0})]
+)
 _VIEWS = st.builds(look, busy=st.integers(0, 2), instance=_INSTANCES, node=_NODES, holders=st.sampled_from([(), ("ml/train",)]))
 _MINUTES = st.integers(1, 40).map(lambda m: timedelta(minutes=m))
 _TIMEOUTS = st.builds(
@@ -184,8 +186,8 @@ def test_do_not_disrupt_holds_only_voluntary_ends_and_only_while_it_holds(
     first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
 ) -> None:
     """Invariant: with the disruption rules a node never ends idle or expired while its view
-    has a do-not-disrupt pod or Node annotation; every other end (interrupted, lost, unhealthy)
-    comes when it would without them; and a life with no holder ends exactly as before."""
+    has a do-not-disrupt pod or Node annotation; every other end (interrupted, lost, unhealthy,
+    repair) comes when and why it would with no holder."""
     end_at, end = _event_driven(first, changes, timeouts, rules=True)
     if end in (EndReason.IDLE, EndReason.EXPIRED):
         view = first
@@ -195,12 +197,16 @@ def test_do_not_disrupt_holds_only_voluntary_ends_and_only_while_it_holds(
         from tgp.lifecycle import held_by
 
         assert not held_by(view)[0], "a voluntary end while do-not-disrupt held the node"
+    stripped_at, stripped = _event_driven(_unheld(first), [(at, _unheld(v)) for at, v in changes], timeouts, rules=True)
+    if stripped not in (EndReason.IDLE, EndReason.EXPIRED, None):
+        assert (end_at, end) == (stripped_at, stripped), "a hold changed an involuntary end"
     if not any(held_by_any(v) for v in [first, *(v for _, v in changes)]):
-        assert (end_at, end) == _event_driven(first, changes, timeouts, rules=False)
-    else:
-        before_at, before = _event_driven(first, changes, timeouts, rules=False)
-        if before not in (EndReason.IDLE, EndReason.EXPIRED, None):
-            assert (end_at, end) == (before_at, before), "a hold changed an involuntary end"
+        assert (end_at, end) == (stripped_at, stripped)
+
+
+def _unheld(view: NodeObservation) -> NodeObservation:
+    node = view.node.model_copy(update={"do_not_disrupt": False}) if view.node is not None else None
+    return view.model_copy(update={"node": node, "holders": [], "holding": 0})
 
 
 def held_by_any(view: NodeObservation) -> bool:
@@ -247,3 +253,20 @@ def test_a_request_with_the_old_poll_interval_gets_the_backstop_look() -> None:
     assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=30))) == BACKSTOP_LOOK
     assert backstop_period(LifecycleTimeouts()) == BACKSTOP_LOOK
     assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=1))) == timedelta(seconds=1)
+
+
+def test_a_ready_node_whose_gpus_stay_gone_is_repaired_never_held() -> None:
+    from tgp.lifecycle import GPUS_LOST_AFTER, next_deadline
+
+    timeouts = LifecycleTimeouts(idle=None)
+    no_gpus = look(busy=1, node=READY.model_copy(update={"gpus": 0, "do_not_disrupt": True}), holders=("ml/train",))
+    state = apply_view(WatchState(ready_at=T0, disruption_rules=True), no_gpus, T0 + timedelta(minutes=1), timeouts)
+    assert next_deadline(state, timeouts) == T0 + timedelta(minutes=1) + GPUS_LOST_AFTER
+    assert judge_view(state, T0 + timedelta(minutes=5), timeouts).end is None, "a device plugin restart is not a repair"
+    verdict = judge_view(state, T0 + timedelta(minutes=1) + GPUS_LOST_AFTER, timeouts)
+    assert verdict.end is EndReason.REPAIR and "no allocatable nvidia.com/gpu" in verdict.detail, verdict
+    back = apply_view(state, look(busy=1), T0 + timedelta(minutes=3), timeouts)
+    assert back.gpus_lost_since is None and next_deadline(back, timeouts) is None, "GPUs back: no repair"
+    # A run from before the rules is never repaired.
+    old = apply_view(WatchState(ready_at=T0), no_gpus, T0, timeouts)
+    assert judge_view(old, T0 + timedelta(hours=5), timeouts).end is None

@@ -140,3 +140,35 @@ async def test_termination_grace_period_terminates_a_node_whose_pdb_blocks_the_d
         assert "terminationGracePeriod (3s) ended the drain" in warning["message"], warning["message"]
         assert_nothing_left(world, req.node_name)
         await replay(handle, "termination_grace_cuts_pdb_blocked_drain")
+
+
+# --- node repair ------------------------------------------------------------------------------
+
+
+async def test_a_node_whose_gpus_drop_to_zero_is_repaired_even_when_held(time_skipping: WorkflowEnvironment) -> None:
+    """The machine's GPUs fall off (the kubelet advertises `nvidia.com/gpu: 0`) on a Ready node
+    running a do-not-disrupt pod: after the named grace the node ends with reason repair, saying
+    why; it is drained (not held) and everything it bought is released."""
+    from tgp.lifecycle import GPUS_LOST_AFTER
+
+    async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
+        req = request(timeouts=AT_REST)
+        handle = await start(time_skipping, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await put_held_pod(world, req.node_name, "train")
+        await told(handle, holding=1, gpus=1)
+
+        world.kubelets[req.node_name].gpus = 0  # what it reports from now on
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            zero = {"status": {"capacity": {"nvidia.com/gpu": "0"}, "allocatable": {"nvidia.com/gpu": "0"}}}
+            (await kube.patch(f"/api/v1/nodes/{req.node_name}/status", json=zero, headers=MERGE_PATCH)).raise_for_status()
+        lost = await told(handle, gpus=0, ready=True)
+
+        final = await handle.result()
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("repair"), final
+        assert "no allocatable nvidia.com/gpu" in (final.end_reason or ""), final.end_reason
+        draining = next(r for r in final.stages if r.stage is Stage.DRAINING)
+        assert draining.at >= lost.at + GPUS_LOST_AFTER, "repaired before the grace"
+        assert not [r for r in final.stages if r.stage is Stage.DISRUPTION_HELD], "a repair is never held"
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "repair_gpus_gone")

@@ -25,6 +25,12 @@ BACKSTOP_LOOK = WATCH_INTERVAL
 # then): a run continued as new or handed over from an older release still has it in its
 # input, and gets the backstop look instead of a look every 30 seconds for the rest of its life.
 POLL_INTERVAL_BEFORE_EVENTS = timedelta(seconds=30)
+# A Ready node whose allocatable nvidia.com/gpu stays 0 this long is repaired: drained and
+# terminated, its pods rescheduled and replaced by the pool's demand. A device plugin that
+# restarts re-registers its GPUs within seconds (the kubelet shows 0 in between); a driver or
+# a card that fell off the bus does not come back by itself. Karpenter's node repair waits
+# 10-30 minutes per condition; GPUs idle at $2/h are worth less patience.
+GPUS_LOST_AFTER = timedelta(minutes=5)
 
 
 class EndReason(StrEnum):
@@ -34,6 +40,7 @@ class EndReason(StrEnum):
     INTERRUPTED = "interrupted"
     LOST = "lost"
     UNHEALTHY = "unhealthy"  # the provider reports trouble past the grace, the Node still answers: drain
+    REPAIR = "repair"  # Ready but its GPUs are no longer advertised past the grace: drain and replace
 
 
 def pod_holds_node(pod: PodSummary) -> bool:
@@ -73,6 +80,7 @@ class WatchState(BaseModel):
     # Issue 21's node-side rules (do-not-disrupt holds voluntary ends): set by runs that have
     # them, so a run from before keeps judging as it did when its history is replayed.
     disruption_rules: bool = False
+    gpus_lost_since: datetime | None = None  # Ready with no allocatable GPUs since (the disruption rules)
     held: str = ""  # what holds a voluntary end now (held_message), "" when nothing does
 
 
@@ -102,11 +110,23 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
             detail = f"the provider has reported the instance {instance.state.value.lower()} for {lasting}"
             return WatchVerdict(state=kept, end=EndReason.UNHEALTHY, detail=detail)
         what = "missing" if obs.node is None else "NotReady"
-        return WatchVerdict(state=kept, end=EndReason.LOST, detail=f"the Node has been {what} for {lasting}")
+        replaced = "; the instance is terminated (nothing to drain) and the pool's demand replaces it" if state.disruption_rules else ""
+        return WatchVerdict(state=kept, end=EndReason.LOST, detail=f"the Node has been {what} for {lasting}{replaced}")
+
+    # Node repair (the disruption rules): a Ready node that no longer advertises its GPUs is no
+    # use to a GPU pod. Never held by do-not-disrupt: the pods on it cannot use the GPUs either.
+    gpus_gone = state.disruption_rules and healthy and not provider_trouble and obs.node is not None and obs.node.gpus == 0
+    gpus_lost_since = (state.gpus_lost_since or now) if gpus_gone else None
+    if gpus_lost_since is not None and now - gpus_lost_since >= GPUS_LOST_AFTER:
+        detail = (
+            f"node repair: the Node has advertised no allocatable nvidia.com/gpu for {_minutes(now - gpus_lost_since)} "
+            "(GPU driver or device plugin gone); drained and replaced"
+        )
+        return WatchVerdict(state=state.model_copy(update={"gpus_lost_since": gpus_lost_since, "unhealthy_since": unhealthy_since}), end=EndReason.REPAIR, detail=detail)
 
     holders, holding = held_by(obs) if state.disruption_rules else ([], 0)
     idle_since = (state.idle_since or now) if obs.busy_pods == 0 and healthy else None
-    new_state = state.model_copy(update={"idle_since": idle_since, "unhealthy_since": unhealthy_since})
+    new_state = state.model_copy(update={"idle_since": idle_since, "unhealthy_since": unhealthy_since, "gpus_lost_since": gpus_lost_since})
     if timeouts.expire_after is not None and now - state.ready_at >= timeouts.expire_after:
         if not holders:
             return WatchVerdict(state=state, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
@@ -172,6 +192,8 @@ def next_deadline(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | 
     due: list[datetime] = []
     if state.unhealthy_since is not None:
         due.append(state.unhealthy_since + NODE_LOST_AFTER)
+    if state.gpus_lost_since is not None:
+        due.append(state.gpus_lost_since + GPUS_LOST_AFTER)
     if state.disruption_rules and held_by(view)[0]:
         # Held: no voluntary end comes while the view stays as it is; a change of it (the
         # holders leave, the annotation is removed) wakes the watch.
