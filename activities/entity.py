@@ -15,13 +15,15 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.errors import temporal_errors
-from tgp.crds import GROUP, VERSION
-from tgp.messages import NodeSighting, ObjectRef
+from tgp.crds import GROUP, VERSION, GPUNodePoolStatus
+from tgp.messages import NodeSighting, ObjectRef, RunningNodesChanges, RunningNodesQuery
 from tgp.types import NodePhase
 
 log = structlog.get_logger("tgp.entity")
 
 _PLURALS = {"GPUNodePool": "gpunodepools", "GPUNodeClass": "gpunodeclasses"}
+# Events of one emit_events call written at once.
+EVENT_WRITES_AT_ONCE = 20
 RUNNING_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"
 
 
@@ -58,6 +60,15 @@ class StatusWrite(BaseModel):
     status: dict[str, object]
 
 
+class PoolStatusWrite(BaseModel):
+    """Write a pool's status as its workflow's `status` query answers it now: the history records
+    this small reference, not the status (~110 KB for a 500-node pool) on each change."""
+
+    model_config = ConfigDict(extra="forbid")
+    ref: ObjectRef
+    workflow_id: str
+
+
 class EventSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ref: ObjectRef
@@ -88,6 +99,20 @@ class EntityActivities:
             raise
 
     @activity.defn
+    async def running_nodes_changed(self, q: RunningNodesQuery) -> RunningNodesChanges:
+        """`running_nodes` as differences from what the caller knows: its history records the
+        nodes that appeared or went, not the whole fleet each time it looks."""
+        running = await self.running_nodes(q.query)
+        if running is None:
+            return RunningNodesChanges(listed=False)
+        known = set(q.known)
+        names = {s.workflow_id.removeprefix(q.prefix): s for s in running}
+        return RunningNodesChanges(
+            unknown=[s for name, s in sorted(names.items()) if name not in known],
+            missing=sorted(known - set(names)),
+        )
+
+    @activity.defn
     async def closed_workflows(self, workflow_ids: list[str]) -> list[str]:
         """Those of `workflow_ids` whose latest run is closed or that never existed (read from
         the workflows themselves, not from eventually consistent visibility)."""
@@ -111,10 +136,25 @@ class EntityActivities:
             return await self.cluster.patch_custom_status(resource(write.ref), write.status)
 
     @activity.defn
-    async def emit_events(self, events: list[EventSpec]) -> None:
+    async def write_pool_status(self, write: PoolStatusWrite) -> bool:
+        """Patch a pool's status subresource with what its workflow's `status` query answers (the
+        state of the pass that scheduled this, or a later one); False when the object is gone."""
+        status = await activity.client().get_workflow_handle(write.workflow_id).query("status", result_type=GPUNodePoolStatus)
         with temporal_errors():
-            for e in events:
+            return await self.cluster.patch_custom_status(resource(write.ref), status.model_dump(mode="json", by_alias=True))
+
+    @activity.defn
+    async def emit_events(self, events: list[EventSpec]) -> None:
+        """Write a pass's Events, EVENT_WRITES_AT_ONCE at a time (a burst's pass has hundreds:
+        one at a time they outlasted the activity's timeout, and the pass retried them all)."""
+        gate = asyncio.Semaphore(EVENT_WRITES_AT_ONCE)
+
+        async def emit(e: EventSpec) -> None:
+            async with gate:
                 await self.cluster.create_event(resource(e.ref), type=e.type, reason=e.reason, message=e.message)
 
+        with temporal_errors():
+            await asyncio.gather(*(emit(e) for e in events))
+
     def all(self) -> list[object]:
-        return [self.running_nodes, self.closed_workflows, self.write_status, self.emit_events]
+        return [self.running_nodes, self.running_nodes_changed, self.closed_workflows, self.write_status, self.write_pool_status, self.emit_events]

@@ -3,8 +3,10 @@ workflows make, and the validation of a class (its providers, Secrets and boot t
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -29,7 +31,7 @@ from activities.errors import temporal_errors
 from tgp.capabilities import capability_problems
 from tgp.crds import GPUNodeClassSpec, login_server_problems
 from tgp.errors import TgpError, TransientError
-from tgp.messages import Grant, Reservation
+from tgp.messages import Grant, Grants, Releases, Reservation, Reservations
 from tgp.types import CredentialsRef
 
 log = structlog.get_logger("tgp.node_class")
@@ -59,6 +61,118 @@ async def ledger_update(class_workflow_id: str, name: str, reservation: Reservat
         raise
     except WorkflowUpdateFailedError as exc:
         return Grant(granted=False, reason=str(exc.cause or exc))
+
+
+async def ledger_batch(class_workflow_id: str, name: str, reservations: list[Reservation]) -> list[Grant]:
+    """Call the class ledger's `reserve_many` / `settle_many` update: one grant per reservation,
+    in order; a ledger that is not running or refuses refuses each (its reason), no error."""
+    if not reservations:
+        return []
+    try:
+        answer = await activity.client().get_workflow_handle(class_workflow_id).execute_update(name, Reservations(reservations=reservations), result_type=Grants)
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            why = f"the class ledger {class_workflow_id} is not running (is the GPUNodeClass applied?)"
+            return [Grant(granted=False, reason=why)] * len(reservations)
+        raise
+    except WorkflowUpdateFailedError as exc:
+        if "not found" in str(exc.cause or ""):
+            # A class run by an older worker that has no batch updates: one call each.
+            return [await ledger_update(class_workflow_id, name.removesuffix("_many"), r) for r in reservations]
+        return [Grant(granted=False, reason=str(exc.cause or exc))] * len(reservations)
+    return answer.grants
+
+
+# Calls gathered into one ledger update; a bigger backlog goes in the next update.
+MAX_LEDGER_BATCH = 500
+
+
+class LedgerBatcher:
+    """Per worker process: node workflows' ledger calls (settle a price, release a budget) to
+    one class are sent together. Temporal admits at most 10 updates in flight per workflow
+    (history.maxInFlightUpdates); a burst of a few hundred nodes each calling its class on its
+    own got ResourceExhausted, then timed out, and the nodes failed. Here one update per class
+    and kind is in flight from this process; the calls made meanwhile wait for it and go
+    together as the next one. Each caller gets its own answer; an error reaches every caller
+    of that update (their activities retry)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[tuple[int, str, str], list[tuple[Any, asyncio.Future[Any]]]] = {}
+        self._sending: set[tuple[int, str, str]] = set()
+
+    async def call(self, class_workflow_id: str, kind: str, item: Any) -> Any:
+        """`kind`: "settle" (item: a Reservation, answer: its Grant) or "release" (item: a node id)."""
+        client = activity.client()
+        key = (id(client), class_workflow_id, kind)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, []).append((item, future))
+        if key not in self._sending:
+            self._sending.add(key)
+            asyncio.get_running_loop().create_task(self._send(key, client))
+        return await future
+
+    async def _send(self, key: tuple[int, str, str], client: Any) -> None:
+        _, class_workflow_id, kind = key
+        try:
+            while self._waiting.get(key):
+                waiting = self._waiting[key]
+                batch, self._waiting[key] = waiting[:MAX_LEDGER_BATCH], waiting[MAX_LEDGER_BATCH:]
+                batch = [(item, f) for item, f in batch if not f.done()]  # callers cancelled meanwhile
+                if not batch:
+                    continue
+                try:
+                    answers = await self._update(client, class_workflow_id, kind, [item for item, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - every caller of this update hears of it
+                    for _, f in batch:
+                        if not f.done():
+                            f.set_exception(exc)
+                    continue
+                for (_, f), answer in zip(batch, answers, strict=True):
+                    if not f.done():
+                        f.set_result(answer)
+        finally:
+            self._sending.discard(key)
+            for _, f in self._waiting.pop(key, []):  # only when this sender was cancelled (the worker stops)
+                if not f.done():
+                    f.cancel()
+
+    @staticmethod
+    async def _update(client: Any, class_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
+        handle = client.get_workflow_handle(class_workflow_id)
+        try:
+            if kind == "settle":
+                answer = await handle.execute_update("settle_many", Reservations(reservations=items), result_type=Grants)
+                return list(answer.grants)
+            await handle.execute_update("release_many", Releases(node_ids=items))
+            return [None] * len(items)
+        except RPCError as exc:
+            if exc.status is not RPCStatusCode.NOT_FOUND:
+                raise
+            if kind == "release":
+                log.info("ledger_gone", class_workflow_id=class_workflow_id)  # nothing left to release
+                return [None] * len(items)
+            why = f"the class ledger {class_workflow_id} is not running (is the GPUNodeClass applied?)"
+            return [Grant(granted=False, reason=why)] * len(items)
+        except WorkflowUpdateFailedError as exc:
+            if "not found" in str(exc.cause or ""):
+                # A class run by an older worker that has no batch updates: one call each.
+                return await LedgerBatcher._one_by_one(handle, kind, items)
+            if kind == "release":
+                raise
+            return [Grant(granted=False, reason=str(exc.cause or exc))] * len(items)
+
+    @staticmethod
+    async def _one_by_one(handle: Any, kind: str, items: list[Any]) -> list[Any]:
+        answers = []
+        for item in items:
+            if kind == "settle":
+                try:
+                    answers.append(await handle.execute_update("settle", item, result_type=Grant))
+                except WorkflowUpdateFailedError as exc:
+                    answers.append(Grant(granted=False, reason=str(exc.cause or exc)))
+            else:
+                answers.append(await handle.execute_update("release", item))
+        return answers
 
 
 async def _template_report(owner: str, field: str, template: str, settings: BootSettings | None = None) -> TemplateReport:
@@ -165,21 +279,19 @@ class NodeClassActivities(AccountActivities):
         leaves a class's tailnet backend unchecked."""
         super().__init__(cluster=cluster, providers=providers, registry=registry)
         self.tailnets = None if tailnets is None else frozenset(tailnets)
+        self.ledger = LedgerBatcher()
 
     @activity.defn
     async def settle_reservation(self, call: LedgerCall) -> Grant:
-        """Tell the class ledger the price a node is about to pay; it may refuse."""
-        return await ledger_update(call.class_workflow_id, "settle", call.reservation)
+        """Tell the class ledger the price a node is about to pay; it may refuse. Sent together
+        with the other settlements this worker makes meanwhile (LedgerBatcher)."""
+        grant: Grant = await self.ledger.call(call.class_workflow_id, "settle", call.reservation)
+        return grant
 
     @activity.defn
     async def release_reservation(self, call: LedgerCall) -> None:
-        """Give the node's slot and $/h back to the class budget."""
-        try:
-            await activity.client().get_workflow_handle(call.class_workflow_id).execute_update("release", call.reservation.node_id)
-        except RPCError as exc:
-            if exc.status is not RPCStatusCode.NOT_FOUND:
-                raise
-            log.info("ledger_gone", class_workflow_id=call.class_workflow_id)  # nothing left to release
+        """Give the node's slot and $/h back to the class budget (batched like the settlements)."""
+        await self.ledger.call(call.class_workflow_id, "release", call.reservation.node_id)
 
     @activity.defn
     async def validate_class(self, inp: ValidateClassInput) -> list[str]:

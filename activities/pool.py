@@ -15,17 +15,22 @@ from activities import metrics
 from activities.accounts import AccountActivities
 from activities.entity import resource
 from activities.errors import temporal_errors
-from activities.node_class import ledger_update
+from activities.node_class import ledger_batch, ledger_update
 from activities.offer_cache import Listing
 from tgp.capacity import OfferSize
 from tgp.crds import FINALIZER
 from tgp.errors import TransientError
-from tgp.messages import ObjectRef, OfferCheck, StartNodeInput, StartNodeResult
+from tgp.messages import ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult, StartNodesInput, StartNodesResult
 from tgp.node import NodeWorkflowInput
+from tgp.pools import request_for
 from tgp.offers import offer_satisfies
-from tgp.types import Offer, OfferRequirements
+from tgp.types import NodeRequest, Offer, OfferRequirements
 
 log = structlog.get_logger("tgp.pool")
+
+# Node workflows a batch starts at once: enough that a few hundred starts take seconds, few
+# enough not to queue the Temporal frontend behind one pool.
+START_CONCURRENCY = 25
 
 
 class PoolActivities(AccountActivities):
@@ -52,6 +57,36 @@ class PoolActivities(AccountActivities):
         except WorkflowAlreadyStartedError:
             pass  # it ran (and reported to the pool) already
         return StartNodeResult(started=True)
+
+    @activity.defn
+    async def reserve_and_start_nodes(self, inp: StartNodesInput) -> StartNodesResult:
+        """A pool's launches of one pass: one `reserve_many` call to the class ledger (it grants
+        what fits its budget and says why for the rest), then every granted node workflow
+        started, concurrently. Idempotent like `reserve_and_start_node`: a retried call finds
+        the same reservations and the same running workflows."""
+        client = activity.client()
+        requests = [request_for(inp.template, s) for s in inp.starts]
+        reservations = [Reservation(node_id=r.workflow_id, pool=inp.pool, hourly_price=s.hourly_price) for r, s in zip(requests, inp.starts, strict=True)]
+        grants = await ledger_batch(inp.class_name, "reserve_many", reservations)
+        gate = asyncio.Semaphore(START_CONCURRENCY)
+
+        async def start(request: NodeRequest) -> None:
+            async with gate:
+                try:
+                    await client.start_workflow(
+                        "GPUNodeWorkflow",
+                        NodeWorkflowInput(request=request),
+                        id=request.workflow_id,
+                        task_queue=activity.info().task_queue,
+                        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                        id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                        static_summary=f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
+                    )
+                except WorkflowAlreadyStartedError:
+                    pass  # it ran (and reported to the pool) already
+
+        await asyncio.gather(*(start(r) for r, g in zip(requests, grants, strict=True) if g.granted))
+        return StartNodesResult(results=[StartNodeResult(started=g.granted, reason=g.reason) for g in grants])
 
     @activity.defn
     async def evict_nodes(self, workflow_ids: list[str]) -> list[str]:
@@ -125,4 +160,4 @@ class PoolActivities(AccountActivities):
         )
 
     def all(self) -> list[object]:
-        return [self.reserve_and_start_node, self.evict_nodes, self.remove_finalizer, self.check_offers]
+        return [self.reserve_and_start_node, self.reserve_and_start_nodes, self.evict_nodes, self.remove_finalizer, self.check_offers]

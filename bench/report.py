@@ -85,7 +85,14 @@ def targets(r: dict[str, Any]) -> list[Row]:
         top = ", ".join(f"{k.split('/', 1)[1]} {v}" for k, v in list(h["kube_requests_by_verb_per_s"].items())[:4])
         rows.append(("kube", "same: Kubernetes API requests (tgp's)", "one watch per kind, no polling", f"{h['kube_requests_per_s']} req/s, polling GET/LIST {h['kube_polling_requests_per_s']}/s ({top})", h["kube_polling_requests_per_s"] < 0.5))
         hist = h.get("history_events_per_node_hour")
-        rows.append(("history", "same: history events per node-hour at rest", "< 10", _f(hist, "", 0), hist is not None and hist < 10))
+        # The stretch is shorter than a resting node's one scheduled wake (its backstop look every
+        # 45 min, ~6 events): it shows what else wakes a node; the look's own cost is the test's.
+        rows.append((
+            "history", "same: history events per node-hour at rest", "< 10",
+            f"{_f(hist, '', 0)} in the stretch; plus the backstop look every 45 min: 7.8 per node-hour over 10 hours "
+            "(tests/test_watch_events.py, time-skipping)",
+            hist is not None and hist < 2,
+        ))  # fmt: skip
     elif h:
         rows.append(("rss", "1,000 nodes at rest", "see below", f"failed: {h['error'][:120]}", False))
     first = next((b for b in bursts.values() if "idle" in b), None)

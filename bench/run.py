@@ -82,7 +82,9 @@ HOLD_BRINGUP_DEADLINE = float(knob("BENCH_HOLD_BRINGUP_SECONDS", "180", "60"))
 # After the last node turns Ready, the stack settles (reports, status writes, bind grace) before
 # the stretch is measured.
 PROFILE_SECONDS = float(knob("BENCH_PROFILE_SECONDS", "10", "5"))
-HOLD_SETTLE = float(knob("BENCH_HOLD_SETTLE_SECONDS", "10", "5"))
+# After the last node is Ready the nodes' last reports, the pool's look at them and the twin
+# watches end; the stretch at rest starts once that is over.
+HOLD_SETTLE = float(knob("BENCH_HOLD_SETTLE_SECONDS", "45", "45"))
 IDLE_DEADLINE = 75.0
 # Node workflows whose history lengths the hold reads (spread over all of them).
 HISTORY_SAMPLE = 200

@@ -12,6 +12,10 @@ the same signals again, which the workflows (stable ids, signal-with-start) abso
 * Pods + Nodes -> each managed Node's facts (present, Ready, GPUs, busy pods), on a change and
   once after every list -> `node_facts` on its node workflow (crd_bridge/node_facts.py).
 
+A pool or class is sent only when what its workflow reads changed since the bridge last sent it
+(spec and generation, uid, deletion, the class a pool refers to): the status the workflows write
+comes back as events and is not sent back to them. A restarted bridge sends everything once.
+
 Level-triggered as well: every `entity_resync` the bridge checks that each pool and class it
 knows has a running workflow, and starts the missing ones (a workflow terminated by hand, or
 lost with a Temporal namespace) with the object as it is; a restarted pool gets its demand again.
@@ -76,6 +80,11 @@ class Bridge:
         self.pools: dict[str, GPUNodePool] = {}
         self.pending: dict[str, PendingPod] = {}
         self.sent_demand: dict[str, str] = {}
+        # What was last sent to each class and pool workflow (JSON), so that an event that changes
+        # nothing they read (the status they wrote themselves) sends nothing. A restarted bridge
+        # starts empty and sends everything once: level-triggered.
+        self.sent_class: dict[str, str] = {}
+        self.sent_pool: dict[str, str] = {}
         # GPUs in use by bound, unfinished pods (pod key -> node, GPUs) and the managed Nodes
         # (name -> pool key, allocatable GPUs, schedulable and Ready): the pools' free capacity.
         self.bound: dict[str, tuple[str, int]] = {}
@@ -123,6 +132,7 @@ class Bridge:
         name = obj["metadata"]["name"]
         if kind == "DELETED":
             self.classes.pop(name, None)
+            self.sent_class.pop(name, None)
             update = ClassUpdate(spec=None)
         else:
             try:
@@ -133,7 +143,8 @@ class Bridge:
                 return
             self.classes[name] = klass
             update = ClassUpdate(spec=klass.spec, generation=klass.metadata.generation, uid=klass.metadata.uid)
-        await self._send_class(name, update)
+        if not await self._send_class(name, update):
+            return  # our own status write (or a re-list): nothing the workflows read changed
         for key in list(self.pools):
             # Read each pool as it is now, not as it was when the loop began: a pool event
             # handled meanwhile (its deletion) must not be overtaken by the older object.
@@ -141,10 +152,17 @@ class Bridge:
             if pool is not None and pool.spec.node_class_ref.name == name:
                 await self._send_pool(pool)
 
-    async def _send_class(self, name: str, update: ClassUpdate) -> None:
+    async def _send_class(self, name: str, update: ClassUpdate, *, again: bool = False) -> bool:
+        """Send the class to its workflow when what the workflow reads changed since the last
+        send (`again`: regardless). Returns whether it was sent."""
+        fingerprint = update.model_dump_json()
+        if not again and self.sent_class.get(name) == fingerprint:
+            return False
         await self._signal_with_start(
             GPUNodeClassWorkflow.run, ClassInput(name=name), class_workflow_id(name), "update_class", update, f"GPUNodeClass {name}"
         )
+        self.sent_class[name] = fingerprint
+        return True
 
     # --- pools ---------------------------------------------------------------------------
 
@@ -156,6 +174,7 @@ class Bridge:
         if kind == "DELETED":
             self.pools.pop(key, None)
             self.refused.pop(key, None)
+            self.sent_pool.pop(key, None)
             return  # the workflow removed the finalizer; nothing left to do
         try:
             if (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -171,9 +190,9 @@ class Bridge:
         meta = pool.metadata
         if not meta.deletionTimestamp and FINALIZER not in meta.finalizers:
             await self.cluster.set_finalizer(_pool_ref(pool), FINALIZER, present=True)
-        await self._send_pool(pool)
-        self._batch = self._batch.add(_now())  # pools changed: demand may go elsewhere
-        self._batch_changed.set()
+        if await self._send_pool(pool):
+            self._batch = self._batch.add(_now())  # pools changed: demand may go elsewhere
+            self._batch_changed.set()
 
     async def _refuse_pool(self, key: str, obj: Obj, exc: ValidationError) -> None:
         """Say on the pool, once per generation, why tgp does not act on it (a log line alone
@@ -199,7 +218,10 @@ class Bridge:
             return  # reported on the next event or resync
         self.refused[key] = fingerprint
 
-    async def _send_pool(self, pool: GPUNodePool) -> None:
+    async def _send_pool(self, pool: GPUNodePool, *, again: bool = False) -> bool:
+        """Send the pool (with its class) to its workflow when what the workflow reads changed
+        since the last send: its spec (generation), uid, deletion or class spec, not the status
+        the workflow itself wrote (`again`: regardless). Returns whether it was sent."""
         meta = pool.metadata
         klass = self.classes.get(pool.spec.node_class_ref.name)
         update = PoolUpdate(
@@ -210,6 +232,10 @@ class Bridge:
             deleting=meta.deletionTimestamp is not None,
         )
         namespace = meta.namespace or "default"
+        key = f"{namespace}/{meta.name}"
+        fingerprint = update.model_dump_json()
+        if not again and self.sent_pool.get(key) == fingerprint:
+            return False
         await self._signal_with_start(
             GPUNodePoolWorkflow.run,
             PoolInput(namespace=namespace, name=meta.name, watch_interval=self.pool_watch_interval),
@@ -218,6 +244,8 @@ class Bridge:
             update,
             f"GPUNodePool {namespace}/{meta.name}",
         )
+        self.sent_pool[key] = fingerprint
+        return True
 
     # --- every pool and class has a running workflow ---------------------------------------
 
@@ -251,9 +279,9 @@ class Bridge:
                 continue
             log.warning("entity_workflow_restarted", workflow_id=workflow_id)
             if isinstance(obj, GPUNodeClass):
-                await self._send_class(key, ClassUpdate(spec=obj.spec, generation=obj.metadata.generation, uid=obj.metadata.uid))
+                await self._send_class(key, ClassUpdate(spec=obj.spec, generation=obj.metadata.generation, uid=obj.metadata.uid), again=True)
             else:
-                await self._send_pool(obj)
+                await self._send_pool(obj, again=True)
                 self.sent_demand.pop(key.lstrip("/"), None)  # the new run has no demand yet
                 self._batch = self._batch.add(_now())
                 self._batch_changed.set()

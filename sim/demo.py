@@ -233,7 +233,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         await ensure_fleet_look(client, TASK_QUEUE)  # interruptions are noticed by the fleet look (workflows.fleet)
         cluster = KubernetesCluster.from_url(world.kube_url)
         stack.push_async_callback(cluster.close)
-        bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE, pool_watch_interval=timedelta(seconds=5)).run())
+        bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE).run())
         stack.push_async_callback(_cancel, bridge)
         kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url, timeout=10))
         # Per port: a second demo on other ports does not overwrite the first one's files.

@@ -65,7 +65,7 @@ async def passes(handle: WorkflowHandle, activity: str = "running_nodes") -> int
     return sum(
         1
         for e in history.events
-        if e.HasField("activity_task_scheduled_event_attributes") and e.activity_task_scheduled_event_attributes.activity_type.name == activity
+        if e.HasField("activity_task_scheduled_event_attributes") and e.activity_task_scheduled_event_attributes.activity_type.name in (activity, f"{activity}_changed")
     )
 
 

@@ -158,6 +158,11 @@ def _activities(*classes: type) -> dict[str, Any]:
     return {n: f for cls in classes for n, f in inspect.getmembers(cls, inspect.isfunction) if hasattr(f, "__temporal_activity_definition")}
 
 
+def _concrete(hint: Any) -> type:
+    """The class of an optional field's hint (`X | None` -> X)."""
+    return next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+
+
 def _params(fn: Any) -> list[Any]:
     hints = typing.get_type_hints(fn)
     return [hints[p] for p in inspect.signature(fn).parameters if p != "self"]
@@ -168,7 +173,7 @@ def test_the_activities_31e9066_schedules_still_run_and_answer_in_its_types() ->
     that name that accepts the arguments 31e9066 recorded; and what today's activities return
     (recorded by today's code and the last release) reads into 31e9066's declared result types."""
     # What the worker registers (workers.main.Activities.all()), from instances without adapters.
-    bare = {name: object.__new__(cls) for name, cls in typing.get_type_hints(Activities).items()}
+    bare = {name: object.__new__(_concrete(cls)) for name, cls in typing.get_type_hints(Activities).items()}
     today = {fn.__name__: getattr(type(fn.__self__), fn.__name__) for fn in Activities(**bare).all()}  # type: ignore[attr-defined]
     declared = _activities(legacy_activities.FleetActivities, legacy_activities.NodeActivities)
     assert declared.keys() <= today.keys(), "an activity 31e9066 can schedule is not on the worker: register an alias of its name"

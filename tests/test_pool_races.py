@@ -42,12 +42,16 @@ from tgp.messages import (
     Demand,
     NodeReport,
     PoolUpdate,
+    Reservation,
     StartNodeInput,
     StartNodeResult,
+    StartNodesInput,
+    StartNodesResult,
     class_workflow_id,
     pool_workflow_id,
 )
 from sim.world import SimWorld, sim_world
+from tgp.pools import request_for
 from workers.temporal import DATA_CONVERTER, search_attribute_keys
 from tgp.types import NodePhase
 from tgp.node import NodeWorkflowInput
@@ -122,7 +126,7 @@ class Gate:
 class Gates:
     emit_events: Gate = field(default_factory=Gate)
     evict_nodes: Gate = field(default_factory=Gate)
-    reserve_and_start_node: Gate = field(default_factory=Gate)  # held after the node workflow started
+    reserve_and_start_node: Gate = field(default_factory=Gate)  # held after the node workflow started (one pass per node of a batch)
 
     def open(self) -> None:
         for gate in (self.emit_events, self.evict_nodes, self.reserve_and_start_node):
@@ -160,8 +164,21 @@ def gate_activities(activities: Activities, gates: Gates) -> Activities:
         await gates.reserve_and_start_node.passing(inp)
         return result
 
+    @activity.defn(name="reserve_and_start_nodes")
+    async def reserve_and_start_nodes(inp: StartNodesInput) -> StartNodesResult:
+        """A pool's batch (batched launches): each started node passes the same gate."""
+        result = await pool.reserve_and_start_nodes(inp)
+        for start, started in zip(inp.starts, result.results, strict=True):
+            if started.started:
+                req = request_for(inp.template, start)
+                one = StartNodeInput(class_name=inp.class_name, reservation=Reservation(node_id=req.workflow_id, pool=inp.pool), request=req)
+                await gates.reserve_and_start_node.passing(one)
+        return result
+
     return dataclasses.replace(
-        activities, pool=Gated(pool, [evict_nodes, reserve_and_start_node]), entity=Gated(entity, [emit_events])  # type: ignore[arg-type]
+        activities,
+        pool=Gated(pool, [evict_nodes, reserve_and_start_node, reserve_and_start_nodes]),  # type: ignore[arg-type]
+        entity=Gated(entity, [emit_events]),  # type: ignore[arg-type]
     )
 
 

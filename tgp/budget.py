@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
 from decimal import Decimal
 
 from tgp.messages import Grant, Ledger, Reservation
@@ -22,3 +24,30 @@ def admit(ledger: Ledger, r: Reservation) -> Grant:
                 reason=f"${r.hourly_price}/h more would make ${cost}/h, over the class's limits.maxHourlyCost of ${limits.max_hourly_cost}/h",
             )
     return Grant(granted=True)
+
+
+def hold(ledger: Ledger, r: Reservation, now: datetime) -> Ledger:
+    """The ledger with `r` held (a new reservation is stamped `now`; a re-priced one keeps its
+    first stamp, which the orphan check reads)."""
+    held = ledger.reservations.get(r.node_id)
+    r = r.model_copy(update={"reserved_at": held.reserved_at if held and held.reserved_at else now})
+    return ledger.model_copy(update={"reservations": {**ledger.reservations, r.node_id: r}})
+
+
+def admit_many(ledger: Ledger, batch: Iterable[Reservation], now: datetime) -> tuple[Ledger, list[Grant]]:
+    """Decide a batch of reservations (a pool's launches of one pass, or the price settlements
+    of many nodes) in the order given, each against the ledger with the earlier grants of the
+    batch already held: the class grants what fits its budget and says why for the rest (a
+    later, cheaper one may still fit after a dearer one was refused). A node that already
+    ended and released its budget is refused. Returns the new ledger and one grant per
+    reservation, in order."""
+    grants = []
+    for r in batch:
+        if r.node_id in ledger.released:
+            grant = Grant(granted=False, reason=f"node {r.node_id} has already ended and released its budget")
+        else:
+            grant = admit(ledger, r)
+        if grant.granted:
+            ledger = hold(ledger, r, now)
+        grants.append(grant)
+    return ledger, grants

@@ -50,6 +50,26 @@ class Grant(Msg):
     reason: str = ""
 
 
+class Reservations(Msg):
+    """Input of the class ledger's batch updates (`reserve_many`, `settle_many`): one call for
+    many reservations, so a burst does not queue behind Temporal's limit of 10 updates in
+    flight per workflow. Decided in this order."""
+
+    reservations: list[Reservation]
+
+
+class Grants(Msg):
+    """One grant per reservation of a batch, in its order."""
+
+    grants: list[Grant]
+
+
+class Releases(Msg):
+    """Input of the class ledger's `release_many` update: node workflow ids whose budget goes back."""
+
+    node_ids: list[str]
+
+
 class Ledger(Msg):
     limits: ClassLimits = ClassLimits()
     reservations: dict[str, Reservation] = {}
@@ -141,6 +161,24 @@ class NodeSighting(NodeOverview):
     started_at: datetime | None = None
 
 
+class RunningNodesQuery(Msg):
+    """What a pool already knows of its running node workflows, to hear only what differs. Ids
+    are sent without their common `prefix` (gpunode/<namespace>/<pool>/): a few bytes per node."""
+
+    query: str = Field(description="Visibility filter on tgp's search attributes, e.g. TgpPool = 'ml/rtx'.")
+    prefix: str
+    known: list[str] = Field([], description="Node names (ids without the prefix) the pool counts as live.")
+
+
+class RunningNodesChanges(Msg):
+    """The running node workflows a pool does not know (sightings), and the ones it knows that
+    are not listed (ids without the prefix). `listed`: False when the server has no visibility."""
+
+    listed: bool = True
+    unknown: list[NodeSighting] = []
+    missing: list[str] = []
+
+
 class StartNodeInput(Msg):
     class_name: str
     reservation: Reservation
@@ -160,6 +198,35 @@ class StartNodeInput(Msg):
 class StartNodeResult(Msg):
     started: bool
     reason: str = ""
+
+
+class NodeStart(Msg):
+    """One node of a pool's batch: what differs from the batch's template request."""
+
+    node_name: str
+    floor: bool = False
+    min_gpus: int = 1
+    bind_grace: timedelta | None = None
+    demand_since: datetime | None = None
+    hourly_price: Decimal | None = Field(None, description="The price reserved for it (the offer its pods are sized for).")
+
+
+class StartNodesInput(Msg):
+    """A pool's launches of one pass: one class ledger call for all of them, then their node
+    workflows started together. The request is sent once (`template`, node_name empty); each
+    start says only what differs (`tgp.pools.request_for`), so the input grows by a few hundred
+    bytes per node, not by a request (boot template included) per node."""
+
+    class_name: str = Field(description="The class ledger's workflow id.")
+    pool: str = Field(description="namespace/name")
+    template: NodeRequest
+    starts: list[NodeStart]
+
+
+class StartNodesResult(Msg):
+    """One result per start, in order."""
+
+    results: list[StartNodeResult]
 
 
 class OfferCheck(Msg):

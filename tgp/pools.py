@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.messages import class_workflow_id, pool_workflow_id
+from tgp.messages import NodeStart, class_workflow_id, pool_workflow_id
 from tgp.types import (
     LABEL_GPU_TYPE,
     LABEL_REGION,
@@ -140,4 +140,21 @@ def node_request(
         timeouts=timeouts,
         pool_workflow_id=pool_workflow_id(namespace, pool_name),
         class_workflow_id=class_workflow_id(class_name),
+    )
+
+
+def request_for(template: NodeRequest, start: NodeStart) -> NodeRequest:
+    """The request of one node of a batch: what `node_request` gives for its name, floor, GPUs
+    and bind grace, built from the batch's `template` (`node_request` with an empty name, no
+    floor, the class's GPU minimum and no bind grace)."""
+    requirements = template.requirements
+    if start.min_gpus > requirements.min_gpu_count:
+        requirements = requirements.model_copy(update={"min_gpu_count": start.min_gpus})
+    timeouts = template.timeouts
+    if start.floor:
+        timeouts = timeouts.model_copy(update={"idle": None})
+    if start.bind_grace is not None:
+        timeouts = timeouts.model_copy(update={"bind_grace": start.bind_grace})
+    return template.model_copy(
+        update={"node_name": start.node_name, "requirements": requirements, "timeouts": timeouts, "demand_since": start.demand_since}
     )

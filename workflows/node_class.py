@@ -19,10 +19,10 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.entity import EntityActivities, StatusWrite
     from activities.node_class import NodeClassActivities, ValidateClassInput
-    from tgp.budget import admit
+    from tgp.budget import admit, admit_many, hold
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodeClassStatus
-    from tgp.messages import ClassInput, ClassUpdate, Grant, Ledger, ObjectRef, Reservation
+    from tgp.messages import ClassInput, ClassUpdate, Grant, Grants, Ledger, ObjectRef, Releases, Reservation, Reservations
     from workflows.entity import best_effort, history_is_long, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_class
 
@@ -58,21 +58,57 @@ class GPUNodeClassWorkflow:
         self.continuing = False
 
     @workflow.update
-    async def reserve(self, r: Reservation) -> Grant:
-        """Hold a node slot (and its price, if known) for a node about to launch. Waits for the
-        class's first validation; everything after that wait runs without awaiting, so
-        concurrent reservations are still decided one at a time."""
+    async def reserve_many(self, batch: Reservations) -> Grants:
+        """A pool's launches of one pass, in one call: the class grants what fits its budget, in
+        the order given, and says why for the rest (`tgp.budget.admit_many`). Waits like
+        `reserve`; the decision itself does not await, so batches are decided one at a time."""
         if self.legacy:
-            return self.legacy.handle("reserve", r)
-        # Also after one look at the running node workflows: a new run of this ledger (after a
-        # crash or reset) must count the live nodes before it grants anything.
+            return Grants(grants=[self.legacy.handle("reserve", r) for r in batch.reservations])
+        refused = await self._wait_until_valid()
+        if refused is not None:
+            return Grants(grants=[refused] * len(batch.reservations))
+        self.ledger, grants = admit_many(self.ledger, batch.reservations, workflow.now())
+        if any(g.granted for g in grants):
+            self.dirty = True
+        return Grants(grants=grants)
+
+    @workflow.update
+    def settle_many(self, batch: Reservations) -> Grants:
+        """Many nodes' prices at once (the worker gathers the settlements made meanwhile)."""
+        if self.legacy:
+            return Grants(grants=[self.legacy.handle("settle", r) for r in batch.reservations])
+        self.ledger, grants = admit_many(self.ledger, batch.reservations, workflow.now())
+        if any(g.granted for g in grants):
+            self.dirty = True
+        return Grants(grants=grants)
+
+    @workflow.update
+    def release_many(self, batch: Releases) -> None:
+        """Many nodes are gone (the worker gathers the releases made meanwhile)."""
+        for node_id in batch.node_ids:
+            self.release(node_id)
+
+    async def _wait_until_valid(self) -> Grant | None:
+        """Wait for the first validation and for one look at the running node workflows (a new
+        run of this ledger, after a crash or reset, must count the live nodes before it grants
+        anything); a refusal when the class cannot grant."""
         await workflow.wait_condition(lambda: (self.problems is not None and self.seen_at is not None) or self.inp.spec is None)
         if self.inp.spec is None:
             return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} does not exist")
         if self.problems:
             # The reason reaches tenants' pool status and Events: name the class, not its Secrets.
             return Grant(granted=False, reason=f"GPUNodeClass {self.inp.name} is not valid (its Ready condition says why; ask the cluster admin)")
-        return self._admit(r)
+        return None
+
+    @workflow.update
+    async def reserve(self, r: Reservation) -> Grant:
+        """Hold a node slot (and its price, if known) for a node about to launch. Waits for the
+        class's first validation; everything after that wait runs without awaiting, so
+        concurrent reservations are still decided one at a time."""
+        if self.legacy:
+            return self.legacy.handle("reserve", r)
+        refused = await self._wait_until_valid()
+        return refused if refused is not None else self._admit(r)
 
     @workflow.update
     def settle(self, r: Reservation) -> Grant:
@@ -114,9 +150,7 @@ class GPUNodeClassWorkflow:
         return self.legacy.query("budget") if self.legacy else self.ledger
 
     def _hold(self, r: Reservation) -> None:
-        held = self.ledger.reservations.get(r.node_id)
-        r = r.model_copy(update={"reserved_at": held.reserved_at if held and held.reserved_at else workflow.now()})
-        self.ledger = self.ledger.model_copy(update={"reservations": {**self.ledger.reservations, r.node_id: r}})
+        self.ledger = hold(self.ledger, r, workflow.now())
         self.dirty = True
 
     @workflow.run

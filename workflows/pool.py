@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EntityActivities, EventSpec, StatusWrite
+    from activities.entity import EntityActivities, EventSpec, PoolStatusWrite, StatusWrite
     from activities.pool import PoolActivities
     from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, no_offer_fits_to_warn, note_ready, plan_capacity
     from tgp.capacity_v1 import plan_capacity_v1
@@ -26,15 +26,19 @@ with workflow.unsafe.imports_passed_through():
     from tgp.messages import (
         Demand,
         NodeReport,
+        NodeSighting,
+        NodeStart,
         ObjectRef,
         OfferCheck,
         PoolNode,
         PoolUpdate,
         Reservation,
+        RunningNodesQuery,
         StartNodeInput,
+        StartNodesInput,
     )
-    from tgp.pools import node_request, node_timeouts, offer_requirements
-    from tgp.types import NodePhase, Stage, StageRecord, TimeoutsUpdate
+    from tgp.pools import node_request, node_timeouts, offer_requirements, request_for
+    from tgp.types import NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate, node_workflow_id
     from workflows.entity import best_effort, history_is_long, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_pool
 
@@ -48,7 +52,21 @@ HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
 OFFER_CHECK_TTL = timedelta(minutes=5)
 # Node workflows started in one pass, at once; the next pass (after the class ledger and the
 # deletion flag are looked at again) starts more. Bounds what one typo can buy before it is seen.
+# (Passes recorded before BATCHED_LAUNCHES_PATCH.)
 MAX_STARTS_PER_PASS = 10
+# Batched launches: a pass starts every node its batch of pending pods needs, with one class
+# ledger call (the class grants what fits its budget, and its limits.maxNodes, 10 unless set,
+# is what bounds a typo) and one activity. This cap only bounds that activity: ~0.3 KB of input
+# per node (far under Temporal's 2 MB payload limit) and 25 starts at a time take seconds, well
+# within START_NODES_TIMEOUT; a 500-pod burst starts in one pass.
+MAX_STARTS_PER_BATCH = 500
+START_NODES_TIMEOUT = timedelta(minutes=3)
+BATCHED_LAUNCHES_PATCH = "batched-launches"
+# A pool its class refused asks again when something that could change the answer happened (the
+# pool or its class changed, a node of the pool ended), else after this long: a node of another
+# pool of the class may have ended meanwhile, which this pool does not hear of. (A refused pool
+# used to ask every pass: 220 refusals in 6 minutes.)
+CLASS_REFUSAL_BACKOFF = timedelta(seconds=30)
 # Pods named in a PodDoesNotFit message (the rest are counted).
 MAX_PODS_NAMED = 5
 # Events kept for a later write while the API refuses them (newest kept).
@@ -69,10 +87,31 @@ ENDED_REMEMBERED = 500
 # once their node is full or gone, pods no offer fits reported, limits reported. Passes before
 # the patch replay through tgp.capacity_v1 with the commands they recorded.
 DEMAND_BY_FIT_PATCH = "demand-by-fit"
+# The pool's look at its running node workflows (once a resync) records only the differences
+# from what it knows (ids in, changes out): a full listing of a 500-node pool was ~130 KB of
+# history a minute.
+RUNNING_NODES_CHANGES_PATCH = "running-nodes-changes"
+# The status is written by an activity that reads it through the pool's `status` query: the
+# history records a reference on each change, not the whole status (~110 KB at 500 nodes).
+STATUS_BY_QUERY_PATCH = "status-by-query"
+# A launch failure doubles the back-off only for a node started after the previous failure:
+# the nodes of one batch failing together count as one failure.
+FAILURE_WAVES_PATCH = "failure-waves"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
 _TUNABLE = _LAUNCHING | {NodePhase.READY}
+
+
+class ClassRefusal(BaseModel):
+    """The class ledger refused this pool's launches: why, and what would make it ask again."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str
+    until: datetime
+    generation: int | None = None
+    node_class: str = Field("", description="The class spec as it was (JSON): a changed class is asked again at once.")
+    nodes_ended: int = 0
 
 
 class PoolState(BaseModel):
@@ -101,6 +140,9 @@ class PoolState(BaseModel):
     events: list[EventSpec] = Field([], description="Events not yet written; kept across continue-as-new.")
     seen_running_at: datetime | None = Field(None, description="Last time the running node workflows were listed.")
     ended: list[str] = Field([], description="Node workflows that ended lately (newest last): late reports about them are stale.")
+    failed_at: datetime | None = Field(None, description="When the last launch failure was reported (later failures of nodes started before it are of its wave).")
+    nodes_ended: int = Field(0, description="Node workflows of this pool that ended, ever (a count: a class refusal waits for it to change).")
+    class_refusal: ClassRefusal | None = Field(None, description="The class's last refusal while it holds (batched launches).")
 
 
 class PoolInput(BaseModel):
@@ -111,6 +153,7 @@ class PoolInput(BaseModel):
     resync_interval: timedelta = RESYNC_INTERVAL
     bind_grace: timedelta = POD_BIND_GRACE
     visibility_lag: timedelta = VISIBILITY_LAG
+    class_refusal_backoff: timedelta = CLASS_REFUSAL_BACKOFF
     state: PoolState = PoolState()
 
 
@@ -185,9 +228,15 @@ class GPUNodePoolWorkflow:
         if old is None or old.phase is not r.phase:
             self._node_event(node, r.stages)
         if r.phase is NodePhase.FAILED:
-            self.state.failures += 1
-            backoff = min(LAUNCH_BACKOFF * 2 ** (self.state.failures - 1), MAX_LAUNCH_BACKOFF)
-            self.state.backoff_until = r.at + backoff
+            # Nodes started before the last failure was reported are of the same wave: their
+            # failures teach nothing new (a burst's batch failing under load doubled the back-off
+            # per node: five failures held the pool 8 minutes, Ready True, pods unserved).
+            same_wave = old is not None and self.state.failed_at is not None and old.created_at <= self.state.failed_at
+            if not (same_wave and workflow.patched(FAILURE_WAVES_PATCH)):
+                self.state.failures += 1
+                backoff = min(LAUNCH_BACKOFF * 2 ** (self.state.failures - 1), MAX_LAUNCH_BACKOFF)
+                self.state.backoff_until = r.at + backoff
+            self.state.failed_at = r.at
         elif r.phase is NodePhase.READY:
             self.state.failures = 0
             self.state.backoff_until = None
@@ -220,11 +269,14 @@ class GPUNodePoolWorkflow:
                 workflow.continue_as_new(self.inp.model_copy(update={"state": self.state}))
 
     def _next_wake(self) -> timedelta:
-        if self.state.backoff_until is not None:
-            remaining = self.state.backoff_until - workflow.now()
-            if timedelta(0) < remaining < self.inp.resync_interval:
-                return remaining
-        return self.inp.resync_interval
+        wake = self.inp.resync_interval
+        refusal = self.state.class_refusal
+        for until in (self.state.backoff_until, refusal.until if refusal else None):
+            if until is not None:
+                remaining = until - workflow.now()
+                if timedelta(0) < remaining < wake:
+                    wake = remaining
+        return wake
 
     async def _reconcile(self) -> bool:
         """One pass: returns True when the pool is deleted and its nodes are gone."""
@@ -292,14 +344,33 @@ class GPUNodePoolWorkflow:
         if self.state.seen_running_at is not None and now - self.state.seen_running_at < self.inp.resync_interval:
             return
         pool = f"{self.inp.namespace}/{self.inp.name}"
-        seen = await best_effort(EntityActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
-        if not seen.ok:
-            return
-        self.state.seen_running_at = now
-        if seen.value is None:
-            return  # a server without visibility: nothing to rebuild from
-        running = {s.workflow_id: s for s in seen.value}
-        for wid, s in running.items():
+        if workflow.patched(RUNNING_NODES_CHANGES_PATCH):
+            prefix = node_workflow_id(self.inp.namespace, self.inp.name, "")
+            known = sorted(wid.removeprefix(prefix) for wid, n in self.state.nodes.items() if not n.phase.is_final)
+            changed = await best_effort(
+                EntityActivities.running_nodes_changed,
+                RunningNodesQuery(query=f"TgpPool = '{pool}'", prefix=prefix, known=known),
+                summary="list running nodes (changes)",
+            )
+            if not changed.ok:
+                return
+            self.state.seen_running_at = now
+            if not changed.value.listed:
+                return  # a server without visibility: nothing to rebuild from
+            unknown: list[NodeSighting] = changed.value.unknown
+            gone = {prefix + name for name in changed.value.missing}
+        else:
+            seen = await best_effort(EntityActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
+            if not seen.ok:
+                return
+            self.state.seen_running_at = now
+            if seen.value is None:
+                return  # a server without visibility: nothing to rebuild from
+            unknown = seen.value
+            listed = {s.workflow_id for s in seen.value}
+            gone = {n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id not in listed}
+        for s in unknown:
+            wid = s.workflow_id
             if wid in self.state.ended and workflow.patched(REPORT_ORDER_PATCH):
                 continue  # visibility lags: it ended after the listing
             if wid not in self.state.nodes:
@@ -315,7 +386,7 @@ class GPUNodePoolWorkflow:
                     reason="adopted from its running workflow",
                 )
         missing = [
-            n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id not in running and now - n.created_at >= self.inp.visibility_lag
+            n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id in gone and now - n.created_at >= self.inp.visibility_lag
         ]
         if missing:
             closed = await best_effort(EntityActivities.closed_workflows, missing, summary="check closed nodes")
@@ -376,14 +447,25 @@ class GPUNodePoolWorkflow:
         # minNodes counts live nodes: nodes bought for pods count toward it, the rest are empty.
         wanted += [NewNode(gpus=klass_min)] * max(0, u.spec.min_nodes - len(live) - len(wanted))
         room = len(wanted) if u.spec.max_nodes is None else max(0, u.spec.max_nodes - len(live))
-        starts = wanted[: min(room, MAX_STARTS_PER_PASS)]
         floor_missing = max(0, u.spec.min_nodes - floor_live)
-        results = await asyncio.gather(
-            *(self._start_node(u, floor=i < floor_missing, pods=n.pods, gpus=n.gpus, price=n.hourly_price) for i, n in enumerate(starts))
-        )
+        batched = bool(wanted[:room]) and workflow.patched(BATCHED_LAUNCHES_PATCH)
+        if batched:
+            refusal = self._class_refusal(u)
+            if refusal is not None:
+                return ("False", "BudgetExhausted", f"not launching more nodes: {refusal.reason}; {_asks_again(refusal)}")
+            starts = wanted[: min(room, MAX_STARTS_PER_BATCH)]
+            results = await self._start_nodes(u, starts, floor_missing)
+        else:
+            starts = wanted[: min(room, MAX_STARTS_PER_PASS)]
+            results = await asyncio.gather(
+                *(self._start_node(u, floor=i < floor_missing, pods=n.pods, gpus=n.gpus, price=n.hourly_price) for i, n in enumerate(starts))
+            )
         refused = [reason for started, reason in results if not started]
         if refused:
             # The class ledger's refusal names its limit (limits.maxNodes, limits.maxHourlyCost).
+            refusal = self.state.class_refusal
+            if batched and refusal is not None:
+                return ("False", "BudgetExhausted", f"not launching more nodes: {refusal.reason}; {_asks_again(refusal)}")
             return ("False", "BudgetExhausted", f"not launching more nodes: {refused[0]}")
         if len(wanted) > room:
             waiting = sum(len(n.pods) for n in wanted[room:])
@@ -410,6 +492,81 @@ class GPUNodePoolWorkflow:
                     "no node is bought for it (the pool's other pods are served)",
                 )
             )
+
+    def _class_refusal(self, u: PoolUpdate) -> ClassRefusal | None:
+        """The class's last refusal, while it holds: nothing that could change its answer
+        happened (the pool's generation, the class spec, a node of the pool ending) and
+        CLASS_REFUSAL_BACKOFF has not passed."""
+        refusal = self.state.class_refusal
+        if refusal is None:
+            return None
+        if (
+            workflow.now() >= refusal.until
+            or refusal.generation != u.generation
+            or refusal.node_class != _class_key(u)
+            or refusal.nodes_ended != self.state.nodes_ended
+        ):
+            self.state.class_refusal = None
+            return None
+        return refusal
+
+    async def _start_nodes(self, u: PoolUpdate, starts: list[NewNode], floor_missing: int) -> list[tuple[bool, str]]:
+        """Batched launches: one activity reserves the class budget for all of `starts` with one
+        ledger call and starts the node workflows it granted, together. A refusal by the class
+        holds further launches (`_class_refusal`); an error of the call does not (the next pass
+        tries again)."""
+        assert u.node_class is not None
+        now = workflow.now()
+        class_name = u.spec.node_class_ref.name
+        template = node_request(
+            namespace=self.inp.namespace,
+            pool_name=self.inp.name,
+            class_name=class_name,
+            node_name="",
+            pool=u.spec,
+            klass=u.node_class,
+            watch_interval=self.inp.watch_interval,
+        )
+        cheapest = self.state.offer_check.cheapest if self.state.offer_check else None
+        batch = []
+        for i, n in enumerate(starts):
+            since = [self.state.pending_since[pod] for pod in n.pods if pod in self.state.pending_since]
+            batch.append(
+                NodeStart(
+                    node_name=f"{self.inp.name}-{workflow.uuid4().hex[:5]}",
+                    floor=i < floor_missing,
+                    min_gpus=n.gpus,
+                    bind_grace=self.inp.bind_grace if n.pods else None,
+                    demand_since=min(since) if since else None,
+                    hourly_price=n.hourly_price if n.hourly_price is not None else cheapest,
+                )
+            )
+        pool = f"{self.inp.namespace}/{self.inp.name}"
+        started = await best_effort(
+            PoolActivities.reserve_and_start_nodes,
+            StartNodesInput(class_name=template.class_workflow_id or class_name, pool=pool, template=template, starts=batch),
+            summary=f"start {len(batch)} node(s)",
+            timeout=START_NODES_TIMEOUT,
+        )
+        if not started.ok:
+            return [(False, started.error or "")] * len(batch)
+        results = []
+        refused = ""
+        for start, n, result in zip(batch, starts, started.value.results, strict=True):
+            if result.started:
+                self._started(u, request_for(template, start), floor=start.floor, pods=n.pods, now=now)
+            else:
+                refused = refused or result.reason
+            results.append((result.started, result.reason))
+        if refused:
+            self.state.class_refusal = ClassRefusal(
+                reason=refused,
+                until=now + self.inp.class_refusal_backoff,
+                generation=u.generation,
+                node_class=_class_key(u),
+                nodes_ended=self.state.nodes_ended,
+            )
+        return results
 
     async def _start_node(self, u: PoolUpdate, *, floor: bool, pods: list[str], gpus: int, price: Decimal | None = None) -> tuple[bool, str]:
         """Reserve a class slot and start one node workflow with at least `gpus` GPUs, bought
@@ -448,6 +605,12 @@ class GPUNodePoolWorkflow:
             return False, started.error or ""
         if not started.value.started:
             return False, started.value.reason
+        self._started(u, req, floor=floor, pods=pods, now=now, fit=fit)
+        return True, ""
+
+    def _started(self, u: PoolUpdate, req: NodeRequest, *, floor: bool, pods: list[str], now: datetime, fit: bool = True) -> None:
+        """Record a node workflow just started for `pods`, and its NodeLaunched Event."""
+        node_name = req.node_name
         # A report may already have arrived while the start was in flight: keep its phase, but
         # the floor flag, the GPUs and the settings sent are known only here.
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
@@ -464,7 +627,6 @@ class GPUNodePoolWorkflow:
         if fit:
             why = f"with {req.requirements.min_gpu_count} GPU(s) {why}"
         self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} {why}"))
-        return True, ""
 
     def _capacity_nodes(self, live: list[PoolNode], *, fit: bool) -> list[CapacityNode]:
         return [self._capacity_node(n, fit=fit) for n in live]
@@ -618,6 +780,7 @@ class GPUNodePoolWorkflow:
     def _forget_ended(self) -> None:
         ended = [k for k, n in self.state.nodes.items() if n.phase.is_final]
         if ended:
+            self.state.nodes_ended += len(ended)
             self.state.ended = [*self.state.ended, *ended][-ENDED_REMEMBERED:]
             self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}
 
@@ -653,9 +816,15 @@ class GPUNodePoolWorkflow:
         self.state.conditions = {c.type: c for c in conditions}
         status = self._status()
         body = status.model_dump(mode="json", by_alias=True)
-        self.state.written = await write_status_once(
-            StatusWrite(ref=self._ref(), status=body), fingerprint=repr(body), written=self.state.written, summary="write the pool status"
-        )
+        fingerprint = repr(body)
+        if fingerprint != self.state.written and workflow.patched(STATUS_BY_QUERY_PATCH):
+            write = PoolStatusWrite(ref=self._ref(), workflow_id=workflow.info().workflow_id)
+            if (await best_effort(EntityActivities.write_pool_status, write, summary="write the pool status")).ok:
+                self.state.written = fingerprint
+        else:
+            self.state.written = await write_status_once(
+                StatusWrite(ref=self._ref(), status=body), fingerprint=fingerprint, written=self.state.written, summary="write the pool status"
+            )
         await self._flush_events()
 
     async def _flush_events(self) -> None:
@@ -692,6 +861,14 @@ class GPUNodePoolWorkflow:
 
 def _named(pods: list[str]) -> str:
     return ", ".join(pods[:MAX_PODS_NAMED]) + (f" and {len(pods) - MAX_PODS_NAMED} more" if len(pods) > MAX_PODS_NAMED else "")
+
+
+def _class_key(u: PoolUpdate) -> str:
+    return u.node_class.model_dump_json() if u.node_class is not None else ""
+
+
+def _asks_again(refusal: ClassRefusal) -> str:
+    return f"asking the class again when a node of the pool ends, the pool or class changes, or at {refusal.until:%H:%M:%S}"
 
 
 def _fingerprint(timeouts: TimeoutsUpdate) -> str:

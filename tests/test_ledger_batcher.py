@@ -1,0 +1,53 @@
+"""Issue 20: node workflows' ledger calls to one class are gathered per worker. Temporal admits at
+most 10 updates in flight per workflow; a burst of nodes each settling its price with its own
+update timed out (`reserve_and_start_node` timed out at 20–30 pods). Here many nodes settle at
+once against the real class workflow on the dev server: every one gets its answer, the class's
+budget holds, and the class sees a handful of updates, not one per node."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from decimal import Decimal
+
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from activities.node_class import LedgerCall, NodeClassActivities
+from tests.conftest import eventually, running_world
+from tests.test_entities_heal import start_class
+from tests.test_pool_accounting import CLASS
+from tgp.crds import GPUNodeClassSpec
+from tgp.messages import Ledger, Reservation, class_workflow_id
+from workflows.node_class import GPUNodeClassWorkflow
+
+NODES = 60
+ALLOWED = 40
+
+
+async def test_a_burst_of_settlements_reaches_the_class_in_a_few_updates_and_holds_its_budget(temporal: WorkflowEnvironment) -> None:
+    async with running_world(temporal) as (_, _, queue):
+        name = f"burst-{uuid.uuid4().hex[:6]}"
+        spec = GPUNodeClassSpec.model_validate({**CLASS.model_dump(mode="json", by_alias=True), "limits": {"maxNodes": ALLOWED}})
+        klass = await start_class(temporal, queue, name, spec)
+
+        async def listed() -> bool:
+            return (await klass.describe()).raw_description.pending_activities == [] and len((await klass.fetch_history()).events) > 5
+
+        await eventually(listed, what="the class's first pass")
+        acts = NodeClassActivities(cluster=None, providers={})  # type: ignore[arg-type]  # the ledger calls read no cluster
+        env = ActivityEnvironment(client=temporal.client)
+        calls = [
+            LedgerCall(class_workflow_id=class_workflow_id(name), reservation=Reservation(node_id=f"gpunode/ml/p/n{i}", pool="ml/p", hourly_price=Decimal("0.44")))
+            for i in range(NODES)
+        ]
+        grants = await asyncio.gather(*(env.run(acts.settle_reservation, c) for c in calls))
+        assert sum(g.granted for g in grants) == ALLOWED, "the class granted more (or fewer) than its maxNodes"
+        assert all(g.granted or "limits.maxNodes" in g.reason for g in grants)
+        ledger: Ledger = await klass.query(GPUNodeClassWorkflow.budget)
+        assert len(ledger.reservations) == ALLOWED
+        updates = sum(1 for e in (await klass.fetch_history()).events if e.HasField("workflow_execution_update_accepted_event_attributes"))
+        assert updates <= 10, f"{updates} updates for {NODES} settlements"
+        # Releases are gathered the same way.
+        await asyncio.gather(*(env.run(acts.release_reservation, c) for c in calls))
+        ledger = await klass.query(GPUNodeClassWorkflow.budget)
+        assert not ledger.reservations
