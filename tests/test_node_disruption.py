@@ -14,7 +14,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from sim.world import SimWorld
-from tests.conftest import running_world, skip_time
+from tests.conftest import eventually, running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase
 from tests.test_watch_events import AT_REST, bridge_running, told
 from tgp.types import NodePhase, Stage
@@ -172,3 +172,46 @@ async def test_a_node_whose_gpus_drop_to_zero_is_repaired_even_when_held(time_sk
         assert not [r for r in final.stages if r.stage is Stage.DISRUPTION_HELD], "a repair is never held"
         assert_nothing_left(world, req.node_name)
         await replay(handle, "repair_gpus_gone")
+
+
+async def test_the_pool_says_when_do_not_disrupt_holds_one_of_its_nodes(temporal: WorkflowEnvironment) -> None:
+    """A node reports a DisruptionHeld record while Ready (no phase change): the pool writes a
+    Normal `DisruptionHeld` Event with the node's message, once per record."""
+    from datetime import datetime, timezone
+
+    from tests.test_pool_races import Reports, about, gated_world, pool_events, pool_spec, start_pool
+    from tgp.types import StageRecord
+    from workflows.pool import GPUNodePoolWorkflow
+
+    async with gated_world(temporal) as s:
+        name, pool = await start_pool(s, pool_spec("cls-unused"))
+        report = Reports(name).of
+        await pool.signal(GPUNodePoolWorkflow.node_phase, report("a", NodePhase.READY, 0))
+        message = "node is past its expireAfter but do-not-disrupt holds it: ml/train; it waits until they finish or the annotation is removed (a manual evict does not wait)"
+        held = report("a", NodePhase.READY, 5).model_copy(
+            update={"stages": [StageRecord(stage=Stage.DISRUPTION_HELD, at=datetime.now(timezone.utc), reason=message)]}
+        )
+        await pool.signal(GPUNodePoolWorkflow.node_phase, held)
+
+        async def said() -> list[tuple[str, str]] | None:
+            events = await pool_events(s, name)
+            return events if about(events, "DisruptionHeld", "a") else None
+
+        events = await eventually(said, what="the pool's DisruptionHeld Event")
+        [text] = [m for r, m in events if r == "DisruptionHeld"]
+        assert "ml/train" in text and "past its expireAfter" in text, text
+
+
+def test_the_settings_a_node_was_sent_read_as_before_without_a_grace_period() -> None:
+    """The pool compares the settings it last sent a node by their JSON: a pool without a
+    terminationGracePeriod must write them as releases before the field did (or every node
+    would get a settings signal on replay); with one, the grace is in them."""
+    from tgp.types import TimeoutsUpdate
+    from workflows.pool import _fingerprint
+
+    plain = TimeoutsUpdate(idle=timedelta(minutes=10), drain=timedelta(minutes=5), expire_after=None)
+    assert "termination_grace" not in _fingerprint(plain) and "hold" not in _fingerprint(plain)
+    graced = plain.model_copy(update={"termination_grace": timedelta(hours=1)})
+    assert "termination_grace" in _fingerprint(graced)
+    # A message from a pool before the field leaves the node's grace as it was.
+    assert "termination_grace" not in TimeoutsUpdate.model_validate({"idle": None, "drain": 60, "expire_after": None}).model_fields_set

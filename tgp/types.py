@@ -302,6 +302,10 @@ class TimeoutsUpdate(Model):
         description="The pool's bind grace while pods are nominated to the node (it holds their place, not idling out "
         "within that long of Ready), 0 once none is: the hold is released. None: no change (senders before it existed).",
     )
+    termination_grace: timedelta | None = Field(
+        None,
+        description="The pool's terminationGracePeriod (None: none). Absent from the message (senders before it existed): no change.",
+    )
 
 
 class BootConfig(Model):

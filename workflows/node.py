@@ -149,6 +149,8 @@ class GPUNodeWorkflow:
         timeouts = self.req.timeouts.model_copy(update={"idle": u.idle, "drain": u.drain, "expire_after": u.expire_after})
         if u.hold is not None:  # the pool's nominations: hold the pods' place, or no more
             timeouts = timeouts.model_copy(update={"bind_grace": u.hold or None})
+        if "termination_grace" in u.model_fields_set:  # senders before it leave the node's as it was
+            timeouts = timeouts.model_copy(update={"termination_grace": u.termination_grace})
         self.req = self.req.model_copy(update={"timeouts": timeouts})
 
     @workflow.signal

@@ -97,6 +97,9 @@ STATUS_BY_QUERY_PATCH = "status-by-query"
 # A launch failure doubles the back-off only for a node started after the previous failure:
 # the nodes of one batch failing together count as one failure.
 FAILURE_WAVES_PATCH = "failure-waves"
+# Marks runs that send their nodes the pool's terminationGracePeriod with the other settings
+# (a pool that had one before would otherwise send every node a changed-settings signal on replay).
+TERMINATION_GRACE_PATCH = "termination-grace-to-nodes"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -227,6 +230,9 @@ class GPUNodePoolWorkflow:
         self.state.nodes[r.workflow_id] = node
         if old is None or old.phase is not r.phase:
             self._node_event(node, r.stages)
+        for s in r.stages:
+            if s.stage is Stage.DISRUPTION_HELD:  # reported while Ready: no phase change to hang it on
+                self.events.append(self._event("Normal", s.stage.value, f"node {node.node_name} {s.reason}"))
         if r.phase is NodePhase.FAILED:
             # Nodes started before the last failure was reported are of the same wave: their
             # failures teach nothing new (a burst's batch failing under load doubled the back-off
@@ -736,6 +742,9 @@ class GPUNodePoolWorkflow:
         wanted = node_timeouts(u.spec, floor=floor)
         if workflow.patched(DEMAND_BY_FIT_PATCH):
             wanted = wanted.model_copy(update={"hold": self.inp.bind_grace if held else timedelta(0)})
+        grace = u.spec.disruption.termination_grace_period
+        if grace is not None and workflow.patched(TERMINATION_GRACE_PATCH):
+            wanted = wanted.model_copy(update={"termination_grace": grace})
         return wanted
 
     async def _sync_timeouts(self, u: PoolUpdate, live: list[PoolNode]) -> None:
@@ -874,4 +883,7 @@ def _asks_again(refusal: ClassRefusal) -> str:
 def _fingerprint(timeouts: TimeoutsUpdate) -> str:
     """The settings as last sent, in the form releases before the hold wrote them when there is
     no hold (a changed fingerprint sends a signal: replayed histories must not see one)."""
-    return timeouts.model_dump_json(exclude={"hold"} if timeouts.hold is None else None)
+    exclude = {"hold"} if timeouts.hold is None else set()
+    if timeouts.termination_grace is None:
+        exclude.add("termination_grace")  # nor the grace, when there is none
+    return timeouts.model_dump_json(exclude=exclude or None)
