@@ -215,3 +215,50 @@ def test_the_settings_a_node_was_sent_read_as_before_without_a_grace_period() ->
     assert "termination_grace" in _fingerprint(graced)
     # A message from a pool before the field leaves the node's grace as it was.
     assert "termination_grace" not in TimeoutsUpdate.model_validate({"idle": None, "drain": 60, "expire_after": None}).model_fields_set
+
+
+# --- disruption budgets -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["zero-budget-window-blocks", "outside-the-window-proceeds"])
+async def test_a_zero_budget_in_its_window_holds_an_idle_node_and_outside_it_the_node_goes(temporal: WorkflowEnvironment, inside: bool) -> None:
+    """The pool's budget `nodes: "0"` on a daily schedule for 3 hours. Inside its window an
+    idle node asks its pool, is refused and stays Ready (a DisruptionBlocked record on the node,
+    a DisruptionBlocked Event on the pool naming the budget and the counts); with the window
+    twelve hours away the same node ends idle at its timeout."""
+    from datetime import datetime, timezone
+
+    from tests.test_pool_races import gated_world, pool_events, pool_spec, start_pool
+    from tgp.messages import pool_workflow_id
+
+    hour = datetime.now(timezone.utc).hour if inside else (datetime.now(timezone.utc).hour + 12) % 24
+    budget = {"nodes": "0", "schedule": f"0 {hour} * * *", "duration": "3h"}
+    async with gated_world(temporal) as s:
+        spec = pool_spec("cls-unused", disruption={"idleTimeout": "2s", "budgets": [budget]})
+        name, _ = await start_pool(s, spec)
+        req = request(namespace="ml", pool=name, timeouts=AT_REST.model_copy(update={"idle": timedelta(seconds=2)}), pool_workflow_id=pool_workflow_id("ml", name))
+        handle = await start(temporal, s.queue, req)
+        s.workflow_ids.add(handle.id)
+        if not inside:
+            final = await asyncio.wait_for(handle.result(), 60)
+            assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("idle"), final
+            assert not [r for r in final.stages if r.stage is Stage.DISRUPTION_BLOCKED]
+            return
+
+        async def blocked() -> list[tuple[str, str]] | None:
+            events = await pool_events(s, name)
+            return events if any(r == "DisruptionBlocked" for r, _ in events) else None
+
+        events = await eventually(blocked, timeout=60, what="the pool's DisruptionBlocked Event")
+        [text] = [m for r, m in events if r == "DisruptionBlocked"]
+        assert f"node {req.node_name}" in text and "Empty disruption blocked by budgets[0]" in text, text
+        assert "allows 0 at once and 0 are disrupting" in text, text
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, "a zero budget let the idle node go"
+        assert [r for r in status.stages if r.stage is Stage.DISRUPTION_BLOCKED], status.stages
+
+        await handle.signal("evict", {"reason": "manual"})  # never limited
+        final = await asyncio.wait_for(handle.result(), 60)
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted"), final
+        assert_nothing_left(s.world, req.node_name)
+        await replay(handle, "budget_blocks_idle_then_evicted")

@@ -82,6 +82,8 @@ class WatchState(BaseModel):
     disruption_rules: bool = False
     gpus_lost_since: datetime | None = None  # Ready with no allocatable GPUs since (the disruption rules)
     held: str = ""  # what holds a voluntary end now (held_message), "" when nothing does
+    blocked_until: datetime | None = None  # a disruption budget holds a due voluntary end until then
+    blocked: str = ""  # the pool's message when it last refused
 
 
 class WatchVerdict(BaseModel):

@@ -81,6 +81,7 @@ class Stage(StrEnum):
     DRAINING = "Draining"
     DRAIN_CALLED_OFF = "DrainCalledOff"  # a workload pod was found after the cordon: back to Ready
     DISRUPTION_HELD = "DisruptionHeld"  # a voluntary end (expiry, idle) is held by do-not-disrupt pods or Node
+    DISRUPTION_BLOCKED = "DisruptionBlocked"  # a voluntary end waits for the pool's disruption budget
     DRAIN_TIMED_OUT = "DrainTimedOut"  # pods were still on the node at the drain timeout
     TERMINATING = "Terminating"
     TERMINATION_STUCK = "TerminationStuck"

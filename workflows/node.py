@@ -25,13 +25,14 @@ with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall, NodeClassActivities
     from activities.node import NodeActivities
     from activities.termination import VERIFY_FOR
-    from tgp.messages import NodeReport, Reservation
+    from tgp.messages import DisruptionAnswer, DisruptionAsk, NodeReport, PoolAsk, Reservation
     from tgp.node import NodeState, NodeWorkflowInput
     from workflows.entity import describe as _describe
     from workflows.entity import history_is_long
     from workflows.legacy.r31e9066.frozen import frozen_node
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
-    from tgp.disruption import termination_deadline
+    from activities.node import POOL_ANSWER_TIMEOUT
+    from tgp.disruption import DisruptionReason, termination_deadline
     from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
@@ -106,6 +107,11 @@ EVENT_DRIVEN_WATCH_PATCH = "event-driven-watch"
 # Marks runs whose watch holds voluntary ends (expiry, idle) while do-not-disrupt pods or the
 # Node's annotation hold the node (issue 21), saying so in a DisruptionHeld stage record.
 DISRUPTION_RULES_PATCH = "node-disruption-rules"
+# Marks runs whose voluntary ends (idle, expired) ask the pool's disruption budgets first.
+DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
+# A node a budget holds asks its pool again this often (each ask: a timer and an activity).
+BUDGET_ASK_AGAIN = timedelta(minutes=1)
+_BUDGETED_ENDS = {EndReason.IDLE: DisruptionReason.EMPTY, EndReason.EXPIRED: DisruptionReason.EXPIRED}
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")
@@ -610,7 +616,10 @@ class GPUNodeWorkflow:
             if watch.view is not None:
                 verdict = judge_view(watch, workflow.now(), t)
                 self.state.watch = watch = verdict.state.model_copy(update={"held": verdict.held})
-                if verdict.end is not None:
+                if verdict.end is not None and not await self._budget_allows(verdict.end):
+                    watch = self.state.watch
+                    assert watch is not None
+                elif verdict.end is not None:
                     self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                     return verdict.end
                 if verdict.held and verdict.held != verdict.state.held:
@@ -624,6 +633,9 @@ class GPUNodeWorkflow:
                 await asyncio.gather(*self._reports)
                 workflow.continue_as_new(NodeWorkflowInput(request=self.req, state=self.state))
             due = [d for d in (next_deadline(watch, t), self._backstop_due()) if d is not None]
+            if watch.blocked_until is not None and watch.blocked_until > workflow.now():
+                # A budget holds a voluntary end that is already due: ask again then.
+                due = [d for d in due if d > workflow.now()] + [watch.blocked_until]
             sleep = max(min(due) - workflow.now(), timedelta(milliseconds=1))
             req, facts = self.req, self.state.facts
             try:
@@ -637,6 +649,47 @@ class GPUNodeWorkflow:
                 )
             except asyncio.TimeoutError:
                 pass
+
+    async def _budget_allows(self, end: EndReason) -> bool:
+        """Whether a voluntary end (idle, expired) may begin now, within the pool's disruption
+        budgets: the pool is asked (update `may_disrupt`, bounded: a pool that is gone or does
+        not answer does not hold the node). A refusal holds the node until BUDGET_ASK_AGAIN
+        from now, recorded once per message as DisruptionBlocked. Runs from before budgets
+        do not ask."""
+        reason = _BUDGETED_ENDS.get(end)
+        watch = self.state.watch
+        assert watch is not None
+        if reason is None or not self.req.pool_workflow_id or not workflow.patched(DISRUPTION_BUDGETS_PATCH):
+            return True
+        now = workflow.now()
+        if watch.blocked_until is not None and now < watch.blocked_until:
+            return False
+        try:
+            answer = await workflow.execute_activity_method(
+                NodeActivities.ask_pool_to_disrupt,
+                PoolAsk(
+                    pool_workflow_id=self.req.pool_workflow_id,
+                    ask=DisruptionAsk(workflow_id=self.req.workflow_id, node_name=self.req.node_name, reason=reason.value),
+                ),
+                start_to_close_timeout=POOL_ANSWER_TIMEOUT + timedelta(seconds=10),
+                retry_policy=API_RETRY,
+                summary=f"ask the pool: {reason.value} disruption",
+            )
+        except ActivityError as exc:
+            if self._cancel_requested():
+                raise asyncio.CancelledError() from None
+            workflow.logger.warning("could not ask the pool about the budget, going ahead: %s", _describe(exc))
+            answer = DisruptionAnswer(allowed=True)
+        watch = self.state.watch
+        assert watch is not None
+        if answer.allowed:
+            self.state.watch = watch.model_copy(update={"blocked_until": None, "blocked": ""})
+            return True
+        self.state.watch = watch.model_copy(update={"blocked_until": workflow.now() + BUDGET_ASK_AGAIN, "blocked": answer.message})
+        if answer.message != watch.blocked:
+            self._stamp(Stage.DISRUPTION_BLOCKED, answer.message)
+            self._tell_pool()
+        return False
 
     def _seed_view(self) -> None:
         """The watch's first view: the bridge's facts if they came during bring-up, with the

@@ -23,8 +23,11 @@ with workflow.unsafe.imports_passed_through():
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
+    from tgp.disruption import DisruptionReason, allowed_disruptions
     from tgp.messages import (
         Demand,
+        DisruptionAnswer,
+        DisruptionAsk,
         NodeReport,
         NodeSighting,
         NodeStart,
@@ -97,6 +100,9 @@ STATUS_BY_QUERY_PATCH = "status-by-query"
 # A launch failure doubles the back-off only for a node started after the previous failure:
 # the nodes of one batch failing together count as one failure.
 FAILURE_WAVES_PATCH = "failure-waves"
+# A node let go by a budget counts as disrupting until it reports Draining, at most this long
+# (it reports within seconds; one whose drain was called off is Ready again and asks anew).
+GRANT_COUNTS_FOR = timedelta(minutes=2)
 # Marks runs that send their nodes the pool's terminationGracePeriod with the other settings
 # (a pool that had one before would otherwise send every node a changed-settings signal on replay).
 TERMINATION_GRACE_PATCH = "termination-grace-to-nodes"
@@ -146,6 +152,8 @@ class PoolState(BaseModel):
     failed_at: datetime | None = Field(None, description="When the last launch failure was reported (later failures of nodes started before it are of its wave).")
     nodes_ended: int = Field(0, description="Node workflows of this pool that ended, ever (a count: a class refusal waits for it to change).")
     class_refusal: ClassRefusal | None = Field(None, description="The class's last refusal while it holds (batched launches).")
+    granted: dict[str, datetime] = Field({}, description="Nodes let begin a voluntary disruption (budgets), until they report Draining.")
+    blocked: dict[str, str] = Field({}, description="Nodes a budget holds back, with the message of their DisruptionBlocked Event.")
 
 
 class PoolInput(BaseModel):
@@ -228,6 +236,9 @@ class GPUNodePoolWorkflow:
             reported_at=r.at,
         )
         self.state.nodes[r.workflow_id] = node
+        if r.phase is not NodePhase.READY:
+            self.state.granted.pop(r.workflow_id, None)  # draining now: counted as such
+            self.state.blocked.pop(r.workflow_id, None)
         if old is None or old.phase is not r.phase:
             self._node_event(node, r.stages)
         for s in r.stages:
@@ -247,6 +258,48 @@ class GPUNodePoolWorkflow:
             self.state.failures = 0
             self.state.backoff_until = None
         self.dirty = True
+
+    @workflow.update
+    def may_disrupt(self, ask: DisruptionAsk) -> DisruptionAnswer:
+        """A node asks whether it may begin a voluntary disruption now: the most restrictive of
+        the pool's active budgets that cover the reason, over its nodes disrupting (draining, or
+        let go and not yet draining). A refusal is a `DisruptionBlocked` Event, once per node and
+        message; the node asks again later."""
+        if self.legacy or self.state.update is None or self.state.update.deleting:
+            return DisruptionAnswer(allowed=True)
+        now = workflow.now()
+        self._forget_grants(now)
+        try:
+            reason = DisruptionReason(ask.reason)
+        except ValueError:
+            return DisruptionAnswer(allowed=True, message=f"unknown reason {ask.reason!r}: not limited")
+        initialized = sum(1 for n in self.state.nodes.values() if n.phase in (NodePhase.READY, NodePhase.DRAINING))
+        disrupting = self._disrupting(exclude=ask.workflow_id)
+        verdict = allowed_disruptions(self.state.update.spec.disruption.budgets, now, reason, initialized, disrupting)
+        if verdict.permits():
+            self.state.granted[ask.workflow_id] = now
+            self.state.blocked.pop(ask.workflow_id, None)
+            self.dirty = True
+            return DisruptionAnswer(allowed=True)
+        if self.state.blocked.get(ask.workflow_id) != verdict.message:
+            self.state.blocked[ask.workflow_id] = verdict.message
+            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {ask.node_name}: {verdict.message}"))
+            self.dirty = True
+        return DisruptionAnswer(allowed=False, message=verdict.message)
+
+    def _disrupting(self, exclude: str = "") -> int:
+        """The pool's nodes being disrupted: draining, or let go by a budget and not yet draining."""
+        draining = {wid for wid, n in self.state.nodes.items() if n.phase is NodePhase.DRAINING}
+        granted = {wid for wid in self.state.granted if (n := self.state.nodes.get(wid)) is not None and n.phase is NodePhase.READY}
+        return len((draining | granted) - {exclude})
+
+    def _forget_grants(self, now: datetime) -> None:
+        """A grant counts until its node reports Draining (or anything but Ready), or for
+        GRANT_COUNTS_FOR: a node that was let go but then found its drain called off."""
+        for wid, at in list(self.state.granted.items()):
+            n = self.state.nodes.get(wid)
+            if n is None or n.phase is not NodePhase.READY or now - at > GRANT_COUNTS_FOR:
+                del self.state.granted[wid]
 
     @workflow.query
     def status(self) -> GPUNodePoolStatus:
@@ -807,6 +860,7 @@ class GPUNodePoolWorkflow:
             conditions=list(self.state.conditions.values()),
             ready_nodes=sum(1 for n in live if n.phase is NodePhase.READY),
             desired_nodes=len(live),
+            disrupting=self._disrupting(),
             hourly_cost=sum((n.hourly_price or 0 for n in live if n.phase is not NodePhase.PENDING), start=0),  # type: ignore[arg-type]
             nodes=[
                 PoolNodeStatus.of(n, created_at=n.created_at)
