@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -164,7 +165,7 @@ async def test_a_node_whose_gpus_drop_to_zero_is_repaired_even_when_held(time_sk
             (await kube.patch(f"/api/v1/nodes/{req.node_name}/status", json=zero, headers=MERGE_PATCH)).raise_for_status()
         lost = await told(handle, gpus=0, ready=True)
 
-        final = await handle.result()
+        final = await asyncio.wait_for(handle.result(), 120)  # a node never repaired would sit for ever
         assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("repair"), final
         assert "no allocatable nvidia.com/gpu" in (final.end_reason or ""), final.end_reason
         draining = next(r for r in final.stages if r.stage is Stage.DRAINING)
@@ -262,3 +263,36 @@ async def test_a_zero_budget_in_its_window_holds_an_idle_node_and_outside_it_the
         assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted"), final
         assert_nothing_left(s.world, req.node_name)
         await replay(handle, "budget_blocks_idle_then_evicted")
+
+
+async def test_a_budget_of_one_lets_idle_nodes_go_one_at_a_time(temporal: WorkflowEnvironment) -> None:
+    """Two nodes of a pool with `budgets: [{nodes: "1"}]` go idle together: one drains, the
+    other waits (DisruptionBlocked) and goes as soon as the first has left Draining (the pool
+    tells it, it does not wait for its next ask). Never are both draining at once."""
+    from tests.test_pool_races import gated_world, pool_events, pool_spec, start_pool
+    from tgp.messages import pool_workflow_id
+
+    async with gated_world(temporal) as s:
+        spec = pool_spec("cls-unused", disruption={"idleTimeout": "2s", "budgets": [{"nodes": "1"}]})
+        name, _ = await start_pool(s, spec)
+        reqs = [
+            request(namespace="ml", pool=name, timeouts=AT_REST.model_copy(update={"idle": timedelta(seconds=2)}), pool_workflow_id=pool_workflow_id("ml", name))
+            for _ in range(2)
+        ]
+        handles = [await start(temporal, s.queue, req) for req in reqs]
+        s.workflow_ids.update(h.id for h in handles)
+        finals = [await asyncio.wait_for(h.result(), 90) for h in handles]
+        assert all(f.phase is NodePhase.TERMINATED and (f.end_reason or "").startswith("idle") for f in finals), finals
+
+        def span(final: Any) -> tuple[Any, Any]:
+            draining = next(r.at for r in final.stages if r.stage is Stage.DRAINING)
+            left = next(r.at for r in final.stages if r.stage is Stage.TERMINATING)
+            return draining, left
+
+        (a_start, a_end), (b_start, b_end) = sorted(span(f) for f in finals)
+        assert b_start >= a_end, f"both drained at once: {a_start}..{a_end} and {b_start}..{b_end}"
+        held = [f for f in finals if any(r.stage is Stage.DISRUPTION_BLOCKED for r in f.stages)]
+        assert len(held) == 1, "exactly one waited for the budget"
+        assert b_start - a_end < timedelta(seconds=30), "the held node waited for its next ask, not for the pool's word"
+        events = await pool_events(s, name)
+        assert any(r == "DisruptionBlocked" and "allows 1 at once and 1 is disrupting" in m for r, m in events), events

@@ -136,6 +136,7 @@ class GPUNodeWorkflow:
         self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
         self._twin_watch: asyncio.Future[None] | None = None
         self._sighting: InstanceSighting | None = None  # the provider's listing asks for a look
+        self._budget_freed = False  # the pool says a held node may ask its budget again
 
     # --- messages ------------------------------------------------------------------------
 
@@ -167,6 +168,13 @@ class GPUNodeWorkflow:
             return self.legacy.handle("node_facts", facts)
         if self.state.facts is None or facts.at >= self.state.facts.at:
             self.state.facts = facts
+
+    @workflow.signal
+    def budget_freed(self) -> None:
+        """The pool: a disruption ended or its budgets changed; a node a budget holds asks again now."""
+        if self.legacy:
+            return None
+        self._budget_freed = True
 
     @workflow.signal
     def instance_seen(self, sighting: InstanceSighting) -> None:
@@ -608,6 +616,9 @@ class GPUNodeWorkflow:
             if self.state.evict_reason is not None:
                 self.state.end_reason = f"evicted: {self.state.evict_reason}"
                 return EndReason.EVICTED
+            if self._budget_freed:
+                self._budget_freed = False
+                self.state.watch = self.state.watch.model_copy(update={"blocked_until": None})
             if self._sighting is not None or self._backstop_due() <= workflow.now():
                 self._sighting = None
                 await self._look()
@@ -643,7 +654,8 @@ class GPUNodeWorkflow:
                     lambda: self.state.evict_reason is not None
                     or self._sighting is not None
                     or self.state.facts is not facts
-                    or self.req is not req,
+                    or self.req is not req
+                    or self._budget_freed,
                     timeout=sleep,
                     timeout_summary="watch",
                 )

@@ -154,6 +154,7 @@ class PoolState(BaseModel):
     class_refusal: ClassRefusal | None = Field(None, description="The class's last refusal while it holds (batched launches).")
     granted: dict[str, datetime] = Field({}, description="Nodes let begin a voluntary disruption (budgets), until they report Draining.")
     blocked: dict[str, str] = Field({}, description="Nodes a budget holds back, with the message of their DisruptionBlocked Event.")
+    freed: bool = Field(False, description="A disruption ended or the spec changed since the held nodes last asked: tell them to ask again.")
 
 
 class PoolInput(BaseModel):
@@ -196,6 +197,8 @@ class GPUNodePoolWorkflow:
         if old is not None and old.generation != u.generation:
             self.state.unfit = []  # the user changed the pool: give those pods another look
         self.state.update = u
+        if self.state.blocked:
+            self.state.freed = True  # the budgets may have changed: the held nodes ask again
         self.dirty = True
 
     @workflow.signal
@@ -239,6 +242,8 @@ class GPUNodePoolWorkflow:
         if r.phase is not NodePhase.READY:
             self.state.granted.pop(r.workflow_id, None)  # draining now: counted as such
             self.state.blocked.pop(r.workflow_id, None)
+        if self.state.blocked and old is not None and old.phase is NodePhase.DRAINING and r.phase is not NodePhase.DRAINING:
+            self.state.freed = True  # a disruption ended: a held node may go now
         if old is None or old.phase is not r.phase:
             self._node_event(node, r.stages)
         for s in r.stages:
@@ -287,6 +292,16 @@ class GPUNodePoolWorkflow:
             self.dirty = True
         return DisruptionAnswer(allowed=False, message=verdict.message)
 
+    async def _tell_held_nodes(self) -> None:
+        """A disruption ended or the budgets changed: the nodes a budget holds ask again now
+        rather than at their next timer."""
+        self.state.freed = False
+        for wid in sorted(self.state.blocked):
+            try:
+                await workflow.get_external_workflow_handle(wid).signal("budget_freed")
+            except Exception as exc:  # noqa: BLE001 - a node that just ended has nothing to ask
+                workflow.logger.info("could not tell %s to ask its budget again: %s", wid, exc)
+
     def _disrupting(self, exclude: str = "") -> int:
         """The pool's nodes being disrupted: draining, or let go by a budget and not yet draining."""
         draining = {wid for wid, n in self.state.nodes.items() if n.phase is NodePhase.DRAINING}
@@ -317,6 +332,8 @@ class GPUNodePoolWorkflow:
             except TimeoutError:
                 pass
             self.dirty = False
+            if self.state.freed:
+                await self._tell_held_nodes()
             if await self._reconcile():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush_events()  # what the last handlers reported
