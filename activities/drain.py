@@ -127,7 +127,8 @@ async def _warn_timed_out(cluster: Cluster, inp: DrainInput, pod: PodSummary, *,
         why = "it was evicted but was still shutting down (terminationGracePeriodSeconds longer than the drain timeout?)"
     else:
         why = f"its eviction was refused ({refusal})" if refusal else "its eviction was refused (a PodDisruptionBudget allowed no disruption)"
-    message = f"Node {inp.node_name} is terminated with this pod on it: the drain timed out after {_human(inp.timeout)} and {why}"
+    ended = f"{inp.bound} ({_human(inp.timeout)}) ended the drain" if inp.bound else f"the drain timed out after {_human(inp.timeout)}"
+    message = f"Node {inp.node_name} is terminated with this pod on it: {ended} and {why}"
     try:
         await cluster.record_pod_event(pod, type="Warning", reason=EVENT_DRAIN_TIMED_OUT, message=message)
     except TgpError as exc:

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import structlog
 from temporalio import activity
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.exceptions import ApplicationError
 
 from activities.boot.render import (
@@ -38,7 +40,8 @@ from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from tgp.secrets import known_secrets, register, register_model, secret_scope
-from tgp.lifecycle import pod_keeps_node_busy
+from tgp.lifecycle import holders_of, pod_keeps_node_busy
+from tgp.messages import DisruptionAnswer, PoolAsk
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
@@ -92,6 +95,10 @@ def _whose(inp: LaunchInput) -> str:
 # How often the wait-for-* activities look again. Each look is cheap (one API call); a
 # heartbeat goes with it, so cancellation reaches the activity within about this long.
 POLL_INTERVAL = timedelta(seconds=5)
+# How long a node waits for its pool's answer to "may I be disrupted now?" (budgets). A pool that
+# is deleted, stuck or replaying a long history must not hold its nodes for ever: past this the
+# node goes ahead as it would without budgets.
+POOL_ANSWER_TIMEOUT = timedelta(seconds=10)
 # Upper bound on devices removed for one hostname in one cleanup (guards a runaway loop).
 MAX_DEVICES_PER_HOSTNAME = 10
 # Long calls (a create behind a provider's pacer) heartbeat at least this often.
@@ -582,7 +589,30 @@ class NodeActivities:
                 raise TransientError(f"instance {inp.instance.instance_id} is not visible on {provider.name} yet")
             node = await self.cluster.get_node(inp.node_name)
             pods = await self.cluster.list_pods_on_node(inp.node_name) if node is not None else []
-        return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)))
+        holders, holding = holders_of(pods)
+        return NodeObservation(instance=instance, node=node, busy_pods=sum(1 for p in pods if pod_keeps_node_busy(p)), holders=holders, holding=holding)
+
+    # --- disruption budgets ----------------------------------------------------------------
+
+    @activity.defn
+    async def ask_pool_to_disrupt(self, call: PoolAsk) -> DisruptionAnswer:
+        """Ask the node's pool whether it may begin a voluntary disruption now (its budgets).
+        A pool that is gone or does not answer within POOL_ANSWER_TIMEOUT does not hold the
+        node: it goes ahead as before budgets. Any other failure (the pool's update queue full,
+        Temporal unreachable) is a refusal for now: the node asks again later."""
+        try:
+            async with asyncio.timeout(POOL_ANSWER_TIMEOUT.total_seconds()):
+                handle = activity.client().get_workflow_handle(call.pool_workflow_id)
+                answer: DisruptionAnswer = await handle.execute_update("may_disrupt", call.ask, result_type=DisruptionAnswer)
+                return answer
+        except TimeoutError:
+            return DisruptionAnswer(allowed=True, message=f"the pool did not answer within {POOL_ANSWER_TIMEOUT.total_seconds():.0f}s: not held")
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                return DisruptionAnswer(allowed=True, message="the pool is gone: not held")
+            return DisruptionAnswer(allowed=False, message=f"could not ask the pool ({exc.status.name if exc.status else 'RPCError'}): asking again later")
+        except WorkflowUpdateFailedError as exc:
+            return DisruptionAnswer(allowed=True, message=f"the pool could not answer ({type(exc.cause).__name__}): not held")
 
     # --- drain -----------------------------------------------------------------------------
 
@@ -685,6 +715,7 @@ class NodeActivities:
             self.check_stage,
             self.label_and_taint_node,
             self.observe_node,
+            self.ask_pool_to_disrupt,
             self.drain_node,
             self.terminate_instance,
             self.watch_for_twins,

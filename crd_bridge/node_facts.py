@@ -2,8 +2,10 @@
 
 From the Pods and Nodes informers the bridge already runs, it keeps for every managed Node
 (label tgp.io/managed=true; the pool labels name its workflow, tgp.types.node_workflow_id)
-whether it exists, is Ready, its allocatable GPUs and how many pods keep it busy
-(tgp.lifecycle.pod_keeps_node_busy, pods read as the activities read them), and signals
+whether it exists, is Ready, its allocatable GPUs, how many pods keep it busy
+(tgp.lifecycle.pod_keeps_node_busy, pods read as the activities read them), and what holds it
+against voluntary disruption (the Node's do-not-disrupt annotation; the names of the first
+MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their count), and signals
 `node_facts` to the node workflow only when that changes.
 
 * Coalesced: one send in flight per node, the latest facts sent; a failed send is retried with
@@ -27,8 +29,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.kube.cluster import node_summary_of, pod_summary_of
 from crd_bridge.informer import Obj, object_key
 from crd_bridge.metrics import NODE_FACTS_SIGNALS
-from tgp.lifecycle import pod_keeps_node_busy
-from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, NodeFacts, node_workflow_id
+from tgp.lifecycle import pod_holds_node, pod_keeps_node_busy
+from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, MAX_HOLDERS_NAMED, NodeFacts, node_workflow_id
 
 log = structlog.get_logger("tgp.bridge.facts")
 
@@ -44,6 +46,14 @@ FACTS_SENDS_AT_ONCE = 32
 INFORMERS = ("pods", "nodes")
 
 
+class _PodsOnNodes:
+    """Which pods of a kind (busy, holding) are on which Node, both ways."""
+
+    def __init__(self) -> None:
+        self.on: dict[str, set[str]] = {}  # Node name -> pod keys
+        self.where: dict[str, str] = {}  # pod key -> its Node
+
+
 class NodeFactsSender:
     def __init__(self, client: Client, *, signal_timeout: timedelta = FACTS_SIGNAL_TIMEOUT) -> None:
         self.client = client
@@ -51,8 +61,8 @@ class NodeFactsSender:
         self.workflow_ids: dict[str, str] = {}  # managed Node name -> its node workflow id
         self.latest: dict[str, NodeFacts] = {}  # Node name -> its facts, `at` when they last changed
         self.sent: dict[str, NodeFacts] = {}  # Node name -> the facts its workflow last received
-        self.busy: dict[str, set[str]] = {}  # Node name -> keys of the pods that keep it busy
-        self.pod_node: dict[str, str] = {}  # busy pod key -> its Node
+        self.busy = _PodsOnNodes()  # the pods that keep their Node busy
+        self.holding = _PodsOnNodes()  # the pods that hold their Node against voluntary disruption
         self.gone: set[str] = set()  # deleted Nodes whose last facts are still to be sent
         self.due: set[str] = set()
         self.listed: set[str] = set()  # informers that have listed at least once
@@ -65,20 +75,28 @@ class NodeFactsSender:
     def on_pod(self, kind: str, obj: Obj) -> None:
         key = object_key(obj).lstrip("/")
         node = (obj.get("spec") or {}).get("nodeName")
-        busy = kind != "DELETED" and bool(node) and pod_keeps_node_busy(pod_summary_of(obj))
-        old = self.pod_node.get(key)
-        if (node if busy else None) == old:
+        pod = pod_summary_of(obj)
+        present = kind != "DELETED" and bool(node)
+        for table in (self.busy, self.holding):
+            counts = present and (pod_keeps_node_busy(pod) if table is self.busy else pod_holds_node(pod))
+            self._place(table, key, node if counts else None)
+
+    def _place(self, table: _PodsOnNodes, key: str, node: str | None) -> None:
+        """Count pod `key` on `node` in `table` (None: on none), telling the nodes it left and
+        joined."""
+        old = table.where.get(key)
+        if node == old:
             return
         if old is not None:
-            del self.pod_node[key]
-            pods = self.busy.get(old, set())
+            del table.where[key]
+            pods = table.on.get(old, set())
             pods.discard(key)
             if not pods:
-                self.busy.pop(old, None)
+                table.on.pop(old, None)
             self._changed(old)
-        if busy:
-            self.pod_node[key] = node
-            self.busy.setdefault(node, set()).add(key)
+        if node is not None:
+            table.where[key] = node
+            table.on.setdefault(node, set()).add(key)
             self._changed(node)
 
     def on_node(self, kind: str, obj: Obj) -> None:
@@ -93,7 +111,8 @@ class NodeFactsSender:
             return
         self.gone.discard(name)
         summary = node_summary_of(obj)
-        self._update(name, NodeFacts(node_name=name, present=True, ready=summary.ready, gpus=summary.gpus, busy_pods=len(self.busy.get(name, ())), at=_now()))
+        facts = NodeFacts(node_name=name, present=True, ready=summary.ready, gpus=summary.gpus, do_not_disrupt=summary.do_not_disrupt, at=_now())
+        self._update(name, self._with_pods(facts))
 
     def on_listed(self, informer: str) -> None:
         """An informer has delivered a whole list: once both have, send every node's facts."""
@@ -108,7 +127,14 @@ class NodeFactsSender:
     def _changed(self, name: str) -> None:
         current = self.latest.get(name)
         if current is not None and current.present:
-            self._update(name, current.model_copy(update={"busy_pods": len(self.busy.get(name, ())), "at": _now()}))
+            self._update(name, self._with_pods(current.model_copy(update={"at": _now()})))
+
+    def _with_pods(self, facts: NodeFacts) -> NodeFacts:
+        name = facts.node_name
+        holders = sorted(self.holding.on.get(name, ()))
+        return facts.model_copy(
+            update={"busy_pods": len(self.busy.on.get(name, ())), "holders": holders[:MAX_HOLDERS_NAMED], "holding": len(holders)}
+        )
 
     def _update(self, name: str, facts: NodeFacts) -> None:
         current = self.latest.get(name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from datetime import datetime, timezone
@@ -38,6 +38,7 @@ class SimWorld:
     headscale_api_key: str = ""
     kube_url: str = ""
     kubeconfig: str | None = None
+    kubelets: dict[str, SimKubelet] = field(default_factory=dict)  # Node name -> its machine's kubelet
 
     def tailnet_devices(self, hostname: str) -> list[str]:
         """Ids of devices (Tailscale) or nodes (Headscale) called `hostname`."""
@@ -123,9 +124,12 @@ async def sim_world(
             else:
                 tailscale.register(auth_key, hostname)
 
+        kubelets: dict[str, SimKubelet] = {}
+
         async def join_cluster(name: str, labels: dict[str, str], gpus: int, taints: list[dict[str, str]]) -> None:
             # The machine's kubelet, for as long as the machine lives (its boot task).
-            await SimKubelet(api_url, name, labels=labels, taints=taints, gpus=gpus, client=kube_client).run()
+            kubelets[name] = kubelet = SimKubelet(api_url, name, labels=labels, taints=taints, gpus=gpus, client=kube_client)
+            await kubelet.run()
 
         cloud_api_key = "sim-" + secrets.token_hex(16)
         cloud = await stack.enter_async_context(
@@ -150,4 +154,5 @@ async def sim_world(
             headscale_api_key=headscale_api_key,
             kube_url=api_url,
             kubeconfig=kubeconfig,
+            kubelets=kubelets,
         )

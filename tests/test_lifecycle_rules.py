@@ -8,11 +8,11 @@ from tgp.types import Instance, InstanceState, LifecycleTimeouts, NodeObservatio
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TIMEOUTS = LifecycleTimeouts(idle=timedelta(minutes=10), expire_after=timedelta(days=7))
 RUNNING = Instance(provider="p", instance_id="i", name="n", state=InstanceState.RUNNING)
-READY = NodeSummary(name="n", ready=True)
+READY = NodeSummary(name="n", ready=True, gpus=1)
 
 
-def look(busy: int = 0, instance: Instance | None = RUNNING, node: NodeSummary | None = READY) -> NodeObservation:
-    return NodeObservation(instance=instance, node=node, busy_pods=busy)
+def look(busy: int = 0, instance: Instance | None = RUNNING, node: NodeSummary | None = READY, holders: tuple[str, ...] = ()) -> NodeObservation:
+    return NodeObservation(instance=instance, node=node, busy_pods=busy, holders=list(holders), holding=len(holders))
 
 
 def test_daemonset_mirror_finished_and_deleting_pods_do_not_keep_a_node_busy() -> None:
@@ -113,8 +113,10 @@ _INSTANCES = st.sampled_from(
         None,
     ]
 )
-_NODES = st.sampled_from([READY, NodeSummary(name="n", ready=False), None])
-_VIEWS = st.builds(look, busy=st.integers(0, 2), instance=_INSTANCES, node=_NODES)
+_NODES = st.sampled_from(
+    [READY, NodeSummary(name="n", ready=False), None, READY.model_copy(update={"do_not_disrupt": True}), READY.model_copy(update={"gpus": 0})]
+)
+_VIEWS = st.builds(look, busy=st.integers(0, 2), instance=_INSTANCES, node=_NODES, holders=st.sampled_from([(), ("ml/train",)]))
 _MINUTES = st.integers(1, 40).map(lambda m: timedelta(minutes=m))
 _TIMEOUTS = st.builds(
     LifecycleTimeouts,
@@ -127,10 +129,12 @@ _CHANGES = st.lists(st.tuples(st.integers(1, 60 * 60), _VIEWS), max_size=8).map(
 HORIZON = 2 * 60 * 60  # seconds
 
 
-def _poller(first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts) -> tuple[int, EndReason | None]:
+def _poller(
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False
+) -> tuple[int, EndReason | None]:
     """The ideal watch: it looks every second (every change happens on a whole second), so it
     sees each view from the moment it holds."""
-    state, view, pending = WatchState(ready_at=T0), first, list(changes)
+    state, view, pending = WatchState(ready_at=T0, disruption_rules=rules), first, list(changes)
     for t in range(HORIZON + 1):
         while pending and pending[0][0] <= t:
             view = pending.pop(0)[1]
@@ -141,10 +145,12 @@ def _poller(first: NodeObservation, changes: list[tuple[int, NodeObservation]], 
     return HORIZON, None
 
 
-def _event_driven(first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts) -> tuple[int, EndReason | None]:
+def _event_driven(
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False
+) -> tuple[int, EndReason | None]:
     """The event-driven watch's loop (workflows/node.py): apply each change when it arrives,
     judge, and otherwise sleep until `next_deadline`."""
-    state = apply_view(WatchState(ready_at=T0), first, T0, timeouts)
+    state = apply_view(WatchState(ready_at=T0, disruption_rules=rules), first, T0, timeouts)
     now, pending = T0, list(changes)
     while True:
         verdict = judge_view(state, now, timeouts)
@@ -162,15 +168,64 @@ def _event_driven(first: NodeObservation, changes: list[tuple[int, NodeObservati
 
 
 @settings(max_examples=150)
-@given(first=_VIEWS, changes=_CHANGES, timeouts=_TIMEOUTS)
+@given(first=_VIEWS, changes=_CHANGES, timeouts=_TIMEOUTS, rules=st.booleans())
 def test_the_event_driven_watch_ends_when_and_why_a_continuous_poller_would(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool
 ) -> None:
-    """Invariant: for any life (a view at Ready, then changes of the instance, the Node and its
-    busy pods at any moments) and any idle, expiry and bind-grace settings, a watch that judges
+    """Invariant: for any life (a view at Ready, then changes of the instance, the Node, its
+    busy pods and what holds it against disruption at any moments) and any idle, expiry and
+    bind-grace settings, with or without the disruption rules (issue 21), a watch that judges
     only when the view changes and at `next_deadline` ends the node at the same moment and for
     the same reason as one that looks continuously; and it never sleeps past a due deadline."""
-    assert _event_driven(first, changes, timeouts) == _poller(first, changes, timeouts)
+    assert _event_driven(first, changes, timeouts, rules) == _poller(first, changes, timeouts, rules)
+
+
+@settings(max_examples=150)
+@given(first=_VIEWS, changes=_CHANGES, timeouts=_TIMEOUTS)
+def test_do_not_disrupt_holds_only_voluntary_ends_and_only_while_it_holds(
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
+) -> None:
+    """Invariant: with the disruption rules a node never ends idle or expired while its view
+    has a do-not-disrupt pod or Node annotation; every other end (interrupted, lost, unhealthy,
+    repair) comes when and why it would with no holder."""
+    end_at, end = _event_driven(first, changes, timeouts, rules=True)
+    if end in (EndReason.IDLE, EndReason.EXPIRED):
+        view = first
+        for at, changed in changes:
+            if at <= end_at:
+                view = changed
+        from tgp.lifecycle import held_by
+
+        assert not held_by(view)[0], "a voluntary end while do-not-disrupt held the node"
+    stripped_at, stripped = _event_driven(_unheld(first), [(at, _unheld(v)) for at, v in changes], timeouts, rules=True)
+    if stripped not in (EndReason.IDLE, EndReason.EXPIRED, None):
+        assert (end_at, end) == (stripped_at, stripped), "a hold changed an involuntary end"
+    if not any(held_by_any(v) for v in [first, *(v for _, v in changes)]):
+        assert (end_at, end) == (stripped_at, stripped)
+
+
+def _unheld(view: NodeObservation) -> NodeObservation:
+    node = view.node.model_copy(update={"do_not_disrupt": False}) if view.node is not None else None
+    return view.model_copy(update={"node": node, "holders": [], "holding": 0})
+
+
+def held_by_any(view: NodeObservation) -> bool:
+    from tgp.lifecycle import held_by
+
+    return bool(held_by(view)[0])
+
+
+def test_expiry_waits_for_a_do_not_disrupt_pod_and_says_so() -> None:
+    timeouts = LifecycleTimeouts(idle=None, expire_after=timedelta(hours=1))
+    state = WatchState(ready_at=T0, disruption_rules=True)
+    verdict = judge_observation(look(busy=1, holders=("ml/train",)), state, T0 + timedelta(hours=2), timeouts)
+    assert verdict.end is None and "past its expireAfter" in verdict.held and "ml/train" in verdict.held, verdict
+    assert judge_observation(look(busy=1), state, T0 + timedelta(hours=2), timeouts).end is EndReason.EXPIRED
+    node_held = look(node=READY.model_copy(update={"do_not_disrupt": True}))
+    verdict = judge_observation(node_held, state, T0 + timedelta(hours=2), timeouts.model_copy(update={"idle": timedelta(minutes=1)}))
+    assert verdict.end is None and "Node n" in verdict.held
+    # A run from before the rules ends as it did.
+    assert judge_observation(node_held, WatchState(ready_at=T0), T0 + timedelta(hours=2), timeouts).end is EndReason.EXPIRED
 
 
 def test_the_next_deadline_is_the_idle_timeout_after_the_pods_left_held_by_the_bind_grace() -> None:
@@ -198,3 +253,20 @@ def test_a_request_with_the_old_poll_interval_gets_the_backstop_look() -> None:
     assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=30))) == BACKSTOP_LOOK
     assert backstop_period(LifecycleTimeouts()) == BACKSTOP_LOOK
     assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=1))) == timedelta(seconds=1)
+
+
+def test_a_ready_node_whose_gpus_stay_gone_is_repaired_never_held() -> None:
+    from tgp.lifecycle import GPUS_LOST_AFTER, next_deadline
+
+    timeouts = LifecycleTimeouts(idle=None)
+    no_gpus = look(busy=1, node=READY.model_copy(update={"gpus": 0, "do_not_disrupt": True}), holders=("ml/train",))
+    state = apply_view(WatchState(ready_at=T0, disruption_rules=True), no_gpus, T0 + timedelta(minutes=1), timeouts)
+    assert next_deadline(state, timeouts) == T0 + timedelta(minutes=1) + GPUS_LOST_AFTER
+    assert judge_view(state, T0 + timedelta(minutes=5), timeouts).end is None, "a device plugin restart is not a repair"
+    verdict = judge_view(state, T0 + timedelta(minutes=1) + GPUS_LOST_AFTER, timeouts)
+    assert verdict.end is EndReason.REPAIR and "no allocatable nvidia.com/gpu" in verdict.detail, verdict
+    back = apply_view(state, look(busy=1), T0 + timedelta(minutes=3), timeouts)
+    assert back.gpus_lost_since is None and next_deadline(back, timeouts) is None, "GPUs back: no repair"
+    # A run from before the rules is never repaired.
+    old = apply_view(WatchState(ready_at=T0), no_gpus, T0, timeouts)
+    assert judge_view(old, T0 + timedelta(hours=5), timeouts).end is None

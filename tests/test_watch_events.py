@@ -189,7 +189,9 @@ _POD_WIRE = st.fixed_dictionaries(
                     ),
                     max_size=2,
                 ),
-                "annotations": st.sampled_from([{}, {"kubernetes.io/config.mirror": "x"}, {"other": "y"}]),
+                "annotations": st.sampled_from(
+                    [{}, {"kubernetes.io/config.mirror": "x"}, {"other": "y"}, {"tgp.io/do-not-disrupt": "true"}, {"karpenter.sh/do-not-disrupt": "true"}, {"tgp.io/do-not-disrupt": "false"}]
+                ),
                 "deletionTimestamp": st.just("2026-01-01T00:00:00Z"),
             },
         ),

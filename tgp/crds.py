@@ -572,9 +572,10 @@ class Disruption(Spec):
     )
     termination_grace_period: OptionalDuration = Field(
         None,
-        description="Karpenter's terminationGracePeriod: the longest a node may take to leave once its disruption began, "
-        "e.g. 24h. Past it the instance is terminated anyway, overriding PodDisruptionBudgets and do-not-disrupt pods. "
-        "Unset = do-not-disrupt pods can hold a node as long as they run.",
+        description="Karpenter's terminationGracePeriod: the longest a node's drain may take once it began, e.g. 24h. "
+        "At it the instance is terminated anyway, overriding PodDisruptionBudgets and do-not-disrupt pods; drainTimeout "
+        "bounds the drain too, and the shorter wins. It does not bound how long do-not-disrupt holds a voluntary "
+        "disruption back before it begins (a manual evict does not wait).",
     )
 
 

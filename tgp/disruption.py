@@ -156,10 +156,12 @@ def blocks(reason: DisruptionReason) -> bool:
     return reason in VOLUNTARY
 
 
-def held_message(reason: DisruptionReason, holders: Sequence[str], grace: timedelta | None = None) -> str:
+def held_message(reason: DisruptionReason, holders: Sequence[str], grace: timedelta | None = None, total: int | None = None) -> str:
     """What a node held by do-not-disrupt says (a condition, an Event): which pods or the Node
-    hold it, for which reason, and what would end the wait."""
-    shown = ", ".join(holders[:3]) + (f" and {len(holders) - 3} more" if len(holders) > 3 else "")
+    hold it, for which reason, and what would end the wait. `total`: how many hold it when
+    `holders` names only the first of them (default: as many as it names)."""
+    count = max(total or 0, len(holders))
+    shown = ", ".join(holders[:3]) + (f" and {count - 3} more" if count > 3 else "")
     why = {
         DisruptionReason.EXPIRED: "is past its expireAfter",
         DisruptionReason.EMPTY: "is idle",

@@ -7,7 +7,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tgp.types import WATCH_INTERVAL, Instance, InstanceState, LifecycleTimeouts, NodeFacts, NodeObservation, NodeSummary, PodSummary
+from tgp.disruption import DisruptionReason, do_not_disrupt, held_message
+from tgp.types import MAX_HOLDERS_NAMED, WATCH_INTERVAL, Instance, InstanceState, LifecycleTimeouts, NodeFacts, NodeObservation, NodeSummary, PodSummary
 
 # A Ready node that stays missing or NotReady this long is given up as lost (the kubelet's
 # default node-monitor grace is 40 s; 5 minutes rides out a tailnet blip or a reboot). The
@@ -24,6 +25,12 @@ BACKSTOP_LOOK = WATCH_INTERVAL
 # then): a run continued as new or handed over from an older release still has it in its
 # input, and gets the backstop look instead of a look every 30 seconds for the rest of its life.
 POLL_INTERVAL_BEFORE_EVENTS = timedelta(seconds=30)
+# A Ready node whose allocatable nvidia.com/gpu stays 0 this long is repaired: drained and
+# terminated, its pods rescheduled and replaced by the pool's demand. A device plugin that
+# restarts re-registers its GPUs within seconds (the kubelet shows 0 in between); a driver or
+# a card that fell off the bus does not come back by itself. Karpenter's node repair waits
+# 10-30 minutes per condition; GPUs idle at $2/h are worth less patience.
+GPUS_LOST_AFTER = timedelta(minutes=5)
 
 
 class EndReason(StrEnum):
@@ -33,6 +40,20 @@ class EndReason(StrEnum):
     INTERRUPTED = "interrupted"
     LOST = "lost"
     UNHEALTHY = "unhealthy"  # the provider reports trouble past the grace, the Node still answers: drain
+    REPAIR = "repair"  # Ready but its GPUs are no longer advertised past the grace: drain and replace
+
+
+def pod_holds_node(pod: PodSummary) -> bool:
+    """A pod holds its node against voluntary disruption (expiry, idle) while it asks not to be
+    disrupted and is still active: tgp.disruption.pod_holds_node of the pod as read."""
+    return pod.do_not_disrupt and pod.phase not in ("Succeeded", "Failed") and not pod.deleting
+
+
+def holders_of(pods: list[PodSummary]) -> tuple[list[str], int]:
+    """The names (namespace/name, the first MAX_HOLDERS_NAMED, sorted) of the pods that hold
+    their node, and how many there are."""
+    names = sorted(f"{p.namespace}/{p.name}" for p in pods if pod_holds_node(p))
+    return names[:MAX_HOLDERS_NAMED], len(names)
 
 
 def pod_keeps_node_busy(pod: PodSummary) -> bool:
@@ -56,6 +77,13 @@ class WatchState(BaseModel):
     seen_at: datetime | None = None
     facts: NodeFacts | None = None
     looked_at: datetime | None = None
+    # Issue 21's node-side rules (do-not-disrupt holds voluntary ends): set by runs that have
+    # them, so a run from before keeps judging as it did when its history is replayed.
+    disruption_rules: bool = False
+    gpus_lost_since: datetime | None = None  # Ready with no allocatable GPUs since (the disruption rules)
+    held: str = ""  # what holds a voluntary end now (held_message), "" when nothing does
+    blocked_until: datetime | None = None  # a disruption budget holds a due voluntary end until then
+    blocked: str = ""  # the pool's message when it last refused
 
 
 class WatchVerdict(BaseModel):
@@ -63,6 +91,7 @@ class WatchVerdict(BaseModel):
     state: WatchState
     end: EndReason | None = None
     detail: str = ""
+    held: str = ""  # a voluntary end is due but held by do-not-disrupt: held_message says by what
 
 
 def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, timeouts: LifecycleTimeouts) -> WatchVerdict:
@@ -83,19 +112,43 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
             detail = f"the provider has reported the instance {instance.state.value.lower()} for {lasting}"
             return WatchVerdict(state=kept, end=EndReason.UNHEALTHY, detail=detail)
         what = "missing" if obs.node is None else "NotReady"
-        return WatchVerdict(state=kept, end=EndReason.LOST, detail=f"the Node has been {what} for {lasting}")
+        replaced = "; the instance is terminated (nothing to drain) and the pool's demand replaces it" if state.disruption_rules else ""
+        return WatchVerdict(state=kept, end=EndReason.LOST, detail=f"the Node has been {what} for {lasting}{replaced}")
 
-    if timeouts.expire_after is not None and now - state.ready_at >= timeouts.expire_after:
-        return WatchVerdict(state=state, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
+    # Node repair (the disruption rules): a Ready node that no longer advertises its GPUs is no
+    # use to a GPU pod. Never held by do-not-disrupt: the pods on it cannot use the GPUs either.
+    gpus_gone = state.disruption_rules and healthy and not provider_trouble and obs.node is not None and obs.node.gpus == 0
+    gpus_lost_since = (state.gpus_lost_since or now) if gpus_gone else None
+    if gpus_lost_since is not None and now - gpus_lost_since >= GPUS_LOST_AFTER:
+        detail = (
+            f"node repair: the Node has advertised no allocatable nvidia.com/gpu for {_minutes(now - gpus_lost_since)} "
+            "(GPU driver or device plugin gone); drained and replaced"
+        )
+        return WatchVerdict(state=state.model_copy(update={"gpus_lost_since": gpus_lost_since, "unhealthy_since": unhealthy_since}), end=EndReason.REPAIR, detail=detail)
 
+    holders, holding = held_by(obs) if state.disruption_rules else ([], 0)
     idle_since = (state.idle_since or now) if obs.busy_pods == 0 and healthy else None
-    new_state = state.model_copy(update={"idle_since": idle_since, "unhealthy_since": unhealthy_since})
+    new_state = state.model_copy(update={"idle_since": idle_since, "unhealthy_since": unhealthy_since, "gpus_lost_since": gpus_lost_since})
+    if timeouts.expire_after is not None and now - state.ready_at >= timeouts.expire_after:
+        if not holders:
+            return WatchVerdict(state=state, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
+        return WatchVerdict(state=new_state, held=held_message(DisruptionReason.EXPIRED, holders, total=holding))
+
     # A node holds the place of the pods bought for it until the pool's bind grace has passed:
     # the pool judges a pod that did not bind by then, so the node must not idle out first.
-    held = timeouts.bind_grace is not None and now - state.ready_at < timeouts.bind_grace
-    if idle_since is not None and timeouts.idle is not None and now - idle_since >= timeouts.idle and not held:
+    placed = timeouts.bind_grace is not None and now - state.ready_at < timeouts.bind_grace
+    if idle_since is not None and timeouts.idle is not None and now - idle_since >= timeouts.idle and not placed:
+        if holders:
+            return WatchVerdict(state=new_state, held=held_message(DisruptionReason.EMPTY, holders, total=holding))
         return WatchVerdict(state=new_state, end=EndReason.IDLE, detail=f"no workload pods for {_minutes(now - idle_since)}")
     return WatchVerdict(state=new_state)
+
+
+def held_by(obs: NodeObservation) -> tuple[list[str], int]:
+    """What holds the node against voluntary disruption, as its view says: the Node itself
+    (annotated do-not-disrupt) and the first of its do-not-disrupt pods; and how many hold it."""
+    node = [f"Node {obs.node.name}"] if obs.node is not None and obs.node.do_not_disrupt else []
+    return [*node, *obs.holders], len(node) + max(obs.holding, len(obs.holders))
 
 
 def backstop_period(timeouts: LifecycleTimeouts) -> timedelta:
@@ -108,8 +161,8 @@ def backstop_period(timeouts: LifecycleTimeouts) -> timedelta:
 
 def facts_view(facts: NodeFacts, instance: Instance | None) -> NodeObservation:
     """The node as the bridge's facts tell it, with the instance as the node last looked at it."""
-    node = NodeSummary(name=facts.node_name, ready=facts.ready, gpus=facts.gpus) if facts.present else None
-    return NodeObservation(instance=instance, node=node, busy_pods=facts.busy_pods)
+    node = NodeSummary(name=facts.node_name, ready=facts.ready, gpus=facts.gpus, do_not_disrupt=facts.do_not_disrupt) if facts.present else None
+    return NodeObservation(instance=instance, node=node, busy_pods=facts.busy_pods, holders=facts.holders, holding=facts.holding)
 
 
 def apply_view(state: WatchState, view: NodeObservation, at: datetime, timeouts: LifecycleTimeouts) -> WatchState:
@@ -141,6 +194,12 @@ def next_deadline(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | 
     due: list[datetime] = []
     if state.unhealthy_since is not None:
         due.append(state.unhealthy_since + NODE_LOST_AFTER)
+    if state.gpus_lost_since is not None:
+        due.append(state.gpus_lost_since + GPUS_LOST_AFTER)
+    if state.disruption_rules and held_by(view)[0]:
+        # Held: no voluntary end comes while the view stays as it is; a change of it (the
+        # holders leave, the annotation is removed) wakes the watch.
+        return min(due, default=None)
     if timeouts.expire_after is not None:
         due.append(state.ready_at + timeouts.expire_after)
     if state.idle_since is not None and timeouts.idle is not None:

@@ -240,3 +240,24 @@ class OfferCheck(Msg):
     )
     sizes: list[OfferSize] = Field([], description="The cheapest matching offer per GPU count (what demand by fit buys from).")
 
+
+
+class DisruptionAsk(Msg):
+    """A node asks its pool (update `may_disrupt`) whether it may begin a voluntary disruption
+    now, within the pool's disruption budgets."""
+
+    workflow_id: str
+    node_name: str
+    reason: str = Field(description="The voluntary reason, as a budget's `reasons` names it (tgp.disruption.DisruptionReason): Empty, Expired, ...")
+
+
+class DisruptionAnswer(Msg):
+    allowed: bool
+    message: str = Field("", description="Why not (the blocking budget and the counts), or why it went ahead unasked.")
+
+
+class PoolAsk(Msg):
+    """Input of the node's `ask_pool_to_disrupt` activity."""
+
+    pool_workflow_id: str
+    ask: DisruptionAsk

@@ -121,6 +121,10 @@ def node_request(
         timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
     if bind_grace is not None:
         timeouts = timeouts.model_copy(update={"bind_grace": bind_grace})
+    # Carried by the request only: the pool's settings signal (TimeoutsUpdate) does not carry it
+    # yet, so a running node keeps the terminationGracePeriod it was started with.
+    if pool.disruption.termination_grace_period is not None:
+        timeouts = timeouts.model_copy(update={"termination_grace": pool.disruption.termination_grace_period})
     return NodeRequest(
         namespace=namespace,
         pool=pool_name,

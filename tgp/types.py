@@ -80,6 +80,8 @@ class Stage(StrEnum):
     READY = "Ready"
     DRAINING = "Draining"
     DRAIN_CALLED_OFF = "DrainCalledOff"  # a workload pod was found after the cordon: back to Ready
+    DISRUPTION_HELD = "DisruptionHeld"  # a voluntary end (expiry, idle) is held by do-not-disrupt pods or Node
+    DISRUPTION_BLOCKED = "DisruptionBlocked"  # a voluntary end waits for the pool's disruption budget
     DRAIN_TIMED_OUT = "DrainTimedOut"  # pods were still on the node at the drain timeout
     TERMINATING = "Terminating"
     TERMINATION_STUCK = "TerminationStuck"
@@ -255,6 +257,9 @@ UNAVAILABLE_OFFER_TTL = timedelta(minutes=3)
 API_CALL_TIMEOUT = timedelta(minutes=2)
 # Offers tried before a node gives up and ends Failed.
 MAX_LAUNCH_ATTEMPTS = 3
+# The do-not-disrupt pods a node's facts name (the count says how many more): a node with a
+# thousand such pods must not send a thousand names in every signal, status and Event.
+MAX_HOLDERS_NAMED = 5
 # Tailnet auth keys are single-use and expire soon after the boot that should consume them.
 AUTH_KEY_EXPIRY = timedelta(hours=1)
 # A terminate the provider has not confirmed after this long is shown as TerminationStuck (it is
@@ -274,6 +279,11 @@ class LifecycleTimeouts(Model):
     api_call: timedelta = API_CALL_TIMEOUT
     expire_after: timedelta | None = Field(None, description="Replace the node after this age.")
     termination_stuck: timedelta = Field(TERMINATION_STUCK_AFTER, description="Report TerminationStuck after this long.")
+    termination_grace: timedelta | None = Field(
+        None,
+        description="The pool's terminationGracePeriod: the longest the drain may take once the node's disruption began; "
+        "at it the instance is terminated whatever PodDisruptionBudgets and do-not-disrupt pods say (None: only `drain` bounds it).",
+    )
     bind_grace: timedelta | None = Field(
         None,
         description="The pool's bind grace: after Ready the node holds the place of the pods bought for it this long, "
@@ -292,6 +302,10 @@ class TimeoutsUpdate(Model):
         None,
         description="The pool's bind grace while pods are nominated to the node (it holds their place, not idling out "
         "within that long of Ready), 0 once none is: the hold is released. None: no change (senders before it existed).",
+    )
+    termination_grace: timedelta | None = Field(
+        None,
+        description="The pool's terminationGracePeriod (None: none). Absent from the message (senders before it existed): no change.",
     )
 
 
@@ -419,6 +433,7 @@ class PodSummary(Model):
     is_mirror: bool = False
     requests_gpu: bool = False
     deleting: bool = False
+    do_not_disrupt: bool = Field(False, description="Annotated tgp.io/do-not-disrupt or karpenter.sh/do-not-disrupt: \"true\".")
 
 
 class NodeSummary(Model):
@@ -428,6 +443,7 @@ class NodeSummary(Model):
     taints: list[Taint] = []
     unschedulable: bool = False
     gpus: int = Field(0, description="Allocatable nvidia.com/gpu: what the device plugin has registered.")
+    do_not_disrupt: bool = Field(False, description="The Node is annotated tgp.io/do-not-disrupt or karpenter.sh/do-not-disrupt: \"true\".")
 
 
 class NodeObservation(Model):
@@ -436,6 +452,8 @@ class NodeObservation(Model):
     instance: Instance | None
     node: NodeSummary | None
     busy_pods: int = Field(description="Pods that keep the node from being idle.")
+    holders: list[str] = Field([], description="namespace/name of the first pods that hold the node (tgp.lifecycle.pod_holds_node), at most MAX_HOLDERS_NAMED.")
+    holding: int = Field(0, description="How many pods hold the node against voluntary disruption (`holders` names the first).")
 
 
 class NodeFacts(Model):
@@ -448,6 +466,9 @@ class NodeFacts(Model):
     ready: bool = False
     gpus: int = Field(0, description="Allocatable nvidia.com/gpu.")
     busy_pods: int = Field(0, description="Pods that keep the node from being idle (tgp.lifecycle.pod_keeps_node_busy).")
+    do_not_disrupt: bool = Field(False, description="The Node itself is annotated do-not-disrupt.")
+    holders: list[str] = Field([], description="namespace/name of the first pods that hold the node against voluntary disruption (at most MAX_HOLDERS_NAMED).")
+    holding: int = Field(0, description="How many pods hold the node (tgp.lifecycle.pod_holds_node); `holders` names the first.")
     at: datetime = Field(description="When the bridge saw this (its clock).")
 
 
@@ -590,6 +611,7 @@ class DrainInput(Model):
         description="The drain is for an idle node: right after the cordon, look again, and if a workload pod arrived "
         "since the idle verdict, uncordon and evict nothing (Karpenter re-validates a disruption the same way).",
     )
+    bound: str = Field("", description="What set `timeout`, when not the drain timeout: named in the pods' DrainTimedOut Events.")
 
 
 class TailnetCleanupInput(Model):

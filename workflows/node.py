@@ -25,12 +25,14 @@ with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall, NodeClassActivities
     from activities.node import NodeActivities
     from activities.termination import VERIFY_FOR
-    from tgp.messages import NodeReport, Reservation
+    from tgp.messages import DisruptionAnswer, DisruptionAsk, NodeReport, PoolAsk, Reservation
     from tgp.node import NodeState, NodeWorkflowInput
     from workflows.entity import describe as _describe
     from workflows.entity import history_is_long
     from workflows.legacy.r31e9066.frozen import frozen_node
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
+    from activities.node import POOL_ANSWER_TIMEOUT
+    from tgp.disruption import DisruptionReason, termination_deadline
     from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
@@ -102,6 +104,14 @@ MONEY_BY_IDS_PATCH = "money-by-ids"
 # Marks runs whose Ready node is watched by events (the bridge's `node_facts`, the provider
 # listing's `instance_seen`) and durable timers, with a slow backstop look, instead of a poll.
 EVENT_DRIVEN_WATCH_PATCH = "event-driven-watch"
+# Marks runs whose watch holds voluntary ends (expiry, idle) while do-not-disrupt pods or the
+# Node's annotation hold the node (issue 21), saying so in a DisruptionHeld stage record.
+DISRUPTION_RULES_PATCH = "node-disruption-rules"
+# Marks runs whose voluntary ends (idle, expired) ask the pool's disruption budgets first.
+DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
+# A node a budget holds asks its pool again this often (each ask: a timer and an activity).
+BUDGET_ASK_AGAIN = timedelta(minutes=1)
+_BUDGETED_ENDS = {EndReason.IDLE: DisruptionReason.EMPTY, EndReason.EXPIRED: DisruptionReason.EXPIRED}
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")
@@ -126,6 +136,7 @@ class GPUNodeWorkflow:
         self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
         self._twin_watch: asyncio.Future[None] | None = None
         self._sighting: InstanceSighting | None = None  # the provider's listing asks for a look
+        self._budget_freed = False  # the pool says a held node may ask its budget again
 
     # --- messages ------------------------------------------------------------------------
 
@@ -145,6 +156,8 @@ class GPUNodeWorkflow:
         timeouts = self.req.timeouts.model_copy(update={"idle": u.idle, "drain": u.drain, "expire_after": u.expire_after})
         if u.hold is not None:  # the pool's nominations: hold the pods' place, or no more
             timeouts = timeouts.model_copy(update={"bind_grace": u.hold or None})
+        if "termination_grace" in u.model_fields_set:  # senders before it leave the node's as it was
+            timeouts = timeouts.model_copy(update={"termination_grace": u.termination_grace})
         self.req = self.req.model_copy(update={"timeouts": timeouts})
 
     @workflow.signal
@@ -155,6 +168,13 @@ class GPUNodeWorkflow:
             return self.legacy.handle("node_facts", facts)
         if self.state.facts is None or facts.at >= self.state.facts.at:
             self.state.facts = facts
+
+    @workflow.signal
+    def budget_freed(self) -> None:
+        """The pool: a disruption ended or its budgets changed; a node a budget holds asks again now."""
+        if self.legacy:
+            return None
+        self._budget_freed = True
 
     @workflow.signal
     def instance_seen(self, sighting: InstanceSighting) -> None:
@@ -587,6 +607,8 @@ class GPUNodeWorkflow:
         tgp.lifecycle's property test proves that judging only at changes and at `next_deadline`
         ends a node when and why a continuous poller would."""
         assert self.state.instance is not None and self.state.watch is not None
+        if not self.state.watch.disruption_rules and workflow.patched(DISRUPTION_RULES_PATCH):
+            self.state.watch = self.state.watch.model_copy(update={"disruption_rules": True})
         if self.state.watch.view is None:
             self._seed_view()
         while True:
@@ -594,6 +616,9 @@ class GPUNodeWorkflow:
             if self.state.evict_reason is not None:
                 self.state.end_reason = f"evicted: {self.state.evict_reason}"
                 return EndReason.EVICTED
+            if self._budget_freed:
+                self._budget_freed = False
+                self.state.watch = self.state.watch.model_copy(update={"blocked_until": None})
             if self._sighting is not None or self._backstop_due() <= workflow.now():
                 self._sighting = None
                 await self._look()
@@ -601,15 +626,27 @@ class GPUNodeWorkflow:
             watch = self.state.watch
             if watch.view is not None:
                 verdict = judge_view(watch, workflow.now(), t)
-                self.state.watch = watch = verdict.state
-                if verdict.end is not None:
+                self.state.watch = watch = verdict.state.model_copy(update={"held": verdict.held})
+                if verdict.end is not None and not await self._budget_allows(verdict.end):
+                    watch = self.state.watch
+                    assert watch is not None
+                elif verdict.end is not None:
                     self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                     return verdict.end
+                if verdict.held and verdict.held != verdict.state.held:
+                    # A voluntary end is due but held (or held by others now): say so once.
+                    workflow.logger.info("disruption held: %s", verdict.held)
+                    self._stamp(Stage.DISRUPTION_HELD, verdict.held)
+                    self._tell_pool()
+                    workflow.set_current_details(self._details())
             if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await asyncio.gather(*self._reports)
                 workflow.continue_as_new(NodeWorkflowInput(request=self.req, state=self.state))
             due = [d for d in (next_deadline(watch, t), self._backstop_due()) if d is not None]
+            if watch.blocked_until is not None and watch.blocked_until > workflow.now():
+                # A budget holds a voluntary end that is already due: ask again then.
+                due = [d for d in due if d > workflow.now()] + [watch.blocked_until]
             sleep = max(min(due) - workflow.now(), timedelta(milliseconds=1))
             req, facts = self.req, self.state.facts
             try:
@@ -617,12 +654,54 @@ class GPUNodeWorkflow:
                     lambda: self.state.evict_reason is not None
                     or self._sighting is not None
                     or self.state.facts is not facts
-                    or self.req is not req,
+                    or self.req is not req
+                    or self._budget_freed,
                     timeout=sleep,
                     timeout_summary="watch",
                 )
             except asyncio.TimeoutError:
                 pass
+
+    async def _budget_allows(self, end: EndReason) -> bool:
+        """Whether a voluntary end (idle, expired) may begin now, within the pool's disruption
+        budgets: the pool is asked (update `may_disrupt`, bounded: a pool that is gone or does
+        not answer does not hold the node). A refusal holds the node until BUDGET_ASK_AGAIN
+        from now, recorded once per message as DisruptionBlocked. Runs from before budgets
+        do not ask."""
+        reason = _BUDGETED_ENDS.get(end)
+        watch = self.state.watch
+        assert watch is not None
+        if reason is None or not self.req.pool_workflow_id or not workflow.patched(DISRUPTION_BUDGETS_PATCH):
+            return True
+        now = workflow.now()
+        if watch.blocked_until is not None and now < watch.blocked_until:
+            return False
+        try:
+            answer = await workflow.execute_activity_method(
+                NodeActivities.ask_pool_to_disrupt,
+                PoolAsk(
+                    pool_workflow_id=self.req.pool_workflow_id,
+                    ask=DisruptionAsk(workflow_id=self.req.workflow_id, node_name=self.req.node_name, reason=reason.value),
+                ),
+                start_to_close_timeout=POOL_ANSWER_TIMEOUT + timedelta(seconds=10),
+                retry_policy=API_RETRY,
+                summary=f"ask the pool: {reason.value} disruption",
+            )
+        except ActivityError as exc:
+            if self._cancel_requested():
+                raise asyncio.CancelledError() from None
+            workflow.logger.warning("could not ask the pool about the budget, going ahead: %s", _describe(exc))
+            answer = DisruptionAnswer(allowed=True)
+        watch = self.state.watch
+        assert watch is not None
+        if answer.allowed:
+            self.state.watch = watch.model_copy(update={"blocked_until": None, "blocked": ""})
+            return True
+        self.state.watch = watch.model_copy(update={"blocked_until": workflow.now() + BUDGET_ASK_AGAIN, "blocked": answer.message})
+        if answer.message != watch.blocked:
+            self._stamp(Stage.DISRUPTION_BLOCKED, answer.message)
+            self._tell_pool()
+        return False
 
     def _seed_view(self) -> None:
         """The watch's first view: the bridge's facts if they came during bring-up, with the
@@ -685,10 +764,17 @@ class GPUNodeWorkflow:
         self._enter(NodePhase.DRAINING)
         self._tell_pool()
         revalidate = end is EndReason.IDLE and workflow.patched(DRAIN_REVALIDATE_PATCH)
+        # The pool's terminationGracePeriod bounds the drain from when it began: at the
+        # deadline the instance is terminated, over PDBs and do-not-disrupt pods.
+        began = workflow.now()
+        timeout, bound = self.req.timeouts.drain, ""
+        deadline = termination_deadline(began, self.req.timeouts.termination_grace)
+        if deadline is not None and deadline - began < timeout:
+            timeout, bound = deadline - began, "terminationGracePeriod"
         result = await workflow.execute_activity_method(
             NodeActivities.drain_node,
-            DrainInput(node_name=self.req.node_name, timeout=self.req.timeouts.drain, revalidate=revalidate),
-            start_to_close_timeout=self.req.timeouts.drain + self.req.timeouts.api_call,
+            DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound),
+            start_to_close_timeout=timeout + self.req.timeouts.api_call,
             heartbeat_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
             summary="drain",
@@ -697,7 +783,11 @@ class GPUNodeWorkflow:
             *([f"not evicted (disruption budget?): {', '.join(result.remaining)}"] if result.remaining else []),
             *([f"still shutting down: {', '.join(result.terminating)}"] if result.terminating else []),
         ]
-        if stuck:
+        if stuck and bound:
+            why = f"terminationGracePeriod ({_human(timeout)}) ended the drain; terminated with pods still on the node, over their PodDisruptionBudgets and do-not-disrupt"
+            self.state.last_error = f"{why}; {'; '.join(stuck)}"
+            self._stamp(Stage.DRAIN_TIMED_OUT, f"{why}: {'; '.join(stuck)}")
+        elif stuck:
             self.state.last_error = f"drain timed out after {self.req.timeouts.drain}; terminated with pods still on the node; {'; '.join(stuck)}"
             self._stamp(Stage.DRAIN_TIMED_OUT, f"timed out after {_human(self.req.timeouts.drain)}; terminated with pods still on the node: {'; '.join(stuck)}")
         if result.called_off:
@@ -993,6 +1083,8 @@ class GPUNodeWorkflow:
             lines.append(f"- instance: `{self.state.instance.instance_id}`")
         if self.state.end_reason:
             lines.append(f"- end: {self.state.end_reason}")
+        if self.state.watch is not None and self.state.watch.held:
+            lines.append(f"- held: {self.state.watch.held}")
         if self.state.last_error:
             lines.append(f"- last error: {self.state.last_error}")
         lines.append(f"- evict: `temporal workflow signal --workflow-id {workflow.info().workflow_id} --name evict --input '{{\"reason\":\"manual\"}}'`")

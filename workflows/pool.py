@@ -23,8 +23,11 @@ with workflow.unsafe.imports_passed_through():
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
+    from tgp.disruption import DisruptionReason, allowed_disruptions
     from tgp.messages import (
         Demand,
+        DisruptionAnswer,
+        DisruptionAsk,
         NodeReport,
         NodeSighting,
         NodeStart,
@@ -97,6 +100,12 @@ STATUS_BY_QUERY_PATCH = "status-by-query"
 # A launch failure doubles the back-off only for a node started after the previous failure:
 # the nodes of one batch failing together count as one failure.
 FAILURE_WAVES_PATCH = "failure-waves"
+# A node let go by a budget counts as disrupting until it reports Draining, at most this long
+# (it reports within seconds; one whose drain was called off is Ready again and asks anew).
+GRANT_COUNTS_FOR = timedelta(minutes=2)
+# Marks runs that send their nodes the pool's terminationGracePeriod with the other settings
+# (a pool that had one before would otherwise send every node a changed-settings signal on replay).
+TERMINATION_GRACE_PATCH = "termination-grace-to-nodes"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -143,6 +152,9 @@ class PoolState(BaseModel):
     failed_at: datetime | None = Field(None, description="When the last launch failure was reported (later failures of nodes started before it are of its wave).")
     nodes_ended: int = Field(0, description="Node workflows of this pool that ended, ever (a count: a class refusal waits for it to change).")
     class_refusal: ClassRefusal | None = Field(None, description="The class's last refusal while it holds (batched launches).")
+    granted: dict[str, datetime] = Field({}, description="Nodes let begin a voluntary disruption (budgets), until they report Draining.")
+    blocked: dict[str, str] = Field({}, description="Nodes a budget holds back, with the message of their DisruptionBlocked Event.")
+    freed: bool = Field(False, description="A disruption ended or the spec changed since the held nodes last asked: tell them to ask again.")
 
 
 class PoolInput(BaseModel):
@@ -185,6 +197,8 @@ class GPUNodePoolWorkflow:
         if old is not None and old.generation != u.generation:
             self.state.unfit = []  # the user changed the pool: give those pods another look
         self.state.update = u
+        if self.state.blocked:
+            self.state.freed = True  # the budgets may have changed: the held nodes ask again
         self.dirty = True
 
     @workflow.signal
@@ -225,8 +239,16 @@ class GPUNodePoolWorkflow:
             reported_at=r.at,
         )
         self.state.nodes[r.workflow_id] = node
+        if r.phase is not NodePhase.READY:
+            self.state.granted.pop(r.workflow_id, None)  # draining now: counted as such
+            self.state.blocked.pop(r.workflow_id, None)
+        if self.state.blocked and old is not None and old.phase is NodePhase.DRAINING and r.phase is not NodePhase.DRAINING:
+            self.state.freed = True  # a disruption ended: a held node may go now
         if old is None or old.phase is not r.phase:
             self._node_event(node, r.stages)
+        for s in r.stages:
+            if s.stage is Stage.DISRUPTION_HELD:  # reported while Ready: no phase change to hang it on
+                self.events.append(self._event("Normal", s.stage.value, f"node {node.node_name} {s.reason}"))
         if r.phase is NodePhase.FAILED:
             # Nodes started before the last failure was reported are of the same wave: their
             # failures teach nothing new (a burst's batch failing under load doubled the back-off
@@ -241,6 +263,58 @@ class GPUNodePoolWorkflow:
             self.state.failures = 0
             self.state.backoff_until = None
         self.dirty = True
+
+    @workflow.update
+    def may_disrupt(self, ask: DisruptionAsk) -> DisruptionAnswer:
+        """A node asks whether it may begin a voluntary disruption now: the most restrictive of
+        the pool's active budgets that cover the reason, over its nodes disrupting (draining, or
+        let go and not yet draining). A refusal is a `DisruptionBlocked` Event, once per node and
+        message; the node asks again later."""
+        if self.legacy or self.state.update is None or self.state.update.deleting:
+            return DisruptionAnswer(allowed=True)
+        now = workflow.now()
+        self._forget_grants(now)
+        try:
+            reason = DisruptionReason(ask.reason)
+        except ValueError:
+            return DisruptionAnswer(allowed=True, message=f"unknown reason {ask.reason!r}: not limited")
+        initialized = sum(1 for n in self.state.nodes.values() if n.phase in (NodePhase.READY, NodePhase.DRAINING))
+        disrupting = self._disrupting(exclude=ask.workflow_id)
+        verdict = allowed_disruptions(self.state.update.spec.disruption.budgets, now, reason, initialized, disrupting)
+        if verdict.permits():
+            self.state.granted[ask.workflow_id] = now
+            self.state.blocked.pop(ask.workflow_id, None)
+            self.dirty = True
+            return DisruptionAnswer(allowed=True)
+        if self.state.blocked.get(ask.workflow_id) != verdict.message:
+            self.state.blocked[ask.workflow_id] = verdict.message
+            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {ask.node_name}: {verdict.message}"))
+            self.dirty = True
+        return DisruptionAnswer(allowed=False, message=verdict.message)
+
+    async def _tell_held_nodes(self) -> None:
+        """A disruption ended or the budgets changed: the nodes a budget holds ask again now
+        rather than at their next timer."""
+        self.state.freed = False
+        for wid in sorted(self.state.blocked):
+            try:
+                await workflow.get_external_workflow_handle(wid).signal("budget_freed")
+            except Exception as exc:  # noqa: BLE001 - a node that just ended has nothing to ask
+                workflow.logger.info("could not tell %s to ask its budget again: %s", wid, exc)
+
+    def _disrupting(self, exclude: str = "") -> int:
+        """The pool's nodes being disrupted: draining, or let go by a budget and not yet draining."""
+        draining = {wid for wid, n in self.state.nodes.items() if n.phase is NodePhase.DRAINING}
+        granted = {wid for wid in self.state.granted if (n := self.state.nodes.get(wid)) is not None and n.phase is NodePhase.READY}
+        return len((draining | granted) - {exclude})
+
+    def _forget_grants(self, now: datetime) -> None:
+        """A grant counts until its node reports Draining (or anything but Ready), or for
+        GRANT_COUNTS_FOR: a node that was let go but then found its drain called off."""
+        for wid, at in list(self.state.granted.items()):
+            n = self.state.nodes.get(wid)
+            if n is None or n.phase is not NodePhase.READY or now - at > GRANT_COUNTS_FOR:
+                del self.state.granted[wid]
 
     @workflow.query
     def status(self) -> GPUNodePoolStatus:
@@ -258,6 +332,8 @@ class GPUNodePoolWorkflow:
             except TimeoutError:
                 pass
             self.dirty = False
+            if self.state.freed:
+                await self._tell_held_nodes()
             if await self._reconcile():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush_events()  # what the last handlers reported
@@ -736,6 +812,9 @@ class GPUNodePoolWorkflow:
         wanted = node_timeouts(u.spec, floor=floor)
         if workflow.patched(DEMAND_BY_FIT_PATCH):
             wanted = wanted.model_copy(update={"hold": self.inp.bind_grace if held else timedelta(0)})
+        grace = u.spec.disruption.termination_grace_period
+        if grace is not None and workflow.patched(TERMINATION_GRACE_PATCH):
+            wanted = wanted.model_copy(update={"termination_grace": grace})
         return wanted
 
     async def _sync_timeouts(self, u: PoolUpdate, live: list[PoolNode]) -> None:
@@ -798,6 +877,7 @@ class GPUNodePoolWorkflow:
             conditions=list(self.state.conditions.values()),
             ready_nodes=sum(1 for n in live if n.phase is NodePhase.READY),
             desired_nodes=len(live),
+            disrupting=self._disrupting(),
             hourly_cost=sum((n.hourly_price or 0 for n in live if n.phase is not NodePhase.PENDING), start=0),  # type: ignore[arg-type]
             nodes=[
                 PoolNodeStatus.of(n, created_at=n.created_at)
@@ -874,4 +954,7 @@ def _asks_again(refusal: ClassRefusal) -> str:
 def _fingerprint(timeouts: TimeoutsUpdate) -> str:
     """The settings as last sent, in the form releases before the hold wrote them when there is
     no hold (a changed fingerprint sends a signal: replayed histories must not see one)."""
-    return timeouts.model_dump_json(exclude={"hold"} if timeouts.hold is None else None)
+    exclude = {"hold"} if timeouts.hold is None else set()
+    if timeouts.termination_grace is None:
+        exclude.add("termination_grace")  # nor the grace, when there is none
+    return timeouts.model_dump_json(exclude=exclude or None)

@@ -31,6 +31,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from activities.ports import EvictionBlocked, VersionedSecret
 from tgp.crds import GROUP, VERSION
+from tgp.disruption import do_not_disrupt
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from tgp.types import GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
@@ -537,6 +538,7 @@ def _node_summary(node: k8s.V1Node) -> NodeSummary:
         taints=[Taint(key=t.key, value=t.value or "", effect=t.effect) for t in (spec.taints or [])] if spec else [],
         unschedulable=bool(spec.unschedulable) if spec else False,
         gpus=_count(((node.status.allocatable if node.status else None) or {}).get(GPU_RESOURCE)),
+        do_not_disrupt=do_not_disrupt(node.metadata.annotations if node.metadata else None),
     )
 
 
@@ -562,6 +564,7 @@ def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
         is_mirror=bool(meta and MIRROR_ANNOTATION in (meta.annotations or {})),
         requests_gpu=any(_wants_gpu(c) for c in containers),
         deleting=bool(meta and meta.deletion_timestamp),
+        do_not_disrupt=do_not_disrupt(meta.annotations if meta else None),
     )
 
 
@@ -575,6 +578,7 @@ def node_summary_of(obj: Mapping[str, Any]) -> NodeSummary:
         taints=[Taint(key=t.get("key"), value=t.get("value") or "", effect=t.get("effect")) for t in spec.get("taints") or []],
         unschedulable=bool(spec.get("unschedulable")),
         gpus=_count((status.get("allocatable") or {}).get(GPU_RESOURCE)),
+        do_not_disrupt=do_not_disrupt(meta.get("annotations")),
     )
 
 
@@ -594,6 +598,7 @@ def pod_summary_of(obj: Mapping[str, Any]) -> PodSummary:
         is_mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
         requests_gpu=any(_wire_wants_gpu(c) for c in containers),
         deleting=bool(meta.get("deletionTimestamp")),
+        do_not_disrupt=do_not_disrupt(meta.get("annotations")),
     )
 
 
