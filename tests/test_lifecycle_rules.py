@@ -270,3 +270,17 @@ def test_a_ready_node_whose_gpus_stay_gone_is_repaired_never_held() -> None:
     # A run from before the rules is never repaired.
     old = apply_view(WatchState(ready_at=T0), no_gpus, T0, timeouts)
     assert judge_view(old, T0 + timedelta(hours=5), timeouts).end is None
+
+
+def test_a_node_whose_expiry_a_budget_holds_still_ends_lost_when_it_dies() -> None:
+    """Review finding: the expiry verdict dropped the health clocks it had just started, so a node
+    held past its expiry by a budget (a zero budget during business hours) never became lost:
+    a dead machine billed until the window ended. Loss is never limited by a budget."""
+    timeouts = LifecycleTimeouts(idle=None, expire_after=timedelta(hours=1))
+    state = WatchState(ready_at=T0, disruption_rules=True)
+    not_ready = look(node=READY.model_copy(update={"ready": False}))
+    start = T0 + timedelta(hours=2)
+    first = judge_observation(not_ready, state, start, timeouts)
+    assert first.end is EndReason.EXPIRED  # the budget refuses it; the node watches on with this state
+    later = judge_observation(not_ready, first.state, start + NODE_LOST_AFTER, timeouts)
+    assert later.end is EndReason.LOST, later

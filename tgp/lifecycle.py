@@ -131,7 +131,10 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
     new_state = state.model_copy(update={"idle_since": idle_since, "unhealthy_since": unhealthy_since, "gpus_lost_since": gpus_lost_since})
     if timeouts.expire_after is not None and now - state.ready_at >= timeouts.expire_after:
         if not holders:
-            return WatchVerdict(state=state, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
+            # With the disruption rules a budget may hold the expiry: the health clocks keep
+            # running meanwhile, so a node that dies while held still ends lost or repaired.
+            kept = new_state if state.disruption_rules else state
+            return WatchVerdict(state=kept, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
         return WatchVerdict(state=new_state, held=held_message(DisruptionReason.EXPIRED, holders, total=holding))
 
     # A node holds the place of the pods bought for it until the pool's bind grace has passed:

@@ -111,7 +111,13 @@ DISRUPTION_RULES_PATCH = "node-disruption-rules"
 DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
 # A node a budget holds asks its pool again this often (each ask: a timer and an activity).
 BUDGET_ASK_AGAIN = timedelta(minutes=1)
-_BUDGETED_ENDS = {EndReason.IDLE: DisruptionReason.EMPTY, EndReason.EXPIRED: DisruptionReason.EXPIRED}
+# Repair too (Karpenter caps concurrent repairs): a device-plugin rollout that takes every
+# node's GPUs away must not end the whole pool at once.
+_BUDGETED_ENDS = {
+    EndReason.IDLE: DisruptionReason.EMPTY,
+    EndReason.EXPIRED: DisruptionReason.EXPIRED,
+    EndReason.REPAIR: DisruptionReason.REPAIR,
+}
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")

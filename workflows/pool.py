@@ -296,11 +296,15 @@ class GPUNodePoolWorkflow:
         """A disruption ended or the budgets changed: the nodes a budget holds ask again now
         rather than at their next timer."""
         self.state.freed = False
-        for wid in sorted(self.state.blocked):
+
+        async def tell(wid: str) -> None:
             try:
                 await workflow.get_external_workflow_handle(wid).signal("budget_freed")
             except Exception as exc:  # noqa: BLE001 - a node that just ended has nothing to ask
                 workflow.logger.info("could not tell %s to ask its budget again: %s", wid, exc)
+
+        # All at once (in a fixed order): one round trip per pass, not one per held node.
+        await asyncio.gather(*(tell(wid) for wid in sorted(self.state.blocked)))
 
     def _disrupting(self, exclude: str = "") -> int:
         """The pool's nodes being disrupted: draining, or let go by a budget and not yet draining."""
@@ -896,6 +900,11 @@ class GPUNodePoolWorkflow:
         self.state.conditions = {c.type: c for c in conditions}
         status = self._status()
         body = status.model_dump(mode="json", by_alias=True)
+        if not body.get("disrupting"):
+            # No node disrupting: the status compares as it did before the count existed, so a
+            # pool continued as new by an older release (its last write's fingerprint in its
+            # state) does not write again on replay, a command its history does not hold.
+            body.pop("disrupting", None)
         fingerprint = repr(body)
         if fingerprint != self.state.written and workflow.patched(STATUS_BY_QUERY_PATCH):
             write = PoolStatusWrite(ref=self._ref(), workflow_id=workflow.info().workflow_id)
