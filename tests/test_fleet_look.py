@@ -42,14 +42,9 @@ async def look(env: WorkflowEnvironment, fleet: FleetActivities, skip: list[str]
 
 async def sightings_told(handle: WorkflowHandle) -> list[InstanceSighting]:
     """The instance_seen signals in the node's history."""
-    told: list[InstanceSighting] = []
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
-            attrs = event.workflow_execution_signaled_event_attributes
-            if attrs.signal_name == "instance_seen":
-                [raw] = await DATA_CONVERTER.decode(attrs.input.payloads, [InstanceSighting])
-                told.append(raw)
-    return told
+    from tests.test_watch_events import signals_received
+
+    return await signals_received(handle, "instance_seen", InstanceSighting)
 
 
 async def ready_nodes(env: WorkflowEnvironment, queue: str, count: int) -> list[tuple[WorkflowHandle, NodeStatus]]:

@@ -116,7 +116,7 @@ async def test_termination_grace_period_terminates_a_node_whose_pdb_blocks_the_d
     node's DrainTimedOut record (the pool's Warning Event) and the pod's Event name
     terminationGracePeriod as what ended the wait."""
     from activities.drain import EVENT_DRAIN_TIMED_OUT
-    from tests.test_node_drain import bind_pod, kube_get
+    from tests.test_node_drain import bind_pod, kube_get, refuse_evictions
 
     async with running_world(temporal) as (world, _, queue):
         timeouts = AT_REST.model_copy(update={"drain": timedelta(minutes=10), "termination_grace": timedelta(seconds=3)})
@@ -124,10 +124,7 @@ async def test_termination_grace_period_terminates_a_node_whose_pdb_blocks_the_d
         handle = await start(temporal, queue, req)
         await wait_phase(handle, NodePhase.READY)
         await bind_pod(world, req.node_name, "db", labels={"app": "db"})
-        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db"},
-               "spec": {"selector": {"matchLabels": {"app": "db"}}, "minAvailable": 1}}
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
-            (await kube.post("/apis/policy/v1/namespaces/ml/poddisruptionbudgets", json=pdb)).raise_for_status()
+        await refuse_evictions(world, "db")
 
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         final = await asyncio.wait_for(handle.result(), 120)

@@ -38,6 +38,15 @@ async def bind_pod(world: SimWorld, node: str, name: str, *, labels: dict[str, s
         (await kube.patch(f"/api/v1/namespaces/ml/pods/{name}/status", json=running, headers=MERGE)).raise_for_status()
 
 
+async def refuse_evictions(world: SimWorld, app: str) -> None:
+    """A PodDisruptionBudget (minAvailable 1) over the pods labelled app=`app`: with one such pod,
+    every eviction of it is refused."""
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": app},
+           "spec": {"selector": {"matchLabels": {"app": app}}, "minAvailable": 1}}
+    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        (await kube.post("/apis/policy/v1/namespaces/ml/poddisruptionbudgets", json=pdb)).raise_for_status()
+
+
 async def kube_get(world: SimWorld, path: str) -> dict[str, Any] | None:
     async with httpx.AsyncClient(base_url=world.kube_url) as kube:
         response = await kube.get(path)
@@ -84,10 +93,7 @@ async def test_a_drain_that_times_out_says_which_pods_were_terminated_unevicted_
         handle = await start(temporal, queue, req)
         await wait_phase(handle, NodePhase.READY)
         await bind_pod(world, req.node_name, "db", labels={"app": "db"})
-        pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db"},
-               "spec": {"selector": {"matchLabels": {"app": "db"}}, "minAvailable": 1}}
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
-            (await kube.post("/apis/policy/v1/namespaces/ml/poddisruptionbudgets", json=pdb)).raise_for_status()
+        await refuse_evictions(world, "db")
 
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -53,17 +53,24 @@ async def bridge_running(env: WorkflowEnvironment, world: SimWorld, queue: str) 
         assert done, "the bridge did not stop within 30 s of being cancelled"
 
 
-async def facts_received(handle: WorkflowHandle) -> list[NodeFacts]:
-    """Every `node_facts` signal in the node's history, in order."""
-    history = await handle.fetch_history()
-    received = []
-    for event in history.events:
+T = TypeVar("T")
+
+
+async def signals_received(handle: WorkflowHandle, name: str, kind: type[T]) -> list[T]:
+    """Every signal `name` in the workflow's history, in order, decoded as `kind`."""
+    received: list[T] = []
+    async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             attrs = event.workflow_execution_signaled_event_attributes
-            if attrs.signal_name == "node_facts":
-                [facts] = await DATA_CONVERTER.decode(attrs.input.payloads, [NodeFacts])
-                received.append(facts)
+            if attrs.signal_name == name:
+                [value] = await DATA_CONVERTER.decode(attrs.input.payloads, [kind])
+                received.append(value)
     return received
+
+
+async def facts_received(handle: WorkflowHandle) -> list[NodeFacts]:
+    """Every `node_facts` signal in the node's history, in order."""
+    return await signals_received(handle, "node_facts", NodeFacts)
 
 
 async def told(handle: WorkflowHandle, **want: Any) -> NodeFacts:
