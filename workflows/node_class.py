@@ -67,16 +67,17 @@ class GPUNodeClassWorkflow:
         refused = await self._wait_until_valid()
         if refused is not None:
             return Grants(grants=[refused] * len(batch.reservations))
-        self.ledger, grants = admit_many(self.ledger, batch.reservations, workflow.now())
-        if any(g.granted for g in grants):
-            self.dirty = True
-        return Grants(grants=grants)
+        return self._admit_many(batch)
 
     @workflow.update
     def settle_many(self, batch: Reservations) -> Grants:
         """Many nodes' prices at once (the worker gathers the settlements made meanwhile)."""
         if self.legacy:
             return Grants(grants=[self.legacy.handle("settle", r) for r in batch.reservations])
+        return self._admit_many(batch)
+
+    def _admit_many(self, batch: Reservations) -> Grants:
+        """Grant what of `batch` fits the budget, in order (tgp.budget.admit_many)."""
         self.ledger, grants = admit_many(self.ledger, batch.reservations, workflow.now())
         if any(g.granted for g in grants):
             self.dirty = True
