@@ -377,6 +377,16 @@ class Bridge:
             if owner == pool and usable and gpus > 0
         }
 
+    def bound_gpus(self, pool: str) -> dict[str, list[int]]:
+        """The GPU requests of the pods bound to each node `free_gpus` lists (largest first), for
+        the pool's consolidation look: which nodes' pods would fit on the others' free GPUs."""
+        free = self.free_gpus(pool)
+        bound: dict[str, list[int]] = {}
+        for node, gpus in self.bound.values():
+            if node in free:
+                bound.setdefault(node, []).append(gpus)
+        return {node: sorted(gpus, reverse=True) for node, gpus in sorted(bound.items())}
+
     async def _demand_loop(self) -> None:
         """Send demand once a batch of pod changes has settled (idle window) or grown old
         (maximum window), and only when a pool's pod list actually changed."""
@@ -415,6 +425,7 @@ class Bridge:
                 max_gpus=max((p.gpus for p in pods), default=1),
                 pod_gpus={p.key: p.gpus for p in pods if p.gpus != 1},
                 free_gpus=self.free_gpus(key),
+                bound_gpus=self.bound_gpus(key),
             )
             fingerprint = demand.model_dump_json(exclude={"observed_at"})
             if self.sent_demand.get(key) == fingerprint:

@@ -37,19 +37,19 @@ def pools(draw: st.DrawFn) -> list[ConsolidationNode]:
             ConsolidationNode(
                 name=f"n{i}",
                 gpus=gpus,
-                hourly_price=draw(st.one_of(st.none(), st.integers(1, 400).map(lambda c: Decimal(c) / 100))) if draw(st.booleans()) else Decimal(gpus) / 2,
+                hourly_price=None if draw(st.integers(0, 9)) == 0 else Decimal(draw(st.integers(1, 400))) / 100,
                 running_for=draw(st.sampled_from([timedelta(minutes=5), timedelta(minutes=30), timedelta(hours=3)])),
                 pods=pods,
                 do_not_disrupt=draw(st.booleans()) and draw(st.booleans()),
-                drifted=draw(st.integers(0, 5)) == 0,
+                drifted=draw(st.integers(0, 9)) == 0,
             )
         )
     return nodes
 
 
 OFFERS = st.one_of(
-    st.none(),
-    st.lists(st.builds(OfferSize, gpu_count=st.sampled_from([1, 2, 4, 8]), hourly_price=st.integers(5, 500).map(lambda c: Decimal(c) / 100)), max_size=4),
+    st.just(None),
+    st.lists(st.builds(OfferSize, gpu_count=st.sampled_from([1, 2, 4, 8]), hourly_price=st.integers(5, 300).map(lambda c: Decimal(c) / 100)), min_size=1, max_size=4),
 )
 POLICIES = st.one_of(
     st.none(),

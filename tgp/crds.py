@@ -661,13 +661,12 @@ class ConsolidationStatus(Spec):
     savings_found_hourly: Price = Field(
         Decimal("0"),
         description="US$ per hour the actions consolidation may take now would save (each removed node's price, or a "
-        "replaced node's price minus its replacement's), as of lastEvaluated; `tgp plan` lists them and what blocks the rest.",
+        "replaced node's price minus its replacement's), as of the pool's last look; `tgp plan` lists them and what blocks the rest.",
     )
     savings_made_hourly: Price = Field(
         Decimal("0"), description="US$ per hour saved by the consolidations done so far, in all (what each saved when it was done)."
     )
     candidates: int = Field(0, description="Nodes consolidation would remove or replace now (within the budgets).")
-    last_evaluated: datetime | None = Field(None, description="When the pool last planned consolidation.")
     last_action: str = Field("", description="The last consolidation done: which node, why and what it saved.")
 
 
