@@ -98,6 +98,7 @@ def test_no_held_node_is_touched_and_the_budgets_are_kept(
     held = {n.name for n in nodes if n.do_not_disrupt}
     assert not held & {a.node for a in plan.actions}, "a do-not-disrupt node is never touched"
     assert len({a.node for a in plan.actions}) == len(plan.actions), "one action per node"
+    assert len({b.node for b in plan.blocked}) == len(plan.blocked) and not {b.node for b in plan.blocked} & {a.node for a in plan.actions}
     for i, a in enumerate(plan.actions):  # each action fits the budgets with the ones before it disrupting
         assert allowed_disruptions(budgets, NOW, a.reason, len(nodes), disrupting + i).permits()
     for b in budgets:

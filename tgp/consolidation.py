@@ -264,7 +264,13 @@ def plan_consolidation(
                 message=f"{verdict.message}: replaced by a {best.gpu_count}-GPU node, Ready before it drains",
             )
         )
-    return ConsolidationPlan(actions=actions, blocked=blocked)
+    # One line per node: what it will do, else the first thing that holds it back.
+    acted = {a.node for a in actions}
+    first: dict[str, Blocked] = {}
+    for b in blocked:
+        if b.node not in acted:
+            first.setdefault(b.node, b)
+    return ConsolidationPlan(actions=actions, blocked=list(first.values()))
 
 
 def _place(node: ConsolidationNode, free: Mapping[str, int], leaving: set[str]) -> dict[str, str] | None:
