@@ -7,15 +7,17 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from typing import Any
 
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from crd_bridge.bridge import Bridge
 from tests.conftest import eventually, running_world, skip_time
-from tests.test_pool_accounting import end_entities, pool_spec, start_pool
+from tests.test_pool_accounting import CLASS, end_entities, pool_spec, start_pool
 from tests.test_pool_demand import CATALOG, time_skipping  # noqa: F401 - the fixture
 from tgp.crds import GPUNodePoolStatus
-from tgp.messages import Demand
+from tgp.messages import Demand, PoolUpdate
 from workflows.pool import GPUNodePoolWorkflow
 
 
@@ -62,4 +64,37 @@ async def test_the_pool_shows_the_savings_of_removing_a_node_whose_pods_fit_on_t
         assert status.consolidation.savings_found_hourly == Decimal("0.95") and status.consolidation.candidates == 1
         assert status.consolidation.savings_made_hourly == 0, "nothing is carried out yet"
         assert len(status.nodes) == 2
+
+        # Turned off: nothing found any more.
+        off = spec.model_copy(update={"disruption": spec.disruption.model_copy(update={"consolidation": None})})
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=off, generation=2, node_class=CLASS))
+
+        async def cleared() -> bool:
+            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+            return status.consolidation is not None and status.consolidation.savings_found_hourly == 0 and status.consolidation.candidates == 0
+
+        await eventually(cleared, timeout=60, what="no savings found once consolidation is off")
         await end_entities(time_skipping, pool, class_name)
+
+
+def test_the_bridge_reports_the_gpu_requests_bound_to_each_ready_node_of_a_pool() -> None:
+    """What the pool's look reads (Demand.bound_gpus), from Nodes and pods as the API serves them:
+    only Ready, schedulable nodes of the pool with GPUs registered; finished pods free theirs."""
+    bridge = Bridge(None, None)  # type: ignore[arg-type]  # no client needed to track what the informers see
+
+    def gpu_node(name: str, gpus: int, *, ready: bool = True, pool: str = "rtx") -> dict[str, Any]:
+        labels = {"tgp.io/pool": pool, "tgp.io/pool-namespace": "ml", "tgp.io/managed": "true"}
+        conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+        return {"metadata": {"name": name, "labels": labels}, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "conditions": conditions}}
+
+    def gpu_pod(node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+        container = {"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}
+        return {"spec": {"nodeName": node, "containers": [container]}, "status": {"phase": phase}}
+
+    for node in (gpu_node("a", 4), gpu_node("b", 2), gpu_node("booting", 2, ready=False), gpu_node("other", 2, pool="x")):
+        bridge._track_node("ADDED", node)
+    for key, pod in {"ml/p1": gpu_pod("a", 1), "ml/p2": gpu_pod("a", 2), "ml/p3": gpu_pod("b", 1), "ml/done": gpu_pod("b", 1, "Succeeded"),
+                     "ml/p4": gpu_pod("booting", 1), "ml/p5": gpu_pod("other", 1)}.items():
+        bridge._track_bound(key, "ADDED", pod)
+    assert bridge.free_gpus("ml/rtx") == {"a": 1, "b": 1}
+    assert bridge.bound_gpus("ml/rtx") == {"a": [2, 1], "b": [1]}

@@ -419,6 +419,9 @@ class GPUNodePoolWorkflow:
         wanted["InstancesReleased"] = self._instances_released(live)
         if ok and self._consolidation_due(u) and workflow.patched(CONSOLIDATION_LOOK_PATCH):
             await self._consolidate(self._look_for_consolidation(u, live))
+        elif u.spec.disruption.consolidation is None and self.state.consolidation is not None and self.state.consolidation.candidates:
+            # Turned off: nothing is found any more (what was made stays).
+            self.state.consolidation = self.state.consolidation.model_copy(update={"savings_found_hourly": Decimal(0), "candidates": 0})
         if not u.deleting and klass is not None:
             await self._sync_timeouts(u, live)
         await self._publish(wanted)
