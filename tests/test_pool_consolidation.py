@@ -21,7 +21,7 @@ from tgp.messages import Demand, PoolUpdate
 from workflows.pool import GPUNodePoolWorkflow
 
 
-def demand(pods: dict[str, int], free: dict[str, int], bound: dict[str, list[int]]) -> Demand:
+def demand(pods: dict[str, int], free: dict[str, int], bound: dict[str, list[int]], held: list[str] | None = None) -> Demand:
     return Demand(
         pods=sorted(pods),
         observed_at=datetime.now(timezone.utc),
@@ -29,7 +29,20 @@ def demand(pods: dict[str, int], free: dict[str, int], bound: dict[str, list[int
         pod_gpus={k: v for k, v in pods.items() if v != 1},
         free_gpus=free,
         bound_gpus=bound,
+        held_nodes=held or [],
     )
+
+
+async def found(env: WorkflowEnvironment, pool: WorkflowHandle, savings: str, candidates: int) -> GPUNodePoolStatus:
+    """The pool's status once its next look found `savings` $/h in `candidates` node(s)."""
+    await skip_time(env, timedelta(minutes=2), step=timedelta(minutes=1))  # a look is once a resync
+
+    async def shown() -> GPUNodePoolStatus | None:
+        status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+        c = status.consolidation
+        return status if c is not None and c.savings_found_hourly == Decimal(savings) and c.candidates == candidates else None
+
+    return await eventually(shown, timeout=60, what=f"${savings}/h found in {candidates} node(s) in status.consolidation")
 
 
 async def ready_nodes(pool: WorkflowHandle, count: int) -> list[str]:
@@ -52,18 +65,16 @@ async def test_the_pool_shows_the_savings_of_removing_a_node_whose_pods_fit_on_t
         await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/a": 2, "ml/b": 2}, {}, {}))
         a, b = await ready_nodes(pool, 2)
         await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {a: 1, b: 1}, {a: [1], b: [1]}))
-        await skip_time(time_skipping, timedelta(minutes=3), step=timedelta(minutes=1))
-
-        async def found() -> GPUNodePoolStatus | None:
-            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
-            c = status.consolidation
-            return status if c is not None and c.savings_found_hourly > 0 else None
-
-        status = await eventually(found, timeout=60, what="the savings in status.consolidation")
-        assert status.consolidation is not None
-        assert status.consolidation.savings_found_hourly == Decimal("0.95") and status.consolidation.candidates == 1
-        assert status.consolidation.savings_made_hourly == 0, "nothing is carried out yet"
+        status = await found(time_skipping, pool, "0.95", 1)
+        assert status.consolidation is not None and status.consolidation.savings_made_hourly == 0, "nothing is carried out yet"
         assert len(status.nodes) == 2
+
+        # A do-not-disrupt pod on each: nothing to find.
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {a: 1, b: 1}, {a: [1], b: [1]}, held=[a, b]))
+        await found(time_skipping, pool, "0", 0)
+        # One of them still held: the other goes, its pod fits on the held one.
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {a: 1, b: 1}, {a: [1], b: [1]}, held=[a]))
+        await found(time_skipping, pool, "0.95", 1)
 
         # Turned off: nothing found any more.
         off = spec.model_copy(update={"disruption": spec.disruption.model_copy(update={"consolidation": None})})
@@ -77,24 +88,37 @@ async def test_the_pool_shows_the_savings_of_removing_a_node_whose_pods_fit_on_t
         await end_entities(time_skipping, pool, class_name)
 
 
-def test_the_bridge_reports_the_gpu_requests_bound_to_each_ready_node_of_a_pool() -> None:
-    """What the pool's look reads (Demand.bound_gpus), from Nodes and pods as the API serves them:
-    only Ready, schedulable nodes of the pool with GPUs registered; finished pods free theirs."""
+async def test_the_bridge_reports_the_gpus_bound_to_each_ready_node_of_a_pool_and_which_are_held() -> None:
+    """What the pool's look reads (Demand.bound_gpus, held_nodes), from Nodes and pods as the API
+    serves them: only Ready, schedulable nodes of the pool with GPUs registered; finished pods
+    free theirs; a do-not-disrupt pod or Node holds its node."""
     bridge = Bridge(None, None)  # type: ignore[arg-type]  # no client needed to track what the informers see
 
-    def gpu_node(name: str, gpus: int, *, ready: bool = True, pool: str = "rtx") -> dict[str, Any]:
+    dnd = {"karpenter.sh/do-not-disrupt": "true"}
+
+    def gpu_node(name: str, gpus: int, *, ready: bool = True, pool: str = "rtx", annotations: dict[str, str] | None = None) -> dict[str, Any]:
         labels = {"tgp.io/pool": pool, "tgp.io/pool-namespace": "ml", "tgp.io/managed": "true"}
         conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
-        return {"metadata": {"name": name, "labels": labels}, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "conditions": conditions}}
+        meta = {"name": name, "labels": labels, "annotations": annotations or {}}
+        return {"metadata": meta, "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "conditions": conditions}}
 
-    def gpu_pod(node: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+    def gpu_pod(name: str, node: str, gpus: int, phase: str = "Running", annotations: dict[str, str] | None = None) -> dict[str, Any]:
         container = {"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}
-        return {"spec": {"nodeName": node, "containers": [container]}, "status": {"phase": phase}}
+        meta = {"name": name, "namespace": "ml", "annotations": annotations or {}}
+        return {"metadata": meta, "spec": {"nodeName": node, "containers": [container]}, "status": {"phase": phase}}
 
-    for node in (gpu_node("a", 4), gpu_node("b", 2), gpu_node("booting", 2, ready=False), gpu_node("other", 2, pool="x")):
-        bridge._track_node("ADDED", node)
-    for key, pod in {"ml/p1": gpu_pod("a", 1), "ml/p2": gpu_pod("a", 2), "ml/p3": gpu_pod("b", 1), "ml/done": gpu_pod("b", 1, "Succeeded"),
-                     "ml/p4": gpu_pod("booting", 1), "ml/p5": gpu_pod("other", 1)}.items():
-        bridge._track_bound(key, "ADDED", pod)
-    assert bridge.free_gpus("ml/rtx") == {"a": 1, "b": 1}
+    for node in (gpu_node("a", 4), gpu_node("b", 2), gpu_node("c", 1, annotations=dnd), gpu_node("booting", 2, ready=False), gpu_node("other", 2, pool="x")):
+        await bridge.on_node("ADDED", node)
+    for pod in (gpu_pod("p1", "a", 1), gpu_pod("p2", "a", 2), gpu_pod("p3", "b", 1, annotations=dnd), gpu_pod("done", "b", 1, "Succeeded", dnd),
+                gpu_pod("p4", "booting", 1), gpu_pod("p5", "other", 1)):
+        await bridge.on_pod("ADDED", pod)
+    assert bridge.free_gpus("ml/rtx") == {"a": 1, "b": 1, "c": 1}
     assert bridge.bound_gpus("ml/rtx") == {"a": [2, 1], "b": [1]}
+    assert bridge.held_nodes("ml/rtx") == ["b", "c"], "a do-not-disrupt pod holds b, the Node's annotation c"
+    bridge._batch_changed.clear()
+    await bridge.on_pod("MODIFIED", gpu_pod("p1", "a", 1, annotations=dnd))  # annotated while it runs: its GPUs are the same
+    assert bridge.held_nodes("ml/rtx") == ["a", "b", "c"]
+    assert bridge._batch_changed.is_set(), "a change of what holds a node sends the demand again"
+    bridge._batch_changed.clear()
+    await bridge.on_node("MODIFIED", gpu_node("c", 1))  # the Node's annotation removed
+    assert bridge.held_nodes("ml/rtx") == ["a", "b"] and bridge._batch_changed.is_set()

@@ -131,6 +131,7 @@ class Demand(Msg):
     bound_gpus: dict[str, list[int]] = Field(
         {}, description="The GPU requests of the pods bound to each node of free_gpus, largest first (consolidation: where they would fit)."
     )
+    held_nodes: list[str] = Field([], description="The nodes of free_gpus that do-not-disrupt holds (the Node or a pod on it): consolidation leaves them.")
 
 
 class NodeReport(NodeOverview):

@@ -160,6 +160,7 @@ class PoolState(BaseModel):
     blocked: dict[str, str] = Field({}, description="Nodes a budget holds back, with the message of their DisruptionBlocked Event.")
     freed: bool = Field(False, description="A disruption ended or the spec changed since the held nodes last asked: tell them to ask again.")
     bound_gpus: dict[str, list[int]] = Field({}, description="GPU requests of the pods bound to each Ready node, from the demand (consolidation).")
+    held_nodes: list[str] = Field([], description="Ready nodes do-not-disrupt holds, from the demand (consolidation leaves them).")
     consolidation: ConsolidationStatus | None = Field(None, description="The savings consolidation found and made (status.consolidation).")
     consolidation_looked_at: datetime | None = Field(None, description="When consolidation was last planned (once a resync).")
 
@@ -220,6 +221,7 @@ class GPUNodePoolWorkflow:
         self.state.pod_gpus = dict(d.pod_gpus)
         self.state.free_gpus = dict(d.free_gpus)
         self.state.bound_gpus = dict(d.bound_gpus)
+        self.state.held_nodes = list(d.held_nodes)
         self.dirty = True
 
     @workflow.signal
@@ -885,8 +887,8 @@ class GPUNodePoolWorkflow:
         """Plan consolidation on this look (pure: no command) and record the savings it found.
 
         Each Ready node with its GPUs registered is taken as the bridge reports it: its free
-        GPUs and the GPU requests of its bound pods. The pool does not see which pods hold a node
-        (do-not-disrupt): the node checks its own holders when it is told to go, and says so."""
+        GPUs, the GPU requests of its bound pods and whether do-not-disrupt holds it (the node
+        checks its own holders again when it is told to go: the report may lag)."""
         assert u.node_class is not None
         now = workflow.now()
         self.state.consolidation_looked_at = now
@@ -902,6 +904,7 @@ class GPUNodePoolWorkflow:
                     hourly_price=n.hourly_price,
                     running_for=now - n.phase_at,
                     pods={f"{n.node_name}#{i}": gpus for i, gpus in enumerate(bound)},
+                    do_not_disrupt=n.node_name in self.state.held_nodes,
                 )
             )
         oc = self.state.offer_check
