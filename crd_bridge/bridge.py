@@ -311,8 +311,9 @@ class Bridge:
     # --- pods and demand -------------------------------------------------------------------
 
     async def on_pod(self, kind: str, obj: Obj) -> None:
-        self.facts.on_pod(kind, obj)
         key = object_key(obj).lstrip("/")
+        held_on = self.facts.holding.where.get(key)
+        self.facts.on_pod(kind, obj)
         try:
             pod = None if kind == "DELETED" else pending_gpu_pod(obj)
         except UnreadablePod as exc:  # not demand; every other pod still is
@@ -325,6 +326,7 @@ class Bridge:
         else:
             self.pending[key] = pod
         changed |= self._track_bound(key, kind, obj)
+        changed |= held_on != self.facts.holding.where.get(key)  # the pool's held nodes changed
         if changed:
             self._batch = self._batch.add(_now())
             self._batch_changed.set()
@@ -377,6 +379,25 @@ class Bridge:
             if owner == pool and usable and gpus > 0
         }
 
+    def bound_gpus(self, pool: str) -> dict[str, list[int]]:
+        """The GPU requests of the pods bound to each node `free_gpus` lists (largest first), for
+        the pool's consolidation look: which nodes' pods would fit on the others' free GPUs."""
+        free = self.free_gpus(pool)
+        bound: dict[str, list[int]] = {}
+        for node, gpus in self.bound.values():
+            if node in free:
+                bound.setdefault(node, []).append(gpus)
+        return {node: sorted(gpus, reverse=True) for node, gpus in sorted(bound.items())}
+
+    def _held(self, node: str) -> bool:
+        """Whether do-not-disrupt holds Node `node` (the Node or a pod on it)."""
+        facts = self.facts.latest.get(node)
+        return facts is not None and facts.present and (facts.do_not_disrupt or facts.holding > 0)
+
+    def held_nodes(self, pool: str) -> list[str]:
+        """The nodes of `free_gpus` that do-not-disrupt holds, for the pool's consolidation look."""
+        return [node for node in self.free_gpus(pool) if self._held(node)]
+
     async def _demand_loop(self) -> None:
         """Send demand once a batch of pod changes has settled (idle window) or grown old
         (maximum window), and only when a pool's pod list actually changed."""
@@ -415,6 +436,8 @@ class Bridge:
                 max_gpus=max((p.gpus for p in pods), default=1),
                 pod_gpus={p.key: p.gpus for p in pods if p.gpus != 1},
                 free_gpus=self.free_gpus(key),
+                bound_gpus=self.bound_gpus(key),
+                held_nodes=self.held_nodes(key),
             )
             fingerprint = demand.model_dump_json(exclude={"observed_at"})
             if self.sent_demand.get(key) == fingerprint:
@@ -432,9 +455,11 @@ class Bridge:
     # --- nodes ---------------------------------------------------------------------------
 
     async def on_node(self, kind: str, obj: Obj) -> None:
+        name = (obj.get("metadata") or {}).get("name") or ""
+        held = self._held(name)
         self.facts.on_node(kind, obj)
-        if self._track_node(kind, obj):
-            self._batch = self._batch.add(_now())  # the pool's free GPUs changed
+        if self._track_node(kind, obj) or held != self._held(name):
+            self._batch = self._batch.add(_now())  # the pool's free GPUs or held nodes changed
             self._batch_changed.set()
         meta = obj.get("metadata") or {}
         reason = (meta.get("annotations") or {}).get(EVICT_ANNOTATION)

@@ -342,7 +342,7 @@ def test_a_full_disruption_block_round_trips() -> None:
         "idleTimeout": "10m",
         "drainTimeout": "10m",
         "budgets": [{"nodes": "0", "schedule": "0 9 * * mon-fri", "duration": "8h", "reasons": ["Drifted", "Cheaper"]}, {"nodes": "20%"}],
-        "consolidation": {"cheaperBy": "25%", "after": "1h"},
+        "consolidation": {"cheaperBy": "25%", "after": "1h", "policy": "WhenEmpty"},
         "terminationGracePeriod": "24h",
     }
     pool = GPUNodePool.admit({"metadata": {"name": "p"}, "spec": {"nodeClassRef": {"name": "c"}, "disruption": disruption}})

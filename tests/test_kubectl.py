@@ -295,6 +295,12 @@ async def test_get_pools_shows_the_printer_columns(kubectl: Kubectl, kube_api: K
     row = listed.line(name).split()
     assert row[:7] == [kube_api.namespace, name, "1", "2", "0.74", "0", "True"]  # disrupting: 0 by default
     assert row[7].endswith(("s", "m"))  # an age such as 3s, not a timestamp
+    response = await kube_api.merge_patch(
+        f"/apis/tgp.io/v1/namespaces/{kube_api.namespace}/gpunodepools/{name}/status", {"status": {"consolidation": {"savingsFoundHourly": "0.95"}}}
+    )
+    assert response.status_code == 200, response.text
+    wide = await kubectl("get", "gnp", name, "-o", "wide")
+    assert wide.line("NAME").split()[-1] == "SAVINGS" and wide.line(name).split()[-1] == "0.95"  # consolidation's savings found, $/h
 
     classes = await kubectl("get", "gnc", node_class["metadata"]["name"])
     assert classes.line("NAME").split() == ["NAME", "STATUS", "NODES", "$/H", "AGE"]

@@ -513,6 +513,13 @@ class Consolidation(Spec):
         timedelta(minutes=30),
         description="Never re-shop a node that has run for less than this, e.g. 30m: a replacement costs a boot and a drain.",
     )
+    policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = Field(
+        "WhenEmptyOrUnderutilized",
+        description="Karpenter's consolidationPolicy. WhenEmptyOrUnderutilized: also remove a node whose pods fit on the "
+        "free GPUs of the pool's other Ready nodes (GPUs are whole-node: a pod's GPUs all sit on one node), once it has "
+        "run `after`. WhenEmpty: never remove a node that runs pods (empty nodes go by idleTimeout); re-shopping "
+        "(cheaperBy) works with either.",
+    )
 
 
 class Disruption(Spec):
@@ -648,6 +655,21 @@ class PoolNodeStatus(Spec):
         )
 
 
+class ConsolidationStatus(Spec):
+    """Savings of consolidation: re-shopping to cheaper offers and removing underutilized nodes."""
+
+    savings_found_hourly: Price = Field(
+        Decimal("0"),
+        description="US$ per hour the actions consolidation may take now would save (each removed node's price, or a "
+        "replaced node's price minus its replacement's), as of the pool's last look; `tgp plan` lists them and what blocks the rest.",
+    )
+    savings_made_hourly: Price = Field(
+        Decimal("0"), description="US$ per hour saved by the consolidations done so far, in all (what each saved when it was done)."
+    )
+    candidates: int = Field(0, description="Nodes consolidation would remove or replace now (within the budgets).")
+    last_action: str = Field("", description="The last consolidation done: which node, why and what it saved.")
+
+
 class GPUNodePoolStatus(Spec):
     observed_generation: int | None = None
     conditions: list[Condition] = []
@@ -656,6 +678,9 @@ class GPUNodePoolStatus(Spec):
     hourly_cost: Price = Decimal("0")
     nodes: list[PoolNodeStatus] = []
     disrupting: int = Field(0, description="Nodes of the pool being disrupted (drained or replaced) now.")
+    consolidation: ConsolidationStatus | None = Field(
+        None, description="What consolidation (spec.disruption.consolidation) found and did; unset while it is off and never acted."
+    )
 
 
 class GPUNodeClassStatus(Spec):

@@ -23,6 +23,8 @@ from typing import Any
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
 
 DRIFT_HASH_VERSION = "v1"
+# Where a node records the hash it was made with (on its Node), like karpenter.sh/nodepool-hash.
+DRIFT_HASH_ANNOTATION = "tgp.io/drift-hash"
 
 
 def _sorted(values: list[str]) -> list[str]:

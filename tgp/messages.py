@@ -128,6 +128,10 @@ class Demand(Msg):
     free_gpus: dict[str, int] = Field(
         {}, description="Free GPUs (allocatable minus bound pods' requests) of each Ready node of the pool whose GPUs are registered, by Node name."
     )
+    bound_gpus: dict[str, list[int]] = Field(
+        {}, description="The GPU requests of the pods bound to each node of free_gpus, largest first (consolidation: where they would fit)."
+    )
+    held_nodes: list[str] = Field([], description="The nodes of free_gpus that do-not-disrupt holds (the Node or a pod on it): consolidation leaves them.")
 
 
 class NodeReport(NodeOverview):

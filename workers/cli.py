@@ -175,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(offers)
 
-    plan = sub.add_parser("plan", help="dry run for a GPUNodePool: the offer a new node would get and why each other was not chosen")
-    plan.add_argument("pool", help="the GPUNodePool, NAMESPACE/NAME (or NAME in default)")
+    plan = sub.add_parser(
+        "plan",
+        help="dry run for a GPUNodePool (or all): the offer a new node would get and why each other was not chosen, "
+        "and what disruption would do now (drift, underutilized, cheaper offers), the savings and what holds each back",
+    )
+    plan.add_argument("pool", nargs="?", help="the GPUNodePool, NAMESPACE/NAME (or NAME in default); unset = every pool")
     plan.add_argument("--limit", type=int, default=20, help="offers to list besides the chosen one")
 
     status = sub.add_parser("status", help="running GPU nodes by pool: phase, provider, $/h, age, cost so far; or one node's stages")

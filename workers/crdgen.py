@@ -202,6 +202,8 @@ def manifests() -> dict[str, dict[str, Any]]:
                 {"name": "Disrupting", "type": "integer", "jsonPath": ".status.disrupting"},
                 _ready_column(),
                 age,
+                # -o wide: US$/h consolidation found it could save now (docs/lifecycle.md "Disruption").
+                {"name": "Savings", "type": "string", "jsonPath": ".status.consolidation.savingsFoundHourly", "priority": 1},
             ],
         ),
     }

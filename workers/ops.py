@@ -18,11 +18,17 @@ from activities.entity import running_node_workflows
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.accounts import ProviderRegistry
 from activities.clouds.registry import providers_from_env
-from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool
+from activities.kube.cluster import node_summary_of
+from tgp.capacity import OfferSize
+from tgp.consolidation import ConsolidationNode, describe_plan, plan_consolidation
+from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool, GPUNodePoolStatus, format_duration
+from tgp.demand import UnreadablePod, gpu_request
+from tgp.disruption import pod_holds_node
+from tgp.drift import DRIFT_HASH_ANNOTATION, drift_hash, drifted
 from tgp.errors import ConfigError
 from tgp.offers import rank_offers, rejection_reasons
 from tgp.pools import offer_requirements
-from tgp.types import NodeStatus, Offer
+from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, LABEL_PROVIDER, NodeStatus, Offer
 from workers.metrics import BILLING_PHASES
 
 # A query is answered by a worker: none running (or all busy) must not hang the CLI.
@@ -41,9 +47,28 @@ def _split(ref: str) -> tuple[str, str]:
     return namespace or "default", name
 
 
-async def plan(pool_ref: str, *, limit: int = 20) -> str:
-    """Dry run for a GPUNodePool: the offer a new node would get, and why every other one
-    would not be chosen. Buys nothing."""
+async def plan(pool_ref: str | None, *, limit: int = 20) -> str:
+    """Dry run for a GPUNodePool (or every pool): the offer a new node would get and why every
+    other one would not be chosen, then what disruption would do now (drifted nodes to replace,
+    underutilized nodes to remove, cheaper offers to move to) with the savings and what holds
+    each back. Buys and disrupts nothing."""
+    if pool_ref is not None:
+        return await _plan_pool(pool_ref, limit=limit)
+    async with _cluster() as cluster:
+        pools = await cluster.list_custom(GROUP, VERSION, "gpunodepools")
+    refs = sorted(f"{(p.get('metadata') or {}).get('namespace') or 'default'}/{(p.get('metadata') or {}).get('name')}" for p in pools)
+    if not refs:
+        return "No GPUNodePools (kubectl get gnp -A)."
+    sections = []
+    for ref in refs:
+        try:
+            sections.append(await _plan_pool(ref, limit=0))
+        except ConfigError as exc:
+            sections.append(f"Plan for GPUNodePool {ref}: {exc}")
+    return "\n\n".join(sections)
+
+
+async def _plan_pool(pool_ref: str, *, limit: int) -> str:
     namespace, name = _split(pool_ref)
     async with _cluster() as cluster:
         raw_pool = await cluster.get_custom(CustomResource(GROUP, VERSION, "gpunodepools", "GPUNodePool", name, namespace))
@@ -100,7 +125,95 @@ async def plan(pool_ref: str, *, limit: int = 20) -> str:
     hidden = len(ranked) - 1 - shown + max(len(rejected) - max(limit - shown, 0), 0)
     if hidden > 0:
         lines.append(f"  ... and {hidden} more (--limit)")
+    async with _cluster() as cluster:
+        lines += ["", *await _disruption_plan(cluster, pool, klass, ranked)]
     return "\n".join(lines)
+
+
+async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass: GPUNodeClass, ranked: list[Offer]) -> list[str]:
+    """What disruption would do to the pool's Ready nodes now (tgp.consolidation over the
+    cluster as it is and the offers just listed), and what holds each candidate back."""
+    namespace = pool.metadata.namespace or "default"
+    selector = f"{LABEL_POOL}={pool.metadata.name},{LABEL_POOL_NAMESPACE}={namespace}"
+    status = pool.status or GPUNodePoolStatus()
+    recorded = {n.name: n for n in status.nodes}
+    current_hash = drift_hash(klass.spec, pool.spec)
+    now = datetime.now(UTC)
+    nodes: list[ConsolidationNode] = []
+    for obj in sorted(await cluster.list_objects("nodes", label_selector=selector), key=lambda o: (o.get("metadata") or {}).get("name") or ""):
+        summary = node_summary_of(obj)
+        if not summary.ready or summary.unschedulable:
+            continue  # booting, or cordoned: being disrupted already
+        meta = obj.get("metadata") or {}
+        mine = recorded.get(summary.name)
+        since = (mine.created_at if mine else None) or _timestamp(meta.get("creationTimestamp")) or now
+        pods: dict[str, int] = {}
+        holders = ["the Node"] if summary.do_not_disrupt else []
+        for pod in await cluster.list_objects("pods", field_selector=f"spec.nodeName={summary.name}"):
+            pmeta, phase = pod.get("metadata") or {}, (pod.get("status") or {}).get("phase") or "Pending"
+            if phase in ("Succeeded", "Failed"):
+                continue
+            key = f"{pmeta.get('namespace')}/{pmeta.get('name')}"
+            if pod_holds_node(pmeta.get("annotations"), phase, bool(pmeta.get("deletionTimestamp"))):
+                holders.append(key)
+            try:
+                gpus = gpu_request(pod)
+            except (UnreadablePod, ValueError, TypeError):
+                gpus = 0
+            if gpus:
+                pods[key] = gpus
+        recorded_hash = (meta.get("annotations") or {}).get(DRIFT_HASH_ANNOTATION)
+        provider = summary.labels.get(LABEL_PROVIDER)
+        nodes.append(
+            ConsolidationNode(
+                name=summary.name,
+                gpus=summary.gpus,
+                hourly_price=mine.hourly_price if mine else None,
+                running_for=max(now - since, timedelta(0)),
+                pods=pods,
+                do_not_disrupt=bool(holders),
+                holders=holders,
+                drifted=drifted(recorded_hash, drift_hash(klass.spec, pool.spec, provider) if provider else current_hash),
+            )
+        )
+    sizes: dict[int, OfferSize] = {}
+    for o in sorted(ranked, key=lambda o: o.hourly_price):
+        sizes.setdefault(o.gpu_count, OfferSize(gpu_count=o.gpu_count, hourly_price=o.hourly_price))
+    disruption = pool.spec.disruption
+    policy = disruption.consolidation
+    req = offer_requirements(pool.spec, klass.spec)
+    result = plan_consolidation(
+        nodes,
+        [sizes[c] for c in sorted(sizes)] if sizes else None,
+        policy,
+        disruption.budgets,
+        now,
+        disrupting=status.disrupting,
+        min_nodes=pool.spec.min_nodes,
+        min_gpus=req.min_gpu_count,
+    )
+    how = (
+        f"{policy.policy}, cheaperBy {policy.cheaper_by}, after {format_duration(policy.after)}"
+        if policy is not None
+        else "off (spec.disruption.consolidation); drift only"
+    )
+    budgets = "; ".join(b.describe() for b in disruption.budgets) or "none (no limit)"
+    lines = [
+        f"DISRUPTION now ({len(nodes)} Ready node(s), {status.disrupting} disrupting; this command disrupts nothing)",
+        f"  consolidation: {how}",
+        f"  budgets: {budgets}",
+    ]
+    shown = describe_plan(result)
+    lines += [f"  {line}" for line in shown] or ["  nothing to do"]
+    lines.append(f"  savings found: ${result.savings}/h" + (f" (made so far: ${status.consolidation.savings_made_hourly}/h)" if status.consolidation else ""))
+    return lines
+
+
+def _timestamp(value: object) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
 
 
 def _describe(o: Offer) -> str:

@@ -21,7 +21,8 @@ with workflow.unsafe.imports_passed_through():
     from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, no_offer_fits_to_warn, note_ready, plan_capacity
     from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
-    from tgp.crds import Condition, GPUNodePoolStatus, PoolNodeStatus
+    from tgp.consolidation import ConsolidationNode, ConsolidationPlan, plan_consolidation
+    from tgp.crds import Condition, ConsolidationStatus, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
     from tgp.disruption import DisruptionReason, allowed_disruptions
     from tgp.messages import (
@@ -106,6 +107,9 @@ GRANT_COUNTS_FOR = timedelta(minutes=2)
 # Marks runs that send their nodes the pool's terminationGracePeriod with the other settings
 # (a pool that had one before would otherwise send every node a changed-settings signal on replay).
 TERMINATION_GRACE_PATCH = "termination-grace-to-nodes"
+# Marks runs whose look plans consolidation (tgp.consolidation) and records the savings it finds
+# in status.consolidation: a pool with consolidation on, recorded before, wrote no such status.
+CONSOLIDATION_LOOK_PATCH = "consolidation-look"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -155,6 +159,10 @@ class PoolState(BaseModel):
     granted: dict[str, datetime] = Field({}, description="Nodes let begin a voluntary disruption (budgets), until they report Draining.")
     blocked: dict[str, str] = Field({}, description="Nodes a budget holds back, with the message of their DisruptionBlocked Event.")
     freed: bool = Field(False, description="A disruption ended or the spec changed since the held nodes last asked: tell them to ask again.")
+    bound_gpus: dict[str, list[int]] = Field({}, description="GPU requests of the pods bound to each Ready node, from the demand (consolidation).")
+    held_nodes: list[str] = Field([], description="Ready nodes do-not-disrupt holds, from the demand (consolidation leaves them).")
+    consolidation: ConsolidationStatus | None = Field(None, description="The savings consolidation found and made (status.consolidation).")
+    consolidation_looked_at: datetime | None = Field(None, description="When consolidation was last planned (once a resync).")
 
 
 class PoolInput(BaseModel):
@@ -212,6 +220,8 @@ class GPUNodePoolWorkflow:
         self.state.demand_gpus = d.max_gpus
         self.state.pod_gpus = dict(d.pod_gpus)
         self.state.free_gpus = dict(d.free_gpus)
+        self.state.bound_gpus = dict(d.bound_gpus)
+        self.state.held_nodes = list(d.held_nodes)
         self.dirty = True
 
     @workflow.signal
@@ -409,6 +419,11 @@ class GPUNodePoolWorkflow:
             wanted["Ready"] = ("False", "NotReady", failing)
         wanted["PodsFit"] = self._pods_fit()
         wanted["InstancesReleased"] = self._instances_released(live)
+        if ok and self._consolidation_due(u) and workflow.patched(CONSOLIDATION_LOOK_PATCH):
+            await self._consolidate(self._look_for_consolidation(u, live))
+        elif u.spec.disruption.consolidation is None and self.state.consolidation is not None and self.state.consolidation.candidates:
+            # Turned off: nothing is found any more (what was made stays).
+            self.state.consolidation = self.state.consolidation.model_copy(update={"savings_found_hourly": Decimal(0), "candidates": 0})
         if not u.deleting and klass is not None:
             await self._sync_timeouts(u, live)
         await self._publish(wanted)
@@ -860,6 +875,71 @@ class GPUNodePoolWorkflow:
             return False
         return True
 
+    # --- consolidation (issue 21 item 4) ---------------------------------------------------------
+
+    def _consolidation_due(self, u: PoolUpdate) -> bool:
+        """Consolidation is on and was not planned this resync (planning is O(nodes²) at worst:
+        not on every pass of a burst)."""
+        looked = self.state.consolidation_looked_at
+        return u.spec.disruption.consolidation is not None and (looked is None or workflow.now() - looked >= self.inp.resync_interval)
+
+    def _look_for_consolidation(self, u: PoolUpdate, live: list[PoolNode]) -> ConsolidationPlan:
+        """Plan consolidation on this look (pure: no command) and record the savings it found.
+
+        Each Ready node with its GPUs registered is taken as the bridge reports it: its free
+        GPUs, the GPU requests of its bound pods and whether do-not-disrupt holds it (the node
+        checks its own holders again when it is told to go: the report may lag)."""
+        assert u.node_class is not None
+        now = workflow.now()
+        self.state.consolidation_looked_at = now
+        nodes = []
+        for n in live:
+            if n.phase is not NodePhase.READY or n.node_name not in self.state.free_gpus:
+                continue
+            bound = self.state.bound_gpus.get(n.node_name, [])
+            nodes.append(
+                ConsolidationNode(
+                    name=n.node_name,
+                    gpus=self.state.free_gpus[n.node_name] + sum(bound),
+                    hourly_price=n.hourly_price,
+                    running_for=now - n.phase_at,
+                    pods={f"{n.node_name}#{i}": gpus for i, gpus in enumerate(bound)},
+                    do_not_disrupt=n.node_name in self.state.held_nodes,
+                )
+            )
+        oc = self.state.offer_check
+        initialized = sum(1 for n in live if n.phase in (NodePhase.READY, NodePhase.DRAINING))
+        plan = plan_consolidation(
+            nodes,
+            oc.sizes if oc is not None and oc.sizes else None,
+            u.spec.disruption.consolidation,
+            u.spec.disruption.budgets,
+            now,
+            pool_nodes=initialized,
+            disrupting=self._disrupting(),
+            min_nodes=u.spec.min_nodes,
+            min_gpus=offer_requirements(u.spec, u.node_class).min_gpu_count,
+        )
+        old = self.state.consolidation or ConsolidationStatus()
+        self.state.consolidation = old.model_copy(update={"savings_found_hourly": plan.savings, "candidates": len(plan.actions)})
+        return plan
+
+    async def _consolidate(self, plan: ConsolidationPlan) -> None:
+        """Carry out `plan`'s actions. NOT WIRED YET (the lead wires it): a Cheaper or Drifted
+        action goes to the replacement step (make-before-break, helper "replace"'s `_replace`), an
+        Underutilized one to the node's `disrupt` signal; each done action then calls
+        `_consolidated`. Until then the pool only records what it found (status.consolidation)."""
+        return None
+
+    def _consolidated(self, node_name: str, reason: str, saving: Decimal) -> None:
+        """A consolidation was done: add what it saves to savingsMadeHourly and name it."""
+        old = self.state.consolidation or ConsolidationStatus()
+        self.state.consolidation = old.model_copy(
+            update={"savings_made_hourly": old.savings_made_hourly + saving, "last_action": f"node {node_name}: {reason}, saving ${saving}/h"}
+        )
+        self.events.append(self._event("Normal", "Consolidated", f"node {node_name}: {reason}, saving ${saving}/h"))
+        self.dirty = True
+
     def _forget_ended(self) -> None:
         ended = [k for k, n in self.state.nodes.items() if n.phase.is_final]
         if ended:
@@ -882,6 +962,7 @@ class GPUNodePoolWorkflow:
             ready_nodes=sum(1 for n in live if n.phase is NodePhase.READY),
             desired_nodes=len(live),
             disrupting=self._disrupting(),
+            consolidation=self.state.consolidation,
             hourly_cost=sum((n.hourly_price or 0 for n in live if n.phase is not NodePhase.PENDING), start=0),  # type: ignore[arg-type]
             nodes=[
                 PoolNodeStatus.of(n, created_at=n.created_at)
@@ -905,6 +986,8 @@ class GPUNodePoolWorkflow:
             # pool continued as new by an older release (its last write's fingerprint in its
             # state) does not write again on replay, a command its history does not hold.
             body.pop("disrupting", None)
+        if body.get("consolidation") is None:
+            body.pop("consolidation", None)  # the same for a pool that never consolidated
         fingerprint = repr(body)
         if fingerprint != self.state.written and workflow.patched(STATUS_BY_QUERY_PATCH):
             write = PoolStatusWrite(ref=self._ref(), workflow_id=workflow.info().workflow_id)

@@ -280,6 +280,31 @@ class KubernetesCluster:
             if not token:
                 return pods
 
+    async def list_objects(self, kind: str, *, label_selector: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
+        """Nodes (`kind` "nodes", cluster-wide) or pods ("pods", all namespaces) matching the
+        selectors, as the API serves them (camelCase JSON): for readers that apply the same rules
+        as the bridge to watch events (`tgp plan`)."""
+        core = await self._client()
+        listing = core.list_node if kind == "nodes" else core.list_pod_for_all_namespaces
+        found: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = await self._call(
+                f"list {kind}",
+                listing(label_selector=label_selector, field_selector=field_selector, limit=LIST_PAGE_SIZE, _continue=token, _request_timeout=self._timeout),
+            )
+            assert self._api is not None
+            found.extend(self._api.sanitize_for_serialization(item) for item in page.items or [])
+            token = page.metadata.var_continue if page.metadata else None
+            if not token:
+                return found
+
+    async def list_custom(self, group: str, version: str, plural: str) -> list[dict[str, Any]]:
+        """Every custom resource of `plural` in all namespaces, as dicts."""
+        api = await self._custom()
+        listed = await self._call(f"list {plural}", api.list_cluster_custom_object(group, version, plural, _request_timeout=self._timeout))
+        return list(dict(listed).get("items") or [])
+
     async def evict_pod(self, namespace: str, name: str, *, grace_period: timedelta | None = None) -> None:
         """Ask the Eviction API to remove the pod, respecting PodDisruptionBudgets.
 

@@ -1,0 +1,298 @@
+"""Consolidation (issue 21 item 4): which of a pool's nodes to remove or replace now, what each
+saves, and what holds the others back. Pure, no I/O: the pool's look records the savings it
+finds (status.consolidation) and `tgp plan` prints the whole plan; a replacement or removal
+itself is carried out make-before-break by the node's disruption path.
+
+Three kinds of action, in this order (Karpenter's: drift before consolidation):
+
+* **Drifted**: a node whose class or pool changed what made it (`tgp.drift`) is replaced. It
+  saves nothing by itself (saving 0); budgets and do-not-disrupt limit it, `after` does not.
+* **Underutilized** (policy WhenEmptyOrUnderutilized): a node is removed when every pod on it
+  has a place on the free GPUs of a Ready node that stays. GPUs are whole-node (a pod's GPUs all
+  sit on one node, no sharing), so fit is integer bin packing: largest pod first, first fit over
+  the staying nodes in name order. Nodes with the fewest GPUs in use go first (least to move), the
+  dearer first among equals. A node that takes pods of a removed node stays (so no pod moves
+  twice), and the pool keeps minNodes. An empty node is left to its idleTimeout (reason Empty).
+  Saves the node's whole price.
+* **Cheaper** (re-shopping, either policy): a node is replaced by the cheapest current offer
+  that holds its pods' GPUs (at least the class's minimum) when that is `cheaperBy` cheaper and
+  the node has run `after` (`tgp.disruption.reshop`). Saves the price difference.
+
+Every action is a voluntary disruption: a node held by do-not-disrupt is never touched, and the
+actions taken at once never exceed what the pool's budgets allow (each action counts against
+the next, as a disrupting node does). Candidates that are held back are reported with why
+(`Blocked.cause`), for `tgp plan`.
+
+Only GPUs are modelled: a pod's other requests (memory, CPU, volumes, affinity) are not, as the
+pool does not see them. A moved pod that does not bind on its new node stays pending and the pool
+buys for it again, which is why a node must have run `after` before it is removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tgp.capacity import OfferSize, cheapest_holding
+from tgp.crds import Consolidation, DisruptionBudget, format_duration
+from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ConsolidationNode(Frozen):
+    """What consolidation needs to know of one Ready node of the pool."""
+
+    name: str = Field(description="The Node name.")
+    gpus: int = Field(description="Its allocatable GPUs.")
+    hourly_price: Decimal | None = Field(None, description="What its offer costs, US$/h; None = unknown (not consolidated).")
+    running_for: timedelta = Field(timedelta(0), description="How long it has been Ready.")
+    pods: dict[str, int] = Field({}, description="The pods that need a place if it goes (namespace/name -> GPUs they request).")
+    do_not_disrupt: bool = Field(False, description="The Node or one of its pods asks not to be disrupted.")
+    holders: list[str] = Field([], description="What holds it (the Node or pods), for messages.")
+    drifted: bool = False
+
+    @property
+    def used(self) -> int:
+        return sum(self.pods.values())
+
+    @property
+    def free(self) -> int:
+        return max(0, self.gpus - self.used)
+
+
+class ActionKind(StrEnum):
+    REMOVE = "remove"  # drain and terminate: its pods fit on the nodes that stay
+    REPLACE = "replace"  # buy a replacement, Ready, then drain and terminate it
+
+
+class Action(Frozen):
+    node: str
+    kind: ActionKind
+    reason: DisruptionReason
+    hourly_price: Decimal = Field(description="The node's price, US$/h.")
+    replacement_price: Decimal | None = Field(None, description="The replacement's offer, US$/h (replace only).")
+    replacement_gpus: int | None = None
+    saving: Decimal = Field(Decimal(0), description="US$/h it saves: the node's price, less its replacement's.")
+    moves: dict[str, str] = Field({}, description="remove: each of its pods -> the node whose free GPUs take it.")
+    message: str = ""
+
+
+class Cause(StrEnum):
+    """Why a candidate is held back."""
+
+    OFF = "off"  # consolidation is off, or the policy does not remove nodes that run pods
+    BUDGET = "budget"  # a disruption budget allows no more now
+    DO_NOT_DISRUPT = "do-not-disrupt"
+    AFTER = "after"  # the node has not run `after` yet
+    THRESHOLD = "threshold"  # no offer is cheaperBy cheaper
+    MIN_NODES = "min-nodes"  # removing it would leave fewer than minNodes
+    NO_PRICE = "no-price"  # its price or the offers are unknown
+
+
+class Blocked(Frozen):
+    node: str
+    reason: DisruptionReason
+    cause: Cause
+    saving: Decimal = Decimal(0)
+    message: str
+
+
+class ConsolidationPlan(Frozen):
+    actions: list[Action] = []
+    blocked: list[Blocked] = []
+
+    @property
+    def savings(self) -> Decimal:
+        """US$/h the actions save together."""
+        return sum((a.saving for a in self.actions), start=Decimal(0))
+
+
+def plan_consolidation(
+    nodes: Sequence[ConsolidationNode],
+    offers: Sequence[OfferSize] | None,
+    policy: Consolidation | None,
+    budgets: Sequence[DisruptionBudget],
+    now: datetime,
+    *,
+    pool_nodes: int | None = None,
+    disrupting: int = 0,
+    min_nodes: int = 0,
+    min_gpus: int = 1,
+) -> ConsolidationPlan:
+    """What to disrupt now among the pool's Ready `nodes`, given the cheapest current offer per
+    GPU count (`offers`; None = unknown), the pool's consolidation `policy` (None = off) and its
+    `budgets` at `now`. `pool_nodes`: the pool's nodes a percentage budget is of (default: the
+    Ready nodes given); `disrupting`: its nodes being disrupted already; `min_nodes`: the pool's
+    minNodes, which removals keep; `min_gpus`: the fewest GPUs a replacement may have.
+
+    The same input in any order gives the same plan (nodes are taken by name)."""
+    by_name = sorted(nodes, key=lambda n: n.name)
+    pool = len(by_name) if pool_nodes is None else pool_nodes
+    actions: list[Action] = []
+    blocked: list[Blocked] = []
+
+    def budget_allows(reason: DisruptionReason) -> str:
+        verdict = allowed_disruptions(budgets, now, reason, pool, disrupting + len(actions))
+        return "" if verdict.permits() else verdict.message
+
+    def held(node: ConsolidationNode, reason: DisruptionReason, saving: Decimal = Decimal(0)) -> bool:
+        if not node.do_not_disrupt:
+            return False
+        shown = ", ".join(node.holders[:3]) or "the Node"
+        blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.DO_NOT_DISRUPT, saving=saving, message=f"do-not-disrupt holds it: {shown}"))
+        return True
+
+    # 1. Drift: replaced like for like.
+    touched: set[str] = set()
+    for node in by_name:
+        if not node.drifted:
+            continue
+        touched.add(node.name)  # going away either way: neither a target nor a candidate
+        if held(node, DisruptionReason.DRIFTED):
+            continue
+        if why := budget_allows(DisruptionReason.DRIFTED):
+            blocked.append(Blocked(node=node.name, reason=DisruptionReason.DRIFTED, cause=Cause.BUDGET, message=why))
+            continue
+        actions.append(
+            Action(
+                node=node.name,
+                kind=ActionKind.REPLACE,
+                reason=DisruptionReason.DRIFTED,
+                hourly_price=node.hourly_price or Decimal(0),
+                message="its class or pool changed what made it: replaced by a new node, Ready before it drains",
+            )
+        )
+
+    # 2. Underutilized: remove nodes whose pods fit on the free GPUs of the nodes that stay.
+    free = {n.name: n.free for n in by_name if n.name not in touched}
+    receivers: set[str] = set()
+    removed: set[str] = set()
+    if policy is not None and policy.policy == "WhenEmptyOrUnderutilized":  # WhenEmpty: nodes that run pods are only re-shopped
+        candidates = sorted((n for n in by_name if n.name not in touched and n.pods), key=lambda n: (n.used, -(n.hourly_price or 0), n.name))
+        for node in candidates:
+            if node.name in receivers:
+                continue  # took pods of a removed node: it stays, so no pod moves twice
+            if node.hourly_price is None:
+                continue  # reported below, as re-shopping cannot price it either
+            reason = DisruptionReason.UNDERUTILIZED
+            saving = node.hourly_price
+            moves = _place(node, free, removed | {node.name})
+            if moves is None:
+                continue  # its pods fit nowhere else: not underutilized
+            if held(node, reason, saving):
+                continue
+            if node.running_for < policy.after:
+                blocked.append(
+                    Blocked(
+                        node=node.name,
+                        reason=reason,
+                        cause=Cause.AFTER,
+                        saving=saving,
+                        message=f"its pods fit on other nodes, but it has run {format_duration(node.running_for)}, less than after ({format_duration(policy.after)})",
+                    )
+                )
+                continue
+            if len(by_name) - len(removed) - 1 < min_nodes:  # a drifted node is replaced: it still counts
+                blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.MIN_NODES, saving=saving, message=f"the pool keeps minNodes ({min_nodes})"))
+                continue
+            if why := budget_allows(reason):
+                blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.BUDGET, saving=saving, message=why))
+                continue
+            for pod, target in moves.items():
+                free[target] -= node.pods[pod]
+                receivers.add(target)
+            removed.add(node.name)
+            free.pop(node.name, None)
+            targets = sorted(set(moves.values()))
+            actions.append(
+                Action(
+                    node=node.name,
+                    kind=ActionKind.REMOVE,
+                    reason=reason,
+                    hourly_price=node.hourly_price,
+                    saving=saving,
+                    moves=moves,
+                    message=f"its {len(node.pods)} pod(s) fit on the free GPUs of {', '.join(targets)}: removing it saves ${saving}/h",
+                )
+            )
+
+    # 3. Cheaper: re-shop the nodes that stay and took no pods.
+    held_already = {b.node for b in blocked if b.cause is Cause.DO_NOT_DISRUPT}
+    for node in by_name:
+        if node.name in touched or node.name in removed or node.name in receivers or node.name in held_already:
+            continue
+        reason = DisruptionReason.CHEAPER
+        need = max(node.used, min_gpus)
+        best = cheapest_holding(offers, need) if offers is not None else None
+        if node.hourly_price is None or offers is None:
+            if policy is not None:
+                blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.NO_PRICE, message="its price or the current offers are unknown"))
+            continue
+        verdict = reshop(node.hourly_price, node.running_for, best.hourly_price if best else None, policy)
+        if policy is None:
+            if verdict.saving > 0:
+                blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.OFF, saving=verdict.saving, message="consolidation is off (spec.disruption.consolidation)"))
+            continue
+        if best is None or verdict.saving <= 0:
+            continue  # nothing cheaper: not a candidate
+        if not verdict.replace:
+            cheap_enough = verdict.saving >= node.hourly_price * cheaper_by(policy)
+            cause = Cause.AFTER if cheap_enough else Cause.THRESHOLD
+            blocked.append(Blocked(node=node.name, reason=reason, cause=cause, saving=verdict.saving, message=verdict.message))
+            continue
+        if held(node, reason, verdict.saving):
+            continue
+        if why := budget_allows(reason):
+            blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.BUDGET, saving=verdict.saving, message=why))
+            continue
+        actions.append(
+            Action(
+                node=node.name,
+                kind=ActionKind.REPLACE,
+                reason=reason,
+                hourly_price=node.hourly_price,
+                replacement_price=best.hourly_price,
+                replacement_gpus=best.gpu_count,
+                saving=verdict.saving,
+                message=f"{verdict.message}: replaced by a {best.gpu_count}-GPU node, Ready before it drains",
+            )
+        )
+    # One line per node: what it will do, else the first thing that holds it back.
+    acted = {a.node for a in actions}
+    first: dict[str, Blocked] = {}
+    for b in blocked:
+        if b.node not in acted:
+            first.setdefault(b.node, b)
+    return ConsolidationPlan(actions=actions, blocked=list(first.values()))
+
+
+def _place(node: ConsolidationNode, free: Mapping[str, int], leaving: set[str]) -> dict[str, str] | None:
+    """Where each pod of `node` goes on the free GPUs of the nodes not `leaving` (largest pod
+    first, first fit by name), or None when one does not fit."""
+    room = {name: gpus for name, gpus in sorted(free.items()) if name not in leaving}
+    moves: dict[str, str] = {}
+    for pod, gpus in sorted(node.pods.items(), key=lambda item: (-item[1], item[0])):
+        target = next((name for name, left in room.items() if left >= gpus), None)
+        if target is None:
+            return None
+        room[target] -= gpus
+        moves[pod] = target
+    return moves
+
+
+def describe_plan(plan: ConsolidationPlan) -> list[str]:
+    """The plan in lines, for `tgp plan` and Events: each action and what it saves, then each
+    candidate held back and why."""
+    lines = []
+    for a in plan.actions:
+        lines.append(f"{a.kind.value:<8} {a.node:<24} {a.reason.value:<14} saves ${a.saving}/h  {a.message}")
+    for b in plan.blocked:
+        lines.append(f"held     {b.node:<24} {b.reason.value:<14} saves ${b.saving}/h  [{b.cause.value}] {b.message}")
+    return lines
