@@ -198,6 +198,10 @@ class StartNodeInput(Msg):
 class StartNodeResult(Msg):
     started: bool
     reason: str = ""
+    unsettled: bool = Field(
+        False,
+        description="Granted, but starting its workflow failed (it may have started anyway): the pool retries it with the same workflow id.",
+    )
 
 
 class NodeStart(Msg):
