@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import structlog
 from temporalio import activity
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.exceptions import ApplicationError
 
@@ -605,7 +605,8 @@ class NodeActivities:
                 handle = activity.client().get_workflow_handle(call.pool_workflow_id)
                 answer: DisruptionAnswer = await handle.execute_update("may_disrupt", call.ask, result_type=DisruptionAnswer)
                 return answer
-        except TimeoutError:
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            # The SDK reports the update's wait cut short by the timeout as its own error type.
             return DisruptionAnswer(allowed=True, message=f"the pool did not answer within {POOL_ANSWER_TIMEOUT.total_seconds():.0f}s: not held")
         except RPCError as exc:
             if exc.status is RPCStatusCode.NOT_FOUND:

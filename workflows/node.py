@@ -109,6 +109,9 @@ EVENT_DRIVEN_WATCH_PATCH = "event-driven-watch"
 DISRUPTION_RULES_PATCH = "node-disruption-rules"
 # Marks runs whose voluntary ends (idle, expired) ask the pool's disruption budgets first.
 DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
+# After the pool grants a voluntary end, the facts that came while the ask was in flight are
+# judged again (a do-not-disrupt pod that started meanwhile holds the node) before the drain.
+RECHECK_AFTER_GRANT_PATCH = "recheck-after-grant"
 # A node a budget holds asks its pool again this often (each ask: a timer and an activity).
 BUDGET_ASK_AGAIN = timedelta(minutes=1)
 # Repair too (Karpenter caps concurrent repairs): a device-plugin rollout that takes every
@@ -141,8 +144,25 @@ class GPUNodeWorkflow:
         self._reports: list[asyncio.Future[None]] = []
         self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
         self._twin_watch: asyncio.Future[None] | None = None
-        self._sighting: InstanceSighting | None = None  # the provider's listing asks for a look
-        self._budget_freed = False  # the pool says a held node may ask its budget again
+
+    # What the `instance_seen` and `budget_freed` signals ask of the watch lives in the state,
+    # which continue-as-new carries (in fields of the workflow, one received just before it
+    # was lost: a preempted instance unseen until the 45-minute backstop look).
+    @property
+    def _sighting(self) -> InstanceSighting | None:
+        return self.state.sighting
+
+    @_sighting.setter
+    def _sighting(self, sighting: InstanceSighting | None) -> None:
+        self.state.sighting = sighting
+
+    @property
+    def _budget_freed(self) -> bool:
+        return self.state.budget_freed
+
+    @_budget_freed.setter
+    def _budget_freed(self, freed: bool) -> None:
+        self.state.budget_freed = freed
 
     # --- messages ------------------------------------------------------------------------
 
@@ -633,9 +653,12 @@ class GPUNodeWorkflow:
             if watch.view is not None:
                 verdict = judge_view(watch, workflow.now(), t)
                 self.state.watch = watch = verdict.state.model_copy(update={"held": verdict.held})
+                facts = self.state.facts
                 if verdict.end is not None and not await self._budget_allows(verdict.end):
                     watch = self.state.watch
                     assert watch is not None
+                elif verdict.end is not None and self._held_after_the_ask(facts):
+                    continue  # judged again at the top of the loop: it holds now (and says so)
                 elif verdict.end is not None:
                     self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                     return verdict.end
@@ -667,6 +690,16 @@ class GPUNodeWorkflow:
                 )
             except asyncio.TimeoutError:
                 pass
+
+    def _held_after_the_ask(self, facts: NodeFacts | None) -> bool:
+        """New facts came while the pool was asked (a do-not-disrupt pod or annotation, a pod
+        that makes the node busy): judged with them, is the voluntary end no longer due?"""
+        if self.state.facts is facts:
+            return False
+        self._apply_facts()
+        watch = self.state.watch
+        assert watch is not None
+        return judge_view(watch, workflow.now(), self.req.timeouts).end is None and workflow.patched(RECHECK_AFTER_GRANT_PATCH)
 
     async def _budget_allows(self, end: EndReason) -> bool:
         """Whether a voluntary end (idle, expired) may begin now, within the pool's disruption
