@@ -258,6 +258,10 @@ class DisruptionAsk(Msg):
 class DisruptionAnswer(Msg):
     allowed: bool
     message: str = Field("", description="Why not (the blocking budget and the counts), or why it went ahead unasked.")
+    unasked: bool = Field(
+        False,
+        description="Not a refusal: the pool could not take the ask now (its updates in flight at Temporal's limit); ask again soon.",
+    )
 
 
 class PoolAsk(Msg):

@@ -114,6 +114,9 @@ DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
 RECHECK_AFTER_GRANT_PATCH = "recheck-after-grant"
 # A node a budget holds asks its pool again this often (each ask: a timer and an activity).
 BUDGET_ASK_AGAIN = timedelta(minutes=1)
+# An ask the pool could not take (Temporal's in-flight update limit) is no refusal: asked again
+# after this, plus up to as much again at random (nodes that asked together do not again).
+BUDGET_ASK_SOON = timedelta(seconds=5)
 # Repair too (Karpenter caps concurrent repairs): a device-plugin rollout that takes every
 # node's GPUs away must not end the whole pool at once.
 _BUDGETED_ENDS = {
@@ -736,6 +739,10 @@ class GPUNodeWorkflow:
         if answer.allowed:
             self.state.watch = watch.model_copy(update={"blocked_until": None, "blocked": ""})
             return True
+        if answer.unasked:  # not a refusal: no DisruptionBlocked, ask again soon (jittered)
+            soon = BUDGET_ASK_SOON * (1 + workflow.random().random())
+            self.state.watch = watch.model_copy(update={"blocked_until": workflow.now() + soon})
+            return False
         self.state.watch = watch.model_copy(update={"blocked_until": workflow.now() + BUDGET_ASK_AGAIN, "blocked": answer.message})
         if answer.message != watch.blocked:
             self._stamp(Stage.DISRUPTION_BLOCKED, answer.message)
