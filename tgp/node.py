@@ -33,6 +33,7 @@ class NodeState(BaseModel):
     # What the `instance_seen` and `budget_freed` signals asked of the watch, not yet acted on:
     # in the state so that continue-as-new carries a signal received just before it.
     sighting: InstanceSighting | None = Field(None, description="The provider's listing asks for a look (signal `instance_seen`).")
+    facts_sources: list[str] = Field([], description="The bridge incarnations heard from, oldest first (tgp.facts_order).")
     budget_freed: bool = Field(False, description="The pool says a held node may ask its budget again (signal `budget_freed`).")
 
     @model_validator(mode="before")

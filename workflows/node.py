@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from activities.node import POOL_ANSWER_TIMEOUT
     from tgp.disruption import DisruptionReason, termination_deadline
+    from tgp.facts_order import take_facts
     from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
@@ -192,10 +193,14 @@ class GPUNodeWorkflow:
     @workflow.signal
     def node_facts(self, facts: NodeFacts) -> None:
         """The bridge's facts about the Node (sent on a change, and for every node after the
-        bridge starts). Kept, even before the watch, unless older than the facts already kept."""
+        bridge starts). Kept, even before the watch, unless older than the facts already kept
+        (tgp.facts_order: an older send never overwrites a newer one)."""
         if self.legacy:
             return self.legacy.handle("node_facts", facts)
-        if self.state.facts is None or facts.at >= self.state.facts.at:
+        # By the bridge's incarnation and sequence, not its clock (unnumbered facts of earlier
+        # bridges as before: by `at`).
+        take, self.state.facts_sources = take_facts(self.state.facts, self.state.facts_sources, facts)
+        if take:
             self.state.facts = facts
 
     @workflow.signal
