@@ -169,7 +169,14 @@ async def run_pool(stack: Stack, pods: int, starts: list[str], reserves: list[st
         await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=names, observed_at=datetime.now(timezone.utc)))
     status = await eventually(served, timeout=90, what="the pool to settle")
     await pool.terminate("test over")
+    await end_nodes(stack, mine())
     return mine(), status
+
+
+async def end_nodes(stack: Stack, workflow_ids: set[str]) -> None:
+    """The node workflows the test started never run: end them (the dev server is shared)."""
+    for wid in sorted(workflow_ids):
+        await stack.env.client.get_workflow_handle(wid).terminate("test over")
 
 
 async def test_a_start_whose_reply_is_lost_is_started_again_not_bought_twice(stack: Stack) -> None:
@@ -197,3 +204,48 @@ async def test_a_batch_whose_ledger_call_fails_after_reserving_keeps_its_names(s
 async def test_no_pod_gets_two_node_workflows_whatever_fails(stack: Stack, pods: int, starts: list[str], reserves: list[str]) -> None:
     started, _ = await run_pool(stack, pods, starts, reserves)
     assert len(started) == pods
+
+
+async def test_a_failed_start_whose_pods_left_is_not_started_again(stack: Stack) -> None:
+    """Every start is refused while the pod pends; the pod then leaves (bound elsewhere,
+    deleted). Once starts work again the pool does not start that node: nothing is bought, and
+    its record goes once the look at the running workflows finds it never started."""
+    faults = stack.faults
+    faults.starts, faults.reserves, faults.started = ["before"] * 10_000, [], set()
+    klass, name = f"c-{uuid.uuid4().hex[:6]}", f"p-{uuid.uuid4().hex[:6]}"
+    await start_class(stack.env, stack.queue, klass)
+    pool = await stack.env.client.start_workflow(
+        GPUNodePoolWorkflow.run,
+        PoolInput(namespace="ml", name=name, resync_interval=timedelta(seconds=1), visibility_lag=timedelta(seconds=1), start_retry=timedelta(seconds=0.2)),
+        id=pool_workflow_id("ml", name),
+        task_queue=stack.queue,
+        start_signal="update",
+        start_signal_args=[PoolUpdate(spec=pool_spec(klass, disruption={"idleTimeout": "1h", "drainTimeout": "10s"}), generation=1, node_class=CLASS)],
+    )
+    try:
+        await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=["ml/train-0"], observed_at=datetime.now(timezone.utc)))
+        calls = faults.start_calls
+        await eventually(lambda: _true(faults.start_calls >= calls + 3), timeout=60, what="the start to be tried again")
+        await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=[], observed_at=datetime.now(timezone.utc)))
+
+        async def gone() -> bool:
+            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+            return status.desired_nodes == 0
+
+        await eventually(gone, timeout=60, what="the never-started node's record to go")
+        faults.starts = []  # starts work again: nothing may be started now
+        for _ in range(3):
+            await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=[], observed_at=datetime.now(timezone.utc)))
+        await eventually(lambda: _idle(pool), timeout=60, what="the pool's passes")
+        assert not faults.started, f"a start whose pods left was started: {faults.started}"
+    finally:
+        faults.starts = []
+        await pool.terminate("test over")
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _idle(pool: WorkflowHandle[Any, Any]) -> bool:
+    return not (await pool.describe()).raw_description.pending_activities
