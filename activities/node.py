@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 
 import structlog
 from temporalio import activity
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.exceptions import ApplicationError
 
@@ -99,6 +100,10 @@ POLL_INTERVAL = timedelta(seconds=5)
 # is deleted, stuck or replaying a long history must not hold its nodes for ever: past this the
 # node goes ahead as it would without budgets.
 POOL_ANSWER_TIMEOUT = timedelta(seconds=10)
+# An ask the server refused for the pool's in-flight update limit is sent again after a
+# jittered pause from this, doubling up to the max (seconds).
+POOL_BUSY_PAUSE = 0.2
+POOL_BUSY_PAUSE_MAX = 2.0
 # Upper bound on devices removed for one hostname in one cleanup (guards a runaway loop).
 MAX_DEVICES_PER_HOSTNAME = 10
 # Long calls (a create behind a provider's pacer) heartbeat at least this often.
@@ -600,12 +605,30 @@ class NodeActivities:
         A pool that is gone or does not answer within POOL_ANSWER_TIMEOUT does not hold the
         node: it goes ahead as before budgets. Any other failure (the pool's update queue full,
         Temporal unreachable) is a refusal for now: the node asks again later."""
+        busy = False
         try:
             async with asyncio.timeout(POOL_ANSWER_TIMEOUT.total_seconds()):
                 handle = activity.client().get_workflow_handle(call.pool_workflow_id)
-                answer: DisruptionAnswer = await handle.execute_update("may_disrupt", call.ask, result_type=DisruptionAnswer)
-                return answer
-        except TimeoutError:
+                pause = POOL_BUSY_PAUSE
+                while True:
+                    try:
+                        answer: DisruptionAnswer = await handle.execute_update("may_disrupt", call.ask, result_type=DisruptionAnswer)
+                        return answer
+                    except RPCError as exc:
+                        # Temporal admits 10 updates in flight per workflow: when many nodes of
+                        # a pool ask at once, the others are refused by the server, not by the
+                        # pool (RESOURCE_EXHAUSTED; an admitted update the server dropped says
+                        # UNAVAILABLE, "update was aborted"). Ask again after a jittered, growing
+                        # pause: not a refusal.
+                        if exc.status not in (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE):
+                            raise
+                        busy = True
+                        await asyncio.sleep(random.uniform(pause / 2, pause))
+                        pause = min(pause * 2, POOL_BUSY_PAUSE_MAX)
+        except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            if busy:
+                return DisruptionAnswer(allowed=False, unasked=True, message="the pool's updates stayed at Temporal's in-flight limit: asking again soon")
+            # The SDK reports the update's wait cut short by the timeout as its own error type.
             return DisruptionAnswer(allowed=True, message=f"the pool did not answer within {POOL_ANSWER_TIMEOUT.total_seconds():.0f}s: not held")
         except RPCError as exc:
             if exc.status is RPCStatusCode.NOT_FOUND:

@@ -58,12 +58,27 @@ class PoolActivities(AccountActivities):
         grants = await ledger_batch(inp.class_name, "reserve_many", reservations)
         gate = asyncio.Semaphore(START_CONCURRENCY)
 
-        async def start(request: NodeRequest) -> None:
+        async def start(request: NodeRequest, granted: bool) -> str:
+            """"" when started (or it ran already), else why its start failed."""
+            if not granted:
+                return ""
             async with gate:
-                await _start_node_workflow(client, request)
+                try:
+                    await _start_node_workflow(client, request)
+                except Exception as exc:  # noqa: BLE001 - reported per start: the others did start
+                    log.warning("node_start_failed", workflow_id=request.workflow_id, error=str(exc)[:300])
+                    return f"starting its workflow failed ({type(exc).__name__}); retried with the same id"
+            return ""
 
-        await asyncio.gather(*(start(r) for r, g in zip(requests, grants, strict=True) if g.granted))
-        return StartNodesResult(results=[StartNodeResult(started=g.granted, reason=g.reason) for g in grants])
+        # One start failing (an RPC error, maybe after the server took it) must not fail the
+        # batch: the pool would not know which of the others started. Each start says.
+        failed = await asyncio.gather(*(start(r, g.granted) for r, g in zip(requests, grants, strict=True)))
+        return StartNodesResult(
+            results=[
+                StartNodeResult(started=False, reason=why, unsettled=True) if why else StartNodeResult(started=g.granted, reason=g.reason)
+                for g, why in zip(grants, failed, strict=True)
+            ]
+        )
 
     @activity.defn
     async def evict_nodes(self, workflow_ids: list[str]) -> list[str]:

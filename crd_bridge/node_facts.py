@@ -19,7 +19,9 @@ MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their coun
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import structlog
@@ -69,6 +71,10 @@ class NodeFactsSender:
         self._failures: dict[str, int] = {}
         self._retry_at: dict[str, float] = {}
         self._wake = asyncio.Event()
+        # This process's facts are numbered: the workflows order them by (incarnation, number),
+        # not by this machine's clock (tgp.facts_order).
+        self.incarnation = uuid.uuid4().hex
+        self._seq = itertools.count(1)
 
     # --- from the informers ----------------------------------------------------------------
 
@@ -140,7 +146,7 @@ class NodeFactsSender:
         current = self.latest.get(name)
         if current is not None and _same(current, facts):
             return
-        self.latest[name] = facts
+        self.latest[name] = facts.model_copy(update={"source": self.incarnation, "seq": next(self._seq)})
         self.due.add(name)
         self._wake.set()
 
@@ -219,7 +225,7 @@ class NodeFactsSender:
 
 
 def _same(a: NodeFacts, b: NodeFacts) -> bool:
-    return a.model_copy(update={"at": b.at}) == b
+    return a.model_copy(update={"at": b.at, "source": b.source, "seq": b.seq}) == b
 
 
 def _now() -> datetime:

@@ -138,3 +138,32 @@ async def test_every_worker_start_keeps_one_fleet_look_on_its_task_queue(tempora
     moved = await temporal.client.get_workflow_handle(look_id).describe()
     assert moved.task_queue == "queue-b" and moved.status is WorkflowExecutionStatus.RUNNING
     await temporal.client.get_workflow_handle(look_id).terminate("test finished")
+
+
+async def test_two_installations_on_one_namespace_each_keep_their_fleet_look(temporal: WorkflowEnvironment) -> None:
+    """Review #7: two installations (task queues) sharing a Temporal namespace: their workers'
+    starts, interleaved, leave each its own look on its own queue, never moved or restarted.
+    The namespace-wide look of earlier releases is ended where it ran on the starting worker's
+    queue (it would look twice there) and left alone on another installation's."""
+    from workers.main import ensure_fleet_look
+    from workflows.fleet import FLEET_LOOK_ID, fleet_look_id
+
+    a, b = f"install-a-{uuid.uuid4().hex[:6]}", f"install-b-{uuid.uuid4().hex[:6]}"
+    legacy = await temporal.client.start_workflow(FleetLookWorkflow.run, FleetLookRequest(), id=FLEET_LOOK_ID, task_queue=b)
+    try:
+        await ensure_fleet_look(temporal.client, a)
+        assert (await legacy.describe()).status is WorkflowExecutionStatus.RUNNING, "another installation's look was ended"
+        await ensure_fleet_look(temporal.client, b)
+        assert (await legacy.describe()).status is WorkflowExecutionStatus.TERMINATED, "the old namespace-wide look still runs beside the new one"
+        first = {q: await temporal.client.get_workflow_handle(fleet_look_id(q)).describe() for q in (a, b)}
+        for q in (a, b, a, b):  # workers of both installations restarting, in turns
+            await ensure_fleet_look(temporal.client, q)
+        for q in (a, b):
+            now = await temporal.client.get_workflow_handle(fleet_look_id(q)).describe()
+            assert now.task_queue == q and now.status is WorkflowExecutionStatus.RUNNING, f"{q}'s look moved: {now.task_queue} {now.status}"
+            assert now.run_id == first[q].run_id, f"{q}'s look was restarted by the other installation's worker"
+    finally:
+        for wid in (fleet_look_id(a), fleet_look_id(b)):
+            await temporal.client.get_workflow_handle(wid).terminate("test finished")
+        if (await legacy.describe()).status is WorkflowExecutionStatus.RUNNING:
+            await legacy.terminate("test finished")

@@ -202,6 +202,10 @@ class StartNodeInput(Msg):
 class StartNodeResult(Msg):
     started: bool
     reason: str = ""
+    unsettled: bool = Field(
+        False,
+        description="Granted, but starting its workflow failed (it may have started anyway): the pool retries it with the same workflow id.",
+    )
 
 
 class NodeStart(Msg):
@@ -258,6 +262,10 @@ class DisruptionAsk(Msg):
 class DisruptionAnswer(Msg):
     allowed: bool
     message: str = Field("", description="Why not (the blocking budget and the counts), or why it went ahead unasked.")
+    unasked: bool = Field(
+        False,
+        description="Not a refusal: the pool could not take the ask now (its updates in flight at Temporal's limit); ask again soon.",
+    )
 
 
 class PoolAsk(Msg):

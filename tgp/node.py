@@ -4,10 +4,10 @@ workflows (activities.pool) needs nothing of workflows/."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tgp.lifecycle import WatchState
-from tgp.types import InstanceRef, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
+from tgp.types import InstanceRef, InstanceSighting, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
 
 
 class NodeState(BaseModel):
@@ -30,6 +30,11 @@ class NodeState(BaseModel):
     evict_reason: str | None = None
     last_error: str | None = None
     end_reason: str | None = None
+    # What the `instance_seen` and `budget_freed` signals asked of the watch, not yet acted on:
+    # in the state so that continue-as-new carries a signal received just before it.
+    sighting: InstanceSighting | None = Field(None, description="The provider's listing asks for a look (signal `instance_seen`).")
+    facts_sources: list[str] = Field([], description="The bridge incarnations heard from, oldest first (tgp.facts_order).")
+    budget_freed: bool = Field(False, description="The pool says a held node may ask its budget again (signal `budget_freed`).")
 
     @model_validator(mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from temporalio.client import (
     ScheduleSpec,
     ScheduleUpdate,
     ScheduleUpdateInput,
+    WorkflowExecutionStatus,
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -54,7 +55,7 @@ from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow
-from workflows.fleet import FLEET_LOOK_ID, FleetLookRequest, FleetLookWorkflow
+from workflows.fleet import FLEET_LOOK_ID, FleetLookRequest, FleetLookWorkflow, fleet_look_id
 from workflows.sweeper import SWEEP_EVERY, SweeperWorkflow, SweepRequest
 
 log = structlog.get_logger("tgp.worker")
@@ -229,11 +230,17 @@ async def ensure_sweeper_schedule(client: Client, task_queue: str, every: timede
             pass  # it ended meanwhile
 
 
-async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta | None = None, *, workflow_id: str = FLEET_LOOK_ID) -> None:
-    """Start the fleet look (workflows.fleet), or keep the one running (every worker calls this
-    at start). One running on another task queue than this worker's is replaced, as the
-    sweeper's Schedule is moved: its looks would wait there for a worker that never comes.
+async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta | None = None, *, workflow_id: str | None = None) -> None:
+    """Start this task queue's fleet look (workflows.fleet, id `fleet_look_id(task_queue)`), or
+    keep the one running (every worker calls this at start). One running under `workflow_id` on
+    another task queue than this worker's is replaced, as the sweeper's Schedule is moved: its
+    looks would wait there for a worker that never comes. The one look per namespace of earlier
+    releases (`tgp-fleet-look`) is ended when it runs on this queue (it would look twice); one
+    on another queue is another installation's, left to it.
     `every`: the interval (None: FLEET_LOOK_EVERY of the code running the look)."""
+    if workflow_id is None:
+        workflow_id = fleet_look_id(task_queue)
+        await _retire_namespace_look(client, task_queue)
     for _ in range(2):
         handle = await client.start_workflow(
             FleetLookWorkflow.run,
@@ -251,6 +258,19 @@ async def ensure_fleet_look(client: Client, task_queue: str, every: timedelta | 
             if exc.status is not RPCStatusCode.NOT_FOUND:
                 raise
         log.warning("fleet_look_moved", task_queue=task_queue)
+
+
+async def _retire_namespace_look(client: Client, task_queue: str) -> None:
+    """End the earlier releases' fleet look (one per namespace) when it runs on `task_queue`."""
+    handle = client.get_workflow_handle(FLEET_LOOK_ID)
+    try:
+        desc = await handle.describe()
+        if desc.status is WorkflowExecutionStatus.RUNNING and desc.task_queue == task_queue:
+            await handle.terminate(f"replaced by the task queue's own fleet look {fleet_look_id(task_queue)!r}")
+            log.info("fleet_look_per_queue", task_queue=task_queue, replaced=FLEET_LOOK_ID)
+    except RPCError as exc:
+        if exc.status is not RPCStatusCode.NOT_FOUND:
+            raise
 
 
 async def check_sweeps(client: Client, *, now: datetime | None = None) -> bool:

@@ -1,4 +1,4 @@
-"""FleetLookWorkflow: one entity workflow per Temporal namespace (id `tgp-fleet-look`, started by
+"""FleetLookWorkflow: one entity workflow per task queue (id `tgp-fleet-look/<queue>`, started by
 every worker, kept if running) that looks at the fleet every FLEET_LOOK_EVERY: each provider
 account that holds a Ready node's instance is listed once, and the nodes whose instance the
 listing shows interrupted, stopped, failed, terminated or missing are told (activities.fleet).
@@ -24,7 +24,15 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult
 
-FLEET_LOOK_ID = "tgp-fleet-look"
+# One look per task queue (an installation: its workers and the nodes they run), so that two
+# installations sharing a Temporal namespace each keep theirs. Before, one id per namespace:
+# each installation's worker start moved the other's look to its own queue.
+FLEET_LOOK_ID = "tgp-fleet-look"  # the prefix; alone, the id of the looks of earlier releases
+
+
+def fleet_look_id(task_queue: str) -> str:
+    return f"{FLEET_LOOK_ID}/{task_queue}"
+
 # How often each account is listed: a node's instance that the provider ended is noticed
 # within this (plus the node's own describe). One list call per account per interval, which
 # even Lambda's ~1 request/s per account affords beside launches and terminates.

@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from activities.node import POOL_ANSWER_TIMEOUT
     from tgp.disruption import DisruptionReason, termination_deadline
+    from tgp.facts_order import take_facts
     from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
@@ -109,8 +110,14 @@ EVENT_DRIVEN_WATCH_PATCH = "event-driven-watch"
 DISRUPTION_RULES_PATCH = "node-disruption-rules"
 # Marks runs whose voluntary ends (idle, expired) ask the pool's disruption budgets first.
 DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
+# After the pool grants a voluntary end, the facts that came while the ask was in flight are
+# judged again (a do-not-disrupt pod that started meanwhile holds the node) before the drain.
+RECHECK_AFTER_GRANT_PATCH = "recheck-after-grant"
 # A node a budget holds asks its pool again this often (each ask: a timer and an activity).
 BUDGET_ASK_AGAIN = timedelta(minutes=1)
+# An ask the pool could not take (Temporal's in-flight update limit) is no refusal: asked again
+# after this, plus up to as much again at random (nodes that asked together do not again).
+BUDGET_ASK_SOON = timedelta(seconds=5)
 # Repair too (Karpenter caps concurrent repairs): a device-plugin rollout that takes every
 # node's GPUs away must not end the whole pool at once.
 _BUDGETED_ENDS = {
@@ -141,8 +148,25 @@ class GPUNodeWorkflow:
         self._reports: list[asyncio.Future[None]] = []
         self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
         self._twin_watch: asyncio.Future[None] | None = None
-        self._sighting: InstanceSighting | None = None  # the provider's listing asks for a look
-        self._budget_freed = False  # the pool says a held node may ask its budget again
+
+    # What the `instance_seen` and `budget_freed` signals ask of the watch lives in the state,
+    # which continue-as-new carries (in fields of the workflow, one received just before it
+    # was lost: a preempted instance unseen until the 45-minute backstop look).
+    @property
+    def _sighting(self) -> InstanceSighting | None:
+        return self.state.sighting
+
+    @_sighting.setter
+    def _sighting(self, sighting: InstanceSighting | None) -> None:
+        self.state.sighting = sighting
+
+    @property
+    def _budget_freed(self) -> bool:
+        return self.state.budget_freed
+
+    @_budget_freed.setter
+    def _budget_freed(self, freed: bool) -> None:
+        self.state.budget_freed = freed
 
     # --- messages ------------------------------------------------------------------------
 
@@ -169,10 +193,14 @@ class GPUNodeWorkflow:
     @workflow.signal
     def node_facts(self, facts: NodeFacts) -> None:
         """The bridge's facts about the Node (sent on a change, and for every node after the
-        bridge starts). Kept, even before the watch, unless older than the facts already kept."""
+        bridge starts). Kept, even before the watch, unless older than the facts already kept
+        (tgp.facts_order: an older send never overwrites a newer one)."""
         if self.legacy:
             return self.legacy.handle("node_facts", facts)
-        if self.state.facts is None or facts.at >= self.state.facts.at:
+        # By the bridge's incarnation and sequence, not its clock (unnumbered facts of earlier
+        # bridges as before: by `at`).
+        take, self.state.facts_sources = take_facts(self.state.facts, self.state.facts_sources, facts)
+        if take:
             self.state.facts = facts
 
     @workflow.signal
@@ -633,9 +661,12 @@ class GPUNodeWorkflow:
             if watch.view is not None:
                 verdict = judge_view(watch, workflow.now(), t)
                 self.state.watch = watch = verdict.state.model_copy(update={"held": verdict.held})
+                facts = self.state.facts
                 if verdict.end is not None and not await self._budget_allows(verdict.end):
                     watch = self.state.watch
                     assert watch is not None
+                elif verdict.end is not None and self._held_after_the_ask(facts):
+                    continue  # judged again at the top of the loop: it holds now (and says so)
                 elif verdict.end is not None:
                     self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
                     return verdict.end
@@ -667,6 +698,16 @@ class GPUNodeWorkflow:
                 )
             except asyncio.TimeoutError:
                 pass
+
+    def _held_after_the_ask(self, facts: NodeFacts | None) -> bool:
+        """New facts came while the pool was asked (a do-not-disrupt pod or annotation, a pod
+        that makes the node busy): judged with them, is the voluntary end no longer due?"""
+        if self.state.facts is facts:
+            return False
+        self._apply_facts()
+        watch = self.state.watch
+        assert watch is not None
+        return judge_view(watch, workflow.now(), self.req.timeouts).end is None and workflow.patched(RECHECK_AFTER_GRANT_PATCH)
 
     async def _budget_allows(self, end: EndReason) -> bool:
         """Whether a voluntary end (idle, expired) may begin now, within the pool's disruption
@@ -703,6 +744,10 @@ class GPUNodeWorkflow:
         if answer.allowed:
             self.state.watch = watch.model_copy(update={"blocked_until": None, "blocked": ""})
             return True
+        if answer.unasked:  # not a refusal: no DisruptionBlocked, ask again soon (jittered)
+            soon = BUDGET_ASK_SOON * (1 + workflow.random().random())
+            self.state.watch = watch.model_copy(update={"blocked_until": workflow.now() + soon})
+            return False
         self.state.watch = watch.model_copy(update={"blocked_until": workflow.now() + BUDGET_ASK_AGAIN, "blocked": answer.message})
         if answer.message != watch.blocked:
             self._stamp(Stage.DISRUPTION_BLOCKED, answer.message)

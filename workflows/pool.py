@@ -111,6 +111,16 @@ TERMINATION_GRACE_PATCH = "termination-grace-to-nodes"
 # in status.consolidation: a pool with consolidation on, recorded before, wrote no such status.
 CONSOLIDATION_LOOK_PATCH = "consolidation-look"
 
+# A pass's starts whose activity failed as a whole (its timeout, a dead worker, an RPC error after
+# some workflows had started), or one start that failed on its own, may have started: their nodes
+# are kept (Pending, their pods nominated to them) and started again with the same workflow ids
+# (idempotent: the ledger's reserve by node id, the start by workflow id) before anything new is
+# bought for those pods. (Before, the pool took the whole batch for not started and named new
+# nodes for the same pods on its next pass: a second node bought per pod.)
+UNSETTLED_STARTS_PATCH = "unsettled-starts-kept"
+# How soon a pool with such starts tries them again (unless a signal wakes it earlier).
+START_RETRY = timedelta(seconds=5)
+
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
 _TUNABLE = _LAUNCHING | {NodePhase.READY}
@@ -125,6 +135,16 @@ class ClassRefusal(BaseModel):
     generation: int | None = None
     node_class: str = Field("", description="The class spec as it was (JSON): a changed class is asked again at once.")
     nodes_ended: int = 0
+
+
+class UnsettledStart(BaseModel):
+    """A node start that may or may not have happened: started again, with the same name, until
+    it is known to have (or its pods are gone, or the class refuses it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: NodeStart
+    pods: list[str] = []
+    error: str = ""
 
 
 class PoolState(BaseModel):
@@ -163,6 +183,7 @@ class PoolState(BaseModel):
     held_nodes: list[str] = Field([], description="Ready nodes do-not-disrupt holds, from the demand (consolidation leaves them).")
     consolidation: ConsolidationStatus | None = Field(None, description="The savings consolidation found and made (status.consolidation).")
     consolidation_looked_at: datetime | None = Field(None, description="When consolidation was last planned (once a resync).")
+    unsettled: dict[str, UnsettledStart] = Field({}, description="Node starts that failed and may have happened, by workflow id: started again with the same id.")
 
 
 class PoolInput(BaseModel):
@@ -174,6 +195,7 @@ class PoolInput(BaseModel):
     bind_grace: timedelta = POD_BIND_GRACE
     visibility_lag: timedelta = VISIBILITY_LAG
     class_refusal_backoff: timedelta = CLASS_REFUSAL_BACKOFF
+    start_retry: timedelta = START_RETRY
     state: PoolState = PoolState()
 
 
@@ -249,6 +271,7 @@ class GPUNodePoolWorkflow:
             reported_at=r.at,
         )
         self.state.nodes[r.workflow_id] = node
+        self.state.unsettled.pop(r.workflow_id, None)  # it reports: its workflow started
         if r.phase is not NodePhase.READY:
             self.state.granted.pop(r.workflow_id, None)  # draining now: counted as such
             self.state.blocked.pop(r.workflow_id, None)
@@ -360,6 +383,8 @@ class GPUNodePoolWorkflow:
 
     def _next_wake(self) -> timedelta:
         wake = self.inp.resync_interval
+        if self.state.unsettled:
+            wake = min(wake, self.inp.start_retry)
         refusal = self.state.class_refusal
         for until in (self.state.backoff_until, refusal.until if refusal else None):
             if until is not None:
@@ -480,8 +505,12 @@ class GPUNodePoolWorkflow:
                     phase_at=now,
                     reason="adopted from its running workflow",
                 )
+        for wid in [w for w in self.state.unsettled if w not in gone]:
+            del self.state.unsettled[wid]  # listed as running: its start happened
         missing = [
-            n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id in gone and now - n.created_at >= self.inp.visibility_lag
+            n.workflow_id
+            for n in self.state.nodes.values()
+            if not n.phase.is_final and n.workflow_id in gone and now - n.created_at >= self.inp.visibility_lag and n.workflow_id not in self.state.unsettled
         ]
         if missing:
             closed = await best_effort(EntityActivities.closed_workflows, missing, summary="check closed nodes")
@@ -531,6 +560,9 @@ class GPUNodePoolWorkflow:
         assert u.node_class is not None
         if not workflow.patched(DEMAND_BY_FIT_PATCH):
             return await self._launch_v1(u, live)
+        if self.state.unsettled:
+            await self._retry_unsettled(u, live)
+            live = [n for n in self.state.nodes.values() if not n.phase.is_final]
         oc = self.state.offer_check
         plan = self._account(live, oc.sizes if oc is not None and oc.sizes else None)
         self._report_no_offer_fits(plan, oc)
@@ -612,16 +644,9 @@ class GPUNodePoolWorkflow:
         tries again)."""
         assert u.node_class is not None
         now = workflow.now()
+        keep = workflow.patched(UNSETTLED_STARTS_PATCH)
         class_name = u.spec.node_class_ref.name
-        template = node_request(
-            namespace=self.inp.namespace,
-            pool_name=self.inp.name,
-            class_name=class_name,
-            node_name="",
-            pool=u.spec,
-            klass=u.node_class,
-            watch_interval=self.inp.watch_interval,
-        )
+        template = self._batch_template(u)
         cheapest = self.state.offer_check.cheapest if self.state.offer_check else None
         batch = []
         for i, n in enumerate(starts):
@@ -644,12 +669,20 @@ class GPUNodePoolWorkflow:
             timeout=START_NODES_TIMEOUT,
         )
         if not started.ok:
+            if keep:
+                # Some of them may have started: kept, and started again with the same ids.
+                for start, n in zip(batch, starts, strict=True):
+                    self._unsettled(u, template, start, n.pods, now, started.error or "")
             return [(False, started.error or "")] * len(batch)
         results = []
         refused = ""
         for start, n, result in zip(batch, starts, started.value.results, strict=True):
             if result.started:
                 self._started(u, request_for(template, start), floor=start.floor, pods=n.pods, now=now)
+            elif result.unsettled and keep:
+                self._unsettled(u, template, start, n.pods, now, result.reason)
+                results.append((True, ""))
+                continue
             else:
                 refused = refused or result.reason
             results.append((result.started, result.reason))
@@ -662,6 +695,71 @@ class GPUNodePoolWorkflow:
                 nodes_ended=self.state.nodes_ended,
             )
         return results
+
+    def _batch_template(self, u: PoolUpdate) -> NodeRequest:
+        """The request a batch's starts are built from (`tgp.pools.request_for`)."""
+        assert u.node_class is not None
+        return node_request(
+            namespace=self.inp.namespace,
+            pool_name=self.inp.name,
+            class_name=u.spec.node_class_ref.name,
+            node_name="",
+            pool=u.spec,
+            klass=u.node_class,
+            watch_interval=self.inp.watch_interval,
+        )
+
+    def _unsettled(self, u: PoolUpdate, template: NodeRequest, start: NodeStart, pods: list[str], now: datetime, error: str) -> None:
+        """A start that failed and may have happened: its node is recorded as launching, its
+        pods nominated to it (nothing else is bought for them), and it is started again, with
+        the same workflow id, on the next passes (`_retry_unsettled`)."""
+        req = request_for(template, start)
+        self._started(u, req, floor=start.floor, pods=pods, now=now, note=f"; its start failed ({error[:200]}): started again with the same name")
+        self.state.unsettled[req.workflow_id] = UnsettledStart(start=start, pods=list(pods), error=error[:300])
+
+    async def _retry_unsettled(self, u: PoolUpdate, live: list[PoolNode]) -> None:
+        """Start again, with the same names and workflow ids, the starts that may not have
+        happened. One whose pods all left the demand (or a minNodes start the pool no longer
+        needs) is not started again; like one the class now refuses, its node stays recorded
+        until the look at the running workflows finds it running or never started (it may have
+        started: nothing else is bought for its pods meanwhile)."""
+        pending = set(self.state.demand)
+        settled = sum(1 for n in live if n.workflow_id not in self.state.unsettled)
+        for wid, us in sorted(self.state.unsettled.items()):
+            if (us.pods and not pending.intersection(us.pods)) or (not us.pods and settled >= u.spec.min_nodes):
+                self._abandon_start(wid, "its pods are gone" if us.pods else "minNodes is met")
+        if not self.state.unsettled:
+            return
+        template = self._batch_template(u)
+        retries = sorted(self.state.unsettled.items())
+        started = await best_effort(
+            PoolActivities.reserve_and_start_nodes,
+            StartNodesInput(
+                class_name=template.class_workflow_id or u.spec.node_class_ref.name,
+                pool=f"{self.inp.namespace}/{self.inp.name}",
+                template=template,
+                starts=[us.start for _, us in retries],
+            ),
+            summary=f"start {len(retries)} node(s) again",
+            timeout=START_NODES_TIMEOUT,
+        )
+        if not started.ok:
+            return  # still unsettled: the next pass tries again
+        for (wid, _), result in zip(retries, started.value.results, strict=True):
+            if wid not in self.state.unsettled:
+                continue  # it reported meanwhile
+            if result.started:
+                del self.state.unsettled[wid]
+            elif not result.unsettled:
+                self._abandon_start(wid, f"the class refused it: {result.reason}")
+
+    def _abandon_start(self, wid: str, why: str) -> None:
+        """Stop starting `wid` again. Its node stays recorded (Pending) until it reports or the
+        look at the running workflows finds it closed or never started: it may have started."""
+        del self.state.unsettled[wid]
+        node = self.state.nodes.get(wid)
+        if node is not None and node.reported_at is None:
+            self.state.nodes[wid] = node.model_copy(update={"reason": f"its start failed and {why}: not started again"})
 
     async def _start_node(self, u: PoolUpdate, *, floor: bool, pods: list[str], gpus: int, price: Decimal | None = None) -> tuple[bool, str]:
         """Reserve a class slot and start one node workflow with at least `gpus` GPUs, bought
@@ -703,7 +801,7 @@ class GPUNodePoolWorkflow:
         self._started(u, req, floor=floor, pods=pods, now=now, fit=fit)
         return True, ""
 
-    def _started(self, u: PoolUpdate, req: NodeRequest, *, floor: bool, pods: list[str], now: datetime, fit: bool = True) -> None:
+    def _started(self, u: PoolUpdate, req: NodeRequest, *, floor: bool, pods: list[str], now: datetime, fit: bool = True, note: str = "") -> None:
         """Record a node workflow just started for `pods`, and its NodeLaunched Event."""
         node_name = req.node_name
         # A report may already have arrived while the start was in flight: keep its phase, but
@@ -721,7 +819,7 @@ class GPUNodePoolWorkflow:
             why = f"for {len(pods)} pods ({', '.join(pods[:MAX_PODS_NAMED])}{' and more' if len(pods) > MAX_PODS_NAMED else ''})"
         if fit:
             why = f"with {req.requirements.min_gpu_count} GPU(s) {why}"
-        self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} {why}"))
+        self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} {why}{note}"))
 
     def _capacity_nodes(self, live: list[PoolNode], *, fit: bool) -> list[CapacityNode]:
         return [self._capacity_node(n, fit=fit) for n in live]
