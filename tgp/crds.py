@@ -634,6 +634,9 @@ class PoolNodeStatus(Spec):
     hourly_price: Price | None = None
     created_at: datetime | None = None
     workflow_id: str = ""
+    drift_hash: str | None = Field(None, description="The drift hash of what made the node (its class's boot, tailnet, credentials and requirements, the pool's requirements).")
+    drifted: bool | None = Field(None, description="True when the class or pool has changed what made the node: it is replaced make-before-break within the disruption budget.")
+    replaced_by: str | None = Field(None, description="The node replacing this one (drift, re-shop): this one is drained only once that one is Ready.")
 
     @classmethod
     def of(cls, node: NodeOverview, created_at: datetime | None = None) -> PoolNodeStatus:

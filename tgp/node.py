@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tgp.lifecycle import WatchState
-from tgp.types import InstanceRef, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
+from tgp.types import DisruptRequest, InstanceRef, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
 
 
 class NodeState(BaseModel):
@@ -30,6 +30,11 @@ class NodeState(BaseModel):
     evict_reason: str | None = None
     last_error: str | None = None
     end_reason: str | None = None
+    # The pool replaced the node (make-before-break) and its replacement is Ready: end
+    # voluntarily (signal `disrupt`); the first request wins. `disrupt_held`: what do-not-disrupt
+    # holds it with, as last recorded.
+    disrupt: DisruptRequest | None = None
+    disrupt_held: str = ""
 
     @model_validator(mode="before")
     @classmethod
