@@ -1,0 +1,134 @@
+"""Make-before-break replacement (issue 21 items 3 and 4): a drifted node (its class changed what
+made it) and a node a cheaper offer fits (re-shop) are replaced: the replacement is bought and
+Ready before the old node is cordoned or drained, one at a time, within the budget.
+
+End to end through the CRD bridge, the simulated cloud and the Kubernetes emulator over HTTP;
+the order is read from the cloud's log (what it sold, ran and terminated) and from a watch on
+the Nodes (when each became Ready, when each was cordoned). Nothing of tgp is mocked."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from tests.conftest import eventually
+from tests.kube_env import KubeApi
+from tests.test_bridge import CLASSES, POOLS, apply, gpu_class, gpu_pool, ready_nodes, running_stack
+
+pytestmark = pytest.mark.timeout(300)
+
+MERGE = {"Content-Type": "application/merge-patch+json"}
+KEEP = {"idleTimeout": "1h", "drainTimeout": "10s"}
+
+
+@dataclass
+class NodeLog:
+    """The Nodes as a watch sees them, in order: (event type, name, Ready, cordoned)."""
+
+    seen: list[tuple[str, str, bool, bool]] = field(default_factory=list)
+
+    def first(self, name: str, *, ready: bool | None = None, cordoned: bool | None = None) -> int | None:
+        for i, (_, n, r, c) in enumerate(self.seen):
+            if n == name and (ready is None or r == ready) and (cordoned is None or c == cordoned):
+                return i
+        return None
+
+
+@contextlib.asynccontextmanager
+async def watching_nodes(kube: httpx.AsyncClient) -> AsyncIterator[NodeLog]:
+    log = NodeLog()
+
+    async def watch() -> None:
+        version = (await kube.get("/api/v1/nodes")).json()["metadata"].get("resourceVersion", "")
+        while True:
+            params = {"watch": "true", "resourceVersion": version, "allowWatchBookmarks": "false"}
+            async with kube.stream("GET", "/api/v1/nodes", params=params, timeout=None) as r:
+                async for line in r.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event["object"]
+                    version = obj["metadata"].get("resourceVersion", version)
+                    conditions = (obj.get("status") or {}).get("conditions") or []
+                    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                    cordoned = bool((obj.get("spec") or {}).get("unschedulable"))
+                    log.seen.append((event["type"], obj["metadata"]["name"], ready, cordoned))
+
+    task = asyncio.create_task(watch())
+    try:
+        yield log
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def pool_events(kube: httpx.AsyncClient, pool: str) -> list[tuple[str, str]]:
+    items = (await kube.get("/api/v1/namespaces/ml/events")).json()["items"]
+    return [(e["reason"], e["message"]) for e in items if e["involvedObject"]["name"] == pool]
+
+
+def node_of(instance_name: str) -> str:
+    """tgp-<node>-<attempt> -> <node>"""
+    return instance_name.removeprefix("tgp-").rsplit("-", 1)[0]
+
+
+async def test_a_drifted_node_is_replaced_make_before_break(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """The class's kubelet version changes under a Ready node: the pool marks it Drifted (status and a
+    NodeDrifted Event), buys one replacement, and only once the replacement's Node is Ready is the
+    old Node cordoned and its instance terminated; the pool ends with the replacement alone, the
+    new hash in its status."""
+    async with running_stack(temporal, kube_api) as s, watching_nodes(s.kube) as nodes:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", minNodes=1, disruption=KEEP))
+        [old] = await ready_nodes(s, "ml", "rtx", 1)
+        assert old.get("driftHash", "").startswith("v1-") and not old.get("drifted"), old
+
+        patch = {"spec": {"kubernetesVersion": "1.34.2"}}
+        (await s.kube.patch(f"{CLASSES}/sim", json=patch, headers=MERGE)).raise_for_status()
+
+        async def replaced() -> list[dict[str, Any]] | None:
+            status = await s.pool_status("ml", "rtx")
+            listed = status.get("nodes") or []
+            return listed if [n["name"] for n in listed] != [old["name"]] and len(listed) == 1 and listed[0]["phase"] == "Ready" else None
+
+        [new] = await eventually(replaced, timeout=120, what="the drifted node to be replaced")
+        assert new["driftHash"] != old["driftHash"] and not new.get("drifted"), new
+
+        # The cloud: one replacement bought; it ran before the old instance was terminated.
+        log = s.world.cloud.log
+        bought = [node_of(name) for event, name, _ in log if event == "bought"]
+        assert bought == [old["name"], new["name"]], f"not exactly one replacement: {log}"
+        running_new = log.index(next(e for e in log if e[0] == "running" and node_of(e[1]) == new["name"]))
+        deleted_old = log.index(next(e for e in log if e[0] == "deleted" and node_of(e[1]) == old["name"]))
+        assert running_new < deleted_old, f"the old instance was terminated before the replacement ran: {log}"
+
+        # Kubernetes: the replacement's Node was Ready before the old Node was cordoned.
+        new_ready = nodes.first(new["name"], ready=True)
+        [old_cordoned] = await eventually(lambda: _found(nodes.first(old["name"], cordoned=True)), what="the old Node's cordon in the watch")
+        assert new_ready is not None and new_ready < old_cordoned, f"cordoned before the replacement was Ready: {nodes.seen}"
+
+        events = await eventually(lambda: _events_with(s.kube, "NodeReplaced"), what="the NodeReplaced Event")
+        reasons = [r for r, _ in events]
+        assert reasons.count("NodeDrifted") == 1 and reasons.count("NodeReplacing") == 1, events
+        drifted_text = next(m for r, m in events if r == "NodeDrifted")
+        assert old["name"] in drifted_text and "make-before-break" in drifted_text, drifted_text
+
+
+async def _found(index: int | None) -> tuple[int] | None:
+    return (index,) if index is not None else None
+
+
+async def _events_with(kube: httpx.AsyncClient, reason: str) -> list[tuple[str, str]] | None:
+    events = await pool_events(kube, "rtx")
+    return events if any(r == reason for r, _ in events) else None
