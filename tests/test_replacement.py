@@ -132,3 +132,113 @@ async def _found(index: int | None) -> tuple[int] | None:
 async def _events_with(kube: httpx.AsyncClient, reason: str) -> list[tuple[str, str]] | None:
     events = await pool_events(kube, "rtx")
     return events if any(r == reason for r, _ in events) else None
+
+
+async def test_a_replacement_that_fails_leaves_the_old_node_in_place(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """The class's new tailnet tag is one the tailnet refuses to mint keys for: the replacement
+    fails before buying anything; the old node is never cordoned or terminated, and the pool
+    says so (ReplacementFailed, a Warning naming both nodes)."""
+    async with running_stack(temporal, kube_api) as s, watching_nodes(s.kube) as nodes:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", minNodes=1, disruption=KEEP))
+        [old] = await ready_nodes(s, "ml", "rtx", 1)
+
+        patch = {"spec": {"tailscaleConfig": {"tags": ["tag:tgp-node", "tag:not-owned"]}}}
+        (await s.kube.patch(f"{CLASSES}/sim", json=patch, headers=MERGE)).raise_for_status()
+
+        events = await eventually(lambda: _events_with(s.kube, "ReplacementFailed"), timeout=120, what="the ReplacementFailed Event")
+        failed = next(m for r, m in events if r == "ReplacementFailed")
+        assert f"of node {old['name']}" in failed and f"{old['name']} stays" in failed, failed
+        status = await s.pool_status("ml", "rtx")
+        assert [(n["name"], n["phase"], n.get("drifted")) for n in status["nodes"]] == [(old["name"], "Ready", True)], status["nodes"]
+        assert nodes.first(old["name"], cordoned=True) is None, "the old Node was cordoned though its replacement failed"
+        assert [e for e in s.world.cloud.log if e[0] == "deleted"] == [], s.world.cloud.log
+        assert len(s.world.cloud.live_instances()) == 1
+
+
+async def test_a_node_is_re_shopped_when_the_market_drops_and_not_within_the_threshold(temporal: WorkflowEnvironment) -> None:
+    """Consolidation `cheaperBy: 30%, after: 2s`. The node's offer ($0.44/h) drops to $0.35/h
+    (20% less: within the threshold): the pool sees the new price and passes on, replacing
+    nothing. It drops to $0.20/h: the node is replaced (make-before-break) by one bought at
+    $0.20/h, the old instance terminated after the replacement ran."""
+    from tests.test_pool_races import pool_spec, start_class, start_pool
+    from tests.test_pool_races import pool_events as events_of
+    from tests.test_pool_races import status as pool_status
+
+    async with market_world(temporal) as s:
+        klass = "reshop"
+        await start_class(s, klass)
+        spec = pool_spec(klass, minNodes=1, disruption={**KEEP, "consolidation": {"cheaperBy": "30%", "after": "2s"}})
+        name, pool = await start_pool(s, spec, resync_interval=timedelta(seconds=1), offer_check_ttl=timedelta(seconds=1))
+
+        async def nodes(count: int) -> list[Any] | None:
+            listed = (await pool_status(pool)).nodes
+            return listed if len(listed) == count and all(n.phase == "Ready" for n in listed) else None
+
+        [old] = await eventually(lambda: nodes(1), timeout=60, what="the floor node Ready")
+        s.workflow_ids.add(old.workflow_id)
+        assert old.hourly_price == Decimal("0.44"), old
+
+        s.world.cloud.set_price("rtx4090-us-east", Decimal("0.35"))
+
+        async def offers_at(price: str) -> int | None:
+            conditions = {c.type: c for c in (await pool_status(pool)).conditions}
+            offers = conditions.get("OffersAvailable")
+            return await _timers(pool) if offers is not None and f"from ${price}/h" in offers.message else None
+
+        seen_at = await eventually(lambda: offers_at("0.35"), timeout=60, what="the pool to see the $0.35/h offer")
+        # Passes go by (the pool wakes each second), well past `after`: nothing is replaced.
+        await eventually(lambda: _more(pool, seen_at + 6), timeout=60, what="six more passes")
+        assert [n.name for n in (await pool_status(pool)).nodes] == [old.name], "re-shopped within the threshold"
+        assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, s.world.cloud.log
+
+        s.world.cloud.set_price("rtx4090-us-east", Decimal("0.20"))
+
+        async def replaced() -> list[Any] | None:
+            listed = (await pool_status(pool)).nodes
+            return listed if len(listed) == 1 and listed[0].name != old.name and listed[0].phase == "Ready" else None
+
+        [new] = await eventually(replaced, timeout=120, what="the re-shopped node's replacement alone")
+        s.workflow_ids.add(new.workflow_id)
+        assert new.hourly_price == Decimal("0.20"), new
+        log = s.world.cloud.log
+        assert [node_of(n) for e, n, _ in log if e == "bought"] == [old.name, new.name], log
+        running_new = next(i for i, e in enumerate(log) if e[0] == "running" and node_of(e[1]) == new.name)
+        deleted_old = next(i for i, e in enumerate(log) if e[0] == "deleted" and node_of(e[1]) == old.name)
+        assert running_new < deleted_old, log
+        events = await events_of(s, name)
+        found = [m for r, m in events if r == "CheaperOfferFound"]
+        assert len(found) == 1 and "$0.20/h" in found[0], events
+
+
+@contextlib.asynccontextmanager
+async def market_world(env: WorkflowEnvironment) -> AsyncIterator[Any]:
+    """The simulated world and a worker whose pricing cache keeps a listing for 0.5 s (the
+    worker's is 60 s: a market move is seen within a minute), for pools started by the test."""
+    import uuid
+
+    from sim.world import sim_world
+    from tests.test_pool_races import Gates, Setup
+    from workers.main import WorkerConfig, build_activities, make_worker
+
+    async with contextlib.AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.1)
+        activities.pool.registry.offers.ttl = 0.5
+        queue = f"reshop-{uuid.uuid4().hex[:8]}"
+        await stack.enter_async_context(make_worker(env.client, activities, task_queue=queue))
+        setup = Setup(env, world, queue, Gates())
+        stack.push_async_callback(setup.end_workflows)
+        yield setup
+
+
+async def _timers(handle: Any) -> int:
+    """Timers the workflow has fired so far (each a pass of the pool at rest)."""
+    from temporalio.api.enums.v1 import EventType
+
+    return sum(1 for e in (await handle.fetch_history()).events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
+
+
+async def _more(handle: Any, count: int) -> bool:
+    return await _timers(handle) >= count

@@ -181,6 +181,7 @@ class PoolInput(BaseModel):
     bind_grace: timedelta = POD_BIND_GRACE
     visibility_lag: timedelta = VISIBILITY_LAG
     class_refusal_backoff: timedelta = CLASS_REFUSAL_BACKOFF
+    offer_check_ttl: timedelta = OFFER_CHECK_TTL
     state: PoolState = PoolState()
 
 
@@ -503,7 +504,7 @@ class GPUNodePoolWorkflow:
         assert u.node_class is not None
         req = offer_requirements(u.spec, u.node_class)
         key = req.model_dump_json()
-        stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= OFFER_CHECK_TTL
+        stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= self.inp.offer_check_ttl
         oc = self.state.offer_check
         if oc is not None and oc.matching and not oc.sizes and workflow.patched(DEMAND_BY_FIT_PATCH):
             stale = True  # checked by an older release: nodes are sized from the offers per GPU count
