@@ -242,3 +242,57 @@ async def _timers(handle: Any) -> int:
 
 async def _more(handle: Any, count: int) -> bool:
     return await _timers(handle) >= count
+
+
+async def test_a_re_shop_is_called_off_while_a_do_not_disrupt_pod_holds_the_node(temporal: WorkflowEnvironment) -> None:
+    """A cheaper offer appears for a node running a `tgp.io/do-not-disrupt` pod: the node is
+    never drained; the re-shop is called off (ReshopHeld, naming the pod), its replacement let go
+    (terminated), and the node stays, Ready, on its old offer."""
+    from tests.test_node_disruption import put_held_pod
+    from tests.test_pool_races import pool_spec, start_class, start_pool
+    from tests.test_pool_races import pool_events as events_of
+    from tests.test_pool_races import status as pool_status
+
+    async with market_world(temporal) as s:
+        await start_class(s, "held")
+        spec = pool_spec("held", minNodes=1, disruption={**KEEP, "consolidation": {"cheaperBy": "30%", "after": "1s"}})
+        name, pool = await start_pool(s, spec, resync_interval=timedelta(seconds=1), offer_check_ttl=timedelta(seconds=1), watch_interval=timedelta(seconds=1))
+
+        async def one_ready() -> Any:
+            listed = (await pool_status(pool)).nodes
+            return listed[0] if len(listed) == 1 and listed[0].phase == "Ready" else None
+
+        old = await eventually(one_ready, timeout=60, what="the floor node Ready")
+        s.workflow_ids.add(old.workflow_id)
+        await put_held_pod(s.world, old.name, "train")
+        looks = s.world.cloud.describe_requests
+        await eventually(lambda: _true(s.world.cloud.describe_requests >= looks + 2), timeout=60, what="the node to look at itself twice")
+
+        s.world.cloud.set_price("rtx4090-us-east", Decimal("0.20"))
+        events = await eventually(lambda: _reason(events_of(s, name), "ReshopHeld"), timeout=90, what="the ReshopHeld Event")
+        text = next(m for r, m in events if r == "ReshopHeld")
+        assert f"node {old.name}" in text and "default/train" in text, text
+
+        bought = [node_of(n) for e, n, _ in s.world.cloud.log if e == "bought"]
+        assert len(bought) == 2 and bought[0] == old.name, s.world.cloud.log
+        s.workflow_ids.add(old.workflow_id.rsplit("/", 1)[0] + "/" + bought[1])
+
+        async def let_go() -> bool:
+            return any(e == "deleted" and node_of(n) == bought[1] for e, n, _ in s.world.cloud.log)
+
+        await eventually(let_go, timeout=60, what="the called-off replacement to be terminated")
+        assert not [e for e in s.world.cloud.log if e[0] == "deleted" and node_of(e[1]) == old.name], s.world.cloud.log
+        node = s.env.client.get_workflow_handle(old.workflow_id)
+        from tgp.types import NodeStatus
+
+        status = await node.query("status", result_type=NodeStatus)
+        assert status.phase.value == "Ready" and not [r for r in status.stages if r.stage.value == "Draining"], status.stages
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _reason(events: Any, reason: str) -> list[tuple[str, str]] | None:
+    listed = await events
+    return listed if any(r == reason for r, _ in listed) else None

@@ -189,6 +189,9 @@ class GPUNodeWorkflow:
             return None
         if self.state.disrupt is None and request.reason in _DISRUPT_ENDS:
             self.state.disrupt = request
+        elif not request.reason and self.state.phase is NodePhase.READY:
+            self.state.disrupt = None  # called off (a re-shop that do-not-disrupt holds): it stays
+            self.state.disrupt_held = ""
 
     @workflow.signal
     def budget_freed(self) -> None:

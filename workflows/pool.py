@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
         StartNodesInput,
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements, request_for
-    from tgp.types import DisruptRequest, NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate, node_workflow_id
+    from tgp.types import DisruptRequest, EvictRequest, NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate, node_workflow_id
     from workflows.entity import best_effort, history_is_long, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_pool
 
@@ -119,7 +119,7 @@ REPLACEMENT_BACKOFF = timedelta(minutes=5)
 # What the pool's record of a node carries from report to report (the node does not report them).
 _REPLACEMENT_FIELDS = {
     "drift_hash", "drifted", "replace_reason", "replace_key", "replaced_by", "replaces", "disrupt_sent",
-    "replace_attempts", "replace_after", "cheaper_since",
+    "replace_attempts", "replace_after", "cheaper_since", "held",
 }
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
@@ -269,6 +269,10 @@ class GPUNodePoolWorkflow:
         for s in r.stages:
             if s.stage is Stage.DISRUPTION_HELD:  # reported while Ready: no phase change to hang it on
                 self.events.append(self._event("Normal", s.stage.value, f"node {node.node_name} {s.reason}"))
+                if node.replace_reason == DisruptionReason.CHEAPER.value and node.disrupt_sent and node.replaced_by:
+                    # A re-shop never disrupts a node a do-not-disrupt pod (or the Node) holds:
+                    # called off in the next pass (its replacement is let go).
+                    self.state.nodes[r.workflow_id] = node = node.model_copy(update={"held": s.reason})
         if r.phase is NodePhase.FAILED:
             # Nodes started before the last failure was reported are of the same wave: their
             # failures teach nothing new (a burst's batch failing under load doubled the back-off
@@ -940,6 +944,10 @@ class GPUNodePoolWorkflow:
         if not (events or in_progress(slots) or first_candidate(slots)) or not workflow.patched(REPLACEMENT_PATCH):
             return
         self.events.extend(events)
+        if any(n.held for n in self.state.nodes.values()):
+            await self._call_off_held_reshops(u)
+            self.dirty = True  # the next pass starts from what is now known
+            return
         backing_off = self.state.backoff_until is not None and now < self.state.backoff_until
         may_start = offers and not backing_off and not u.deleting and self._replacement_budget(slots)
         prefix = node_workflow_id(self.inp.namespace, self.inp.name, "")
@@ -977,6 +985,39 @@ class GPUNodePoolWorkflow:
             else:
                 await self._replace(old, DisruptionReason(step.reason), name=step.new)
 
+    async def _call_off_held_reshops(self, u: PoolUpdate) -> None:
+        """A node told to end for a re-shop reported that do-not-disrupt holds it: the re-shop
+        is called off (a re-shop is never worth a held node): the node is told to stay (a
+        `disrupt` with no reason), its replacement is evicted, and the node is not re-shopped
+        again before consolidation's `after` (a ReshopHeld Event)."""
+        now = workflow.now()
+        policy = u.spec.disruption.consolidation
+        wait = policy.after if policy is not None else REPLACEMENT_BACKOFF
+        for wid in sorted(w for w, n in self.state.nodes.items() if n.held):
+            old = self.state.nodes[wid]
+            new = self.state.nodes.get(old.replaced_by) if old.replaced_by else None
+            try:
+                await workflow.get_external_workflow_handle(wid).signal("disrupt", DisruptRequest(reason="", detail="re-shop called off"))
+            except Exception as exc:  # noqa: BLE001 - a node that ended has nothing to stay for
+                workflow.logger.info("could not call off the re-shop of %s: %s", wid, exc)
+            if new is not None and not new.phase.is_final:
+                try:
+                    await workflow.get_external_workflow_handle(new.workflow_id).signal(
+                        "evict", EvictRequest(reason=f"re-shop of {old.node_name} called off (do-not-disrupt)")
+                    )
+                except Exception as exc:  # noqa: BLE001 - it ended meanwhile
+                    workflow.logger.info("could not evict the called-off replacement %s: %s", new.workflow_id, exc)
+            self.events.append(
+                self._event(
+                    "Normal",
+                    "ReshopHeld",
+                    f"re-shop of node {old.node_name} called off: {old.held}; its replacement {new.node_name if new else old.replaced_by} is let go",
+                )
+            )
+            self._set(old, replaced_by=None, disrupt_sent=False, held="", cheaper_since=None, replace_reason="", replace_key="", replace_after=now + wait)
+            if new is not None:
+                self._set(new, replaces=None)
+
     def _set(self, n: PoolNode, **update: object) -> None:
         self.state.nodes[n.workflow_id] = self.state.nodes[n.workflow_id].model_copy(update=update)
 
@@ -994,7 +1035,8 @@ class GPUNodePoolWorkflow:
         now = workflow.now()
         self._forget_grants(now)
         initialized = sum(1 for m in self.state.nodes.values() if m.phase in (NodePhase.READY, NodePhase.DRAINING))
-        verdict = allowed_disruptions(u.spec.disruption.budgets, now, DisruptionReason(n.replace_reason), initialized, self._disrupting())
+        reason = DisruptionReason(slots[candidate].want or DisruptionReason.DRIFTED.value)
+        verdict = allowed_disruptions(u.spec.disruption.budgets, now, reason, initialized, self._disrupting())
         if verdict.permits():
             self.state.blocked.pop(candidate, None)
             return True
