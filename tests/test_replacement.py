@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import CLASSES, POOLS, apply, gpu_class, gpu_pool, ready_nodes, running_stack
+from tgp.messages import pool_workflow_id
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -123,6 +124,21 @@ async def test_a_drifted_node_is_replaced_make_before_break(temporal: WorkflowEn
         assert reasons.count("NodeDrifted") == 1 and reasons.count("NodeReplacing") == 1, events
         drifted_text = next(m for r, m in events if r == "NodeDrifted")
         assert old["name"] in drifted_text and "make-before-break" in drifted_text, drifted_text
+        await replay(s.env, {pool_workflow_id("ml", "rtx"): "pool_replaces_drifted", old["workflowId"]: "node_drifted_replaced", new["workflowId"]: ""})
+
+
+async def replay(env: WorkflowEnvironment, runs: dict[str, str]) -> None:
+    """Replay each run (workflow id) through the current code; with TGP_RECORD_HISTORIES set,
+    save those given a name as tests/histories/<name>.json (tests/test_replay.py replays them)."""
+    import os
+
+    from tests.test_replay import REPLAYER, ROOT
+
+    for wid, name in runs.items():
+        history = await env.client.get_workflow_handle(wid).fetch_history()
+        await REPLAYER.replay_workflow(history)
+        if name and os.environ.get("TGP_RECORD_HISTORIES"):
+            (ROOT / f"{name}.json").write_text(history.to_json())
 
 
 async def _found(index: int | None) -> tuple[int] | None:
