@@ -150,6 +150,32 @@ async def _events_with(kube: httpx.AsyncClient, reason: str) -> list[tuple[str, 
     return events if any(r == reason for r, _ in events) else None
 
 
+async def test_a_budget_holds_a_drifted_node_until_it_allows_the_replacement(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """A budget `nodes: "0"` for Drifted: the drifted node is marked but nothing is bought
+    (DisruptionBlocked names the budget); once the budget is lifted the replacement comes."""
+    async with running_stack(temporal, kube_api) as s:
+        await apply(s.kube, gpu_class())
+        budgets = [{"nodes": "0", "reasons": ["Drifted"]}]
+        await apply(s.kube, gpu_pool("rtx", minNodes=1, disruption={**KEEP, "budgets": budgets}))
+        [old] = await ready_nodes(s, "ml", "rtx", 1)
+        (await s.kube.patch(f"{CLASSES}/sim", json={"spec": {"kubernetesVersion": "1.34.2"}}, headers=MERGE)).raise_for_status()
+
+        events = await eventually(lambda: _events_with(s.kube, "DisruptionBlocked"), timeout=60, what="the DisruptionBlocked Event")
+        text = next(m for r, m in events if r == "DisruptionBlocked")
+        assert f"node {old['name']}" in text and "Drifted disruption blocked by budgets[0]" in text, text
+        status = await s.pool_status("ml", "rtx")
+        assert [(n["name"], n.get("drifted")) for n in status["nodes"]] == [(old["name"], True)], status["nodes"]
+        assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, s.world.cloud.log
+
+        (await s.kube.patch(f"{POOLS.format(ns='ml')}/rtx", json={"spec": {"disruption": {"budgets": []}}}, headers=MERGE)).raise_for_status()
+
+        async def replaced() -> list[dict[str, Any]] | None:
+            listed = (await s.pool_status("ml", "rtx")).get("nodes") or []
+            return listed if len(listed) == 1 and listed[0]["name"] != old["name"] and listed[0]["phase"] == "Ready" else None
+
+        await eventually(replaced, timeout=120, what="the replacement once the budget allows it")
+
+
 async def test_a_replacement_that_fails_leaves_the_old_node_in_place(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
     """The class's new tailnet tag is one the tailnet refuses to mint keys for: the replacement
     fails before buying anything; the old node is never cordoned or terminated, and the pool

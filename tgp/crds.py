@@ -511,7 +511,10 @@ class Consolidation(Spec):
     )
     after: Duration = Field(
         timedelta(minutes=30),
-        description="Never re-shop a node that has run for less than this, e.g. 30m: a replacement costs a boot and a drain.",
+        description="Re-shop a node only once the cheaper offer has lasted this long (so never a node that has run for less), "
+        "e.g. 30m: a replacement costs a boot and a drain, and a price that dips for minutes is not worth one. The replacement "
+        "is bought and Ready before the node drains (make-before-break), within the disruption budgets; a node a "
+        "do-not-disrupt pod or Node holds is never re-shopped.",
     )
 
 
