@@ -120,9 +120,14 @@ _BUDGETED_ENDS = {
     EndReason.REPAIR: DisruptionReason.REPAIR,
     EndReason.DRIFTED: DisruptionReason.DRIFTED,
     EndReason.CHEAPER: DisruptionReason.CHEAPER,
+    EndReason.UNDERUTILIZED: DisruptionReason.UNDERUTILIZED,
 }
 # The ends a pool's `disrupt` asks for, by its reason (make-before-break replacement).
-_DISRUPT_ENDS = {DisruptionReason.DRIFTED.value: EndReason.DRIFTED, DisruptionReason.CHEAPER.value: EndReason.CHEAPER}
+_DISRUPT_ENDS = {
+    DisruptionReason.DRIFTED.value: EndReason.DRIFTED,
+    DisruptionReason.CHEAPER.value: EndReason.CHEAPER,
+    DisruptionReason.UNDERUTILIZED.value: EndReason.UNDERUTILIZED,
+}
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")

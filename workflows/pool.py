@@ -1052,7 +1052,14 @@ class GPUNodePoolWorkflow:
         `offer`: the most it may cost per hour (re-shop; else the cap `old.replace_key` names,
         if any). The pool tells `old` to end once it is Ready (`_replacements`); `old` is never
         drained before. Returns whether it started; a refusal is a ReplacementFailed Event and
-        the next try waits REPLACEMENT_BACKOFF."""
+        the next try waits REPLACEMENT_BACKOFF.
+
+        The contract for other callers (consolidation): `old` is a Ready node of this pool with
+        no replacement under way (`old.replaced_by is None`); the caller has checked the budget
+        for `reason` and, for one step at a time, that `tgp.replace.in_progress` of the pool is
+        empty; it runs under a patch (the start is a command). From the start on, every pass's
+        `_replacements` follows it: `disrupt` (with `reason`) to `old` once the replacement is
+        Ready, ReplacementFailed and `old` kept if the replacement ends first."""
         u = self.state.update
         assert u is not None and u.node_class is not None
         now = workflow.now()
@@ -1099,7 +1106,8 @@ class GPUNodePoolWorkflow:
         self.state.nodes[req.workflow_id] = new.model_copy(
             update={"floor": old.floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count, "replaces": old.workflow_id}
         )
-        self._set(old, replaced_by=req.workflow_id, disrupt_sent=False)
+        key = old.replace_key if old.replace_reason == reason.value else (f"under {cap}" if cap is not None else "")
+        self._set(old, replaced_by=req.workflow_id, disrupt_sent=False, replace_reason=reason.value, replace_key=key)
         self.events.append(
             self._event(
                 "Normal",
