@@ -338,3 +338,38 @@ async def _true(value: bool) -> bool:
 async def _reason(events: Any, reason: str) -> list[tuple[str, str]] | None:
     listed = await events
     return listed if any(r == reason for r, _ in listed) else None
+
+
+async def test_a_node_told_to_end_for_drift_waits_for_its_do_not_disrupt_pod(time_skipping: WorkflowEnvironment) -> None:
+    """The node side of `disrupt`: a Ready node running a do-not-disrupt pod, told that its
+    replacement is Ready (reason Drifted), stays for hours and says why (DisruptionHeld naming
+    the pod); once the pod is gone it drains and ends `drifted: replaced by <new>`, everything
+    released. A `disrupt` with an unknown reason is ignored."""
+    from tests.conftest import running_world, skip_time
+    from tests.test_node_disruption import put_held_pod
+    from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase
+    from tests.test_watch_events import AT_REST, bridge_running, told
+    from tgp.types import DisruptRequest, NodePhase, NodeStatus, Stage
+    from workflows.node import GPUNodeWorkflow
+
+    async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
+        req = request(timeouts=AT_REST)
+        handle = await start(time_skipping, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await put_held_pod(world, req.node_name, "train")
+        await told(handle, holding=1, holders=["default/train"])
+
+        await handle.signal(GPUNodeWorkflow.disrupt, DisruptRequest(reason="Sideways", replacement="x"))
+        await handle.signal(GPUNodeWorkflow.disrupt, DisruptRequest(reason="Drifted", replacement="rtx-rabcde", detail="rtx-rabcde is Ready"))
+        await skip_time(time_skipping, timedelta(hours=2), step=timedelta(minutes=30))
+        status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, "drained while a do-not-disrupt pod ran"
+        held = [r for r in status.stages if r.stage is Stage.DISRUPTION_HELD]
+        assert held and "has drifted" in held[-1].reason and "default/train" in held[-1].reason, status.stages
+
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            (await kube.delete("/api/v1/namespaces/default/pods/train", params={"gracePeriodSeconds": "0"})).raise_for_status()
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED and final.end_reason == "drifted: replaced by rtx-rabcde (make-before-break): rtx-rabcde is Ready", final
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "node_disrupt_held_then_drifted")
