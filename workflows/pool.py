@@ -116,6 +116,9 @@ REPLACEMENT_PATCH = "make-before-break"
 # A replacement that ended before Ready (or a class that refused it): the next one for the same
 # node waits this long.
 REPLACEMENT_BACKOFF = timedelta(minutes=5)
+# A re-shop called off because do-not-disrupt holds the node is not tried again for this long
+# (or consolidation's `after`, if longer): each try buys a replacement for a few minutes.
+RESHOP_HELD_WAIT = timedelta(hours=1)
 # What the pool's record of a node carries from report to report (the node does not report them).
 _REPLACEMENT_FIELDS = {
     "drift_hash", "drifted", "replace_reason", "replace_key", "replaced_by", "replaces", "disrupt_sent",
@@ -989,10 +992,10 @@ class GPUNodePoolWorkflow:
         """A node told to end for a re-shop reported that do-not-disrupt holds it: the re-shop
         is called off (a re-shop is never worth a held node): the node is told to stay (a
         `disrupt` with no reason), its replacement is evicted, and the node is not re-shopped
-        again before consolidation's `after` (a ReshopHeld Event)."""
+        again for RESHOP_HELD_WAIT or consolidation's `after`, the longer (a ReshopHeld Event)."""
         now = workflow.now()
         policy = u.spec.disruption.consolidation
-        wait = policy.after if policy is not None else REPLACEMENT_BACKOFF
+        wait = max(policy.after, RESHOP_HELD_WAIT) if policy is not None else RESHOP_HELD_WAIT
         for wid in sorted(w for w, n in self.state.nodes.items() if n.held):
             old = self.state.nodes[wid]
             new = self.state.nodes.get(old.replaced_by) if old.replaced_by else None
