@@ -32,6 +32,7 @@ interrupted}.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fnmatch
 import itertools
 import re
@@ -167,6 +168,9 @@ class SimulatedCloud:
         self._deletes_failing = 0
         self.delete_requests = 0
         self.max_live_per_name: dict[str, int] = {}
+        # What happened to instances, in order: (event, instance name, offer id), event one of
+        # bought, running, deleted (a terminate request that took). For tests' order assertions.
+        self.log: list[tuple[str, str, str]] = []
         self._host, self._port = host, port
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -201,6 +205,10 @@ class SimulatedCloud:
         return not self.accounts or inst.account == request.get(_ACCOUNT)
 
     # --- fault injection ---------------------------------------------------------------
+
+    def set_price(self, offer_id: str, price: Decimal) -> None:
+        """The market moves: the offer is listed (and bought) at `price` from now on."""
+        self.catalog[offer_id] = dataclasses.replace(self.catalog[offer_id], price_per_hour=price)
 
     def set_capacity(self, offer_id: str, available: bool) -> None:
         (self._no_capacity.discard if available else self._no_capacity.add)(offer_id)
@@ -410,6 +418,7 @@ class SimulatedCloud:
                 id=f"sim-{next(self._ids):04d}", name=body["name"], offer=offer, user_data=body.get("userData", ""), account=request.get(_ACCOUNT)
             )
             self.instances[inst.id] = inst
+            self.log.append(("bought", inst.name, offer.id))
             self.model.bought(inst.id, inst.name)
             live = len(self.live_named(inst.name))
             self.max_live_per_name[inst.name] = max(live, self.max_live_per_name.get(inst.name, 0))
@@ -468,6 +477,7 @@ class SimulatedCloud:
             self._deletes_failing -= 1
             return _error(500, "internal", "could not terminate the instance, try again")
         if inst.status != "terminated":
+            self.log.append(("deleted", inst.name, inst.offer.id))
             self.model.terminate(inst.id, lambda: self._end(inst))
         return web.json_response(inst.to_json())
 
@@ -488,6 +498,7 @@ class SimulatedCloud:
             inst.status = "failed"
             return
         inst.status = "running"
+        self.log.append(("running", inst.name, inst.offer.id))
         if failure == "never_joins":
             return
         env = boot_env(inst.user_data)

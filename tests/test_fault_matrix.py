@@ -48,6 +48,12 @@ simulated world, worker and bridge processes) running its cells one after anothe
 processes serve; the lanes run side by side (TGP_FAULT_MATRIX_LANES, default 6), each starting
 at a different fault. The table is printed at the end, whether the cells passed or not.
 
+The replacement row has one cell: with the node Ready and its pod bound, the pool's requirements
+change (the node drifts); once the replacement's instance is bought the worker is SIGKILLed.
+Besides the checks above: exactly one replacement was bought, it ran before the old instance
+was terminated and was Ready before the old node began draining; the old node ended drifted,
+the replacement is then evicted like the other cells' nodes.
+
 The burst test launches 40 nodes at once for 40 pending pods while the worker is SIGKILLed three
 times, waits for all 40 Ready, then scales the pool to zero.
 """
@@ -103,7 +109,7 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 POOL_RESOURCE = kmock.resource("tgp.io", "v1", "gpunodepools")
 CLASS_RESOURCE = kmock.resource("tgp.io", "v1", "gpunodeclasses")
 
-STAGES = ("select", "launch", "running", "join", "ready", "label", "watch", "drain", "terminate")
+STAGES = ("select", "launch", "running", "join", "ready", "label", "watch", "drain", "terminate", "replace")
 STAGE_TITLES = {
     "select": "select offer",
     "launch": "create in flight",
@@ -114,7 +120,10 @@ STAGE_TITLES = {
     "watch": "watch (pod bound)",
     "drain": "drain",
     "terminate": "terminate",
+    "replace": "replacement",
 }
+# The replacement row (make-before-break, issue 21) has the cells of these faults only.
+REPLACE_FAULTS = ("worker-kill",)
 PROCESS_FAULTS = ("worker-kill", "temporal-kill", "bridge-kill")
 MODEL_FAULTS = ("late-create", "lagging-list", "429-after-buy", "lying-terminate")
 FAULTS = (*PROCESS_FAULTS, "kube-burst", "capacity", "5xx-before", "5xx-after", "slow-create", "delete-fails", *MODEL_FAULTS)
@@ -683,6 +692,9 @@ async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, no
         return cloud.describe_requests >= describes + 2
 
     await lane.until(watched, "the watch stage to look at the node twice")
+    if stage == "replace":
+        await replacement_life(lane, names, strike, notes, node)
+        return
     if stage == "terminate":
         cloud.hold_deletes()
     annotate = {"metadata": {"annotations": {"tgp.io/evict": "fault matrix"}}}
@@ -728,6 +740,58 @@ async def live_cell(lane: Lane, cell: Cell, names: CellNames, strike: Strike, no
         return lane.pool(names) is None
 
     await lane.until(pool_gone, "the pool's finalizer to let it go", every=0.2)
+
+
+async def replacement_life(lane: Lane, names: CellNames, strike: Strike, notes: dict[str, Any], node: str) -> None:
+    """The pool's requirements change under the Ready node (drift); the worker is killed while
+    its replacement launches. Exactly one replacement; Ready before the old node drains; the old
+    node ends drifted; then the replacement is evicted and the pool deleted as in every cell."""
+    cloud, ns = lane.cloud, names.ns
+    drift = {"spec": {"template": {"spec": {"requirements": [{"key": "tgp.io/gpu-type", "operator": "In", "values": ["RTX4090", "L40S"]}]}}}}
+    (await lane.kube.patch(f"{POOLS.format(ns=ns)}/{names.pool}", json=drift, headers=MERGE)).raise_for_status()
+
+    def replacement() -> str | None:
+        names_bought = {node_of(i.name) for i in cloud.instances.values() if i.name.startswith(names.prefix)}
+        return next(iter(sorted(names_bought - {node})), None)
+
+    new = await lane.until(replacement, "the replacement to be bought", every=0.01)
+    strike.nodes.append(new)
+    await strike()
+
+    async def result_of(name: str) -> NodeStatus:
+        handle = lane.client.get_workflow_handle(node_workflow_id(ns, names.pool, name), result_type=NodeStatus)
+        return await handle.result()
+
+    old_final: NodeStatus = await lane.until(lambda: result_of(node), "the drifted node to end", every=0.2)
+    assert old_final.phase is NodePhase.TERMINATED and (old_final.end_reason or "").startswith("drifted"), (
+        f"the old node ended {old_final.phase.value}: {old_final.end_reason}; last error: {old_final.last_error}"
+    )
+    bought = sorted({node_of(i.name) for i in cloud.instances.values() if i.name.startswith(names.prefix)})
+    assert bought == sorted({node, new}), f"not exactly one replacement for {node}: {bought}"
+    new_handle = lane.client.get_workflow_handle(node_workflow_id(ns, names.pool, new), result_type=NodeStatus)
+    new_status: NodeStatus = await new_handle.query("status", result_type=NodeStatus)
+    assert new_status.phase is NodePhase.READY, f"the replacement is {new_status.phase.value}"
+    new_ready = next(r.at for r in new_status.stages if r.stage.value == NodePhase.READY.value)
+    old_draining = next(r.at for r in old_final.stages if r.stage.value == NodePhase.DRAINING.value)
+    assert new_ready <= old_draining, f"{node} began draining at {old_draining}, before {new} was Ready at {new_ready}"
+    log = cloud.log
+    running_new = next(i for i, e in enumerate(log) if e[0] == "running" and node_of(e[1]) == new)
+    deleted_old = next(i for i, e in enumerate(log) if e[0] == "deleted" and node_of(e[1]) == node)
+    assert running_new < deleted_old, f"{node}'s instance was terminated before {new}'s ran"
+    notes["attempts"] = len(old_final.attempts)
+
+    annotate = {"metadata": {"annotations": {"tgp.io/evict": "fault matrix"}}}
+    (await lane.kube.patch(f"/api/v1/nodes/{new}", json=annotate, headers=MERGE)).raise_for_status()
+    final: NodeStatus = await lane.until(lambda: result_of(new), "the replacement to end", every=0.2)
+    assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted"), final.end_reason
+
+    def pool_empty() -> bool:
+        status = (lane.pool(names) or {}).get("status") or {}
+        return not status.get("nodes") and status.get("readyNodes", 0) == 0 and status.get("desiredNodes", 0) == 0
+
+    await lane.until(pool_empty, "the pool's status to show no nodes", every=0.2)
+    await lane.kube.delete(f"{POOLS.format(ns=ns)}/{names.pool}")
+    await lane.until(lambda: lane.pool(names) is None, "the pool's finalizer to let it go", every=0.2)
 
 
 async def assert_clean(lane: Lane, names: CellNames) -> list[str]:
@@ -977,7 +1041,7 @@ async def lanes(count: int, **options: Any) -> AsyncIterator[list[Lane]]:
 def selected_cells() -> list[Cell]:
     """Every cell (stage × fault), or the ones named in TGP_FAULT_MATRIX_CELLS ("stage:fault,stage:fault", "stage:*")."""
     wanted = [w.split(":") for w in os.environ.get("TGP_FAULT_MATRIX_CELLS", "").split(",") if w]
-    cells = [Cell(s, f) for s in STAGES for f in FAULTS]
+    cells = [Cell(s, f) for s in STAGES for f in FAULTS if s != "replace" or f in REPLACE_FAULTS]
     if not wanted:
         return cells
     return [c for c in cells if any(s in (c.stage, "*") and f in (c.fault, "*") for s, f in wanted)]

@@ -511,7 +511,10 @@ class Consolidation(Spec):
     )
     after: Duration = Field(
         timedelta(minutes=30),
-        description="Never re-shop a node that has run for less than this, e.g. 30m: a replacement costs a boot and a drain.",
+        description="Re-shop a node only once the cheaper offer has lasted this long (so never a node that has run for less), "
+        "e.g. 30m: a replacement costs a boot and a drain, and a price that dips for minutes is not worth one. The replacement "
+        "is bought and Ready before the node drains (make-before-break), within the disruption budgets; a node a "
+        "do-not-disrupt pod or Node holds is never re-shopped.",
     )
     policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = Field(
         "WhenEmptyOrUnderutilized",
@@ -641,6 +644,9 @@ class PoolNodeStatus(Spec):
     hourly_price: Price | None = None
     created_at: datetime | None = None
     workflow_id: str = ""
+    drift_hash: str | None = Field(None, description="The drift hash of what made the node (its class's boot, tailnet, credentials and requirements, the pool's requirements).")
+    drifted: bool | None = Field(None, description="True when the class or pool has changed what made the node: it is replaced make-before-break within the disruption budget.")
+    replaced_by: str | None = Field(None, description="The node replacing this one (drift, re-shop): this one is drained only once that one is Ready.")
 
     @classmethod
     def of(cls, node: NodeOverview, created_at: datetime | None = None) -> PoolNodeStatus:

@@ -41,6 +41,9 @@ class EndReason(StrEnum):
     LOST = "lost"
     UNHEALTHY = "unhealthy"  # the provider reports trouble past the grace, the Node still answers: drain
     REPAIR = "repair"  # Ready but its GPUs are no longer advertised past the grace: drain and replace
+    DRIFTED = "drifted"  # replaced (make-before-break): its class or pool changed what made it
+    CHEAPER = "cheaper"  # replaced (make-before-break) by a cheaper offer that fits its pods
+    UNDERUTILIZED = "underutilized"  # replaced (make-before-break): its pods fit on fewer nodes
 
 
 def pod_holds_node(pod: PodSummary) -> bool:

@@ -140,6 +140,7 @@ class NodeReport(NodeOverview):
     reason: str | None = None
     at: datetime
     stages: list[StageRecord] = Field([], description="The stage records the node entered since its previous report, oldest first.")
+    drift_hash: str | None = Field(None, description="The drift hash the node was made with (its request's, for its provider).")
 
 
 class PoolNode(NodeOverview):
@@ -153,6 +154,18 @@ class PoolNode(NodeOverview):
     timeouts_sent: str = Field("", description="The disruption settings the node last got (JSON), to send changes once.")
     gpus: int | None = Field(None, description="The GPUs it was bought with (at least): the room its nominations may take while it launches.")
     reported_at: datetime | None = Field(None, description="`at` of the newest report taken from the node: an older one arriving later is stale.")
+    # Make-before-break replacement (tgp.replace); carried from report to report.
+    drift_hash: str | None = Field(None, description="The drift hash it was made with, as it reported it (None: not known, never drifted).")
+    drifted: bool = Field(False, description="Its hash differs from its class and pool's now (a NodeDrifted Event was written).")
+    replace_reason: str = Field("", description="Why it should be replaced (Drifted, Cheaper), '' when it should not.")
+    replace_key: str = Field("", description="What it is replaced for (the drift hash, the re-shop's price cap): part of the replacement's id.")
+    replaced_by: str | None = Field(None, description="The workflow id of its replacement under way.")
+    replaces: str | None = Field(None, description="The workflow id of the node this one replaces.")
+    disrupt_sent: bool = Field(False, description="It was told to end (`disrupt`): its replacement is Ready.")
+    replace_attempts: int = Field(0, description="Replacements of it that ended before Ready.")
+    replace_after: datetime | None = Field(None, description="No replacement is started for it before then (after a failed one).")
+    cheaper_since: datetime | None = Field(None, description="Since when an offer cheaper by the pool's cheaperBy fits it (re-shop).")
+    held: str = Field("", description="do-not-disrupt holds it against the re-shop it was told of: the re-shop is called off (its message).")
 
 
 class NodeSighting(NodeOverview):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tgp.lifecycle import WatchState
-from tgp.types import InstanceRef, InstanceSighting, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
+from tgp.types import DisruptRequest, InstanceRef, InstanceSighting, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
 
 
 class NodeState(BaseModel):
@@ -35,6 +35,11 @@ class NodeState(BaseModel):
     sighting: InstanceSighting | None = Field(None, description="The provider's listing asks for a look (signal `instance_seen`).")
     facts_sources: list[str] = Field([], description="The bridge incarnations heard from, oldest first (tgp.facts_order).")
     budget_freed: bool = Field(False, description="The pool says a held node may ask its budget again (signal `budget_freed`).")
+    # The pool replaced the node (make-before-break) and its replacement is Ready: end
+    # voluntarily (signal `disrupt`); the first request wins. `disrupt_held`: what do-not-disrupt
+    # holds it with, as last recorded.
+    disrupt: DisruptRequest | None = None
+    disrupt_held: str = ""
 
     @model_validator(mode="before")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
+from tgp.drift import drift_hash
 from tgp.messages import NodeStart, class_workflow_id, pool_workflow_id
 from tgp.types import (
     LABEL_GPU_TYPE,
@@ -140,7 +141,13 @@ def node_request(
         timeouts=timeouts,
         pool_workflow_id=pool_workflow_id(namespace, pool_name),
         class_workflow_id=class_workflow_id(class_name),
+        drift_hashes=drift_hashes(klass, pool),
     )
+
+
+def drift_hashes(klass: GPUNodeClassSpec, pool: GPUNodePoolSpec) -> dict[str, str]:
+    """The drift hash of a node of `pool` for each provider of its class it may be bought from."""
+    return {p.name: drift_hash(klass, pool, p.name) for p in klass.providers if p.enabled}
 
 
 def request_for(template: NodeRequest, start: NodeStart) -> NodeRequest:

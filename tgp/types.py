@@ -344,6 +344,9 @@ class NodeRequest(Model):
     demand_since: datetime | None = Field(
         None, description="When the pool first heard of the pending pod this node is bought for (for tgp_demand_to_launch_seconds)."
     )
+    drift_hashes: dict[str, str] = Field(
+        {}, description="The drift hash (tgp.drift) of what made the node, per provider it may be bought from: it reports its provider's."
+    )
 
     @property
     def workflow_id(self) -> str:
@@ -364,6 +367,15 @@ class EvictRequest(Model):
     """Input of the `evict` signal: `--input '{"reason": "manual"}'`."""
 
     reason: str = "manual"
+
+
+class DisruptRequest(Model):
+    """Input of the `disrupt` signal: the pool replaced this node (make-before-break) and its
+    replacement is Ready; the node ends voluntarily (budget, do-not-disrupt, drain)."""
+
+    reason: str = Field(description="The voluntary reason (tgp.disruption.DisruptionReason): Drifted or Cheaper.")
+    replacement: str = Field("", description="The replacement's Node name.")
+    detail: str = ""
 
 
 class LaunchAttempt(Model):

@@ -32,9 +32,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.legacy.r31e9066.frozen import frozen_node
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from activities.node import POOL_ANSWER_TIMEOUT
-    from tgp.disruption import DisruptionReason, termination_deadline
+    from tgp.disruption import DisruptionReason, held_message, termination_deadline
     from tgp.facts_order import take_facts
-    from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
+    from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, held_by, judge_observation, judge_view, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
         LABEL_GPU_TYPE,
@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         LABEL_PROVIDER,
         LABEL_REGION,
         DeviceQuery,
+        DisruptRequest,
         DrainInput,
         EvictRequest,
         GpuQuery,
@@ -124,6 +125,15 @@ _BUDGETED_ENDS = {
     EndReason.IDLE: DisruptionReason.EMPTY,
     EndReason.EXPIRED: DisruptionReason.EXPIRED,
     EndReason.REPAIR: DisruptionReason.REPAIR,
+    EndReason.DRIFTED: DisruptionReason.DRIFTED,
+    EndReason.CHEAPER: DisruptionReason.CHEAPER,
+    EndReason.UNDERUTILIZED: DisruptionReason.UNDERUTILIZED,
+}
+# The ends a pool's `disrupt` asks for, by its reason (make-before-break replacement).
+_DISRUPT_ENDS = {
+    DisruptionReason.DRIFTED.value: EndReason.DRIFTED,
+    DisruptionReason.CHEAPER.value: EndReason.CHEAPER,
+    DisruptionReason.UNDERUTILIZED.value: EndReason.UNDERUTILIZED,
 }
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
@@ -202,6 +212,19 @@ class GPUNodeWorkflow:
         take, self.state.facts_sources = take_facts(self.state.facts, self.state.facts_sources, facts)
         if take:
             self.state.facts = facts
+
+    @workflow.signal
+    def disrupt(self, request: DisruptRequest) -> None:
+        """The pool: this node has been replaced (make-before-break) and its replacement is
+        Ready; end voluntarily, for `request.reason` (Drifted, Cheaper), within the budget and
+        not while do-not-disrupt holds it. The first request wins; a Ready node acts on it."""
+        if self.legacy:
+            return None
+        if self.state.disrupt is None and request.reason in _DISRUPT_ENDS:
+            self.state.disrupt = request
+        elif not request.reason and self.state.phase is NodePhase.READY:
+            self.state.disrupt = None  # called off (a re-shop that do-not-disrupt holds): it stays
+            self.state.disrupt_held = ""
 
     @workflow.signal
     def budget_freed(self) -> None:
@@ -676,6 +699,12 @@ class GPUNodeWorkflow:
                     self._stamp(Stage.DISRUPTION_HELD, verdict.held)
                     self._tell_pool()
                     workflow.set_current_details(self._details())
+                if self.state.disrupt is not None:
+                    end = await self._disrupt_due()
+                    if end is not None:
+                        return end
+                    watch = self.state.watch
+                    assert watch is not None
             if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await asyncio.gather(*self._reports)
@@ -685,13 +714,14 @@ class GPUNodeWorkflow:
                 # A budget holds a voluntary end that is already due: ask again then.
                 due = [d for d in due if d > workflow.now()] + [watch.blocked_until]
             sleep = max(min(due) - workflow.now(), timedelta(milliseconds=1))
-            req, facts = self.req, self.state.facts
+            req, facts, disrupt = self.req, self.state.facts, self.state.disrupt
             try:
                 await workflow.wait_condition(
                     lambda: self.state.evict_reason is not None
                     or self._sighting is not None
                     or self.state.facts is not facts
                     or self.req is not req
+                    or self.state.disrupt is not disrupt
                     or self._budget_freed,
                     timeout=sleep,
                     timeout_summary="watch",
@@ -708,6 +738,28 @@ class GPUNodeWorkflow:
         watch = self.state.watch
         assert watch is not None
         return judge_view(watch, workflow.now(), self.req.timeouts).end is None and workflow.patched(RECHECK_AFTER_GRANT_PATCH)
+    async def _disrupt_due(self) -> EndReason | None:
+        """The pool's `disrupt` (its replacement is Ready): the end to take now, or None while
+        do-not-disrupt holds the node (recorded once per holder set: DisruptionHeld) or a budget
+        does (DisruptionBlocked, asked again later). Only a Ready node with a view gets here."""
+        d, watch = self.state.disrupt, self.state.watch
+        assert d is not None and watch is not None and watch.view is not None
+        end = _DISRUPT_ENDS[d.reason]
+        holders, holding = held_by(watch.view)
+        if holders:
+            held = held_message(DisruptionReason(d.reason), holders, total=holding)
+            if held != self.state.disrupt_held:
+                self.state.disrupt_held = held
+                workflow.logger.info("disruption held: %s", held)
+                self._stamp(Stage.DISRUPTION_HELD, held)
+                self._tell_pool()
+            return None
+        self.state.disrupt_held = ""
+        if not await self._budget_allows(end):
+            return None
+        replaced = f" by {d.replacement}" if d.replacement else ""
+        self.state.end_reason = f"{end.value}: replaced{replaced} (make-before-break){': ' + d.detail if d.detail else ''}"
+        return end
 
     async def _budget_allows(self, end: EndReason) -> bool:
         """Whether a voluntary end (idle, expired) may begin now, within the pool's disruption
@@ -1089,6 +1141,7 @@ class GPUNodeWorkflow:
             reason=self.state.last_error if phase is NodePhase.FAILED and self.state.last_error else self.state.end_reason or self.state.last_error,
             at=workflow.now(),
             stages=records,
+            drift_hash=self.req.drift_hashes.get(offer.provider) if offer else None,
         )
         try:
             await workflow.get_external_workflow_handle(self.req.pool_workflow_id or "").signal("node_phase", report)

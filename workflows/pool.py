@@ -22,9 +22,11 @@ with workflow.unsafe.imports_passed_through():
     from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
     from tgp.consolidation import ConsolidationNode, ConsolidationPlan, plan_consolidation
-    from tgp.crds import Condition, ConsolidationStatus, GPUNodePoolStatus, PoolNodeStatus
+    from tgp.crds import Condition, Consolidation, ConsolidationStatus, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
-    from tgp.disruption import DisruptionReason, allowed_disruptions
+    from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop
+    from tgp.drift import drift_hash, drifted
+    from tgp.replace import Slot, StepKind, first_candidate, in_progress, replacement_name, replacement_steps
     from tgp.messages import (
         Demand,
         DisruptionAnswer,
@@ -42,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
         StartNodesInput,
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements, request_for
-    from tgp.types import NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate, node_workflow_id
+    from tgp.types import DisruptRequest, EvictRequest, NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate, node_workflow_id
     from workflows.entity import best_effort, history_is_long, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_pool
 
@@ -121,6 +123,22 @@ UNSETTLED_STARTS_PATCH = "unsettled-starts-kept"
 # How soon a pool with such starts tries them again (unless a signal wakes it earlier).
 START_RETRY = timedelta(seconds=5)
 
+# Make-before-break replacement (drift, re-shop; tgp.replace): marks runs whose passes mark
+# drifted nodes and replace them one at a time. Taken only when a pass has a step to take (a
+# history from before never has a drifted or cheaper node: its nodes reported no hash).
+REPLACEMENT_PATCH = "make-before-break"
+# A replacement that ended before Ready (or a class that refused it): the next one for the same
+# node waits this long.
+REPLACEMENT_BACKOFF = timedelta(minutes=5)
+# A re-shop called off because do-not-disrupt holds the node is not tried again for this long
+# (or consolidation's `after`, if longer): each try buys a replacement for a few minutes.
+RESHOP_HELD_WAIT = timedelta(hours=1)
+# What the pool's record of a node carries from report to report (the node does not report them).
+_REPLACEMENT_FIELDS = {
+    "drift_hash", "drifted", "replace_reason", "replace_key", "replaced_by", "replaces", "disrupt_sent",
+    "replace_attempts", "replace_after", "cheaper_since", "held",
+}
+
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
 _TUNABLE = _LAUNCHING | {NodePhase.READY}
@@ -196,6 +214,7 @@ class PoolInput(BaseModel):
     visibility_lag: timedelta = VISIBILITY_LAG
     class_refusal_backoff: timedelta = CLASS_REFUSAL_BACKOFF
     start_retry: timedelta = START_RETRY
+    offer_check_ttl: timedelta = OFFER_CHECK_TTL
     state: PoolState = PoolState()
 
 
@@ -270,6 +289,10 @@ class GPUNodePoolWorkflow:
             gpus=old.gpus if old else None,
             reported_at=r.at,
         )
+        if old is not None:
+            node = node.model_copy(update={k: getattr(old, k) for k in _REPLACEMENT_FIELDS})
+        if r.drift_hash is not None:
+            node = node.model_copy(update={"drift_hash": r.drift_hash})
         self.state.nodes[r.workflow_id] = node
         self.state.unsettled.pop(r.workflow_id, None)  # it reports: its workflow started
         if r.phase is not NodePhase.READY:
@@ -282,6 +305,10 @@ class GPUNodePoolWorkflow:
         for s in r.stages:
             if s.stage is Stage.DISRUPTION_HELD:  # reported while Ready: no phase change to hang it on
                 self.events.append(self._event("Normal", s.stage.value, f"node {node.node_name} {s.reason}"))
+                if node.replace_reason == DisruptionReason.CHEAPER.value and node.disrupt_sent and node.replaced_by:
+                    # A re-shop never disrupts a node a do-not-disrupt pod (or the Node) holds:
+                    # called off in the next pass (its replacement is let go).
+                    self.state.nodes[r.workflow_id] = node = node.model_copy(update={"held": s.reason})
         if r.phase is NodePhase.FAILED:
             # Nodes started before the last failure was reported are of the same wave: their
             # failures teach nothing new (a burst's batch failing under load doubled the back-off
@@ -343,7 +370,9 @@ class GPUNodePoolWorkflow:
         """The pool's nodes being disrupted: draining, or let go by a budget and not yet draining."""
         draining = {wid for wid, n in self.state.nodes.items() if n.phase is NodePhase.DRAINING}
         granted = {wid for wid in self.state.granted if (n := self.state.nodes.get(wid)) is not None and n.phase is NodePhase.READY}
-        return len((draining | granted) - {exclude})
+        # A node being replaced (make-before-break) counts from when its replacement starts.
+        replacing = {wid for wid, n in self.state.nodes.items() if n.replaced_by is not None and n.phase is NodePhase.READY}
+        return len((draining | granted | replacing) - {exclude})
 
     def _forget_grants(self, now: datetime) -> None:
         """A grant counts until its node reports Draining (or anything but Ready), or for
@@ -418,7 +447,8 @@ class GPUNodePoolWorkflow:
             name = u.spec.node_class_ref.name
             wanted["ClassReady"] = ("False", "ClassNotFound", f"GPUNodeClass {name} not found: create it or fix spec.nodeClassRef.name")
         else:
-            self._assign_floor(live, u.spec.min_nodes)
+            # A node being replaced leaves its floor to its replacement (started with it).
+            self._assign_floor([n for n in live if not self._being_replaced(n)], u.spec.min_nodes)
             wanted["ClassReady"] = ("True", "Found", "")
             wanted["OffersAvailable"] = await self._check_offers(u)
         ok = all(status == "True" for status, _, _ in wanted.values())
@@ -449,6 +479,8 @@ class GPUNodePoolWorkflow:
         elif u.spec.disruption.consolidation is None and self.state.consolidation is not None and self.state.consolidation.candidates:
             # Turned off: nothing is found any more (what was made stays).
             self.state.consolidation = self.state.consolidation.model_copy(update={"savings_found_hourly": Decimal(0), "candidates": 0})
+        if klass is not None:
+            await self._replacements(u, live, offers=wanted.get("OffersAvailable", ("False",))[0] == "True")
         if not u.deleting and klass is not None:
             await self._sync_timeouts(u, live)
         await self._publish(wanted)
@@ -523,7 +555,7 @@ class GPUNodePoolWorkflow:
         assert u.node_class is not None
         req = offer_requirements(u.spec, u.node_class)
         key = req.model_dump_json()
-        stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= OFFER_CHECK_TTL
+        stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= self.inp.offer_check_ttl
         oc = self.state.offer_check
         if oc is not None and oc.matching and not oc.sizes and workflow.patched(DEMAND_BY_FIT_PATCH):
             stale = True  # checked by an older release: nodes are sized from the offers per GPU count
@@ -923,6 +955,284 @@ class GPUNodePoolWorkflow:
         for n in chosen:
             self.state.nodes[n.workflow_id] = n.model_copy(update=update)
 
+    # --- make-before-break replacement (drift, re-shop) -------------------------------------
+
+    def _being_replaced(self, n: PoolNode) -> bool:
+        """`n` has a replacement under way that is still alive."""
+        new = self.state.nodes.get(n.replaced_by) if n.replaced_by else None
+        return new is not None and not new.phase.is_final and not n.phase.is_final
+
+    def _replacing(self, n: PoolNode) -> bool:
+        """`n` replaces a node that is still alive."""
+        old = self.state.nodes.get(n.replaces) if n.replaces else None
+        return old is not None and not old.phase.is_final
+
+    def _mark_replacements(self, u: PoolUpdate, live: list[PoolNode]) -> list[EventSpec]:
+        """Which Ready nodes should be replaced, and why: Drifted (the hash they were made with
+        differs from their class and pool's now: status and a NodeDrifted Event, once), else
+        Cheaper (consolidation on, an offer that fits them cheaper by cheaperBy for `after`).
+        State only; returns the Events to write."""
+        assert u.node_class is not None
+        now = workflow.now()
+        events: list[EventSpec] = []
+        hashes: dict[str | None, str] = {}
+        policy = u.spec.disruption.consolidation
+        for n in sorted(live, key=lambda n: n.workflow_id):
+            if n.phase is not NodePhase.READY:
+                continue
+            update: dict[str, object] = {}
+            if n.provider not in hashes:
+                hashes[n.provider] = drift_hash(u.node_class, u.spec, n.provider)
+            current = hashes[n.provider]
+            is_drifted = drifted(n.drift_hash, current)
+            if is_drifted != n.drifted:
+                update["drifted"] = is_drifted
+                if is_drifted:
+                    events.append(
+                        self._event(
+                            "Normal",
+                            "NodeDrifted",
+                            f"node {n.node_name} has drifted: its class or pool changed what made it (hash {n.drift_hash}, now {current}); "
+                            "it is replaced make-before-break within the disruption budget",
+                        )
+                    )
+            reason, key = "", ""
+            if is_drifted:
+                reason, key = DisruptionReason.DRIFTED.value, current
+            else:
+                cheaper = self._cheaper(n, policy, now)
+                update["cheaper_since"] = cheaper
+                if cheaper is not None and policy is not None and n.hourly_price is not None:
+                    verdict = reshop(n.hourly_price, now - cheaper, self._best_price(n), policy)
+                    if verdict.replace:
+                        cap = (n.hourly_price * (1 - cheaper_by(policy))).quantize(Decimal("0.0001"))
+                        reason, key = DisruptionReason.CHEAPER.value, f"under {cap}"
+                        if n.replace_reason != reason:
+                            events.append(self._event("Normal", "CheaperOfferFound", f"node {n.node_name}: {verdict.message}; it is replaced make-before-break"))
+            if n.replaced_by is None and (reason, key) != (n.replace_reason, n.replace_key):
+                update.update({"replace_reason": reason, "replace_key": key})
+            update = {k: v for k, v in update.items() if getattr(n, k) != v}
+            if update:
+                self.state.nodes[n.workflow_id] = self.state.nodes[n.workflow_id].model_copy(update=update)
+        return events
+
+    def _best_price(self, n: PoolNode) -> Decimal | None:
+        """The cheapest current offer (the pool's offer check) with at least the GPUs `n` was
+        bought with: its pods fit on it."""
+        oc = self.state.offer_check
+        if oc is None:
+            return None
+        prices = [s.hourly_price for s in oc.sizes if s.gpu_count >= (n.gpus or 1)]
+        return min(prices, default=None)
+
+    def _cheaper(self, n: PoolNode, policy: Consolidation | None, now: datetime) -> datetime | None:
+        """Since when an offer cheaper by the pool's cheaperBy fits `n` (None: none does, or
+        consolidation is off)."""
+        if policy is None or n.hourly_price is None or n.hourly_price <= 0 or n.replaces is not None and self._replacing(n):
+            return None
+        best = self._best_price(n)
+        if best is None or n.hourly_price - best < n.hourly_price * cheaper_by(policy):
+            return None
+        return n.cheaper_since or now
+
+    async def _replacements(self, u: PoolUpdate, live: list[PoolNode], *, offers: bool) -> None:
+        """One pass of make-before-break replacement (tgp.replace.replacement_steps): follow the
+        replacement under way (tell the old node to end once its replacement is Ready; give up
+        on one that ended before Ready), and start the next when none is under way, launches
+        are not backing off, the offers are known and the budget allows."""
+        events = self._mark_replacements(u, live)
+        now = workflow.now()
+        slots = {
+            wid: Slot(
+                workflow_id=wid,
+                node_name=n.node_name,
+                phase=n.phase,
+                want=(n.replace_reason or None) if n.replace_after is None or now >= n.replace_after else None,
+                key=n.replace_key,
+                replaced_by=n.replaced_by,
+                disrupt_sent=n.disrupt_sent,
+                attempts=n.replace_attempts,
+            )
+            for wid, n in self.state.nodes.items()
+        }
+        # Nothing to do, or a history from before replacements (its nodes reported no hash, but
+        # a pool with consolidation set may find a cheaper offer on replay): no command.
+        if not (events or in_progress(slots) or first_candidate(slots)) or not workflow.patched(REPLACEMENT_PATCH):
+            return
+        self.events.extend(events)
+        if any(n.held for n in self.state.nodes.values()):
+            await self._call_off_held_reshops(u)
+            self.dirty = True  # the next pass starts from what is now known
+            return
+        backing_off = self.state.backoff_until is not None and now < self.state.backoff_until
+        may_start = offers and not backing_off and not u.deleting and self._replacement_budget(slots)
+        prefix = node_workflow_id(self.inp.namespace, self.inp.name, "")
+        steps = replacement_steps(slots, pool=self.inp.name, id_prefix=prefix, may_start=may_start)
+        for step in steps:
+            old = self.state.nodes[step.old]
+            if step.kind is StepKind.ABANDON:
+                new = self.state.nodes.get(step.new)
+                why = f"{new.phase.value}: {new.reason}" if new is not None else "its workflow is gone"
+                self.events.append(
+                    self._event(
+                        "Warning",
+                        "ReplacementFailed",
+                        f"the replacement {step.new.removeprefix(prefix)} of node {old.node_name} ({step.reason}) ended before Ready ({why}); "
+                        f"{old.node_name} stays; another replacement is tried after {REPLACEMENT_BACKOFF}",
+                    )
+                )
+                self._set(old, replaced_by=None, disrupt_sent=False, replace_attempts=old.replace_attempts + 1, replace_after=now + REPLACEMENT_BACKOFF)
+            elif step.kind is StepKind.DISRUPT:
+                new_name = step.new.removeprefix(prefix)
+                try:
+                    await workflow.get_external_workflow_handle(step.old).signal(
+                        "disrupt", DisruptRequest(reason=step.reason, replacement=new_name, detail=f"{new_name} is Ready")
+                    )
+                except Exception as exc:  # noqa: BLE001 - told again next pass (the node keeps the first)
+                    workflow.logger.info("could not tell %s to end: %s", step.old, exc)
+                    continue
+                self._set(old, disrupt_sent=True)
+                self.events.append(
+                    self._event("Normal", "NodeReplaced", f"node {new_name} is Ready in place of {old.node_name} ({step.reason}): {old.node_name} is drained and terminated")
+                )
+            elif step.kind is StepKind.ADOPT:
+                self._set(old, replaced_by=step.new, disrupt_sent=False)
+                self._set(self.state.nodes[step.new], replaces=step.old, floor=old.floor)
+            else:
+                await self._replace(old, DisruptionReason(step.reason), name=step.new)
+
+    async def _call_off_held_reshops(self, u: PoolUpdate) -> None:
+        """A node told to end for a re-shop reported that do-not-disrupt holds it: the re-shop
+        is called off (a re-shop is never worth a held node): the node is told to stay (a
+        `disrupt` with no reason), its replacement is evicted, and the node is not re-shopped
+        again for RESHOP_HELD_WAIT or consolidation's `after`, the longer (a ReshopHeld Event)."""
+        now = workflow.now()
+        policy = u.spec.disruption.consolidation
+        wait = max(policy.after, RESHOP_HELD_WAIT) if policy is not None else RESHOP_HELD_WAIT
+        for wid in sorted(w for w, n in self.state.nodes.items() if n.held):
+            old = self.state.nodes[wid]
+            new = self.state.nodes.get(old.replaced_by) if old.replaced_by else None
+            try:
+                await workflow.get_external_workflow_handle(wid).signal("disrupt", DisruptRequest(reason="", detail="re-shop called off"))
+            except Exception as exc:  # noqa: BLE001 - a node that ended has nothing to stay for
+                workflow.logger.info("could not call off the re-shop of %s: %s", wid, exc)
+            if new is not None and not new.phase.is_final:
+                try:
+                    await workflow.get_external_workflow_handle(new.workflow_id).signal(
+                        "evict", EvictRequest(reason=f"re-shop of {old.node_name} called off (do-not-disrupt)")
+                    )
+                except Exception as exc:  # noqa: BLE001 - it ended meanwhile
+                    workflow.logger.info("could not evict the called-off replacement %s: %s", new.workflow_id, exc)
+            self.events.append(
+                self._event(
+                    "Normal",
+                    "ReshopHeld",
+                    f"re-shop of node {old.node_name} called off: {old.held}; its replacement {new.node_name if new else old.replaced_by} is let go",
+                )
+            )
+            self._set(old, replaced_by=None, disrupt_sent=False, held="", cheaper_since=None, replace_reason="", replace_key="", replace_after=now + wait)
+            if new is not None:
+                self._set(new, replaces=None)
+
+    def _set(self, n: PoolNode, **update: object) -> None:
+        self.state.nodes[n.workflow_id] = self.state.nodes[n.workflow_id].model_copy(update=update)
+
+    def _replacement_budget(self, slots: dict[str, Slot]) -> bool:
+        """Whether the budgets let the next candidate's replacement begin (it counts as
+        disrupting from its start). A refusal is a DisruptionBlocked Event, once per message."""
+        u = self.state.update
+        assert u is not None
+        if in_progress(slots):
+            return True  # nothing is started this pass anyway
+        candidate = first_candidate(slots)
+        if candidate is None:
+            return False
+        n = self.state.nodes[candidate]
+        now = workflow.now()
+        self._forget_grants(now)
+        initialized = sum(1 for m in self.state.nodes.values() if m.phase in (NodePhase.READY, NodePhase.DRAINING))
+        reason = DisruptionReason(slots[candidate].want or DisruptionReason.DRIFTED.value)
+        verdict = allowed_disruptions(u.spec.disruption.budgets, now, reason, initialized, self._disrupting())
+        if verdict.permits():
+            self.state.blocked.pop(candidate, None)
+            return True
+        if self.state.blocked.get(candidate) != verdict.message:
+            self.state.blocked[candidate] = verdict.message
+            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {n.node_name}: {verdict.message}"))
+        return False
+
+    async def _replace(self, old: PoolNode, reason: DisruptionReason, offer: Decimal | None = None, *, name: str | None = None) -> bool:
+        """Start the replacement of `old` for `reason` (make-before-break): a node workflow like
+        `old` (its floor, at least its GPUs) made as the pool and class are now, named
+        `name` (tgp.replace.replacement_name: the same step always names the same node).
+        `offer`: the most it may cost per hour (re-shop; else the cap `old.replace_key` names,
+        if any). The pool tells `old` to end once it is Ready (`_replacements`); `old` is never
+        drained before. Returns whether it started; a refusal is a ReplacementFailed Event and
+        the next try waits REPLACEMENT_BACKOFF.
+
+        The contract for other callers (consolidation): `old` is a Ready node of this pool with
+        no replacement under way (`old.replaced_by is None`); the caller has checked the budget
+        for `reason` and, for one step at a time, that `tgp.replace.in_progress` of the pool is
+        empty; it runs under a patch (the start is a command). From the start on, every pass's
+        `_replacements` follows it: `disrupt` (with `reason`) to `old` once the replacement is
+        Ready, ReplacementFailed and `old` kept if the replacement ends first."""
+        u = self.state.update
+        assert u is not None and u.node_class is not None
+        now = workflow.now()
+        node_name = name or replacement_name(self.inp.name, old.workflow_id, old.replace_key or reason.value, old.replace_attempts)
+        req = node_request(
+            namespace=self.inp.namespace,
+            pool_name=self.inp.name,
+            class_name=u.spec.node_class_ref.name,
+            node_name=node_name,
+            pool=u.spec,
+            klass=u.node_class,
+            watch_interval=self.inp.watch_interval,
+            floor=True,  # no idling out while the old node lives (the pool sends its own settings after)
+            min_gpus=old.gpus or 1,
+        )
+        cap = offer if offer is not None else (Decimal(old.replace_key.removeprefix("under ")) if old.replace_key.startswith("under ") else None)
+        if cap is not None:
+            limit = cap if req.requirements.max_hourly_price is None else min(cap, req.requirements.max_hourly_price)
+            req = req.model_copy(update={"requirements": req.requirements.model_copy(update={"max_hourly_price": limit})})
+        price = self._best_price(old) if cap is not None else (self.state.offer_check.cheapest if self.state.offer_check else None)
+        started = await best_effort(
+            PoolActivities.reserve_and_start_node,
+            StartNodeInput(
+                class_name=req.class_workflow_id or u.spec.node_class_ref.name,
+                reservation=Reservation(node_id=req.workflow_id, pool=f"{self.inp.namespace}/{self.inp.name}", hourly_price=price),
+                request=req,
+            ),
+            summary=f"start replacement {node_name}",
+        )
+        refused = started.error if not started.ok else ("" if started.value.started else started.value.reason)
+        if refused:
+            self.events.append(
+                self._event(
+                    "Warning",
+                    "ReplacementFailed",
+                    f"could not start a replacement for node {old.node_name} ({reason.value}): {refused}; {old.node_name} stays; "
+                    f"tried again after {REPLACEMENT_BACKOFF}",
+                )
+            )
+            self._set(old, replace_after=now + REPLACEMENT_BACKOFF)  # the same name next time: nothing was started
+            return False
+        new = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
+        sent = _fingerprint(self._timeouts_for(u, floor=True, held=False))
+        self.state.nodes[req.workflow_id] = new.model_copy(
+            update={"floor": old.floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count, "replaces": old.workflow_id}
+        )
+        key = old.replace_key if old.replace_reason == reason.value else (f"under {cap}" if cap is not None else "")
+        self._set(old, replaced_by=req.workflow_id, disrupt_sent=False, replace_reason=reason.value, replace_key=key)
+        self.events.append(
+            self._event(
+                "Normal",
+                "NodeReplacing",
+                f"launching node {node_name} to replace {old.node_name} ({reason.value}); {old.node_name} is drained only once {node_name} is Ready",
+            )
+        )
+        return True
+
     def _timeouts_for(self, u: PoolUpdate, *, floor: bool, held: bool) -> TimeoutsUpdate:
         """A node's disruption settings; with demand by fit also whether it holds nominated pods'
         place (bind grace) or not (released: it idles out as usual once its pods left)."""
@@ -941,7 +1251,8 @@ class GPUNodePoolWorkflow:
             node = self.state.nodes[wid]
             if node.phase not in _TUNABLE:
                 continue
-            wanted: TimeoutsUpdate = self._timeouts_for(u, floor=node.floor, held=wid in held)
+            # A replacement keeps like a floor node (never idles) until the node it replaces is gone.
+            wanted: TimeoutsUpdate = self._timeouts_for(u, floor=node.floor or self._replacing(node), held=wid in held)
             fingerprint = _fingerprint(wanted)
             if node.timeouts_sent == fingerprint:
                 continue
@@ -1062,11 +1373,13 @@ class GPUNodePoolWorkflow:
             disrupting=self._disrupting(),
             consolidation=self.state.consolidation,
             hourly_cost=sum((n.hourly_price or 0 for n in live if n.phase is not NodePhase.PENDING), start=0),  # type: ignore[arg-type]
-            nodes=[
-                PoolNodeStatus.of(n, created_at=n.created_at)
-                for n in sorted(live, key=lambda n: n.created_at)
-            ],
+            nodes=[self._node_status(n) for n in sorted(live, key=lambda n: n.created_at)],
         )
+
+    def _node_status(self, n: PoolNode) -> PoolNodeStatus:
+        status = PoolNodeStatus.of(n, created_at=n.created_at)
+        new = self.state.nodes.get(n.replaced_by) if n.replaced_by else None
+        return status.model_copy(update={"drift_hash": n.drift_hash, "drifted": n.drifted or None, "replaced_by": new.node_name if new else None})
 
     async def _publish(self, wanted: dict[str, tuple[str, str, str]]) -> None:
         generation = self.state.update.generation if self.state.update else None
@@ -1086,6 +1399,10 @@ class GPUNodePoolWorkflow:
             body.pop("disrupting", None)
         if body.get("consolidation") is None:
             body.pop("consolidation", None)  # the same for a pool that never consolidated
+        for node in body.get("nodes") or []:
+            for key in ("driftHash", "drifted", "replacedBy"):
+                if node.get(key) is None:
+                    node.pop(key, None)  # as before the fields existed (the fingerprint of a replayed history)
         fingerprint = repr(body)
         if fingerprint != self.state.written and workflow.patched(STATUS_BY_QUERY_PATCH):
             write = PoolStatusWrite(ref=self._ref(), workflow_id=workflow.info().workflow_id)
