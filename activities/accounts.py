@@ -47,6 +47,7 @@ from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.tailnets.tailscale import DEFAULT_BASE_URL as TAILSCALE_API_URL
 from activities.tailnets.tailscale import TailscaleTailnet
 from activities.clouds.registry import build_provider, static_capabilities
+from activities.name_lists import LookupsByAccount
 from activities.offer_cache import OfferCache
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, ConfigError, TgpError, TransientError
@@ -209,6 +210,8 @@ class ProviderRegistry:
         # The pricing cache, keyed like the adapters by account: shared by whoever shares this
         # registry (the worker's node, pool and class activities).
         self.offers = offers or OfferCache()
+        # Launches' look-ups by name, one listing in flight per account (activities.name_lists).
+        self.lookups = LookupsByAccount()
         self._adapters = VersionedAdapters(cluster, retire_after=retire_after, on_replaced=self._keep)
         # Which account (key fingerprint) and Secret each adapter built here bills.
         self._accounts: dict[int, tuple[tuple[str, CredentialsRef], str]] = {}

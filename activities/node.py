@@ -403,7 +403,8 @@ class NodeActivities:
     async def _live(self, provider: CloudProvider, name: str, memo: LaunchMemo) -> list[Instance]:
         """Every live instance under `name`: listed, or bought by an earlier attempt (its create
         answered; a 404 for it while the window is open is the provider lagging)."""
-        found = {i.instance_id: i for i in await provider.find_all_by_name(name)}
+        # Coalesced with the account's other launches, never older than this call (name_lists).
+        found = {i.instance_id: i for i in await self.registry.lookups.find_all_by_name(provider, name)}
         for bought in memo.bought:
             if bought.instance_id in found:
                 continue

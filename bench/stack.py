@@ -28,6 +28,7 @@ import attrs
 import httpx
 import kmock
 import yaml
+from aiohttp import web
 from temporalio.client import Client
 
 from sim.cloud import SimulatedCloud, boot_env
@@ -117,6 +118,17 @@ class TimedCloud(SimulatedCloud):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.first_delete: dict[str, float] = {}
+        # Every request by (method, route, whole listing or by name): what a launch costs the provider.
+        self.requests: Counter[str] = Counter()
+
+    @web.middleware
+    async def _auth(self, request, handler):  # type: ignore[no-untyped-def,override]
+        route = request.match_info.route.resource
+        what = route.canonical if route is not None else request.path
+        if request.method == "GET" and what == "/v1/instances":
+            what += "?name" if "name" in request.query else " (whole listing)"
+        self.requests[f"{request.method} {what}"] += 1
+        return await super()._auth(request, handler)
 
     async def _delete(self, request):  # type: ignore[no-untyped-def,override]
         inst = self.instances.get(request.match_info["id"])
