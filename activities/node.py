@@ -88,6 +88,11 @@ async def _bounded(inp: LaunchInput, fn: Callable[..., T], *args: Any, **kwargs:
         raise TransientError(f"cannot render the boot template now: {exc}") from None
 
 
+async def _at_once(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn` (a render of no class template: microseconds) here, as an awaitable step."""
+    return fn(*args, **kwargs)
+
+
 def _whose(inp: LaunchInput) -> str:
     return f"GPUNodeClass {inp.boot.node_class}" if inp.boot.node_class else "the GPUNodeClass"
 
@@ -237,9 +242,13 @@ class NodeActivities:
             log.warning("class_event_failed", node_class=owner, error_type=type(exc).__name__)
 
     async def _render_boot(self, inp: LaunchInput, kind: str, **kwargs: Any) -> BootPayload:
-        """The boot payload, rendered in a bounded child process waited for off the event loop,
-        in the renders' queue under the class's share (sandbox.bounded); a template that fails
-        is the class's fault, reported as `_class_template` says."""
+        """The boot payload. The class's own template renders in a bounded child process waited
+        for off the event loop, in the renders' queue under the class's share (sandbox.bounded);
+        without one (env, or tgp's shipped cloud-init/Talos template) it renders here, in
+        microseconds, with no queue: a burst's launches no longer wait one by one per class. A
+        template that fails is the class's fault, reported as `_class_template` says."""
+        if kwargs.get("template") is None:
+            return await self._class_template(inp, _at_once(render_boot_payload, kind, **kwargs))
         return await self._class_template(inp, _bounded(inp, render_boot_payload, kind, **kwargs))
 
     async def _class_template(self, inp: LaunchInput, step: Awaitable[T]) -> T:
