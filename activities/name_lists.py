@@ -62,11 +62,14 @@ class NameLookups:
 
     async def find_all_by_name(self, adapter: CloudProvider, name: str) -> list[Instance]:
         """Every live instance called `name`, as of a listing that started after this call."""
+        loop = asyncio.get_running_loop()
+        if self._running is not None and self._running.get_loop() is not loop:
+            self._running = self._next = None  # left behind by another (closed) event loop
         listing = self._next
         if listing is None:
-            listing = self._next = _Listing(adapter, asyncio.get_running_loop().create_future())
+            listing = self._next = _Listing(adapter, loop.create_future())
             if self._running is None:
-                self._running = asyncio.get_running_loop().create_task(self._run())
+                self._running = loop.create_task(self._run())
         listing.names.add(name)
         # Shielded: a caller cancelled while it waits leaves the listing to the others.
         found = await asyncio.shield(listing.done)

@@ -220,6 +220,7 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         # BENCH_BURST_PROFILE=<seconds>: the worker's busiest functions over the burst's start.
         profile_s = float(os.environ.get("BENCH_BURST_PROFILE") or 0)
         profiling = asyncio.ensure_future(s.profile_worker(profile_s)) if profile_s else None
+        sim_profiling = asyncio.ensure_future(profile_here(profile_s, s.logs / "sim-profile.json")) if profile_s else None
         deadline = BURST_DEADLINE.get(n, 60 + n * 0.5)
         last = 0
         while len(clock.bound) < n and time.monotonic() - w0 < deadline:
@@ -231,6 +232,7 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         wall = time.monotonic() - w0
         u1 = s.usage()
         profile = await profiling if profiling is not None else None
+        sim_profile = await sim_profiling if sim_profiling is not None else None
         overheads = [clock.bound[p] - clock.created[p] - BOOT for p in clock.bound]
         workflows = await node_workflows(s.client)
         starts = sorted(w.start_time.timestamp() for w in workflows)
@@ -260,6 +262,8 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         }
         if profile is not None:
             result["worker_profile"] = profile
+        if sim_profile is not None:
+            result["sim_profile"] = sim_profile  # this process: the simulated world (cloud, tailnet, Kubernetes, kubelets)
         try:
             result["launch_instance"] = await launch_durations(s.client, [w.id for w in workflows])
         except RPCError as exc:
@@ -275,6 +279,30 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
             result["idle"] = await idle_reaction(s, clock)
         clock.stop()
         return result
+
+
+_SAMPLING: list[Path] = []
+
+
+async def profile_here(seconds: float, out: Path) -> dict[str, Any] | None:
+    """This process's busiest functions over `seconds` (the simulated world's share of the
+    machine), sampled as bench/proc.py samples the worker."""
+    import signal
+
+    from bench.proc import _sample_on_signals
+
+    if not _SAMPLING:
+        _sample_on_signals(out)
+        _SAMPLING.append(out)
+    target = _SAMPLING[0]
+    target.unlink(missing_ok=True)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    await asyncio.sleep(seconds)
+    os.kill(os.getpid(), signal.SIGUSR2)
+    try:
+        return json.loads(target.read_text())  # type: ignore[no-any-return]
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
