@@ -33,6 +33,7 @@ from activities.node import NodeActivities
 from tests.hostile import HOSTILE_VALUES
 from tests.money_env import OFFER
 from tests.test_bootstrap import AUTH_KEY, join as join_fixture, settings as settings_fixture, variables  # noqa: F401
+from tgp.errors import ConfigError
 from tgp.types import LaunchInput
 
 join = join_fixture
@@ -68,7 +69,7 @@ def test_a_shipped_template_renders_in_the_worker_exactly_as_in_the_child(
         values[field] = [{"key": "k", "value": value, "effect": "NoSchedule"}]
     else:
         values[field] = value
-    assert _outcome(render_shipped_template, text, values) == _outcome(render_template, text, values)
+    assert _outcome(lambda _, v: render_shipped_template(template, v), text, values) == _outcome(render_template, text, values)
 
 
 async def test_a_launch_without_a_class_template_renders_while_the_renders_queue_is_full(
@@ -90,6 +91,11 @@ async def test_a_launch_without_a_class_template_renders_while_the_renders_queue
     finally:
         gate.set()
         await asyncio.gather(*holders)
+
+
+def test_only_a_shipped_template_renders_in_the_worker() -> None:
+    with pytest.raises(ConfigError, match="not a template tgp ships"):
+        render_shipped_template("{{ 9 ** 9 ** 9 }}", {})
 
 
 def test_a_class_template_still_renders_in_the_child(boot_settings: BootSettings, join: JoinSecrets) -> None:

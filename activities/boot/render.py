@@ -440,13 +440,16 @@ def _prepare(text: str) -> str:
     return translated
 
 
-def render_shipped_template(text: str, variables: Mapping[str, Any]) -> str:
-    """`render_template` for one of tgp's own shipped templates: rendered in this process
-    (sandbox.render_trusted: the same environment, filters and bounds, no child process), so it
-    needs no renders' queue either. Raises TemplateError like `render_template`."""
-    secrets = [str(variables[name]) for name in SECRET_VARIABLES if variables.get(name)]
+def render_shipped_template(name: str, variables: Mapping[str, Any]) -> str:
+    """`render_template` for the shipped template `name` (activities/boot/templates/; by name,
+    so no other text can take this path): rendered in this process (sandbox.render_trusted: the
+    same environment, filters and bounds, no child process), so it needs no renders' queue
+    either. Raises TemplateError like `render_template`."""
+    if name not in (UBUNTU_CLOUD_INIT_TEMPLATE, TALOS_WORKER_TEMPLATE):
+        raise ConfigError(f"{name!r} is not a template tgp ships")
+    secrets = [str(variables[key]) for key in SECRET_VARIABLES if variables.get(key)]
     try:
-        return template_sandbox.render_trusted(_prepare(text), variables)
+        return template_sandbox.render_trusted(_prepare(shipped_template(name)), variables)
     except RenderFailed as exc:
         raise _render_error(exc, variables, secrets) from None
 
@@ -844,10 +847,10 @@ def render_boot_payload(
             raise ConfigError(
                 f"boot payload kind {kind!r} needs a template in the GPUNodeClass; built in: env, {', '.join(DEFAULT_TEMPLATES)}"
             )
-        template = shipped = shipped_template(default)
+        shipped = default
     variables = template_variables(hostname=hostname, auth_key=auth_key, settings=s, join=join, node_index=node_index)
     # A class's template renders in a bounded child process; tgp's own shipped one in this one.
-    content = render_template(template, variables) if shipped is None else render_shipped_template(template, variables)
+    content = render_shipped_template(shipped, variables) if shipped is not None else render_template(template or "", variables)
     # Size only: the content holds the auth key and join secrets.
     log.info("bootstrap.rendered", kind=kind, hostname=hostname, size_bytes=len(content.encode()))
     return BootPayload(kind=kind, content=content, hostname=hostname)
