@@ -23,8 +23,10 @@ from pydantic import SecretStr
 from activities.clouds.simulated import SimulatedProvider
 from activities.name_lists import LookupsByAccount
 from sim.cloud import SimulatedCloud
+from sim.lambdalabs import FakeLambda
 from sim.provider_model import ManualClock, ProviderModel
 from tests.money_env import OFFER, money_env
+from tests.test_provider_lambdalabs import A10_EAST, API_KEY, BOOT, Clock, make_provider
 from tgp.errors import TransientError
 from tgp.types import BootPayload, Instance, InstanceState
 
@@ -220,9 +222,6 @@ async def test_lambda_names_too_long_for_its_api_are_found_in_a_shared_listing()
     """Lambda keeps 64 characters of a name (the adapter sends a hashed short form): a listing
     shared by launches matches each by the name it was sent under. One request serves them all
     (Lambda paces requests at about one a second per account: it was three per launch)."""
-    from tests.test_provider_lambdalabs import A10_EAST, API_KEY, BOOT, Clock, make_provider
-    from sim.lambdalabs import FakeLambda
-
     clock = Clock()
     async with FakeLambda(api_key=API_KEY, clock=clock.monotonic) as lam:
         provider = make_provider(lam, clock, launch_interval=0)
