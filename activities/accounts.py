@@ -234,6 +234,15 @@ class ProviderRegistry:
         a Listing, stale (with why) while listings fail, bounded."""
         return await self.offers.offers(adapter.name, self.account(adapter), adapter.list_offers)
 
+    def sharing_lookups(self, adapter: CloudProvider) -> CloudProvider:
+        """`adapter` whose look-ups by name share listings with its account's other look-ups
+        (activities.name_lists: never an older view than the caller's own). Not for an
+        instance reached across an account switch (`_BoughtWith`): its look-up by name falls
+        back to the key the instance was bought with, which a shared listing would skip."""
+        if isinstance(adapter, _BoughtWith):
+            return adapter
+        return _SharedLookups(adapter, self.lookups)  # type: ignore[return-value]
+
     def _keep(self, adapter: Any) -> None:
         """An adapter whose Secret now holds another key: kept open for the nodes it bought."""
         found = self._accounts.get(id(adapter))
@@ -342,6 +351,24 @@ class ProviderRegistry:
         for adapter in kept:
             await _close(adapter)
         await self._adapters.aclose()
+
+
+class _SharedLookups:
+    """An adapter whose `find_all_by_name` goes through its account's shared listings."""
+
+    def __init__(self, adapter: CloudProvider, lookups: LookupsByAccount) -> None:
+        self._adapter = adapter
+        self._lookups = lookups
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._adapter, attr)  # name, capabilities, describe, terminate, ...
+
+    async def find_all_by_name(self, name: str) -> list[Any]:
+        return await self._lookups.find_all_by_name(self._adapter, name)
+
+    async def find_by_name(self, name: str) -> Any:
+        found = await self.find_all_by_name(name)
+        return found[0] if found else None
 
 
 class _BoughtWith:

@@ -651,7 +651,8 @@ class NodeActivities:
         the attempt's creates are recent) once the provider's consistency window has passed.
         Returns whether anything was seen."""
         with heartbeating(), temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
-            provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+            # Its look-ups by name share the account's listings (never older than its own).
+            provider = self.registry.sharing_lookups(await self._provider_for(ref.provider, ref.credentials, ref.account))
             seen = await end_for_good(
                 provider,
                 [*ref.known_ids, ref.instance_id or ""],
@@ -673,7 +674,9 @@ class NodeActivities:
         with heartbeating(), temporal_errors():
 
             async def watch(ref: InstanceRef) -> InstanceRef:
-                provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+                # Its look-ups by name share the account's listings with launches and other
+                # watches (activities.name_lists: never an older view than its own call).
+                provider = self.registry.sharing_lookups(await self._provider_for(ref.provider, ref.credentials, ref.account))
                 settle = settled_at(ref.created_by, provider, self.now())
                 budget = VERIFY_FOR + max(timedelta(0), (settle - self.now()) if settle else timedelta(0))
                 seen = await end_for_good(

@@ -28,7 +28,7 @@ from sim.provider_model import ManualClock, ProviderModel
 from tests.money_env import OFFER, money_env
 from tests.test_provider_lambdalabs import A10_EAST, API_KEY, BOOT, Clock, make_provider
 from tgp.errors import TransientError
-from tgp.types import BootPayload, Instance, InstanceState
+from tgp.types import BootPayload, Instance, InstanceRef, InstanceState, LaunchResult, TwinWatchInput, instance_name
 
 NAMES = [f"tgp-burst-{i:03d}-1" for i in range(4)]
 
@@ -235,3 +235,22 @@ async def test_lambda_names_too_long_for_its_api_are_found_in_a_shared_listing()
             assert len(lam.requests) - before == 1
         finally:
             await provider.aclose()
+
+
+async def test_the_twin_watches_after_a_burst_share_listings_too() -> None:
+    """After each launch the node watches its name for twins (a create that landed late):
+    30 watches at once look the account up a few times, not once each."""
+    n = 30
+    async with money_env() as env:
+        results = await asyncio.gather(*(env.launch(f"burst-{i:03d}") for i in range(n)))
+        before = env.cloud.name_lookups + env.cloud.instance_lists
+
+        async def watch(i: int, result: LaunchResult) -> list[InstanceRef]:
+            ref = InstanceRef(provider="simulated", instance_name=instance_name(f"burst-{i:03d}", 1), instance_id=result.instance.instance_id)
+            return await env.env().run(env.activities.watch_for_twins, TwinWatchInput(instances=[ref], keep=result.instance.instance_id))
+
+        watched = await asyncio.gather(*(watch(i, r) for i, r in enumerate(results)))
+        assert [w[0].known_ids for w in watched] == [[r.instance.instance_id] for r in results]
+        looked = env.cloud.name_lookups + env.cloud.instance_lists - before
+        assert looked <= n // 2, f"{looked} listings for {n} twin watches"
+        assert all(len(env.billing(f"burst-{i:03d}")) == 1 for i in range(n))
