@@ -47,6 +47,7 @@ from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.tailnets.tailscale import DEFAULT_BASE_URL as TAILSCALE_API_URL
 from activities.tailnets.tailscale import TailscaleTailnet
 from activities.clouds.registry import build_provider, static_capabilities
+from activities.name_lists import LookupsByAccount
 from activities.offer_cache import OfferCache
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, ConfigError, TgpError, TransientError
@@ -209,6 +210,8 @@ class ProviderRegistry:
         # The pricing cache, keyed like the adapters by account: shared by whoever shares this
         # registry (the worker's node, pool and class activities).
         self.offers = offers or OfferCache()
+        # Launches' look-ups by name, one listing in flight per account (activities.name_lists).
+        self.lookups = LookupsByAccount()
         self._adapters = VersionedAdapters(cluster, retire_after=retire_after, on_replaced=self._keep)
         # Which account (key fingerprint) and Secret each adapter built here bills.
         self._accounts: dict[int, tuple[tuple[str, CredentialsRef], str]] = {}
@@ -230,6 +233,15 @@ class ProviderRegistry:
         """`adapter`'s offers through the pricing cache of its account (activities.offer_cache):
         a Listing, stale (with why) while listings fail, bounded."""
         return await self.offers.offers(adapter.name, self.account(adapter), adapter.list_offers)
+
+    def sharing_lookups(self, adapter: CloudProvider) -> CloudProvider:
+        """`adapter` whose look-ups by name share listings with its account's other look-ups
+        (activities.name_lists: never an older view than the caller's own). Not for an
+        instance reached across an account switch (`_BoughtWith`): its look-up by name falls
+        back to the key the instance was bought with, which a shared listing would skip."""
+        if isinstance(adapter, _BoughtWith):
+            return adapter
+        return _SharedLookups(adapter, self.lookups)  # type: ignore[return-value]
 
     def _keep(self, adapter: Any) -> None:
         """An adapter whose Secret now holds another key: kept open for the nodes it bought."""
@@ -339,6 +351,24 @@ class ProviderRegistry:
         for adapter in kept:
             await _close(adapter)
         await self._adapters.aclose()
+
+
+class _SharedLookups:
+    """An adapter whose `find_all_by_name` goes through its account's shared listings."""
+
+    def __init__(self, adapter: CloudProvider, lookups: LookupsByAccount) -> None:
+        self._adapter = adapter
+        self._lookups = lookups
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._adapter, attr)  # name, capabilities, describe, terminate, ...
+
+    async def find_all_by_name(self, name: str) -> list[Any]:
+        return await self._lookups.find_all_by_name(self._adapter, name)
+
+    async def find_by_name(self, name: str) -> Any:
+        found = await self.find_all_by_name(name)
+        return found[0] if found else None
 
 
 class _BoughtWith:

@@ -89,6 +89,11 @@ async def _bounded(inp: LaunchInput, fn: Callable[..., T], *args: Any, **kwargs:
         raise TransientError(f"cannot render the boot template now: {exc}") from None
 
 
+async def _at_once(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn` (a render of no class template: microseconds) here, as an awaitable step."""
+    return fn(*args, **kwargs)
+
+
 def _whose(inp: LaunchInput) -> str:
     return f"GPUNodeClass {inp.boot.node_class}" if inp.boot.node_class else "the GPUNodeClass"
 
@@ -242,9 +247,13 @@ class NodeActivities:
             log.warning("class_event_failed", node_class=owner, error_type=type(exc).__name__)
 
     async def _render_boot(self, inp: LaunchInput, kind: str, **kwargs: Any) -> BootPayload:
-        """The boot payload, rendered in a bounded child process waited for off the event loop,
-        in the renders' queue under the class's share (sandbox.bounded); a template that fails
-        is the class's fault, reported as `_class_template` says."""
+        """The boot payload. The class's own template renders in a bounded child process waited
+        for off the event loop, in the renders' queue under the class's share (sandbox.bounded);
+        without one (env, or tgp's shipped cloud-init/Talos template) it renders here, in
+        microseconds, with no queue: a burst's launches no longer wait one by one per class. A
+        template that fails is the class's fault, reported as `_class_template` says."""
+        if kwargs.get("template") is None:
+            return await self._class_template(inp, _at_once(render_boot_payload, kind, **kwargs))
         return await self._class_template(inp, _bounded(inp, render_boot_payload, kind, **kwargs))
 
     async def _class_template(self, inp: LaunchInput, step: Awaitable[T]) -> T:
@@ -408,7 +417,8 @@ class NodeActivities:
     async def _live(self, provider: CloudProvider, name: str, memo: LaunchMemo) -> list[Instance]:
         """Every live instance under `name`: listed, or bought by an earlier attempt (its create
         answered; a 404 for it while the window is open is the provider lagging)."""
-        found = {i.instance_id: i for i in await provider.find_all_by_name(name)}
+        # Coalesced with the account's other launches, never older than this call (name_lists).
+        found = {i.instance_id: i for i in await self.registry.lookups.find_all_by_name(provider, name)}
         for bought in memo.bought:
             if bought.instance_id in found:
                 continue
@@ -664,7 +674,8 @@ class NodeActivities:
         the attempt's creates are recent) once the provider's consistency window has passed.
         Returns whether anything was seen."""
         with heartbeating(), temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
-            provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+            # Its look-ups by name share the account's listings (never older than its own).
+            provider = self.registry.sharing_lookups(await self._provider_for(ref.provider, ref.credentials, ref.account))
             seen = await end_for_good(
                 provider,
                 [*ref.known_ids, ref.instance_id or ""],
@@ -686,7 +697,9 @@ class NodeActivities:
         with heartbeating(), temporal_errors():
 
             async def watch(ref: InstanceRef) -> InstanceRef:
-                provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+                # Its look-ups by name share the account's listings with launches and other
+                # watches (activities.name_lists: never an older view than its own call).
+                provider = self.registry.sharing_lookups(await self._provider_for(ref.provider, ref.credentials, ref.account))
                 settle = settled_at(ref.created_by, provider, self.now())
                 budget = VERIFY_FOR + max(timedelta(0), (settle - self.now()) if settle else timedelta(0))
                 seen = await end_for_good(

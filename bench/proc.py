@@ -30,7 +30,7 @@ from types import FrameType
 SAMPLE_EVERY = 0.02
 IDLE = frozenset({"select", "poll", "wait", "get", "sleep", "_worker", "accept", "recv", "read", "epoll", "acquire"})
 PROFILE_ENV = "BENCH_PROFILE"
-OURS = ("activities/", "workflows/", "tgp/", "workers/", "crd_bridge/")
+OURS = ("activities/", "workflows/", "tgp/", "workers/", "crd_bridge/", "sim/")
 TOP = 25
 
 

@@ -194,6 +194,13 @@ def why(r: dict[str, Any]) -> list[str]:
                        f"(offer, class ledger, launch, the waits' polling, labels). Worker CPU during the burst: "
                        f"{b['usage']['worker']['cpu_pct_of_core']}% of a core, the dev server's {b['usage']['temporal']['cpu_pct_of_core']}%. "
                        f"Pods not served within the phase's deadline ({_f(b.get('deadline_s'), ' s', 0)}): {b['never_served']}.")
+            launch = b.get("launch_instance") or {}
+            if _get(launch, "closed", "p50") is not None:
+                out.append(f"**Burst {n}: the launch.** `launch_instance` took p50 {_f(_get(launch, 'closed', 'p50'), ' s')}, p99 "
+                           f"{_f(_get(launch, 'closed', 'p99'), ' s')} ({launch.get('still_open', 0)} still open at the end); the simulated "
+                           f"cloud answered {b.get('cloud_requests_per_instance')} requests per instance bought "
+                           f"({', '.join(f'{k} {v}' for k, v in (b.get('cloud_requests') or {}).items())}); worker CPU "
+                           f"{b.get('worker_cpu_s_per_instance')} s per instance.")
         idle = b.get("idle")
         if idle and (_get(idle, "reaction_s", "p99") or 0) >= 2:
             out.append(f"**Idle reaction.** p99 {_get(idle, 'reaction_s', 'p99'):.1f} s past the idle timeout, p50 "

@@ -217,6 +217,10 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         say(f"burst {n}: creating {n} pending GPU pods")
         started = time.time()
         await create_pods(s, "p", n, clock)
+        # BENCH_BURST_PROFILE=<seconds>: the worker's busiest functions over the burst's start.
+        profile_s = float(os.environ.get("BENCH_BURST_PROFILE") or 0)
+        profiling = asyncio.ensure_future(s.profile_worker(profile_s)) if profile_s else None
+        sim_profiling = asyncio.ensure_future(profile_here(profile_s, s.logs / "sim-profile.json")) if profile_s else None
         deadline = BURST_DEADLINE.get(n, 60 + n * 0.5)
         last = 0
         while len(clock.bound) < n and time.monotonic() - w0 < deadline:
@@ -227,6 +231,8 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
                 say(f"burst {n}: {len(clock.bound)}/{n} pods bound")
         wall = time.monotonic() - w0
         u1 = s.usage()
+        profile = await profiling if profiling is not None else None
+        sim_profile = await sim_profiling if sim_profiling is not None else None
         overheads = [clock.bound[p] - clock.created[p] - BOOT for p in clock.bound]
         workflows = await node_workflows(s.client)
         starts = sorted(w.start_time.timestamp() for w in workflows)
@@ -250,7 +256,19 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
             "usage": usage_delta(u0, u1, wall),
             "kube_requests": {"/".join(k): v for k, v in sorted(s.emulator.counts.items())},
             "kube_user_agents": dict(s.emulator.user_agents),
+            "cloud_requests": dict(s.cloud.requests.most_common()),
+            "cloud_requests_per_instance": round(sum(s.cloud.requests.values()) / bought, 2) if bought else None,
+            "worker_cpu_s_per_instance": round((u1["worker"].cpu_s - u0["worker"].cpu_s) / bought, 3) if bought else None,
         }
+        if profile is not None:
+            result["worker_profile"] = profile
+        if sim_profile is not None:
+            result["sim_profile"] = sim_profile  # this process: the simulated world (cloud, tailnet, Kubernetes, kubelets)
+        try:
+            result["launch_instance"] = await launch_durations(s.client, [w.id for w in workflows])
+        except RPCError as exc:
+            result["launch_instance"] = {"error": str(exc)[:200]}
+        say(f"burst {n}: launch_instance {result['launch_instance']}; cloud requests per instance {result['cloud_requests_per_instance']}")
         say(f"burst {n}: served {len(clock.bound)}/{n} in {wall:.0f} s; overhead p99 {fmt(result['overhead_s']['p99'])} s, "
             f"pending -> node workflow start p99 {fmt(result['pending_to_node_workflow_start_s']['p99'])} s")  # fmt: skip
         try:
@@ -261,6 +279,67 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
             result["idle"] = await idle_reaction(s, clock)
         clock.stop()
         return result
+
+
+_SAMPLING: list[Path] = []
+
+
+async def profile_here(seconds: float, out: Path) -> dict[str, Any] | None:
+    """This process's busiest functions over `seconds` (the simulated world's share of the
+    machine), sampled as bench/proc.py samples the worker."""
+    import signal
+
+    from bench.proc import _sample_on_signals
+
+    if not _SAMPLING:
+        _sample_on_signals(out)
+        _SAMPLING.append(out)
+    target = _SAMPLING[0]
+    target.unlink(missing_ok=True)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    await asyncio.sleep(seconds)
+    os.kill(os.getpid(), signal.SIGUSR2)
+    try:
+        return json.loads(target.read_text())  # type: ignore[no-any-return]
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
+    """launch_instance per node workflow (first run): scheduled -> started (queue), started ->
+    closed (the activity itself, over all its attempts' last), and how many were still open."""
+    queued: list[float] = []
+    ran: list[float] = []
+    open_ = 0
+    sem = asyncio.Semaphore(32)
+
+    async def one(wid: str) -> None:
+        nonlocal open_
+        async with sem:
+            scheduled: dict[int, float] = {}
+            started: dict[int, float] = {}
+            async for event in client.get_workflow_handle(wid).fetch_history_events():
+                at = event.event_time.ToDatetime().timestamp()
+                if event.HasField("activity_task_scheduled_event_attributes"):
+                    if event.activity_task_scheduled_event_attributes.activity_type.name == "launch_instance":
+                        scheduled[event.event_id] = at
+                elif event.HasField("activity_task_started_event_attributes"):
+                    sid = event.activity_task_started_event_attributes.scheduled_event_id
+                    if sid in scheduled:
+                        started[sid] = at
+                else:
+                    for field in ("activity_task_completed_event_attributes", "activity_task_failed_event_attributes",
+                                  "activity_task_timed_out_event_attributes", "activity_task_canceled_event_attributes"):  # fmt: skip
+                        if event.HasField(field):
+                            sid = getattr(event, field).scheduled_event_id
+                            if sid in started:
+                                queued.append(started[sid] - scheduled[sid])
+                                ran.append(at - started[sid])
+                                del scheduled[sid]
+            open_ += len(scheduled)
+
+    await asyncio.gather(*(one(w) for w in dict.fromkeys(ids)))
+    return {"closed": summary(ran), "scheduled_to_started": summary(queued), "still_open": open_}
 
 
 def fmt(v: float | None) -> str:

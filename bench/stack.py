@@ -28,6 +28,7 @@ import attrs
 import httpx
 import kmock
 import yaml
+from aiohttp import web
 from temporalio.client import Client
 
 from sim.cloud import SimulatedCloud, boot_env
@@ -117,6 +118,17 @@ class TimedCloud(SimulatedCloud):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         self.first_delete: dict[str, float] = {}
+        # Every request by (method, route, whole listing or by name): what a launch costs the provider.
+        self.requests: Counter[str] = Counter()
+
+    @web.middleware
+    async def _auth(self, request, handler):  # type: ignore[no-untyped-def,override]
+        route = request.match_info.route.resource
+        what = route.canonical if route is not None else request.path
+        if request.method == "GET" and what == "/v1/instances":
+            what += "?name" if "name" in request.query else " (whole listing)"
+        self.requests[f"{request.method} {what}"] += 1
+        return await super()._auth(request, handler)
 
     async def _delete(self, request):  # type: ignore[no-untyped-def,override]
         inst = self.instances.get(request.match_info["id"])
@@ -213,6 +225,13 @@ class Stack:
         self.client = await self._connect(port)
         env = {**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{port}", "TGP_TASK_QUEUE": TASK_QUEUE, "TGP_LOG_LEVEL": "WARNING"}
         env.pop("TEMPORAL_API_KEY", None)
+        # As installed (pip compiles bytecode at install, the image then reads it): with
+        # PYTHONDONTWRITEBYTECODE and no .pyc beside the sources, Temporal's workflow sandbox
+        # compiled the workflow modules from source for every new workflow run (20-30% of the
+        # worker's CPU in a burst, a cost of this checkout, not of tgp). Bytecode goes to a cache
+        # under the bench's logs, not beside the sources.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(ROOT / "bench" / "results" / "logs" / "pycache")
         run = [sys.executable, "-m", "bench.proc"]
         self.worker_profile = self.logs / "worker-profile.json"
         self.worker_profile.unlink(missing_ok=True)

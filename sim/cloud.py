@@ -164,6 +164,7 @@ class SimulatedCloud:
         self._describes_sped_up = asyncio.Event()
         self.describe_requests = 0
         self.instance_lists = 0  # GET /v1/instances without a name (a whole listing: the fleet look, the sweeper)
+        self.name_lookups = 0  # GET /v1/instances?name= (a launch looking for what it bought)
         self._creates_failing_after_buy = 0
         self._deletes_failing = 0
         self.delete_requests = 0
@@ -442,6 +443,7 @@ class SimulatedCloud:
     async def _list_instances(self, request: web.Request) -> web.Response:
         name = request.query.get("name")
         self.instance_lists += name is None
+        self.name_lookups += name is not None
         found = [
             i.to_json()
             for i in self.live_instances()

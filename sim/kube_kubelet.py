@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import re
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -163,8 +165,16 @@ async def _kubelet_client(client: httpx.AsyncClient | None) -> AsyncIterator[htt
     if client is not None:
         yield client
         return
-    async with httpx.AsyncClient(timeout=_KUBELET_TIMEOUT) as owned:
+    async with httpx.AsyncClient(timeout=_KUBELET_TIMEOUT, verify=_tls_context()) as owned:
         yield owned
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for every simulated kubelet's client: httpx builds one per client
+    (loading the CA bundle, ~30 ms of CPU), which was half of the simulated world's CPU in a
+    300-node burst (bench/results/findings.md)."""
+    return ssl.create_default_context()
 
 
 def _raise_unexpected(response: httpx.Response, what: str) -> None:

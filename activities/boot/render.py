@@ -440,6 +440,20 @@ def _prepare(text: str) -> str:
     return translated
 
 
+def render_shipped_template(name: str, variables: Mapping[str, Any]) -> str:
+    """`render_template` for the shipped template `name` (activities/boot/templates/; by name,
+    so no other text can take this path): rendered in this process (sandbox.render_trusted: the
+    same environment, filters and bounds, no child process), so it needs no renders' queue
+    either. Raises TemplateError like `render_template`."""
+    if name not in (UBUNTU_CLOUD_INIT_TEMPLATE, TALOS_WORKER_TEMPLATE):
+        raise ConfigError(f"{name!r} is not a template tgp ships")
+    secrets = [str(variables[key]) for key in SECRET_VARIABLES if variables.get(key)]
+    try:
+        return template_sandbox.render_trusted(_prepare(shipped_template(name)), variables)
+    except RenderFailed as exc:
+        raise _render_error(exc, variables, secrets) from None
+
+
 def render_template(text: str, variables: Mapping[str, Any]) -> str:
     """Render `text` (Jinja, or Go-style `{{.Name}}` placeholders) with `variables`.
 
@@ -796,11 +810,13 @@ def render_boot_payload(
     Without one: `env` is the container-style payload (KEY=VALUE lines the Tailscale
     container/extension reads), `cloud-init` is the shipped Ubuntu template (needs `join` and
     a kubernetes_version in `settings`). `login_server` (Headscale) overrides the settings'.
+    The class's own template renders in a bounded child process; `env` and the shipped
+    templates (tgp's own code) render in this process, in microseconds.
 
     Labels and taints not in Kubernetes syntax are refused (ConfigError) before anything is
     rendered: the bridge admits no such pool, but a spec admitted before that check may still
-    be in flight. A template render blocks for up to a few seconds (bounded child process):
-    from async code, call this through `sandbox.bounded`.
+    be in flight. A class template's render blocks for up to a few seconds (bounded child
+    process): from async code, call this through `sandbox.bounded` when `template` is given.
     """
     s = settings or BootSettings()
     problems = label_problems(s.node_labels, tenant=False) + taint_problems([t.model_dump() for t in s.node_taints], tenant=False)
@@ -824,15 +840,17 @@ def render_boot_payload(
         if kubelet:
             lines.append(f"KUBELET_EXTRA_ARGS={' '.join(kubelet)}")
         return BootPayload(kind=kind, content="\n".join(lines) + "\n", hostname=hostname)
+    shipped = None
     if template is None:
         default = default_template(kind)
         if default is None:
             raise ConfigError(
                 f"boot payload kind {kind!r} needs a template in the GPUNodeClass; built in: env, {', '.join(DEFAULT_TEMPLATES)}"
             )
-        template = shipped_template(default)
+        shipped = default
     variables = template_variables(hostname=hostname, auth_key=auth_key, settings=s, join=join, node_index=node_index)
-    content = render_template(template, variables)
+    # A class's template renders in a bounded child process; tgp's own shipped one in this one.
+    content = render_shipped_template(shipped, variables) if shipped is not None else render_template(template or "", variables)
     # Size only: the content holds the auth key and join secrets.
     log.info("bootstrap.rendered", kind=kind, hostname=hostname, size_bytes=len(content.encode()))
     return BootPayload(kind=kind, content=content, hostname=hostname)

@@ -223,9 +223,9 @@ def kubelet_labels(labels: Mapping[str, str]) -> str:
 # --- the bounded environment ------------------------------------------------------------
 
 
-class _Budget:
-    """The bounds of the render in progress (one render per child process; the worker itself
-    only parses)."""
+class _Budget(threading.local):
+    """The bounds of the render in progress, per thread (one render per child process; in the
+    worker, renders of tgp's own shipped templates, `render_trusted`)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -329,6 +329,35 @@ def render_here(source: str, variables: Mapping[str, Any]) -> str:
         _BUDGET.check_time()
         chunks.append(chunk)
     return "".join(chunks)
+
+
+_TRUSTED: dict[str, Any] = {}
+_TRUSTED_LOCK = threading.Lock()
+
+
+def render_trusted(source: str, variables: Mapping[str, Any]) -> str:
+    """Render one of tgp's own shipped templates (activities/boot/templates/) in this process:
+    compiled once per process, rendered with the same environment, filters and output and loop
+    bounds as in the child. Never a class's template: that is code from the cluster, parsed and
+    rendered only in a bounded child (`render`). The variables are data: what a tenant gave (a
+    pool's labels and taints, already checked) reaches the output only through the template's
+    own filters, exactly as in the child. Microseconds instead of a child Python (about 0.1 s
+    of CPU) per launch. Raises RenderFailed as the child would report it."""
+    try:
+        with _TRUSTED_LOCK:
+            template = _TRUSTED.get(source)
+            if template is None:
+                template = _TRUSTED[source] = environment().from_string(source)
+        _BUDGET.reset()
+        chunks, size = [], 0
+        for chunk in template.generate(dict(variables)):
+            size += len(chunk.encode("utf-8", "surrogatepass"))
+            if size > MAX_OUTPUT_BYTES:
+                raise RenderLimit(f"the rendered template is larger than {MAX_OUTPUT_BYTES // 1024} KiB")
+            chunks.append(chunk)
+        return "".join(chunks)
+    except Exception as exc:  # noqa: BLE001 - reported as the child reports a failed render
+        raise RenderFailed(**_describe(exc)) from None
 
 
 def _template_line(exc: BaseException) -> int | None:

@@ -201,6 +201,10 @@ class LambdaProvider(HttpAdapter):
             )
         raise self._launch_refused(response, offer)
 
+    def listed_name(self, name: str) -> str:
+        """The name an instance launched as `name` carries in listings (activities.name_lists)."""
+        return wire_name(name)
+
     async def find_all_by_name(self, name: str) -> list[Instance]:
         """Every live instance called `name` (Lambda names are not unique)."""
         wanted = wire_name(name)
