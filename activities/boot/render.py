@@ -706,6 +706,10 @@ def _yaml_problems(rendered: str) -> list[str]:
         # second on a big payload, which a thread running this takes from the event loop.
         documents = [d for d in yaml.load_all(rendered, Loader=_YAML_LOADER) if d is not None]
     except yaml.YAMLError as exc:
+        if "nesting depth" in str(getattr(exc, "problem", "")):
+            # libyaml from PyYAML 6.0.4 bounds the nesting itself (a scanner error); before, the
+            # loader recursed out (below). The same problem either way.
+            return ["the rendered template is YAML nested too deeply to read"]
         mark = getattr(exc, "problem_mark", None)
         where = f"rendered line {mark.line + 1}: " if mark is not None else ""
         return [f"{where}the rendered template is not valid YAML: {getattr(exc, 'problem', None) or exc}"]
