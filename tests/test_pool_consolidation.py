@@ -54,27 +54,38 @@ async def ready_nodes(pool: WorkflowHandle, count: int) -> list[str]:
     return await eventually(ready, timeout=60, what=f"{count} Ready node(s)")
 
 
-async def test_the_pool_shows_the_savings_of_removing_a_node_whose_pods_fit_on_the_other(time_skipping: WorkflowEnvironment) -> None:
+async def test_the_pool_removes_a_node_whose_pods_fit_on_the_other_and_shows_the_savings(time_skipping: WorkflowEnvironment) -> None:
     """Two 2-GPU nodes ($0.95/h each) bought for two 2-GPU pods; then each runs a 1-GPU pod
-    only: one node's pod fits on the other's free GPU, and the pool's status says removing it
-    saves $0.95/h (nothing is carried out yet: the lead wires the replacement step)."""
-    async with running_world(time_skipping, catalog=CATALOG) as (_, _, queue):
+    only. While do-not-disrupt holds both, nothing is found. Once only one is held, the other's
+    pod fits on the held one's free GPU: the pool tells the other to end (Underutilized), it
+    drains and terminates, and status.consolidation shows $0.95/h made."""
+    async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
         class_name = f"cons-{uuid.uuid4().hex[:6]}"
         spec = pool_spec(class_name, disruption={"consolidation": {"after": "2m"}, "idleTimeout": "1h"})
         pool = await start_pool(time_skipping, queue, spec)
         await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/a": 2, "ml/b": 2}, {}, {}))
         a, b = await ready_nodes(pool, 2)
-        await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {a: 1, b: 1}, {a: [1], b: [1]}))
-        status = await found(time_skipping, pool, "0.95", 1)
-        assert status.consolidation is not None and status.consolidation.savings_made_hourly == 0, "nothing is carried out yet"
-        assert len(status.nodes) == 2
 
-        # A do-not-disrupt pod on each: nothing to find.
+        # A do-not-disrupt pod on each: nothing to find, nothing done.
         await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {a: 1, b: 1}, {a: [1], b: [1]}, held=[a, b]))
-        await found(time_skipping, pool, "0", 0)
-        # One of them still held: the other goes, its pod fits on the held one.
+        status = await found(time_skipping, pool, "0", 0)
+        assert status.consolidation is not None and status.consolidation.savings_made_hourly == 0
+        assert len(status.nodes) == 2 and len(world.cloud.live_instances()) == 2
+
+        # Only a held: b goes, its pod fits on a.
         await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {a: 1, b: 1}, {a: [1], b: [1]}, held=[a]))
-        await found(time_skipping, pool, "0.95", 1)
+        await skip_time(time_skipping, timedelta(minutes=2), step=timedelta(minutes=1))
+
+        async def removed() -> GPUNodePoolStatus | None:
+            status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+            c = status.consolidation
+            return status if c is not None and c.savings_made_hourly == Decimal("0.95") else None
+
+        status = await eventually(removed, timeout=60, what="$0.95/h made in status.consolidation")
+        assert status.consolidation is not None and b in status.consolidation.last_action
+        alive = [i.name for i in world.cloud.live_instances()]
+        assert alive == [f"tgp-{a}-1"], f"only {a}'s instance runs: {alive}"
+        assert [n.name for n in status.nodes if n.phase == "Ready"] == [a]
 
         # Turned off: nothing found any more.
         off = spec.model_copy(update={"disruption": spec.disruption.model_copy(update={"consolidation": None})})

@@ -251,6 +251,9 @@ async def test_a_node_is_re_shopped_when_the_market_drops_and_not_within_the_thr
         events = await events_of(s, name)
         found = [m for r, m in events if r == "CheaperOfferFound"]
         assert len(found) == 1 and "$0.20/h" in found[0], events
+        made = [m for r, m in events if r == "Consolidated"]
+        assert made == [f"node {old.name}: Cheaper, saving $0.24/h"], events
+        assert (await pool_status(pool)).consolidation.savings_made_hourly == Decimal("0.24")
 
 
 @contextlib.asynccontextmanager

@@ -166,6 +166,7 @@ class PoolNode(NodeOverview):
     replace_after: datetime | None = Field(None, description="No replacement is started for it before then (after a failed one).")
     cheaper_since: datetime | None = Field(None, description="Since when an offer cheaper by the pool's cheaperBy fits it (re-shop).")
     held: str = Field("", description="do-not-disrupt holds it against the re-shop it was told of: the re-shop is called off (its message).")
+    removing: Decimal | None = Field(None, description="Consolidation told it to end (Underutilized: its pods fit on the others): what that saves, US$/h.")
 
 
 class NodeSighting(NodeOverview):

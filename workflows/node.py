@@ -757,8 +757,10 @@ class GPUNodeWorkflow:
         self.state.disrupt_held = ""
         if not await self._budget_allows(end):
             return None
-        replaced = f" by {d.replacement}" if d.replacement else ""
-        self.state.end_reason = f"{end.value}: replaced{replaced} (make-before-break){': ' + d.detail if d.detail else ''}"
+        if d.replacement:
+            self.state.end_reason = f"{end.value}: replaced by {d.replacement} (make-before-break){': ' + d.detail if d.detail else ''}"
+        else:  # a consolidation removal: its pods fit on the nodes that stay
+            self.state.end_reason = f"{end.value}: {d.detail or 'consolidated'}"
         return end
 
     async def _budget_allows(self, end: EndReason) -> bool:

@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, no_offer_fits_to_warn, note_ready, plan_capacity
     from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
-    from tgp.consolidation import ConsolidationNode, ConsolidationPlan, plan_consolidation
+    from tgp.consolidation import ActionKind, ConsolidationNode, ConsolidationPlan, plan_consolidation
     from tgp.crds import Condition, Consolidation, ConsolidationStatus, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
     from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop
@@ -112,6 +112,9 @@ TERMINATION_GRACE_PATCH = "termination-grace-to-nodes"
 # Marks runs whose look plans consolidation (tgp.consolidation) and records the savings it finds
 # in status.consolidation: a pool with consolidation on, recorded before, wrote no such status.
 CONSOLIDATION_LOOK_PATCH = "consolidation-look"
+# Marks runs that carry consolidation's removals out (a `disrupt` signal to an underutilized node:
+# a command the runs before did not send).
+CONSOLIDATION_ACTIONS_PATCH = "consolidation-actions"
 
 # A pass's starts whose activity failed as a whole (its timeout, a dead worker, an RPC error after
 # some workflows had started), or one start that failed on its own, may have started: their nodes
@@ -136,7 +139,7 @@ RESHOP_HELD_WAIT = timedelta(hours=1)
 # What the pool's record of a node carries from report to report (the node does not report them).
 _REPLACEMENT_FIELDS = {
     "drift_hash", "drifted", "replace_reason", "replace_key", "replaced_by", "replaces", "disrupt_sent",
-    "replace_attempts", "replace_after", "cheaper_since", "held",
+    "replace_attempts", "replace_after", "cheaper_since", "held", "removing",
 }
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
@@ -305,10 +308,12 @@ class GPUNodePoolWorkflow:
         for s in r.stages:
             if s.stage is Stage.DISRUPTION_HELD:  # reported while Ready: no phase change to hang it on
                 self.events.append(self._event("Normal", s.stage.value, f"node {node.node_name} {s.reason}"))
-                if node.replace_reason == DisruptionReason.CHEAPER.value and node.disrupt_sent and node.replaced_by:
+                if (node.replace_reason == DisruptionReason.CHEAPER.value and node.disrupt_sent and node.replaced_by) or node.removing is not None:
                     # A re-shop never disrupts a node a do-not-disrupt pod (or the Node) holds:
                     # called off in the next pass (its replacement is let go).
                     self.state.nodes[r.workflow_id] = node = node.model_copy(update={"held": s.reason})
+        if old is not None and old.removing is not None and r.phase is NodePhase.TERMINATED and not old.phase.is_final:
+            self._consolidated(node.node_name, DisruptionReason.UNDERUTILIZED.value, old.removing)
         if r.phase is NodePhase.FAILED:
             # Nodes started before the last failure was reported are of the same wave: their
             # failures teach nothing new (a burst's batch failing under load doubled the back-off
@@ -1057,10 +1062,11 @@ class GPUNodePoolWorkflow:
         }
         # Nothing to do, or a history from before replacements (its nodes reported no hash, but
         # a pool with consolidation set may find a cheaper offer on replay): no command.
-        if not (events or in_progress(slots) or first_candidate(slots)) or not workflow.patched(REPLACEMENT_PATCH):
+        held = any(n.held for n in self.state.nodes.values())  # a re-shop or a removal do-not-disrupt holds
+        if not (events or in_progress(slots) or first_candidate(slots) or held) or not workflow.patched(REPLACEMENT_PATCH):
             return
         self.events.extend(events)
-        if any(n.held for n in self.state.nodes.values()):
+        if held:
             await self._call_off_held_reshops(u)
             self.dirty = True  # the next pass starts from what is now known
             return
@@ -1092,6 +1098,9 @@ class GPUNodePoolWorkflow:
                     workflow.logger.info("could not tell %s to end: %s", step.old, exc)
                     continue
                 self._set(old, disrupt_sent=True)
+                new_node = self.state.nodes.get(step.new)
+                if step.reason == DisruptionReason.CHEAPER.value and old.hourly_price is not None and new_node is not None and new_node.hourly_price is not None:
+                    self._consolidated(old.node_name, step.reason, old.hourly_price - new_node.hourly_price)
                 self.events.append(
                     self._event("Normal", "NodeReplaced", f"node {new_name} is Ready in place of {old.node_name} ({step.reason}): {old.node_name} is drained and terminated")
                 )
@@ -1123,14 +1132,20 @@ class GPUNodePoolWorkflow:
                     )
                 except Exception as exc:  # noqa: BLE001 - it ended meanwhile
                     workflow.logger.info("could not evict the called-off replacement %s: %s", new.workflow_id, exc)
-            self.events.append(
-                self._event(
-                    "Normal",
-                    "ReshopHeld",
-                    f"re-shop of node {old.node_name} called off: {old.held}; its replacement {new.node_name if new else old.replaced_by} is let go",
+            if old.removing is not None:
+                # A consolidation removal: nothing was bought for it; the next look plans again.
+                self.events.append(self._event("Normal", "ConsolidationHeld", f"removal of node {old.node_name} called off: {old.held}"))
+            else:
+                self.events.append(
+                    self._event(
+                        "Normal",
+                        "ReshopHeld",
+                        f"re-shop of node {old.node_name} called off: {old.held}; its replacement {new.node_name if new else old.replaced_by} is let go",
+                    )
                 )
+            self._set(
+                old, replaced_by=None, disrupt_sent=False, held="", cheaper_since=None, replace_reason="", replace_key="", replace_after=now + wait, removing=None
             )
-            self._set(old, replaced_by=None, disrupt_sent=False, held="", cheaper_since=None, replace_reason="", replace_key="", replace_after=now + wait)
             if new is not None:
                 self._set(new, replaces=None)
 
@@ -1334,11 +1349,34 @@ class GPUNodePoolWorkflow:
         return plan
 
     async def _consolidate(self, plan: ConsolidationPlan) -> None:
-        """Carry out `plan`'s actions. NOT WIRED YET (the lead wires it): a Cheaper or Drifted
-        action goes to the replacement step (make-before-break, helper "replace"'s `_replace`), an
-        Underutilized one to the node's `disrupt` signal; each done action then calls
-        `_consolidated`. Until then the pool only records what it found (status.consolidation)."""
-        return None
+        """Carry out `plan`'s removals: each underutilized node (its pods fit on the free GPUs of
+        nodes that stay) is told to end (`disrupt`, reason Underutilized); the node checks its
+        do-not-disrupt holders again, asks the budget, drains and terminates, and the saving counts
+        as made when it reports Terminated (`node_phase`). A node told so that reports itself held
+        is called off like a re-shop (`_call_off_held_reshops`). Re-shops and drift are the
+        replacement step's (`_replacements`, make-before-break): the plan only shows them."""
+        now = workflow.now()
+        by_name = {n.node_name: n for n in self.state.nodes.values()}
+        removals = []
+        for action in plan.actions:
+            n = by_name.get(action.node)
+            if action.kind is not ActionKind.REMOVE or n is None or n.phase is not NodePhase.READY:
+                continue
+            if n.removing is not None or n.replaced_by or n.replaces or n.disrupt_sent or (n.replace_after is not None and now < n.replace_after):
+                continue  # already told, or in a replacement, or called off lately
+            removals.append((n, action))
+        if not removals or not workflow.patched(CONSOLIDATION_ACTIONS_PATCH):
+            return
+        for n, action in removals:
+            try:
+                await workflow.get_external_workflow_handle(n.workflow_id).signal(
+                    "disrupt", DisruptRequest(reason=DisruptionReason.UNDERUTILIZED.value, detail=action.message)
+                )
+            except Exception as exc:  # noqa: BLE001 - it ended meanwhile: nothing to remove
+                workflow.logger.info("could not tell %s to end: %s", n.workflow_id, exc)
+                continue
+            self._set(n, removing=action.saving)
+            self.events.append(self._event("Normal", "NodeConsolidating", f"node {n.node_name}: {action.message}"))
 
     def _consolidated(self, node_name: str, reason: str, saving: Decimal) -> None:
         """A consolidation was done: add what it saves to savingsMadeHourly and name it."""
