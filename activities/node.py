@@ -41,7 +41,7 @@ from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from tgp.secrets import known_secrets, register, register_model, secret_scope
 from tgp.lifecycle import holders_of, pod_keeps_node_busy
-from tgp.messages import DisruptionAnswer, PoolAsk
+from tgp.messages import DisruptionAnswer, PoolAsk, PoolReport
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
@@ -614,6 +614,20 @@ class NodeActivities:
         except WorkflowUpdateFailedError as exc:
             return DisruptionAnswer(allowed=True, message=f"the pool could not answer ({type(exc.cause).__name__}): not held")
 
+    @activity.defn
+    async def report_to_pool(self, call: PoolReport) -> bool:
+        """Signal the node's report to its pool (`node_phase`), for a life under the `life-v2`
+        patch, which reports from a local activity. Sent again when a worker dies around it:
+        the pool keeps the newest report per node (by `at`), so a repeat changes nothing. A pool
+        that is gone (deleted, or a node started by hand) has nobody listening: False."""
+        try:
+            await activity.client().get_workflow_handle(call.pool_workflow_id).signal("node_phase", call.report)
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
     # --- drain -----------------------------------------------------------------------------
 
     @activity.defn
@@ -716,6 +730,7 @@ class NodeActivities:
             self.label_and_taint_node,
             self.observe_node,
             self.ask_pool_to_disrupt,
+            self.report_to_pool,
             self.drain_node,
             self.terminate_instance,
             self.watch_for_twins,
