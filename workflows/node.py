@@ -162,6 +162,7 @@ class GPUNodeWorkflow:
         self._budget_freed = False  # the pool says a held node may ask its budget again
         self.v2 = False  # set by `run`: a life begun under LIFE_V2_PATCH
         self._reported: NodePhase | None = None  # v2: the last phase reported to the pool
+        self._watch_timer: tuple[datetime, asyncio.Future[None]] | None = None  # v2: the watch's timer, when it fires
 
     # --- messages ------------------------------------------------------------------------
 
@@ -542,7 +543,7 @@ class GPUNodeWorkflow:
         self._stamp(Stage.TAILNET_JOINED)
         ready_error = "join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)"
         ready_check = StageCheck(instance=self.state.instance, node_name=self.req.node_name)
-        if self.v2:
+        if self._joins_by_facts():
             await self._wait_for_facts(lambda f: f.present and f.ready, timeout=t.node_ready, summary="Node Ready", timeout_error=ready_error, recheck=ready_check)
         else:
             await self._wait_for(
@@ -559,7 +560,7 @@ class GPUNodeWorkflow:
         gpus = self.state.offer.gpu_count if self.state.offer else 1
         gpus_error = f"join timeout: the Node's allocatable {GPU_RESOURCE} did not reach {gpus} within {{}} (GPU driver or device plugin)"
         gpus_check = StageCheck(instance=self.state.instance, node_name=self.req.node_name, gpus=gpus)
-        if self.v2:
+        if self._joins_by_facts():
             await self._wait_for_facts(
                 lambda f: f.present and f.ready and f.gpus >= gpus,
                 timeout=t.gpu_registration,
@@ -595,6 +596,12 @@ class GPUNodeWorkflow:
         self._enter(NodePhase.READY)
         self._tell_pool()
         self.state.watch = WatchState(ready_at=workflow.now())
+
+    def _joins_by_facts(self) -> bool:
+        """v2, for a node of a pool: its Node Ready and GPUs come as the bridge's facts. The
+        bridge runs beside every pool (it starts them from their CRDs); a node started without
+        a pool (by hand, by a test) may have nobody telling it, and polls as before."""
+        return self.v2 and bool(self.req.pool_workflow_id)
 
     def _own_labels(self, *, pool_only: bool = False) -> dict[str, str]:
         """tgp's labels on the Node: managed, the pool's (which name the node's workflow, for the
@@ -699,6 +706,13 @@ class GPUNodeWorkflow:
                 due = [d for d in due if d > workflow.now()] + [watch.blocked_until]
             sleep = max(min(due) - workflow.now(), timedelta(milliseconds=1))
             req, facts = self.req, self.state.facts
+            if self.v2:
+                await self._sleep_until(workflow.now() + sleep, lambda: self.state.evict_reason is not None
+                    or self._sighting is not None
+                    or self.state.facts is not facts
+                    or self.req is not req
+                    or self._budget_freed)
+                continue
             try:
                 await workflow.wait_condition(
                     lambda: self.state.evict_reason is not None
@@ -711,6 +725,19 @@ class GPUNodeWorkflow:
                 )
             except asyncio.TimeoutError:
                 pass
+
+    async def _sleep_until(self, wake_at: datetime, woken: Callable[[], bool]) -> None:
+        """v2: the watch's wait, until `wake_at` or `woken()`. The timer is kept across waits
+        while the deadline stays where it was (a signal that moves no deadline, such as a
+        pod's arrival on a busy node, starts and cancels no timer); a moved deadline cancels
+        it and starts another."""
+        timer = self._watch_timer
+        if timer is None or timer[1].done() or timer[0] != wake_at:
+            if timer is not None and not timer[1].done():
+                timer[1].cancel()
+            timer = (wake_at, asyncio.ensure_future(workflow.sleep(max(wake_at - workflow.now(), timedelta(milliseconds=1)), summary="watch")))
+            self._watch_timer = timer
+        await workflow.wait_condition(lambda: timer[1].done() or woken())
 
     async def _budget_allows(self, end: EndReason) -> bool:
         """Whether a voluntary end (idle, expired) may begin now, within the pool's disruption
@@ -811,7 +838,9 @@ class GPUNodeWorkflow:
     async def _drain(self, end: EndReason) -> bool:
         """Drain the node; False when the drain of an idle node was called off because a
         workload pod had arrived since the idle verdict: the node is Ready again."""
-        self._enter(NodePhase.DRAINING)
+        # v2: an idle node's drain is a local activity, within the workflow task that then
+        # enters Terminating: visibility would only ever see the later upsert. Not made.
+        self._enter(NodePhase.DRAINING, upsert=not (self.v2 and end is EndReason.IDLE))
         self._tell_pool()
         revalidate = end is EndReason.IDLE and self._patched(DRAIN_REVALIDATE_PATCH)
         # The pool's terminationGracePeriod bounds the drain from when it began: at the
@@ -894,6 +923,12 @@ class GPUNodeWorkflow:
     async def _terminate(self, instance: InstanceRef) -> None:
         """Terminate until the provider confirms. Past `termination_stuck` the node shows
         TerminationStuck (search attribute, pool Event and condition) while it keeps trying."""
+        # An activity in every life, v2 too: the workflow task that ends the run then holds only
+        # the Node's and the tailnet's cleanup (idempotent), so a signal that lands as it
+        # completes (the bridge saw the Node go) and has it retried re-decides nothing. Were the
+        # terminate a local activity, the idle verdict, the drain and the terminate would sit in
+        # that one task, and a retry would replay the watch with the new facts (a missing Node)
+        # and take another road.
         terminate = workflow.start_activity_method(
             NodeActivities.terminate_instance,
             instance,
@@ -1143,11 +1178,14 @@ class GPUNodeWorkflow:
             self.state.end_reason = f"evicted before Ready: {self.state.evict_reason}"
             raise NodeEvicted()
 
-    def _enter(self, phase: NodePhase) -> None:
+    def _enter(self, phase: NodePhase, *, upsert: bool = True) -> None:
         """Record the phase: state, stage record, search attributes and the Web UI's details."""
         self.state.phase = phase
         self._stamp(Stage(phase.value), self._why(phase))
         offer = self.state.offer
+        workflow.set_current_details(self._details())
+        if not upsert:
+            return
         workflow.upsert_search_attributes(
             [
                 SA_PHASE.value_set(phase.value),
@@ -1159,7 +1197,6 @@ class GPUNodeWorkflow:
                 *(self._offer_attributes(offer) if self.v2 and phase is NodePhase.LAUNCHING and offer is not None else []),
             ]
         )
-        workflow.set_current_details(self._details())
 
     def _tell_pool(self) -> None:
         """Report the phase just entered to the pool, if the node has one. The report goes out
@@ -1174,11 +1211,13 @@ class GPUNodeWorkflow:
 
     def _worth_reporting(self, phase: NodePhase) -> bool:
         """v2: whether the pool learns anything from this phase. Not Pending (the pool recorded
-        the node Pending when it started it) and not Terminating after Draining (the pool counts
+        the node Pending when it started it), not Joining (the pool counts Launching and Joining
+        alike as coming; its status shows the node Launching until Ready, while the node's own
+        status and its search attribute say Joining) and not Terminating after Draining (the pool counts
         a draining node as leaving already; the final phase follows within the release, with the
         Terminating record). A Terminating node that was not draining (a failed or cancelled
         bring-up) is reported: the pool must stop counting it as coming."""
-        if phase is NodePhase.PENDING:
+        if phase in (NodePhase.PENDING, NodePhase.JOINING):
             return False
         return not (phase is NodePhase.TERMINATING and self._reported is NodePhase.DRAINING)
 
