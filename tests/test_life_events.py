@@ -78,6 +78,7 @@ async def test_one_short_life_takes_few_history_events_and_joins_by_facts(tempor
         assert_nothing_left(world, req.node_name)
         tally, order = await event_types(handle)
         total = sum(tally.values())
+        print(f"one short life: {total} events: {dict(tally.most_common())}")
         assert total < SHORT_LIFE_EVENTS, f"{total} events: {dict(tally.most_common())}; in order: {order}"
         # Joined by the bridge's facts, not by polls: no wait activity ran for Node Ready or GPUs.
         history = await handle.fetch_history()

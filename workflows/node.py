@@ -446,6 +446,8 @@ class GPUNodeWorkflow:
         self._record(attempt, "launched", result.instance.instance_id)
         if self._money_by_ids():
             self._twin_watch = asyncio.ensure_future(self._watch_for_twins())
+        if self._joins_by_facts():
+            return  # the join waits for the instance and its device at once
         await self._wait_for(
             NodeActivities.wait_for_instance_running,
             self.state.instance,
@@ -532,14 +534,28 @@ class GPUNodeWorkflow:
         self._tell_pool()
         t = self.req.timeouts
         device = DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet, tailnet_ref=self.req.tailnet_ref)
-        await self._wait_for(
-            NodeActivities.wait_for_tailnet_device,
-            device,
-            timeout=t.tailnet_join,
-            summary="wait for tailnet device",
-            timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
-            recheck=StageCheck(instance=self.state.instance, device=device),
-        )
+        if self._joins_by_facts():
+            # One wait (one activity, one workflow task when it ends) for the instance to run
+            # and its device to join, within both stages' budgets; the device is looked for
+            # every second, the provider read at its own pace.
+            check = StageCheck(instance=self.state.instance, device=device)
+            await self._wait_for(
+                NodeActivities.wait_for_tailnet_join,
+                check,
+                timeout=t.launch + t.tailnet_join,
+                summary="wait for the instance to run and join the tailnet",
+                timeout_error="join timeout: no tailnet device within {} of the launch (did the instance boot, the boot payload run and reach the control server?)",
+                recheck=check,
+            )
+        else:
+            await self._wait_for(
+                NodeActivities.wait_for_tailnet_device,
+                device,
+                timeout=t.tailnet_join,
+                summary="wait for tailnet device",
+                timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
+                recheck=StageCheck(instance=self.state.instance, device=device),
+            )
         self._stamp(Stage.TAILNET_JOINED)
         ready_error = "join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)"
         ready_check = StageCheck(instance=self.state.instance, node_name=self.req.node_name)
