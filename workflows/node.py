@@ -161,7 +161,6 @@ class GPUNodeWorkflow:
         self._sighting: InstanceSighting | None = None  # the provider's listing asks for a look
         self._budget_freed = False  # the pool says a held node may ask its budget again
         self.v2 = False  # set by `run`: a life begun under LIFE_V2_PATCH
-        self._reported: NodePhase | None = None  # v2: the last phase reported to the pool
         self._watch_timer: tuple[datetime, asyncio.Future[None]] | None = None  # v2: the watch's timer, when it fires
 
     # --- messages ------------------------------------------------------------------------
@@ -1222,20 +1221,16 @@ class GPUNodeWorkflow:
             return  # its stage records go with the next report
         records, self._unreported = self._unreported, []
         if self.req.pool_workflow_id:
-            self._reported = self.state.phase
             self._reports.append(asyncio.ensure_future(self._report(self.state.phase, records)))
 
     def _worth_reporting(self, phase: NodePhase) -> bool:
         """v2: whether the pool learns anything from this phase. Not Pending (the pool recorded
         the node Pending when it started it), not Joining (the pool counts Launching and Joining
         alike as coming; its status shows the node Launching until Ready, while the node's own
-        status and its search attribute say Joining) and not Terminating after Draining (the pool counts
-        a draining node as leaving already; the final phase follows within the release, with the
-        Terminating record). A Terminating node that was not draining (a failed or cancelled
-        bring-up) is reported: the pool must stop counting it as coming."""
-        if phase in (NodePhase.PENDING, NodePhase.JOINING):
-            return False
-        return not (phase is NodePhase.TERMINATING and self._reported is NodePhase.DRAINING)
+        status and its search attribute say Joining); their stage records go with the next
+        report. Terminating is: it ends the node's count against the disruption budgets (a
+        draining node is disrupting), and the held nodes ask again at once."""
+        return phase not in (NodePhase.PENDING, NodePhase.JOINING)
 
     async def _report(self, phase: NodePhase, records: list[StageRecord]) -> None:
         """Tell the pool where this node is. The pool may be gone (deleted, or a node started
