@@ -119,6 +119,9 @@ def _utcnow() -> datetime:
 def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]:
     """Heartbeat in the background while the block runs, a few times per heartbeat timeout,
     each beat carrying `details()` (what a retried attempt of the activity reads back)."""
+    if activity.info().is_local:
+        yield  # a local activity (a node's life under `life-v2`) has no heartbeat to send
+        return
     timeout = activity.info().heartbeat_timeout
     every = min(HEARTBEAT_EVERY, timeout / 3 if timeout else HEARTBEAT_EVERY).total_seconds()
 

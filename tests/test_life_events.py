@@ -93,3 +93,40 @@ async def test_one_short_life_takes_few_history_events_and_joins_by_facts(tempor
         await Replayer(workflows=[GPUNodeWorkflow], data_converter=DATA_CONVERTER).replay_workflow(history)
         if os.environ.get("TGP_RECORD_LIFE_V2"):  # tests/histories/life_v2_idle.json, recorded once
             (HISTORIES / "life_v2_idle.json").write_text(history.to_json())
+
+
+async def test_a_pool_nodes_join_by_facts_fails_over_when_its_gpus_never_register(temporal: WorkflowEnvironment) -> None:
+    """The join by the bridge's facts keeps the polled stages' verdicts: GPUs that never register
+    fail the attempt over at the stage's deadline with the same message (what the last look
+    saw), the instance is released and the next offer's node comes up, joined by facts."""
+    from tgp.types import GPU_RESOURCE
+
+    async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
+        world.cloud.fail_boot("rtx4090-us-east", "gpus_never_register")  # Ready, allocatable nvidia.com/gpu: 0
+        req = request(timeouts=SHORT.model_copy(update={"gpu_registration": timedelta(seconds=3), "idle": None}), pool_workflow_id="gpupool/ml/no-such-pool")
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY, timeout=90)
+        first, second = ready.attempts
+        assert first.offer.offer_id == "rtx4090-us-east"
+        assert first.outcome and first.outcome.startswith(f"join timeout: the Node's allocatable {GPU_RESOURCE} did not reach 1 within 3s"), first.outcome
+        assert "0 of 1 GPUs" in first.outcome, first.outcome
+        assert world.cloud.instances[first.instance_id or ""].status == "terminated"
+        assert second.offer.offer_id == "rtx4090-eu-west"
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await handle.result()).phase is NodePhase.TERMINATED
+        assert_nothing_left(world, req.node_name)
+
+
+async def test_a_pool_node_nobody_tells_still_joins_by_its_backstop_look(temporal: WorkflowEnvironment) -> None:
+    """No bridge runs (a lost signal, or a Node registered without the pool's labels): the join
+    by facts still ends, by its backstop look (`check_stage`, every watch interval here)."""
+    async with running_world(temporal) as (world, _, queue):
+        req = request(pool_workflow_id="gpupool/ml/no-such-pool")  # FAST: watch interval 1 s
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY, timeout=60)
+        assert len(ready.attempts) == 1, ready.attempts
+        _, order = await event_types(handle)
+        assert any(e.endswith("LA:look once more at the stage deadline") for e in order), order
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await handle.result()).phase is NodePhase.TERMINATED
+        assert_nothing_left(world, req.node_name)

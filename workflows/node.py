@@ -122,6 +122,10 @@ LIFE_V2_PATCH = "life-v2"
 # interval if that is shorter (a lost signal, or a Node registered without the pool's labels,
 # which the bridge does not follow).
 JOIN_BACKSTOP = timedelta(seconds=30)
+# ... once the bridge has told the node anything (it follows the Node). Until then (the Node not
+# registered yet, or no bridge at all) the looks come sooner: after JOIN_FIRST_LOOK, doubling up
+# to JOIN_BACKSTOP, so a node nobody tells is Ready a few seconds late, not half a minute.
+JOIN_FIRST_LOOK = timedelta(seconds=2)
 # A report to the pool (v2: a local activity that signals it): bounded, a few tries; a pool
 # that is gone is nobody to tell.
 REPORT_TIMEOUT = timedelta(seconds=10)
@@ -853,9 +857,7 @@ class GPUNodeWorkflow:
     async def _drain(self, end: EndReason) -> bool:
         """Drain the node; False when the drain of an idle node was called off because a
         workload pod had arrived since the idle verdict: the node is Ready again."""
-        # v2: an idle node's drain is a local activity, within the workflow task that then
-        # enters Terminating: visibility would only ever see the later upsert. Not made.
-        self._enter(NodePhase.DRAINING, upsert=not (self.v2 and end is EndReason.IDLE))
+        self._enter(NodePhase.DRAINING)
         self._tell_pool()
         revalidate = end is EndReason.IDLE and self._patched(DRAIN_REVALIDATE_PATCH)
         # The pool's terminationGracePeriod bounds the drain from when it began: at the
@@ -865,8 +867,8 @@ class GPUNodeWorkflow:
         deadline = termination_deadline(began, self.req.timeouts.termination_grace)
         if deadline is not None and deadline - began < timeout:
             timeout, bound = deadline - began, "terminationGracePeriod"
-        # v2: an idle node has no workload pod to wait for, so its drain is a cordon and a look
-        # (a local activity); a drain that may wait on pods stays an activity that heartbeats.
+        # An activity in every life: it may wait on pods (heartbeating), and the window between
+        # its schedule and its end is the Draining that the pool's budgets count.
         result = await self._call(
             NodeActivities.drain_node,
             DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound),
@@ -874,7 +876,7 @@ class GPUNodeWorkflow:
             heartbeat=self.req.timeouts.api_call,
             retry=API_RETRY,
             summary="drain",
-            local=end is EndReason.IDLE,
+            local=False,
         )
         stuck = [
             *([f"not evicted (disruption budget?): {', '.join(result.remaining)}"] if result.remaining else []),
@@ -1088,6 +1090,7 @@ class GPUNodeWorkflow:
         deadline = workflow.now() + timeout
         failure = timeout_error.format(_human(timeout))
         look: StageLook | None = None
+        quiet = JOIN_FIRST_LOOK  # the next look's delay while the bridge has said nothing
         while True:
             self._check_evicted()
             if self.state.facts is not None and up(self.state.facts):
@@ -1095,7 +1098,8 @@ class GPUNodeWorkflow:
             now = workflow.now()
             if now >= deadline:
                 break
-            wake = min(deadline, now + min(JOIN_BACKSTOP, backstop_period(self.req.timeouts)))
+            period = JOIN_BACKSTOP if self.state.facts is not None else quiet
+            wake = min(deadline, now + min(period, backstop_period(self.req.timeouts)))
             timer = asyncio.ensure_future(workflow.sleep(wake - now, summary=f"wait for {summary}"))
             facts = self.state.facts
             try:
@@ -1108,6 +1112,7 @@ class GPUNodeWorkflow:
                 if not timer.done():
                     timer.cancel()
             if timer.done() and workflow.now() < deadline and not (self.state.facts is not None and up(self.state.facts)):
+                quiet = min(quiet * 2, JOIN_BACKSTOP)
                 look = await self._check_stage(recheck)  # the backstop
                 if look is not None and look.up:
                     workflow.logger.info("%s: seen by the backstop look (no facts from the bridge): %s", summary, look.seen)
@@ -1193,14 +1198,12 @@ class GPUNodeWorkflow:
             self.state.end_reason = f"evicted before Ready: {self.state.evict_reason}"
             raise NodeEvicted()
 
-    def _enter(self, phase: NodePhase, *, upsert: bool = True) -> None:
+    def _enter(self, phase: NodePhase) -> None:
         """Record the phase: state, stage record, search attributes and the Web UI's details."""
         self.state.phase = phase
         self._stamp(Stage(phase.value), self._why(phase))
         offer = self.state.offer
         workflow.set_current_details(self._details())
-        if not upsert:
-            return
         workflow.upsert_search_attributes(
             [
                 SA_PHASE.value_set(phase.value),
