@@ -113,10 +113,11 @@ DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
 # Marks a life begun by this release's code (checked once, at the start of a new life, and
 # carried in the state across continue-as-new): every patch above is taken as applied without
 # asking `workflow.patched` again (each ask records a marker event); the short calls (select,
-# settle, label, budget ask, stage look, release, mark unavailable, reports to the pool, the
-# drain of an idle node) run as local activities, one marker event each instead of three
-# events and a workflow task; Node Ready and the GPUs are waited for on the bridge's
-# `node_facts` with a durable timer, not polled. Runs without it replay as they were recorded.
+# settle, label, budget ask, stage look, release, mark unavailable, reports to the pool) run as
+# local activities, one marker event each instead of three events and a workflow task; a pool's
+# node waits for its instance and device in one activity, and for Node Ready and the GPUs on the
+# bridge's `node_facts` with a durable timer, not polled (docs/lifecycle.md). Runs without it
+# replay as they were recorded.
 LIFE_V2_PATCH = "life-v2"
 # A v2 join that heard nothing from the bridge looks for itself this often, or every watch
 # interval if that is shorter (a lost signal, or a Node registered without the pool's labels,
