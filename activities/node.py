@@ -42,7 +42,7 @@ from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from tgp.secrets import known_secrets, register, register_model, secret_scope
 from tgp.lifecycle import holders_of, pod_keeps_node_busy
-from tgp.messages import DisruptionAnswer, PoolAsk
+from tgp.messages import DisruptionAnswer, PoolAsk, PoolReport
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
@@ -101,6 +101,8 @@ def _whose(inp: LaunchInput) -> str:
 # How often the wait-for-* activities look again. Each look is cheap (one API call); a
 # heartbeat goes with it, so cancellation reaches the activity within about this long.
 POLL_INTERVAL = timedelta(seconds=5)
+# `wait_for_tailnet_join` looks for the device this often (the tailnet's API, not a provider's).
+JOIN_LOOK_EVERY = timedelta(seconds=1)
 # How long a node waits for its pool's answer to "may I be disrupted now?" (budgets). A pool that
 # is deleted, stuck or replaying a long history must not hold its nodes for ever: past this the
 # node goes ahead as it would without budgets.
@@ -127,6 +129,9 @@ def _utcnow() -> datetime:
 def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]:
     """Heartbeat in the background while the block runs, a few times per heartbeat timeout,
     each beat carrying `details()` (what a retried attempt of the activity reads back)."""
+    if activity.info().is_local:
+        yield  # a local activity (a node's life under `life-v2`) has no heartbeat to send
+        return
     timeout = activity.info().heartbeat_timeout
     every = min(HEARTBEAT_EVERY, timeout / 3 if timeout else HEARTBEAT_EVERY).total_seconds()
 
@@ -506,6 +511,43 @@ class NodeActivities:
         return await self._poll(joined)
 
     @activity.defn
+    async def wait_for_tailnet_join(self, q: StageCheck) -> TailnetDevice:
+        """A life under `life-v2`: one wait for the instance to boot and its device to join
+        the tailnet. The device is looked for every JOIN_LOOK_EVERY (the tailnet is ours to
+        ask; a joined device means a running machine); the provider is read every poll
+        interval until the instance runs, and LaunchFailed if it fails or vanishes meanwhile."""
+        assert q.instance is not None and q.device is not None
+        ref, dq = q.instance, q.device
+        running = False
+        next_read = 0.0
+        with heartbeating():
+            while True:
+                try:
+                    with temporal_errors():
+                        device = await (await self._tailnet_for(dq.tailnet, dq.tailnet_ref)).find_device(dq.hostname, dq.tags)
+                        if device is not None:
+                            return device
+                        if not running and time.monotonic() >= next_read:
+                            next_read = time.monotonic() + self.poll_interval.total_seconds()
+                            provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+                            inst = await provider.describe(ref.instance_id or "")
+                            if inst is None and self._lagging(ref, provider):
+                                pass  # a 404 right after the create: the provider has not caught up yet
+                            elif inst is None or inst.interrupted or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED, InstanceState.STOPPED):
+                                state = "vanished" if inst is None else ("was interrupted" if inst.interrupted else inst.state.value.lower())
+                                metrics.LAUNCH_FAILURES.labels(ref.provider, "LaunchFailed").inc()
+                                raise ApplicationError(
+                                    f"instance {ref.instance_id} on {ref.provider} {state} while booting", type="LaunchFailed", non_retryable=True
+                                )
+                            else:
+                                running = inst.state is InstanceState.RUNNING
+                except ApplicationError as exc:
+                    if exc.non_retryable:
+                        raise
+                    log.info("poll_transient_error", activity=activity.info().activity_type, error=str(exc))
+                await asyncio.sleep(min(self.poll_interval, JOIN_LOOK_EVERY).total_seconds())
+
+    @activity.defn
     async def wait_for_node_ready(self, node_name: str) -> NodeSummary:
         """Poll the cluster until the Node exists and reports Ready."""
 
@@ -647,6 +689,20 @@ class NodeActivities:
         except WorkflowUpdateFailedError as exc:
             return DisruptionAnswer(allowed=True, message=f"the pool could not answer ({type(exc.cause).__name__}): not held")
 
+    @activity.defn
+    async def report_to_pool(self, call: PoolReport) -> bool:
+        """Signal the node's report to its pool (`node_phase`), for a life under the `life-v2`
+        patch, which reports from a local activity. Sent again when a worker dies around it:
+        the pool keeps the newest report per node (by `at`), so a repeat changes nothing. A pool
+        that is gone (deleted, or a node started by hand) has nobody listening: False."""
+        try:
+            await activity.client().get_workflow_handle(call.pool_workflow_id).signal("node_phase", call.report)
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
     # --- drain -----------------------------------------------------------------------------
 
     @activity.defn
@@ -746,12 +802,14 @@ class NodeActivities:
             self.launch_instance,
             self.wait_for_instance_running,
             self.wait_for_tailnet_device,
+            self.wait_for_tailnet_join,
             self.wait_for_node_ready,
             self.wait_for_gpus,
             self.check_stage,
             self.label_and_taint_node,
             self.observe_node,
             self.ask_pool_to_disrupt,
+            self.report_to_pool,
             self.drain_node,
             self.terminate_instance,
             self.watch_for_twins,

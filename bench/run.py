@@ -27,7 +27,8 @@ Knobs (environment): BENCH_QUICK=1, BENCH_BURSTS (e.g. "100,500"), BENCH_HOLD_NO
 BENCH_HOLD_SECONDS, BENCH_HOLD_BRINGUP_SECONDS, BENCH_HOLD_SETTLE_SECONDS, BENCH_BOOT_SECONDS,
 BENCH_IDLE_SECONDS, BENCH_PHASES ("offers,burst,hold"), BENCH_OUT (the JSON file), BENCH_DOC (the
 Markdown page; "-" for none), BENCH_NO_BASELINE=1 (no column from bench/results/baseline.json),
-BENCH_SKIP_IDLE=1; TGP_WORKFLOW_CACHE reaches the worker.
+BENCH_SKIP_IDLE=1, BENCH_IDLE_BUDGET (the burst pool's disruption budget, default "100%": the idle
+reaction measures one node's reaction, not the default 10% pacing); TGP_WORKFLOW_CACHE reaches the worker.
 """
 
 from __future__ import annotations

@@ -340,7 +340,10 @@ def gpu_pool(name: str, klass: str, *, idle_timeout: str, max_nodes: int) -> dic
                 },
             },
             "maxNodes": max_nodes,
-            "disruption": {"idleTimeout": idle_timeout, "drainTimeout": "30s"},
+            # The idle reaction measures how fast a node ends once idle; the default budget (10%
+            # of the pool at once) paces a whole pool going idle by design (docs/lifecycle.md),
+            # so the bench's pool lets every node go unless BENCH_IDLE_BUDGET says otherwise.
+            "disruption": {"idleTimeout": idle_timeout, "drainTimeout": "30s", "budgets": [{"nodes": os.environ.get("BENCH_IDLE_BUDGET") or "100%"}]},
         },
     }
 

@@ -287,3 +287,11 @@ class PoolAsk(Msg):
 
     pool_workflow_id: str
     ask: DisruptionAsk
+
+
+class PoolReport(Msg):
+    """Input of the node's `report_to_pool` activity (a life under the `life-v2` patch): the
+    report a node signals its pool (`node_phase`) from a local activity."""
+
+    pool_workflow_id: str
+    report: NodeReport

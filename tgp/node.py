@@ -40,6 +40,10 @@ class NodeState(BaseModel):
     # holds it with, as last recorded.
     disrupt: DisruptRequest | None = None
     disrupt_held: str = ""
+    # A life begun under the `life-v2` patch (workflows/node.py): short calls as local
+    # activities, the join by the bridge's facts, fewer reports. Carried across continue-as-new
+    # so a continued run neither asks the patch again nor changes its ways mid-life.
+    life_v2: bool = False
 
     @model_validator(mode="before")
     @classmethod

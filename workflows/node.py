@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall, NodeClassActivities
     from activities.node import NodeActivities
     from activities.termination import VERIFY_FOR
-    from tgp.messages import DisruptionAnswer, DisruptionAsk, NodeReport, PoolAsk, Reservation
+    from tgp.messages import DisruptionAnswer, DisruptionAsk, NodeReport, PoolAsk, PoolReport, Reservation
     from tgp.node import NodeState, NodeWorkflowInput
     from workflows.entity import describe as _describe
     from workflows.entity import history_is_long
@@ -114,6 +115,27 @@ DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
 # After the pool grants a voluntary end, the facts that came while the ask was in flight are
 # judged again (a do-not-disrupt pod that started meanwhile holds the node) before the drain.
 RECHECK_AFTER_GRANT_PATCH = "recheck-after-grant"
+# Marks a life begun by this release's code (checked once, at the start of a new life, and
+# carried in the state across continue-as-new): every patch above is taken as applied without
+# asking `workflow.patched` again (each ask records a marker event); the short calls (select,
+# settle, label, budget ask, stage look, release, mark unavailable, reports to the pool) run as
+# local activities, one marker event each instead of three events and a workflow task; a pool's
+# node waits for its instance and device in one activity, and for Node Ready and the GPUs on the
+# bridge's `node_facts` with a durable timer, not polled (docs/lifecycle.md). Runs without it
+# replay as they were recorded.
+LIFE_V2_PATCH = "life-v2"
+# A v2 join that heard nothing from the bridge looks for itself this often, or every watch
+# interval if that is shorter (a lost signal, or a Node registered without the pool's labels,
+# which the bridge does not follow).
+JOIN_BACKSTOP = timedelta(seconds=30)
+# ... once the bridge has told the node anything (it follows the Node). Until then (the Node not
+# registered yet, or no bridge at all) the looks come sooner: after JOIN_FIRST_LOOK, doubling up
+# to JOIN_BACKSTOP, so a node nobody tells is Ready a few seconds late, not half a minute.
+JOIN_FIRST_LOOK = timedelta(seconds=2)
+# A report to the pool (v2: a local activity that signals it): bounded, a few tries; a pool
+# that is gone is nobody to tell.
+REPORT_TIMEOUT = timedelta(seconds=10)
+REPORT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5), maximum_attempts=5)
 # A node a budget holds asks its pool again this often (each ask: a timer and an activity).
 BUDGET_ASK_AGAIN = timedelta(minutes=1)
 # An ask the pool could not take (Temporal's in-flight update limit) is no refusal: asked again
@@ -158,6 +180,8 @@ class GPUNodeWorkflow:
         self._reports: list[asyncio.Future[None]] = []
         self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
         self._twin_watch: asyncio.Future[None] | None = None
+        self.v2 = False  # set by `run`: a life begun under LIFE_V2_PATCH
+        self._watch_timer: tuple[datetime, asyncio.Future[None]] | None = None  # v2: the watch's timer, when it fires
 
     # What the `instance_seen` and `budget_freed` signals ask of the watch lives in the state,
     # which continue-as-new carries (in fields of the workflow, one received just before it
@@ -269,6 +293,8 @@ class GPUNodeWorkflow:
         """Bring the node up, watch it, drain it; whatever happens, release what was bought."""
         if self.legacy:
             return await self.legacy.run()
+        self.v2 = self.state.life_v2 or workflow.patched(LIFE_V2_PATCH)
+        self.state.life_v2 = self.v2
         try:
             if self.state.watch is None:  # a run continued as new is already past bring-up
                 await self._bring_up()
@@ -375,11 +401,11 @@ class GPUNodeWorkflow:
 
     async def _select_offer(self, tried: list[str]) -> Offer:
         """The best offer not yet tried. None left ends the node Failed, saying why."""
-        choice = await workflow.execute_activity_method(
+        choice = await self._call(
             NodeActivities.select_offer,
             SelectOfferInput(requirements=self.req.requirements, exclude=tried),
-            start_to_close_timeout=self.req.timeouts.api_call,
-            retry_policy=API_RETRY,
+            timeout=self.req.timeouts.api_call,
+            retry=API_RETRY,
             summary="select offer",
         )
         if choice.offer is None:
@@ -397,11 +423,11 @@ class GPUNodeWorkflow:
         without a class has no budget to settle."""
         if not self.req.class_workflow_id:
             return
-        grant = await workflow.execute_activity_method(
+        grant = await self._call(
             NodeClassActivities.settle_reservation,
             LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(offer)),
-            start_to_close_timeout=self.req.timeouts.api_call,
-            retry_policy=API_RETRY,
+            timeout=self.req.timeouts.api_call,
+            retry=API_RETRY,
             summary="settle price with the class budget",
         )
         if not grant.granted:
@@ -427,7 +453,8 @@ class GPUNodeWorkflow:
         )
         if self._money_by_ids():
             self._remember(self.state.instance)
-        self._upsert_offer_attributes(offer)
+        if not self.v2:
+            self._upsert_offer_attributes(offer)  # v2: with the phase's (`_enter`), one event
         launch = workflow.start_activity_method(
             NodeActivities.launch_instance,
             LaunchInput(
@@ -440,7 +467,9 @@ class GPUNodeWorkflow:
                 tailnet_ref=self.req.tailnet_ref,
                 boot=self.req.boot,
                 pool=self.req.pool,
-                labels=self.req.labels,
+                # v2: the Node registers with the labels that name its workflow, so the
+                # bridge's facts reach the join (Ready, GPUs) before tgp labels it.
+                labels={**self.req.labels, **self._own_labels(pool_only=True)} if self.v2 else self.req.labels,
                 taints=self.req.taints,
                 unavailable_offer_ttl=self.req.unavailable_offer_ttl,
                 demand_since=self.req.demand_since,
@@ -472,6 +501,8 @@ class GPUNodeWorkflow:
         self._record(attempt, "launched", result.instance.instance_id)
         if self._money_by_ids():
             self._twin_watch = asyncio.ensure_future(self._watch_for_twins())
+        if self._joins_by_facts():
+            return  # the join waits for the instance and its device at once
         await self._wait_for(
             NodeActivities.wait_for_instance_running,
             self.state.instance,
@@ -501,7 +532,7 @@ class GPUNodeWorkflow:
         self._remember(self.state.instance.model_copy(update={"created_by": workflow.now()}))
 
     def _money_by_ids(self) -> bool:
-        return workflow.patched(MONEY_BY_IDS_PATCH)
+        return self._patched(MONEY_BY_IDS_PATCH)
 
     def _remember(self, ref: InstanceRef) -> None:
         """Keep `ref` (a launch attempt's name, with every id seen under it) in the state, and as
@@ -558,35 +589,65 @@ class GPUNodeWorkflow:
         self._tell_pool()
         t = self.req.timeouts
         device = DeviceQuery(hostname=self.req.node_name, tags=self.req.tailnet_tags, tailnet=self.req.tailnet, tailnet_ref=self.req.tailnet_ref)
-        await self._wait_for(
-            NodeActivities.wait_for_tailnet_device,
-            device,
-            timeout=t.tailnet_join,
-            summary="wait for tailnet device",
-            timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
-            recheck=StageCheck(instance=self.state.instance, device=device),
-        )
+        if self._joins_by_facts():
+            # One wait (one activity, one workflow task when it ends) for the instance to run
+            # and its device to join, within both stages' budgets; the device is looked for
+            # every second, the provider read at its own pace.
+            check = StageCheck(instance=self.state.instance, device=device)
+            await self._wait_for(
+                NodeActivities.wait_for_tailnet_join,
+                check,
+                timeout=t.launch + t.tailnet_join,
+                summary="wait for the instance to run and join the tailnet",
+                timeout_error="join timeout: no tailnet device within {} of the launch (did the instance boot, the boot payload run and reach the control server?)",
+                recheck=check,
+            )
+        else:
+            await self._wait_for(
+                NodeActivities.wait_for_tailnet_device,
+                device,
+                timeout=t.tailnet_join,
+                summary="wait for tailnet device",
+                timeout_error="join timeout: no tailnet device within {} (did the boot payload run and reach the control server?)",
+                recheck=StageCheck(instance=self.state.instance, device=device),
+            )
         self._stamp(Stage.TAILNET_JOINED)
-        await self._wait_for(
-            NodeActivities.wait_for_node_ready,
-            self.req.node_name,
-            timeout=t.node_ready,
-            summary="wait for Node Ready",
-            timeout_error="join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)",
-            recheck=StageCheck(instance=self.state.instance, node_name=self.req.node_name),
-        )
-        if not workflow.patched(GPU_REGISTRATION_PATCH):
+        ready_error = "join timeout: the Node did not become Ready within {} (kubelet registration or GPU driver)"
+        ready_check = StageCheck(instance=self.state.instance, node_name=self.req.node_name)
+        if self._joins_by_facts():
+            await self._wait_for_facts(lambda f: f.present and f.ready, timeout=t.node_ready, summary="Node Ready", timeout_error=ready_error, recheck=ready_check)
+        else:
+            await self._wait_for(
+                NodeActivities.wait_for_node_ready,
+                self.req.node_name,
+                timeout=t.node_ready,
+                summary="wait for Node Ready",
+                timeout_error=ready_error,
+                recheck=ready_check,
+            )
+        if not self._patched(GPU_REGISTRATION_PATCH):
             return  # a run from before the GPU stage: Ready was enough
         self._stamp(Stage.NODE_READY)
         gpus = self.state.offer.gpu_count if self.state.offer else 1
-        await self._wait_for(
-            NodeActivities.wait_for_gpus,
-            GpuQuery(node_name=self.req.node_name, gpus=gpus),
-            timeout=t.gpu_registration,
-            summary=f"wait for {gpus} GPUs to register",
-            timeout_error=f"join timeout: the Node's allocatable {GPU_RESOURCE} did not reach {gpus} within {{}} (GPU driver or device plugin)",
-            recheck=StageCheck(instance=self.state.instance, node_name=self.req.node_name, gpus=gpus),
-        )
+        gpus_error = f"join timeout: the Node's allocatable {GPU_RESOURCE} did not reach {gpus} within {{}} (GPU driver or device plugin)"
+        gpus_check = StageCheck(instance=self.state.instance, node_name=self.req.node_name, gpus=gpus)
+        if self._joins_by_facts():
+            await self._wait_for_facts(
+                lambda f: f.present and f.ready and f.gpus >= gpus,
+                timeout=t.gpu_registration,
+                summary=f"{gpus} GPUs registered",
+                timeout_error=gpus_error,
+                recheck=gpus_check,
+            )
+        else:
+            await self._wait_for(
+                NodeActivities.wait_for_gpus,
+                GpuQuery(node_name=self.req.node_name, gpus=gpus),
+                timeout=t.gpu_registration,
+                summary=f"wait for {gpus} GPUs to register",
+                timeout_error=gpus_error,
+                recheck=gpus_check,
+            )
         self._stamp(Stage.GPUS_REGISTERED)
 
     async def _label_and_taint(self) -> None:
@@ -594,29 +655,39 @@ class GPUNodeWorkflow:
         assert offer is not None
         labels = {
             **self.req.labels,  # first: tgp's own labels always win (tgp.io/managed must stay "true")
-            LABEL_MANAGED: "true",
-            LABEL_POOL: self.req.pool,
-            LABEL_POOL_NAMESPACE: self.req.namespace,
-            LABEL_PROVIDER: offer.provider,
-            LABEL_GPU_TYPE: offer.gpu_type,
-            LABEL_REGION: offer.region,
+            **self._own_labels(),
         }
-        await workflow.execute_activity_method(
+        await self._call(
             NodeActivities.label_and_taint_node,
             LabelInput(node_name=self.req.node_name, labels=labels, taints=self.req.taints, launched_at=self.state.attempts[-1].started_at),
-            start_to_close_timeout=self.req.timeouts.api_call,
-            retry_policy=API_RETRY,
+            timeout=self.req.timeouts.api_call,
+            retry=API_RETRY,
             summary="label and taint",
         )
         self._enter(NodePhase.READY)
         self._tell_pool()
         self.state.watch = WatchState(ready_at=workflow.now())
 
+    def _joins_by_facts(self) -> bool:
+        """v2, for a node of a pool: its Node Ready and GPUs come as the bridge's facts. The
+        bridge runs beside every pool (it starts them from their CRDs); a node started without
+        a pool (by hand, by a test) may have nobody telling it, and polls as before."""
+        return self.v2 and bool(self.req.pool_workflow_id)
+
+    def _own_labels(self, *, pool_only: bool = False) -> dict[str, str]:
+        """tgp's labels on the Node: managed, the pool's (which name the node's workflow, for the
+        bridge), and unless `pool_only` the offer's."""
+        labels = {LABEL_MANAGED: "true", LABEL_POOL: self.req.pool, LABEL_POOL_NAMESPACE: self.req.namespace}
+        offer = self.state.offer
+        if not pool_only and offer is not None:
+            labels.update({LABEL_PROVIDER: offer.provider, LABEL_GPU_TYPE: offer.gpu_type, LABEL_REGION: offer.region})
+        return labels
+
     async def _watch_until_done(self) -> EndReason:
         """Watch the node until it is idle, expired, gone or evicted: by events and timers, or
         (runs from before the event-driven watch) by a look every watch interval."""
         assert self.state.instance is not None and self.state.watch is not None
-        if workflow.patched(EVENT_DRIVEN_WATCH_PATCH):
+        if self._patched(EVENT_DRIVEN_WATCH_PATCH):
             return await self._watch_by_events()
         while True:
             t = self.req.timeouts  # `update_timeouts` may have changed them since the last look
@@ -664,7 +735,7 @@ class GPUNodeWorkflow:
         tgp.lifecycle's property test proves that judging only at changes and at `next_deadline`
         ends a node when and why a continuous poller would."""
         assert self.state.instance is not None and self.state.watch is not None
-        if not self.state.watch.disruption_rules and workflow.patched(DISRUPTION_RULES_PATCH):
+        if not self.state.watch.disruption_rules and self._patched(DISRUPTION_RULES_PATCH):
             self.state.watch = self.state.watch.model_copy(update={"disruption_rules": True})
         if self.state.watch.view is None:
             self._seed_view()
@@ -715,6 +786,14 @@ class GPUNodeWorkflow:
                 due = [d for d in due if d > workflow.now()] + [watch.blocked_until]
             sleep = max(min(due) - workflow.now(), timedelta(milliseconds=1))
             req, facts, disrupt = self.req, self.state.facts, self.state.disrupt
+            if self.v2:
+                await self._sleep_until(workflow.now() + sleep, lambda: self.state.evict_reason is not None
+                    or self._sighting is not None
+                    or self.state.facts is not facts
+                    or self.req is not req
+                    or self.state.disrupt is not disrupt
+                    or self._budget_freed)
+                continue
             try:
                 await workflow.wait_condition(
                     lambda: self.state.evict_reason is not None
@@ -737,7 +816,7 @@ class GPUNodeWorkflow:
         self._apply_facts()
         watch = self.state.watch
         assert watch is not None
-        return judge_view(watch, workflow.now(), self.req.timeouts).end is None and workflow.patched(RECHECK_AFTER_GRANT_PATCH)
+        return judge_view(watch, workflow.now(), self.req.timeouts).end is None and self._patched(RECHECK_AFTER_GRANT_PATCH)
     async def _disrupt_due(self) -> EndReason | None:
         """The pool's `disrupt` (its replacement is Ready): the end to take now, or None while
         do-not-disrupt holds the node (recorded once per holder set: DisruptionHeld) or a budget
@@ -762,6 +841,18 @@ class GPUNodeWorkflow:
         else:  # a consolidation removal: its pods fit on the nodes that stay
             self.state.end_reason = f"{end.value}: {d.detail or 'consolidated'}"
         return end
+    async def _sleep_until(self, wake_at: datetime, woken: Callable[[], bool]) -> None:
+        """v2: the watch's wait, until `wake_at` or `woken()`. The timer is kept across waits
+        while the deadline stays where it was (a signal that moves no deadline, such as a
+        pod's arrival on a busy node, starts and cancels no timer); a moved deadline cancels
+        it and starts another."""
+        timer = self._watch_timer
+        if timer is None or timer[1].done() or timer[0] != wake_at:
+            if timer is not None and not timer[1].done():
+                timer[1].cancel()
+            timer = (wake_at, asyncio.ensure_future(workflow.sleep(max(wake_at - workflow.now(), timedelta(milliseconds=1)), summary="watch")))
+            self._watch_timer = timer
+        await workflow.wait_condition(lambda: timer[1].done() or woken())
 
     async def _budget_allows(self, end: EndReason) -> bool:
         """Whether a voluntary end (idle, expired) may begin now, within the pool's disruption
@@ -772,20 +863,20 @@ class GPUNodeWorkflow:
         reason = _BUDGETED_ENDS.get(end)
         watch = self.state.watch
         assert watch is not None
-        if reason is None or not self.req.pool_workflow_id or not workflow.patched(DISRUPTION_BUDGETS_PATCH):
+        if reason is None or not self.req.pool_workflow_id or not self._patched(DISRUPTION_BUDGETS_PATCH):
             return True
         now = workflow.now()
         if watch.blocked_until is not None and now < watch.blocked_until:
             return False
         try:
-            answer = await workflow.execute_activity_method(
+            answer = await self._call(
                 NodeActivities.ask_pool_to_disrupt,
                 PoolAsk(
                     pool_workflow_id=self.req.pool_workflow_id,
                     ask=DisruptionAsk(workflow_id=self.req.workflow_id, node_name=self.req.node_name, reason=reason.value),
                 ),
-                start_to_close_timeout=POOL_ANSWER_TIMEOUT + timedelta(seconds=10),
-                retry_policy=API_RETRY,
+                timeout=POOL_ANSWER_TIMEOUT + timedelta(seconds=10),
+                retry=API_RETRY,
                 summary=f"ask the pool: {reason.value} disruption",
             )
         except ActivityError as exc:
@@ -868,7 +959,7 @@ class GPUNodeWorkflow:
         workload pod had arrived since the idle verdict: the node is Ready again."""
         self._enter(NodePhase.DRAINING)
         self._tell_pool()
-        revalidate = end is EndReason.IDLE and workflow.patched(DRAIN_REVALIDATE_PATCH)
+        revalidate = end is EndReason.IDLE and self._patched(DRAIN_REVALIDATE_PATCH)
         # The pool's terminationGracePeriod bounds the drain from when it began: at the
         # deadline the instance is terminated, over PDBs and do-not-disrupt pods.
         began = workflow.now()
@@ -876,13 +967,16 @@ class GPUNodeWorkflow:
         deadline = termination_deadline(began, self.req.timeouts.termination_grace)
         if deadline is not None and deadline - began < timeout:
             timeout, bound = deadline - began, "terminationGracePeriod"
-        result = await workflow.execute_activity_method(
+        # An activity in every life: it may wait on pods (heartbeating), and the window between
+        # its schedule and its end is the Draining that the pool's budgets count.
+        result = await self._call(
             NodeActivities.drain_node,
             DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound),
-            start_to_close_timeout=timeout + self.req.timeouts.api_call,
-            heartbeat_timeout=self.req.timeouts.api_call,
-            retry_policy=API_RETRY,
+            timeout=timeout + self.req.timeouts.api_call,
+            heartbeat=self.req.timeouts.api_call,
+            retry=API_RETRY,
             summary="drain",
+            local=False,
         )
         stuck = [
             *([f"not evicted (disruption budget?): {', '.join(result.remaining)}"] if result.remaining else []),
@@ -919,7 +1013,7 @@ class GPUNodeWorkflow:
         self._stop_twin_watch()
         if self.state.instance is not None:
             await self._terminate(self.state.instance)
-        await workflow.execute_activity_method(
+        await self._call(
             NodeActivities.remove_from_tailnet,
             TailnetCleanupInput(
                 hostname=self.req.node_name,
@@ -928,22 +1022,30 @@ class GPUNodeWorkflow:
                 tailnet=self.req.tailnet,
                 tailnet_ref=self.req.tailnet_ref,
             ),
-            start_to_close_timeout=self.req.timeouts.api_call,
-            retry_policy=CLEANUP_RETRY,
+            timeout=self.req.timeouts.api_call,
+            retry=CLEANUP_RETRY,
             summary="remove from tailnet",
         )
-        await workflow.execute_activity_method(
+        await self._call(
             NodeActivities.delete_node,
             self.req.node_name,
-            start_to_close_timeout=self.req.timeouts.api_call,
-            retry_policy=CLEANUP_RETRY,
+            timeout=self.req.timeouts.api_call,
+            retry=CLEANUP_RETRY,
             summary="delete Node",
         )
         self.state.key_ids = []
+        if self.v2:
+            self.state.facts = None  # they were the deleted Node's: the next attempt's join waits for its own
 
     async def _terminate(self, instance: InstanceRef) -> None:
         """Terminate until the provider confirms. Past `termination_stuck` the node shows
         TerminationStuck (search attribute, pool Event and condition) while it keeps trying."""
+        # An activity in every life, v2 too: the workflow task that ends the run then holds only
+        # the Node's and the tailnet's cleanup (idempotent), so a signal that lands as it
+        # completes (the bridge saw the Node go) and has it retried re-decides nothing. Were the
+        # terminate a local activity, the idle verdict, the drain and the terminate would sit in
+        # that one task, and a retry would replay the watch with the new facts (a missing Node)
+        # and take another road.
         terminate = workflow.start_activity_method(
             NodeActivities.terminate_instance,
             instance,
@@ -985,23 +1087,64 @@ class GPUNodeWorkflow:
                         await self._terminate(ref)
             self._stamp(Stage.RELEASED)
         if self.req.class_workflow_id:
-            await workflow.execute_activity_method(
+            await self._call(
                 NodeClassActivities.release_reservation,
                 LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(self.state.offer)),
-                start_to_close_timeout=self.req.timeouts.api_call,
-                retry_policy=CLEANUP_RETRY,
+                timeout=self.req.timeouts.api_call,
+                retry=CLEANUP_RETRY,
                 summary="release class budget",
             )
 
     async def _mark_unavailable(self, offer: Offer) -> None:
-        await workflow.execute_activity_method(
+        await self._call(
             NodeActivities.mark_offer_unavailable,
             MarkUnavailableInput(offer_key=offer.key, ttl=self.req.unavailable_offer_ttl),
-            start_to_close_timeout=self.req.timeouts.api_call,
-            retry_policy=API_RETRY,
+            timeout=self.req.timeouts.api_call,
+            retry=API_RETRY,
         )
 
     # --- helpers -------------------------------------------------------------------------
+
+    def _patched(self, patch: str) -> bool:
+        """`workflow.patched(patch)`, except in a v2 life, where every older patch is applied and
+        asking would only record one more marker event."""
+        return self.v2 or workflow.patched(patch)
+
+    async def _call(
+        self,
+        activity: Any,
+        arg: Any,
+        *,
+        timeout: timedelta,
+        retry: RetryPolicy,
+        summary: str | None = None,
+        heartbeat: timedelta | None = None,
+        local: bool = True,
+    ) -> Any:
+        """One short call. In a v2 life (and `local`) a local activity: one marker event, no
+        activity events and no workflow task of its own; it keeps its timeout and retry policy
+        (backoffs past the SDK's local retry threshold become durable timers), and a worker that
+        dies during it runs it again from the last workflow task, so each such call is
+        idempotent. Its failure is raised as an ActivityError, as an activity's is, so every
+        handler reads both alike. Before v2: the activity these runs recorded."""
+        if not (self.v2 and local):
+            return await workflow.execute_activity_method(
+                activity, arg, start_to_close_timeout=timeout, heartbeat_timeout=heartbeat, retry_policy=retry, summary=summary
+            )
+        try:
+            return await workflow.execute_local_activity_method(activity, arg, start_to_close_timeout=timeout, retry_policy=retry, summary=summary)
+        except ActivityError:
+            raise
+        except FailureError as exc:  # a local activity's failure comes as its bare cause
+            raise ActivityError(
+                "local activity error",
+                scheduled_event_id=0,
+                started_event_id=0,
+                identity="",
+                activity_type=getattr(activity, "__name__", str(activity)),
+                activity_id="",
+                retry_state=None,
+            ) from exc
 
     async def _wait_for(
         self, activity: Any, arg: Any, *, timeout: timedelta, summary: str, timeout_error: str, recheck: StageCheck
@@ -1031,6 +1174,56 @@ class GPUNodeWorkflow:
         seen = f"; at the deadline {look.seen}" if look is not None else ""
         raise LaunchAttemptFailed(failure + seen)
 
+    async def _wait_for_facts(
+        self, up: Callable[[NodeFacts], bool], *, timeout: timedelta, summary: str, timeout_error: str, recheck: StageCheck
+    ) -> None:
+        """v2: wait for a join stage on the bridge's `node_facts` (no poll), until the stage's
+        deadline, `timeout` from now, or an `evict`.
+
+        One durable timer at a time, started when the wait begins and again only when it fires
+        (facts that do not yet show the stage up cost their signal and nothing more): at the
+        deadline, or JOIN_BACKSTOP (or the watch interval, if shorter) from the last look if sooner. At a backstop the node looks for
+        itself (`check_stage`, a local activity): a lost signal, or a Node the bridge does not
+        follow, costs a backstop period, not the node. At the deadline, as a polled stage does:
+        one last look, and what is in fact up is kept; otherwise the stage fails over with
+        `timeout_error` plus what the look saw."""
+        deadline = workflow.now() + timeout
+        failure = timeout_error.format(_human(timeout))
+        look: StageLook | None = None
+        quiet = JOIN_FIRST_LOOK  # the next look's delay while the bridge has said nothing
+        while True:
+            self._check_evicted()
+            if self.state.facts is not None and up(self.state.facts):
+                return
+            now = workflow.now()
+            if now >= deadline:
+                break
+            period = JOIN_BACKSTOP if self.state.facts is not None else quiet
+            wake = min(deadline, now + min(period, backstop_period(self.req.timeouts)))
+            timer = asyncio.ensure_future(workflow.sleep(wake - now, summary=f"wait for {summary}"))
+            facts = self.state.facts
+            try:
+                await workflow.wait_condition(
+                    lambda: timer.done()
+                    or self.state.evict_reason is not None
+                    or (self.state.facts is not facts and self.state.facts is not None and up(self.state.facts))
+                )
+            finally:
+                if not timer.done():
+                    timer.cancel()
+            if timer.done() and workflow.now() < deadline and not (self.state.facts is not None and up(self.state.facts)):
+                quiet = min(quiet * 2, JOIN_BACKSTOP)
+                look = await self._check_stage(recheck)  # the backstop
+                if look is not None and look.up:
+                    workflow.logger.info("%s: seen by the backstop look (no facts from the bridge): %s", summary, look.seen)
+                    return
+        look = await self._check_stage(recheck)
+        if look is not None and look.up:
+            workflow.logger.info("%s: deadline passed, but %s: kept", summary, look.seen)
+            return
+        seen = f"; at the deadline {look.seen}" if look is not None else ""
+        raise LaunchAttemptFailed(failure + seen)
+
     async def _poll_until(
         self, deadline: datetime, activity: Any, arg: Any, *, summary: str, failure: str, evicted: asyncio.Future[None]
     ) -> bool:
@@ -1047,7 +1240,7 @@ class GPUNodeWorkflow:
                     raise asyncio.CancelledError() from None
                 if not isinstance(exc.cause, TimeoutError):
                     raise LaunchAttemptFailed(_describe(exc)) from None
-                if not workflow.patched(STAGE_CHECK_PATCH):
+                if not self._patched(STAGE_CHECK_PATCH):
                     raise LaunchAttemptFailed(failure) from None  # a run from before the last look, as it did
             budget = deadline - workflow.now()
             if budget < timedelta(seconds=1):
@@ -1078,27 +1271,27 @@ class GPUNodeWorkflow:
     async def _check_stage(self, recheck: StageCheck) -> StageLook | None:
         """The last look before a stage fails over; None if even that look failed."""
         try:
-            return await workflow.execute_activity_method(
+            look: StageLook = await self._call(
                 NodeActivities.check_stage,
                 recheck,
-                start_to_close_timeout=self.req.timeouts.api_call,
-                heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
-                retry_policy=API_RETRY,
+                timeout=self.req.timeouts.api_call,
+                heartbeat=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
+                retry=API_RETRY,
                 summary="look once more at the stage deadline",
             )
+            return look
         except ActivityError as exc:
             if self._cancel_requested():
                 raise asyncio.CancelledError() from None
             self.state.last_error = f"the last look at the stage deadline failed: {_describe(exc)}"
             return None
 
-    @staticmethod
-    def _cancel_requested() -> bool:
+    def _cancel_requested(self) -> bool:
         """Whether the workflow was cancelled. Temporal delivers a cancel once, to whatever the
         run awaits: an activity in flight takes it and fails with it, and code that handles
         activity failures (an outage while watching, a failed stage) would swallow it. Each such
         handler asks this first. Runs from before this rule keep their recorded way."""
-        return workflow.cancellation_reason() is not None and workflow.patched(CANCEL_PATCH)
+        return workflow.cancellation_reason() is not None and self._patched(CANCEL_PATCH)
 
     def _check_evicted(self) -> None:
         if self.state.evict_reason is not None:
@@ -1109,6 +1302,8 @@ class GPUNodeWorkflow:
         """Record the phase: state, stage record, search attributes and the Web UI's details."""
         self.state.phase = phase
         self._stamp(Stage(phase.value), self._why(phase))
+        offer = self.state.offer
+        workflow.set_current_details(self._details())
         workflow.upsert_search_attributes(
             [
                 SA_PHASE.value_set(phase.value),
@@ -1116,17 +1311,29 @@ class GPUNodeWorkflow:
                 SA_NODE_NAME.value_set(self.req.node_name),
                 # The class ledger finds its live nodes by this after a restart.
                 SA_CLASS.value_set(self.req.node_class),
+                # v2: the offer's attributes go with the launch's phase, one event for both.
+                *(self._offer_attributes(offer) if self.v2 and phase is NodePhase.LAUNCHING and offer is not None else []),
             ]
         )
-        workflow.set_current_details(self._details())
 
     def _tell_pool(self) -> None:
         """Report the phase just entered to the pool, if the node has one. The report goes out
         from its own task so the node never waits on the pool; `_end` and continue-as-new wait
         for all of them."""
+        if self.v2 and not self._worth_reporting(self.state.phase):
+            return  # its stage records go with the next report
         records, self._unreported = self._unreported, []
         if self.req.pool_workflow_id:
             self._reports.append(asyncio.ensure_future(self._report(self.state.phase, records)))
+
+    def _worth_reporting(self, phase: NodePhase) -> bool:
+        """v2: whether the pool learns anything from this phase. Not Pending (the pool recorded
+        the node Pending when it started it), not Joining (the pool counts Launching and Joining
+        alike as coming; its status shows the node Launching until Ready, while the node's own
+        status and its search attribute say Joining); their stage records go with the next
+        report. Terminating is: it ends the node's count against the disruption budgets (a
+        draining node is disrupting), and the held nodes ask again at once."""
+        return phase not in (NodePhase.PENDING, NodePhase.JOINING)
 
     async def _report(self, phase: NodePhase, records: list[StageRecord]) -> None:
         """Tell the pool where this node is. The pool may be gone (deleted, or a node started
@@ -1145,19 +1352,35 @@ class GPUNodeWorkflow:
             stages=records,
             drift_hash=self.req.drift_hashes.get(offer.provider) if offer else None,
         )
+        if self.v2:
+            # A local activity that signals the pool: one marker event, where a signal from the
+            # workflow costs two events and, when its completion comes alone, a workflow task.
+            try:
+                await self._call(
+                    NodeActivities.report_to_pool,
+                    PoolReport(pool_workflow_id=self.req.pool_workflow_id or "", report=report),
+                    timeout=REPORT_TIMEOUT,
+                    retry=REPORT_RETRY,
+                    summary=f"report {phase.value}",
+                )
+            except ActivityError as exc:
+                workflow.logger.info("could not report %s to pool %s: %s", phase.value, self.req.pool_workflow_id, _describe(exc))
+            return
         try:
             await workflow.get_external_workflow_handle(self.req.pool_workflow_id or "").signal("node_phase", report)
         except Exception as exc:  # noqa: BLE001 - a missing pool must not stop the node
             workflow.logger.info("could not report %s to pool %s: %s", phase.value, self.req.pool_workflow_id, exc)
 
     def _upsert_offer_attributes(self, offer: Offer) -> None:
-        workflow.upsert_search_attributes(
-            [
-                SA_PROVIDER.value_set(offer.provider),
-                SA_GPU_TYPE.value_set(offer.gpu_type),
-                SA_HOURLY_PRICE.value_set(float(offer.hourly_price)),
-            ]
-        )
+        workflow.upsert_search_attributes(self._offer_attributes(offer))
+
+    @staticmethod
+    def _offer_attributes(offer: Offer) -> list[Any]:
+        return [
+            SA_PROVIDER.value_set(offer.provider),
+            SA_GPU_TYPE.value_set(offer.gpu_type),
+            SA_HOURLY_PRICE.value_set(float(offer.hourly_price)),
+        ]
 
     def _stamp(self, stage: Stage, reason: str = "") -> None:
         """Record that the node entered `stage` now, and why: for the status query, for the pool
