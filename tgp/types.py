@@ -412,6 +412,7 @@ class NodeStatus(NodeOverview):
     attempts: list[LaunchAttempt] = []
     last_error: str | None = None
     end_reason: str | None = None
+    asking: str = Field("", description="The voluntary end (tgp.disruption reason) the node is asking its pool's budget for, while the ask is in flight.")
 
     @model_validator(mode="before")
     @classmethod

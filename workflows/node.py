@@ -182,6 +182,7 @@ class GPUNodeWorkflow:
         self._twin_watch: asyncio.Future[None] | None = None
         self.v2 = False  # set by `run`: a life begun under LIFE_V2_PATCH
         self._watch_timer: tuple[datetime, asyncio.Future[None]] | None = None  # v2: the watch's timer, when it fires
+        self._asking = ""  # the budget asked for, while the ask is in flight (a v2 ask is a local activity: no pending activity shows it)
 
     # What the `instance_seen` and `budget_freed` signals ask of the watch lives in the state,
     # which continue-as-new carries (in fields of the workflow, one received just before it
@@ -284,6 +285,7 @@ class GPUNodeWorkflow:
             attempts=self.state.attempts,
             last_error=self.state.last_error,
             end_reason=self.state.end_reason,
+            asking=self._asking,
         )
 
     # --- the life ------------------------------------------------------------------------
@@ -868,6 +870,7 @@ class GPUNodeWorkflow:
         now = workflow.now()
         if watch.blocked_until is not None and now < watch.blocked_until:
             return False
+        self._asking = reason.value
         try:
             answer = await self._call(
                 NodeActivities.ask_pool_to_disrupt,
@@ -878,12 +881,19 @@ class GPUNodeWorkflow:
                 timeout=POOL_ANSWER_TIMEOUT + timedelta(seconds=10),
                 retry=API_RETRY,
                 summary=f"ask the pool: {reason.value} disruption",
+                # An activity, not a local one, in every life: signals that come while the pool is
+                # asked (the bridge's facts: a do-not-disrupt pod that started) are delivered
+                # before the answer is acted on (`_held_after_the_ask`); during a local activity
+                # the worker holds the workflow task and they would arrive only after the drain began.
+                local=False,
             )
         except ActivityError as exc:
             if self._cancel_requested():
                 raise asyncio.CancelledError() from None
             workflow.logger.warning("could not ask the pool about the budget, going ahead: %s", _describe(exc))
             answer = DisruptionAnswer(allowed=True)
+        finally:
+            self._asking = ""
         watch = self.state.watch
         assert watch is not None
         if answer.allowed:
