@@ -365,7 +365,7 @@ async def test_generated_pool_crd_installs_and_fills_a_partial_disruption_block(
         window = {"nodes": "0", "schedule": "0 9 * * mon-fri", "duration": "8h", "reasons": ["Drifted"]}
         windowed = await kube_api.create(base, gpu_pool("windowed", disruption={"budgets": [window, {"nodes": "2"}], "consolidation": {}}))
         assert windowed["spec"]["disruption"]["budgets"] == [window, {"nodes": "2"}]
-        assert windowed["spec"]["disruption"]["consolidation"] == {"cheaperBy": "20%", "after": "30m"}
+        assert windowed["spec"]["disruption"]["consolidation"] == {"cheaperBy": "20%", "after": "30m", "policy": "WhenEmptyOrUnderutilized"}
         bare = await kube_api.create(base, gpu_pool("bare"))
         assert (bare["spec"]["disruption"]["idleTimeout"], bare["spec"]["disruption"]["drainTimeout"]) == ("10m", "10m")
         assert bare["spec"]["minNodes"] == 0 and bare["spec"]["template"]["spec"]["taints"] == []

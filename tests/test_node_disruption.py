@@ -276,8 +276,27 @@ async def test_a_budget_of_one_lets_idle_nodes_go_one_at_a_time(temporal: Workfl
             request(namespace="ml", pool=name, timeouts=AT_REST.model_copy(update={"idle": timedelta(seconds=2)}), pool_workflow_id=pool_workflow_id("ml", name))
             for _ in range(2)
         ]
+        # The first drain is held until the other node has asked and been refused: the two idle
+        # together however fast a drain of an empty node is (the test does not race them).
+        first = True
+
+        def hold_first(_: Any) -> bool:
+            nonlocal first
+            held, first = first, False
+            return held
+
+        s.gates.drain_node.hold = hold_first
         handles = [await start(temporal, s.queue, req) for req in reqs]
         s.workflow_ids.update(h.id for h in handles)
+        draining = await s.gates.drain_node.next("the first node's drain")
+        other = next(h for h, r in zip(handles, reqs, strict=True) if r.node_name != draining.arg.node_name)
+
+        async def refused() -> bool:
+            status = await other.query(GPUNodeWorkflow.status)
+            return any(r.stage is Stage.DISRUPTION_BLOCKED for r in status.stages)
+
+        await eventually(refused, timeout=60, what="the other node to be refused by the budget while the first drains")
+        draining.go()
         finals = [await asyncio.wait_for(h.result(), 90) for h in handles]
         assert all(f.phase is NodePhase.TERMINATED and (f.end_reason or "").startswith("idle") for f in finals), finals
 

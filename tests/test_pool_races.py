@@ -53,7 +53,7 @@ from tgp.messages import (
 from sim.world import SimWorld, sim_world
 from tgp.pools import request_for
 from workers.temporal import DATA_CONVERTER, search_attribute_keys
-from tgp.types import NodePhase
+from tgp.types import DrainInput, DrainResult, NodePhase
 from tgp.node import NodeWorkflowInput
 from workers.main import Activities, WorkerConfig, build_activities, make_worker
 from workflows.node_class import GPUNodeClassWorkflow
@@ -127,9 +127,10 @@ class Gates:
     emit_events: Gate = field(default_factory=Gate)
     evict_nodes: Gate = field(default_factory=Gate)
     reserve_and_start_node: Gate = field(default_factory=Gate)  # held after the node workflow started (one pass per node of a batch)
+    drain_node: Gate = field(default_factory=Gate)  # held before the drain begins (heartbeating meanwhile)
 
     def open(self) -> None:
-        for gate in (self.emit_events, self.evict_nodes, self.reserve_and_start_node):
+        for gate in (self.emit_events, self.evict_nodes, self.reserve_and_start_node, self.drain_node):
             gate.open()
 
 
@@ -175,8 +176,19 @@ def gate_activities(activities: Activities, gates: Gates) -> Activities:
                 await gates.reserve_and_start_node.passing(one)
         return result
 
+    node = activities.node
+
+    @activity.defn(name="drain_node")
+    async def drain_node(inp: DrainInput) -> DrainResult:
+        waiting = asyncio.ensure_future(gates.drain_node.passing(inp))
+        while not waiting.done():
+            activity.heartbeat()  # a held drain is alive: no heartbeat timeout retries it
+            await asyncio.wait([waiting], timeout=1)
+        return await node.drain_node(inp)
+
     return dataclasses.replace(
         activities,
+        node=Gated(node, [drain_node]),  # type: ignore[arg-type]
         pool=Gated(pool, [evict_nodes, reserve_and_start_node, reserve_and_start_nodes]),  # type: ignore[arg-type]
         entity=Gated(entity, [emit_events]),  # type: ignore[arg-type]
     )
