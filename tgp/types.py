@@ -596,6 +596,18 @@ class LabelInput(Model):
     labels: dict[str, str]
     taints: list[Taint]
     launched_at: datetime | None = Field(None, description="Start of the launch attempt that worked, for tgp_launch_to_ready_seconds.")
+    remove_labels: dict[str, str] = Field(
+        {}, description="Labels tgp had set that the pool no longer lists, with the value tgp set: removed while the Node still has it."
+    )
+    remove_taints: list[Taint] = Field([], description="Taints tgp had set that the pool no longer lists: removed while the Node still has them.")
+
+
+class TemplateUpdate(Model):
+    """Input of the node's `update_template` signal: the pool's template labels and taints now.
+    The node applies the difference to what it last put on its Node, in place."""
+
+    labels: dict[str, str] = {}
+    taints: list[Taint] = []
 
 
 class ObserveInput(Model):

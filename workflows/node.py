@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from activities.node import POOL_ANSWER_TIMEOUT
     from tgp.disruption import DisruptionReason, termination_deadline
+    from tgp.drift import label_removals, taint_removals
     from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
@@ -68,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         StageLook,
         StageRecord,
         TailnetCleanupInput,
+        TemplateUpdate,
         TimeoutsUpdate,
         TwinWatchInput,
         instance_name,
@@ -118,6 +120,12 @@ _BUDGETED_ENDS = {
     EndReason.EXPIRED: DisruptionReason.EXPIRED,
     EndReason.REPAIR: DisruptionReason.REPAIR,
 }
+# A change of the pool's labels and taints that could not be applied (the API down, the Node
+# being replaced) is tried again this much later; the node lives on meanwhile.
+TEMPLATE_RETRY_AFTER = timedelta(minutes=1)
+# Applying it: a few quick tries inside the watch (which waits for them), not API_RETRY's
+# minutes: an evict must not wait behind a Kubernetes outage.
+TEMPLATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5), maximum_attempts=3)
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")
@@ -165,6 +173,17 @@ class GPUNodeWorkflow:
         if "termination_grace" in u.model_fields_set:  # senders before it leave the node's as it was
             timeouts = timeouts.model_copy(update={"termination_grace": u.termination_grace})
         self.req = self.req.model_copy(update={"timeouts": timeouts})
+
+    @workflow.signal
+    def update_template(self, u: TemplateUpdate) -> None:
+        """The pool's template labels and taints changed: the watch applies the difference to
+        the Node in place (only what tgp had set is removed; tgp's own labels stay)."""
+        if self.legacy:
+            return None
+        if self.state.template_applied is None:  # what bring-up put (or will put) on the Node
+            self.state.template_applied = TemplateUpdate(labels=self.req.labels, taints=self.req.taints)
+        self.state.template_retry_at = None
+        self.req = self.req.model_copy(update={"labels": dict(u.labels), "taints": list(u.taints)})
 
     @workflow.signal
     def node_facts(self, facts: NodeFacts) -> None:
@@ -538,11 +557,11 @@ class GPUNodeWorkflow:
         )
         self._stamp(Stage.GPUS_REGISTERED)
 
-    async def _label_and_taint(self) -> None:
+    def _own_labels(self) -> dict[str, str]:
+        """The labels tgp puts on every Node it buys, whatever the pool says."""
         offer = self.state.offer
         assert offer is not None
-        labels = {
-            **self.req.labels,  # first: tgp's own labels always win (tgp.io/managed must stay "true")
+        return {
             LABEL_MANAGED: "true",
             LABEL_POOL: self.req.pool,
             LABEL_POOL_NAMESPACE: self.req.namespace,
@@ -550,6 +569,10 @@ class GPUNodeWorkflow:
             LABEL_GPU_TYPE: offer.gpu_type,
             LABEL_REGION: offer.region,
         }
+
+    async def _label_and_taint(self) -> None:
+        # The pool's first: tgp's own labels always win (tgp.io/managed must stay "true").
+        labels = {**self.req.labels, **self._own_labels()}
         await workflow.execute_activity_method(
             NodeActivities.label_and_taint_node,
             LabelInput(node_name=self.req.node_name, labels=labels, taints=self.req.taints, launched_at=self.state.attempts[-1].started_at),
@@ -622,6 +645,8 @@ class GPUNodeWorkflow:
             if self.state.evict_reason is not None:
                 self.state.end_reason = f"evicted: {self.state.evict_reason}"
                 return EndReason.EVICTED
+            if self._template_due():
+                await self._apply_template()
             if self._budget_freed:
                 self._budget_freed = False
                 self.state.watch = self.state.watch.model_copy(update={"blocked_until": None})
@@ -653,6 +678,8 @@ class GPUNodeWorkflow:
             if watch.blocked_until is not None and watch.blocked_until > workflow.now():
                 # A budget holds a voluntary end that is already due: ask again then.
                 due = [d for d in due if d > workflow.now()] + [watch.blocked_until]
+            if self.state.template_retry_at is not None and self.state.template_retry_at > workflow.now():
+                due.append(self.state.template_retry_at)  # a change that failed is tried again then
             sleep = max(min(due) - workflow.now(), timedelta(milliseconds=1))
             req, facts = self.req, self.state.facts
             try:
@@ -708,6 +735,46 @@ class GPUNodeWorkflow:
             self._stamp(Stage.DISRUPTION_BLOCKED, answer.message)
             self._tell_pool()
         return False
+
+    def _template_due(self) -> bool:
+        """Whether the pool's labels and taints differ from what tgp last put on the Node, and
+        are not waiting for a retry."""
+        applied = self.state.template_applied
+        if applied is None or applied == TemplateUpdate(labels=self.req.labels, taints=self.req.taints):
+            return False
+        return self.state.template_retry_at is None or workflow.now() >= self.state.template_retry_at
+
+    async def _apply_template(self) -> None:
+        """Apply the pool's changed labels and taints to the Node in place (one activity per
+        change): set the new and changed ones, remove those tgp had set that the pool no longer
+        lists, never tgp's own. A failure is tried again TEMPLATE_RETRY_AFTER later; it never
+        ends the node."""
+        applied = self.state.template_applied
+        assert applied is not None
+        wanted = TemplateUpdate(labels=self.req.labels, taints=self.req.taints)
+        own = self._own_labels()
+        change = LabelInput(
+            node_name=self.req.node_name,
+            labels={**wanted.labels, **own},
+            taints=wanted.taints,
+            remove_labels=label_removals(applied.labels, wanted.labels, own),
+            remove_taints=taint_removals(applied.taints, wanted.taints),
+        )
+        try:
+            await workflow.execute_activity_method(
+                NodeActivities.label_and_taint_node,
+                change,
+                start_to_close_timeout=self.req.timeouts.api_call,
+                retry_policy=TEMPLATE_RETRY,
+                summary="apply the pool's new labels and taints",
+            )
+        except ActivityError as exc:
+            if self._cancel_requested():
+                raise asyncio.CancelledError() from None
+            self.state.last_error = f"could not apply the pool's new labels and taints (trying again): {_describe(exc)}"
+            self.state.template_retry_at = workflow.now() + TEMPLATE_RETRY_AFTER
+            return
+        self.state.template_applied, self.state.template_retry_at = wanted, None
 
     def _seed_view(self) -> None:
         """The watch's first view: the bridge's facts if they came during bring-up, with the

@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
         StartNodesInput,
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements, request_for
-    from tgp.types import NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate, node_workflow_id
+    from tgp.types import NodePhase, NodeRequest, Stage, StageRecord, TemplateUpdate, TimeoutsUpdate, node_workflow_id
     from workflows.entity import best_effort, history_is_long, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_pool
 
@@ -106,6 +106,9 @@ GRANT_COUNTS_FOR = timedelta(minutes=2)
 # Marks runs that send their nodes the pool's terminationGracePeriod with the other settings
 # (a pool that had one before would otherwise send every node a changed-settings signal on replay).
 TERMINATION_GRACE_PATCH = "termination-grace-to-nodes"
+# Marks runs that send their nodes the pool's template labels and taints when they change
+# (`update_template`), to be applied to the running Nodes in place rather than by replacement.
+IN_PLACE_TEMPLATE_PATCH = "in-place-template"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -235,6 +238,7 @@ class GPUNodePoolWorkflow:
             reason=r.reason,
             floor=old.floor if old else False,
             timeouts_sent=old.timeouts_sent if old else "",
+            template_sent=old.template_sent if old else "",
             gpus=old.gpus if old else None,
             reported_at=r.at,
         )
@@ -411,6 +415,7 @@ class GPUNodePoolWorkflow:
         wanted["InstancesReleased"] = self._instances_released(live)
         if not u.deleting and klass is not None:
             await self._sync_timeouts(u, live)
+            await self._sync_template(u, live)
         await self._publish(wanted)
         # Ended nodes have been reported (status and Events); forget them.
         self._forget_ended()
@@ -695,7 +700,9 @@ class GPUNodePoolWorkflow:
         # the floor flag, the GPUs and the settings sent are known only here.
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
         sent = _fingerprint(self._timeouts_for(u, floor=floor, held=fit and bool(pods)))
-        self.state.nodes[req.workflow_id] = node.model_copy(update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count})
+        self.state.nodes[req.workflow_id] = node.model_copy(
+            update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count, "template_sent": _template(u).model_dump_json()}
+        )
         for pod in pods:
             self.state.nominations[pod] = Nomination(workflow_id=req.workflow_id, since=now)
         if not pods:
@@ -838,6 +845,25 @@ class GPUNodePoolWorkflow:
                 workflow.logger.info("could not update the timeouts of %s: %s", wid, exc)
             self.state.nodes[wid] = self.state.nodes[wid].model_copy(update={"timeouts_sent": fingerprint})
 
+    async def _sync_template(self, u: PoolUpdate, live: list[PoolNode]) -> None:
+        """Send each running node the pool's template labels and taints when they changed since
+        it last got them (or since it was started with them): it applies them to its Node in
+        place. A node the pool knows nothing of (adopted after a restart) gets them once; it
+        applies only a difference."""
+        if not workflow.patched(IN_PLACE_TEMPLATE_PATCH):
+            return
+        wanted = _template(u)
+        fingerprint = wanted.model_dump_json()
+        for wid in sorted(n.workflow_id for n in live):
+            node = self.state.nodes[wid]
+            if node.phase not in _TUNABLE or node.template_sent == fingerprint:
+                continue
+            try:
+                await workflow.get_external_workflow_handle(wid).signal("update_template", wanted)
+            except Exception as exc:  # noqa: BLE001 - a node that just ended has nothing to update
+                workflow.logger.info("could not update the labels and taints of %s: %s", wid, exc)
+            self.state.nodes[wid] = self.state.nodes[wid].model_copy(update={"template_sent": fingerprint})
+
     async def _tear_down(self, live: list[PoolNode]) -> bool:
         """Pool deleted: evict every node, and let the finalizer go once none is left."""
         if live:
@@ -958,6 +984,11 @@ def _class_key(u: PoolUpdate) -> str:
 
 def _asks_again(refusal: ClassRefusal) -> str:
     return f"asking the class again when a node of the pool ends, the pool or class changes, or at {refusal.until:%H:%M:%S}"
+
+
+def _template(u: PoolUpdate) -> TemplateUpdate:
+    """The labels and taints the pool's template puts on its Nodes."""
+    return TemplateUpdate(labels=dict(u.spec.template.metadata.labels), taints=list(u.spec.template.spec.taints))
 
 
 def _fingerprint(timeouts: TimeoutsUpdate) -> str:

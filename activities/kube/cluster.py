@@ -16,7 +16,7 @@ import contextlib
 import json
 import os
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -32,6 +32,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from activities.ports import EvictionBlocked, VersionedSecret
 from tgp.crds import GROUP, VERSION
 from tgp.disruption import do_not_disrupt
+from tgp.drift import patch_labels, patch_taints
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from tgp.types import GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
@@ -178,8 +179,12 @@ class KubernetesCluster:
         node = await self._read_node(name)
         return None if node is None else _node_summary(node)
 
-    async def label_and_taint(self, name: str, labels: dict[str, str], taints: list[Taint]) -> None:
-        """Merge `labels` into the Node's labels and add the `taints` it lacks.
+    async def label_and_taint(
+        self, name: str, labels: dict[str, str], taints: list[Taint], *, remove_labels: Mapping[str, str] | None = None, remove_taints: Sequence[Taint] = ()
+    ) -> None:
+        """Merge `labels` into the Node's labels and add the `taints` it lacks; remove each of
+        `remove_labels` and `remove_taints` (what tgp had set and the pool no longer lists) only
+        while the Node still carries it as tgp set it (tgp.drift.patch_labels, patch_taints).
 
         A taint is identified by key and effect (the API allows one per pair), so a listed taint
         replaces the value of an existing one. Nothing is written when nothing is missing; a
@@ -192,8 +197,8 @@ class KubernetesCluster:
                 raise TransientError(f"Node {name} does not exist (yet or any more); cannot label and taint it")
             current_labels = dict(node.metadata.labels or {}) if node.metadata else {}
             current_taints = [_taint_wire(t) for t in (node.spec.taints or [])] if node.spec else []
-            new_labels = {k: v for k, v in labels.items() if current_labels.get(k) != v}
-            merged_taints = _merge_taints(current_taints, taints)
+            new_labels = patch_labels(current_labels, labels, remove_labels or {})
+            merged_taints = patch_taints(current_taints, taints, remove_taints)
 
             if not new_labels and merged_taints == current_taints:
                 return
@@ -635,18 +640,6 @@ def _taint_wire(taint: k8s.V1Taint) -> dict[str, str]:
     if taint.time_added is not None:
         wire["timeAdded"] = taint.time_added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return wire
-
-
-def _merge_taints(current: list[dict[str, str]], wanted: list[Taint]) -> list[dict[str, str]]:
-    merged = [dict(t) for t in current]
-    for taint in wanted:
-        entry = {"key": taint.key, "effect": taint.effect, **({"value": taint.value} if taint.value else {})}
-        same = next((t for t in merged if t["key"] == taint.key and t["effect"] == taint.effect), None)
-        if same is None:
-            merged.append(entry)
-        elif same.get("value", "") != taint.value:
-            merged[merged.index(same)] = entry
-    return merged
 
 
 @contextlib.asynccontextmanager
