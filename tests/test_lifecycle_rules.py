@@ -130,11 +130,11 @@ HORIZON = 2 * 60 * 60  # seconds
 
 
 def _poller(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False
 ) -> tuple[int, EndReason | None]:
     """The ideal watch: it looks every second (every change happens on a whole second), so it
     sees each view from the moment it holds."""
-    state, view, pending = WatchState(ready_at=T0, disruption_rules=rules), first, list(changes)
+    state, view, pending = WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair), first, list(changes)
     for t in range(HORIZON + 1):
         while pending and pending[0][0] <= t:
             view = pending.pop(0)[1]
@@ -146,11 +146,11 @@ def _poller(
 
 
 def _event_driven(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False
 ) -> tuple[int, EndReason | None]:
     """The event-driven watch's loop (workflows/node.py): apply each change when it arrives,
     judge, and otherwise sleep until `next_deadline`."""
-    state = apply_view(WatchState(ready_at=T0, disruption_rules=rules), first, T0, timeouts)
+    state = apply_view(WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair), first, T0, timeouts)
     now, pending = T0, list(changes)
     while True:
         verdict = judge_view(state, now, timeouts)
@@ -284,3 +284,81 @@ def test_a_node_whose_expiry_a_budget_holds_still_ends_lost_when_it_dies() -> No
     assert first.end is EndReason.EXPIRED  # the budget refuses it; the node watches on with this state
     later = judge_observation(not_ready, first.state, start + NODE_LOST_AFTER, timeouts)
     assert later.end is EndReason.LOST, later
+
+
+# --- node repair for NotReady (issue 21 item 5) -----------------------------------------------
+
+
+def _not_ready_running(view: NodeObservation) -> bool:
+    """A Node that is there but NotReady while the provider says its instance runs."""
+    return view.node is not None and not view.node.ready and view.instance is not None and view.instance.state is InstanceState.RUNNING and not view.instance.interrupted
+
+
+def _unhealthy(view: NodeObservation) -> bool:
+    inst = view.instance
+    return view.node is None or not view.node.ready or inst is None or inst.state is not InstanceState.RUNNING or inst.interrupted
+
+
+def _view_at(first: NodeObservation, changes: list[tuple[int, NodeObservation]], t: int) -> NodeObservation:
+    view = first
+    for at, changed in changes:
+        if at <= t:
+            view = changed
+    return view
+
+
+# Mostly running instances: a life the provider ends at once teaches nothing about repair.
+_MOSTLY_RUNNING = st.builds(
+    look,
+    busy=st.integers(0, 2),
+    instance=st.just(RUNNING) | _INSTANCES,
+    node=st.just(NodeSummary(name="n", ready=False)) | _NODES,
+    holders=st.sampled_from([(), ("ml/train",)]),
+)
+_MOSTLY_RUNNING_CHANGES = st.lists(st.tuples(st.integers(1, 60 * 60), _MOSTLY_RUNNING), max_size=5).map(lambda cs: sorted(cs, key=lambda c: c[0]))
+
+
+@settings(max_examples=100)
+@given(first=_MOSTLY_RUNNING, changes=_MOSTLY_RUNNING_CHANGES, timeouts=_TIMEOUTS)
+def test_a_node_notready_while_its_instance_runs_is_repaired_after_the_threshold_never_lost(
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
+) -> None:
+    """Invariants of node repair for NotReady, over any life: (1) the event-driven watch ends
+    the node when and why a continuous poller would (its deadline for a NotReady node is the
+    repair's); (2) a node is never ended lost while its Node is there, NotReady, and its instance
+    runs; (3) a repair comes only after NODE_NOT_READY_REPAIR_AFTER of continuous trouble, with
+    that view at the end; (4) a life in which that view never occurs ends exactly as without the
+    rule (a missing Node or a stopped instance is lost after NODE_LOST_AFTER, as before)."""
+    from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
+
+    end_at, end = _event_driven(first, changes, timeouts, rules=True, repair=True)
+    assert (end_at, end) == _poller(first, changes, timeouts, rules=True, repair=True)
+    at_end = _view_at(first, changes, end_at)
+    if end is EndReason.LOST:
+        assert not _not_ready_running(at_end), "a NotReady node with a running instance was ended lost"
+    if end is EndReason.NOT_READY:
+        assert _not_ready_running(at_end)
+        window = int(NODE_NOT_READY_REPAIR_AFTER.total_seconds())
+        assert end_at >= window and all(_unhealthy(_view_at(first, changes, t)) for t in range(end_at - window, end_at + 1)), "repaired early"
+    if not any(_not_ready_running(v) for v in [first, *(v for _, v in changes)]):
+        assert (end_at, end) == _event_driven(first, changes, timeouts, rules=True, repair=False)
+
+
+def test_notready_repair_waits_its_threshold_and_a_missing_node_is_still_lost_at_five_minutes() -> None:
+    from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
+
+    timeouts = LifecycleTimeouts(idle=None)
+    state = WatchState(ready_at=T0, disruption_rules=True, not_ready_repair=True)
+    not_ready = look(node=READY.model_copy(update={"ready": False}), holders=("ml/train",))
+    held = apply_view(state, not_ready, T0, timeouts)
+    assert judge_view(held, T0 + NODE_LOST_AFTER, timeouts).end is None, "lost at 5 minutes, not repaired"
+    assert next_deadline(held, timeouts) == T0 + NODE_NOT_READY_REPAIR_AFTER
+    verdict = judge_view(held, T0 + NODE_NOT_READY_REPAIR_AFTER, timeouts)
+    assert verdict.end is EndReason.NOT_READY and "NotReady for 10m00s" in verdict.detail, verdict  # do-not-disrupt does not hold it
+    missing = apply_view(state, look(node=None), T0, timeouts)
+    assert judge_view(missing, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
+    stopped = apply_view(state, look(node=READY.model_copy(update={"ready": False}), instance=RUNNING.model_copy(update={"state": InstanceState.STOPPED})), T0, timeouts)
+    assert judge_view(stopped, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
+    # A run without the rule ends such a node lost at 5 minutes, as before.
+    old = apply_view(state.model_copy(update={"not_ready_repair": False}), not_ready, T0, timeouts)
+    assert judge_view(old, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST

@@ -172,6 +172,68 @@ async def test_a_node_whose_gpus_drop_to_zero_is_repaired_even_when_held(time_sk
         await replay(handle, "repair_gpus_gone")
 
 
+async def test_a_node_notready_past_the_threshold_is_repaired_without_a_drain_even_when_held(time_skipping: WorkflowEnvironment) -> None:
+    """The machine's kubelet hangs while the provider still runs the instance (the cluster marks
+    the Node NotReady), on a node with a do-not-disrupt pod: it is not given up as lost at 5
+    minutes; at NODE_NOT_READY_REPAIR_AFTER it is repaired: a NodeRepair record (the pool's
+    Warning Event) says it was NotReady for 10 minutes, the instance is terminated without a
+    drain (its pods could not leave) and everything it bought is released."""
+    from sim.kube_kubelet import set_node_ready
+    from tgp.lifecycle import NODE_LOST_AFTER, NODE_NOT_READY_REPAIR_AFTER
+
+    async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
+        req = request(timeouts=AT_REST)
+        handle = await start(time_skipping, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await put_held_pod(world, req.node_name, "train")
+        await told(handle, holding=1, ready=True)
+
+        world.kubelets[req.node_name].silent = True
+        await set_node_ready(world.kube_url, req.node_name, False)
+        down = await told(handle, ready=False)
+
+        await skip_time(time_skipping, NODE_LOST_AFTER + timedelta(minutes=1), step=timedelta(minutes=1))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, f"a NotReady node with a running instance was ended at 5 minutes: {status.end_reason}"
+
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("not-ready"), final
+        [repair] = [r for r in final.stages if r.stage is Stage.NODE_REPAIR]
+        assert "NotReady for 10m" in repair.reason and "without a drain" in repair.reason, repair
+        assert repair.at >= down.at + NODE_NOT_READY_REPAIR_AFTER, "repaired before the threshold"
+        assert not [r for r in final.stages if r.stage in (Stage.DRAINING, Stage.DISRUPTION_HELD)], "drained or held"
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "repair_not_ready")
+
+
+async def test_the_pool_warns_when_one_of_its_nodes_is_repaired(temporal: WorkflowEnvironment) -> None:
+    """A node reports a NodeRepair record with its last phase: the pool writes a Warning
+    `NodeRepair` Event with the node's reason."""
+    from datetime import datetime, timezone
+
+    from tests.test_pool_races import Reports, about, gated_world, pool_events, pool_spec, start_pool
+    from tgp.types import StageRecord
+    from workflows.pool import GPUNodePoolWorkflow
+
+    async with gated_world(temporal) as s:
+        name, pool = await start_pool(s, pool_spec("cls-unused"))
+        report = Reports(name).of
+        await pool.signal(GPUNodePoolWorkflow.node_phase, report("a", NodePhase.READY, 0))
+        message = "node repair: the Node has been NotReady for 10m00s while its instance runs"
+        ending = report("a", NodePhase.TERMINATING, 5).model_copy(
+            update={"stages": [StageRecord(stage=Stage.NODE_REPAIR, at=datetime.now(timezone.utc), reason=message)]}
+        )
+        await pool.signal(GPUNodePoolWorkflow.node_phase, ending)
+
+        async def said() -> list[tuple[str, str]] | None:
+            events = await pool_events(s, name)
+            return events if about(events, "NodeRepair", "a") else None
+
+        events = await eventually(said, what="the pool's NodeRepair Event")
+        [text] = [m for r, m in events if r == "NodeRepair"]
+        assert "NotReady for 10m00s" in text, text
+
+
 async def test_the_pool_says_when_do_not_disrupt_holds_one_of_its_nodes(temporal: WorkflowEnvironment) -> None:
     """A node reports a DisruptionHeld record while Ready (no phase change): the pool writes a
     Normal `DisruptionHeld` Event with the node's message, once per record."""

@@ -83,6 +83,7 @@ class Stage(StrEnum):
     DISRUPTION_HELD = "DisruptionHeld"  # a voluntary end (expiry, idle) is held by do-not-disrupt pods or Node
     DISRUPTION_BLOCKED = "DisruptionBlocked"  # a voluntary end waits for the pool's disruption budget
     DRAIN_TIMED_OUT = "DrainTimedOut"  # pods were still on the node at the drain timeout
+    NODE_REPAIR = "NodeRepair"  # repaired: GPUs gone or NotReady too long (the reason says which and for how long)
     TERMINATING = "Terminating"
     TERMINATION_STUCK = "TerminationStuck"
     RELEASED = "Released"  # instance, tailnet device and key, Node object all gone
@@ -94,7 +95,7 @@ class Stage(StrEnum):
     @property
     def warning(self) -> bool:
         """A stage an operator should hear about as a Warning Event."""
-        return self in (Stage.DRAIN_TIMED_OUT, Stage.TERMINATION_STUCK, Stage.INTERRUPTED, Stage.FAILED)
+        return self in (Stage.DRAIN_TIMED_OUT, Stage.TERMINATION_STUCK, Stage.INTERRUPTED, Stage.FAILED, Stage.NODE_REPAIR)
 
 
 class StageRecord(Model):

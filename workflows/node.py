@@ -109,6 +109,9 @@ EVENT_DRIVEN_WATCH_PATCH = "event-driven-watch"
 # Marks runs whose watch holds voluntary ends (expiry, idle) while do-not-disrupt pods or the
 # Node's annotation hold the node (issue 21), saying so in a DisruptionHeld stage record.
 DISRUPTION_RULES_PATCH = "node-disruption-rules"
+# Marks runs that repair a Node NotReady past NODE_NOT_READY_REPAIR_AFTER while its instance runs
+# (budgeted, no drain, a NodeRepair record) instead of ending it lost after NODE_LOST_AFTER.
+NOT_READY_REPAIR_PATCH = "node-repair-not-ready"
 # Marks runs whose voluntary ends (idle, expired) ask the pool's disruption budgets first.
 DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
 # A node a budget holds asks its pool again this often (each ask: a timer and an activity).
@@ -119,6 +122,7 @@ _BUDGETED_ENDS = {
     EndReason.IDLE: DisruptionReason.EMPTY,
     EndReason.EXPIRED: DisruptionReason.EXPIRED,
     EndReason.REPAIR: DisruptionReason.REPAIR,
+    EndReason.NOT_READY: DisruptionReason.REPAIR,
 }
 # A change of the pool's labels and taints that could not be applied (the API down, the Node
 # being replaced) is tried again this much later; the node lives on meanwhile.
@@ -244,6 +248,12 @@ class GPUNodeWorkflow:
                 end = await self._watch_until_done()
                 if end in (EndReason.INTERRUPTED, EndReason.LOST):
                     final = NodePhase.INTERRUPTED  # the instance is gone: nothing left to drain
+                    break
+                if end is EndReason.NOT_READY:
+                    # Its kubelet is gone: an eviction would be accepted but its pod never
+                    # leave. Terminated at once (as Karpenter's repair does); deleting the Node
+                    # lets the pod garbage collector remove its pods for their owners to recreate.
+                    final = NodePhase.TERMINATED
                     break
                 if await self._drain(end):
                     final = NodePhase.TERMINATED
@@ -638,6 +648,8 @@ class GPUNodeWorkflow:
         assert self.state.instance is not None and self.state.watch is not None
         if not self.state.watch.disruption_rules and workflow.patched(DISRUPTION_RULES_PATCH):
             self.state.watch = self.state.watch.model_copy(update={"disruption_rules": True})
+        if self.state.watch.disruption_rules and not self.state.watch.not_ready_repair and workflow.patched(NOT_READY_REPAIR_PATCH):
+            self.state.watch = self.state.watch.model_copy(update={"not_ready_repair": True})
         if self.state.watch.view is None:
             self._seed_view()
         while True:
@@ -663,6 +675,8 @@ class GPUNodeWorkflow:
                     assert watch is not None
                 elif verdict.end is not None:
                     self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
+                    if verdict.end in (EndReason.REPAIR, EndReason.NOT_READY):
+                        self._stamp(Stage.NODE_REPAIR, verdict.detail)  # the pool's NodeRepair Warning
                     return verdict.end
                 if verdict.held and verdict.held != verdict.state.held:
                     # A voluntary end is due but held (or held by others now): say so once.

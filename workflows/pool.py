@@ -253,6 +253,8 @@ class GPUNodePoolWorkflow:
         for s in r.stages:
             if s.stage is Stage.DISRUPTION_HELD:  # reported while Ready: no phase change to hang it on
                 self.events.append(self._event("Normal", s.stage.value, f"node {node.node_name} {s.reason}"))
+            elif s.stage is Stage.NODE_REPAIR:
+                self.events.append(self._event("Warning", s.stage.value, f"node {node.node_name} is repaired: {s.reason.removeprefix('node repair: ')}"))
         if r.phase is NodePhase.FAILED:
             # Nodes started before the last failure was reported are of the same wave: their
             # failures teach nothing new (a burst's batch failing under load doubled the back-off
