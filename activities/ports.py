@@ -126,6 +126,10 @@ class Cluster(Protocol):
         a pod already gone counts as evicted."""
         ...
 
+    async def delete_pod(self, namespace: str, name: str, *, grace_period: timedelta, uid: str = "") -> None:
+        """Delete the pod over its PodDisruptionBudget, with `grace_period`; gone counts as deleted."""
+        ...
+
     async def record_pod_event(self, pod: PodSummary, *, type: str, reason: str, message: str) -> None:
         """Record a core/v1 Event (type Normal or Warning) about the pod, for `kubectl describe pod`."""
         ...

@@ -140,6 +140,52 @@ async def test_termination_grace_period_terminates_a_node_whose_pdb_blocks_the_d
         await replay(handle, "termination_grace_cuts_pdb_blocked_drain")
 
 
+async def test_termination_grace_period_deletes_a_pdb_blocked_pod_its_own_grace_before_the_deadline(temporal: WorkflowEnvironment) -> None:
+    """terminationGracePeriod 8 s, a pod whose PodDisruptionBudget refuses every eviction and
+    whose terminationGracePeriodSeconds is 4: tgp deletes the pod (over the PDB) no earlier than
+    the deadline minus its grace, with at most that grace (what is left to the deadline, as
+    Karpenter clamps it), while the instance still runs (the pod gets its grace before the
+    machine goes); the pod's Event and the node's DrainTimedOut record say so; everything is
+    released."""
+    from activities.drain import EVENT_DELETED_AT_GRACE
+    from tests.test_node_drain import bind_pod, kube_get, refuse_evictions
+
+    async with running_world(temporal) as (world, _, queue):
+        assert world.kube is not None
+        timeouts = AT_REST.model_copy(update={"drain": timedelta(minutes=10), "termination_grace": timedelta(seconds=8)})
+        req = request(timeouts=timeouts)
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await bind_pod(world, req.node_name, "db", labels={"app": "db"}, grace=4)
+        await refuse_evictions(world, "db")
+        deletions: list[tuple[Any, Any, int]] = []  # (when, its body, live instances then), by tgp
+
+        async def seen(request: Any) -> None:
+            if not request.headers.get("User-Agent", "").startswith("python-httpx"):  # not the kubelet's
+                from datetime import datetime, timezone
+
+                deletions.append((datetime.now(timezone.utc), request.data, len(world.cloud.live_instances())))
+
+        world.kube["delete /api/v1/namespaces/ml/pods/db"] << seen
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED
+        assert deletions, "the PDB-blocked pod was never deleted: the instance went with it still running"
+        at, body, live = deletions[0]
+        draining = next(s for s in final.stages if s.stage is Stage.DRAINING)
+        assert at >= draining.at + timedelta(seconds=8 - 4) - timedelta(milliseconds=500), "deleted before the deadline minus its grace"
+        grace = body.get("gracePeriodSeconds")
+        assert isinstance(grace, int) and 0 <= grace <= 4, body
+        assert live == 1, "the instance was terminated before the pod was deleted"
+        [record] = [s for s in final.stages if s.stage is Stage.DRAIN_TIMED_OUT]
+        assert "terminationGracePeriod (8s) ended the drain" in record.reason and "minus their terminationGracePeriodSeconds: ml/db" in record.reason, record
+        events = (await kube_get(world, "/api/v1/namespaces/ml/events") or {}).get("items") or []
+        [said] = [e for e in events if e["involvedObject"]["name"] == "db" and e["reason"] == EVENT_DELETED_AT_GRACE]
+        assert f"grace period of {grace}s" in said["message"] and "PodDisruptionBudgets" in said["message"], said["message"]
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "termination_grace_deletes_pdb_blocked_pod")
+
+
 # --- node repair ------------------------------------------------------------------------------
 
 

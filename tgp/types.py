@@ -435,6 +435,7 @@ class PodSummary(Model):
     requests_gpu: bool = False
     deleting: bool = False
     do_not_disrupt: bool = Field(False, description="Annotated tgp.io/do-not-disrupt or karpenter.sh/do-not-disrupt: \"true\".")
+    grace_period: timedelta = Field(timedelta(seconds=30), description="spec.terminationGracePeriodSeconds (Kubernetes' default: 30 s).")
 
 
 class NodeSummary(Model):
@@ -490,6 +491,9 @@ class DrainResult(Model):
     terminating: list[str] = Field([], description="namespace/name of pods evicted or deleted but still shutting down at the deadline.")
     called_off: list[str] = Field(
         [], description="With revalidate: namespace/name of workload pods found right after the cordon; the Node was uncordoned and nothing evicted."
+    )
+    deleted: list[str] = Field(
+        [], description="With delete_at_deadline: namespace/name of pods deleted over their PodDisruptionBudget at the deadline minus their grace."
     )
 
 
@@ -625,6 +629,11 @@ class DrainInput(Model):
         "since the idle verdict, uncordon and evict nothing (Karpenter re-validates a disruption the same way).",
     )
     bound: str = Field("", description="What set `timeout`, when not the drain timeout: named in the pods' DrainTimedOut Events.")
+    delete_at_deadline: bool = Field(
+        False,
+        description="The pool's terminationGracePeriod sets `timeout`: a pod still on the node at the deadline minus its own "
+        "terminationGracePeriodSeconds is deleted (over its PodDisruptionBudget and do-not-disrupt), so it gets its grace before the instance goes.",
+    )
 
 
 class TailnetCleanupInput(Model):

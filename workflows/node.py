@@ -860,7 +860,7 @@ class GPUNodeWorkflow:
             timeout, bound = deadline - began, "terminationGracePeriod"
         result = await workflow.execute_activity_method(
             NodeActivities.drain_node,
-            DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound),
+            DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound, delete_at_deadline=bool(bound)),
             start_to_close_timeout=timeout + self.req.timeouts.api_call,
             heartbeat_timeout=self.req.timeouts.api_call,
             retry_policy=API_RETRY,
@@ -870,8 +870,12 @@ class GPUNodeWorkflow:
             *([f"not evicted (disruption budget?): {', '.join(result.remaining)}"] if result.remaining else []),
             *([f"still shutting down: {', '.join(result.terminating)}"] if result.terminating else []),
         ]
+        if result.deleted:
+            # Deleted over their PDBs at the deadline minus their own grace (Karpenter's rule).
+            stuck.insert(0, f"deleted at the deadline minus their terminationGracePeriodSeconds: {', '.join(result.deleted)}")
         if stuck and bound:
-            why = f"terminationGracePeriod ({_human(timeout)}) ended the drain; terminated with pods still on the node, over their PodDisruptionBudgets and do-not-disrupt"
+            left = "terminated with pods still on the node" if result.remaining or result.terminating else "its last pods deleted"
+            why = f"terminationGracePeriod ({_human(timeout)}) ended the drain; {left}, over their PodDisruptionBudgets and do-not-disrupt"
             self.state.last_error = f"{why}; {'; '.join(stuck)}"
             self._stamp(Stage.DRAIN_TIMED_OUT, f"{why}: {'; '.join(stuck)}")
         elif stuck:

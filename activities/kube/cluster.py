@@ -320,6 +320,22 @@ class KubernetesCluster:
                     raise ConfigError(f"{what}: the API server rejected the Eviction (400): {_server_message(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def delete_pod(self, namespace: str, name: str, *, grace_period: timedelta, uid: str = "") -> None:
+        """Delete the pod (no PodDisruptionBudget is asked), giving its containers `grace_period`
+        to stop. `uid`: only that pod, not a namesake created since. One already gone counts."""
+        core = await self._client()
+        options = k8s.V1DeleteOptions(
+            grace_period_seconds=int(grace_period.total_seconds()), preconditions=k8s.V1Preconditions(uid=uid) if uid else None
+        )
+        try:
+            await self._call(
+                f"delete pod {namespace}/{name}",
+                core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=self._timeout),
+                passthrough={404, 409},
+            )
+        except ApiException:
+            return  # gone (404), or a namesake (409: the uid precondition)
+
     # --- custom resources, Secrets and Events (the pool and class workflows) -----------
 
     async def _custom(self) -> k8s.CustomObjectsApi:
@@ -570,6 +586,7 @@ def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
         requests_gpu=any(_wants_gpu(c) for c in containers),
         deleting=bool(meta and meta.deletion_timestamp),
         do_not_disrupt=do_not_disrupt(meta.annotations if meta else None),
+        **_grace(spec.termination_grace_period_seconds if spec else None),
     )
 
 
@@ -604,7 +621,13 @@ def pod_summary_of(obj: Mapping[str, Any]) -> PodSummary:
         requests_gpu=any(_wire_wants_gpu(c) for c in containers),
         deleting=bool(meta.get("deletionTimestamp")),
         do_not_disrupt=do_not_disrupt(meta.get("annotations")),
+        **_grace(spec.get("terminationGracePeriodSeconds")),
     )
+
+
+def _grace(seconds: object) -> dict[str, timedelta]:
+    """A pod's terminationGracePeriodSeconds as PodSummary's grace_period (absent: its default)."""
+    return {"grace_period": timedelta(seconds=max(0, int(seconds)))} if isinstance(seconds, int) else {}
 
 
 def _wire_wants_gpu(container: Mapping[str, Any]) -> bool:
