@@ -146,3 +146,53 @@ async def test_a_pools_new_labels_and_taints_reach_its_running_node_in_place(tem
         assert not got["spec"].get("unschedulable"), "the node was cordoned (drained)"
         status = await s.pool_status("ml", "rtx")
         assert [n["name"] for n in status["nodes"]] == [name] and status["readyNodes"] == 1, status
+
+
+async def test_a_label_change_that_fails_is_tried_again_later_and_never_ends_the_node(time_skipping: Any) -> None:
+    """The node's `update_template` while the API server refuses its Node writes (500, three
+    times: the activity's quick tries): the node stays Ready, says why in its last error, and
+    applies the change TEMPLATE_RETRY_AFTER later: the new label set, the dropped label and
+    taint removed, tgp's own labels kept. The history replays."""
+    from datetime import timedelta
+
+    import httpx
+
+    from tests.conftest import eventually, running_world, skip_time
+    from tests.test_node_lifecycle import replay, request, start, wait_phase
+    from tests.test_watch_events import AT_REST
+    from tgp.types import NodePhase, TemplateUpdate
+    from workflows.node import TEMPLATE_RETRY_AFTER, GPUNodeWorkflow
+
+    async with running_world(time_skipping) as (world, _, queue):
+        assert world.kube is not None
+        req = request(timeouts=AT_REST, labels={"team": "research", "tier": "gold"})
+        handle = await start(time_skipping, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        path = f"/api/v1/nodes/{req.node_name}"
+        before = len(world.kube[f"patch {path}"])  # a slice counts the filter's requests from the first (bring-up's)
+        refused = world.kube[f"patch {path}"][before : before + 3] << 500
+
+        await handle.signal(GPUNodeWorkflow.update_template, TemplateUpdate(labels={"team": "vision"}, taints=[]))
+
+        # The activity's quick tries (seconds), not yet its retry a minute later.
+        await skip_time(time_skipping, timedelta(seconds=20), step=timedelta(seconds=5))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert len(refused) == 3, len(refused)
+        assert status.phase is NodePhase.READY, f"a failed label write ended the node: {status.end_reason}"
+        assert status.last_error and "could not apply the pool's new labels and taints" in status.last_error, status.last_error
+
+        await skip_time(time_skipping, TEMPLATE_RETRY_AFTER, step=timedelta(seconds=30))
+
+        async def applied() -> dict[str, Any] | None:
+            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+                node = (await kube.get(path)).json()
+            labels = node["metadata"].get("labels") or {}
+            return node if labels.get("team") == "vision" and "tier" not in labels else None
+
+        node = await eventually(applied, what="the change applied on the retry")
+        assert node["metadata"]["labels"]["tgp.io/managed"] == "true" and node["metadata"]["labels"]["tgp.io/pool"] == "rtx"
+        assert not [t for t in node["spec"].get("taints") or [] if t["key"] == "nvidia.com/gpu"], "the dropped taint stayed"
+        assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.READY
+        await handle.signal("evict", {"reason": "manual"})
+        await handle.result()
+        await replay(handle, "in_place_labels_retried")
