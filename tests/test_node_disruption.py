@@ -252,6 +252,39 @@ async def test_a_node_notready_past_the_threshold_is_repaired_without_a_drain_ev
         await replay(handle, "repair_not_ready")
 
 
+async def test_a_zero_budget_holds_a_notready_repair_and_an_evict_still_wins(time_skipping: WorkflowEnvironment) -> None:
+    """A pool whose only budget is `nodes: "0"` (no reasons: it covers repairs too) and a node
+    NotReady for well past NODE_NOT_READY_REPAIR_AFTER while its instance runs: the repair asks
+    the pool, is refused, and the node stays (a DisruptionBlocked record naming the Repair and
+    the budget) rather than ending lost at 5 minutes as before; a manual evict ends it."""
+    from sim.kube_kubelet import set_node_ready
+    from tests.test_pool_races import gated_world, pool_spec, start_pool
+    from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
+    from tgp.messages import pool_workflow_id
+
+    async with gated_world(time_skipping) as s, bridge_running(time_skipping, s.world, s.queue):
+        name, _ = await start_pool(s, pool_spec("cls-unused", disruption={"budgets": [{"nodes": "0"}]}))
+        req = request(namespace="ml", pool=name, timeouts=AT_REST, pool_workflow_id=pool_workflow_id("ml", name))
+        handle = await start(time_skipping, s.queue, req)
+        s.workflow_ids.add(handle.id)
+        await wait_phase(handle, NodePhase.READY)
+        await told(handle, ready=True)
+        s.world.kubelets[req.node_name].silent = True
+        await set_node_ready(s.world.kube_url, req.node_name, False)
+        await told(handle, ready=False)
+
+        await skip_time(time_skipping, NODE_NOT_READY_REPAIR_AFTER + timedelta(minutes=5), step=timedelta(minutes=1))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, f"the budget did not hold the repair: {status.end_reason}"
+        blocked = [r for r in status.stages if r.stage is Stage.DISRUPTION_BLOCKED]
+        assert blocked and "Repair disruption blocked by budgets[0]" in blocked[-1].reason, status.stages
+
+        await handle.signal("evict", {"reason": "manual"})
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted"), final
+        assert_nothing_left(s.world, req.node_name)
+
+
 async def test_the_pool_warns_when_one_of_its_nodes_is_repaired(temporal: WorkflowEnvironment) -> None:
     """A node reports a NodeRepair record with its last phase: the pool writes a Warning
     `NodeRepair` Event with the node's reason."""
