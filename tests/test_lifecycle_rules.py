@@ -123,6 +123,7 @@ _TIMEOUTS = st.builds(
     idle=st.none() | _MINUTES,
     expire_after=st.none() | _MINUTES,
     bind_grace=st.none() | _MINUTES,
+    termination_grace=st.none() | _MINUTES,
 )
 # A life: the view at Ready, then changes of the view at (minute, second) offsets.
 _CHANGES = st.lists(st.tuples(st.integers(1, 60 * 60), _VIEWS), max_size=8).map(lambda cs: sorted(cs, key=lambda c: c[0]))
@@ -130,11 +131,11 @@ HORIZON = 2 * 60 * 60  # seconds
 
 
 def _poller(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False, grace: bool = False
 ) -> tuple[int, EndReason | None]:
     """The ideal watch: it looks every second (every change happens on a whole second), so it
     sees each view from the moment it holds."""
-    state, view, pending = WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair), first, list(changes)
+    state, view, pending = WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair, grace_bounds_hold=grace), first, list(changes)
     for t in range(HORIZON + 1):
         while pending and pending[0][0] <= t:
             view = pending.pop(0)[1]
@@ -146,11 +147,11 @@ def _poller(
 
 
 def _event_driven(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False, grace: bool = False
 ) -> tuple[int, EndReason | None]:
     """The event-driven watch's loop (workflows/node.py): apply each change when it arrives,
     judge, and otherwise sleep until `next_deadline`."""
-    state = apply_view(WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair), first, T0, timeouts)
+    state = apply_view(WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair, grace_bounds_hold=grace), first, T0, timeouts)
     now, pending = T0, list(changes)
     while True:
         verdict = judge_view(state, now, timeouts)
@@ -362,3 +363,58 @@ def test_notready_repair_waits_its_threshold_and_a_missing_node_is_still_lost_at
     # A run without the rule ends such a node lost at 5 minutes, as before.
     old = apply_view(state.model_copy(update={"not_ready_repair": False}), not_ready, T0, timeouts)
     assert judge_view(old, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
+
+
+# --- terminationGracePeriod bounds a do-not-disrupt hold of an expired node (review #8) ---------
+
+
+# Mostly healthy, running nodes that do-not-disrupt pods hold: the lives the bound is about.
+_MOSTLY_HELD = st.builds(
+    look,
+    busy=st.integers(0, 2),
+    instance=st.just(RUNNING) | _INSTANCES,
+    node=st.just(READY) | _NODES,
+    holders=st.just(("ml/train",)) | st.sampled_from([(), ("ml/train",)]),
+)
+_MOSTLY_HELD_CHANGES = st.lists(st.tuples(st.integers(1, 60 * 60), _MOSTLY_HELD), max_size=4).map(lambda cs: sorted(cs, key=lambda c: c[0]))
+_EXPIRING = st.builds(LifecycleTimeouts, idle=st.none() | _MINUTES, expire_after=_MINUTES | st.none(), bind_grace=st.none() | _MINUTES, termination_grace=_MINUTES | st.none())
+
+
+@settings(max_examples=100)
+@given(first=_MOSTLY_HELD, changes=_MOSTLY_HELD_CHANGES, timeouts=_EXPIRING)
+def test_a_hold_never_keeps_an_expired_node_past_expire_after_plus_termination_grace(
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
+) -> None:
+    """Invariants, with every rule on: (1) the event-driven watch ends the node when and why a
+    continuous poller would; (2) a node held by do-not-disrupt past its expiry ends expired no
+    later than expireAfter + terminationGracePeriod after Ready, unless something ended it
+    sooner; (3) it never ends expired while held before that; (4) without a grace period it is
+    judged exactly as without the rule."""
+    from tgp.lifecycle import held_by
+
+    end_at, end = _event_driven(first, changes, timeouts, rules=True, repair=True, grace=True)
+    assert (end_at, end) == _poller(first, changes, timeouts, rules=True, repair=True, grace=True)
+    without = _event_driven(first, changes, timeouts, rules=True, repair=True, grace=False)
+    if timeouts.expire_after is None or timeouts.termination_grace is None:
+        assert (end_at, end) == without
+        return
+    bound = int((timeouts.expire_after + timeouts.termination_grace).total_seconds())
+    assert end_at <= bound, "a hold kept an expired node past expireAfter + terminationGracePeriod"
+    assert end_at <= without[0], "the bound made a node live longer"
+    if end is EndReason.EXPIRED and held_by(_view_at(first, changes, end_at))[0]:
+        assert end_at >= bound, "ended while held before expireAfter + terminationGracePeriod"
+
+
+def test_an_expired_node_held_by_do_not_disrupt_says_when_termination_grace_ends_the_wait() -> None:
+    from tgp.lifecycle import longest_life
+
+    timeouts = LifecycleTimeouts(idle=None, expire_after=timedelta(hours=1), termination_grace=timedelta(minutes=30))
+    state = apply_view(WatchState(ready_at=T0, disruption_rules=True, grace_bounds_hold=True), look(busy=1, holders=("ml/train",)), T0, timeouts)
+    held = judge_view(state, T0 + timedelta(hours=1), timeouts)
+    assert held.end is None and "terminationGracePeriod (30m) ends the wait" in held.held, held
+    assert next_deadline(held.state, timeouts) == longest_life(state, timeouts) == T0 + timedelta(hours=1, minutes=30)
+    ended = judge_view(held.state, T0 + timedelta(hours=1, minutes=30), timeouts)
+    assert ended.end is EndReason.EXPIRED and "ml/train" in ended.detail and "terminationGracePeriod (30m00s)" in ended.detail, ended
+    # A run from before the rule waits for as long as the pod runs.
+    old = state.model_copy(update={"grace_bounds_hold": False})
+    assert judge_view(old, T0 + timedelta(days=3), timeouts).end is None

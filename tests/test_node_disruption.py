@@ -65,6 +65,34 @@ async def test_a_do_not_disrupt_pod_holds_expiry_and_a_manual_evict_still_wins(t
         await replay(handle, "do_not_disrupt_pod_held_then_evicted")
 
 
+async def test_termination_grace_ends_a_do_not_disrupt_hold_of_an_expired_node(time_skipping: WorkflowEnvironment) -> None:
+    """expireAfter 1h, terminationGracePeriod 30m and a do-not-disrupt pod that never ends: the
+    node waits past its expiry, and at expireAfter + terminationGracePeriod
+    (Karpenter's longest node life) it ends expired, its drain cut at once (the grace is spent),
+    and everything it bought is released."""
+    async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
+        timeouts = AT_REST.model_copy(update={"expire_after": timedelta(hours=1), "termination_grace": timedelta(minutes=30)})
+        req = request(timeouts=timeouts)
+        handle = await start(time_skipping, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY)
+        await put_held_pod(world, req.node_name, "train")
+        await told(handle, holding=1, holders=["default/train"])
+
+        await skip_time(time_skipping, timedelta(hours=1, minutes=10), step=timedelta(minutes=10))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, "the hold did not wait"
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("expired"), final
+        assert "terminationGracePeriod (30m00s)" in (final.end_reason or "") and "default/train" in (final.end_reason or ""), final.end_reason
+        ready_at = next(r.at for r in ready.stages if r.stage is Stage.READY)
+        draining = next(r for r in final.stages if r.stage is Stage.DRAINING)
+        assert draining.at >= ready_at + timedelta(hours=1, minutes=30), "the hold ended before expireAfter + terminationGracePeriod"
+        terminating = next(r for r in final.stages if r.stage is Stage.TERMINATING)
+        assert terminating.at - draining.at < timedelta(minutes=5), "the drain took another grace period"
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "termination_grace_ends_expired_hold")
+
+
 async def test_a_do_not_disrupt_node_holds_idle_until_the_annotation_is_removed(time_skipping: WorkflowEnvironment) -> None:
     """The Node itself annotated `tgp.io/do-not-disrupt: "true"`: idle for an hour past its idle
     timeout, it stays (DisruptionHeld names the Node); once the annotation is removed it ends

@@ -98,6 +98,9 @@ class WatchState(BaseModel):
     # Node repair for NotReady (runs that have it): a present NotReady Node whose instance runs
     # is repaired after NODE_NOT_READY_REPAIR_AFTER instead of ending lost after NODE_LOST_AFTER.
     not_ready_repair: bool = False
+    # terminationGracePeriod bounds a do-not-disrupt hold of an expired node (runs that have it):
+    # a node lives at most expireAfter + terminationGracePeriod (`longest_life`).
+    grace_bounds_hold: bool = False
 
 
 class WatchVerdict(BaseModel):
@@ -157,7 +160,15 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
             # running meanwhile, so a node that dies while held still ends lost or repaired.
             kept = new_state if state.disruption_rules else state
             return WatchVerdict(state=kept, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
-        return WatchVerdict(state=new_state, held=held_message(DisruptionReason.EXPIRED, holders, total=holding))
+        lifetime = longest_life(state, timeouts)
+        if lifetime is not None and now >= lifetime:
+            detail = (
+                f"node reached its expireAfter of {_minutes(timeouts.expire_after)} and do-not-disrupt held it for its "
+                f"terminationGracePeriod ({_minutes(lifetime - state.ready_at - timeouts.expire_after)}) more: {', '.join(holders[:3])}"
+            )
+            return WatchVerdict(state=new_state, end=EndReason.EXPIRED, detail=detail)
+        grace = timeouts.termination_grace if lifetime is not None else None
+        return WatchVerdict(state=new_state, held=held_message(DisruptionReason.EXPIRED, holders, grace=grace, total=holding))
 
     # A node holds the place of the pods bought for it until the pool's bind grace has passed:
     # the pool judges a pod that did not bind by then, so the node must not idle out first.
@@ -176,6 +187,15 @@ def _repairs_not_ready(state: WatchState, obs: NodeObservation) -> bool:
     if not state.not_ready_repair or obs.node is None or obs.node.ready or obs.instance is None:
         return False
     return obs.instance.state not in (InstanceState.FAILED, InstanceState.STOPPED)
+
+
+def longest_life(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | None:
+    """With the rule (runs that have it) and both set: `expireAfter + terminationGracePeriod`
+    after Ready, the longest a node lives (Karpenter's): a do-not-disrupt hold of an expired node
+    ends there, and the drain that follows ends there too. None: no such bound."""
+    if not state.grace_bounds_hold or timeouts.expire_after is None or timeouts.termination_grace is None:
+        return None
+    return state.ready_at + timeouts.expire_after + timeouts.termination_grace
 
 
 def held_by(obs: NodeObservation) -> tuple[list[str], int]:
@@ -232,8 +252,10 @@ def next_deadline(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | 
         due.append(state.gpus_lost_since + GPUS_LOST_AFTER)
     if state.disruption_rules and held_by(view)[0]:
         # Held: no voluntary end comes while the view stays as it is; a change of it (the
-        # holders leave, the annotation is removed) wakes the watch.
-        return min(due, default=None)
+        # holders leave, the annotation is removed) wakes the watch; or terminationGracePeriod
+        # past the expiry, which a hold does not outlast.
+        lifetime = longest_life(state, timeouts)
+        return min([*due, *([lifetime] if lifetime is not None else [])], default=None)
     if timeouts.expire_after is not None:
         due.append(state.ready_at + timeouts.expire_after)
     if state.idle_since is not None and timeouts.idle is not None:

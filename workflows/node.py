@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.node import POOL_ANSWER_TIMEOUT
     from tgp.disruption import DisruptionReason, termination_deadline
     from tgp.drift import label_removals, taint_removals
-    from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, next_deadline
+    from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, judge_observation, judge_view, longest_life, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
         LABEL_GPU_TYPE,
@@ -112,6 +112,9 @@ DISRUPTION_RULES_PATCH = "node-disruption-rules"
 # Marks runs that repair a Node NotReady past NODE_NOT_READY_REPAIR_AFTER while its instance runs
 # (budgeted, no drain, a NodeRepair record) instead of ending it lost after NODE_LOST_AFTER.
 NOT_READY_REPAIR_PATCH = "node-repair-not-ready"
+# Marks runs in which terminationGracePeriod bounds a do-not-disrupt hold of an expired node: it
+# lives at most expireAfter + terminationGracePeriod, drain included (Karpenter's bound).
+GRACE_BOUNDS_HOLD_PATCH = "grace-bounds-expiry-hold"
 # Marks runs whose voluntary ends (idle, expired) ask the pool's disruption budgets first.
 DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
 # A node a budget holds asks its pool again this often (each ask: a timer and an activity).
@@ -650,6 +653,8 @@ class GPUNodeWorkflow:
             self.state.watch = self.state.watch.model_copy(update={"disruption_rules": True})
         if self.state.watch.disruption_rules and not self.state.watch.not_ready_repair and workflow.patched(NOT_READY_REPAIR_PATCH):
             self.state.watch = self.state.watch.model_copy(update={"not_ready_repair": True})
+        if self.state.watch.disruption_rules and not self.state.watch.grace_bounds_hold and workflow.patched(GRACE_BOUNDS_HOLD_PATCH):
+            self.state.watch = self.state.watch.model_copy(update={"grace_bounds_hold": True})
         if self.state.watch.view is None:
             self._seed_view()
         while True:
@@ -856,6 +861,9 @@ class GPUNodeWorkflow:
         began = workflow.now()
         timeout, bound = self.req.timeouts.drain, ""
         deadline = termination_deadline(began, self.req.timeouts.termination_grace)
+        lifetime = longest_life(self.state.watch, self.req.timeouts) if end is EndReason.EXPIRED and self.state.watch is not None else None
+        if deadline is not None and lifetime is not None:
+            deadline = max(began, min(deadline, lifetime))  # expireAfter + terminationGracePeriod: no longer
         if deadline is not None and deadline - began < timeout:
             timeout, bound = deadline - began, "terminationGracePeriod"
         result = await workflow.execute_activity_method(
