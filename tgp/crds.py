@@ -577,8 +577,9 @@ class Disruption(Spec):
         description="Karpenter's terminationGracePeriod: the longest a node's drain may take once it began, e.g. 24h. "
         "At it the instance is terminated anyway, overriding PodDisruptionBudgets and do-not-disrupt pods; a pod the drain "
         "cannot evict is deleted at the deadline minus its own terminationGracePeriodSeconds, so it gets its grace first. "
-        "drainTimeout bounds the drain too, and the shorter wins. It does not bound how long do-not-disrupt holds a voluntary "
-        "disruption back before it begins (a manual evict does not wait).",
+        "drainTimeout bounds the drain too, and the shorter wins. With expireAfter it bounds a node's life: do-not-disrupt "
+        "holds an expired node at most this long past its expiry, drain included (expireAfter + terminationGracePeriod, as in "
+        "Karpenter v1). It does not bound how long do-not-disrupt holds an idle node (a manual evict does not wait).",
     )
 
 
