@@ -9,6 +9,7 @@ nodes before it lets the finalizer go. Scale to zero happens through the nodes' 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -703,7 +704,7 @@ class GPUNodePoolWorkflow:
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
         sent = _fingerprint(self._timeouts_for(u, floor=floor, held=fit and bool(pods)))
         self.state.nodes[req.workflow_id] = node.model_copy(
-            update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count, "template_sent": _template(u).model_dump_json()}
+            update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count, "template_sent": _template_fingerprint(_template(u))}
         )
         for pod in pods:
             self.state.nominations[pod] = Nomination(workflow_id=req.workflow_id, since=now)
@@ -855,7 +856,7 @@ class GPUNodePoolWorkflow:
         if not workflow.patched(IN_PLACE_TEMPLATE_PATCH):
             return
         wanted = _template(u)
-        fingerprint = wanted.model_dump_json()
+        fingerprint = _template_fingerprint(wanted)
         for wid in sorted(n.workflow_id for n in live):
             node = self.state.nodes[wid]
             if node.phase not in _TUNABLE or node.template_sent == fingerprint:
@@ -991,6 +992,12 @@ def _asks_again(refusal: ClassRefusal) -> str:
 def _template(u: PoolUpdate) -> TemplateUpdate:
     """The labels and taints the pool's template puts on its Nodes."""
     return TemplateUpdate(labels=dict(u.spec.template.metadata.labels), taints=list(u.spec.template.spec.taints))
+
+
+def _template_fingerprint(template: TemplateUpdate) -> str:
+    """A short hash of the labels and taints a node was sent: the pool keeps one per node, and
+    64 labels and 32 taints as JSON per node would swell its state at a few hundred nodes."""
+    return hashlib.sha256(template.model_dump_json().encode()).hexdigest()[:16]
 
 
 def _fingerprint(timeouts: TimeoutsUpdate) -> str:
