@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import structlog
 
 from activities.ports import Cluster, EvictionBlocked
+from tgp.disruption import pod_delete_at
 from tgp.errors import TgpError, TransientError
 from tgp.lifecycle import pod_keeps_node_busy
 from tgp.types import DrainInput, DrainResult, PodSummary
@@ -26,6 +27,8 @@ log = structlog.get_logger("tgp.drain")
 EVENT_UNMANAGED = "EvictedUnmanagedPod"
 # On each pod still on the node when the drain times out: the machine goes with it.
 EVENT_DRAIN_TIMED_OUT = "DrainTimedOut"
+# On each pod deleted over its PodDisruptionBudget at the pool's terminationGracePeriod.
+EVENT_DELETED_AT_GRACE = "TerminationGracePeriod"
 # Pod phases of a pod whose containers have all stopped for good.
 FINISHED_PHASES = ("Succeeded", "Failed")
 
@@ -57,7 +60,8 @@ async def drain(
     still holds) rather than start the drain over. `retry`: an earlier attempt of this drain
     may have cordoned the Node (its worker died), so a cordon found is taken as ours.
     """
-    deadline = clock() + inp.timeout.total_seconds()
+    began = clock()
+    deadline = began + inp.timeout.total_seconds()
     node = await cluster.get_node(inp.node_name)
     if node is None:
         return DrainResult(evicted=0)
@@ -73,27 +77,63 @@ async def drain(
             log.info("drain_called_off", node=inp.node_name, pods=arrived)
             return DrainResult(evicted=0, called_off=arrived)
     evicted: set[str] = set()
+    deleted: list[str] = []  # pods deleted over their PodDisruptionBudget (delete_at_deadline)
     refusals: dict[str, str] = {}  # pod -> the API's last answer to its eviction
     pods: list[PodSummary] = []
     while True:
         try:
             pods = [p for p in await cluster.list_pods_on_node(inp.node_name) if drains(p)]
             if not pods:
-                return DrainResult(evicted=len(evicted))
+                return DrainResult(evicted=len(evicted), deleted=deleted)
             for pod in pods:
                 if not pod.deleting and await _evict(cluster, inp.node_name, pod, refusals):
                     evicted.add(_key(pod))
+                elif not pod.deleting and inp.delete_at_deadline and _key(pod) not in deleted:
+                    grace = _delete_now(pod, began, deadline, clock())
+                    if grace is not None:
+                        await _delete(cluster, inp, pod, grace, refusals.get(_key(pod)))
+                        deleted.append(_key(pod))
         except TransientError as exc:
             log.info("drain_transient_error", node=inp.node_name, error=str(exc))
         if clock() >= deadline:
             # A pod evicted in this very poll is in graceful deletion now, whatever the list said.
-            terminating = [_key(p) for p in pods if p.deleting or _key(p) in evicted]
+            terminating = [_key(p) for p in pods if p.deleting or _key(p) in evicted or _key(p) in deleted]
             remaining = [_key(p) for p in pods if _key(p) not in terminating]
             for pod in pods:
                 await _warn_timed_out(cluster, inp, pod, still_shutting_down=_key(pod) in terminating, refusal=refusals.get(_key(pod)))
-            return DrainResult(evicted=len(evicted), remaining=remaining, terminating=terminating)
+            return DrainResult(evicted=len(evicted), remaining=remaining, terminating=terminating, deleted=deleted)
         heartbeat(len(evicted))
         await asyncio.sleep(poll_interval.total_seconds())
+
+
+def _delete_now(pod: PodSummary, began: float, deadline: float, now: float) -> timedelta | None:
+    """With terminationGracePeriod: whether a pod the drain could not evict is to be deleted now
+    (tgp.disruption.pod_delete_at: at the node's deadline minus the pod's own grace, so the pod
+    gets it before the instance goes), and with what grace (what is left to the deadline, when
+    the drain began later than that). None: not yet."""
+    if _at(now) < pod_delete_at(_at(deadline), pod.grace_period, _at(began)):
+        return None
+    return max(timedelta(0), min(pod.grace_period, timedelta(seconds=deadline - now)))
+
+
+def _at(t: float) -> datetime:
+    """A reading of the drain's clock (seconds) as a time, for the rules of tgp.disruption."""
+    return datetime.fromtimestamp(t, UTC)
+
+
+async def _delete(cluster: Cluster, inp: DrainInput, pod: PodSummary, grace: timedelta, refusal: str | None) -> None:
+    """Delete a pod the drain could not evict, over its PodDisruptionBudget, and say so on it."""
+    await cluster.delete_pod(pod.namespace, pod.name, grace_period=grace, uid=pod.uid)
+    log.info("deleted_at_termination_grace", node=inp.node_name, pod=_key(pod), grace_seconds=grace.total_seconds())
+    why = f"its eviction was refused ({refusal})" if refusal else "its eviction was refused"
+    message = (
+        f"Deleted with a grace period of {_human(grace)}: Node {inp.node_name} is terminated at the end of its pool's "
+        f"{inp.bound or 'terminationGracePeriod'} ({_human(inp.timeout)}) and {why}; the deletion overrides PodDisruptionBudgets and do-not-disrupt"
+    )
+    try:
+        await cluster.record_pod_event(pod, type="Warning", reason=EVENT_DELETED_AT_GRACE, message=message)
+    except TgpError as exc:
+        log.warning("pod_event_failed", pod=_key(pod), reason=EVENT_DELETED_AT_GRACE, error=str(exc))
 
 
 async def _evict(cluster: Cluster, node: str, pod: PodSummary, refusals: dict[str, str]) -> bool:

@@ -626,9 +626,10 @@ class NodeActivities:
 
     @activity.defn
     async def label_and_taint_node(self, inp: LabelInput) -> None:
-        """Give the Node its pool's labels and taints (idempotent)."""
+        """Give the Node its pool's labels and taints, and take off those tgp had set that the pool
+        no longer lists (idempotent)."""
         with temporal_errors():
-            await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints)
+            await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints, remove_labels=inp.remove_labels, remove_taints=inp.remove_taints)
         if inp.launched_at is not None:
             metrics.LAUNCH_TO_READY.labels(inp.labels.get(LABEL_PROVIDER, "")).observe(metrics.seconds_since(inp.launched_at))
 

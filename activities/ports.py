@@ -3,6 +3,7 @@ tests and the demo swap the adapter (or just its base URL), never the activity c
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
@@ -105,8 +106,11 @@ class Cluster(Protocol):
 
     async def get_node(self, name: str) -> NodeSummary | None: ...
 
-    async def label_and_taint(self, name: str, labels: dict[str, str], taints: list[Taint]) -> None:
-        """Merge `labels` into the Node's labels and add `taints` not already present."""
+    async def label_and_taint(
+        self, name: str, labels: dict[str, str], taints: list[Taint], *, remove_labels: Mapping[str, str] | None = None, remove_taints: Sequence[Taint] = ()
+    ) -> None:
+        """Merge `labels` into the Node's labels and add `taints` not already present; remove the
+        `remove_labels` and `remove_taints` the Node still carries as tgp set them."""
         ...
 
     async def cordon(self, name: str) -> None: ...
@@ -120,6 +124,10 @@ class Cluster(Protocol):
     async def evict_pod(self, namespace: str, name: str, *, grace_period: timedelta | None = None) -> None:
         """Eviction API (policy/v1, falling back to v1beta1). Raises EvictionBlocked on 429;
         a pod already gone counts as evicted."""
+        ...
+
+    async def delete_pod(self, namespace: str, name: str, *, grace_period: timedelta, uid: str = "") -> None:
+        """Delete the pod over its PodDisruptionBudget, with `grace_period`; gone counts as deleted."""
         ...
 
     async def record_pod_event(self, pod: PodSummary, *, type: str, reason: str, message: str) -> None:

@@ -248,6 +248,29 @@ def test_a_pod_is_deleted_in_time_for_its_own_grace(began: datetime, grace: time
     assert delete_at + pod_grace <= deadline or delete_at == began  # its whole grace fits, unless the window is shorter
 
 
+@given(
+    st.integers(0, 3600),  # terminationGracePeriod, s
+    st.integers(0, 600),  # the pod's terminationGracePeriodSeconds
+    st.floats(0, 4000, allow_nan=False),  # when the drain looks, s after it began
+)
+def test_the_drain_deletes_a_stuck_pod_not_before_its_time_and_never_past_the_deadline(grace: int, pod_grace: int, now: float) -> None:
+    """The drain's use of pod_delete_at (activities.drain._delete_now): a pod is deleted only
+    from the deadline minus its grace, with its own grace or what is left to the deadline,
+    whichever is less (so it is gone by the deadline), and always once the deadline is there."""
+    from activities.drain import _delete_now
+    from tgp.types import PodSummary
+
+    pod = PodSummary(namespace="ml", name="db", grace_period=timedelta(seconds=pod_grace))
+    began = 1000.0
+    deadline = began + grace
+    given_grace = _delete_now(pod, began, deadline, began + now)
+    if given_grace is None:
+        assert began + now < max(began, deadline - pod_grace)
+        return
+    assert began + now >= deadline - pod_grace
+    assert given_grace <= timedelta(seconds=pod_grace) and began + now + given_grace.total_seconds() <= deadline + 1e-6 or given_grace == timedelta(0)
+
+
 # --- re-shopping ------------------------------------------------------------------------------
 
 CENTS = st.integers(1, 5000).map(lambda c: Decimal(c) / 100)

@@ -145,6 +145,33 @@ async def test_drain_reports_pods_not_evicted_and_pods_still_shutting_down_at_th
     assert slow is not None and slow["metadata"]["deletionGracePeriodSeconds"] == LONG_GRACE
 
 
+async def test_a_drain_bounded_by_termination_grace_deletes_a_blocked_pod_its_own_grace_before_the_deadline(kube_api: KubeApi) -> None:
+    """With delete_at_deadline (the pool's terminationGracePeriod is the bound) a pod whose PDB
+    refuses its eviction is deleted over the PDB at the deadline minus its own grace, with that
+    grace (or what is left), and told so by a Warning Event; without it, the pod stays."""
+    from activities.drain import EVENT_DELETED_AT_GRACE
+
+    grace = 3  # the pod's terminationGracePeriodSeconds; the deadline 2 s after it is due for deletion
+    node = kube_api.unique("grace")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("guarded", node=node, labels={"app": "db"}, grace_period=grace)
+    await kube_api.create_pdb("db", match_labels={"app": "db"}, min_available=1)
+    inp = DrainInput(node_name=node, timeout=timedelta(seconds=grace + 2), bound="terminationGracePeriod", delete_at_deadline=True)
+
+    async with kubelet_of(kube_api, node):
+        started = asyncio.get_running_loop().time()
+        result = await drain(kube_api.cluster, inp, poll_interval=POLL, heartbeat=lambda _: None)
+        took = asyncio.get_running_loop().time() - started
+
+    ns = kube_api.namespace
+    assert result.deleted == [f"{ns}/guarded"] and result.evicted == 0, result
+    assert took >= 2, "deleted before the deadline minus its grace"
+    guarded = await pod(kube_api, "guarded")
+    assert guarded is None or 0 < guarded["metadata"]["deletionGracePeriodSeconds"] <= grace, guarded
+    [said] = [e for e in await events_about(kube_api, "guarded") if e["reason"] == EVENT_DELETED_AT_GRACE]
+    assert "overrides PodDisruptionBudgets" in said["message"], said["message"]
+
+
 async def test_drain_waits_for_pods_someone_else_deleted(kube_api: KubeApi) -> None:
     # A pod deleted before the drain started is shutting down on this machine all the same.
     node = kube_api.unique("predeleted")

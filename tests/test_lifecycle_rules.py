@@ -123,6 +123,7 @@ _TIMEOUTS = st.builds(
     idle=st.none() | _MINUTES,
     expire_after=st.none() | _MINUTES,
     bind_grace=st.none() | _MINUTES,
+    termination_grace=st.none() | _MINUTES,
 )
 # A life: the view at Ready, then changes of the view at (minute, second) offsets.
 _CHANGES = st.lists(st.tuples(st.integers(1, 60 * 60), _VIEWS), max_size=8).map(lambda cs: sorted(cs, key=lambda c: c[0]))
@@ -130,11 +131,11 @@ HORIZON = 2 * 60 * 60  # seconds
 
 
 def _poller(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False, grace: bool = False
 ) -> tuple[int, EndReason | None]:
     """The ideal watch: it looks every second (every change happens on a whole second), so it
     sees each view from the moment it holds."""
-    state, view, pending = WatchState(ready_at=T0, disruption_rules=rules), first, list(changes)
+    state, view, pending = WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair, grace_bounds_hold=grace), first, list(changes)
     for t in range(HORIZON + 1):
         while pending and pending[0][0] <= t:
             view = pending.pop(0)[1]
@@ -146,11 +147,11 @@ def _poller(
 
 
 def _event_driven(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False, grace: bool = False
 ) -> tuple[int, EndReason | None]:
     """The event-driven watch's loop (workflows/node.py): apply each change when it arrives,
     judge, and otherwise sleep until `next_deadline`."""
-    state = apply_view(WatchState(ready_at=T0, disruption_rules=rules), first, T0, timeouts)
+    state = apply_view(WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair, grace_bounds_hold=grace), first, T0, timeouts)
     now, pending = T0, list(changes)
     while True:
         verdict = judge_view(state, now, timeouts)
@@ -284,3 +285,136 @@ def test_a_node_whose_expiry_a_budget_holds_still_ends_lost_when_it_dies() -> No
     assert first.end is EndReason.EXPIRED  # the budget refuses it; the node watches on with this state
     later = judge_observation(not_ready, first.state, start + NODE_LOST_AFTER, timeouts)
     assert later.end is EndReason.LOST, later
+
+
+# --- node repair for NotReady (issue 21 item 5) -----------------------------------------------
+
+
+def _not_ready_running(view: NodeObservation) -> bool:
+    """A Node that is there but NotReady while the provider says its instance runs."""
+    return view.node is not None and not view.node.ready and view.instance is not None and view.instance.state is InstanceState.RUNNING and not view.instance.interrupted
+
+
+def _unhealthy(view: NodeObservation) -> bool:
+    inst = view.instance
+    return view.node is None or not view.node.ready or inst is None or inst.state is not InstanceState.RUNNING or inst.interrupted
+
+
+def _view_at(first: NodeObservation, changes: list[tuple[int, NodeObservation]], t: int) -> NodeObservation:
+    view = first
+    for at, changed in changes:
+        if at <= t:
+            view = changed
+    return view
+
+
+# Mostly running instances: a life the provider ends at once teaches nothing about repair.
+_MOSTLY_RUNNING = st.builds(
+    look,
+    busy=st.integers(0, 2),
+    instance=st.just(RUNNING) | _INSTANCES,
+    node=st.just(NodeSummary(name="n", ready=False)) | _NODES,
+    holders=st.sampled_from([(), ("ml/train",)]),
+)
+_MOSTLY_RUNNING_CHANGES = st.lists(st.tuples(st.integers(1, 60 * 60), _MOSTLY_RUNNING), max_size=5).map(lambda cs: sorted(cs, key=lambda c: c[0]))
+
+
+@settings(max_examples=100)
+@given(first=_MOSTLY_RUNNING, changes=_MOSTLY_RUNNING_CHANGES, timeouts=_TIMEOUTS)
+def test_a_node_notready_while_its_instance_runs_is_repaired_after_the_threshold_never_lost(
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
+) -> None:
+    """Invariants of node repair for NotReady, over any life: (1) the event-driven watch ends
+    the node when and why a continuous poller would (its deadline for a NotReady node is the
+    repair's); (2) a node is never ended lost while its Node is there, NotReady, and its instance
+    runs; (3) a repair comes only after NODE_NOT_READY_REPAIR_AFTER of continuous trouble, with
+    that view at the end; (4) a life in which that view never occurs ends exactly as without the
+    rule (a missing Node or a stopped instance is lost after NODE_LOST_AFTER, as before)."""
+    from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
+
+    end_at, end = _event_driven(first, changes, timeouts, rules=True, repair=True)
+    assert (end_at, end) == _poller(first, changes, timeouts, rules=True, repair=True)
+    at_end = _view_at(first, changes, end_at)
+    if end is EndReason.LOST:
+        assert not _not_ready_running(at_end), "a NotReady node with a running instance was ended lost"
+    if end is EndReason.NOT_READY:
+        assert _not_ready_running(at_end)
+        window = int(NODE_NOT_READY_REPAIR_AFTER.total_seconds())
+        assert end_at >= window and all(_unhealthy(_view_at(first, changes, t)) for t in range(end_at - window, end_at + 1)), "repaired early"
+    if not any(_not_ready_running(v) for v in [first, *(v for _, v in changes)]):
+        assert (end_at, end) == _event_driven(first, changes, timeouts, rules=True, repair=False)
+
+
+def test_notready_repair_waits_its_threshold_and_a_missing_node_is_still_lost_at_five_minutes() -> None:
+    from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
+
+    timeouts = LifecycleTimeouts(idle=None)
+    state = WatchState(ready_at=T0, disruption_rules=True, not_ready_repair=True)
+    not_ready = look(node=READY.model_copy(update={"ready": False}), holders=("ml/train",))
+    held = apply_view(state, not_ready, T0, timeouts)
+    assert judge_view(held, T0 + NODE_LOST_AFTER, timeouts).end is None, "lost at 5 minutes, not repaired"
+    assert next_deadline(held, timeouts) == T0 + NODE_NOT_READY_REPAIR_AFTER
+    verdict = judge_view(held, T0 + NODE_NOT_READY_REPAIR_AFTER, timeouts)
+    assert verdict.end is EndReason.NOT_READY and "NotReady for 10m00s" in verdict.detail, verdict  # do-not-disrupt does not hold it
+    missing = apply_view(state, look(node=None), T0, timeouts)
+    assert judge_view(missing, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
+    stopped = apply_view(state, look(node=READY.model_copy(update={"ready": False}), instance=RUNNING.model_copy(update={"state": InstanceState.STOPPED})), T0, timeouts)
+    assert judge_view(stopped, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
+    # A run without the rule ends such a node lost at 5 minutes, as before.
+    old = apply_view(state.model_copy(update={"not_ready_repair": False}), not_ready, T0, timeouts)
+    assert judge_view(old, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
+
+
+# --- terminationGracePeriod bounds a do-not-disrupt hold of an expired node (review #8) ---------
+
+
+# Mostly healthy, running nodes that do-not-disrupt pods hold: the lives the bound is about.
+_MOSTLY_HELD = st.builds(
+    look,
+    busy=st.integers(0, 2),
+    instance=st.just(RUNNING) | _INSTANCES,
+    node=st.just(READY) | _NODES,
+    holders=st.just(("ml/train",)) | st.sampled_from([(), ("ml/train",)]),
+)
+_MOSTLY_HELD_CHANGES = st.lists(st.tuples(st.integers(1, 60 * 60), _MOSTLY_HELD), max_size=4).map(lambda cs: sorted(cs, key=lambda c: c[0]))
+_EXPIRING = st.builds(LifecycleTimeouts, idle=st.none() | _MINUTES, expire_after=_MINUTES | st.none(), bind_grace=st.none() | _MINUTES, termination_grace=_MINUTES | st.none())
+
+
+@settings(max_examples=100)
+@given(first=_MOSTLY_HELD, changes=_MOSTLY_HELD_CHANGES, timeouts=_EXPIRING)
+def test_a_hold_never_keeps_an_expired_node_past_expire_after_plus_termination_grace(
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
+) -> None:
+    """Invariants, with every rule on: (1) the event-driven watch ends the node when and why a
+    continuous poller would; (2) a node held by do-not-disrupt past its expiry ends expired no
+    later than expireAfter + terminationGracePeriod after Ready, unless something ended it
+    sooner; (3) it never ends expired while held before that; (4) without a grace period it is
+    judged exactly as without the rule."""
+    from tgp.lifecycle import held_by
+
+    end_at, end = _event_driven(first, changes, timeouts, rules=True, repair=True, grace=True)
+    assert (end_at, end) == _poller(first, changes, timeouts, rules=True, repair=True, grace=True)
+    without = _event_driven(first, changes, timeouts, rules=True, repair=True, grace=False)
+    if timeouts.expire_after is None or timeouts.termination_grace is None:
+        assert (end_at, end) == without
+        return
+    bound = int((timeouts.expire_after + timeouts.termination_grace).total_seconds())
+    assert end_at <= bound, "a hold kept an expired node past expireAfter + terminationGracePeriod"
+    assert end_at <= without[0], "the bound made a node live longer"
+    if end is EndReason.EXPIRED and held_by(_view_at(first, changes, end_at))[0]:
+        assert end_at >= bound, "ended while held before expireAfter + terminationGracePeriod"
+
+
+def test_an_expired_node_held_by_do_not_disrupt_says_when_termination_grace_ends_the_wait() -> None:
+    from tgp.lifecycle import longest_life
+
+    timeouts = LifecycleTimeouts(idle=None, expire_after=timedelta(hours=1), termination_grace=timedelta(minutes=30))
+    state = apply_view(WatchState(ready_at=T0, disruption_rules=True, grace_bounds_hold=True), look(busy=1, holders=("ml/train",)), T0, timeouts)
+    held = judge_view(state, T0 + timedelta(hours=1), timeouts)
+    assert held.end is None and "terminationGracePeriod (30m) ends the wait" in held.held, held
+    assert next_deadline(held.state, timeouts) == longest_life(state, timeouts) == T0 + timedelta(hours=1, minutes=30)
+    ended = judge_view(held.state, T0 + timedelta(hours=1, minutes=30), timeouts)
+    assert ended.end is EndReason.EXPIRED and "ml/train" in ended.detail and "terminationGracePeriod (30m00s)" in ended.detail, ended
+    # A run from before the rule waits for as long as the pod runs.
+    old = state.model_copy(update={"grace_bounds_hold": False})
+    assert judge_view(old, T0 + timedelta(days=3), timeouts).end is None

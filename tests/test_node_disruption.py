@@ -65,6 +65,34 @@ async def test_a_do_not_disrupt_pod_holds_expiry_and_a_manual_evict_still_wins(t
         await replay(handle, "do_not_disrupt_pod_held_then_evicted")
 
 
+async def test_termination_grace_ends_a_do_not_disrupt_hold_of_an_expired_node(time_skipping: WorkflowEnvironment) -> None:
+    """expireAfter 1h, terminationGracePeriod 30m and a do-not-disrupt pod that never ends: the
+    node waits past its expiry, and at expireAfter + terminationGracePeriod
+    (Karpenter's longest node life) it ends expired, its drain cut at once (the grace is spent),
+    and everything it bought is released."""
+    async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
+        timeouts = AT_REST.model_copy(update={"expire_after": timedelta(hours=1), "termination_grace": timedelta(minutes=30)})
+        req = request(timeouts=timeouts)
+        handle = await start(time_skipping, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY)
+        await put_held_pod(world, req.node_name, "train")
+        await told(handle, holding=1, holders=["default/train"])
+
+        await skip_time(time_skipping, timedelta(hours=1, minutes=10), step=timedelta(minutes=10))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, "the hold did not wait"
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("expired"), final
+        assert "terminationGracePeriod (30m00s)" in (final.end_reason or "") and "default/train" in (final.end_reason or ""), final.end_reason
+        ready_at = next(r.at for r in ready.stages if r.stage is Stage.READY)
+        draining = next(r for r in final.stages if r.stage is Stage.DRAINING)
+        assert draining.at >= ready_at + timedelta(hours=1, minutes=30), "the hold ended before expireAfter + terminationGracePeriod"
+        terminating = next(r for r in final.stages if r.stage is Stage.TERMINATING)
+        assert terminating.at - draining.at < timedelta(minutes=5), "the drain took another grace period"
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "termination_grace_ends_expired_hold")
+
+
 async def test_a_do_not_disrupt_node_holds_idle_until_the_annotation_is_removed(time_skipping: WorkflowEnvironment) -> None:
     """The Node itself annotated `tgp.io/do-not-disrupt: "true"`: idle for an hour past its idle
     timeout, it stays (DisruptionHeld names the Node); once the annotation is removed it ends
@@ -140,6 +168,52 @@ async def test_termination_grace_period_terminates_a_node_whose_pdb_blocks_the_d
         await replay(handle, "termination_grace_cuts_pdb_blocked_drain")
 
 
+async def test_termination_grace_period_deletes_a_pdb_blocked_pod_its_own_grace_before_the_deadline(temporal: WorkflowEnvironment) -> None:
+    """terminationGracePeriod 8 s, a pod whose PodDisruptionBudget refuses every eviction and
+    whose terminationGracePeriodSeconds is 4: tgp deletes the pod (over the PDB) no earlier than
+    the deadline minus its grace, with at most that grace (what is left to the deadline, as
+    Karpenter clamps it), while the instance still runs (the pod gets its grace before the
+    machine goes); the pod's Event and the node's DrainTimedOut record say so; everything is
+    released."""
+    from activities.drain import EVENT_DELETED_AT_GRACE
+    from tests.test_node_drain import bind_pod, kube_get, refuse_evictions
+
+    async with running_world(temporal) as (world, _, queue):
+        assert world.kube is not None
+        timeouts = AT_REST.model_copy(update={"drain": timedelta(minutes=10), "termination_grace": timedelta(seconds=8)})
+        req = request(timeouts=timeouts)
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await bind_pod(world, req.node_name, "db", labels={"app": "db"}, grace=4)
+        await refuse_evictions(world, "db")
+        deletions: list[tuple[Any, Any, int]] = []  # (when, its body, live instances then), by tgp
+
+        async def seen(request: Any) -> None:
+            if not request.headers.get("User-Agent", "").startswith("python-httpx"):  # not the kubelet's
+                from datetime import datetime, timezone
+
+                deletions.append((datetime.now(timezone.utc), request.data, len(world.cloud.live_instances())))
+
+        world.kube["delete /api/v1/namespaces/ml/pods/db"] << seen
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED
+        assert deletions, "the PDB-blocked pod was never deleted: the instance went with it still running"
+        at, body, live = deletions[0]
+        draining = next(s for s in final.stages if s.stage is Stage.DRAINING)
+        assert at >= draining.at + timedelta(seconds=8 - 4) - timedelta(milliseconds=500), "deleted before the deadline minus its grace"
+        grace = body.get("gracePeriodSeconds")
+        assert isinstance(grace, int) and 0 <= grace <= 4, body
+        assert live == 1, "the instance was terminated before the pod was deleted"
+        [record] = [s for s in final.stages if s.stage is Stage.DRAIN_TIMED_OUT]
+        assert "terminationGracePeriod (8s) ended the drain" in record.reason and "minus their terminationGracePeriodSeconds: ml/db" in record.reason, record
+        events = (await kube_get(world, "/api/v1/namespaces/ml/events") or {}).get("items") or []
+        [said] = [e for e in events if e["involvedObject"]["name"] == "db" and e["reason"] == EVENT_DELETED_AT_GRACE]
+        assert f"grace period of {grace}s" in said["message"] and "PodDisruptionBudgets" in said["message"], said["message"]
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "termination_grace_deletes_pdb_blocked_pod")
+
+
 # --- node repair ------------------------------------------------------------------------------
 
 
@@ -170,6 +244,101 @@ async def test_a_node_whose_gpus_drop_to_zero_is_repaired_even_when_held(time_sk
         assert not [r for r in final.stages if r.stage is Stage.DISRUPTION_HELD], "a repair is never held"
         assert_nothing_left(world, req.node_name)
         await replay(handle, "repair_gpus_gone")
+
+
+async def test_a_node_notready_past_the_threshold_is_repaired_without_a_drain_even_when_held(time_skipping: WorkflowEnvironment) -> None:
+    """The machine's kubelet hangs while the provider still runs the instance (the cluster marks
+    the Node NotReady), on a node with a do-not-disrupt pod: it is not given up as lost at 5
+    minutes; at NODE_NOT_READY_REPAIR_AFTER it is repaired: a NodeRepair record (the pool's
+    Warning Event) says it was NotReady for 10 minutes, the instance is terminated without a
+    drain (its pods could not leave) and everything it bought is released."""
+    from sim.kube_kubelet import set_node_ready
+    from tgp.lifecycle import NODE_LOST_AFTER, NODE_NOT_READY_REPAIR_AFTER
+
+    async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
+        req = request(timeouts=AT_REST)
+        handle = await start(time_skipping, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await put_held_pod(world, req.node_name, "train")
+        await told(handle, holding=1, ready=True)
+
+        world.kubelets[req.node_name].silent = True
+        await set_node_ready(world.kube_url, req.node_name, False)
+        down = await told(handle, ready=False)
+
+        await skip_time(time_skipping, NODE_LOST_AFTER + timedelta(minutes=1), step=timedelta(minutes=1))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, f"a NotReady node with a running instance was ended at 5 minutes: {status.end_reason}"
+
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("not-ready"), final
+        [repair] = [r for r in final.stages if r.stage is Stage.NODE_REPAIR]
+        assert "NotReady for 10m" in repair.reason and "without a drain" in repair.reason, repair
+        assert repair.at >= down.at + NODE_NOT_READY_REPAIR_AFTER, "repaired before the threshold"
+        assert not [r for r in final.stages if r.stage in (Stage.DRAINING, Stage.DISRUPTION_HELD)], "drained or held"
+        assert_nothing_left(world, req.node_name)
+        await replay(handle, "repair_not_ready")
+
+
+async def test_a_zero_budget_holds_a_notready_repair_and_an_evict_still_wins(time_skipping: WorkflowEnvironment) -> None:
+    """A pool whose only budget is `nodes: "0"` (no reasons: it covers repairs too) and a node
+    NotReady for well past NODE_NOT_READY_REPAIR_AFTER while its instance runs: the repair asks
+    the pool, is refused, and the node stays (a DisruptionBlocked record naming the Repair and
+    the budget) rather than ending lost at 5 minutes as before; a manual evict ends it."""
+    from sim.kube_kubelet import set_node_ready
+    from tests.test_pool_races import gated_world, pool_spec, start_pool
+    from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
+    from tgp.messages import pool_workflow_id
+
+    async with gated_world(time_skipping) as s, bridge_running(time_skipping, s.world, s.queue):
+        name, _ = await start_pool(s, pool_spec("cls-unused", disruption={"budgets": [{"nodes": "0"}]}))
+        req = request(namespace="ml", pool=name, timeouts=AT_REST, pool_workflow_id=pool_workflow_id("ml", name))
+        handle = await start(time_skipping, s.queue, req)
+        s.workflow_ids.add(handle.id)
+        await wait_phase(handle, NodePhase.READY)
+        await told(handle, ready=True)
+        s.world.kubelets[req.node_name].silent = True
+        await set_node_ready(s.world.kube_url, req.node_name, False)
+        await told(handle, ready=False)
+
+        await skip_time(time_skipping, NODE_NOT_READY_REPAIR_AFTER + timedelta(minutes=5), step=timedelta(minutes=1))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, f"the budget did not hold the repair: {status.end_reason}"
+        blocked = [r for r in status.stages if r.stage is Stage.DISRUPTION_BLOCKED]
+        assert blocked and "Repair disruption blocked by budgets[0]" in blocked[-1].reason, status.stages
+
+        await handle.signal("evict", {"reason": "manual"})
+        final = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted"), final
+        assert_nothing_left(s.world, req.node_name)
+
+
+async def test_the_pool_warns_when_one_of_its_nodes_is_repaired(temporal: WorkflowEnvironment) -> None:
+    """A node reports a NodeRepair record with its last phase: the pool writes a Warning
+    `NodeRepair` Event with the node's reason."""
+    from datetime import datetime, timezone
+
+    from tests.test_pool_races import Reports, about, gated_world, pool_events, pool_spec, start_pool
+    from tgp.types import StageRecord
+    from workflows.pool import GPUNodePoolWorkflow
+
+    async with gated_world(temporal) as s:
+        name, pool = await start_pool(s, pool_spec("cls-unused"))
+        report = Reports(name).of
+        await pool.signal(GPUNodePoolWorkflow.node_phase, report("a", NodePhase.READY, 0))
+        message = "node repair: the Node has been NotReady for 10m00s while its instance runs"
+        ending = report("a", NodePhase.TERMINATING, 5).model_copy(
+            update={"stages": [StageRecord(stage=Stage.NODE_REPAIR, at=datetime.now(timezone.utc), reason=message)]}
+        )
+        await pool.signal(GPUNodePoolWorkflow.node_phase, ending)
+
+        async def said() -> list[tuple[str, str]] | None:
+            events = await pool_events(s, name)
+            return events if about(events, "NodeRepair", "a") else None
+
+        events = await eventually(said, what="the pool's NodeRepair Event")
+        [text] = [m for r, m in events if r == "NodeRepair"]
+        assert "NotReady for 10m00s" in text, text
 
 
 async def test_the_pool_says_when_do_not_disrupt_holds_one_of_its_nodes(temporal: WorkflowEnvironment) -> None:

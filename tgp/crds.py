@@ -331,7 +331,8 @@ class PoolTemplateSpec(Spec):
     taints: list[Taint] = Field(
         [],
         json_schema_extra={"maxItems": MAX_POOL_TAINTS},
-        description=f"Taints put on every node of the pool (at registration); pods must tolerate them. At most {MAX_POOL_TAINTS}; "
+        description=f"Taints put on every node of the pool (at registration); pods must tolerate them. A change is applied to running "
+        "nodes in place (taints tgp set that are no longer listed are removed; others' are kept). At most {MAX_POOL_TAINTS}; "
         "keys and values in Kubernetes label syntax, keys not under tgp.io/ or node-role.kubernetes.io/.",
     )
 
@@ -350,7 +351,8 @@ class PoolTemplateSpec(Spec):
 class PoolTemplateMetadata(Spec):
     labels: dict[str, str] = Field(
         {},
-        description=f"Labels put on every node of the pool (also passed to the kubelet at registration). At most {MAX_POOL_LABELS}. "
+        description=f"Labels put on every node of the pool (also passed to the kubelet at registration); a change is applied to "
+        "running nodes in place (labels tgp set that are no longer listed are removed; the user's own are kept). At most {MAX_POOL_LABELS}. "
         "Keys are Kubernetes qualified names (optional DNS-subdomain prefix and '/', then up to 63 of A-Z a-z 0-9 - _ .) and "
         "may not be under tgp.io/ (tgp's own labels always win), the GPU-discovery namespaces nvidia.com/ and "
         "feature.node.kubernetes.io/ (what the node reports about its GPUs), or the kubernetes.io and k8s.io namespaces "
@@ -583,9 +585,11 @@ class Disruption(Spec):
     termination_grace_period: OptionalDuration = Field(
         None,
         description="Karpenter's terminationGracePeriod: the longest a node's drain may take once it began, e.g. 24h. "
-        "At it the instance is terminated anyway, overriding PodDisruptionBudgets and do-not-disrupt pods; drainTimeout "
-        "bounds the drain too, and the shorter wins. It does not bound how long do-not-disrupt holds a voluntary "
-        "disruption back before it begins (a manual evict does not wait).",
+        "At it the instance is terminated anyway, overriding PodDisruptionBudgets and do-not-disrupt pods; a pod the drain "
+        "cannot evict is deleted at the deadline minus its own terminationGracePeriodSeconds, so it gets its grace first. "
+        "drainTimeout bounds the drain too, and the shorter wins. With expireAfter it bounds a node's life: do-not-disrupt "
+        "holds an expired node at most this long past its expiry, drain included (expireAfter + terminationGracePeriod, as in "
+        "Karpenter v1). It does not bound how long do-not-disrupt holds an idle node (a manual evict does not wait).",
     )
 
 

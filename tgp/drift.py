@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
+from tgp.types import Taint
 
 DRIFT_HASH_VERSION = "v1"
 # Where a node records the hash it was made with (on its Node), like karpenter.sh/nodepool-hash.
@@ -105,3 +107,52 @@ def in_place_changes(old: GPUNodePoolSpec, new: GPUNodePoolSpec) -> frozenset[st
 
 def _taints(pool: GPUNodePoolSpec) -> set[tuple[str, str | None, str]]:
     return {(t.key, t.value, t.effect) for t in pool.template.spec.taints}
+
+
+# --- in place: the pool's labels and taints on its running Nodes --------------------------------
+#
+# A running node holds what tgp last put on its Node (the pool's labels and taints at that
+# time). A change of the pool's template is applied as a patch of the difference: new and
+# changed labels and taints are set, and those tgp had set that the pool no longer lists are
+# removed, but only while the Node still carries them as tgp set them. A label or taint the
+# user, or another controller, put on the Node is never removed, nor one whose value someone
+# changed since; tgp's own labels (tgp.io/...) are never removed and always win.
+
+
+def label_removals(applied: Mapping[str, str], wanted: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+    """The labels tgp had set (`applied`) that neither the pool (`wanted`) nor tgp itself (`own`)
+    lists any more, with the value tgp set: each is removed from the Node only while it still
+    has that value."""
+    return {k: v for k, v in applied.items() if k not in wanted and k not in own}
+
+
+def taint_removals(applied: Sequence[Taint], wanted: Sequence[Taint]) -> list[Taint]:
+    """The taints tgp had set that the pool no longer lists (a taint is its key and effect: a new
+    value for the same pair replaces it, it is not removed)."""
+    kept = {(t.key, t.effect) for t in wanted}
+    return [t for t in applied if (t.key, t.effect) not in kept]
+
+
+def patch_labels(current: Mapping[str, str], labels: Mapping[str, str], remove: Mapping[str, str]) -> dict[str, str | None]:
+    """The merge patch of a Node's labels (None removes a key): set `labels` where they differ,
+    remove each of `remove` only while the Node's value is the one tgp set. `labels` win over
+    `remove` (a key both set and removed is set)."""
+    patch: dict[str, str | None] = {k: v for k, v in labels.items() if current.get(k) != v}
+    patch.update({k: None for k, v in remove.items() if k not in labels and current.get(k) == v})
+    return patch
+
+
+def patch_taints(current: Sequence[Mapping[str, str]], wanted: Sequence[Taint], remove: Sequence[Taint] = ()) -> list[dict[str, str]]:
+    """A Node's taints (the API's dicts, `timeAdded` kept) after adding the `wanted` it lacks,
+    replacing the value of a wanted key and effect, and removing each of `remove` that is still
+    there with the value tgp set. Taints of others are left as they are, in their order."""
+    gone = {(t.key, t.effect, t.value) for t in remove} - {(t.key, t.effect, t.value) for t in wanted}
+    merged = [dict(t) for t in current if (t.get("key"), t.get("effect"), t.get("value", "")) not in gone]
+    for taint in wanted:
+        entry = {"key": taint.key, "effect": taint.effect, **({"value": taint.value} if taint.value else {})}
+        same = next((t for t in merged if t.get("key") == taint.key and t.get("effect") == taint.effect), None)
+        if same is None:
+            merged.append(entry)
+        elif same.get("value", "") != taint.value:
+            merged[merged.index(same)] = entry
+    return merged

@@ -31,6 +31,16 @@ POLL_INTERVAL_BEFORE_EVENTS = timedelta(seconds=30)
 # a card that fell off the bus does not come back by itself. Karpenter's node repair waits
 # 10-30 minutes per condition; GPUs idle at $2/h are worth less patience.
 GPUS_LOST_AFTER = timedelta(minutes=5)
+# A Node that stays NotReady this long while its instance runs is repaired (node repair for
+# NotReady): terminated without a drain, within the pool's budget, never held by do-not-disrupt.
+# Longer than a GPU VM's reboot with its driver load and tailnet re-join (a few minutes), and
+# than the 5 minutes after which Kubernetes' own NoExecute taint (node.kubernetes.io/unreachable
+# and not-ready, tolerationSeconds 300) has evicted its pods anyway; shorter than Karpenter's 30
+# minutes, since a GPU machine that serves nothing bills $1-4 an hour. Before it (runs without
+# the rule, or a Node that is missing, or an instance the provider reports stopped or failed),
+# such a node ended lost after NODE_LOST_AFTER, unbudgeted: a tailnet outage that turns every
+# Node NotReady ended the whole fleet at once.
+NODE_NOT_READY_REPAIR_AFTER = timedelta(minutes=10)
 
 
 class EndReason(StrEnum):
@@ -44,6 +54,7 @@ class EndReason(StrEnum):
     DRIFTED = "drifted"  # replaced (make-before-break): its class or pool changed what made it
     CHEAPER = "cheaper"  # replaced (make-before-break) by a cheaper offer that fits its pods
     UNDERUTILIZED = "underutilized"  # replaced (make-before-break): its pods fit on fewer nodes
+    NOT_READY = "not-ready"  # node repair: NotReady past NODE_NOT_READY_REPAIR_AFTER, instance running: terminate, no drain
 
 
 def pod_holds_node(pod: PodSummary) -> bool:
@@ -87,6 +98,12 @@ class WatchState(BaseModel):
     held: str = ""  # what holds a voluntary end now (held_message), "" when nothing does
     blocked_until: datetime | None = None  # a disruption budget holds a due voluntary end until then
     blocked: str = ""  # the pool's message when it last refused
+    # Node repair for NotReady (runs that have it): a present NotReady Node whose instance runs
+    # is repaired after NODE_NOT_READY_REPAIR_AFTER instead of ending lost after NODE_LOST_AFTER.
+    not_ready_repair: bool = False
+    # terminationGracePeriod bounds a do-not-disrupt hold of an expired node (runs that have it):
+    # a node lives at most expireAfter + terminationGracePeriod (`longest_life`).
+    grace_bounds_hold: bool = False
 
 
 class WatchVerdict(BaseModel):
@@ -114,9 +131,17 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
             # The machine still serves the cluster: drain its pods before it goes.
             detail = f"the provider has reported the instance {instance.state.value.lower()} for {lasting}"
             return WatchVerdict(state=kept, end=EndReason.UNHEALTHY, detail=detail)
-        what = "missing" if obs.node is None else "NotReady"
-        replaced = "; the instance is terminated (nothing to drain) and the pool's demand replaces it" if state.disruption_rules else ""
-        return WatchVerdict(state=kept, end=EndReason.LOST, detail=f"the Node has been {what} for {lasting}{replaced}")
+        if not _repairs_not_ready(state, obs):
+            what = "missing" if obs.node is None else "NotReady"
+            replaced = "; the instance is terminated (nothing to drain) and the pool's demand replaces it" if state.disruption_rules else ""
+            return WatchVerdict(state=kept, end=EndReason.LOST, detail=f"the Node has been {what} for {lasting}{replaced}")
+    if unhealthy_since is not None and _repairs_not_ready(state, obs) and now - unhealthy_since >= NODE_NOT_READY_REPAIR_AFTER:
+        detail = (
+            f"node repair: the Node has been NotReady for {_minutes(now - unhealthy_since)} while its instance runs "
+            "(kubelet, network or machine gone); terminated without a drain (its pods cannot be evicted) and replaced"
+        )
+        kept = state.model_copy(update={"unhealthy_since": unhealthy_since, "idle_since": None, "gpus_lost_since": None})
+        return WatchVerdict(state=kept, end=EndReason.NOT_READY, detail=detail)
 
     # Node repair (the disruption rules): a Ready node that no longer advertises its GPUs is no
     # use to a GPU pod. Never held by do-not-disrupt: the pods on it cannot use the GPUs either.
@@ -138,7 +163,15 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
             # running meanwhile, so a node that dies while held still ends lost or repaired.
             kept = new_state if state.disruption_rules else state
             return WatchVerdict(state=kept, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
-        return WatchVerdict(state=new_state, held=held_message(DisruptionReason.EXPIRED, holders, total=holding))
+        lifetime = longest_life(state, timeouts)
+        if lifetime is not None and now >= lifetime:
+            detail = (
+                f"node reached its expireAfter of {_minutes(timeouts.expire_after)} and do-not-disrupt held it for its "
+                f"terminationGracePeriod ({_minutes(lifetime - state.ready_at - timeouts.expire_after)}) more: {', '.join(holders[:3])}"
+            )
+            return WatchVerdict(state=new_state, end=EndReason.EXPIRED, detail=detail)
+        grace = timeouts.termination_grace if lifetime is not None else None
+        return WatchVerdict(state=new_state, held=held_message(DisruptionReason.EXPIRED, holders, grace=grace, total=holding))
 
     # A node holds the place of the pods bought for it until the pool's bind grace has passed:
     # the pool judges a pod that did not bind by then, so the node must not idle out first.
@@ -148,6 +181,24 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
             return WatchVerdict(state=new_state, held=held_message(DisruptionReason.EMPTY, holders, total=holding))
         return WatchVerdict(state=new_state, end=EndReason.IDLE, detail=f"no workload pods for {_minutes(now - idle_since)}")
     return WatchVerdict(state=new_state)
+
+
+def _repairs_not_ready(state: WatchState, obs: NodeObservation) -> bool:
+    """Whether a NotReady node is repaired (after NODE_NOT_READY_REPAIR_AFTER) rather than lost
+    (after NODE_LOST_AFTER): with the rule, a Node that is there but NotReady while the provider
+    reports its instance running. A missing Node or a stopped or failed instance is lost."""
+    if not state.not_ready_repair or obs.node is None or obs.node.ready or obs.instance is None:
+        return False
+    return obs.instance.state not in (InstanceState.FAILED, InstanceState.STOPPED)
+
+
+def longest_life(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | None:
+    """With the rule (runs that have it) and both set: `expireAfter + terminationGracePeriod`
+    after Ready, the longest a node lives (Karpenter's): a do-not-disrupt hold of an expired node
+    ends there, and the drain that follows ends there too. None: no such bound."""
+    if not state.grace_bounds_hold or timeouts.expire_after is None or timeouts.termination_grace is None:
+        return None
+    return state.ready_at + timeouts.expire_after + timeouts.termination_grace
 
 
 def held_by(obs: NodeObservation) -> tuple[list[str], int]:
@@ -199,13 +250,15 @@ def next_deadline(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | 
         return state.seen_at or state.ready_at
     due: list[datetime] = []
     if state.unhealthy_since is not None:
-        due.append(state.unhealthy_since + NODE_LOST_AFTER)
+        due.append(state.unhealthy_since + (NODE_NOT_READY_REPAIR_AFTER if _repairs_not_ready(state, view) else NODE_LOST_AFTER))
     if state.gpus_lost_since is not None:
         due.append(state.gpus_lost_since + GPUS_LOST_AFTER)
     if state.disruption_rules and held_by(view)[0]:
         # Held: no voluntary end comes while the view stays as it is; a change of it (the
-        # holders leave, the annotation is removed) wakes the watch.
-        return min(due, default=None)
+        # holders leave, the annotation is removed) wakes the watch; or terminationGracePeriod
+        # past the expiry, which a hold does not outlast.
+        lifetime = longest_life(state, timeouts)
+        return min([*due, *([lifetime] if lifetime is not None else [])], default=None)
     if timeouts.expire_after is not None:
         due.append(state.ready_at + timeouts.expire_after)
     if state.idle_since is not None and timeouts.idle is not None:

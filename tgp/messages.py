@@ -152,6 +152,7 @@ class PoolNode(NodeOverview):
     reason: str | None = None
     floor: bool = Field(False, description="Keeps the pool at minNodes; does not idle out.")
     timeouts_sent: str = Field("", description="The disruption settings the node last got (JSON), to send changes once.")
+    template_sent: str = Field("", description="A hash of the template labels and taints the node last got, to send changes once; \"\": unknown.")
     gpus: int | None = Field(None, description="The GPUs it was bought with (at least): the room its nominations may take while it launches.")
     reported_at: datetime | None = Field(None, description="`at` of the newest report taken from the node: an older one arriving later is stale.")
     # Make-before-break replacement (tgp.replace); carried from report to report.

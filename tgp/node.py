@@ -4,10 +4,12 @@ workflows (activities.pool) needs nothing of workflows/."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tgp.lifecycle import WatchState
-from tgp.types import DisruptRequest, InstanceRef, InstanceSighting, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, stage_times_to_records
+from tgp.types import DisruptRequest, InstanceRef, InstanceSighting, LaunchAttempt, NodeFacts, NodePhase, NodeRequest, Offer, StageRecord, TemplateUpdate, stage_times_to_records
 
 
 class NodeState(BaseModel):
@@ -44,6 +46,11 @@ class NodeState(BaseModel):
     # activities, the join by the bridge's facts, fewer reports. Carried across continue-as-new
     # so a continued run neither asks the patch again nor changes its ways mid-life.
     life_v2: bool = False
+    # The pool's labels and taints as tgp last put them on the Node (set when the pool first
+    # sends a change; None: as the request had them at bring-up), and when a failed attempt to
+    # apply a change is tried again.
+    template_applied: TemplateUpdate | None = None
+    template_retry_at: datetime | None = None
 
     @model_validator(mode="before")
     @classmethod

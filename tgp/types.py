@@ -83,6 +83,7 @@ class Stage(StrEnum):
     DISRUPTION_HELD = "DisruptionHeld"  # a voluntary end (expiry, idle) is held by do-not-disrupt pods or Node
     DISRUPTION_BLOCKED = "DisruptionBlocked"  # a voluntary end waits for the pool's disruption budget
     DRAIN_TIMED_OUT = "DrainTimedOut"  # pods were still on the node at the drain timeout
+    NODE_REPAIR = "NodeRepair"  # repaired: GPUs gone or NotReady too long (the reason says which and for how long)
     TERMINATING = "Terminating"
     TERMINATION_STUCK = "TerminationStuck"
     RELEASED = "Released"  # instance, tailnet device and key, Node object all gone
@@ -94,7 +95,7 @@ class Stage(StrEnum):
     @property
     def warning(self) -> bool:
         """A stage an operator should hear about as a Warning Event."""
-        return self in (Stage.DRAIN_TIMED_OUT, Stage.TERMINATION_STUCK, Stage.INTERRUPTED, Stage.FAILED)
+        return self in (Stage.DRAIN_TIMED_OUT, Stage.TERMINATION_STUCK, Stage.INTERRUPTED, Stage.FAILED, Stage.NODE_REPAIR)
 
 
 class StageRecord(Model):
@@ -447,6 +448,7 @@ class PodSummary(Model):
     requests_gpu: bool = False
     deleting: bool = False
     do_not_disrupt: bool = Field(False, description="Annotated tgp.io/do-not-disrupt or karpenter.sh/do-not-disrupt: \"true\".")
+    grace_period: timedelta = Field(timedelta(seconds=30), description="spec.terminationGracePeriodSeconds (Kubernetes' default: 30 s).")
 
 
 class NodeSummary(Model):
@@ -504,6 +506,9 @@ class DrainResult(Model):
     terminating: list[str] = Field([], description="namespace/name of pods evicted or deleted but still shutting down at the deadline.")
     called_off: list[str] = Field(
         [], description="With revalidate: namespace/name of workload pods found right after the cordon; the Node was uncordoned and nothing evicted."
+    )
+    deleted: list[str] = Field(
+        [], description="With delete_at_deadline: namespace/name of pods deleted over their PodDisruptionBudget at the deadline minus their grace."
     )
 
 
@@ -611,6 +616,18 @@ class LabelInput(Model):
     labels: dict[str, str]
     taints: list[Taint]
     launched_at: datetime | None = Field(None, description="Start of the launch attempt that worked, for tgp_launch_to_ready_seconds.")
+    remove_labels: dict[str, str] = Field(
+        {}, description="Labels tgp had set that the pool no longer lists, with the value tgp set: removed while the Node still has it."
+    )
+    remove_taints: list[Taint] = Field([], description="Taints tgp had set that the pool no longer lists: removed while the Node still has them.")
+
+
+class TemplateUpdate(Model):
+    """Input of the node's `update_template` signal: the pool's template labels and taints now.
+    The node applies the difference to what it last put on its Node, in place."""
+
+    labels: dict[str, str] = {}
+    taints: list[Taint] = []
 
 
 class ObserveInput(Model):
@@ -627,6 +644,11 @@ class DrainInput(Model):
         "since the idle verdict, uncordon and evict nothing (Karpenter re-validates a disruption the same way).",
     )
     bound: str = Field("", description="What set `timeout`, when not the drain timeout: named in the pods' DrainTimedOut Events.")
+    delete_at_deadline: bool = Field(
+        False,
+        description="The pool's terminationGracePeriod sets `timeout`: a pod still on the node at the deadline minus its own "
+        "terminationGracePeriodSeconds is deleted (over its PodDisruptionBudget and do-not-disrupt), so it gets its grace before the instance goes.",
+    )
 
 
 class TailnetCleanupInput(Model):

@@ -34,8 +34,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.retries import API_RETRY, CLEANUP_RETRY, LAUNCH_RETRY, POLL_RETRY
     from activities.node import POOL_ANSWER_TIMEOUT
     from tgp.disruption import DisruptionReason, held_message, termination_deadline
+    from tgp.drift import label_removals, taint_removals
     from tgp.facts_order import take_facts
-    from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, held_by, judge_observation, judge_view, next_deadline
+    from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, held_by, judge_observation, judge_view, longest_life, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
         LABEL_GPU_TYPE,
@@ -71,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         StageLook,
         StageRecord,
         TailnetCleanupInput,
+        TemplateUpdate,
         TimeoutsUpdate,
         TwinWatchInput,
         instance_name,
@@ -110,6 +112,12 @@ EVENT_DRIVEN_WATCH_PATCH = "event-driven-watch"
 # Marks runs whose watch holds voluntary ends (expiry, idle) while do-not-disrupt pods or the
 # Node's annotation hold the node (issue 21), saying so in a DisruptionHeld stage record.
 DISRUPTION_RULES_PATCH = "node-disruption-rules"
+# Marks runs that repair a Node NotReady past NODE_NOT_READY_REPAIR_AFTER while its instance runs
+# (budgeted, no drain, a NodeRepair record) instead of ending it lost after NODE_LOST_AFTER.
+NOT_READY_REPAIR_PATCH = "node-repair-not-ready"
+# Marks runs in which terminationGracePeriod bounds a do-not-disrupt hold of an expired node: it
+# lives at most expireAfter + terminationGracePeriod, drain included (Karpenter's bound).
+GRACE_BOUNDS_HOLD_PATCH = "grace-bounds-expiry-hold"
 # Marks runs whose voluntary ends (idle, expired) ask the pool's disruption budgets first.
 DISRUPTION_BUDGETS_PATCH = "disruption-budgets"
 # After the pool grants a voluntary end, the facts that came while the ask was in flight are
@@ -147,6 +155,7 @@ _BUDGETED_ENDS = {
     EndReason.IDLE: DisruptionReason.EMPTY,
     EndReason.EXPIRED: DisruptionReason.EXPIRED,
     EndReason.REPAIR: DisruptionReason.REPAIR,
+    EndReason.NOT_READY: DisruptionReason.REPAIR,
     EndReason.DRIFTED: DisruptionReason.DRIFTED,
     EndReason.CHEAPER: DisruptionReason.CHEAPER,
     EndReason.UNDERUTILIZED: DisruptionReason.UNDERUTILIZED,
@@ -157,6 +166,12 @@ _DISRUPT_ENDS = {
     DisruptionReason.CHEAPER.value: EndReason.CHEAPER,
     DisruptionReason.UNDERUTILIZED.value: EndReason.UNDERUTILIZED,
 }
+# A change of the pool's labels and taints that could not be applied (the API down, the Node
+# being replaced) is tried again this much later; the node lives on meanwhile.
+TEMPLATE_RETRY_AFTER = timedelta(minutes=1)
+# Applying it: a few quick tries inside the watch (which waits for them), not API_RETRY's
+# minutes: an evict must not wait behind a Kubernetes outage.
+TEMPLATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5), maximum_attempts=3)
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied")
@@ -224,6 +239,17 @@ class GPUNodeWorkflow:
         if "termination_grace" in u.model_fields_set:  # senders before it leave the node's as it was
             timeouts = timeouts.model_copy(update={"termination_grace": u.termination_grace})
         self.req = self.req.model_copy(update={"timeouts": timeouts})
+
+    @workflow.signal
+    def update_template(self, u: TemplateUpdate) -> None:
+        """The pool's template labels and taints changed: the watch applies the difference to
+        the Node in place (only what tgp had set is removed; tgp's own labels stay)."""
+        if self.legacy:
+            return None
+        if self.state.template_applied is None:  # what bring-up put (or will put) on the Node
+            self.state.template_applied = TemplateUpdate(labels=self.req.labels, taints=self.req.taints)
+        self.state.template_retry_at = None
+        self.req = self.req.model_copy(update={"labels": dict(u.labels), "taints": list(u.taints)})
 
     @workflow.signal
     def node_facts(self, facts: NodeFacts) -> None:
@@ -304,6 +330,12 @@ class GPUNodeWorkflow:
                 end = await self._watch_until_done()
                 if end in (EndReason.INTERRUPTED, EndReason.LOST):
                     final = NodePhase.INTERRUPTED  # the instance is gone: nothing left to drain
+                    break
+                if end is EndReason.NOT_READY:
+                    # Its kubelet is gone: an eviction would be accepted but its pod never
+                    # leave. Terminated at once (as Karpenter's repair does); deleting the Node
+                    # lets the pod garbage collector remove its pods for their owners to recreate.
+                    final = NodePhase.TERMINATED
                     break
                 if await self._drain(end):
                     final = NodePhase.TERMINATED
@@ -739,6 +771,10 @@ class GPUNodeWorkflow:
         assert self.state.instance is not None and self.state.watch is not None
         if not self.state.watch.disruption_rules and self._patched(DISRUPTION_RULES_PATCH):
             self.state.watch = self.state.watch.model_copy(update={"disruption_rules": True})
+        if self.state.watch.disruption_rules and not self.state.watch.not_ready_repair and self._patched(NOT_READY_REPAIR_PATCH):
+            self.state.watch = self.state.watch.model_copy(update={"not_ready_repair": True})
+        if self.state.watch.disruption_rules and not self.state.watch.grace_bounds_hold and self._patched(GRACE_BOUNDS_HOLD_PATCH):
+            self.state.watch = self.state.watch.model_copy(update={"grace_bounds_hold": True})
         if self.state.watch.view is None:
             self._seed_view()
         while True:
@@ -746,6 +782,8 @@ class GPUNodeWorkflow:
             if self.state.evict_reason is not None:
                 self.state.end_reason = f"evicted: {self.state.evict_reason}"
                 return EndReason.EVICTED
+            if self._template_due():
+                await self._apply_template()
             if self._budget_freed:
                 self._budget_freed = False
                 self.state.watch = self.state.watch.model_copy(update={"blocked_until": None})
@@ -765,6 +803,8 @@ class GPUNodeWorkflow:
                     continue  # judged again at the top of the loop: it holds now (and says so)
                 elif verdict.end is not None:
                     self.state.end_reason = f"{verdict.end.value}: {verdict.detail}"
+                    if verdict.end in (EndReason.REPAIR, EndReason.NOT_READY):
+                        self._stamp(Stage.NODE_REPAIR, verdict.detail)  # the pool's NodeRepair Warning
                     return verdict.end
                 if verdict.held and verdict.held != verdict.state.held:
                     # A voluntary end is due but held (or held by others now): say so once.
@@ -786,6 +826,8 @@ class GPUNodeWorkflow:
             if watch.blocked_until is not None and watch.blocked_until > workflow.now():
                 # A budget holds a voluntary end that is already due: ask again then.
                 due = [d for d in due if d > workflow.now()] + [watch.blocked_until]
+            if self.state.template_retry_at is not None and self.state.template_retry_at > workflow.now():
+                due.append(self.state.template_retry_at)  # a change that failed is tried again then
             sleep = max(min(due) - workflow.now(), timedelta(milliseconds=1))
             req, facts, disrupt = self.req, self.state.facts, self.state.disrupt
             if self.v2:
@@ -909,6 +951,46 @@ class GPUNodeWorkflow:
             self._tell_pool()
         return False
 
+    def _template_due(self) -> bool:
+        """Whether the pool's labels and taints differ from what tgp last put on the Node, and
+        are not waiting for a retry."""
+        applied = self.state.template_applied
+        if applied is None or applied == TemplateUpdate(labels=self.req.labels, taints=self.req.taints):
+            return False
+        return self.state.template_retry_at is None or workflow.now() >= self.state.template_retry_at
+
+    async def _apply_template(self) -> None:
+        """Apply the pool's changed labels and taints to the Node in place (one activity per
+        change): set the new and changed ones, remove those tgp had set that the pool no longer
+        lists, never tgp's own. A failure is tried again TEMPLATE_RETRY_AFTER later; it never
+        ends the node."""
+        applied = self.state.template_applied
+        assert applied is not None
+        wanted = TemplateUpdate(labels=self.req.labels, taints=self.req.taints)
+        own = self._own_labels()
+        change = LabelInput(
+            node_name=self.req.node_name,
+            labels={**wanted.labels, **own},
+            taints=wanted.taints,
+            remove_labels=label_removals(applied.labels, wanted.labels, own),
+            remove_taints=taint_removals(applied.taints, wanted.taints),
+        )
+        try:
+            await workflow.execute_activity_method(
+                NodeActivities.label_and_taint_node,
+                change,
+                start_to_close_timeout=self.req.timeouts.api_call,
+                retry_policy=TEMPLATE_RETRY,
+                summary="apply the pool's new labels and taints",
+            )
+        except ActivityError as exc:
+            if self._cancel_requested():
+                raise asyncio.CancelledError() from None
+            self.state.last_error = f"could not apply the pool's new labels and taints (trying again): {_describe(exc)}"
+            self.state.template_retry_at = workflow.now() + TEMPLATE_RETRY_AFTER
+            return
+        self.state.template_applied, self.state.template_retry_at = wanted, None
+
     def _seed_view(self) -> None:
         """The watch's first view: the bridge's facts if they came during bring-up, with the
         instance as the launch left it (running). With none yet, a look is due at once."""
@@ -975,13 +1057,16 @@ class GPUNodeWorkflow:
         began = workflow.now()
         timeout, bound = self.req.timeouts.drain, ""
         deadline = termination_deadline(began, self.req.timeouts.termination_grace)
+        lifetime = longest_life(self.state.watch, self.req.timeouts) if end is EndReason.EXPIRED and self.state.watch is not None else None
+        if deadline is not None and lifetime is not None:
+            deadline = max(began, min(deadline, lifetime))  # expireAfter + terminationGracePeriod: no longer
         if deadline is not None and deadline - began < timeout:
             timeout, bound = deadline - began, "terminationGracePeriod"
         # An activity in every life: it may wait on pods (heartbeating), and the window between
         # its schedule and its end is the Draining that the pool's budgets count.
         result = await self._call(
             NodeActivities.drain_node,
-            DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound),
+            DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound, delete_at_deadline=bool(bound)),
             timeout=timeout + self.req.timeouts.api_call,
             heartbeat=self.req.timeouts.api_call,
             retry=API_RETRY,
@@ -992,8 +1077,12 @@ class GPUNodeWorkflow:
             *([f"not evicted (disruption budget?): {', '.join(result.remaining)}"] if result.remaining else []),
             *([f"still shutting down: {', '.join(result.terminating)}"] if result.terminating else []),
         ]
+        if result.deleted:
+            # Deleted over their PDBs at the deadline minus their own grace (Karpenter's rule).
+            stuck.insert(0, f"deleted at the deadline minus their terminationGracePeriodSeconds: {', '.join(result.deleted)}")
         if stuck and bound:
-            why = f"terminationGracePeriod ({_human(timeout)}) ended the drain; terminated with pods still on the node, over their PodDisruptionBudgets and do-not-disrupt"
+            left = "terminated with pods still on the node" if result.remaining or result.terminating else "its last pods deleted"
+            why = f"terminationGracePeriod ({_human(timeout)}) ended the drain; {left}, over their PodDisruptionBudgets and do-not-disrupt"
             self.state.last_error = f"{why}; {'; '.join(stuck)}"
             self._stamp(Stage.DRAIN_TIMED_OUT, f"{why}: {'; '.join(stuck)}")
         elif stuck:

@@ -9,6 +9,7 @@ nodes before it lets the finalizer go. Scale to zero happens through the nodes' 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -44,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         StartNodesInput,
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements, request_for
-    from tgp.types import DisruptRequest, EvictRequest, NodePhase, NodeRequest, Stage, StageRecord, TimeoutsUpdate, node_workflow_id
+    from tgp.types import DisruptRequest, EvictRequest, NodePhase, NodeRequest, Stage, StageRecord, TemplateUpdate, TimeoutsUpdate, node_workflow_id
     from workflows.entity import best_effort, history_is_long, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_pool
 
@@ -141,6 +142,9 @@ _REPLACEMENT_FIELDS = {
     "drift_hash", "drifted", "replace_reason", "replace_key", "replaced_by", "replaces", "disrupt_sent",
     "replace_attempts", "replace_after", "cheaper_since", "held", "removing",
 }
+# Marks runs that send their nodes the pool's template labels and taints when they change
+# (`update_template`), to be applied to the running Nodes in place rather than by replacement.
+IN_PLACE_TEMPLATE_PATCH = "in-place-template"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -289,6 +293,7 @@ class GPUNodePoolWorkflow:
             reason=r.reason,
             floor=old.floor if old else False,
             timeouts_sent=old.timeouts_sent if old else "",
+            template_sent=old.template_sent if old else "",
             gpus=old.gpus if old else None,
             reported_at=r.at,
         )
@@ -312,6 +317,8 @@ class GPUNodePoolWorkflow:
                     # A re-shop never disrupts a node a do-not-disrupt pod (or the Node) holds:
                     # called off in the next pass (its replacement is let go).
                     self.state.nodes[r.workflow_id] = node = node.model_copy(update={"held": s.reason})
+            elif s.stage is Stage.NODE_REPAIR:
+                self.events.append(self._event("Warning", s.stage.value, f"node {node.node_name} is repaired: {s.reason.removeprefix('node repair: ')}"))
         if old is not None and old.removing is not None and r.phase is NodePhase.TERMINATED and not old.phase.is_final:
             self._consolidated(node.node_name, DisruptionReason.UNDERUTILIZED.value, old.removing)
         if r.phase is NodePhase.FAILED:
@@ -488,6 +495,7 @@ class GPUNodePoolWorkflow:
             await self._replacements(u, live, offers=wanted.get("OffersAvailable", ("False",))[0] == "True")
         if not u.deleting and klass is not None:
             await self._sync_timeouts(u, live)
+            await self._sync_template(u, live)
         await self._publish(wanted)
         # Ended nodes have been reported (status and Events); forget them.
         self._forget_ended()
@@ -845,7 +853,9 @@ class GPUNodePoolWorkflow:
         # the floor flag, the GPUs and the settings sent are known only here.
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
         sent = _fingerprint(self._timeouts_for(u, floor=floor, held=fit and bool(pods)))
-        self.state.nodes[req.workflow_id] = node.model_copy(update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count})
+        self.state.nodes[req.workflow_id] = node.model_copy(
+            update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count, "template_sent": _template_fingerprint(_template(u))}
+        )
         for pod in pods:
             self.state.nominations[pod] = Nomination(workflow_id=req.workflow_id, since=now)
         if not pods:
@@ -1277,6 +1287,25 @@ class GPUNodePoolWorkflow:
                 workflow.logger.info("could not update the timeouts of %s: %s", wid, exc)
             self.state.nodes[wid] = self.state.nodes[wid].model_copy(update={"timeouts_sent": fingerprint})
 
+    async def _sync_template(self, u: PoolUpdate, live: list[PoolNode]) -> None:
+        """Send each running node the pool's template labels and taints when they changed since
+        it last got them (or since it was started with them): it applies them to its Node in
+        place. A node the pool knows nothing of (adopted after a restart) gets them once; it
+        applies only a difference."""
+        if not workflow.patched(IN_PLACE_TEMPLATE_PATCH):
+            return
+        wanted = _template(u)
+        fingerprint = _template_fingerprint(wanted)
+        for wid in sorted(n.workflow_id for n in live):
+            node = self.state.nodes[wid]
+            if node.phase not in _TUNABLE or node.template_sent == fingerprint:
+                continue
+            try:
+                await workflow.get_external_workflow_handle(wid).signal("update_template", wanted)
+            except Exception as exc:  # noqa: BLE001 - a node that just ended has nothing to update
+                workflow.logger.info("could not update the labels and taints of %s: %s", wid, exc)
+            self.state.nodes[wid] = self.state.nodes[wid].model_copy(update={"template_sent": fingerprint})
+
     async def _tear_down(self, live: list[PoolNode]) -> bool:
         """Pool deleted: evict every node, and let the finalizer go once none is left."""
         if live:
@@ -1494,6 +1523,17 @@ def _class_key(u: PoolUpdate) -> str:
 
 def _asks_again(refusal: ClassRefusal) -> str:
     return f"asking the class again when a node of the pool ends, the pool or class changes, or at {refusal.until:%H:%M:%S}"
+
+
+def _template(u: PoolUpdate) -> TemplateUpdate:
+    """The labels and taints the pool's template puts on its Nodes."""
+    return TemplateUpdate(labels=dict(u.spec.template.metadata.labels), taints=list(u.spec.template.spec.taints))
+
+
+def _template_fingerprint(template: TemplateUpdate) -> str:
+    """A short hash of the labels and taints a node was sent: the pool keeps one per node, and
+    64 labels and 32 taints as JSON per node would swell its state at a few hundred nodes."""
+    return hashlib.sha256(template.model_dump_json().encode()).hexdigest()[:16]
 
 
 def _fingerprint(timeouts: TimeoutsUpdate) -> str:

@@ -18,7 +18,7 @@ import os
 import ssl
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -34,6 +34,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from activities.ports import EvictionBlocked, VersionedSecret
 from tgp.crds import GROUP, VERSION
 from tgp.disruption import do_not_disrupt
+from tgp.drift import patch_labels, patch_taints
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from tgp.types import GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
@@ -201,8 +202,12 @@ class KubernetesCluster:
         node = await self._read_node(name)
         return None if node is None else _node_summary(node)
 
-    async def label_and_taint(self, name: str, labels: dict[str, str], taints: list[Taint]) -> None:
-        """Merge `labels` into the Node's labels and add the `taints` it lacks.
+    async def label_and_taint(
+        self, name: str, labels: dict[str, str], taints: list[Taint], *, remove_labels: Mapping[str, str] | None = None, remove_taints: Sequence[Taint] = ()
+    ) -> None:
+        """Merge `labels` into the Node's labels and add the `taints` it lacks; remove each of
+        `remove_labels` and `remove_taints` (what tgp had set and the pool no longer lists) only
+        while the Node still carries it as tgp set it (tgp.drift.patch_labels, patch_taints).
 
         A taint is identified by key and effect (the API allows one per pair), so a listed taint
         replaces the value of an existing one. Nothing is written when nothing is missing; a
@@ -215,8 +220,8 @@ class KubernetesCluster:
                 raise TransientError(f"Node {name} does not exist (yet or any more); cannot label and taint it")
             current_labels = dict(node.metadata.labels or {}) if node.metadata else {}
             current_taints = [_taint_wire(t) for t in (node.spec.taints or [])] if node.spec else []
-            new_labels = {k: v for k, v in labels.items() if current_labels.get(k) != v}
-            merged_taints = _merge_taints(current_taints, taints)
+            new_labels = patch_labels(current_labels, labels, remove_labels or {})
+            merged_taints = patch_taints(current_taints, taints, remove_taints)
 
             if not new_labels and merged_taints == current_taints:
                 return
@@ -362,6 +367,22 @@ class KubernetesCluster:
                 if version == EVICTION_VERSIONS[-1]:
                     raise ConfigError(f"{what}: the API server rejected the Eviction (400): {_server_message(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def delete_pod(self, namespace: str, name: str, *, grace_period: timedelta, uid: str = "") -> None:
+        """Delete the pod (no PodDisruptionBudget is asked), giving its containers `grace_period`
+        to stop. `uid`: only that pod, not a namesake created since. One already gone counts."""
+        core = await self._client()
+        options = k8s.V1DeleteOptions(
+            grace_period_seconds=int(grace_period.total_seconds()), preconditions=k8s.V1Preconditions(uid=uid) if uid else None
+        )
+        try:
+            await self._call(
+                f"delete pod {namespace}/{name}",
+                core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=self._timeout),
+                passthrough={404, 409},
+            )
+        except ApiException:
+            return  # gone (404), or a namesake (409: the uid precondition)
 
     # --- custom resources, Secrets and Events (the pool and class workflows) -----------
 
@@ -613,6 +634,7 @@ def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
         requests_gpu=any(_wants_gpu(c) for c in containers),
         deleting=bool(meta and meta.deletion_timestamp),
         do_not_disrupt=do_not_disrupt(meta.annotations if meta else None),
+        **_grace(spec.termination_grace_period_seconds if spec else None),
     )
 
 
@@ -647,7 +669,13 @@ def pod_summary_of(obj: Mapping[str, Any]) -> PodSummary:
         requests_gpu=any(_wire_wants_gpu(c) for c in containers),
         deleting=bool(meta.get("deletionTimestamp")),
         do_not_disrupt=do_not_disrupt(meta.get("annotations")),
+        **_grace(spec.get("terminationGracePeriodSeconds")),
     )
+
+
+def _grace(seconds: object) -> dict[str, timedelta]:
+    """A pod's terminationGracePeriodSeconds as PodSummary's grace_period (absent: its default)."""
+    return {"grace_period": timedelta(seconds=max(0, int(seconds)))} if isinstance(seconds, int) else {}
 
 
 def _wire_wants_gpu(container: Mapping[str, Any]) -> bool:
@@ -683,18 +711,6 @@ def _taint_wire(taint: k8s.V1Taint) -> dict[str, str]:
     if taint.time_added is not None:
         wire["timeAdded"] = taint.time_added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return wire
-
-
-def _merge_taints(current: list[dict[str, str]], wanted: list[Taint]) -> list[dict[str, str]]:
-    merged = [dict(t) for t in current]
-    for taint in wanted:
-        entry = {"key": taint.key, "effect": taint.effect, **({"value": taint.value} if taint.value else {})}
-        same = next((t for t in merged if t["key"] == taint.key and t["effect"] == taint.effect), None)
-        if same is None:
-            merged.append(entry)
-        elif same.get("value", "") != taint.value:
-            merged[merged.index(same)] = entry
-    return merged
 
 
 @contextlib.asynccontextmanager
