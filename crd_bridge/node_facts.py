@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -73,7 +74,8 @@ class NodeFactsSender:
         self._wake = asyncio.Event()
         # This process's facts are numbered: the workflows order them by (incarnation, number),
         # not by this machine's clock (tgp.facts_order).
-        self.incarnation = uuid.uuid4().hex
+        # Its start first (nanoseconds, fixed width): the workflows take the latest-started bridge.
+        self.incarnation = f"{time.time_ns():020d}-{uuid.uuid4().hex}"
         self._seq = itertools.count(1)
 
     # --- from the informers ----------------------------------------------------------------

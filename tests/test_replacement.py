@@ -234,7 +234,21 @@ async def test_a_node_is_re_shopped_when_the_market_drops_and_not_within_the_thr
         assert [n.name for n in (await pool_status(pool)).nodes] == [old.name], "re-shopped within the threshold"
         assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, s.world.cloud.log
 
+        # The market drops past the threshold for a 1-GPU node, but the bridge reports this Node
+        # with 2 GPUs (the pool knows it only by its 1-GPU request): no 1-GPU offer holds its
+        # pods, nothing is replaced (review: sized by its request, it would have been).
+        from tests.test_pool_consolidation import demand
+        from workflows.pool import GPUNodePoolWorkflow
+
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {old.name: 1}, {old.name: [1]}))
         s.world.cloud.set_price("rtx4090-us-east", Decimal("0.20"))
+        seen_at = await eventually(lambda: offers_at("0.20"), timeout=60, what="the pool to see the $0.20/h offer")
+        await eventually(lambda: _more(pool, seen_at + 6), timeout=60, what="six more passes")
+        assert [n.name for n in (await pool_status(pool)).nodes] == [old.name], "a 2-GPU node re-shopped to a 1-GPU offer"
+        assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, s.world.cloud.log
+
+        # Reported as it is, 1 GPU: replaced.
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {old.name: 1}, {}))
 
         async def replaced() -> list[Any] | None:
             listed = (await pool_status(pool)).nodes

@@ -5,8 +5,8 @@ Facts used to be ordered by `NodeFacts.at` (the bridge's clock): during a rollou
 send, and a restarted bridge's clock may be skewed, so a re-send from a bridge whose clock is
 behind was dropped, and facts dated in the future shut out every later one until that time
 passed. Now each bridge process (an incarnation, `source`) numbers its facts (`seq`); the
-workflow keeps the incarnations in the order it first heard them, and takes facts from the
-newest one only, in sequence order. Facts without a source (a bridge of an earlier release)
+workflow takes facts from the incarnation that started last (a source is its bridge's start
+time, then a random id: the order it was heard in does not count), in sequence order. Facts without a source (a bridge of an earlier release)
 keep the old rule. `at` still dates what the bridge saw; the watch never dates it later than
 the workflow's own now (`workflows.node._apply_facts`)."""
 
@@ -18,14 +18,23 @@ from tgp.types import NodeFacts
 SOURCES_KEPT = 8
 
 
+def _started(source: str) -> tuple[bool, str]:
+    """A source's place in time: `<start, ns, 20 digits>-<uuid>` sorts by when its bridge
+    started. (A source of another shape sorts first: there is none in a release.)"""
+    return ("-" in source, source)
+
+
 def take_facts(kept: NodeFacts | None, sources: list[str], incoming: NodeFacts) -> tuple[bool, list[str]]:
     """Whether `incoming` replaces `kept`, and the incarnations heard of, oldest first."""
     if not incoming.source:
         # An earlier release's bridge: by its clock, as before (and never over a numbered one).
         return (kept is None or (not kept.source and incoming.at >= kept.at)), sources
-    if incoming.source not in sources:
-        # A bridge first heard now started after those heard before: its facts are the newest.
-        return True, [*sources, incoming.source][-SOURCES_KEPT:]
-    if incoming.source != sources[-1]:
-        return False, sources  # a bridge replaced since (the old one of a rollout, still sending)
+    newest = max(sources, key=_started, default=None)
+    if newest is not None and _started(incoming.source) < _started(newest):
+        # The old bridge of a rollout, still sending (heard first or not): a newer one speaks.
+        known = sources if incoming.source in sources else sorted([*sources, incoming.source], key=_started)[-SOURCES_KEPT:]
+        return False, known
+    if incoming.source != newest:
+        # A bridge that started after every one heard before: its facts are the newest.
+        return True, sorted([*sources, incoming.source], key=_started)[-SOURCES_KEPT:]
     return (kept is None or kept.source != incoming.source or incoming.seq >= kept.seq), sources

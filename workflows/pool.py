@@ -1031,13 +1031,23 @@ class GPUNodePoolWorkflow:
                 self.state.nodes[n.workflow_id] = self.state.nodes[n.workflow_id].model_copy(update=update)
         return events
 
-    def _best_price(self, n: PoolNode) -> Decimal | None:
-        """The cheapest current offer (the pool's offer check) with at least the GPUs `n` was
-        bought with: its pods fit on it."""
-        oc = self.state.offer_check
-        if oc is None:
+    def _size(self, n: PoolNode) -> int | None:
+        """The GPUs `n` has, as the bridge reports its Node (free + bound to its pods), at least
+        what it was bought for; None while the bridge has not reported it (a node adopted after
+        the pool lost its state knows no size: sized by its request, an 8-GPU node would be
+        re-shopped to a 1-GPU offer)."""
+        if n.node_name not in self.state.free_gpus:
             return None
-        prices = [s.hourly_price for s in oc.sizes if s.gpu_count >= (n.gpus or 1)]
+        return max(self.state.free_gpus[n.node_name] + sum(self.state.bound_gpus.get(n.node_name, [])), n.gpus or 1)
+
+    def _best_price(self, n: PoolNode) -> Decimal | None:
+        """The cheapest current offer (the pool's offer check) with at least the GPUs `n` has:
+        its pods fit on it. None when there is none, or `n`'s size is not known yet."""
+        oc = self.state.offer_check
+        size = self._size(n)
+        if oc is None or size is None:
+            return None
+        prices = [s.hourly_price for s in oc.sizes if s.gpu_count >= size]
         return min(prices, default=None)
 
     def _cheaper(self, n: PoolNode, policy: Consolidation | None, now: datetime) -> datetime | None:
@@ -1214,7 +1224,7 @@ class GPUNodePoolWorkflow:
             klass=u.node_class,
             watch_interval=self.inp.watch_interval,
             floor=True,  # no idling out while the old node lives (the pool sends its own settings after)
-            min_gpus=old.gpus or 1,
+            min_gpus=self._size(old) or old.gpus or 1,
         )
         cap = offer if offer is not None else (Decimal(old.replace_key.removeprefix("under ")) if old.replace_key.startswith("under ") else None)
         if cap is not None:
