@@ -326,6 +326,10 @@ async def test_a_re_shop_is_called_off_while_a_do_not_disrupt_pod_holds_the_node
         await put_held_pod(s.world, old.name, "train")
         looks = s.world.cloud.describe_requests
         await eventually(lambda: _true(s.world.cloud.describe_requests >= looks + 2), timeout=60, what="the node to look at itself twice")
+        from tests.test_pool_consolidation import demand
+        from workflows.pool import GPUNodePoolWorkflow
+
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {old.name: 1}, {}))  # the Node's size, as the bridge reports it
 
         s.world.cloud.set_price("rtx4090-us-east", Decimal("0.20"))
         events = await eventually(lambda: _reason(events_of(s, name), "ReshopHeld"), timeout=90, what="the ReshopHeld Event")

@@ -194,6 +194,13 @@ class Taint(Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field("NoSchedule", description="What the taint does to pods that do not tolerate it.")
 
 
+
+# The taint a node of a v2 life registers with (like Karpenter's karpenter.sh/unregistered): its
+# Node carries the pool's labels from registration (so the bridge follows it during the join),
+# and no pod may land on it before tgp has labelled it and called it Ready (label_and_taint takes
+# the taint off); an evict before Ready ends a node without a drain.
+TAINT_JOINING = Taint(key="tgp.io/joining", value="", effect="NoSchedule")
+
 class CredentialsRef(Model):
     """Where a provider's API key lives: one key of one Secret. A reference, never the key:
     the activities read the Secret when they need the key (activities/accounts.py)."""

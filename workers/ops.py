@@ -162,7 +162,9 @@ async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass:
                 gpus = 0
             if gpus:
                 pods[key] = gpus
-        recorded_hash = (meta.get("annotations") or {}).get(DRIFT_HASH_ANNOTATION)
+        # The hash the node was made with, as its pool's status lists it (an annotation, if a
+        # Node carries one, for Nodes the status does not list).
+        recorded_hash = (mine.drift_hash if mine else None) or (meta.get("annotations") or {}).get(DRIFT_HASH_ANNOTATION)
         provider = summary.labels.get(LABEL_PROVIDER)
         nodes.append(
             ConsolidationNode(

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.lifecycle import EndReason, WatchState, apply_view, backstop_period, facts_view, held_by, judge_observation, judge_view, longest_life, next_deadline
     from tgp.types import (
         GPU_RESOURCE,
+        TAINT_JOINING,
         LABEL_GPU_TYPE,
         LABEL_MANAGED,
         LABEL_POOL,
@@ -504,7 +505,7 @@ class GPUNodeWorkflow:
                 # v2: the Node registers with the labels that name its workflow, so the
                 # bridge's facts reach the join (Ready, GPUs) before tgp labels it.
                 labels={**self.req.labels, **self._own_labels(pool_only=True)} if self.v2 else self.req.labels,
-                taints=self.req.taints,
+                taints=[*self.req.taints, TAINT_JOINING] if self.v2 else self.req.taints,
                 unavailable_offer_ttl=self.req.unavailable_offer_ttl,
                 demand_since=self.req.demand_since,
             ),
@@ -693,7 +694,13 @@ class GPUNodeWorkflow:
         }
         await self._call(
             NodeActivities.label_and_taint_node,
-            LabelInput(node_name=self.req.node_name, labels=labels, taints=self.req.taints, launched_at=self.state.attempts[-1].started_at),
+            LabelInput(
+                node_name=self.req.node_name,
+                labels=labels,
+                taints=self.req.taints,
+                launched_at=self.state.attempts[-1].started_at,
+                remove_taints=[TAINT_JOINING] if self.v2 else [],  # pods may land from now on
+            ),
             timeout=self.req.timeouts.api_call,
             retry=API_RETRY,
             summary="label and taint",

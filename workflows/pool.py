@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.crds import Condition, Consolidation, ConsolidationStatus, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
     from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop
+    from tgp.lifecycle import EndReason
     from tgp.drift import drift_hash, drifted
     from tgp.replace import Slot, StepKind, first_candidate, in_progress, replacement_name, replacement_steps
     from tgp.messages import (
@@ -319,7 +320,8 @@ class GPUNodePoolWorkflow:
                     self.state.nodes[r.workflow_id] = node = node.model_copy(update={"held": s.reason})
             elif s.stage is Stage.NODE_REPAIR:
                 self.events.append(self._event("Warning", s.stage.value, f"node {node.node_name} is repaired: {s.reason.removeprefix('node repair: ')}"))
-        if old is not None and old.removing is not None and r.phase is NodePhase.TERMINATED and not old.phase.is_final:
+        ended_for_it = (r.reason or "").startswith(EndReason.UNDERUTILIZED.value)
+        if old is not None and old.removing is not None and r.phase is NodePhase.TERMINATED and not old.phase.is_final and ended_for_it:
             self._consolidated(node.node_name, DisruptionReason.UNDERUTILIZED.value, old.removing)
         if r.phase is NodePhase.FAILED:
             # Nodes started before the last failure was reported are of the same wave: their
@@ -1072,7 +1074,8 @@ class GPUNodePoolWorkflow:
                 workflow_id=wid,
                 node_name=n.node_name,
                 phase=n.phase,
-                want=(n.replace_reason or None) if n.replace_after is None or now >= n.replace_after else None,
+                # A node consolidation told to go is no candidate for a replacement.
+                want=(n.replace_reason or None) if n.removing is None and (n.replace_after is None or now >= n.replace_after) else None,
                 key=n.replace_key,
                 replaced_by=n.replaced_by,
                 disrupt_sent=n.disrupt_sent,
@@ -1164,7 +1167,17 @@ class GPUNodePoolWorkflow:
                     )
                 )
             self._set(
-                old, replaced_by=None, disrupt_sent=False, held="", cheaper_since=None, replace_reason="", replace_key="", replace_after=now + wait, removing=None
+                old,
+                replaced_by=None,
+                disrupt_sent=False,
+                held="",
+                cheaper_since=None,
+                replace_reason="",
+                replace_key="",
+                replace_after=now + wait,
+                removing=None,
+                # The evicted replacement's id is spent: the next re-shop names a new one.
+                replace_attempts=old.replace_attempts + (1 if old.replaced_by else 0),
             )
             if new is not None:
                 self._set(new, replaces=None)
@@ -1401,8 +1414,8 @@ class GPUNodePoolWorkflow:
             n = by_name.get(action.node)
             if action.kind is not ActionKind.REMOVE or n is None or n.phase is not NodePhase.READY:
                 continue
-            if n.removing is not None or n.replaced_by or n.replaces or n.disrupt_sent or (n.replace_after is not None and now < n.replace_after):
-                continue  # already told, or in a replacement, or called off lately
+            if n.removing is not None or n.replace_reason or n.replaced_by or n.replaces or n.disrupt_sent or (n.replace_after is not None and now < n.replace_after):
+                continue  # already told, drifted or cheaper (the replacement step's), or called off lately
             removals.append((n, action))
         if not removals or not workflow.patched(CONSOLIDATION_ACTIONS_PATCH):
             return
