@@ -885,8 +885,17 @@ class GPUNodeWorkflow:
                 self._tell_pool()
             return None
         self.state.disrupt_held = ""
+        facts = self.state.facts
         if not await self._budget_allows(end):
             return None
+        if self.state.disrupt is not d:
+            return None  # called off while the pool was asked (its replacement is let go): it stays
+        if self.state.facts is not facts:
+            # Facts came during the ask: a do-not-disrupt pod that started holds it (said next turn).
+            self._apply_facts()
+            if watch := self.state.watch:
+                if watch.view is not None and held_by(watch.view)[0]:
+                    return None
         if d.replacement:
             self.state.end_reason = f"{end.value}: replaced by {d.replacement} (make-before-break){': ' + d.detail if d.detail else ''}"
         else:  # a consolidation removal: its pods fit on the nodes that stay

@@ -1143,6 +1143,11 @@ class GPUNodePoolWorkflow:
         wait = max(policy.after, RESHOP_HELD_WAIT) if policy is not None else RESHOP_HELD_WAIT
         for wid in sorted(w for w, n in self.state.nodes.items() if n.held):
             old = self.state.nodes[wid]
+            if old.phase is not NodePhase.READY:
+                # It reported the hold, then went on (the holder finished): too late to call off;
+                # its replacement stays and takes its place.
+                self._set(old, held="")
+                continue
             new = self.state.nodes.get(old.replaced_by) if old.replaced_by else None
             try:
                 await workflow.get_external_workflow_handle(wid).signal("disrupt", DisruptRequest(reason="", detail="re-shop called off"))
