@@ -343,6 +343,8 @@ class GPUNodeWorkflow:
                     break
         except NodeEvicted:
             final = NodePhase.TERMINATED
+            if self._pods_before_ready():
+                await self._drain_before_ready()
         except (LaunchAttemptFailed, ApplicationError, ActivityError) as exc:
             if self._cancel_requested():
                 # The cancel reached an activity in flight (drain, label, a cleanup) and came
@@ -354,6 +356,26 @@ class GPUNodeWorkflow:
             await self._finish_cancelled()
             raise
         return await self._finish(final)
+
+    def _pods_before_ready(self) -> bool:
+        """v2, evicted before Ready: the bridge says the Node is there with workload pods on it
+        (pods that landed before the workflow called it Ready): they are drained, not killed."""
+        facts = self.state.facts
+        return self.v2 and self.state.phase is not NodePhase.READY and facts is not None and facts.present and facts.busy_pods > 0
+
+    async def _drain_before_ready(self) -> None:
+        """Drain the pods of a node evicted before Ready; a failed drain does not keep the
+        instance (the release follows), a cancel still releases everything."""
+        try:
+            await self._drain(EndReason.EVICTED)
+        except ActivityError as exc:
+            if self._cancel_requested():
+                await self._finish_cancelled()
+                raise asyncio.CancelledError() from None
+            workflow.logger.warning("the drain of a node evicted before Ready failed; terminating: %s", _describe(exc))
+        except asyncio.CancelledError:
+            await self._finish_cancelled()
+            raise
 
     async def _finish(self, final: NodePhase) -> NodeStatus:
         """Release what was bought, then end in `final`.
