@@ -1304,6 +1304,11 @@ class GPUNodeWorkflow:
                 evicted.cancel()
         if up:
             return
+        await self._last_look(recheck, summary=summary, failure=failure)
+
+    async def _last_look(self, recheck: StageCheck, *, summary: str, failure: str) -> None:
+        """A stage's deadline passed: look once more (the instance booted on its own clock all
+        along) and keep what is in fact up; else fail the stage over, saying what the look saw."""
         look = await self._check_stage(recheck)
         if look is not None and look.up:
             workflow.logger.info("%s: deadline passed, but %s: kept", summary, look.seen)
@@ -1354,12 +1359,7 @@ class GPUNodeWorkflow:
                 if look is not None and look.up:
                     workflow.logger.info("%s: seen by the backstop look (no facts from the bridge): %s", summary, look.seen)
                     return
-        look = await self._check_stage(recheck)
-        if look is not None and look.up:
-            workflow.logger.info("%s: deadline passed, but %s: kept", summary, look.seen)
-            return
-        seen = f"; at the deadline {look.seen}" if look is not None else ""
-        raise LaunchAttemptFailed(failure + seen)
+        await self._last_look(recheck, summary=summary, failure=failure)
 
     async def _poll_until(
         self, deadline: datetime, activity: Any, arg: Any, *, summary: str, failure: str, evicted: asyncio.Future[None]
