@@ -148,9 +148,24 @@ class KubeEmulator(KubeEviction):
         # Skips KubernetesEmulator._handle, which writes before any reaction is consulted.
         self._forget_old_requests()
         try:
-            return await kmock.RawHandler._handle(self, request)
+            return await self._react(request)
         except ApiStatus as status:
             return status.render()
+
+    async def _react(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """kmock's dispatch (`RawHandler._handle`: the first reaction by priority that sees the
+        request and is not used up answers it), with a cheaper test of "sees": kmock asks each
+        reaction's view for its requests (the whole log, filtered) and looks for this one, which
+        cost ~50% of the CPU of a 100-node test, where `_sees` runs the filters once on it."""
+        for payload in _by_priority(self._payloads):
+            if not payload._disabled.is_set() and _sees(payload._source, request, self):
+                try:
+                    return await payload(request)
+                except kmock.ReactionMismatchError:  # a mismatch or a used-up reaction
+                    payload._disabled.set()
+                except NotImplementedError:  # matched, but nothing to respond with
+                    pass
+        raise NotImplementedError(f"no reaction matches {request.method} {request.url}")
 
     @override
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
@@ -457,3 +472,27 @@ def _include_object(request: kmock.Request) -> str:
         return kube_tables.include_object(request.params)
     except ValueError as exc:
         raise ApiStatus(400, "BadRequest", str(exc)) from None
+
+
+def _by_priority(payloads: list[Any]) -> list[Any]:
+    """kmock's order of reactions: by priority, highest first, priorities of unequal length
+    padded with zeros (so `fallback ** N` sorts within the fallbacks); among equal priorities the
+    order of registration (`sorted` is stable)."""
+    keys = {id(p): tuple(-x for x in p.priorities) for p in payloads}
+    depth = max((len(k) for k in keys.values()), default=0)
+    return sorted(payloads, key=lambda p: keys[id(p)] + (0,) * (depth - len(keys[id(p)])))
+
+
+def _sees(view: kmock.View, request: kmock.Request, root: kmock.Root) -> bool:
+    """Whether `request` (the newest of `root`'s log) is among `view`'s requests, as
+    `request in view` says, without filtering the whole log: filters and priorities run on
+    this one request (source first, as a chained filter sees only its source's requests); any
+    other view (slices, unions, intersections, exclusions: they depend on the requests before) asks kmock.
+    tests/test_kube_emulator.py compares both on every reaction kind."""
+    if view is root:
+        return True
+    if type(view) is kmock.Filter:
+        return _sees(view._source, request, root) and bool(view.criteria(request))
+    if type(view) in (kmock.Priority, kmock.Reaction):
+        return _sees(view._source, request, root)
+    return request in view

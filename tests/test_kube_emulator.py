@@ -704,3 +704,48 @@ async def test_the_emulator_remembers_a_bounded_number_of_requests_and_versions(
         history = [k for k in kube.objects if k[2] == "n1"]
         assert history and len(kube.objects[history[0]].history) <= 4
         assert (await http.get("/api/v1/nodes/n1")).json()["metadata"]["labels"]["beat"] == "59"
+
+
+async def test_the_emulator_answers_each_request_with_the_reaction_kmock_would_choose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emulator chooses a reaction without filtering its whole request log per reaction
+    (sim.kube._sees: that cost half the CPU of a 100-node test). For each kind of reaction the
+    tests inject (method and path, query, callables, slices, unions, intersections, exclusions, priorities) it
+    must see exactly what kmock's own `request in view` sees, when each request is served, and
+    answer as kmock's semantics say."""
+    import sim.kube as emulator_module
+
+    fast = emulator_module._sees
+    compared: list[bool] = []
+
+    def both(view: Any, request: Any, root: Any) -> bool:
+        seen = fast(view, request, root)
+        compared.append(seen == (request in view))
+        return seen
+
+    monkeypatch.setattr(emulator_module, "_sees", both)
+    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+        await http.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+        kube["get /api/v1/nodes/n1"][:2] << 503  # the first two reads only
+        kube["get /api/v1/nodes/n1"][{"pretty": "1"}] << 400
+        kube[lambda r: r.params.get("tea") == "1"] << 418
+        (kube["get /api/v1/nodes/a"] | kube["get /api/v1/nodes/b"]) << 409
+        (kube["get"] & kube["/api/v1/nodes/e"]) << 429
+        (kube["get /api/v1/pods"] - kube[{"limit": "1"}]) << 410
+        kube["get /api/v1/nodes/c"] << 452
+        kube["get /api/v1/nodes/c"].override << 451
+
+        statuses = [
+            (await http.get(path, params=params)).status_code
+            for path, params in [
+                ("/api/v1/nodes/n1", {}), ("/api/v1/nodes/n1", {"pretty": "1"}), ("/api/v1/nodes/n1", {}),
+                ("/api/v1/nodes/n1", {"pretty": "1"}), ("/api/v1/nodes/n1", {"tea": "1"}),
+                ("/api/v1/nodes/a", {}), ("/api/v1/nodes/b", {}), ("/api/v1/nodes/d", {}),
+                ("/api/v1/nodes/e", {}), ("/api/v1/pods", {}), ("/api/v1/pods", {"limit": "1"}),
+                ("/api/v1/nodes/c", {}),
+            ]
+        ]
+    # The slice takes the first two reads of n1 (the second with ?pretty=1 too); then the
+    # query filter, the callable, the union, the fallback's 404, the intersection, the
+    # exclusion (a list with ?limit=1 is answered by the emulator), the override.
+    assert statuses == [503, 503, 200, 400, 418, 409, 409, 404, 429, 410, 200, 451]
+    assert compared and all(compared), "sim.kube._sees disagreed with kmock's `request in view`"
