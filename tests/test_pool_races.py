@@ -392,6 +392,32 @@ async def test_an_event_reported_during_the_last_write_of_a_deleted_pool_is_writ
         assert about(events, "NodeInterrupted", "b"), f"the Event reported during the deleted pool's last write was lost: {events}"
 
 
+async def test_a_deleted_pool_evicts_its_nodes_before_writing_the_events_reported_meanwhile(temporal: WorkflowEnvironment) -> None:
+    """A pass writes the Events it has once: reports that arrive during the write wait for the
+    next pass, which sees the deletion first. Before, a pass wrote until none was left, and a
+    100-node pool's reports kept it writing while its nodes billed (15 s, 4 minutes loaded)."""
+    async with gated_world(temporal) as s:
+        name, pool = await start_pool(s, pool_spec("cls-unused"))
+        report = Reports(name).of
+        s.gates.emit_events.hold = for_pool(name)
+        s.gates.evict_nodes.hold = lambda ids: True
+        await pool.signal(GPUNodePoolWorkflow.node_phase, report("a", NodePhase.READY, 1))
+        write = await s.gates.emit_events.next("the pool to write a's NodeReady Event")
+
+        # While that write is in flight: the pool is deleted and node b turns Ready (one more Event).
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=pool_spec("cls-unused"), generation=1, node_class=CLASS, deleting=True))
+        await pool.signal(GPUNodePoolWorkflow.node_phase, report("b", NodePhase.READY, 2))
+        write.go()
+
+        # b's Event would be the next write of the same pass (held: the pass would stop there).
+        evict = await s.gates.evict_nodes.next("the pool to evict its nodes before writing b's Event")
+        assert set(evict.arg) == {f"gpunode/ml/{name}/a", f"gpunode/ml/{name}/b"}
+        s.gates.open()
+        await asyncio.wait_for(pool.result(), WAIT)
+        events = await pool_events(s, name)
+        assert about(events, "NodeReady", "b"), f"b's Event was not written before the pool went: {events}"
+
+
 async def _grow_history_past(pool: WorkflowHandle, events: int) -> None:
     """Signals that change nothing (the pool as it is) until the run's history is past `events`."""
     same = PoolUpdate(spec=pool_spec("cls-unused"), generation=1, node_class=CLASS)

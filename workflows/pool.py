@@ -146,6 +146,11 @@ _REPLACEMENT_FIELDS = {
 # Marks runs that send their nodes the pool's template labels and taints when they change
 # (`update_template`), to be applied to the running Nodes in place rather than by replacement.
 IN_PLACE_TEMPLATE_PATCH = "in-place-template"
+# Marks runs whose pass writes the Events it has once and goes on: Events the nodes report
+# meanwhile wait for the next pass. Before it, a pass wrote until none was left, and a burst's
+# reports kept it writing (a deleted 100-node pool evicted its nodes 15 s late, 4 minutes on a
+# loaded machine). The last write of a run (deleted, continued as new) still writes them all.
+EVENTS_ONCE_PATCH = "events-once-per-pass"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -1507,12 +1512,13 @@ class GPUNodePoolWorkflow:
             self.state.written = await write_status_once(
                 StatusWrite(ref=self._ref(), status=body), fingerprint=fingerprint, written=self.state.written, summary="write the pool status"
             )
-        await self._flush_events()
+        await self._flush_events(all_of_them=not workflow.patched(EVENTS_ONCE_PATCH))
 
-    async def _flush_events(self) -> None:
-        """Write the Events so far. Events appended while a write is in flight stay for the
-        next write (they are in the state, so continue-as-new carries them); a failed write is
-        retried on the next pass, and a backlog is capped so a broken API cannot grow it."""
+    async def _flush_events(self, *, all_of_them: bool = True) -> None:
+        """Write the Events so far; with `all_of_them`, also those appended while a write is in
+        flight, until none is left (the last write of a run), else they wait for the next pass
+        (in the state: continue-as-new carries them). A failed write is retried on the next
+        pass, and a backlog is capped so a broken API cannot grow it."""
         while self.state.events:
             batch = list(self.state.events)
             emitted = await best_effort(EntityActivities.emit_events, batch, summary="write Events")
@@ -1520,6 +1526,8 @@ class GPUNodePoolWorkflow:
                 self.state.events = self.state.events[-MAX_PENDING_EVENTS:]
                 return
             self.state.events = self.state.events[len(batch) :]
+            if not all_of_them:
+                return
 
     def _event(self, type: str, reason: str, message: str) -> EventSpec:
         return EventSpec(ref=self._ref(), type=type, reason=reason, message=message)
