@@ -17,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from tests.conftest import skip_time
 from activities.fleet import AccountLook, FleetLookInput, FleetLookResult
 from workflows.fleet import FLEET_BACKOFF_MAX, LOOKS_PER_RUN, FleetLookRequest, FleetLookWorkflow, FleetState, after_look, backoff
 
@@ -108,7 +109,7 @@ async def test_the_look_survives_failures_backs_off_per_account_and_continues_as
         handle = await time_skipping.client.start_workflow(
             FleetLookWorkflow.run, FleetLookRequest(every=EVERY), id=f"fleet-look-{uuid.uuid4().hex[:6]}", task_queue=queue
         )
-        await time_skipping.sleep(EVERY * (LOOKS_PER_RUN + 30))
+        await skip_time(time_skipping, EVERY * (LOOKS_PER_RUN + 30), step=EVERY * 20)
         desc = await time_skipping.client.get_workflow_handle(handle.id).describe()
         await handle.terminate("test finished")
 
