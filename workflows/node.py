@@ -133,6 +133,12 @@ RECHECK_AFTER_GRANT_PATCH = "recheck-after-grant"
 # bridge's `node_facts` with a durable timer, not polled (docs/lifecycle.md). Runs without it
 # replay as they were recorded.
 LIFE_V2_PATCH = "life-v2"
+# Marks lives whose calls to the class ledger (settle, release) are activities, also in a v2
+# life: as local activities they hold the node's workflow task open while the class workflow, on
+# the same worker, answers the update, and under load the worker stopped handing out workflow
+# tasks altogether (tests/test_class_refusal.py froze 1 run in 4 on a loaded machine, 0 in 20 as
+# activities). Asked at each ledger call, not once per life: a v2 life begun before it replays.
+LEDGER_ACTIVITIES_PATCH = "ledger-calls-as-activities"
 # A v2 join that heard nothing from the bridge looks for itself this often, or every watch
 # interval if that is shorter (a lost signal, or a Node registered without the pool's labels,
 # which the bridge does not follow).
@@ -486,6 +492,7 @@ class GPUNodeWorkflow:
             timeout=self.req.timeouts.api_call,
             retry=API_RETRY,
             summary="settle price with the class budget",
+            local=not workflow.patched(LEDGER_ACTIVITIES_PATCH),
         )
         if not grant.granted:
             raise LaunchAttemptFailed(f"class budget refused {offer.key} at ${offer.hourly_price}/h: {grant.reason}")
@@ -1230,6 +1237,7 @@ class GPUNodeWorkflow:
                 timeout=self.req.timeouts.api_call,
                 retry=CLEANUP_RETRY,
                 summary="release class budget",
+                local=not workflow.patched(LEDGER_ACTIVITIES_PATCH),
             )
 
     async def _mark_unavailable(self, offer: Offer) -> None:
