@@ -176,6 +176,73 @@ async def test_a_budget_holds_a_drifted_node_until_it_allows_the_replacement(tem
         await eventually(replaced, timeout=120, what="the replacement once the budget allows it")
 
 
+async def pool_heard_held(s: Any, pool: str, node: str) -> bool:
+    """The pool's history holds a `demand` signal from the bridge that names `node` held by
+    do-not-disrupt (what the pool goes by)."""
+    history = await s.env.client.get_workflow_handle(pool_workflow_id("ml", pool)).fetch_history()
+    for e in history.events:
+        if e.HasField("workflow_execution_signaled_event_attributes"):
+            signal = e.workflow_execution_signaled_event_attributes
+            if signal.signal_name == "demand" and any(node in json.loads(p.data).get("held_nodes", []) for p in signal.input.payloads):
+                return True
+    return False
+
+
+async def test_no_replacement_is_bought_for_a_drifted_node_do_not_disrupt_holds(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """A drifted node running a `tgp.io/do-not-disrupt` pod: nothing is bought (a replacement
+    would bill beside a node that cannot go) and DisruptionBlocked says why; once the pod ends,
+    the replacement comes, make-before-break."""
+    from tests.test_node_disruption import put_held_pod
+
+    async with running_stack(temporal, kube_api) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", minNodes=1, disruption=KEEP))
+        [old] = await ready_nodes(s, "ml", "rtx", 1)
+        await put_held_pod(s.world, old["name"], "train")
+        await eventually(lambda: pool_heard_held(s, "rtx", old["name"]), timeout=60, what="the bridge to tell the pool of the hold")
+        (await s.kube.patch(f"{CLASSES}/sim", json={"spec": {"kubernetesVersion": "1.34.2"}}, headers=MERGE)).raise_for_status()
+
+        events = await eventually(lambda: _events_with(s.kube, "DisruptionBlocked"), timeout=60, what="the DisruptionBlocked Event")
+        text = next(m for r, m in events if r == "DisruptionBlocked")
+        assert f"node {old['name']}: Drifted: do-not-disrupt holds it" in text, text
+        status = await s.pool_status("ml", "rtx")
+        assert [(n["name"], n.get("drifted")) for n in status["nodes"]] == [(old["name"], True)], status["nodes"]
+        assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, f"a replacement was bought for a held node: {s.world.cloud.log}"
+
+        (await s.kube.delete("/api/v1/namespaces/default/pods/train")).raise_for_status()
+
+        async def replaced() -> list[dict[str, Any]] | None:
+            listed = (await s.pool_status("ml", "rtx")).get("nodes") or []
+            return listed if len(listed) == 1 and listed[0]["name"] != old["name"] and listed[0]["phase"] == "Ready" else None
+
+        await eventually(replaced, timeout=120, what="the replacement once nothing holds the node")
+
+
+async def test_no_replacement_is_bought_past_the_pools_max_nodes(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """A pool at spec.maxNodes with a drifted node: the replacement (bought before the old node
+    goes) would be one node too many, so none is bought and DisruptionBlocked says to raise
+    maxNodes; raised by one, the replacement comes."""
+    async with running_stack(temporal, kube_api) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", minNodes=1, maxNodes=1, disruption=KEEP))
+        [old] = await ready_nodes(s, "ml", "rtx", 1)
+        (await s.kube.patch(f"{CLASSES}/sim", json={"spec": {"kubernetesVersion": "1.34.2"}}, headers=MERGE)).raise_for_status()
+
+        events = await eventually(lambda: _events_with(s.kube, "DisruptionBlocked"), timeout=60, what="the DisruptionBlocked Event")
+        text = next(m for r, m in events if r == "DisruptionBlocked")
+        assert f"node {old['name']}: Drifted: its replacement would be node 2 of spec.maxNodes 1" in text and "raise maxNodes" in text, text
+        assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, f"a replacement was bought past maxNodes: {s.world.cloud.log}"
+
+        (await s.kube.patch(f"{POOLS.format(ns='ml')}/rtx", json={"spec": {"maxNodes": 2}}, headers=MERGE)).raise_for_status()
+
+        async def replaced() -> list[dict[str, Any]] | None:
+            listed = (await s.pool_status("ml", "rtx")).get("nodes") or []
+            return listed if len(listed) == 1 and listed[0]["name"] != old["name"] and listed[0]["phase"] == "Ready" else None
+
+        await eventually(replaced, timeout=120, what="the replacement once maxNodes allows it")
+        assert len([e for e in await pool_events(s.kube, "rtx") if e[0] == "DisruptionBlocked"]) == 1, "the Event was written more than once"
+
+
 async def test_a_replacement_that_fails_leaves_the_old_node_in_place(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
     """The class's new tailnet tag is one the tailnet refuses to mint keys for: the replacement
     fails before buying anything; the old node is never cordoned or terminated, and the pool

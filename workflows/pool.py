@@ -132,6 +132,11 @@ START_RETRY = timedelta(seconds=5)
 # drifted nodes and replace them one at a time. Taken only when a pass has a step to take (a
 # history from before never has a drifted or cheaper node: its nodes reported no hash).
 REPLACEMENT_PATCH = "make-before-break"
+# Marks runs that buy no replacement for a node do-not-disrupt holds (the bridge's demand names
+# it) nor one past spec.maxNodes: each would bill beside the old node with nothing to show for
+# it (Karpenter checks both before it launches). Asked only when one of them would hold a
+# candidate: a history from before had none, or bought (a different command).
+REPLACEMENT_LIMITS_PATCH = "replacement-limits"
 # A replacement that ended before Ready (or a class that refused it): the next one for the same
 # node waits this long.
 REPLACEMENT_BACKOFF = timedelta(minutes=5)
@@ -1079,8 +1084,11 @@ class GPUNodePoolWorkflow:
                 workflow_id=wid,
                 node_name=n.node_name,
                 phase=n.phase,
-                # A node consolidation told to go is no candidate for a replacement.
-                want=(n.replace_reason or None) if n.removing is None and (n.replace_after is None or now >= n.replace_after) else None,
+                # A node consolidation told to go is no candidate for a replacement, nor one
+                # do-not-disrupt holds.
+                want=(n.replace_reason or None)
+                if n.removing is None and (n.replace_after is None or now >= n.replace_after) and not self._held_from_replacement(wid, n)
+                else None,
                 key=n.replace_key,
                 replaced_by=n.replaced_by,
                 disrupt_sent=n.disrupt_sent,
@@ -1099,7 +1107,7 @@ class GPUNodePoolWorkflow:
             self.dirty = True  # the next pass starts from what is now known
             return
         backing_off = self.state.backoff_until is not None and now < self.state.backoff_until
-        may_start = offers and not backing_off and not u.deleting and self._replacement_budget(slots)
+        may_start = offers and not backing_off and not u.deleting and self._replacement_fits(u, live, slots) and self._replacement_budget(slots)
         prefix = node_workflow_id(self.inp.namespace, self.inp.name, "")
         steps = replacement_steps(slots, pool=self.inp.name, id_prefix=prefix, may_start=may_start)
         for step in steps:
@@ -1194,6 +1202,39 @@ class GPUNodePoolWorkflow:
 
     def _set(self, n: PoolNode, **update: object) -> None:
         self.state.nodes[n.workflow_id] = self.state.nodes[n.workflow_id].model_copy(update=update)
+
+    def _held_from_replacement(self, wid: str, n: PoolNode) -> bool:
+        """A Ready node that wants a replacement not yet bought, which a do-not-disrupt pod or
+        the Node's annotation holds (the bridge's demand): no replacement is bought for it while
+        the hold lasts (a DisruptionBlocked Event says so, once)."""
+        if not (n.replace_reason and n.replaced_by is None and n.phase is NodePhase.READY and n.node_name in self.state.held_nodes):
+            return False
+        if not workflow.patched(REPLACEMENT_LIMITS_PATCH):
+            return False
+        message = f"{n.replace_reason}: do-not-disrupt holds it; its replacement is bought once nothing holds it"
+        if self.state.blocked.get(wid) != message:
+            self.state.blocked[wid] = message
+            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {n.node_name}: {message}"))
+        return True
+
+    def _replacement_fits(self, u: PoolUpdate, live: list[PoolNode], slots: dict[str, Slot]) -> bool:
+        """Whether the next replacement fits under spec.maxNodes beside every live node (the old
+        node bills until its replacement is Ready). Past it, none is bought: a DisruptionBlocked
+        Event says to raise maxNodes (replacement is make-before-break), once per candidate."""
+        candidate = None if in_progress(slots) else first_candidate(slots)
+        if candidate is None or u.spec.max_nodes is None or len(live) < u.spec.max_nodes:
+            return True
+        if not workflow.patched(REPLACEMENT_LIMITS_PATCH):
+            return True
+        n = self.state.nodes[candidate]
+        message = (
+            f"{slots[candidate].want}: its replacement would be node {len(live) + 1} of spec.maxNodes {u.spec.max_nodes} "
+            "(make-before-break buys it before the old node goes); raise maxNodes by one to let it through"
+        )
+        if self.state.blocked.get(candidate) != message:
+            self.state.blocked[candidate] = message
+            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {n.node_name}: {message}"))
+        return False
 
     def _replacement_budget(self, slots: dict[str, Slot]) -> bool:
         """Whether the budgets let the next candidate's replacement begin (it counts as
