@@ -198,3 +198,37 @@ def test_min_nodes_is_kept() -> None:
     nodes = [node("a", 2, "1.00", {"ns/x": 1}), node("b", 2, "1.00", {"ns/y": 1})]
     plan = _plan(nodes, None, ON, [], min_nodes=2)
     assert not plan.actions and any(b.cause is Cause.MIN_NODES for b in plan.blocked)
+
+
+def test_a_look_leaves_out_leaving_nodes_and_counts_nominated_pending_pods_as_the_nodes_pods() -> None:
+    """`look_at` (patch consolidation-room): a node on its way out (told to end, being replaced)
+    is no place for another node's pods and no candidate; the pending pods nominated to a node's
+    free GPUs take them and move with it. Then the plan removes nothing here, where without the
+    rules it removed a node onto GPUs that were not there to be had."""
+    from tgp.consolidation import PoolMember, look_at
+
+    hour = timedelta(hours=1)
+    members = [
+        PoolMember(name="a", workflow_id="w/a", hourly_price=Decimal("0.95"), running_for=hour),
+        PoolMember(name="b", workflow_id="w/b", hourly_price=Decimal("0.95"), running_for=hour),
+        PoolMember(name="old", workflow_id="w/old", hourly_price=Decimal("0.95"), running_for=hour, leaving=True),
+    ]
+    free, bound = {"a": 1, "b": 1, "old": 2}, {"a": [1], "b": [1]}
+    policy = Consolidation.model_validate({"after": "1m"})
+    budgets = [DisruptionBudget.model_validate({"nodes": "100%"})]
+
+    def removed(nodes: list[ConsolidationNode]) -> list[str]:
+        plan = plan_consolidation(nodes, None, policy, budgets, NOW, pool_nodes=len(nodes), disrupting=0, min_nodes=0)
+        return sorted(a.node for a in plan.actions if a.kind is ActionKind.REMOVE)
+
+    loose = look_at(members, free, bound, [], {"w/a": {"ml/pending": 1}}, room_rules=False)
+    assert "old" in [n.name for n in loose] and removed(loose), "without the rules a node goes"
+
+    nodes = look_at(members, free, bound, [], {"w/a": {"ml/pending": 1}})
+    assert [n.name for n in nodes] == ["a", "b"], "the leaving node is no place for pods"
+    a = next(n for n in nodes if n.name == "a")
+    assert a.pods == {"a#0": 1, "ml/pending": 1} and a.free == 0
+    assert removed(nodes) == [], "b's pod has no room on a (a pending pod takes it), a's two pods none on b"
+
+    # Without the nomination, b's pod fits on a: b goes (the rules take away only what is taken).
+    assert removed(look_at(members, free, bound, [], {})) in (["a"], ["b"])

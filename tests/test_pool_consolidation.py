@@ -99,6 +99,30 @@ async def test_the_pool_removes_a_node_whose_pods_fit_on_the_other_and_shows_the
         await end_entities(time_skipping, pool, class_name)
 
 
+async def test_a_free_gpu_a_pending_pod_is_nominated_to_is_no_room_for_consolidation(time_skipping: WorkflowEnvironment) -> None:
+    """Two 2-GPU nodes, each running a 1-GPU pod, and a pending 1-GPU pod the pool nominates to
+    one of their free GPUs (it binds there): neither node's pod has room on the other, so neither
+    node is removed. (Counting that GPU free, the look removed a node, and a pod was left without
+    one.) Re-shopping is kept out of it (cheaperBy 99%)."""
+    async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
+        class_name = f"cons-{uuid.uuid4().hex[:6]}"
+        spec = pool_spec(class_name, disruption={"consolidation": {"after": "1m", "cheaperBy": "99%"}, "idleTimeout": "1h"})
+        pool = await start_pool(time_skipping, queue, spec)
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/a": 2, "ml/b": 2}, {}, {}))
+        a, b = await ready_nodes(pool, 2)
+
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/c": 1}, {a: 1, b: 1}, {a: [1], b: [1]}))
+        # Looks past `after`, within the pod's bind grace (3 minutes: then its nomination lapses
+        # and it gets a node of its own).
+        await skip_time(time_skipping, timedelta(minutes=2, seconds=30), step=timedelta(seconds=30))
+        status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+        assert status.consolidation is not None and status.consolidation.savings_made_hourly == 0, status.consolidation
+        assert sorted(n.name for n in status.nodes if n.phase == "Ready") == [a, b] and len(world.cloud.live_instances()) == 2, (
+            "a node was removed though a pending pod takes the room its pods were planned onto"
+        )
+        await end_entities(time_skipping, pool, class_name)
+
+
 async def test_the_bridge_reports_the_gpus_bound_to_each_ready_node_of_a_pool_and_which_are_held() -> None:
     """What the pool's look reads (Demand.bound_gpus, held_nodes), from Nodes and pods as the API
     serves them: only Ready, schedulable nodes of the pool with GPUs registered; finished pods

@@ -176,6 +176,11 @@ async def test_a_budget_holds_a_drifted_node_until_it_allows_the_replacement(tem
         await eventually(replaced, timeout=120, what="the replacement once the budget allows it")
 
 
+async def _blocked(kube: httpx.AsyncClient, node: str) -> str | None:
+    """The DisruptionBlocked Event about `node` (a real cluster keeps earlier tests' Events)."""
+    return next((m for r, m in await pool_events(kube, "rtx") if r == "DisruptionBlocked" and f"node {node}:" in m), None)
+
+
 async def pool_heard_held(s: Any, pool: str, node: str) -> bool:
     """The pool's history holds a `demand` signal from the bridge that names `node` held by
     do-not-disrupt (what the pool goes by)."""
@@ -192,18 +197,18 @@ async def test_no_replacement_is_bought_for_a_drifted_node_do_not_disrupt_holds(
     """A drifted node running a `tgp.io/do-not-disrupt` pod: nothing is bought (a replacement
     would bill beside a node that cannot go) and DisruptionBlocked says why; once the pod ends,
     the replacement comes, make-before-break."""
-    from tests.test_node_disruption import put_held_pod
-
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("rtx", minNodes=1, disruption=KEEP))
         [old] = await ready_nodes(s, "ml", "rtx", 1)
-        await put_held_pod(s.world, old["name"], "train")
+        meta = {"name": "train", "namespace": "default", "annotations": {"tgp.io/do-not-disrupt": "true"}}
+        spec = {"nodeName": old["name"], "containers": [{"name": "c", "image": "busybox"}], "terminationGracePeriodSeconds": 1}
+        (await s.kube.post("/api/v1/namespaces/default/pods", json={"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})).raise_for_status()
+        (await s.kube.patch("/api/v1/namespaces/default/pods/train/status", json={"status": {"phase": "Running"}}, headers=MERGE)).raise_for_status()
         await eventually(lambda: pool_heard_held(s, "rtx", old["name"]), timeout=60, what="the bridge to tell the pool of the hold")
         (await s.kube.patch(f"{CLASSES}/sim", json={"spec": {"kubernetesVersion": "1.34.2"}}, headers=MERGE)).raise_for_status()
 
-        events = await eventually(lambda: _events_with(s.kube, "DisruptionBlocked"), timeout=60, what="the DisruptionBlocked Event")
-        text = next(m for r, m in events if r == "DisruptionBlocked")
+        text = await eventually(lambda: _blocked(s.kube, old["name"]), timeout=60, what="the DisruptionBlocked Event")
         assert f"node {old['name']}: Drifted: do-not-disrupt holds it" in text, text
         status = await s.pool_status("ml", "rtx")
         assert [(n["name"], n.get("drifted")) for n in status["nodes"]] == [(old["name"], True)], status["nodes"]
@@ -228,8 +233,7 @@ async def test_no_replacement_is_bought_past_the_pools_max_nodes(temporal: Workf
         [old] = await ready_nodes(s, "ml", "rtx", 1)
         (await s.kube.patch(f"{CLASSES}/sim", json={"spec": {"kubernetesVersion": "1.34.2"}}, headers=MERGE)).raise_for_status()
 
-        events = await eventually(lambda: _events_with(s.kube, "DisruptionBlocked"), timeout=60, what="the DisruptionBlocked Event")
-        text = next(m for r, m in events if r == "DisruptionBlocked")
+        text = await eventually(lambda: _blocked(s.kube, old["name"]), timeout=60, what="the DisruptionBlocked Event")
         assert f"node {old['name']}: Drifted: its replacement would be node 2 of spec.maxNodes 1" in text and "raise maxNodes" in text, text
         assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, f"a replacement was bought past maxNodes: {s.world.cloud.log}"
 
@@ -240,7 +244,8 @@ async def test_no_replacement_is_bought_past_the_pools_max_nodes(temporal: Workf
             return listed if len(listed) == 1 and listed[0]["name"] != old["name"] and listed[0]["phase"] == "Ready" else None
 
         await eventually(replaced, timeout=120, what="the replacement once maxNodes allows it")
-        assert len([e for e in await pool_events(s.kube, "rtx") if e[0] == "DisruptionBlocked"]) == 1, "the Event was written more than once"
+        blocked = [m for r, m in await pool_events(s.kube, "rtx") if r == "DisruptionBlocked" and f"node {old['name']}:" in m]
+        assert len(blocked) == 1, f"the Event was written more than once: {blocked}"
 
 
 async def test_a_replacement_that_fails_leaves_the_old_node_in_place(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:

@@ -114,6 +114,53 @@ class ConsolidationPlan(Frozen):
         return sum((a.saving for a in self.actions), start=Decimal(0))
 
 
+class PoolMember(Frozen):
+    """One Ready node as the pool records it, for `look_at`."""
+
+    name: str
+    workflow_id: str
+    hourly_price: Decimal | None = None
+    running_for: timedelta = timedelta(0)
+    leaving: bool = False  # told to end (consolidation) or being replaced
+
+
+def look_at(
+    members: Sequence[PoolMember],
+    free_gpus: Mapping[str, int],
+    bound_gpus: Mapping[str, Sequence[int]],
+    held: Sequence[str],
+    nominated: Mapping[str, Mapping[str, int]],
+    *,
+    room_rules: bool = True,
+) -> list[ConsolidationNode]:
+    """The nodes a consolidation look plans over, from what the bridge reports (each node's free
+    GPUs, the GPU requests of its bound pods, the nodes do-not-disrupt holds) and the pool's
+    nominations (`nominated`: node workflow id -> pending pods that will bind to its free GPUs,
+    with their GPUs). A node the bridge has not reported GPUs for is left out. With `room_rules`
+    (patch `consolidation-room`): a leaving node is left out (no place for another node's pods,
+    no candidate), and the pending pods nominated to a node count as its pods (their GPUs are
+    taken; removing it moves them too)."""
+    nodes = []
+    for m in members:
+        if m.name not in free_gpus or (room_rules and m.leaving):
+            continue
+        bound = list(bound_gpus.get(m.name, []))
+        pods = {f"{m.name}#{i}": gpus for i, gpus in enumerate(bound)}
+        if room_rules:
+            pods.update(nominated.get(m.workflow_id, {}))
+        nodes.append(
+            ConsolidationNode(
+                name=m.name,
+                gpus=free_gpus[m.name] + sum(bound),
+                hourly_price=m.hourly_price,
+                running_for=m.running_for,
+                pods=pods,
+                do_not_disrupt=m.name in held,
+            )
+        )
+    return nodes
+
+
 def plan_consolidation(
     nodes: Sequence[ConsolidationNode],
     offers: Sequence[OfferSize] | None,

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, no_offer_fits_to_warn, note_ready, plan_capacity
     from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
-    from tgp.consolidation import ActionKind, ConsolidationNode, ConsolidationPlan, plan_consolidation
+    from tgp.consolidation import ActionKind, ConsolidationPlan, PoolMember, look_at, plan_consolidation
     from tgp.crds import Condition, Consolidation, ConsolidationStatus, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
     from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop
@@ -117,6 +117,12 @@ CONSOLIDATION_LOOK_PATCH = "consolidation-look"
 # Marks runs that carry consolidation's removals out (a `disrupt` signal to an underutilized node:
 # a command the runs before did not send).
 CONSOLIDATION_ACTIONS_PATCH = "consolidation-actions"
+# Marks runs whose consolidation look leaves out the nodes on their way out (told to end, being
+# replaced: they are no place for another node's pods) and counts the pending pods nominated to
+# a node's free GPUs as its pods (review findings: a removal could plan its pods onto a node
+# that was itself leaving, or onto GPUs a pending pod was about to take). Asked only when either
+# is the case at a look.
+CONSOLIDATION_ROOM_PATCH = "consolidation-room"
 
 # A pass's starts whose activity failed as a whole (its timeout, a dead worker, an RPC error after
 # some workflows had started), or one start that failed on its own, may have started: their nodes
@@ -1419,21 +1425,18 @@ class GPUNodePoolWorkflow:
         assert u.node_class is not None
         now = workflow.now()
         self.state.consolidation_looked_at = now
-        nodes = []
-        for n in live:
-            if n.phase is not NodePhase.READY or n.node_name not in self.state.free_gpus:
-                continue
-            bound = self.state.bound_gpus.get(n.node_name, [])
-            nodes.append(
-                ConsolidationNode(
-                    name=n.node_name,
-                    gpus=self.state.free_gpus[n.node_name] + sum(bound),
-                    hourly_price=n.hourly_price,
-                    running_for=now - n.phase_at,
-                    pods={f"{n.node_name}#{i}": gpus for i, gpus in enumerate(bound)},
-                    do_not_disrupt=n.node_name in self.state.held_nodes,
-                )
-            )
+        # Pending pods nominated to the free GPUs of a Ready node (they will bind there), per node.
+        nominated: dict[str, dict[str, int]] = {}
+        for pod, nom in sorted(self.state.nominations.items()):
+            if not nom.bought and pod in self.state.demand:
+                nominated.setdefault(nom.workflow_id, {})[pod] = self.state.pod_gpus.get(pod, 1)
+        ready = [
+            PoolMember(name=n.node_name, workflow_id=n.workflow_id, hourly_price=n.hourly_price, running_for=now - n.phase_at, leaving=self._leaving(n))
+            for n in live
+            if n.phase is NodePhase.READY
+        ]
+        room_rules = bool(nominated or any(m.leaving for m in ready)) and workflow.patched(CONSOLIDATION_ROOM_PATCH)
+        nodes = look_at(ready, self.state.free_gpus, self.state.bound_gpus, self.state.held_nodes, nominated, room_rules=room_rules)
         oc = self.state.offer_check
         initialized = sum(1 for n in live if n.phase in (NodePhase.READY, NodePhase.DRAINING))
         plan = plan_consolidation(
@@ -1450,6 +1453,11 @@ class GPUNodePoolWorkflow:
         old = self.state.consolidation or ConsolidationStatus()
         self.state.consolidation = old.model_copy(update={"savings_found_hourly": plan.savings, "candidates": len(plan.actions)})
         return plan
+
+    @staticmethod
+    def _leaving(n: PoolNode) -> bool:
+        """A Ready node on its way out: told to end by consolidation, or being replaced."""
+        return n.removing is not None or n.disrupt_sent or n.replaced_by is not None
 
     async def _consolidate(self, plan: ConsolidationPlan) -> None:
         """Carry out `plan`'s removals: each underutilized node (its pods fit on the free GPUs of
