@@ -418,6 +418,48 @@ async def test_a_deleted_pool_evicts_its_nodes_before_writing_the_events_reporte
         assert about(events, "NodeReady", "b"), f"b's Event was not written before the pool went: {events}"
 
 
+async def test_new_settings_reach_many_nodes_in_a_few_workflow_tasks(temporal: WorkflowEnvironment) -> None:
+    """A pool with 40 Ready nodes whose idle timeout changes sends the 40 `update_timeouts`
+    signals together, not one workflow task per node (one by one, a pool adopting 1,000 nodes
+    recorded ~165,000 events an hour for minutes). The nodes here are reports only (no workflow
+    runs): each signal fails, which the pool takes as a node that ended."""
+    async with gated_world(temporal) as s:
+        name, pool = await start_pool(s, pool_spec("cls-unused", disruption={"idleTimeout": "1h"}))
+        report = Reports(name).of
+        nodes = [f"n{i:02d}" for i in range(40)]
+        await asyncio.gather(*(pool.signal(GPUNodePoolWorkflow.node_phase, report(n, NodePhase.READY, 1)) for n in nodes))
+
+        async def all_ready() -> bool:
+            return len([n for n in (await status(pool)).nodes if n.phase == "Ready"]) == 40
+
+        await eventually(all_ready, timeout=WAIT, what="the pool to record 40 Ready nodes")
+        await eventually(lambda: _quiet(pool), timeout=WAIT, what="the pool to finish telling its nodes their first settings")
+        before = await _workflow_tasks(pool)
+
+        changed = pool_spec("cls-unused", disruption={"idleTimeout": "2h"})
+        await pool.signal(GPUNodePoolWorkflow.update, PoolUpdate(spec=changed, generation=2, node_class=CLASS))
+        await eventually(lambda: _signals_sent(pool, "update_timeouts", 80), timeout=WAIT, what="40 more update_timeouts signals")
+        await eventually(lambda: _quiet(pool), timeout=WAIT, what="the pool to finish")
+        assert await _workflow_tasks(pool) - before < 10, "one workflow task per node told"
+
+
+async def _workflow_tasks(pool: WorkflowHandle) -> int:
+    return sum(1 for e in (await pool.fetch_history()).events if e.HasField("workflow_task_completed_event_attributes"))
+
+
+async def _signals_sent(pool: WorkflowHandle, name: str, count: int) -> bool:
+    events = (await pool.fetch_history()).events
+    sent = [e for e in events if e.HasField("signal_external_workflow_execution_initiated_event_attributes")]
+    return sum(1 for e in sent if e.signal_external_workflow_execution_initiated_event_attributes.signal_name == name) >= count
+
+
+async def _quiet(pool: WorkflowHandle) -> bool:
+    """No workflow task, activity or signal of the pool's is in flight."""
+    d = (await pool.describe()).raw_description
+    last = (await pool.fetch_history()).events[-1]
+    return not d.pending_activities and not d.HasField("pending_workflow_task") and last.HasField("timer_started_event_attributes")
+
+
 async def _grow_history_past(pool: WorkflowHandle, events: int) -> None:
     """Signals that change nothing (the pool as it is) until the run's history is past `events`."""
     same = PoolUpdate(spec=pool_spec("cls-unused"), generation=1, node_class=CLASS)
