@@ -487,12 +487,13 @@ def _sees(view: kmock.View, request: kmock.Request, root: kmock.Root) -> bool:
     """Whether `request` (the newest of `root`'s log) is among `view`'s requests, as
     `request in view` says, without filtering the whole log: filters and priorities run on
     this one request (source first, as a chained filter sees only its source's requests); any
-    other view (slices, unions, intersections, exclusions: they depend on the requests before) asks kmock.
+    other view (slices, unions, intersections, exclusions: they depend on the requests before;
+    a reaction: it sees only what it served) asks kmock.
     tests/test_kube_emulator.py compares both on every reaction kind."""
     if view is root:
         return True
     if type(view) is kmock.Filter:
         return _sees(view._source, request, root) and bool(view.criteria(request))
-    if type(view) in (kmock.Priority, kmock.Reaction):
+    if type(view) is kmock.Priority:
         return _sees(view._source, request, root)
     return request in view

@@ -105,12 +105,16 @@ async def skip_time(env: WorkflowEnvironment, duration: timedelta, *, step: time
     goes on (CI failed so): then the server's clock says how far it got, and the next call goes
     on from there, until the clock is `duration` on."""
     until = await env.get_current_time() + duration
+    stuck = 0  # timed-out calls in a row after which the clock had not moved
     while (left := until - await env.get_current_time()) > timedelta(0):
         try:
             await env.sleep(min(step, left))
         except RPCError as exc:
             if "Timeout expired" not in str(exc) and exc.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
                 raise
+            stuck = stuck + 1 if until - await env.get_current_time() >= left else 0
+            if stuck >= 3:
+                raise AssertionError(f"the time-skipping server's clock did not move in three calls ({left} still to skip)") from exc
 
 
 async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float = 30.0, what: str = "condition") -> T:

@@ -57,6 +57,7 @@ class ConsolidationNode(Frozen):
     do_not_disrupt: bool = Field(False, description="The Node or one of its pods asks not to be disrupted.")
     holders: list[str] = Field([], description="What holds it (the Node or pods), for messages.")
     drifted: bool = False
+    nominated: int = Field(0, description="GPUs of pending pods the pool has nominated to it (they bind there): taken, and it stays.")
 
     @property
     def used(self) -> int:
@@ -64,7 +65,7 @@ class ConsolidationNode(Frozen):
 
     @property
     def free(self) -> int:
-        return max(0, self.gpus - self.used)
+        return max(0, self.gpus - self.used - self.nominated)
 
 
 class ActionKind(StrEnum):
@@ -138,24 +139,22 @@ def look_at(
     nominations (`nominated`: node workflow id -> pending pods that will bind to its free GPUs,
     with their GPUs). A node the bridge has not reported GPUs for is left out. With `room_rules`
     (patch `consolidation-room`): a leaving node is left out (no place for another node's pods,
-    no candidate), and the pending pods nominated to a node count as its pods (their GPUs are
-    taken; removing it moves them too)."""
+    no candidate), and the GPUs of the pending pods nominated to a node are taken and keep it
+    (as Karpenter keeps a node with pods nominated to it: they are on their way there)."""
     nodes = []
     for m in members:
         if m.name not in free_gpus or (room_rules and m.leaving):
             continue
         bound = list(bound_gpus.get(m.name, []))
-        pods = {f"{m.name}#{i}": gpus for i, gpus in enumerate(bound)}
-        if room_rules:
-            pods.update(nominated.get(m.workflow_id, {}))
         nodes.append(
             ConsolidationNode(
                 name=m.name,
                 gpus=free_gpus[m.name] + sum(bound),
                 hourly_price=m.hourly_price,
                 running_for=m.running_for,
-                pods=pods,
+                pods={f"{m.name}#{i}": gpus for i, gpus in enumerate(bound)},
                 do_not_disrupt=m.name in held,
+                nominated=sum(nominated.get(m.workflow_id, {}).values()) if room_rules else 0,
             )
         )
     return nodes
@@ -222,7 +221,7 @@ def plan_consolidation(
     receivers: set[str] = set()
     removed: set[str] = set()
     if policy is not None and policy.policy == "WhenEmptyOrUnderutilized":  # WhenEmpty: nodes that run pods are only re-shopped
-        candidates = sorted((n for n in by_name if n.name not in touched and n.pods), key=lambda n: (n.used, -(n.hourly_price or 0), n.name))
+        candidates = sorted((n for n in by_name if n.name not in touched and n.pods and not n.nominated), key=lambda n: (n.used, -(n.hourly_price or 0), n.name))
         for node in candidates:
             if node.name in receivers:
                 continue  # took pods of a removed node: it stays, so no pod moves twice
@@ -273,7 +272,7 @@ def plan_consolidation(
     # 3. Cheaper: re-shop the nodes that stay and took no pods.
     held_already = {b.node for b in blocked if b.cause is Cause.DO_NOT_DISRUPT}
     for node in by_name:
-        if node.name in touched or node.name in removed or node.name in receivers or node.name in held_already:
+        if node.name in touched or node.name in removed or node.name in receivers or node.name in held_already or node.nominated:
             continue
         reason = DisruptionReason.CHEAPER
         need = max(node.used, min_gpus)

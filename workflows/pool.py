@@ -119,10 +119,10 @@ CONSOLIDATION_LOOK_PATCH = "consolidation-look"
 # a command the runs before did not send).
 CONSOLIDATION_ACTIONS_PATCH = "consolidation-actions"
 # Marks runs whose consolidation look leaves out the nodes on their way out (told to end, being
-# replaced: they are no place for another node's pods) and counts the pending pods nominated to
-# a node's free GPUs as its pods (review findings: a removal could plan its pods onto a node
-# that was itself leaving, or onto GPUs a pending pod was about to take). Asked only when either
-# is the case at a look.
+# replaced: they are no place for another node's pods) and counts the GPUs of pending pods
+# nominated to a node as taken, keeping that node (review findings: a removal could plan its pods
+# onto a node that was itself leaving, or onto GPUs a pending pod was about to take). Asked only
+# when either is the case at a look.
 CONSOLIDATION_ROOM_PATCH = "consolidation-room"
 # Marks runs that send changed settings and labels to their nodes SIGNALS_AT_ONCE at a time in
 # one workflow task, not one workflow task per node (bench: a pool adopting 1,000 nodes recorded
@@ -1358,16 +1358,21 @@ class GPUNodePoolWorkflow:
     async def _sync_timeouts(self, u: PoolUpdate, live: list[PoolNode]) -> None:
         """Send each running node the pool's current disruption settings when they changed."""
         held = {nom.workflow_id for nom in self.state.nominations.values() if nom.bought}
+        at_once = workflow.patched(SETTINGS_AT_ONCE_PATCH)
         sends: list[tuple[str, Any, str]] = []
         for wid in sorted(n.workflow_id for n in live):
-            node = self.state.nodes[wid]
+            node = self.state.nodes[wid]  # read again after each send when one by one: reports land meanwhile
             if node.phase not in _TUNABLE:
                 continue
             # A replacement keeps like a floor node (never idles) until the node it replaces is gone.
             wanted: TimeoutsUpdate = self._timeouts_for(u, floor=node.floor or self._replacing(node), held=wid in held)
             fingerprint = _fingerprint(wanted)
-            if node.timeouts_sent != fingerprint:
+            if node.timeouts_sent == fingerprint:
+                continue
+            if at_once:
                 sends.append((wid, wanted, fingerprint))
+            else:
+                await self._signal_node(wid, "update_timeouts", wanted, fingerprint, "timeouts_sent", "could not update the timeouts of %s: %s")
         await self._signal_nodes("update_timeouts", sends, "timeouts_sent", "could not update the timeouts of %s: %s")
 
     async def _sync_template(self, u: PoolUpdate, live: list[PoolNode]) -> None:
@@ -1379,34 +1384,33 @@ class GPUNodePoolWorkflow:
             return
         wanted = _template(u)
         fingerprint = _template_fingerprint(wanted)
-        sends = [
-            (wid, wanted, fingerprint)
-            for wid in sorted(n.workflow_id for n in live)
-            if self.state.nodes[wid].phase in _TUNABLE and self.state.nodes[wid].template_sent != fingerprint
-        ]
+        at_once = workflow.patched(SETTINGS_AT_ONCE_PATCH)
+        sends: list[tuple[str, Any, str]] = []
+        for wid in sorted(n.workflow_id for n in live):
+            node = self.state.nodes[wid]
+            if node.phase not in _TUNABLE or node.template_sent == fingerprint:
+                continue
+            if at_once:
+                sends.append((wid, wanted, fingerprint))
+            else:
+                await self._signal_node(wid, "update_template", wanted, fingerprint, "template_sent", "could not update the labels and taints of %s: %s")
         await self._signal_nodes("update_template", sends, "template_sent", "could not update the labels and taints of %s: %s")
 
+    async def _signal_node(self, wid: str, signal: str, arg: Any, fingerprint: str, sent_field: str, failed: str) -> None:
+        """Signal one node and record the fingerprint as sent (a node that just ended has
+        nothing to update)."""
+        try:
+            await workflow.get_external_workflow_handle(wid).signal(signal, arg)
+        except Exception as exc:  # noqa: BLE001 - a node that just ended has nothing to update
+            workflow.logger.info(failed, wid, exc)
+        self.state.nodes[wid] = self.state.nodes[wid].model_copy(update={sent_field: fingerprint})
+
     async def _signal_nodes(self, signal: str, sends: list[tuple[str, Any, str]], sent_field: str, failed: str) -> None:
-        """Signal each (node workflow id, argument, fingerprint) and record the fingerprint as
-        sent (a node that just ended has nothing to update). With the patch `settings-at-once`,
-        SIGNALS_AT_ONCE at a time in one workflow task, in a fixed order; before it, one after the
-        other, a workflow task each (1,000 adopted nodes took minutes and ~5,000 events)."""
-        if not sends:
-            return
-
-        async def send(wid: str, arg: Any, fingerprint: str) -> None:
-            try:
-                await workflow.get_external_workflow_handle(wid).signal(signal, arg)
-            except Exception as exc:  # noqa: BLE001 - a node that just ended has nothing to update
-                workflow.logger.info(failed, wid, exc)
-            self.state.nodes[wid] = self.state.nodes[wid].model_copy(update={sent_field: fingerprint})
-
-        if not workflow.patched(SETTINGS_AT_ONCE_PATCH):
-            for wid, arg, fingerprint in sends:
-                await send(wid, arg, fingerprint)
-            return
+        """Patch `settings-at-once`: the signals SIGNALS_AT_ONCE at a time in one workflow task,
+        in a fixed order. Before it, one after the other, a workflow task each, every node read
+        again after the send before (1,000 adopted nodes took minutes and ~5,000 events)."""
         for i in range(0, len(sends), SIGNALS_AT_ONCE):
-            await asyncio.gather(*(send(*one) for one in sends[i : i + SIGNALS_AT_ONCE]))
+            await asyncio.gather(*(self._signal_node(wid, signal, arg, fp, sent_field, failed) for wid, arg, fp in sends[i : i + SIGNALS_AT_ONCE]))
 
     async def _tear_down(self, live: list[PoolNode]) -> bool:
         """Pool deleted: evict every node, and let the finalizer go once none is left."""
