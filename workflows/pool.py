@@ -382,9 +382,7 @@ class GPUNodePoolWorkflow:
             self.state.blocked.pop(ask.workflow_id, None)
             self.dirty = True
             return DisruptionAnswer(allowed=True)
-        if self.state.blocked.get(ask.workflow_id) != verdict.message:
-            self.state.blocked[ask.workflow_id] = verdict.message
-            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {ask.node_name}: {verdict.message}"))
+        if self._blocked(ask.workflow_id, ask.node_name, verdict.message):
             self.dirty = True
         return DisruptionAnswer(allowed=False, message=verdict.message)
 
@@ -1223,10 +1221,7 @@ class GPUNodePoolWorkflow:
             return False
         if not workflow.patched(REPLACEMENT_LIMITS_PATCH):
             return False
-        message = f"{n.replace_reason}: do-not-disrupt holds it; its replacement is bought once nothing holds it"
-        if self.state.blocked.get(wid) != message:
-            self.state.blocked[wid] = message
-            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {n.node_name}: {message}"))
+        self._blocked(wid, n.node_name, f"{n.replace_reason}: do-not-disrupt holds it; its replacement is bought once nothing holds it")
         return True
 
     def _replacement_fits(self, u: PoolUpdate, live: list[PoolNode], slots: dict[str, Slot]) -> bool:
@@ -1243,9 +1238,7 @@ class GPUNodePoolWorkflow:
             f"{slots[candidate].want}: its replacement would be node {len(live) + 1} of spec.maxNodes {u.spec.max_nodes} "
             "(make-before-break buys it before the old node goes); raise maxNodes by one to let it through"
         )
-        if self.state.blocked.get(candidate) != message:
-            self.state.blocked[candidate] = message
-            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {n.node_name}: {message}"))
+        self._blocked(candidate, n.node_name, message)
         return False
 
     def _replacement_budget(self, slots: dict[str, Slot]) -> bool:
@@ -1267,10 +1260,17 @@ class GPUNodePoolWorkflow:
         if verdict.permits():
             self.state.blocked.pop(candidate, None)
             return True
-        if self.state.blocked.get(candidate) != verdict.message:
-            self.state.blocked[candidate] = verdict.message
-            self.events.append(self._event("Normal", "DisruptionBlocked", f"node {n.node_name}: {verdict.message}"))
+        self._blocked(candidate, n.node_name, verdict.message)
         return False
+
+    def _blocked(self, wid: str, node_name: str, message: str) -> bool:
+        """Record why node `wid`'s disruption is blocked; a DisruptionBlocked Event when the
+        reason is new for it (not again each pass or ask). Returns whether it was new."""
+        if self.state.blocked.get(wid) == message:
+            return False
+        self.state.blocked[wid] = message
+        self.events.append(self._event("Normal", "DisruptionBlocked", f"node {node_name}: {message}"))
+        return True
 
     async def _replace(self, old: PoolNode, reason: DisruptionReason, offer: Decimal | None = None, *, name: str | None = None) -> bool:
         """Start the replacement of `old` for `reason` (make-before-break): a node workflow like
@@ -1358,7 +1358,7 @@ class GPUNodePoolWorkflow:
     async def _sync_timeouts(self, u: PoolUpdate, live: list[PoolNode]) -> None:
         """Send each running node the pool's current disruption settings when they changed."""
         held = {nom.workflow_id for nom in self.state.nominations.values() if nom.bought}
-        at_once = workflow.patched(SETTINGS_AT_ONCE_PATCH)
+        at_once, failed = workflow.patched(SETTINGS_AT_ONCE_PATCH), "could not update the timeouts of %s: %s"
         sends: list[tuple[str, Any, str]] = []
         for wid in sorted(n.workflow_id for n in live):
             node = self.state.nodes[wid]  # read again after each send when one by one: reports land meanwhile
@@ -1372,8 +1372,8 @@ class GPUNodePoolWorkflow:
             if at_once:
                 sends.append((wid, wanted, fingerprint))
             else:
-                await self._signal_node(wid, "update_timeouts", wanted, fingerprint, "timeouts_sent", "could not update the timeouts of %s: %s")
-        await self._signal_nodes("update_timeouts", sends, "timeouts_sent", "could not update the timeouts of %s: %s")
+                await self._signal_node(wid, "update_timeouts", wanted, fingerprint, "timeouts_sent", failed)
+        await self._signal_nodes("update_timeouts", sends, "timeouts_sent", failed)
 
     async def _sync_template(self, u: PoolUpdate, live: list[PoolNode]) -> None:
         """Send each running node the pool's template labels and taints when they changed since
@@ -1384,7 +1384,7 @@ class GPUNodePoolWorkflow:
             return
         wanted = _template(u)
         fingerprint = _template_fingerprint(wanted)
-        at_once = workflow.patched(SETTINGS_AT_ONCE_PATCH)
+        at_once, failed = workflow.patched(SETTINGS_AT_ONCE_PATCH), "could not update the labels and taints of %s: %s"
         sends: list[tuple[str, Any, str]] = []
         for wid in sorted(n.workflow_id for n in live):
             node = self.state.nodes[wid]
@@ -1393,8 +1393,8 @@ class GPUNodePoolWorkflow:
             if at_once:
                 sends.append((wid, wanted, fingerprint))
             else:
-                await self._signal_node(wid, "update_template", wanted, fingerprint, "template_sent", "could not update the labels and taints of %s: %s")
-        await self._signal_nodes("update_template", sends, "template_sent", "could not update the labels and taints of %s: %s")
+                await self._signal_node(wid, "update_template", wanted, fingerprint, "template_sent", failed)
+        await self._signal_nodes("update_template", sends, "template_sent", failed)
 
     async def _signal_node(self, wid: str, signal: str, arg: Any, fingerprint: str, sent_field: str, failed: str) -> None:
         """Signal one node and record the fingerprint as sent (a node that just ended has
