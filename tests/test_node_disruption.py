@@ -28,11 +28,16 @@ MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 
 async def put_held_pod(world: SimWorld, node: str, name: str, annotation: str = "tgp.io/do-not-disrupt") -> None:
     """A Running pod bound to `node` that asks not to be disrupted."""
+    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        await put_held_pod_through(kube, node, name, annotation)
+
+
+async def put_held_pod_through(kube: httpx.AsyncClient, node: str, name: str, annotation: str = "tgp.io/do-not-disrupt") -> None:
+    """`put_held_pod` through a given client (a real cluster's, with its TLS)."""
     meta = {"name": name, "namespace": "default", "annotations": {annotation: "true"}}
     spec = {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}], "terminationGracePeriodSeconds": 1}
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
-        (await kube.post("/api/v1/namespaces/default/pods", json={"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})).raise_for_status()
-        (await kube.patch(f"/api/v1/namespaces/default/pods/{name}/status", json={"status": {"phase": "Running"}}, headers=MERGE_PATCH)).raise_for_status()
+    (await kube.post("/api/v1/namespaces/default/pods", json={"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})).raise_for_status()
+    (await kube.patch(f"/api/v1/namespaces/default/pods/{name}/status", json={"status": {"phase": "Running"}}, headers=MERGE_PATCH)).raise_for_status()
 
 
 async def annotate_node(world: SimWorld, node: str, value: str | None) -> None:

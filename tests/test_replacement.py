@@ -197,14 +197,13 @@ async def test_no_replacement_is_bought_for_a_drifted_node_do_not_disrupt_holds(
     """A drifted node running a `tgp.io/do-not-disrupt` pod: nothing is bought (a replacement
     would bill beside a node that cannot go) and DisruptionBlocked says why; once the pod ends,
     the replacement comes, make-before-break."""
+    from tests.test_node_disruption import put_held_pod_through
+
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("rtx", minNodes=1, disruption=KEEP))
         [old] = await ready_nodes(s, "ml", "rtx", 1)
-        meta = {"name": "train", "namespace": "default", "annotations": {"tgp.io/do-not-disrupt": "true"}}
-        spec = {"nodeName": old["name"], "containers": [{"name": "c", "image": "busybox"}], "terminationGracePeriodSeconds": 1}
-        (await s.kube.post("/api/v1/namespaces/default/pods", json={"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})).raise_for_status()
-        (await s.kube.patch("/api/v1/namespaces/default/pods/train/status", json={"status": {"phase": "Running"}}, headers=MERGE)).raise_for_status()
+        await put_held_pod_through(s.kube, old["name"], "train")
         await eventually(lambda: pool_heard_held(s, "rtx", old["name"]), timeout=60, what="the bridge to tell the pool of the hold")
         (await s.kube.patch(f"{CLASSES}/sim", json={"spec": {"kubernetesVersion": "1.34.2"}}, headers=MERGE)).raise_for_status()
 
