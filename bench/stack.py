@@ -206,10 +206,10 @@ class Stack:
 
             self.cloud._node_register = register
         if self.scheduler:
-            # kube-scheduler moves unschedulable pods back to its active queue when a Node is
-            # added; the simulated one only backs off (up to 10 s), which is no cost of tgp's:
-            # back off at most 1 s here.
-            await s.enter_async_context(SimScheduler(self.emulator.url, initial_backoff=0.2, max_backoff=1.0))
+            # kube-scheduler's queue as v1.34 has it (sim.scheduler; its backoff does not delay a
+            # pod when a Node fits it and nothing else waits). It reacts to events; the simulated
+            # one looks every pass, so a pass is kept short: half of it is in the overhead.
+            await s.enter_async_context(SimScheduler(self.emulator.url, interval=0.25))
         self.kube = await s.enter_async_context(httpx.AsyncClient(base_url=self.emulator.url, timeout=30))
         port = free_port()
         self.server = Proc(

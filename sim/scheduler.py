@@ -11,14 +11,23 @@ Kubelet: a bound pod starts Running at once. A pod annotated `tgp.io/sim-run-sec
 completes (`Succeeded`) N seconds after it started; without it, it runs until deleted. A pod
 being deleted stays Terminating for its grace period (the emulator's graceful deletion).
 
-Like kube-scheduler where tgp depends on it: a pod that did not fit waits a per-pod backoff
-before it is tried again (1 s, doubling, capped at 10 s: podInitialBackoffSeconds and
-podMaxBackoffSeconds), so when a node appears the pod that was first in line may be backing off
-and another pod takes the node (what a real scheduler does to tgp's nominations); pods are tried
-in the order they come out of backoff. A Node that is not Ready, is cordoned, or carries a
-NoSchedule taint the pod does not tolerate (`node.kubernetes.io/not-ready` included, which a
-registering node has until its kubelet reports Ready) takes nothing; GPUs are counted as
-allocatable minus the requests of the pods bound and not finished (terminating ones included).
+Like kube-scheduler v1.34's scheduling queue where tgp depends on it (its source:
+pkg/scheduler/backend/queue): a pod that did not fit waits in `unschedulablePods` until a cluster
+event could make it fit (queueing hints, GA in 1.34: here a Node added, or one whose readiness,
+cordon, labels, taints or allocatable changed, or whose free GPUs grew), or for five minutes
+(podMaxInUnschedulablePodsDuration); it is not retried while nothing changes. Moved by an event,
+it goes to the backoff queue while its per-pod backoff runs (1 s after its last failure,
+doubling per failure, capped at 10 s: podInitialBackoffSeconds, podMaxBackoffSeconds), else to
+the active queue. Pods in the active queue are tried first, oldest first (the queue's timestamp,
+refreshed at each failure); pods still backing off are tried when the active queue is empty
+(SchedulerPopFromBackoffQ, on by default since 1.33). So a Node that appears is taken at once by
+a pod that waited for it, unless a pod in the active queue comes first: a newer pod may take the
+node another pod was bought for (what a real scheduler does to tgp's nominations). A Node that
+is not Ready, is cordoned, or carries a NoSchedule taint the pod does not tolerate
+(`node.kubernetes.io/not-ready` included, which a registering node has until its kubelet
+reports Ready) takes nothing; GPUs are counted as allocatable minus the requests of the pods
+bound and not finished (terminating ones included). tests/test_sim_scheduler.py holds the
+model; tests/test_scheduler_queue.py compares it with the real kube-scheduler.
 
 Simplifications, on purpose: no CPU/memory accounting, no preferred affinity or pod
 (anti-)affinity, no preemption, no scoring (the first fitting node by name); one pass every
@@ -29,7 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -44,6 +54,8 @@ RUN_SECONDS_ANNOTATION = "tgp.io/sim-run-seconds"
 # kube-scheduler's podInitialBackoffSeconds and podMaxBackoffSeconds defaults.
 POD_INITIAL_BACKOFF = 1.0
 POD_MAX_BACKOFF = 10.0
+# podMaxInUnschedulablePodsDuration: an unschedulable pod no event moved is tried again after this.
+UNSCHEDULABLE_LEFTOVER = 300.0
 MERGE = {"Content-Type": "application/merge-patch+json"}
 
 Obj = Mapping[str, Any]
@@ -136,8 +148,8 @@ class SimScheduler:
         self.interval = interval
         self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
         self._clock = clock
-        # Pod uid -> (failed attempts, when it may be tried again), as kube-scheduler's backoffQ.
-        self._backoff: dict[str, tuple[int, float]] = {}
+        # Pod uid -> its place in the scheduling queue (kube-scheduler's QueuedPodInfo).
+        self._queue: dict[str, Queued] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> SimScheduler:
@@ -173,32 +185,51 @@ class SimScheduler:
                 used[node] = used.get(node, 0) + max(_gpus(pod), 0)
         now = datetime.now(timezone.utc)
         tick = self._clock()
-        queue = []
+        view = _view(nodes, used)
+        # The pass decides in order and writes at once: kube-scheduler binds each pod in a
+        # binding cycle of its own, concurrently, and each kubelet reports on its own.
+        writes: list[Awaitable[None]] = []
+        active, backing_off = [], []
         for pod in pods:
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             if meta.get("deletionTimestamp"):
                 continue  # Terminating: the emulator removes it after its grace period
             if spec.get("nodeName"):
-                await self._kubelet(pod, now)
+                writes.append(self._kubelet(pod, now))
                 continue
-            _, due = self._backoff.get(_uid(pod), (0, 0.0))
-            if due <= tick:
-                queue.append((due, str(meta.get("creationTimestamp") or ""), _uid(pod), pod))
+            q = self._queue.setdefault(_uid(pod), Queued(since=tick))
+            if q.unschedulable is not None:
+                if not _better(q.unschedulable, view) and tick - q.since < UNSCHEDULABLE_LEFTOVER:
+                    continue  # no event that could make it fit: it waits
+                q.unschedulable = None
+            expiry = q.since + self._backoff(q.attempts)
+            if tick < expiry:
+                backing_off.append((expiry, _uid(pod), pod))
+            else:
+                active.append((q.since, str(meta.get("creationTimestamp") or ""), _uid(pod), pod))
         present = {_uid(p) for p in pods}
-        self._backoff = {uid: b for uid, b in self._backoff.items() if uid in present}
-        for _, _, uid, pod in sorted(queue, key=lambda q: q[:3]):  # out of backoff first, then oldest
+        self._queue = {uid: q for uid, q in self._queue.items() if uid in present}
+        # The active queue first, oldest first; then, the active queue empty, the backoff queue
+        # by expiry (SchedulerPopFromBackoffQ).
+        order = [e[-1] for e in sorted(active, key=lambda e: e[:3])] + [e[-1] for e in sorted(backing_off, key=lambda e: e[:2])]
+        for pod in order:
+            uid = _uid(pod)
             free = {n["metadata"]["name"]: _allocatable(n) - used.get(n["metadata"]["name"], 0) for n in nodes}
             reasons = {n["metadata"]["name"]: fits(pod, n, free[n["metadata"]["name"]]) for n in nodes}
             fitting = sorted(name for name, why in reasons.items() if why is None)
             if fitting:
-                await self._bind(pod, fitting[0], now)
+                writes.append(self._bind(pod, fitting[0], now))
                 used[fitting[0]] = used.get(fitting[0], 0) + max(_gpus(pod), 0)
-                self._backoff.pop(uid, None)
+                self._queue.pop(uid, None)
             else:
-                attempts = self._backoff.get(uid, (0, 0.0))[0] + 1
-                delay = min(self.initial_backoff * 2 ** (attempts - 1), self.max_backoff)
-                self._backoff[uid] = (attempts, self._clock() + delay)
-                await self._unschedulable(pod, reasons)
+                q = self._queue[uid]
+                q.attempts, q.since, q.unschedulable = q.attempts + 1, self._clock(), _view(nodes, used)
+                writes.append(self._unschedulable(pod, reasons))
+        await _all(writes)
+
+    def _backoff(self, attempts: int) -> float:
+        """The backoff after `attempts` failures: none before the first."""
+        return 0.0 if attempts == 0 else min(self.initial_backoff * 2 ** (attempts - 1), self.max_backoff)
 
     async def _bind(self, pod: Obj, node: str, now: datetime) -> None:
         meta = pod["metadata"]
@@ -240,6 +271,53 @@ class SimScheduler:
             done = {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}]}
             await self._http.patch(path, json={"status": done}, headers=MERGE)
             log.info("sim_pod_completed", pod=f"{meta['namespace']}/{meta['name']}")
+
+
+@dataclass
+class Queued:
+    """A pending pod's place in the queue: its failures, when it entered the queue (refreshed at
+    each failure: its backoff runs from there), and while it waits for an event, the cluster as
+    it failed in."""
+
+    since: float
+    attempts: int = 0
+    unschedulable: dict[str, tuple[Any, ...]] | None = None
+
+
+def _view(nodes: list[Obj], used: Mapping[str, int]) -> dict[str, tuple[Any, ...]]:
+    """What of each Node can make a pod fit: readiness, cordon, labels, taints, allocatable GPUs
+    (the last two fields), and the GPUs free on it."""
+    view = {}
+    for n in nodes:
+        meta, spec, name = n.get("metadata") or {}, n.get("spec") or {}, n["metadata"]["name"]
+        taints = tuple(sorted((str(t.get("key")), str(t.get("value")), str(t.get("effect"))) for t in spec.get("taints") or []))
+        labels = tuple(sorted((meta.get("labels") or {}).items()))
+        view[name] = (_ready(n), bool(spec.get("unschedulable")), labels, taints, _allocatable(n), _allocatable(n) - used.get(name, 0))
+    return view
+
+
+def _better(before: Mapping[str, tuple[Any, ...]], now: Mapping[str, tuple[Any, ...]]) -> bool:
+    """Whether the cluster changed since `before` in a way that could make a pod fit (the
+    queueing hints' Queue): a Node added, a Node changed other than in its free GPUs, or more GPUs
+    free on one. A Node deleted or a pod bound (fewer free GPUs) makes nothing fit."""
+    for name, state in now.items():
+        old = before.get(name)
+        if old is None or old[:-1] != state[:-1] or state[-1] > old[-1]:
+            return True
+    return False
+
+
+async def _all(writes: list[Awaitable[None]], at_once: int = 32) -> None:
+    """Run the pass's writes, `at_once` at a time; the first failure is raised after all ended."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(write: Awaitable[None]) -> None:
+        async with gate:
+            await write
+
+    for result in await asyncio.gather(*(one(w) for w in writes), return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _uid(pod: Obj) -> str:

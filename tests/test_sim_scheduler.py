@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import eventually
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import register_node
-from sim.scheduler import RUN_SECONDS_ANNOTATION, SimScheduler, fits
+from sim.scheduler import RUN_SECONDS_ANNOTATION, UNSCHEDULABLE_LEFTOVER, SimScheduler, fits
 
 READY_NODE = {
     "metadata": {"name": "n1", "labels": {"tgp.io/gpu-type": "RTX4090", "cuda": "12"}},
@@ -94,24 +94,47 @@ async def node_of(http: httpx.AsyncClient, name: str) -> str | None:
     return (await http.get(f"/api/v1/namespaces/default/pods/{name}")).json()["spec"].get("nodeName")
 
 
-async def test_a_pod_that_did_not_fit_backs_off_exponentially_up_to_ten_seconds() -> None:
-    """kube-scheduler's podInitialBackoff (1 s) and podMaxBackoff (10 s): a node that appears
-    while the pod backs off is not taken before the backoff ends."""
+async def test_a_pod_that_did_not_fit_waits_for_a_change_and_its_backoff_doubles_up_to_ten_seconds() -> None:
+    """kube-scheduler v1.34: a pod that did not fit is not tried again while nothing changes
+    (queueing hints); each change that could make it fit tries it again, and each failure
+    doubles its backoff, 1 s to 10 s (podInitialBackoff, podMaxBackoff)."""
     async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
         clock = Clock()
         scheduler = SimScheduler(kube.url, clock=clock)
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("waits"))).raise_for_status()
-        delays = []
-        for _ in range(6):
-            await scheduler.step()
-            [(_, due)] = scheduler._backoff.values()
-            delays.append(due - clock.now)
-            clock.now = due
-        assert delays == [1, 2, 4, 8, 10, 10]
-        await register_node(kube.url, "gpu-1", gpus=1)
-        clock.now -= 0.5
         await scheduler.step()
-        assert await node_of(http, "waits") is None, "still backing off"
+        [queued] = scheduler._queue.values()
+        for _ in range(3):  # nothing changes: no attempt, however long
+            clock.now += 60
+            await scheduler.step()
+        assert queued.attempts == 1
+        backoffs = []
+        for i in range(6):  # a Node that fits nothing (its GPUs taken) comes, each time another
+            await register_node(kube.url, f"full-{i}", gpus=0)
+            clock.now += 0.1
+            await scheduler.step()
+            backoffs.append(scheduler._backoff(queued.attempts))
+        assert queued.attempts == 7 and backoffs == [2, 4, 8, 10, 10, 10]
+        clock.now += UNSCHEDULABLE_LEFTOVER  # five minutes with no event: tried again anyway
+        await scheduler.step()
+        assert queued.attempts == 8
+        await scheduler.__aexit__()
+
+
+async def test_a_node_that_appears_while_the_pod_backs_off_is_taken_at_once() -> None:
+    """Since v1.33 (SchedulerPopFromBackoffQ) a pod still backing off is tried when no other pod
+    waits in the active queue: the node it waited for is taken on the next pass, not after its
+    backoff (up to 10 s later, as the simulated scheduler had it before)."""
+    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+        clock = Clock()
+        scheduler = SimScheduler(kube.url, clock=clock)
+        (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("waits"))).raise_for_status()
+        for i in range(5):
+            await register_node(kube.url, f"full-{i}", gpus=0)
+            await scheduler.step()
+        [queued] = scheduler._queue.values()
+        assert scheduler._backoff(queued.attempts) == 10
+        await register_node(kube.url, "gpu-1", gpus=1)
         clock.now += 0.5
         await scheduler.step()
         assert await node_of(http, "waits") == "gpu-1"
@@ -125,9 +148,11 @@ async def test_a_pod_out_of_backoff_takes_the_node_another_pod_waited_for() -> N
         clock = Clock()
         scheduler = SimScheduler(kube.url, clock=clock)
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("first"))).raise_for_status()
-        for _ in range(3):
+        await scheduler.step()
+        for i in range(3):  # nodes that fit nothing come and go: each failure doubles its backoff
+            await register_node(kube.url, f"full-{i}", gpus=0)
+            clock.now += 0.5
             await scheduler.step()
-            clock.now += 2
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("second"))).raise_for_status()
         await register_node(kube.url, "bought-for-first", gpus=1)
         await scheduler.step()
