@@ -58,6 +58,7 @@ from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.messages import class_workflow_id
 from tgp.node import NodeWorkflowInput
 from tgp.pools import node_request
+from tgp.types import NodeStatus, node_workflow_id
 from workers.main import workflow_cache
 
 # The simulated scheduler and kubelets log each pod they bind and run; the harness prints its own progress.
@@ -273,6 +274,11 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         say(f"burst {n}: served {len(clock.bound)}/{n} in {wall:.0f} s; overhead p99 {fmt(result['overhead_s']['p99'])} s, "
             f"pending -> node workflow start p99 {fmt(result['pending_to_node_workflow_start_s']['p99'])} s")  # fmt: skip
         try:
+            result["path_s"] = await stage_timeline(s.client, clock)
+            say(f"burst {n}: path p50/p99 " + "; ".join(f"{k} {fmt(v['p50'])}/{fmt(v['p99'])}" for k, v in result["path_s"].items()))
+        except RPCError as exc:
+            result["path_s"] = {"error": str(exc)[:200]}
+        try:
             result["entities"] = await entity_histories(s.client)
         except RPCError as exc:
             result["entities"] = {"error": str(exc)[:200]}
@@ -311,6 +317,8 @@ async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
     closed (the activity itself, over all its attempts' last), and how many were still open."""
     queued: list[float] = []
     ran: list[float] = []
+    task_queued: list[float] = []  # every workflow task: scheduled -> started (the worker's backlog)
+    first_task: list[float] = []  # the first one: workflow started -> its first task completed
     open_ = 0
     sem = asyncio.Semaphore(32)
 
@@ -319,9 +327,22 @@ async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
         async with sem:
             scheduled: dict[int, float] = {}
             started: dict[int, float] = {}
+            task_at: dict[int, float] = {}
+            began: float | None = None  # the workflow's start, until its first task completed
             async for event in client.get_workflow_handle(wid).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
-                if event.HasField("activity_task_scheduled_event_attributes"):
+                if event.event_id == 1:
+                    began = at
+                if event.HasField("workflow_task_scheduled_event_attributes"):
+                    task_at[event.event_id] = at
+                elif event.HasField("workflow_task_started_event_attributes"):
+                    sid = event.workflow_task_started_event_attributes.scheduled_event_id
+                    if sid in task_at:
+                        task_queued.append(at - task_at.pop(sid))
+                elif event.HasField("workflow_task_completed_event_attributes") and began is not None:
+                    first_task.append(at - began)
+                    began = None
+                elif event.HasField("activity_task_scheduled_event_attributes"):
                     if event.activity_task_scheduled_event_attributes.activity_type.name == "launch_instance":
                         scheduled[event.event_id] = at
                 elif event.HasField("activity_task_started_event_attributes"):
@@ -340,7 +361,46 @@ async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
             open_ += len(scheduled)
 
     await asyncio.gather(*(one(w) for w in dict.fromkeys(ids)))
-    return {"closed": summary(ran), "scheduled_to_started": summary(queued), "still_open": open_}
+    return {
+        "closed": summary(ran),
+        "scheduled_to_started": summary(queued),
+        "still_open": open_,
+        "workflow_task_scheduled_to_started": summary(task_queued),
+        "workflow_started_to_first_task_completed": summary(first_task),
+    }
+
+
+# The node's path from its workflow's start to a bound pod, stage by stage (the stage records of
+# each node's status), for the nodes a pod was bound to: where a burst's overhead goes.
+PATH = ("Pending", "Launching", "Joining", "TailnetJoined", "NodeReady", "GpusRegistered", "Ready")
+
+
+async def stage_timeline(client: Client, clock: PodClock) -> dict[str, Any]:
+    """Per step of the path (workflow start -> Pending -> ... -> Ready -> a pod bound to the
+    node), the time it took, over the nodes a pod of the burst was bound to. The simulated boot
+    falls inside Joining -> TailnetJoined."""
+    by_node: dict[str, list[str]] = {}
+    for pod, node in clock.node_of.items():
+        by_node.setdefault(node, []).append(pod)
+    steps: dict[str, list[float]] = {}
+    sem = asyncio.Semaphore(32)
+
+    async def one(node: str, pods: list[str]) -> None:
+        async with sem:
+            try:
+                handle = client.get_workflow_handle(node_workflow_id(NS, "burst", node))
+                status = await handle.query("status", result_type=NodeStatus)
+                started = (await handle.describe()).start_time
+            except RPCError:
+                return
+        at = {r.stage.value: r.at.timestamp() for r in status.stages}
+        points = [("workflow start", started.timestamp())] + [(stage, at[stage]) for stage in PATH if stage in at]
+        points.append(("pod bound", min(clock.bound[p] for p in pods)))
+        for (a, ta), (b, tb) in zip(points, points[1:]):
+            steps.setdefault(f"{a} -> {b}", []).append(tb - ta)
+
+    await asyncio.gather(*(one(node, pods) for node, pods in by_node.items()))
+    return {step: summary(values) for step, values in steps.items()}
 
 
 def fmt(v: float | None) -> str:
