@@ -33,7 +33,7 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities.kube.cluster import KubernetesCluster
 from activities.entity import EntityActivities
@@ -345,6 +345,7 @@ def make_worker(client: Client, activities: Activities, task_queue: str = DEFAUL
     `activity_slots` unless `max_concurrent_activities` is."""
     options.setdefault("max_cached_workflows", workflow_cache())
     options.setdefault("max_concurrent_activities", activity_slots())
+    options.setdefault("workflow_task_poller_behavior", PollerBehaviorAutoscaling())
     interceptors = [ActivityLogContext(), *options.pop("interceptors", [])]  # type: ignore[misc]
     return Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]
