@@ -194,6 +194,19 @@ async def node_workflows(client: Client, extra: str = "") -> list[Any]:
     return [w async for w in client.list_workflows(query)]
 
 
+# How often a burst counts its node workflows by phase (the TgpPhase search attribute): where
+# the nodes sit while pods wait (Pending, Launching, Joining, Ready).
+PHASES_EVERY = 10.0
+BURST_PHASES = ("Pending", "Launching", "Joining", "Ready")
+
+
+async def node_phases(client: Client) -> dict[str, int]:
+    try:
+        return {p: (await client.count_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TaskQueue = '{TASK_QUEUE}' AND TgpPhase = '{p}'")).count for p in BURST_PHASES}
+    except RPCError:
+        return {}
+
+
 async def describe_all(client: Client, ids: list[str], run_ids: dict[str, str] | None = None) -> dict[str, tuple[str, int]]:
     """workflow id -> (run id, history length) for the current run (or the given run)."""
     sem = asyncio.Semaphore(64)
@@ -231,13 +244,16 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         profiling = asyncio.ensure_future(s.profile_worker(profile_s)) if profile_s else None
         sim_profiling = asyncio.ensure_future(profile_here(profile_s, s.logs / "sim-profile.json")) if profile_s else None
         deadline = BURST_DEADLINE.get(n, 60 + n * 0.5)
-        last = 0
+        last, timeline, looked = 0, [], 0.0
         while len(clock.bound) < n and time.monotonic() - w0 < deadline:
             s.check_alive()
             await asyncio.sleep(1)
             if len(clock.bound) // max(1, n // 5) != last:
                 last = len(clock.bound) // max(1, n // 5)
                 say(f"burst {n}: {len(clock.bound)}/{n} pods bound")
+            if time.monotonic() - looked >= PHASES_EVERY:
+                looked = time.monotonic()
+                timeline.append({"s": round(looked - w0, 1), "pods_bound": len(clock.bound), **await node_phases(s.client)})
         wall = time.monotonic() - w0
         u1 = s.usage()
         profile = await profiling if profiling is not None else None
@@ -268,6 +284,7 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
             "cloud_requests": dict(s.cloud.requests.most_common()),
             "cloud_requests_per_instance": round(sum(s.cloud.requests.values()) / bought, 2) if bought else None,
             "worker_cpu_s_per_instance": round((u1["worker"].cpu_s - u0["worker"].cpu_s) / bought, 3) if bought else None,
+            "timeline": timeline,
         }
         if profile is not None:
             result["worker_profile"] = profile

@@ -48,6 +48,12 @@ TASK_QUEUE = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # How long a process may take to start serving on a loaded machine.
 START_TIMEOUT = 120.0
+# The simulated kubelets' heartbeats, longer than a real kubelet's (a Lease every 10 s, a pod
+# resync every 10 s: three requests per node every 10 s). Nothing in the stack reads a Lease (the
+# emulator has no node lifecycle controller, tgp reads none), a kubelet's watch still starts a
+# bound pod at once, and at the defaults 500 kubelets kept the one process that serves the API
+# (and the scheduler, the cloud, the tailnet) saturated: a bind took 8-12 s in a burst of 500.
+BENCH_KUBELET_INTERVALS = {"lease_renew_interval": 60.0, "status_interval": 300.0, "pod_sync_interval": 120.0}
 
 
 def free_port() -> int:
@@ -195,7 +201,7 @@ class Stack:
         for path in sorted(CRDS.glob("*.yaml")):
             self.emulator.install_crd(yaml.safe_load(path.read_text()))
         self._patch_cloud()
-        self.world = await s.enter_async_context(sim_world(boot_delay=self.boot_delay, kube_url=self.emulator.url))
+        self.world = await s.enter_async_context(sim_world(boot_delay=self.boot_delay, kube_url=self.emulator.url, kubelet_intervals=BENCH_KUBELET_INTERVALS))
         self.world.kube = self.emulator
         self.cloud = self.world.cloud  # type: ignore[assignment]
         if not self.kubelets:
@@ -209,7 +215,9 @@ class Stack:
             # kube-scheduler moves unschedulable pods back to its active queue when a Node is
             # added; the simulated one only backs off (up to 10 s), which is no cost of tgp's:
             # back off at most 1 s here.
-            await s.enter_async_context(SimScheduler(self.emulator.url, initial_backoff=0.2, max_backoff=1.0))
+            # A pending pod is marked Unschedulable once, not again on every pass as its message's
+            # node count changes (sim.scheduler: tgp reads the reason only).
+            await s.enter_async_context(SimScheduler(self.emulator.url, initial_backoff=0.2, max_backoff=1.0, refresh_unschedulable=False))
         self.kube = await s.enter_async_context(httpx.AsyncClient(base_url=self.emulator.url, timeout=30))
         port = free_port()
         self.server = Proc(

@@ -28,8 +28,9 @@ Simplifications, on purpose: no CPU/memory accounting, no preferred affinity or 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -45,6 +46,8 @@ RUN_SECONDS_ANNOTATION = "tgp.io/sim-run-seconds"
 POD_INITIAL_BACKOFF = 1.0
 POD_MAX_BACKOFF = 10.0
 MERGE = {"Content-Type": "application/merge-patch+json"}
+# Binds and status writes of one pass in flight at once.
+WRITES_AT_ONCE = 16
 
 Obj = Mapping[str, Any]
 
@@ -130,12 +133,19 @@ class SimScheduler:
         initial_backoff: float = POD_INITIAL_BACKOFF,
         max_backoff: float = POD_MAX_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
+        refresh_unschedulable: bool = True,
     ) -> None:
+        """`refresh_unschedulable=False`: a pod already marked Unschedulable is not marked again
+        while it stays unschedulable (its message keeps the node counts of its first mark).
+        kube-scheduler writes the message again whenever it changes ("0/N nodes are available"
+        changes with every new Node); tgp reads only the reason, and in `make bench` 500 pending
+        pods rewritten on every pass kept the one process serving the API saturated."""
         self._http = client or httpx.AsyncClient(base_url=api_url.rstrip("/"), timeout=10)
         self._owns = client is None
         self.interval = interval
         self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
         self._clock = clock
+        self.refresh_unschedulable = refresh_unschedulable
         # Pod uid -> (failed attempts, when it may be tried again), as kube-scheduler's backoffQ.
         self._backoff: dict[str, tuple[int, float]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -186,19 +196,53 @@ class SimScheduler:
                 queue.append((due, str(meta.get("creationTimestamp") or ""), _uid(pod), pod))
         present = {_uid(p) for p in pods}
         self._backoff = {uid: b for uid, b in self._backoff.items() if uid in present}
+        # Decide the whole pass in memory (what each pod gets, as kube-scheduler's cycles do one
+        # pod after the other on its cache), then write: binds first, then the Unschedulable
+        # marks, each kind concurrently. Written one by one, a pass of 500 pending pods took
+        # minutes against a loaded API server (each bind behind 500 marks), and one failed write
+        # ended the pass.
+        free = {n["metadata"]["name"]: _allocatable(n) for n in nodes}
+        for name, n in used.items():
+            if name in free:
+                free[name] -= n
+        binds: list[tuple[Obj, str]] = []
+        marks: list[tuple[Obj, Mapping[str, str | None]]] = []
+        # Pods that fit no node this pass, by what the nodes answer depends on: binding only
+        # takes GPUs away, so another pod asking the same fits nowhere either.
+        fit_nowhere: dict[str, dict[str, str | None]] = {}
         for _, _, uid, pod in sorted(queue, key=lambda q: q[:3]):  # out of backoff first, then oldest
-            free = {n["metadata"]["name"]: _allocatable(n) - used.get(n["metadata"]["name"], 0) for n in nodes}
-            reasons = {n["metadata"]["name"]: fits(pod, n, free[n["metadata"]["name"]]) for n in nodes}
-            fitting = sorted(name for name, why in reasons.items() if why is None)
-            if fitting:
-                await self._bind(pod, fitting[0], now)
-                used[fitting[0]] = used.get(fitting[0], 0) + max(_gpus(pod), 0)
+            shape = _shape(pod)
+            reasons = fit_nowhere.get(shape)
+            fitting: str | None = None
+            if reasons is None:
+                reasons = {n["metadata"]["name"]: fits(pod, n, free[n["metadata"]["name"]]) for n in nodes}
+                fitting = min((name for name, why in reasons.items() if why is None), default=None)
+            if fitting is not None:
+                binds.append((pod, fitting))
+                free[fitting] -= max(_gpus(pod), 0)
                 self._backoff.pop(uid, None)
             else:
+                fit_nowhere[shape] = reasons
                 attempts = self._backoff.get(uid, (0, 0.0))[0] + 1
                 delay = min(self.initial_backoff * 2 ** (attempts - 1), self.max_backoff)
-                self._backoff[uid] = (attempts, self._clock() + delay)
-                await self._unschedulable(pod, reasons)
+                self._backoff[uid] = (attempts, tick + delay)
+                marks.append((pod, reasons))
+        await self._all([self._bind(pod, node, now) for pod, node in binds])
+        await self._all([self._unschedulable(pod, reasons) for pod, reasons in marks])
+
+    async def _all(self, writes: list[Coroutine[Any, Any, None]]) -> None:
+        """The writes, WRITES_AT_ONCE at a time; one that fails is logged (the next pass
+        tries that pod again) and takes no other down."""
+        gate = asyncio.Semaphore(WRITES_AT_ONCE)
+
+        async def one(write: Coroutine[Any, Any, None]) -> None:
+            async with gate:
+                try:
+                    await write
+                except httpx.HTTPError as exc:
+                    log.info("sim_scheduler_write_failed", error=str(exc))
+
+        await asyncio.gather(*(one(w) for w in writes))
 
     async def _bind(self, pod: Obj, node: str, now: datetime) -> None:
         meta = pod["metadata"]
@@ -216,7 +260,7 @@ class SimScheduler:
                 counts[why] = counts.get(why, 0) + 1
         message = f"0/{len(reasons)} nodes are available" + "".join(f", {n} {why}" for why, n in sorted(counts.items()))
         current = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
-        if current and current.get("reason") == "Unschedulable" and current.get("message") == message:
+        if current and current.get("reason") == "Unschedulable" and (current.get("message") == message or not self.refresh_unschedulable):
             return
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
@@ -240,6 +284,12 @@ class SimScheduler:
             done = {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}]}
             await self._http.patch(path, json={"status": done}, headers=MERGE)
             log.info("sim_pod_completed", pod=f"{meta['namespace']}/{meta['name']}")
+
+
+def _shape(pod: Obj) -> str:
+    """What `fits` reads of a pod: pods of one shape fit the same nodes."""
+    spec = pod.get("spec") or {}
+    return json.dumps([spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"), _gpus(pod)], sort_keys=True)
 
 
 def _uid(pod: Obj) -> str:
