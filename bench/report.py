@@ -76,7 +76,14 @@ def targets(r: dict[str, Any]) -> list[Row]:
     elif h and "error" not in h:
         n = h["nodes"]
         w = h["usage"]["worker"]
-        rows.append(("rss", f"{n} nodes at rest on one worker: worker RSS", "< 300 MB", f"{_f(w['rss_mb'], ' MB', 0)} (peak {_f(w['peak_rss_mb'], ' MB', 0)})", w["rss_mb"] < 300 if n >= 1000 else None))
+        st = h.get("settle") or {}
+        # The stretch starts once the stack is quiet; when the settle's deadline came first, the
+        # figures are of a stack still busy (adoption, reports), not at rest.
+        rest = "" if st.get("quiet", True) else (
+            f"; **not quiet**: the settle's {st['deadline_s']:.0f} s ran out (last {st['last_window']['seconds']:.0f} s: worker "
+            f"{st['last_window']['worker_cpu_pct_of_core']}% of a core, entity events {st['last_window']['entity_events'] or 'none'})"
+        )  # fmt: skip
+        rows.append(("rss", f"{n} nodes at rest on one worker: worker RSS", "< 300 MB", f"{_f(w['rss_mb'], ' MB', 0)} (peak {_f(w['peak_rss_mb'], ' MB', 0)}){rest}", w["rss_mb"] < 300 if n >= 1000 else None))
         others = ", ".join(f"{k} {v['cpu_pct_of_core']}%" for k, v in h["usage"].items() if k != "worker")
         rows.append(("cpu", "same: worker CPU at rest", "< 5% of a core", f"{w['cpu_pct_of_core']}% ({others})", w["cpu_pct_of_core"] < 5 if n >= 1000 else None))
         rows.append((
@@ -299,7 +306,9 @@ def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
         f"* **Idle reaction**: the first burst's pods are deleted; per node, the first terminate call at the simulated cloud − the "
         f"deletion of its pod − the pool's idle timeout ({r['knobs']['idle_timeout_s']} s; the bench's bridge accepts idle timeouts "
         "from 1 s, bench/proc.py). Those node workflows' history lengths are one short life each.",
-        f"* **Hold**: {_get(r, 'hold', 'how') or 'see bench/run.py'}. After every node is Ready and the stack has settled, a "
+        f"* **Hold**: {_get(r, 'hold', 'how') or 'see bench/run.py'}. After every node is Ready and the stack is quiet (no pool or "
+        "class history growing and the worker under the quiet CPU bound over a window, `settle` in bench/run.py; bounded, "
+        f"{_f(_get(r, 'hold', 'settle', 'settle_s'), ' s', 0)} this run), a "
         "stretch at rest is measured: CPU (user + system) and RSS of each process from /proc, the simulated cloud's request count, "
         "the emulator's count of requests sent by tgp's processes (the official Kubernetes client), and each workflow's history "
         "length from the dev server at the start and end of the stretch (200 nodes spread over the fleet, every pool and class). "

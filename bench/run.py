@@ -24,7 +24,8 @@ the simulated world in this process):
   (bench/offer_cache.py, and the bursts' own count at the simulated cloud).
 
 Knobs (environment): BENCH_QUICK=1, BENCH_BURSTS (e.g. "100,500"), BENCH_HOLD_NODES,
-BENCH_HOLD_SECONDS, BENCH_HOLD_BRINGUP_SECONDS, BENCH_HOLD_SETTLE_SECONDS, BENCH_BOOT_SECONDS,
+BENCH_HOLD_SECONDS, BENCH_HOLD_BRINGUP_SECONDS, BENCH_HOLD_SETTLE_SECONDS (the most the settle
+waits for a quiet stack), BENCH_QUIET_SECONDS, BENCH_QUIET_WORKER_CPU_PCT, BENCH_BOOT_SECONDS,
 BENCH_IDLE_SECONDS, BENCH_PHASES ("offers,burst,hold"), BENCH_OUT (the JSON file), BENCH_DOC (the
 Markdown page; "-" for none), BENCH_NO_BASELINE=1 (no column from bench/results/baseline.json),
 BENCH_SKIP_IDLE=1, BENCH_IDLE_BUDGET (the burst pool's disruption budget, default "100%": the idle
@@ -84,9 +85,16 @@ HOLD_BRINGUP_DEADLINE = float(knob("BENCH_HOLD_BRINGUP_SECONDS", "180", "60"))
 # After the last node turns Ready, the stack settles (reports, status writes, bind grace) before
 # the stretch is measured.
 PROFILE_SECONDS = float(knob("BENCH_PROFILE_SECONDS", "10", "5"))
-# After the last node is Ready the nodes' last reports, the pool's look at them and the twin
-# watches end; the stretch at rest starts once that is over.
-HOLD_SETTLE = float(knob("BENCH_HOLD_SETTLE_SECONDS", "45", "45"))
+# After the last node is Ready the nodes' last reports, the pool's adoption of the nodes the hold
+# started (their settings and labels, signals from the pool) and the twin watches end; the stretch
+# at rest starts once the stack is quiet (`settle`): no pool or class history growing and the
+# worker under QUIET_WORKER_CPU_PCT of a core, both over QUIET_SECONDS. HOLD_SETTLE bounds the
+# wait; a stretch that starts at it is reported as not quiet.
+HOLD_SETTLE = float(knob("BENCH_HOLD_SETTLE_SECONDS", "240", "120"))
+QUIET_SECONDS = float(knob("BENCH_QUIET_SECONDS", "15", "10"))
+QUIET_WORKER_CPU_PCT = float(knob("BENCH_QUIET_WORKER_CPU_PCT", "10", "10"))
+# How often the settle reads the entities' history lengths and the worker's CPU.
+QUIET_EVERY = 2.5
 IDLE_DEADLINE = 75.0
 # Node workflows whose history lengths the hold reads (spread over all of them).
 HISTORY_SAMPLE = 200
@@ -187,6 +195,19 @@ async def node_workflows(client: Client, extra: str = "") -> list[Any]:
     return [w async for w in client.list_workflows(query)]
 
 
+# How often a burst counts its node workflows by phase (the TgpPhase search attribute): where
+# the nodes sit while pods wait (Pending, Launching, Joining, Ready).
+PHASES_EVERY = 10.0
+BURST_PHASES = ("Pending", "Launching", "Joining", "Ready")
+
+
+async def node_phases(client: Client) -> dict[str, int]:
+    try:
+        return {p: (await client.count_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND TaskQueue = '{TASK_QUEUE}' AND TgpPhase = '{p}'")).count for p in BURST_PHASES}
+    except RPCError:
+        return {}
+
+
 async def describe_all(client: Client, ids: list[str], run_ids: dict[str, str] | None = None) -> dict[str, tuple[str, int]]:
     """workflow id -> (run id, history length) for the current run (or the given run)."""
     sem = asyncio.Semaphore(64)
@@ -224,13 +245,16 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         profiling = asyncio.ensure_future(s.profile_worker(profile_s)) if profile_s else None
         sim_profiling = asyncio.ensure_future(profile_here(profile_s, s.logs / "sim-profile.json")) if profile_s else None
         deadline = BURST_DEADLINE.get(n, 60 + n * 0.5)
-        last = 0
+        last, timeline, looked = 0, [], 0.0
         while len(clock.bound) < n and time.monotonic() - w0 < deadline:
             s.check_alive()
             await asyncio.sleep(1)
             if len(clock.bound) // max(1, n // 5) != last:
                 last = len(clock.bound) // max(1, n // 5)
                 say(f"burst {n}: {len(clock.bound)}/{n} pods bound")
+            if time.monotonic() - looked >= PHASES_EVERY:
+                looked = time.monotonic()
+                timeline.append({"s": round(looked - w0, 1), "pods_bound": len(clock.bound), **await node_phases(s.client)})
         wall = time.monotonic() - w0
         u1 = s.usage()
         profile = await profiling if profiling is not None else None
@@ -261,6 +285,7 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
             "cloud_requests": dict(s.cloud.requests.most_common()),
             "cloud_requests_per_instance": round(sum(s.cloud.requests.values()) / bought, 2) if bought else None,
             "worker_cpu_s_per_instance": round((u1["worker"].cpu_s - u0["worker"].cpu_s) / bought, 3) if bought else None,
+            "timeline": timeline,
         }
         if profile is not None:
             result["worker_profile"] = profile
@@ -538,8 +563,9 @@ async def hold(n: int) -> dict[str, Any]:
             await asyncio.sleep(2)
         bringup = time.monotonic() - w0
         u1 = s.usage()
-        say(f"hold {n}: {ready}/{n} Ready after {bringup:.0f} s; settling {HOLD_SETTLE:.0f} s")
-        await asyncio.sleep(HOLD_SETTLE)
+        say(f"hold {n}: {ready}/{n} Ready after {bringup:.0f} s; settling (quiet for {QUIET_SECONDS:.0f} s, at most {HOLD_SETTLE:.0f} s)")
+        settled = await settle(s)
+        say(f"hold {n}: {'quiet' if settled['quiet'] else 'NOT quiet'} after {settled['settle_s']:.0f} s ({settled['last_window']})")
         running = [w.id async for w in s.client.list_workflows(f"TaskQueue = '{TASK_QUEUE}' AND ExecutionStatus = 'Running'")]
         # History lengths of a sample of the nodes (every 1,000 describes at a loaded dev server
         # take tens of seconds), and of every pool and class.
@@ -583,6 +609,7 @@ async def hold(n: int) -> dict[str, Any]:
             "ready": ready,
             "bringup_s": round(bringup, 1),
             "bringup_usage": usage_delta(u0, u1, bringup),
+            "settle": settled,
             "how": "node workflows started directly (the pool's start activity's call) for a pool and class the bridge runs; "
             "machines boot at once and register a Ready Node without a kubelet loop",
             "stretch_s": round(stretch, 1),
@@ -607,6 +634,33 @@ async def hold(n: int) -> dict[str, Any]:
             f"{result['history_events_per_node_hour']} history events per node-hour"
         )
         return result
+
+
+async def settle(s: Stack) -> dict[str, Any]:
+    """Wait until the stack is quiet: over the last QUIET_SECONDS no pool or class workflow's
+    history grew (nor continued as new) and the worker used under QUIET_WORKER_CPU_PCT of a core;
+    at most HOLD_SETTLE seconds. What the last window showed is returned either way."""
+    query = f"TaskQueue = '{TASK_QUEUE}' AND ExecutionStatus = 'Running' AND WorkflowType IN ('GPUNodePoolWorkflow', 'GPUNodeClassWorkflow')"
+    start = time.monotonic()
+    samples: list[tuple[float, float, dict[str, tuple[str, int]]]] = []  # (when, worker CPU s, entity -> (run, length))
+    while True:
+        s.check_alive()
+        entities = [w.id async for w in s.client.list_workflows(query)]
+        now, cpu = time.monotonic(), s.usage()["worker"].cpu_s
+        samples.append((now, cpu, await describe_all(s.client, entities)))
+        # The newest sample at least QUIET_SECONDS old opens the window.
+        window = [x for x in samples if now - x[0] >= QUIET_SECONDS]
+        if window:
+            t0, c0, h0 = window[-1]
+            h1 = samples[-1][2]
+            grew = {w: h1[w][1] - h0.get(w, ("", 0))[1] for w in h1 if h1[w] != h0.get(w)}
+            cpu_pct = 100 * (cpu - c0) / (now - t0)
+            last = {"seconds": round(now - t0, 1), "worker_cpu_pct_of_core": round(cpu_pct, 1), "entity_events": grew}
+            quiet = not grew and cpu_pct < QUIET_WORKER_CPU_PCT
+            if quiet or now - start >= HOLD_SETTLE:
+                return {"quiet": quiet, "settle_s": round(now - start, 1), "deadline_s": HOLD_SETTLE, "quiet_s": QUIET_SECONDS,
+                        "quiet_worker_cpu_pct": QUIET_WORKER_CPU_PCT, "last_window": last}  # fmt: skip
+        await asyncio.sleep(QUIET_EVERY)
 
 
 # --- the run ------------------------------------------------------------------------------------

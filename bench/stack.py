@@ -48,6 +48,12 @@ TASK_QUEUE = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # How long a process may take to start serving on a loaded machine.
 START_TIMEOUT = 120.0
+# The simulated kubelets' heartbeats, longer than a real kubelet's (a Lease every 10 s, a pod
+# resync every 10 s: three requests per node every 10 s). Nothing in the stack reads a Lease (the
+# emulator has no node lifecycle controller, tgp reads none), a kubelet's watch still starts a
+# bound pod at once, and at the defaults 500 kubelets kept the one process that serves the API
+# (and the scheduler, the cloud, the tailnet) saturated: a bind took 8-12 s in a burst of 500.
+BENCH_KUBELET_INTERVALS = {"lease_renew_interval": 60.0, "status_interval": 300.0, "pod_sync_interval": 120.0}
 
 
 def free_port() -> int:
@@ -195,7 +201,7 @@ class Stack:
         for path in sorted(CRDS.glob("*.yaml")):
             self.emulator.install_crd(yaml.safe_load(path.read_text()))
         self._patch_cloud()
-        self.world = await s.enter_async_context(sim_world(boot_delay=self.boot_delay, kube_url=self.emulator.url))
+        self.world = await s.enter_async_context(sim_world(boot_delay=self.boot_delay, kube_url=self.emulator.url, kubelet_intervals=BENCH_KUBELET_INTERVALS))
         self.world.kube = self.emulator
         self.cloud = self.world.cloud  # type: ignore[assignment]
         if not self.kubelets:
@@ -208,8 +214,10 @@ class Stack:
         if self.scheduler:
             # kube-scheduler's queue as v1.34 has it (sim.scheduler; its backoff does not delay a
             # pod when a Node fits it and nothing else waits). It reacts to events; the simulated
-            # one looks every pass, so a pass is kept short: half of it is in the overhead.
-            await s.enter_async_context(SimScheduler(self.emulator.url, interval=0.25))
+            # one looks every pass, so a pass is kept short: half of it is in the overhead. A
+            # pending pod is marked Unschedulable once, not again on every attempt as its
+            # message's node count changes (tgp reads the reason only).
+            await s.enter_async_context(SimScheduler(self.emulator.url, interval=0.25, refresh_unschedulable=False))
         self.kube = await s.enter_async_context(httpx.AsyncClient(base_url=self.emulator.url, timeout=30))
         port = free_port()
         self.server = Proc(

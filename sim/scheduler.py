@@ -37,9 +37,10 @@ Simplifications, on purpose: no CPU/memory accounting, no preferred affinity or 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -57,6 +58,8 @@ POD_MAX_BACKOFF = 10.0
 # podMaxInUnschedulablePodsDuration: an unschedulable pod no event moved is tried again after this.
 UNSCHEDULABLE_LEFTOVER = 300.0
 MERGE = {"Content-Type": "application/merge-patch+json"}
+# Binds and status writes of one pass in flight at once.
+WRITES_AT_ONCE = 16
 
 Obj = Mapping[str, Any]
 
@@ -142,12 +145,19 @@ class SimScheduler:
         initial_backoff: float = POD_INITIAL_BACKOFF,
         max_backoff: float = POD_MAX_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
+        refresh_unschedulable: bool = True,
     ) -> None:
+        """`refresh_unschedulable=False`: a pod already marked Unschedulable is not marked again
+        while it stays unschedulable (its message keeps the node counts of its first mark).
+        kube-scheduler writes the message again whenever it changes ("0/N nodes are available"
+        changes with every new Node); tgp reads only the reason, and in `make bench` 500 pending
+        pods rewritten on every pass kept the one process serving the API saturated."""
         self._http = client or httpx.AsyncClient(base_url=api_url.rstrip("/"), timeout=10)
         self._owns = client is None
         self.interval = interval
         self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
         self._clock = clock
+        self.refresh_unschedulable = refresh_unschedulable
         # Pod uid -> its place in the scheduling queue (kube-scheduler's QueuedPodInfo).
         self._queue: dict[str, Queued] = {}
         self._task: asyncio.Task[None] | None = None
@@ -185,17 +195,19 @@ class SimScheduler:
                 used[node] = used.get(node, 0) + max(_gpus(pod), 0)
         now = datetime.now(timezone.utc)
         tick = self._clock()
-        view = _view(nodes, used)
-        # The pass decides in order and writes at once: kube-scheduler binds each pod in a
-        # binding cycle of its own, concurrently, and each kubelet reports on its own.
-        writes: list[Awaitable[None]] = []
+        free = {n["metadata"]["name"]: _allocatable(n) for n in nodes}
+        for name, n in used.items():
+            if name in free:
+                free[name] -= n
+        view = _view(nodes, free)
+        kubelets: list[Coroutine[Any, Any, None]] = []  # each kubelet reports on its own
         active, backing_off = [], []
         for pod in pods:
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             if meta.get("deletionTimestamp"):
                 continue  # Terminating: the emulator removes it after its grace period
             if spec.get("nodeName"):
-                writes.append(self._kubelet(pod, now))
+                kubelets.append(self._kubelet(pod, now))
                 continue
             q = self._queue.setdefault(_uid(pod), Queued(since=tick))
             if q.unschedulable is not None:
@@ -209,27 +221,55 @@ class SimScheduler:
                 active.append((q.since, str(meta.get("creationTimestamp") or ""), _uid(pod), pod))
         present = {_uid(p) for p in pods}
         self._queue = {uid: q for uid, q in self._queue.items() if uid in present}
+        # Decide the whole pass in memory (what each pod gets, as kube-scheduler's cycles do one
+        # pod after the other on its cache), then write: binds first, then the Unschedulable
+        # marks, each kind concurrently. Written one by one, a pass of 500 pending pods took
+        # minutes against a loaded API server (each bind behind 500 marks), and one failed write
+        # ended the pass.
+        binds: list[tuple[Obj, str]] = []
+        marks: list[tuple[Obj, Mapping[str, str | None]]] = []
+        # Pods that fit no node this pass, by what the nodes answer depends on: binding only
+        # takes GPUs away, so another pod asking the same fits nowhere either.
+        fit_nowhere: dict[str, dict[str, str | None]] = {}
         # The active queue first, oldest first; then, the active queue empty, the backoff queue
         # by expiry (SchedulerPopFromBackoffQ).
         order = [e[-1] for e in sorted(active, key=lambda e: e[:3])] + [e[-1] for e in sorted(backing_off, key=lambda e: e[:2])]
         for pod in order:
-            uid = _uid(pod)
-            free = {n["metadata"]["name"]: _allocatable(n) - used.get(n["metadata"]["name"], 0) for n in nodes}
-            reasons = {n["metadata"]["name"]: fits(pod, n, free[n["metadata"]["name"]]) for n in nodes}
-            fitting = sorted(name for name, why in reasons.items() if why is None)
-            if fitting:
-                writes.append(self._bind(pod, fitting[0], now))
-                used[fitting[0]] = used.get(fitting[0], 0) + max(_gpus(pod), 0)
+            uid, shape = _uid(pod), _shape(pod)
+            reasons = fit_nowhere.get(shape)
+            fitting: str | None = None
+            if reasons is None:
+                reasons = {n["metadata"]["name"]: fits(pod, n, free[n["metadata"]["name"]]) for n in nodes}
+                fitting = min((name for name, why in reasons.items() if why is None), default=None)
+            if fitting is not None:
+                binds.append((pod, fitting))
+                free[fitting] -= max(_gpus(pod), 0)
                 self._queue.pop(uid, None)
             else:
+                fit_nowhere[shape] = reasons
                 q = self._queue[uid]
-                q.attempts, q.since, q.unschedulable = q.attempts + 1, self._clock(), _view(nodes, used)
-                writes.append(self._unschedulable(pod, reasons))
-        await _all(writes)
+                q.attempts, q.since, q.unschedulable = q.attempts + 1, tick, _view(nodes, free)
+                marks.append((pod, reasons))
+        await self._all([self._bind(pod, node, now) for pod, node in binds])
+        await self._all([*kubelets, *(self._unschedulable(pod, reasons) for pod, reasons in marks)])
 
     def _backoff(self, attempts: int) -> float:
         """The backoff after `attempts` failures: none before the first."""
         return 0.0 if attempts == 0 else min(self.initial_backoff * 2 ** (attempts - 1), self.max_backoff)
+
+    async def _all(self, writes: list[Coroutine[Any, Any, None]]) -> None:
+        """The writes, WRITES_AT_ONCE at a time; one that fails is logged (the next pass
+        tries that pod again) and takes no other down."""
+        gate = asyncio.Semaphore(WRITES_AT_ONCE)
+
+        async def one(write: Coroutine[Any, Any, None]) -> None:
+            async with gate:
+                try:
+                    await write
+                except httpx.HTTPError as exc:
+                    log.info("sim_scheduler_write_failed", error=str(exc))
+
+        await asyncio.gather(*(one(w) for w in writes))
 
     async def _bind(self, pod: Obj, node: str, now: datetime) -> None:
         meta = pod["metadata"]
@@ -247,7 +287,7 @@ class SimScheduler:
                 counts[why] = counts.get(why, 0) + 1
         message = f"0/{len(reasons)} nodes are available" + "".join(f", {n} {why}" for why, n in sorted(counts.items()))
         current = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
-        if current and current.get("reason") == "Unschedulable" and current.get("message") == message:
+        if current and current.get("reason") == "Unschedulable" and (current.get("message") == message or not self.refresh_unschedulable):
             return
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
@@ -284,15 +324,15 @@ class Queued:
     unschedulable: dict[str, tuple[Any, ...]] | None = None
 
 
-def _view(nodes: list[Obj], used: Mapping[str, int]) -> dict[str, tuple[Any, ...]]:
-    """What of each Node can make a pod fit: readiness, cordon, labels, taints, allocatable GPUs
-    (the last two fields), and the GPUs free on it."""
+def _view(nodes: list[Obj], free: Mapping[str, int]) -> dict[str, tuple[Any, ...]]:
+    """What of each Node can make a pod fit: readiness, cordon, labels, taints, allocatable GPUs,
+    and (last) the GPUs free on it."""
     view = {}
     for n in nodes:
         meta, spec, name = n.get("metadata") or {}, n.get("spec") or {}, n["metadata"]["name"]
         taints = tuple(sorted((str(t.get("key")), str(t.get("value")), str(t.get("effect"))) for t in spec.get("taints") or []))
         labels = tuple(sorted((meta.get("labels") or {}).items()))
-        view[name] = (_ready(n), bool(spec.get("unschedulable")), labels, taints, _allocatable(n), _allocatable(n) - used.get(name, 0))
+        view[name] = (_ready(n), bool(spec.get("unschedulable")), labels, taints, _allocatable(n), free.get(name, 0))
     return view
 
 
@@ -307,17 +347,10 @@ def _better(before: Mapping[str, tuple[Any, ...]], now: Mapping[str, tuple[Any, 
     return False
 
 
-async def _all(writes: list[Awaitable[None]], at_once: int = 32) -> None:
-    """Run the pass's writes, `at_once` at a time; the first failure is raised after all ended."""
-    gate = asyncio.Semaphore(at_once)
-
-    async def one(write: Awaitable[None]) -> None:
-        async with gate:
-            await write
-
-    for result in await asyncio.gather(*(one(w) for w in writes), return_exceptions=True):
-        if isinstance(result, BaseException):
-            raise result
+def _shape(pod: Obj) -> str:
+    """What `fits` reads of a pod: pods of one shape fit the same nodes."""
+    spec = pod.get("spec") or {}
+    return json.dumps([spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"), _gpus(pod)], sort_keys=True)
 
 
 def _uid(pod: Obj) -> str:

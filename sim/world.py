@@ -7,7 +7,7 @@ Used by `tgp demo` and by the tests, so both exercise the same adapters over rea
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -101,12 +101,16 @@ async def sim_world(
     kube_url: str | None = None,
     kube_client: httpx.AsyncClient | None = None,
     kubeconfig: str | None = None,
+    kubelet_intervals: Mapping[str, float] | None = None,
 ) -> AsyncIterator[SimWorld]:
     """Start the simulated world on loopback; everything stops when the block exits. With
     `headscale`, a Headscale control server runs beside the Tailscale API, and machines
     whose payload carries a Headscale key join it. With `kube_url` (and an authenticated
     `kube_client`, and the `kubeconfig` workers should use) the simulated machines register
-    their Nodes in that API server instead of a fresh emulator, like Karpenter's KWOK."""
+    their Nodes in that API server instead of a fresh emulator, like Karpenter's KWOK.
+    `kubelet_intervals` (SimKubelet's `lease_renew_interval`, `status_interval`,
+    `pod_sync_interval`) replaces the kubelet's defaults: `make bench` lengthens them, since
+    500 kubelets' heartbeats at the defaults saturate the one process that serves the API."""
     client_id = "k" + secrets.token_hex(6) + "CNTRL"
     client_secret = f"tskey-client-{client_id}-{secrets.token_hex(16)}"
     async with AsyncExitStack() as stack:
@@ -128,7 +132,7 @@ async def sim_world(
 
         async def join_cluster(name: str, labels: dict[str, str], gpus: int, taints: list[dict[str, str]]) -> None:
             # The machine's kubelet, for as long as the machine lives (its boot task).
-            kubelets[name] = kubelet = SimKubelet(api_url, name, labels=labels, taints=taints, gpus=gpus, client=kube_client)
+            kubelets[name] = kubelet = SimKubelet(api_url, name, labels=labels, taints=taints, gpus=gpus, client=kube_client, **(kubelet_intervals or {}))
             await kubelet.run()
 
         cloud_api_key = "sim-" + secrets.token_hex(16)

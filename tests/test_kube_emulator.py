@@ -596,6 +596,46 @@ async def test_watch_window_bounds_the_history(kube_api: KubeApi) -> None:
     assert json.loads(response.text.splitlines()[0])["object"]["code"] == 410
 
 
+async def test_a_watch_of_one_nodes_pods_sees_exactly_their_changes(kube_api: KubeApi) -> None:
+    """A kubelet's watch (`spec.nodeName=<its Node>`): its pods' creation, changes and deletion,
+    and nothing of another Node's pods (the emulator wakes it only for them, as the watch
+    cache's trigger index does)."""
+    here, there = kube_api.unique("here"), kube_api.unique("there")
+    start = (await kube_api.http.get("/api/v1/pods")).json()["metadata"]["resourceVersion"]
+    mine = await kube_api.create_pod(kube_api.unique("mine"), node=here)
+    await kube_api.create_pod(kube_api.unique("other"), node=there)
+    name = mine["metadata"]["name"]
+    path = f"/api/v1/namespaces/{mine['metadata']['namespace']}/pods/{name}"
+    (await kube_api.merge_patch(path, {"metadata": {"labels": {"seen": "yes"}}})).raise_for_status()
+    (await kube_api.http.delete(path, params={"gracePeriodSeconds": "0"})).raise_for_status()
+    params = {"watch": "true", "resourceVersion": start, "timeoutSeconds": "1", "fieldSelector": f"spec.nodeName={here}"}
+    events = [json.loads(line) for line in (await kube_api.http.get("/api/v1/pods", params=params)).text.splitlines() if line.strip()]
+    assert {e["object"]["metadata"]["name"] for e in events} == {name}
+    assert [e["type"] for e in events][0] == "ADDED" and events[-1]["type"] == "DELETED"
+    assert any(e["type"] == "MODIFIED" and (e["object"]["metadata"].get("labels") or {}).get("seen") == "yes" for e in events)
+
+
+async def test_the_watch_window_is_kept_per_resource(kube_api: KubeApi) -> None:
+    """As the API server's watch cache: changes of other resources leaving the window do not
+    expire a watch of a resource that had none forgotten (an informer of pods in a cluster
+    whose Nodes churn resumes from its version, not a 410 and a new list); a forgotten change of
+    its own resource does."""
+    kube = _emulator(kube_api)
+    kube.watch_window = 2
+    node = await kube_api.create_node(kube_api.unique("w"))
+    pod = await kube_api.create_pod(kube_api.unique("w"), node=node["metadata"]["name"])
+    pods_version = pod["metadata"]["resourceVersion"]
+    for _ in range(3):
+        await kube_api.create_node(kube_api.unique("w"))
+    params = {"watch": "true", "resourceVersion": pods_version, "timeoutSeconds": "1"}
+    response = await kube_api.http.get("/api/v1/pods", params=params)
+    assert response.status_code == 200 and "Expired" not in response.text
+    for _ in range(3):
+        await kube_api.create_pod(kube_api.unique("w"), node=node["metadata"]["name"])
+    response = await kube_api.http.get("/api/v1/pods", params=params)
+    assert json.loads(response.text.splitlines()[0])["object"]["code"] == 410
+
+
 async def test_cut_watches_drops_the_stream_and_the_client_resumes(kube_api: KubeApi) -> None:
     kube = _emulator(kube_api)
     name = kube_api.unique("cut")
