@@ -23,9 +23,13 @@ from temporalio.worker import Worker
 from sim.cloud import DEFAULT_CATALOG, SimOffer
 from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, ensure_search_attributes, search_attribute_keys
-from workers.main import WorkerConfig, build_activities, make_worker
+from workers.main import WORKFLOW_SANDBOX_ENV, WorkerConfig, build_activities, make_worker
 
 pytest_plugins = ["tests.kube_env"]
+
+# The tests' workers run workflows in Temporal's sandbox whatever the shell says: it is what
+# catches a workflow reading the clock or doing I/O at its first run (workers/main.py).
+os.environ.pop(WORKFLOW_SANDBOX_ENV, None)
 
 # Property tests in the suite are deterministic (same cases every run: CI runs on a loaded
 # machine and must not flake) and bounded in count and time; no example database is written

@@ -33,7 +33,8 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import PollerBehaviorAutoscaling, Worker
+from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.kube.cluster import KubernetesCluster
 from activities.entity import EntityActivities
@@ -78,6 +79,14 @@ SWEEP_OVERDUE_INTERVALS = 2
 # split the active set between their caches.
 WORKFLOW_CACHE = 300
 WORKFLOW_CACHE_ENV = "TGP_WORKFLOW_CACHE"
+# Workflows run in Temporal's sandbox, which fails a workflow task that reads the clock, draws
+# random numbers or does I/O, at its first run rather than at a later replay. It costs half of a
+# workflow task's CPU (it imports the workflow module again for each new run and enters itself
+# for every payload): replaying a node's whole life takes ~60 ms of CPU in it, ~30 ms without,
+# and a 100-node burst cost the worker ~20% more CPU (make bench, docs/install.md).
+# TGP_WORKFLOW_SANDBOX=off runs workflows without it, for a worker that must do more on less;
+# the tests and the replay of recorded histories in CI run sandboxed either way.
+WORKFLOW_SANDBOX_ENV = "TGP_WORKFLOW_SANDBOX"
 # How many activities a worker runs at once (the SDK's default is 100). Every activity is async
 # and most of a launch's time is spent waiting in one (the instance to run, the device, the
 # Node, its GPUs; the twin watch over the provider's consistency window), so a node being brought
@@ -329,6 +338,16 @@ def workflow_cache(env: Mapping[str, str] = os.environ) -> int:
     return int(raw)
 
 
+def workflow_runner(env: Mapping[str, str] = os.environ) -> WorkflowRunner:
+    """Temporal's sandbox (the default) or, with TGP_WORKFLOW_SANDBOX=off, none."""
+    raw = env.get(WORKFLOW_SANDBOX_ENV, "").strip().lower()
+    if raw in ("", "on", "true", "1"):
+        return SandboxedWorkflowRunner()
+    if raw in ("off", "false", "0"):
+        return UnsandboxedWorkflowRunner()
+    raise ConfigError(f"{WORKFLOW_SANDBOX_ENV}={raw!r} is neither on nor off")
+
+
 def activity_slots(env: Mapping[str, str] = os.environ) -> int:
     """How many activities the worker runs at once: TGP_ACTIVITY_SLOTS, else ACTIVITY_SLOTS."""
     raw = env.get(ACTIVITY_SLOTS_ENV, "").strip()
@@ -342,10 +361,12 @@ def activity_slots(env: Mapping[str, str] = os.environ) -> int:
 def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
     """A Worker hosting every tgp workflow and activity, its workflow cache sized by
     `workflow_cache` unless `max_cached_workflows` is given, its activity slots by
-    `activity_slots` unless `max_concurrent_activities` is."""
+    `activity_slots` unless `max_concurrent_activities` is, its workflows in the sandbox unless
+    `workflow_runner` says otherwise (`workflow_runner`)."""
     options.setdefault("max_cached_workflows", workflow_cache())
     options.setdefault("max_concurrent_activities", activity_slots())
     options.setdefault("workflow_task_poller_behavior", PollerBehaviorAutoscaling())
+    options.setdefault("workflow_runner", workflow_runner())
     interceptors = [ActivityLogContext(), *options.pop("interceptors", [])]  # type: ignore[misc]
     return Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]
