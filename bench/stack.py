@@ -213,11 +213,11 @@ class Stack:
             self.cloud._node_register = register
         if self.scheduler:
             # kube-scheduler's queue as v1.34 has it (sim.scheduler; its backoff does not delay a
-            # pod when a Node fits it and nothing else waits). It reacts to events; the simulated
-            # one looks every pass, so a pass is kept short: half of it is in the overhead. A
-            # pending pod is marked Unschedulable once, not again on every attempt as its
-            # message's node count changes (tgp reads the reason only).
-            await s.enter_async_context(SimScheduler(self.emulator.url, interval=0.25, refresh_unschedulable=False))
+            # pod when a Node fits it and nothing else waits), on watches like its informers: a
+            # pass follows a change within `interval`. A pending pod is marked Unschedulable once,
+            # not again on every attempt as its message's node count changes (tgp reads the
+            # reason only).
+            await s.enter_async_context(SimScheduler(self.emulator.url, interval=0.05, refresh_unschedulable=False))
         self.kube = await s.enter_async_context(httpx.AsyncClient(base_url=self.emulator.url, timeout=30))
         port = free_port()
         self.server = Proc(

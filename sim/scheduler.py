@@ -29,14 +29,18 @@ reports Ready) takes nothing; GPUs are counted as allocatable minus the requests
 bound and not finished (terminating ones included). tests/test_sim_scheduler.py holds the
 model; tests/test_scheduler_queue.py compares it with the real kube-scheduler.
 
+Like kube-scheduler, it lists Nodes and pods once and keeps them from watches (its informers),
+binds on that cache and counts a pod it bound as bound until the watch shows it (assumed pods);
+a pass runs when something changed, at most every `interval`, and every RESYNC regardless.
+
 Simplifications, on purpose: no CPU/memory accounting, no preferred affinity or pod
-(anti-)affinity, no preemption, no scoring (the first fitting node by name); one pass every
-`interval`.
+(anti-)affinity, no preemption, no scoring (the first fitting node by name).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -60,6 +64,8 @@ UNSCHEDULABLE_LEFTOVER = 300.0
 MERGE = {"Content-Type": "application/merge-patch+json"}
 # Binds and status writes of one pass in flight at once.
 WRITES_AT_ONCE = 16
+# With nothing changing, a pass on the cache this often (pods whose run ends on a timer).
+RESYNC = 1.0
 
 Obj = Mapping[str, Any]
 
@@ -160,6 +166,8 @@ class SimScheduler:
         self.refresh_unschedulable = refresh_unschedulable
         # Pod uid -> its place in the scheduling queue (kube-scheduler's QueuedPodInfo).
         self._queue: dict[str, Queued] = {}
+        # Pod uid -> the Node this scheduler bound it to, until the API shows the bind.
+        self._assumed: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> SimScheduler:
@@ -179,18 +187,83 @@ class SimScheduler:
     async def _loop(self) -> None:
         while True:
             try:
-                await self.step()
-            except (httpx.HTTPError, ValueError) as exc:  # the API is restarting: next pass
-                log.info("sim_scheduler_pass_failed", error=str(exc))
-            await asyncio.sleep(self.interval)
+                await self._informed()
+            except (httpx.HTTPError, ValueError, KeyError, WatchEnded) as exc:  # the API is restarting, or a watch expired: list again
+                log.info("sim_scheduler_relist", error=str(exc)[:200])
+                await asyncio.sleep(self.interval)
+
+    async def _informed(self) -> None:
+        """kube-scheduler's informers: list Nodes and pods once, then keep them from two watches
+        and make a pass on the cache when something changed (at most every `interval`), or
+        every RESYNC for the pods whose run ends on a timer. A watch that ends badly (410 Gone)
+        raises, and the loop lists again."""
+        nodes, pods = {}, {}
+        node_list = (await self._http.get("/api/v1/nodes")).json()
+        pod_list = (await self._http.get("/api/v1/pods")).json()
+        for n in node_list.get("items") or []:
+            nodes[n["metadata"]["name"]] = n
+        for p in pod_list.get("items") or []:
+            pods[_uid(p)] = p
+        changed = asyncio.Event()
+        changed.set()
+        watches = [
+            asyncio.create_task(self._watch("/api/v1/nodes", _version(node_list), nodes, lambda n: n["metadata"]["name"], changed)),
+            asyncio.create_task(self._watch("/api/v1/pods", _version(pod_list), pods, _uid, changed)),
+        ]
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RESYNC):
+                        await changed.wait()
+                changed.clear()
+                for watch in watches:
+                    if watch.done():
+                        watch.result()  # raises what ended it
+                await self._pass(list(nodes.values()), list(pods.values()))
+                await asyncio.sleep(self.interval)
+        finally:
+            for watch in watches:
+                watch.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
+
+    async def _watch(self, path: str, version: str, store: dict[str, Any], key: Callable[[Any], str], changed: asyncio.Event) -> None:
+        """Keep `store` as the API has it, from `version` on; set `changed` at each event."""
+        while True:
+            params = {"watch": "true", "resourceVersion": version, "allowWatchBookmarks": "true", "timeoutSeconds": "60"}
+            async with self._http.stream("GET", path, params=params, timeout=httpx.Timeout(10.0, read=90.0)) as stream:
+                if stream.status_code != 200:
+                    raise WatchEnded(f"watch {path} answered {stream.status_code}")
+                async for line in stream.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        raise WatchEnded(f"watch {path}: {obj.get('message') or obj.get('reason')}")
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        store.pop(key(obj), None)
+                    else:
+                        store[key(obj)] = obj
+                    changed.set()
 
     async def step(self) -> None:
-        """One pass: complete finished pods, start bound ones, bind pending ones."""
+        """One pass on the API as listed now (the tests drive the scheduler with it)."""
         nodes = (await self._http.get("/api/v1/nodes")).json().get("items") or []
         pods = (await self._http.get("/api/v1/pods")).json().get("items") or []
+        await self._pass(nodes, pods)
+
+    async def _pass(self, nodes: list[Obj], pods: list[Obj]) -> None:
+        """One pass: complete finished pods, start bound ones, bind pending ones. A pod this
+        scheduler bound counts as bound until the API shows it so (kube-scheduler's assumed
+        pods: a pass on a cache the bind has not reached yet must not bind it again)."""
+        present = {_uid(p) for p in pods}
+        self._assumed = {uid: node for uid, node in self._assumed.items() if uid in present}
         used: dict[str, int] = {}
         for pod in pods:
-            node = (pod.get("spec") or {}).get("nodeName")
+            node = (pod.get("spec") or {}).get("nodeName") or self._assumed.get(_uid(pod))
             if node and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 used[node] = used.get(node, 0) + max(_gpus(pod), 0)
         now = datetime.now(timezone.utc)
@@ -207,8 +280,11 @@ class SimScheduler:
             if meta.get("deletionTimestamp"):
                 continue  # Terminating: the emulator removes it after its grace period
             if spec.get("nodeName"):
+                self._assumed.pop(_uid(pod), None)
                 kubelets.append(self._kubelet(pod, now))
                 continue
+            if _uid(pod) in self._assumed:
+                continue  # bound by this scheduler; the API has not shown it yet
             q = self._queue.setdefault(_uid(pod), Queued(since=tick))
             if q.unschedulable is not None:
                 if not _better(q.unschedulable, view) and tick - q.since < UNSCHEDULABLE_LEFTOVER:
@@ -219,7 +295,6 @@ class SimScheduler:
                 backing_off.append((expiry, _uid(pod), pod))
             else:
                 active.append((q.since, str(meta.get("creationTimestamp") or ""), _uid(pod), pod))
-        present = {_uid(p) for p in pods}
         self._queue = {uid: q for uid, q in self._queue.items() if uid in present}
         # Decide the whole pass in memory (what each pod gets, as kube-scheduler's cycles do one
         # pod after the other on its cache), then write: binds first, then the Unschedulable
@@ -243,6 +318,7 @@ class SimScheduler:
                 fitting = min((name for name, why in reasons.items() if why is None), default=None)
             if fitting is not None:
                 binds.append((pod, fitting))
+                self._assumed[uid] = fitting
                 free[fitting] -= max(_gpus(pod), 0)
                 self._queue.pop(uid, None)
             else:
@@ -274,7 +350,11 @@ class SimScheduler:
     async def _bind(self, pod: Obj, node: str, now: datetime) -> None:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
-        await self._http.patch(path, json={"spec": {"nodeName": node}}, headers=MERGE)
+        try:
+            (await self._http.patch(path, json={"spec": {"nodeName": node}}, headers=MERGE)).raise_for_status()
+        except httpx.HTTPError:
+            self._assumed.pop(_uid(pod), None)  # not bound: tried again
+            raise
         status = {"phase": "Running", "startTime": _ts(now), "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
         await self._http.patch(f"{path}/status", json={"status": status}, headers=MERGE)
         log.info("sim_pod_bound", pod=f"{meta['namespace']}/{meta['name']}", node=node)
@@ -351,6 +431,14 @@ def _shape(pod: Obj) -> str:
     """What `fits` reads of a pod: pods of one shape fit the same nodes."""
     spec = pod.get("spec") or {}
     return json.dumps([spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"), _gpus(pod)], sort_keys=True)
+
+
+class WatchEnded(Exception):
+    """A watch the API ended with an error (410 Gone: too old a resourceVersion): list again."""
+
+
+def _version(listing: Obj) -> str:
+    return str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _uid(pod: Obj) -> str:

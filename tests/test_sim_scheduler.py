@@ -3,9 +3,12 @@ fits, mark what does not Unschedulable, run pods for the time they declare and c
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
+import attrs
 import httpx
+import kmock
 import pytest
 
 from tests.conftest import eventually
@@ -178,3 +181,36 @@ async def test_no_pod_is_bound_to_a_node_with_the_not_ready_taint_or_without_fre
         ready_but_tainted = {**READY_NODE, "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}}
         assert fits(gpu_pod("p"), ready_but_tainted, 1) == "untolerated taint node.kubernetes.io/not-ready"
         await scheduler.__aexit__()
+
+
+@attrs.define(kw_only=True)
+class ListCountingEmulator(KubeEmulator):
+    """The emulator, counting the lists (not watches, not gets) of pods and Nodes."""
+
+    lists: Counter[str] = attrs.field(factory=Counter)
+
+    async def _handle(self, request: kmock.Request) -> Any:  # type: ignore[override]
+        method = str(request.method).upper().rsplit(".", 1)[-1]
+        watching = str(request.params.get("watch", "")).lower() in ("1", "true")
+        if method == "GET" and not watching and not request.name and request.resource is not None:
+            self.lists[request.resource.plural] += 1
+        return await super()._handle(request)
+
+
+async def test_the_running_scheduler_binds_from_its_watches_without_listing_each_pass() -> None:
+    """Like kube-scheduler's informers: Nodes and pods are listed once and kept from watches, so
+    a running scheduler binds pods as they and their Nodes come (one pass per change) without
+    listing the whole cluster again for each pass, and binds no pod twice."""
+    async with ListCountingEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+        async with SimScheduler(kube.url, interval=0.02):
+            for i in range(5):  # a pod, then its Node: each bound as its Node registers
+                (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod(f"p{i}"))).raise_for_status()
+                await register_node(kube.url, f"gpu-{i}", gpus=1)
+
+                async def bound(name: str = f"p{i}") -> str | None:
+                    return await node_of(http, name)
+
+                await eventually(bound, timeout=30, what=f"p{i} bound")
+        nodes = {(await node_of(http, f"p{i}")) for i in range(5)}
+        assert nodes == {f"gpu-{i}" for i in range(5)}, nodes  # one pod per 1-GPU Node
+        assert kube.lists["pods"] <= 2 and kube.lists["nodes"] <= 2, kube.lists  # listed at the start (and a relist at most)
