@@ -17,9 +17,10 @@ from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_whole_life import scheduler
 
-# Long enough for the old simulated backoff to have reached 8 s (tries at 0, 1, 3, 7, 15 s; the
-# next at 25 s), so a pod bound within BOUND_WITHIN of its node was not waiting out a backoff.
-WAITED = 17.0
+# Long enough for the old simulated backoff to have reached 8 s (tries at 0, 1, 3 and 7 s, the
+# next at 15 s): the node appears 7 s before that try, so a pod bound within BOUND_WITHIN of its
+# node was not waiting out a backoff.
+WAITED = 8.0
 # kube-scheduler binds within milliseconds; this leaves room for a loaded machine.
 BOUND_WITHIN = 5.0
 
