@@ -324,7 +324,7 @@ class KubeEmulator(KubeEviction):
     def _served(self, request: kmock.Request, *, subresources: Collection[str] = ()) -> kmock.resource:
         """The resource of `request`, or 404 as the API server answers for a path it lacks."""
         resource = request.resource
-        if resource is None or resource not in self._get_resources():
+        if resource is None or not self._serves(resource):
             raise no_such_resource()
         if request.namespace is not None and not self._namespaced(resource):
             raise no_such_resource()

@@ -146,6 +146,14 @@ class KubeStore(kmock.KubernetesEmulator):
         seeded = {resource for resource, _, _ in self.objects if (resource.group, resource.plural) not in self._custom}
         return list(declared | seeded)
 
+    def _serves(self, resource: kmock.resource) -> bool:
+        """`resource in self._get_resources()`, without building that list for every request:
+        it walks every stored object (3,000 in `make bench`'s burst of 500: a fifth of the
+        emulator's time went to hashing their resources)."""
+        if resource in kmock.KubernetesScaffold._get_resources(self):
+            return True
+        return (resource.group, resource.plural) not in self._custom and any(key[0] == resource for key in self.objects)
+
     # --- writes ----------------------------------------------------------------------
 
     def _create(self, resource: kmock.resource, url_namespace: str | None, body: Any) -> Obj:
