@@ -208,6 +208,16 @@ def why(r: dict[str, Any]) -> list[str]:
                            f"cloud answered {b.get('cloud_requests_per_instance')} requests per instance bought "
                            f"({', '.join(f'{k} {v}' for k, v in (b.get('cloud_requests') or {}).items())}); worker CPU "
                            f"{b.get('worker_cpu_s_per_instance')} s per instance.")
+            stages = launch.get("stages_s") or {}
+            if stages:
+                names = {"start_to_launching": "start → Launching (offer, the class's reservation)", "launching_to_joining": "→ Joining (launch)",
+                         "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler)"}  # fmt: skip
+                out.append(f"**Burst {n}: where a node's time goes** (from each node workflow's phase changes, p50 / p99): "
+                           + "; ".join(f"{names.get(k, k)} {_f(v.get('p50'), ' s')} / {_f(v.get('p99'), ' s')}" for k, v in stages.items() if v.get("n"))
+                           + ". Node workflows by phase every 10 s: "
+                           + ", ".join(f"{t['s']:.0f} s: " + "/".join(str(t.get(p, '-')) for p in ("Pending", "Launching", "Joining", "Ready")) + f" ({t['pods_bound']} bound)"
+                                       for t in b.get("timeline") or [])
+                           + " (Pending/Launching/Joining/Ready).")
         idle = b.get("idle")
         if idle and (_get(idle, "reaction_s", "p99") or 0) >= 2:
             out.append(f"**Idle reaction.** p99 {_get(idle, 'reaction_s', 'p99'):.1f} s past the idle timeout, p50 "

@@ -59,6 +59,7 @@ from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.messages import class_workflow_id
 from tgp.node import NodeWorkflowInput
 from tgp.pools import node_request
+from tgp.types import node_workflow_id
 from workers.main import workflow_cache
 
 # The simulated scheduler and kubelets log each pod they bind and run; the harness prints its own progress.
@@ -291,7 +292,11 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         if sim_profile is not None:
             result["sim_profile"] = sim_profile  # this process: the simulated world (cloud, tailnet, Kubernetes, kubelets)
         try:
-            result["launch_instance"] = await launch_durations(s.client, [w.id for w in workflows])
+            bound_at: dict[str, float] = {}
+            for pod, node in clock.node_of.items():
+                wid = node_workflow_id(NS, "burst", node)
+                bound_at[wid] = min(bound_at.get(wid, clock.bound[pod]), clock.bound[pod])
+            result["launch_instance"] = await launch_durations(s.client, [w.id for w in workflows], bound_at)
         except RPCError as exc:
             result["launch_instance"] = {"error": str(exc)[:200]}
         say(f"burst {n}: launch_instance {result['launch_instance']}; cloud requests per instance {result['cloud_requests_per_instance']}")
@@ -331,11 +336,16 @@ async def profile_here(seconds: float, out: Path) -> dict[str, Any] | None:
         return None
 
 
-async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
+async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, float] | None = None) -> dict[str, Any]:
     """launch_instance per node workflow (first run): scheduled -> started (queue), started ->
-    closed (the activity itself, over all its attempts' last), and how many were still open."""
+    closed (the activity itself, over all its attempts' last), and how many were still open.
+    Also each node's path by the phases it entered (its TgpPhase upserts): start -> Launching
+    (offer, the class's reservation), -> Joining (launch), -> Ready (join, labels), and, with
+    `bound_at` (workflow id -> when the first pod was bound to its node), Ready -> pod bound
+    (the simulated scheduler's share)."""
     queued: list[float] = []
     ran: list[float] = []
+    stages: dict[str, list[float]] = {"start_to_launching": [], "launching_to_joining": [], "joining_to_ready": [], "ready_to_pod_bound": []}
     open_ = 0
     sem = asyncio.Semaphore(32)
 
@@ -344,8 +354,14 @@ async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
         async with sem:
             scheduled: dict[int, float] = {}
             started: dict[int, float] = {}
+            entered: dict[str, float] = {}
             async for event in client.get_workflow_handle(wid).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
+                entered.setdefault("start", at)
+                if event.HasField("upsert_workflow_search_attributes_event_attributes"):
+                    phase = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields.get("TgpPhase")
+                    if phase is not None:
+                        entered.setdefault(json.loads(phase.data), at)
                 if event.HasField("activity_task_scheduled_event_attributes"):
                     if event.activity_task_scheduled_event_attributes.activity_type.name == "launch_instance":
                         scheduled[event.event_id] = at
@@ -363,9 +379,15 @@ async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
                                 ran.append(at - started[sid])
                                 del scheduled[sid]
             open_ += len(scheduled)
+            path = [("start_to_launching", "start", "Launching"), ("launching_to_joining", "Launching", "Joining"), ("joining_to_ready", "Joining", "Ready")]
+            for name, a, b in path:
+                if a in entered and b in entered:
+                    stages[name].append(entered[b] - entered[a])
+            if bound_at and wid in bound_at and "Ready" in entered:
+                stages["ready_to_pod_bound"].append(bound_at[wid] - entered["Ready"])
 
     await asyncio.gather(*(one(w) for w in dict.fromkeys(ids)))
-    return {"closed": summary(ran), "scheduled_to_started": summary(queued), "still_open": open_}
+    return {"closed": summary(ran), "scheduled_to_started": summary(queued), "still_open": open_, "stages_s": {k: summary(v) for k, v in stages.items()}}
 
 
 def fmt(v: float | None) -> str:
