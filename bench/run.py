@@ -345,6 +345,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
     (the simulated scheduler's share)."""
     queued: list[float] = []
     ran: list[float] = []
+    activities: dict[str, list[float]] = {}  # activity type -> scheduled -> closed, every node's first run
     stages: dict[str, list[float]] = {"start_to_launching": [], "launching_to_joining": [], "joining_to_ready": [], "ready_to_pod_bound": []}
     open_ = 0
     sem = asyncio.Semaphore(32)
@@ -355,6 +356,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
             scheduled: dict[int, float] = {}
             started: dict[int, float] = {}
             entered: dict[str, float] = {}
+            kinds: dict[int, tuple[str, float]] = {}  # every activity: scheduled event id -> (type, when)
             async for event in client.get_workflow_handle(wid).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
                 entered.setdefault("start", at)
@@ -363,6 +365,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
                     if phase is not None:
                         entered.setdefault(json.loads(phase.data), at)
                 if event.HasField("activity_task_scheduled_event_attributes"):
+                    kinds[event.event_id] = (event.activity_task_scheduled_event_attributes.activity_type.name, at)
                     if event.activity_task_scheduled_event_attributes.activity_type.name == "launch_instance":
                         scheduled[event.event_id] = at
                 elif event.HasField("activity_task_started_event_attributes"):
@@ -374,6 +377,9 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
                                   "activity_task_timed_out_event_attributes", "activity_task_canceled_event_attributes"):  # fmt: skip
                         if event.HasField(field):
                             sid = getattr(event, field).scheduled_event_id
+                            if sid in kinds:
+                                name, when = kinds.pop(sid)
+                                activities.setdefault(name, []).append(at - when)
                             if sid in started:
                                 queued.append(started[sid] - scheduled[sid])
                                 ran.append(at - started[sid])
@@ -387,7 +393,8 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
                 stages["ready_to_pod_bound"].append(bound_at[wid] - entered["Ready"])
 
     await asyncio.gather(*(one(w) for w in dict.fromkeys(ids)))
-    return {"closed": summary(ran), "scheduled_to_started": summary(queued), "still_open": open_, "stages_s": {k: summary(v) for k, v in stages.items()}}
+    return {"closed": summary(ran), "scheduled_to_started": summary(queued), "still_open": open_, "stages_s": {k: summary(v) for k, v in stages.items()},
+            "activities_scheduled_to_closed_s": {k: summary(v) for k, v in sorted(activities.items())}}
 
 
 def fmt(v: float | None) -> str:
