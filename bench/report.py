@@ -201,11 +201,6 @@ def why(r: dict[str, Any]) -> list[str]:
                        f"(offer, class ledger, launch, the waits' polling, labels). Worker CPU during the burst: "
                        f"{b['usage']['worker']['cpu_pct_of_core']}% of a core, the dev server's {b['usage']['temporal']['cpu_pct_of_core']}%. "
                        f"Pods not served within the phase's deadline ({_f(b.get('deadline_s'), ' s', 0)}): {b['never_served']}.")
-            path = b.get("path_s") or {}
-            if path and "error" not in path:
-                steps = "; ".join(f"{step} {_f(v.get('p50'), '')}/{_f(v.get('p99'), ' s')}" for step, v in path.items())
-                out.append(f"**Burst {n}: the node's path**, step by step (p50/p99, from the stage records of the nodes pods were "
-                           f"bound to; the simulated boot, {_f(b.get('boot_s'), ' s', 0)}, is inside Joining → TailnetJoined): {steps}.")
             launch = b.get("launch_instance") or {}
             if _get(launch, "workflow_task_scheduled_to_started", "p50") is not None:
                 out.append(f"**Burst {n}: the worker's backlog.** A workflow task waited p50 "
@@ -213,13 +208,23 @@ def why(r: dict[str, Any]) -> list[str]:
                            f"{_f(_get(launch, 'workflow_task_scheduled_to_started', 'p99'), ' s')} for the worker; a new node workflow's "
                            f"first task completed p50 {_f(_get(launch, 'workflow_started_to_first_task_completed', 'p50'), ' s')}, p99 "
                            f"{_f(_get(launch, 'workflow_started_to_first_task_completed', 'p99'), ' s')} after its start. Every step of "
-                           "the path above that crosses a workflow task (about six before Ready) pays this wait.")
+                           "a node's path that crosses a workflow task (about six before Ready) pays this wait.")
             if _get(launch, "closed", "p50") is not None:
                 out.append(f"**Burst {n}: the launch.** `launch_instance` took p50 {_f(_get(launch, 'closed', 'p50'), ' s')}, p99 "
                            f"{_f(_get(launch, 'closed', 'p99'), ' s')} ({launch.get('still_open', 0)} still open at the end); the simulated "
                            f"cloud answered {b.get('cloud_requests_per_instance')} requests per instance bought "
                            f"({', '.join(f'{k} {v}' for k, v in (b.get('cloud_requests') or {}).items())}); worker CPU "
                            f"{b.get('worker_cpu_s_per_instance')} s per instance.")
+            stages = launch.get("stages_s") or {}
+            if stages:
+                names = {"start_to_launching": "start → Launching (offer, the class's reservation)", "launching_to_joining": "→ Joining (launch)",
+                         "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler)"}  # fmt: skip
+                out.append(f"**Burst {n}: where a node's time goes** (from each node workflow's phase changes, p50 / p99): "
+                           + "; ".join(f"{names.get(k, k)} {_f(v.get('p50'), ' s')} / {_f(v.get('p99'), ' s')}" for k, v in stages.items() if v.get("n"))
+                           + ". Node workflows by phase every 10 s: "
+                           + ", ".join(f"{t['s']:.0f} s: " + "/".join(str(t.get(p, '-')) for p in ("Pending", "Launching", "Joining", "Ready")) + f" ({t['pods_bound']} bound)"
+                                       for t in b.get("timeline") or [])
+                           + " (Pending/Launching/Joining/Ready).")
         idle = b.get("idle")
         if idle and (_get(idle, "reaction_s", "p99") or 0) >= 2:
             out.append(f"**Idle reaction.** p99 {_get(idle, 'reaction_s', 'p99'):.1f} s past the idle timeout, p50 "
@@ -314,8 +319,8 @@ def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
         f"{r['knobs']['boot_s']:.0f} s). A pod's overhead is the time from its creation to the harness seeing it bound (a watch on "
         "pods), minus the simulated boot. The simulated scheduler keeps kube-scheduler v1.34's queue (a pod waits for an event "
         "that could make it fit, and its backoff does not delay it when nothing else waits; tests/test_scheduler_queue.py holds it to "
-        "the real kube-scheduler) and looks every 0.25 s. Pending → node workflow start pairs the k-th pod created with the k-th "
-        "node workflow started; the path's steps come from the stage records of the nodes pods were bound to.",
+        "the real kube-scheduler) on watches, as its informers. Pending → node workflow start pairs the k-th pod created with the "
+        "k-th node workflow started; a node's path comes from its workflow's phase changes.",
         f"* **Idle reaction**: the first burst's pods are deleted; per node, the first terminate call at the simulated cloud − the "
         f"deletion of its pod − the pool's idle timeout ({r['knobs']['idle_timeout_s']} s; the bench's bridge accepts idle timeouts "
         "from 1 s, bench/proc.py). Those node workflows' history lengths are one short life each.",

@@ -59,7 +59,7 @@ from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.messages import class_workflow_id
 from tgp.node import NodeWorkflowInput
 from tgp.pools import node_request
-from tgp.types import NodeStatus, node_workflow_id
+from tgp.types import node_workflow_id
 from workers.main import workflow_cache
 
 # The simulated scheduler and kubelets log each pod they bind and run; the harness prints its own progress.
@@ -292,17 +292,16 @@ async def burst(n: int, *, idle: bool) -> dict[str, Any]:
         if sim_profile is not None:
             result["sim_profile"] = sim_profile  # this process: the simulated world (cloud, tailnet, Kubernetes, kubelets)
         try:
-            result["launch_instance"] = await launch_durations(s.client, [w.id for w in workflows])
+            bound_at: dict[str, float] = {}
+            for pod, node in clock.node_of.items():
+                wid = node_workflow_id(NS, "burst", node)
+                bound_at[wid] = min(bound_at.get(wid, clock.bound[pod]), clock.bound[pod])
+            result["launch_instance"] = await launch_durations(s.client, [w.id for w in workflows], bound_at)
         except RPCError as exc:
             result["launch_instance"] = {"error": str(exc)[:200]}
         say(f"burst {n}: launch_instance {result['launch_instance']}; cloud requests per instance {result['cloud_requests_per_instance']}")
         say(f"burst {n}: served {len(clock.bound)}/{n} in {wall:.0f} s; overhead p99 {fmt(result['overhead_s']['p99'])} s, "
             f"pending -> node workflow start p99 {fmt(result['pending_to_node_workflow_start_s']['p99'])} s")  # fmt: skip
-        try:
-            result["path_s"] = await stage_timeline(s.client, clock)
-            say(f"burst {n}: path p50/p99 " + "; ".join(f"{k} {fmt(v['p50'])}/{fmt(v['p99'])}" for k, v in result["path_s"].items()))
-        except RPCError as exc:
-            result["path_s"] = {"error": str(exc)[:200]}
         try:
             result["entities"] = await entity_histories(s.client)
         except RPCError as exc:
@@ -337,13 +336,21 @@ async def profile_here(seconds: float, out: Path) -> dict[str, Any] | None:
         return None
 
 
-async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
+async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, float] | None = None) -> dict[str, Any]:
     """launch_instance per node workflow (first run): scheduled -> started (queue), started ->
-    closed (the activity itself, over all its attempts' last), and how many were still open."""
+    closed (the activity itself, over all its attempts' last), and how many were still open.
+    Also each node's path by the phases it entered (its TgpPhase upserts): start -> Launching
+    (offer, the class's reservation), -> Joining (launch), -> Ready (join, labels), and, with
+    `bound_at` (workflow id -> when the first pod was bound to its node), Ready -> pod bound
+    (the simulated scheduler's share); every activity's scheduled -> closed by type; and the
+    worker's backlog: every workflow task's scheduled -> started, and the workflow's start ->
+    its first task completed."""
     queued: list[float] = []
     ran: list[float] = []
-    task_queued: list[float] = []  # every workflow task: scheduled -> started (the worker's backlog)
-    first_task: list[float] = []  # the first one: workflow started -> its first task completed
+    activities: dict[str, list[float]] = {}  # activity type -> scheduled -> closed, every node's first run
+    stages: dict[str, list[float]] = {"start_to_launching": [], "launching_to_joining": [], "joining_to_ready": [], "ready_to_pod_bound": []}
+    task_queued: list[float] = []
+    first_task: list[float] = []
     open_ = 0
     sem = asyncio.Semaphore(32)
 
@@ -352,22 +359,27 @@ async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
         async with sem:
             scheduled: dict[int, float] = {}
             started: dict[int, float] = {}
-            task_at: dict[int, float] = {}
-            began: float | None = None  # the workflow's start, until its first task completed
+            entered: dict[str, float] = {}
+            kinds: dict[int, tuple[str, float]] = {}  # every activity: scheduled event id -> (type, when)
+            tasks: dict[int, float] = {}  # workflow tasks scheduled, not yet started
             async for event in client.get_workflow_handle(wid).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
-                if event.event_id == 1:
-                    began = at
+                entered.setdefault("start", at)
+                if event.HasField("upsert_workflow_search_attributes_event_attributes"):
+                    phase = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields.get("TgpPhase")
+                    if phase is not None:
+                        entered.setdefault(json.loads(phase.data), at)
                 if event.HasField("workflow_task_scheduled_event_attributes"):
-                    task_at[event.event_id] = at
+                    tasks[event.event_id] = at
                 elif event.HasField("workflow_task_started_event_attributes"):
                     sid = event.workflow_task_started_event_attributes.scheduled_event_id
-                    if sid in task_at:
-                        task_queued.append(at - task_at.pop(sid))
-                elif event.HasField("workflow_task_completed_event_attributes") and began is not None:
-                    first_task.append(at - began)
-                    began = None
+                    if sid in tasks:
+                        task_queued.append(at - tasks.pop(sid))
+                elif event.HasField("workflow_task_completed_event_attributes") and "first task" not in entered:
+                    entered["first task"] = at
+                    first_task.append(at - entered["start"])
                 elif event.HasField("activity_task_scheduled_event_attributes"):
+                    kinds[event.event_id] = (event.activity_task_scheduled_event_attributes.activity_type.name, at)
                     if event.activity_task_scheduled_event_attributes.activity_type.name == "launch_instance":
                         scheduled[event.event_id] = at
                 elif event.HasField("activity_task_started_event_attributes"):
@@ -379,53 +391,31 @@ async def launch_durations(client: Client, ids: list[str]) -> dict[str, Any]:
                                   "activity_task_timed_out_event_attributes", "activity_task_canceled_event_attributes"):  # fmt: skip
                         if event.HasField(field):
                             sid = getattr(event, field).scheduled_event_id
+                            if sid in kinds:
+                                name, when = kinds.pop(sid)
+                                activities.setdefault(name, []).append(at - when)
                             if sid in started:
                                 queued.append(started[sid] - scheduled[sid])
                                 ran.append(at - started[sid])
                                 del scheduled[sid]
             open_ += len(scheduled)
+            path = [("start_to_launching", "start", "Launching"), ("launching_to_joining", "Launching", "Joining"), ("joining_to_ready", "Joining", "Ready")]
+            for name, a, b in path:
+                if a in entered and b in entered:
+                    stages[name].append(entered[b] - entered[a])
+            if bound_at and wid in bound_at and "Ready" in entered:
+                stages["ready_to_pod_bound"].append(bound_at[wid] - entered["Ready"])
 
     await asyncio.gather(*(one(w) for w in dict.fromkeys(ids)))
     return {
         "closed": summary(ran),
         "scheduled_to_started": summary(queued),
         "still_open": open_,
+        "stages_s": {k: summary(v) for k, v in stages.items()},
+        "activities_scheduled_to_closed_s": {k: summary(v) for k, v in sorted(activities.items())},
         "workflow_task_scheduled_to_started": summary(task_queued),
         "workflow_started_to_first_task_completed": summary(first_task),
     }
-
-
-# The node's path from its workflow's start to a bound pod, stage by stage (the stage records of
-# each node's status), for the nodes a pod was bound to: where a burst's overhead goes.
-PATH = ("Pending", "Launching", "Joining", "TailnetJoined", "NodeReady", "GpusRegistered", "Ready")
-
-
-async def stage_timeline(client: Client, clock: PodClock) -> dict[str, Any]:
-    """Per step of the path (workflow start -> Pending -> ... -> Ready -> a pod bound to the
-    node), the time it took, over the nodes a pod of the burst was bound to. The simulated boot
-    falls inside Joining -> TailnetJoined."""
-    by_node: dict[str, list[str]] = {}
-    for pod, node in clock.node_of.items():
-        by_node.setdefault(node, []).append(pod)
-    steps: dict[str, list[float]] = {}
-    sem = asyncio.Semaphore(32)
-
-    async def one(node: str, pods: list[str]) -> None:
-        async with sem:
-            try:
-                handle = client.get_workflow_handle(node_workflow_id(NS, "burst", node))
-                status = await handle.query("status", result_type=NodeStatus)
-                started = (await handle.describe()).start_time
-            except RPCError:
-                return
-        at = {r.stage.value: r.at.timestamp() for r in status.stages}
-        points = [("workflow start", started.timestamp())] + [(stage, at[stage]) for stage in PATH if stage in at]
-        points.append(("pod bound", min(clock.bound[p] for p in pods)))
-        for (a, ta), (b, tb) in zip(points, points[1:]):
-            steps.setdefault(f"{a} -> {b}", []).append(tb - ta)
-
-    await asyncio.gather(*(one(node, pods) for node, pods in by_node.items()))
-    return {step: summary(values) for step, values in steps.items()}
 
 
 def fmt(v: float | None) -> str:
