@@ -218,7 +218,7 @@ def why(r: dict[str, Any]) -> list[str]:
             stages = launch.get("stages_s") or {}
             if stages:
                 names = {"start_to_launching": "start → Launching (offer, the class's reservation)", "launching_to_joining": "→ Joining (launch)",
-                         "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler)"}  # fmt: skip
+                         "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler; Ready is recorded in the workflow task that removed the joining taint, so this may read a little short)"}  # fmt: skip
                 out.append(f"**Burst {n}: where a node's time goes** (from each node workflow's phase changes, p50 / p99): "
                            + "; ".join(f"{names.get(k, k)} {_f(v.get('p50'), ' s')} / {_f(v.get('p99'), ' s')}" for k, v in stages.items() if v.get("n"))
                            + ". Node workflows by phase every 10 s: "

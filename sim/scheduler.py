@@ -190,7 +190,9 @@ class SimScheduler:
                 await self._informed()
             except (httpx.HTTPError, ValueError, KeyError, WatchEnded) as exc:  # the API is restarting, or a watch expired: list again
                 log.info("sim_scheduler_relist", error=str(exc)[:200])
-                await asyncio.sleep(self.interval)
+            except Exception:  # noqa: BLE001 - a malformed object or a broken stream must not stop the binding
+                log.exception("sim_scheduler_pass_failed")
+            await asyncio.sleep(self.interval)
 
     async def _informed(self) -> None:
         """kube-scheduler's informers: list Nodes and pods once, then keep them from two watches
@@ -198,8 +200,8 @@ class SimScheduler:
         every RESYNC for the pods whose run ends on a timer. A watch that ends badly (410 Gone)
         raises, and the loop lists again."""
         nodes, pods = {}, {}
-        node_list = (await self._http.get("/api/v1/nodes")).json()
-        pod_list = (await self._http.get("/api/v1/pods")).json()
+        node_list = (await self._http.get("/api/v1/nodes")).raise_for_status().json()
+        pod_list = (await self._http.get("/api/v1/pods")).raise_for_status().json()
         for n in node_list.get("items") or []:
             nodes[n["metadata"]["name"]] = n
         for p in pod_list.get("items") or []:
@@ -251,8 +253,8 @@ class SimScheduler:
 
     async def step(self) -> None:
         """One pass on the API as listed now (the tests drive the scheduler with it)."""
-        nodes = (await self._http.get("/api/v1/nodes")).json().get("items") or []
-        pods = (await self._http.get("/api/v1/pods")).json().get("items") or []
+        nodes = (await self._http.get("/api/v1/nodes")).raise_for_status().json().get("items") or []
+        pods = (await self._http.get("/api/v1/pods")).raise_for_status().json().get("items") or []
         await self._pass(nodes, pods)
 
     async def _pass(self, nodes: list[Obj], pods: list[Obj]) -> None:
@@ -272,7 +274,9 @@ class SimScheduler:
         for name, n in used.items():
             if name in free:
                 free[name] -= n
-        view = _view(nodes, free)
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        static = _static(nodes)
+        requeue = Requeue(static, free, by_name)
         kubelets: list[Coroutine[Any, Any, None]] = []  # each kubelet reports on its own
         active, backing_off = [], []
         for pod in pods:
@@ -287,7 +291,7 @@ class SimScheduler:
                 continue  # bound by this scheduler; the API has not shown it yet
             q = self._queue.setdefault(_uid(pod), Queued(since=tick))
             if q.unschedulable is not None:
-                if not _better(q.unschedulable, view) and tick - q.since < UNSCHEDULABLE_LEFTOVER:
+                if not requeue.worth_it(q, pod) and tick - q.since < UNSCHEDULABLE_LEFTOVER:
                     continue  # no event that could make it fit: it waits
                 q.unschedulable = None
             expiry = q.since + self._backoff(q.attempts)
@@ -309,6 +313,7 @@ class SimScheduler:
         # The active queue first, oldest first; then, the active queue empty, the backoff queue
         # by expiry (SchedulerPopFromBackoffQ).
         order = [e[-1] for e in sorted(active, key=lambda e: e[:3])] + [e[-1] for e in sorted(backing_off, key=lambda e: e[:2])]
+        snapshot: Snapshot | None = None  # the cluster as the pods failing now see it (until a bind)
         for pod in order:
             uid, shape = _uid(pod), _shape(pod)
             reasons = fit_nowhere.get(shape)
@@ -321,10 +326,12 @@ class SimScheduler:
                 self._assumed[uid] = fitting
                 free[fitting] -= max(_gpus(pod), 0)
                 self._queue.pop(uid, None)
+                snapshot = None
             else:
                 fit_nowhere[shape] = reasons
+                snapshot = snapshot or Snapshot(static, dict(free))
                 q = self._queue[uid]
-                q.attempts, q.since, q.unschedulable = q.attempts + 1, tick, _view(nodes, free)
+                q.attempts, q.since, q.unschedulable, q.shape = q.attempts + 1, tick, snapshot, shape
                 marks.append((pod, reasons))
         await self._all([self._bind(pod, node, now) for pod, node in binds])
         await self._all([*kubelets, *(self._unschedulable(pod, reasons) for pod, reasons in marks)])
@@ -352,9 +359,9 @@ class SimScheduler:
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         try:
             (await self._http.patch(path, json={"spec": {"nodeName": node}}, headers=MERGE)).raise_for_status()
-        except httpx.HTTPError:
-            self._assumed.pop(_uid(pod), None)  # not bound: tried again
-            raise
+        except httpx.HTTPStatusError:
+            self._assumed.pop(_uid(pod), None)  # refused, not bound: tried again
+            raise  # a timeout may have bound it: it stays assumed until the watch says
         status = {"phase": "Running", "startTime": _ts(now), "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
         await self._http.patch(f"{path}/status", json={"status": status}, headers=MERGE)
         log.info("sim_pod_bound", pod=f"{meta['namespace']}/{meta['name']}", node=node)
@@ -393,38 +400,64 @@ class SimScheduler:
             log.info("sim_pod_completed", pod=f"{meta['namespace']}/{meta['name']}")
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster as a pod failed in it: each Node's static part (`_static`) and its free GPUs."""
+
+    static: Mapping[str, tuple[Any, ...]]
+    free: Mapping[str, int]
+
+
 @dataclass
 class Queued:
     """A pending pod's place in the queue: its failures, when it entered the queue (refreshed at
-    each failure: its backoff runs from there), and while it waits for an event, the cluster as
-    it failed in."""
+    each failure: its backoff runs from there), and while it waits for an event, the cluster it
+    failed in and its own shape then."""
 
     since: float
     attempts: int = 0
-    unschedulable: dict[str, tuple[Any, ...]] | None = None
+    unschedulable: Snapshot | None = None
+    shape: str = ""
 
 
-def _view(nodes: list[Obj], free: Mapping[str, int]) -> dict[str, tuple[Any, ...]]:
-    """What of each Node can make a pod fit: readiness, cordon, labels, taints, allocatable GPUs,
-    and (last) the GPUs free on it."""
+def _static(nodes: list[Obj]) -> dict[str, tuple[Any, ...]]:
+    """What of each Node can make a pod fit, besides its free GPUs: readiness, cordon, labels,
+    taints, allocatable GPUs."""
     view = {}
     for n in nodes:
         meta, spec, name = n.get("metadata") or {}, n.get("spec") or {}, n["metadata"]["name"]
         taints = tuple(sorted((str(t.get("key")), str(t.get("value")), str(t.get("effect"))) for t in spec.get("taints") or []))
         labels = tuple(sorted((meta.get("labels") or {}).items()))
-        view[name] = (_ready(n), bool(spec.get("unschedulable")), labels, taints, _allocatable(n), free.get(name, 0))
+        view[name] = (_ready(n), bool(spec.get("unschedulable")), labels, taints, _allocatable(n))
     return view
 
 
-def _better(before: Mapping[str, tuple[Any, ...]], now: Mapping[str, tuple[Any, ...]]) -> bool:
-    """Whether the cluster changed since `before` in a way that could make a pod fit (the
-    queueing hints' Queue): a Node added, a Node changed other than in its free GPUs, or more GPUs
-    free on one. A Node deleted or a pod bound (fewer free GPUs) makes nothing fit."""
-    for name, state in now.items():
-        old = before.get(name)
-        if old is None or old[:-1] != state[:-1] or state[-1] > old[-1]:
+class Requeue:
+    """kube-scheduler's queueing hints, for one pass: a waiting pod is tried again when a Node
+    added or changed since it failed (its static part, or more GPUs free) now fits it, or when
+    the pod itself changed; a Node deleted or taken fits nothing new. The Nodes that changed
+    since a snapshot, and whether one fits a shape, are worked out once per pass."""
+
+    def __init__(self, static: Mapping[str, tuple[Any, ...]], free: Mapping[str, int], nodes: Mapping[str, Obj]) -> None:
+        self.static, self.free, self.nodes = static, dict(free), nodes
+        self._changed: dict[int, list[str]] = {}
+        self._fits: dict[tuple[int, str], bool] = {}
+
+    def worth_it(self, q: Queued, pod: Obj) -> bool:
+        shape = _shape(pod)
+        if shape != q.shape:
             return True
-    return False
+        before = q.unschedulable
+        assert before is not None
+        key = (id(before), shape)
+        if key not in self._fits:
+            if id(before) not in self._changed:
+                self._changed[id(before)] = [
+                    name for name, state in self.static.items()
+                    if before.static.get(name) != state or self.free.get(name, 0) > before.free.get(name, 0)
+                ]  # fmt: skip
+            self._fits[key] = any(fits(pod, self.nodes[name], self.free.get(name, 0)) is None for name in self._changed[id(before)])
+        return self._fits[key]
 
 
 def _shape(pod: Obj) -> str:

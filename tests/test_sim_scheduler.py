@@ -97,28 +97,37 @@ async def node_of(http: httpx.AsyncClient, name: str) -> str | None:
     return (await http.get(f"/api/v1/namespaces/default/pods/{name}")).json()["spec"].get("nodeName")
 
 
+async def taken_from_under(http: httpx.AsyncClient, kube_url: str, scheduler: SimScheduler, clock: Clock, i: int) -> None:
+    """A Node that fits the waiting pod comes, and with it a new pod, which is in the active
+    queue while the waiting one backs off: the new one takes the Node, the waiting one fails."""
+    (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod(f"ahead-{i}"))).raise_for_status()
+    await register_node(kube_url, f"gpu-{i}", gpus=1)
+    clock.now += 0.1
+    await scheduler.step()
+    assert await node_of(http, f"ahead-{i}") == f"gpu-{i}"
+
+
 async def test_a_pod_that_did_not_fit_waits_for_a_change_and_its_backoff_doubles_up_to_ten_seconds() -> None:
-    """kube-scheduler v1.34: a pod that did not fit is not tried again while nothing changes
-    (queueing hints); each change that could make it fit tries it again, and each failure
-    doubles its backoff, 1 s to 10 s (podInitialBackoff, podMaxBackoff)."""
+    """kube-scheduler v1.34: a pod that did not fit is not tried again while nothing changes,
+    nor for a Node that cannot fit it (queueing hints); a Node that fits it tries it again, and
+    each failure doubles its backoff, 1 s to 10 s (podInitialBackoff, podMaxBackoff)."""
     async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
         clock = Clock()
         scheduler = SimScheduler(kube.url, clock=clock)
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("waits"))).raise_for_status()
         await scheduler.step()
         [queued] = scheduler._queue.values()
-        for _ in range(3):  # nothing changes: no attempt, however long
-            clock.now += 60
-            await scheduler.step()
-        assert queued.attempts == 1
         backoffs = []
-        for i in range(6):  # a Node that fits nothing (its GPUs taken) comes, each time another
-            await register_node(kube.url, f"full-{i}", gpus=0)
-            clock.now += 0.1
-            await scheduler.step()
+        for i in range(6):
+            await taken_from_under(http, kube.url, scheduler, clock, i)
             backoffs.append(scheduler._backoff(queued.attempts))
         assert queued.attempts == 7 and backoffs == [2, 4, 8, 10, 10, 10]
-        clock.now += UNSCHEDULABLE_LEFTOVER  # five minutes with no event: tried again anyway
+        for i in range(3):  # nothing changes, or a Node comes that cannot fit it: no attempt
+            await register_node(kube.url, f"no-gpus-{i}", gpus=0)
+            clock.now += 60
+            await scheduler.step()
+        assert queued.attempts == 7
+        clock.now += UNSCHEDULABLE_LEFTOVER + 1  # five minutes with no event: tried again anyway
         await scheduler.step()
         assert queued.attempts == 8
         await scheduler.__aexit__()
@@ -132,15 +141,15 @@ async def test_a_node_that_appears_while_the_pod_backs_off_is_taken_at_once() ->
         clock = Clock()
         scheduler = SimScheduler(kube.url, clock=clock)
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("waits"))).raise_for_status()
-        for i in range(5):
-            await register_node(kube.url, f"full-{i}", gpus=0)
-            await scheduler.step()
+        await scheduler.step()
+        for i in range(4):
+            await taken_from_under(http, kube.url, scheduler, clock, i)
         [queued] = scheduler._queue.values()
         assert scheduler._backoff(queued.attempts) == 10
-        await register_node(kube.url, "gpu-1", gpus=1)
+        await register_node(kube.url, "gpu-last", gpus=1)
         clock.now += 0.5
         await scheduler.step()
-        assert await node_of(http, "waits") == "gpu-1"
+        assert await node_of(http, "waits") == "gpu-last"
         await scheduler.__aexit__()
 
 
@@ -151,11 +160,8 @@ async def test_a_pod_out_of_backoff_takes_the_node_another_pod_waited_for() -> N
         clock = Clock()
         scheduler = SimScheduler(kube.url, clock=clock)
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("first"))).raise_for_status()
-        await scheduler.step()
-        for i in range(3):  # nodes that fit nothing come and go: each failure doubles its backoff
-            await register_node(kube.url, f"full-{i}", gpus=0)
-            clock.now += 0.5
-            await scheduler.step()
+        await scheduler.step()  # no Node: it backs off for 1 s
+        clock.now += 0.5
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("second"))).raise_for_status()
         await register_node(kube.url, "bought-for-first", gpus=1)
         await scheduler.step()
@@ -185,15 +191,19 @@ async def test_no_pod_is_bound_to_a_node_with_the_not_ready_taint_or_without_fre
 
 @attrs.define(kw_only=True)
 class ListCountingEmulator(KubeEmulator):
-    """The emulator, counting the lists (not watches, not gets) of pods and Nodes."""
+    """The emulator, counting the lists (not watches, not gets) of pods and Nodes, and the binds
+    (a pod's own PATCH: the simulated scheduler's bind) of each pod."""
 
     lists: Counter[str] = attrs.field(factory=Counter)
+    binds: Counter[str] = attrs.field(factory=Counter)
 
     async def _handle(self, request: kmock.Request) -> Any:  # type: ignore[override]
         method = str(request.method).upper().rsplit(".", 1)[-1]
         watching = str(request.params.get("watch", "")).lower() in ("1", "true")
         if method == "GET" and not watching and not request.name and request.resource is not None:
             self.lists[request.resource.plural] += 1
+        if method == "PATCH" and request.resource is not None and request.resource.plural == "pods" and not request.subresource:
+            self.binds[str(request.name)] += 1
         return await super()._handle(request)
 
 
@@ -213,4 +223,5 @@ async def test_the_running_scheduler_binds_from_its_watches_without_listing_each
                 await eventually(bound, timeout=30, what=f"p{i} bound")
         nodes = {(await node_of(http, f"p{i}")) for i in range(5)}
         assert nodes == {f"gpu-{i}" for i in range(5)}, nodes  # one pod per 1-GPU Node
+        assert kube.binds == {f"p{i}": 1 for i in range(5)}, kube.binds  # each bound once
         assert kube.lists["pods"] <= 2 and kube.lists["nodes"] <= 2, kube.lists  # listed at the start (and a relist at most)
