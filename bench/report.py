@@ -210,7 +210,8 @@ def why(r: dict[str, Any]) -> list[str]:
                            f"{b.get('worker_cpu_s_per_instance')} s per instance.")
             stages = launch.get("stages_s") or {}
             if stages:
-                names = {"start_to_launching": "start → Launching (offer, the class's reservation)", "launching_to_joining": "→ Joining (launch)",
+                names = {"start_to_first_task": "start → the worker's first workflow task", "first_task_to_offer": "→ offer chosen (a local activity)",
+                         "offer_to_launching": "→ Launching (the class's reservation)", "start_to_launching": "start → Launching in all", "launching_to_joining": "→ Joining (launch)",
                          "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler)"}  # fmt: skip
                 out.append(f"**Burst {n}: where a node's time goes** (from each node workflow's phase changes, p50 / p99): "
                            + "; ".join(f"{names.get(k, k)} {_f(v.get('p50'), ' s')} / {_f(v.get('p99'), ' s')}" for k, v in stages.items() if v.get("n"))

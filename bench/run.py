@@ -346,7 +346,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
     queued: list[float] = []
     ran: list[float] = []
     activities: dict[str, list[float]] = {}  # activity type -> scheduled -> closed, every node's first run
-    stages: dict[str, list[float]] = {"start_to_launching": [], "launching_to_joining": [], "joining_to_ready": [], "ready_to_pod_bound": []}
+    stages: dict[str, list[float]] = {"start_to_first_task": [], "first_task_to_offer": [], "offer_to_launching": [], "start_to_launching": [], "launching_to_joining": [], "joining_to_ready": [], "ready_to_pod_bound": []}
     open_ = 0
     sem = asyncio.Semaphore(32)
 
@@ -360,6 +360,10 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
             async for event in client.get_workflow_handle(wid).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
                 entered.setdefault("start", at)
+                if event.HasField("workflow_task_started_event_attributes"):
+                    entered.setdefault("first_task", at)  # the worker's first look at the new run
+                if event.HasField("marker_recorded_event_attributes"):
+                    entered.setdefault("first_local_activity", at)  # select_offer, a local activity
                 if event.HasField("upsert_workflow_search_attributes_event_attributes"):
                     phase = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields.get("TgpPhase")
                     if phase is not None:
@@ -385,7 +389,8 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
                                 ran.append(at - started[sid])
                                 del scheduled[sid]
             open_ += len(scheduled)
-            path = [("start_to_launching", "start", "Launching"), ("launching_to_joining", "Launching", "Joining"), ("joining_to_ready", "Joining", "Ready")]
+            path = [("start_to_first_task", "start", "first_task"), ("first_task_to_offer", "first_task", "first_local_activity"),
+                    ("offer_to_launching", "first_local_activity", "Launching"), ("start_to_launching", "start", "Launching"), ("launching_to_joining", "Launching", "Joining"), ("joining_to_ready", "Joining", "Ready")]
             for name, a, b in path:
                 if a in entered and b in entered:
                     stages[name].append(entered[b] - entered[a])
