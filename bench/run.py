@@ -82,8 +82,7 @@ PHASES = set(knob("BENCH_PHASES", "offers,burst,hold", "offers,burst,hold").spli
 # full run under 10 minutes on 2 cores even where every target is missed by far.
 BURST_DEADLINE = {100: 60.0, 500: 120.0}
 HOLD_BRINGUP_DEADLINE = float(knob("BENCH_HOLD_BRINGUP_SECONDS", "180", "60"))
-# After the last node turns Ready, the stack settles (reports, status writes, bind grace) before
-# the stretch is measured.
+# How long the worker's stacks are sampled after the hold's stretch.
 PROFILE_SECONDS = float(knob("BENCH_PROFILE_SECONDS", "10", "5"))
 # After the last node is Ready the nodes' last reports, the pool's adoption of the nodes the hold
 # started (their settings and labels, signals from the pool) and the twin watches end; the stretch
