@@ -205,9 +205,7 @@ def why(r: dict[str, Any]) -> list[str]:
             if _get(launch, "workflow_task_scheduled_to_started", "p50") is not None:
                 out.append(f"**Burst {n}: the worker's backlog.** A workflow task waited p50 "
                            f"{_f(_get(launch, 'workflow_task_scheduled_to_started', 'p50'), ' s')}, p99 "
-                           f"{_f(_get(launch, 'workflow_task_scheduled_to_started', 'p99'), ' s')} for the worker; a new node workflow's "
-                           f"first task completed p50 {_f(_get(launch, 'workflow_started_to_first_task_completed', 'p50'), ' s')}, p99 "
-                           f"{_f(_get(launch, 'workflow_started_to_first_task_completed', 'p99'), ' s')} after its start. Every step of "
+                           f"{_f(_get(launch, 'workflow_task_scheduled_to_started', 'p99'), ' s')} for the worker. Every step of "
                            "a node's path that crosses a workflow task (about six before Ready) pays this wait.")
             if _get(launch, "closed", "p50") is not None:
                 out.append(f"**Burst {n}: the launch.** `launch_instance` took p50 {_f(_get(launch, 'closed', 'p50'), ' s')}, p99 "
@@ -217,8 +215,9 @@ def why(r: dict[str, Any]) -> list[str]:
                            f"{b.get('worker_cpu_s_per_instance')} s per instance.")
             stages = launch.get("stages_s") or {}
             if stages:
-                names = {"start_to_launching": "start → Launching (offer, the class's reservation)", "launching_to_joining": "→ Joining (launch)",
-                         "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler; Ready is recorded in the workflow task that removed the joining taint, so this may read a little short)"}  # fmt: skip
+                names = {"start_to_first_task": "start → the worker's first workflow task", "first_task_to_offer": "→ offer chosen (a local activity)",
+                         "offer_to_launching": "→ Launching (the class's reservation)", "start_to_launching": "start → Launching in all", "launching_to_joining": "→ Joining (launch)",
+                         "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler)"}  # fmt: skip
                 out.append(f"**Burst {n}: where a node's time goes** (from each node workflow's phase changes, p50 / p99): "
                            + "; ".join(f"{names.get(k, k)} {_f(v.get('p50'), ' s')} / {_f(v.get('p99'), ' s')}" for k, v in stages.items() if v.get("n"))
                            + ". Node workflows by phase every 10 s: "

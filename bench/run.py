@@ -82,8 +82,7 @@ PHASES = set(knob("BENCH_PHASES", "offers,burst,hold", "offers,burst,hold").spli
 # full run under 10 minutes on 2 cores even where every target is missed by far.
 BURST_DEADLINE = {100: 60.0, 500: 120.0}
 HOLD_BRINGUP_DEADLINE = float(knob("BENCH_HOLD_BRINGUP_SECONDS", "180", "60"))
-# After the last node turns Ready, the stack settles (reports, status writes, bind grace) before
-# the stretch is measured.
+# How long the worker's stacks are sampled after the hold's stretch.
 PROFILE_SECONDS = float(knob("BENCH_PROFILE_SECONDS", "10", "5"))
 # After the last node is Ready the nodes' last reports, the pool's adoption of the nodes the hold
 # started (their settings and labels, signals from the pool) and the twin watches end; the stretch
@@ -345,14 +344,12 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
     (offer, the class's reservation), -> Joining (launch), -> Ready (join, labels), and, with
     `bound_at` (workflow id -> when the first pod was bound to its node), Ready -> pod bound
     (the simulated scheduler's share); every activity's scheduled -> closed by type; and the
-    worker's backlog: every workflow task's scheduled -> started, and the workflow's start ->
-    its first task completed."""
+    worker's backlog: every workflow task's scheduled -> started."""
     queued: list[float] = []
     ran: list[float] = []
     activities: dict[str, list[float]] = {}  # activity type -> scheduled -> closed, every node's first run
-    stages: dict[str, list[float]] = {"start_to_launching": [], "launching_to_joining": [], "joining_to_ready": [], "ready_to_pod_bound": []}
-    task_queued: list[float] = []
-    first_task: list[float] = []
+    stages: dict[str, list[float]] = {"start_to_first_task": [], "first_task_to_offer": [], "offer_to_launching": [], "start_to_launching": [], "launching_to_joining": [], "joining_to_ready": [], "ready_to_pod_bound": []}
+    task_queued: list[float] = []  # every workflow task: scheduled -> started (the worker's backlog)
     open_ = 0
     sem = asyncio.Semaphore(32)
 
@@ -367,6 +364,10 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
             async for event in client.get_workflow_handle(wid).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
                 entered.setdefault("start", at)
+                if event.HasField("workflow_task_started_event_attributes"):
+                    entered.setdefault("first_task", at)  # the worker's first look at the new run
+                if event.HasField("marker_recorded_event_attributes"):
+                    entered.setdefault("first_local_activity", at)  # select_offer, a local activity
                 if event.HasField("upsert_workflow_search_attributes_event_attributes"):
                     phase = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields.get("TgpPhase")
                     if phase is not None:
@@ -377,9 +378,6 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
                     sid = event.workflow_task_started_event_attributes.scheduled_event_id
                     if sid in tasks:
                         task_queued.append(at - tasks.pop(sid))
-                elif event.HasField("workflow_task_completed_event_attributes") and "first task" not in entered:
-                    entered["first task"] = at
-                    first_task.append(at - entered["start"])
                 elif event.HasField("activity_task_scheduled_event_attributes"):
                     kinds[event.event_id] = (event.activity_task_scheduled_event_attributes.activity_type.name, at)
                     if event.activity_task_scheduled_event_attributes.activity_type.name == "launch_instance":
@@ -401,7 +399,8 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
                                 ran.append(at - started[sid])
                                 del scheduled[sid]
             open_ += len(scheduled)
-            path = [("start_to_launching", "start", "Launching"), ("launching_to_joining", "Launching", "Joining"), ("joining_to_ready", "Joining", "Ready")]
+            path = [("start_to_first_task", "start", "first_task"), ("first_task_to_offer", "first_task", "first_local_activity"),
+                    ("offer_to_launching", "first_local_activity", "Launching"), ("start_to_launching", "start", "Launching"), ("launching_to_joining", "Launching", "Joining"), ("joining_to_ready", "Joining", "Ready")]
             for name, a, b in path:
                 if a in entered and b in entered:
                     stages[name].append(entered[b] - entered[a])
@@ -416,7 +415,6 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
         "stages_s": {k: summary(v) for k, v in stages.items()},
         "activities_scheduled_to_closed_s": {k: summary(v) for k, v in sorted(activities.items())},
         "workflow_task_scheduled_to_started": summary(task_queued),
-        "workflow_started_to_first_task_completed": summary(first_task),
     }
 
 

@@ -33,7 +33,7 @@ from temporalio.client import (
 )
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.kube.cluster import KubernetesCluster
@@ -96,6 +96,14 @@ WORKFLOW_SANDBOX_ENV = "TGP_WORKFLOW_SANDBOX"
 # served after 2 minutes in `make bench`). The provider clients' own pacers bound the requests.
 ACTIVITY_SLOTS = 2000
 ACTIVITY_SLOTS_ENV = "TGP_ACTIVITY_SLOTS"
+# How many workflow task polls a worker keeps open (the SDK's default is 5, of which a fifth
+# polls the task queue itself, where every new workflow's first task waits, and the rest the
+# worker's sticky queue). In a burst each node workflow's first task then waited for that one
+# poller: start -> first workflow task p50 1.5-2.6 s at 100 pods while the worker used half a
+# core; with 20, 0.4-0.5 s and the tgp overhead's p99 10 s instead of 12-22 s (make bench, back
+# to back at load ~5, docs/benchmarks.md). An open poll is one long-poll RPC waiting at the server.
+WORKFLOW_TASK_POLLS = 20
+WORKFLOW_TASK_POLLS_ENV = "TGP_WORKFLOW_TASK_POLLS"
 
 
 @dataclass
@@ -359,15 +367,33 @@ def activity_slots(env: Mapping[str, str] = os.environ) -> int:
     return int(raw)
 
 
-def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
-    """A Worker hosting every tgp workflow and activity, its workflow cache sized by
-    `workflow_cache` unless `max_cached_workflows` is given, its activity slots by
-    `activity_slots` unless `max_concurrent_activities` is, its workflows in the sandbox unless
-    `workflow_runner` says otherwise (`workflow_runner`)."""
+def workflow_task_polls(env: Mapping[str, str] = os.environ) -> int:
+    """How many workflow task polls the worker keeps open: TGP_WORKFLOW_TASK_POLLS, else
+    WORKFLOW_TASK_POLLS."""
+    raw = env.get(WORKFLOW_TASK_POLLS_ENV, "").strip()
+    if not raw:
+        return WORKFLOW_TASK_POLLS
+    if not raw.isdigit() or int(raw) < 2:
+        # The SDK needs one poll for the task queue and one for the worker's sticky queue.
+        raise ConfigError(f"{WORKFLOW_TASK_POLLS_ENV}={raw!r} is not a number of polls (at least 2)")
+    return int(raw)
+
+
+def worker_options(**options: object) -> dict[str, object]:
+    """The options `make_worker` gives the SDK's Worker beyond `options`: its workflow cache
+    (`workflow_cache`), activity slots (`activity_slots`), workflow task polls
+    (`workflow_task_polls`) and workflow runner (`workflow_runner`: the sandbox unless turned
+    off), each unless given."""
     options.setdefault("max_cached_workflows", workflow_cache())
     options.setdefault("max_concurrent_activities", activity_slots())
-    options.setdefault("workflow_task_poller_behavior", PollerBehaviorAutoscaling())
+    options.setdefault("workflow_task_poller_behavior", PollerBehaviorSimpleMaximum(maximum=workflow_task_polls()))
     options.setdefault("workflow_runner", workflow_runner())
+    return options
+
+
+def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
+    """A Worker hosting every tgp workflow and activity, with `worker_options`."""
+    options = worker_options(**options)
     interceptors = [ActivityLogContext(), *options.pop("interceptors", [])]  # type: ignore[misc]
     return Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]
