@@ -1,5 +1,5 @@
-"""The worker's workflow cache (issue 20): sized for 1,000 resting nodes within 300 MB, and
-settable for a deployment that wants another trade of memory against replays."""
+"""The worker's tuning (issue 20): its workflow cache, activity slots, workflow task polls and
+workflow sandbox, each settable for a deployment that wants another trade."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tests.clock_reading_workflow import ReadsTheClock
 from tests.conftest import eventually
 from tgp.errors import ConfigError
 from workers.main import WORKFLOW_CACHE, WORKFLOW_CACHE_ENV, WORKFLOW_SANDBOX_ENV, workflow_cache, workflow_runner
+
 
 def test_the_default_cache_holds_fewer_workflows_than_a_fleet_at_rest() -> None:
     """The SDK's default cache (1,000) kept every resting node of a 1,000-node fleet in memory
