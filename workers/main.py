@@ -339,12 +339,7 @@ async def watch_sweeps(client: Client, every: timedelta = SWEEP_EVERY) -> None:
 
 def workflow_cache(env: Mapping[str, str] = os.environ) -> int:
     """The worker's workflow cache size: TGP_WORKFLOW_CACHE, else WORKFLOW_CACHE."""
-    raw = env.get(WORKFLOW_CACHE_ENV, "").strip()
-    if not raw:
-        return WORKFLOW_CACHE
-    if not raw.isdigit():
-        raise ConfigError(f"{WORKFLOW_CACHE_ENV}={raw!r} is not a number of workflows (0 turns the cache off)")
-    return int(raw)
+    return _count(env, WORKFLOW_CACHE_ENV, WORKFLOW_CACHE, at_least=0, what="a number of workflows (0 turns the cache off)")
 
 
 def workflow_runner(env: Mapping[str, str] = os.environ) -> WorkflowRunner:
@@ -359,23 +354,24 @@ def workflow_runner(env: Mapping[str, str] = os.environ) -> WorkflowRunner:
 
 def activity_slots(env: Mapping[str, str] = os.environ) -> int:
     """How many activities the worker runs at once: TGP_ACTIVITY_SLOTS, else ACTIVITY_SLOTS."""
-    raw = env.get(ACTIVITY_SLOTS_ENV, "").strip()
-    if not raw:
-        return ACTIVITY_SLOTS
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{ACTIVITY_SLOTS_ENV}={raw!r} is not a positive number of activities")
-    return int(raw)
+    return _count(env, ACTIVITY_SLOTS_ENV, ACTIVITY_SLOTS, at_least=1, what="a positive number of activities")
 
 
 def workflow_task_polls(env: Mapping[str, str] = os.environ) -> int:
     """How many workflow task polls the worker keeps open: TGP_WORKFLOW_TASK_POLLS, else
     WORKFLOW_TASK_POLLS."""
-    raw = env.get(WORKFLOW_TASK_POLLS_ENV, "").strip()
+    # The SDK needs one poll for the task queue and one for the worker's sticky queue.
+    return _count(env, WORKFLOW_TASK_POLLS_ENV, WORKFLOW_TASK_POLLS, at_least=2, what="a number of polls (at least 2)")
+
+
+def _count(env: Mapping[str, str], name: str, default: int, *, at_least: int, what: str) -> int:
+    """A whole number from the environment variable `name`, `default` when unset; anything else
+    (not a number, under `at_least`) is a ConfigError saying what it must be."""
+    raw = env.get(name, "").strip()
     if not raw:
-        return WORKFLOW_TASK_POLLS
-    if not raw.isdigit() or int(raw) < 2:
-        # The SDK needs one poll for the task queue and one for the worker's sticky queue.
-        raise ConfigError(f"{WORKFLOW_TASK_POLLS_ENV}={raw!r} is not a number of polls (at least 2)")
+        return default
+    if not raw.isdigit() or int(raw) < at_least:
+        raise ConfigError(f"{name}={raw!r} is not {what}")
     return int(raw)
 
 
