@@ -91,3 +91,15 @@ def test_a_burst_of_new_workflows_is_polled_by_more_than_one_poller() -> None:
             workflow_task_polls({WORKFLOW_TASK_POLLS_ENV: bad})
     # What a caller gives wins.
     assert worker_options(workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=7))["workflow_task_poller_behavior"].maximum == 7  # type: ignore[attr-defined]
+
+
+def test_a_worker_works_on_a_bounded_number_of_workflow_tasks_at_once() -> None:
+    """Workflow code shares one interpreter lock: the SDK's 100 tasks in flight made 1,000 new
+    node workflows' tasks time out and replay (make bench's hold); the default is 20."""
+    from workers.main import WORKFLOW_TASK_SLOTS, WORKFLOW_TASK_SLOTS_ENV, worker_options, workflow_task_slots
+
+    assert worker_options()["max_concurrent_workflow_tasks"] == WORKFLOW_TASK_SLOTS < 100
+    assert workflow_task_slots({WORKFLOW_TASK_SLOTS_ENV: "50"}) == 50
+    for bad in ("1", "lots"):
+        with pytest.raises(ConfigError, match=WORKFLOW_TASK_SLOTS_ENV):
+            workflow_task_slots({WORKFLOW_TASK_SLOTS_ENV: bad})

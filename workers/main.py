@@ -104,6 +104,13 @@ ACTIVITY_SLOTS_ENV = "TGP_ACTIVITY_SLOTS"
 # to back at load ~5, docs/benchmarks.md). An open poll is one long-poll RPC waiting at the server.
 WORKFLOW_TASK_POLLS = 20
 WORKFLOW_TASK_POLLS_ENV = "TGP_WORKFLOW_TASK_POLLS"
+# How many workflow tasks a worker works on at once (the SDK's default is 100). Workflow code
+# runs under Python's one interpreter lock, so tasks in flight share one core: with 20 polls
+# bringing in up to 100 at once, 1,000 node workflows started together each took over 5 s a task
+# and hundreds timed out (10 s) and were replayed; 543 of 1,000 were Ready after 182 s. With 20
+# at once: all 1,000 Ready after 112 s (make bench's hold, one run each, 2026-11-24).
+WORKFLOW_TASK_SLOTS = 20
+WORKFLOW_TASK_SLOTS_ENV = "TGP_WORKFLOW_TASK_SLOTS"
 
 
 @dataclass
@@ -364,6 +371,12 @@ def workflow_task_polls(env: Mapping[str, str] = os.environ) -> int:
     return _count(env, WORKFLOW_TASK_POLLS_ENV, WORKFLOW_TASK_POLLS, at_least=2, what="a number of polls (at least 2)")
 
 
+def workflow_task_slots(env: Mapping[str, str] = os.environ) -> int:
+    """How many workflow tasks the worker works on at once: TGP_WORKFLOW_TASK_SLOTS, else
+    WORKFLOW_TASK_SLOTS."""
+    return _count(env, WORKFLOW_TASK_SLOTS_ENV, WORKFLOW_TASK_SLOTS, at_least=2, what="a number of workflow tasks (at least 2)")
+
+
 def _count(env: Mapping[str, str], name: str, default: int, *, at_least: int, what: str) -> int:
     """A whole number from the environment variable `name`, `default` when unset; anything else
     (not a number, under `at_least`) is a ConfigError saying what it must be."""
@@ -378,11 +391,12 @@ def _count(env: Mapping[str, str], name: str, default: int, *, at_least: int, wh
 def worker_options(**options: object) -> dict[str, object]:
     """The options `make_worker` gives the SDK's Worker beyond `options`: its workflow cache
     (`workflow_cache`), activity slots (`activity_slots`), workflow task polls
-    (`workflow_task_polls`) and workflow runner (`workflow_runner`: the sandbox unless turned
-    off), each unless given."""
+    (`workflow_task_polls`), workflow tasks at once (`workflow_task_slots`) and workflow runner
+    (`workflow_runner`: the sandbox unless turned off), each unless given."""
     options.setdefault("max_cached_workflows", workflow_cache())
     options.setdefault("max_concurrent_activities", activity_slots())
     options.setdefault("workflow_task_poller_behavior", PollerBehaviorSimpleMaximum(maximum=workflow_task_polls()))
+    options.setdefault("max_concurrent_workflow_tasks", workflow_task_slots())
     options.setdefault("workflow_runner", workflow_runner())
     return options
 
