@@ -54,8 +54,7 @@ def _where(frame: FrameType) -> str:
 
 
 def _sample_on_signals(out: Path) -> None:
-    state: dict[str, object] = {"on": False}
-    sampling = threading.Event()  # the sampler sleeps on it while off: no wakeups, no GIL taken
+    sampling = threading.Event()  # set while on; the sampler sleeps on it while off (no wakeups)
     self_time: Counter[str] = Counter()
     total: Counter[str] = Counter()
     # The innermost frame with the first of tgp's own frames that called it: who pays for it.
@@ -69,11 +68,9 @@ def _sample_on_signals(out: Path) -> None:
         paths.clear()
         counts.update(busy=0, idle=0)
         started[0] = time.monotonic()
-        state["on"] = True
         sampling.set()
 
     def stop(*_: object) -> None:
-        state["on"] = False
         sampling.clear()
         busy = max(1, counts["busy"])
         out.write_text(json.dumps({
@@ -91,7 +88,7 @@ def _sample_on_signals(out: Path) -> None:
         while True:
             sampling.wait()
             time.sleep(SAMPLE_EVERY)
-            if not state["on"]:
+            if not sampling.is_set():
                 continue
             for tid, frame in sys._current_frames().items():
                 if tid == me:

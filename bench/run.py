@@ -337,6 +337,18 @@ async def profile_here(seconds: float, out: Path) -> dict[str, Any] | None:
         return None
 
 
+# A node's path, step by step: (name, from, to) over the moments `launch_durations` reads from its
+# history (its start, first workflow task, first marker, and the phases it entered).
+NODE_PATH = (
+    ("start_to_first_task", "start", "first_task"),
+    ("first_task_to_offer", "first_task", "first_local_activity"),
+    ("offer_to_launching", "first_local_activity", "Launching"),
+    ("start_to_launching", "start", "Launching"),
+    ("launching_to_joining", "Launching", "Joining"),
+    ("joining_to_ready", "Joining", "Ready"),
+)
+
+
 async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, float] | None = None) -> dict[str, Any]:
     """launch_instance per node workflow (first run): scheduled -> started (queue), started ->
     closed (the activity itself, over all its attempts' last), and how many were still open.
@@ -348,7 +360,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
     queued: list[float] = []
     ran: list[float] = []
     activities: dict[str, list[float]] = {}  # activity type -> scheduled -> closed, every node's first run
-    stages: dict[str, list[float]] = {"start_to_first_task": [], "first_task_to_offer": [], "offer_to_launching": [], "start_to_launching": [], "launching_to_joining": [], "joining_to_ready": [], "ready_to_pod_bound": []}
+    stages: dict[str, list[float]] = {name: [] for name, _, _ in NODE_PATH} | {"ready_to_pod_bound": []}
     task_queued: list[float] = []  # every workflow task: scheduled -> started (the worker's backlog)
     open_ = 0
     sem = asyncio.Semaphore(32)
@@ -364,10 +376,9 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
             async for event in client.get_workflow_handle(wid).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
                 entered.setdefault("start", at)
-                if event.HasField("workflow_task_started_event_attributes"):
-                    entered.setdefault("first_task", at)  # the worker's first look at the new run
                 if event.HasField("marker_recorded_event_attributes"):
-                    entered.setdefault("first_local_activity", at)  # select_offer, a local activity
+                    # The life's patch marker and select_offer's, recorded with the same task.
+                    entered.setdefault("first_local_activity", at)
                 if event.HasField("upsert_workflow_search_attributes_event_attributes"):
                     phase = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields.get("TgpPhase")
                     if phase is not None:
@@ -375,6 +386,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
                 if event.HasField("workflow_task_scheduled_event_attributes"):
                     tasks[event.event_id] = at
                 elif event.HasField("workflow_task_started_event_attributes"):
+                    entered.setdefault("first_task", at)  # the worker's first look at the new run
                     sid = event.workflow_task_started_event_attributes.scheduled_event_id
                     if sid in tasks:
                         task_queued.append(at - tasks.pop(sid))
@@ -399,9 +411,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
                                 ran.append(at - started[sid])
                                 del scheduled[sid]
             open_ += len(scheduled)
-            path = [("start_to_first_task", "start", "first_task"), ("first_task_to_offer", "first_task", "first_local_activity"),
-                    ("offer_to_launching", "first_local_activity", "Launching"), ("start_to_launching", "start", "Launching"), ("launching_to_joining", "Launching", "Joining"), ("joining_to_ready", "Joining", "Ready")]
-            for name, a, b in path:
+            for name, a, b in NODE_PATH:
                 if a in entered and b in entered:
                     stages[name].append(entered[b] - entered[a])
             if bound_at and wid in bound_at and "Ready" in entered:

@@ -14,8 +14,9 @@ being deleted stays Terminating for its grace period (the emulator's graceful de
 Like kube-scheduler v1.34's scheduling queue where tgp depends on it (its source:
 pkg/scheduler/backend/queue): a pod that did not fit waits in `unschedulablePods` until a cluster
 event could make it fit (queueing hints, GA in 1.34: here a Node added, or one whose readiness,
-cordon, labels, taints or allocatable changed, or whose free GPUs grew), or for five minutes
-(podMaxInUnschedulablePodsDuration); it is not retried while nothing changes. Moved by an event,
+cordon, labels, taints, allocatable or free GPUs changed, that now fits the pod; or a change to
+the pod itself), or for five minutes (podMaxInUnschedulablePodsDuration); it is not retried
+while nothing changes. Moved by an event,
 it goes to the backoff queue while its per-pod backoff runs (1 s after its last failure,
 doubling per failure, capped at 10 s: podInitialBackoffSeconds, podMaxBackoffSeconds), else to
 the active queue. Pods in the active queue are tried first, oldest first (the queue's timestamp,
