@@ -9,7 +9,7 @@
 
 The class workflow runs for real against the simulated world on a dev server that suggests
 continue-as-new early (the class's own limit, 2,000 events, is a constant the workflow sandbox
-imports afresh). The listing is the real `running_nodes` activity behind a gate: the test holds
+imports afresh). The listing is the real `running_nodes_changed` activity behind a gate: the test holds
 its first call, grows the history while it is held, then lets it fail. Nothing waits on a clock."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from temporalio.testing import WorkflowEnvironment
 from sim.world import sim_world
 from tests.conftest import binary
 from tgp.crds import GPUNodeClassSpec
-from tgp.messages import ClassInput, ClassUpdate, NodeSighting, Reservation, class_workflow_id
+from tgp.messages import ClassInput, ClassUpdate, Reservation, RunningNodesChanges, RunningNodesQuery, class_workflow_id
 from workers.main import Activities, WorkerConfig, build_activities, make_worker
 from workers.temporal import DATA_CONVERTER, search_attribute_keys
 from workflows.node_class import GPUNodeClassWorkflow
@@ -56,11 +56,11 @@ async def suggests_early() -> AsyncIterator[WorkflowEnvironment]:
 
 
 class Listing:
-    """The real `running_nodes`; while `holding`, each call waits until `fail()` and then
-    fails for good (a visibility outage as the class sees it)."""
+    """The real `running_nodes_changed`; while `holding`, each call waits until `fail()` and
+    then fails for good (a visibility outage as the class sees it)."""
 
     def __init__(self, activities: Activities) -> None:
-        self.real = activities.entity.running_nodes
+        self.real = activities.entity.running_nodes_changed
         self.holding = False
         self.arrived = asyncio.Event()
         self._failed = asyncio.Event()
@@ -69,7 +69,7 @@ class Listing:
         self.holding = False
         self._failed.set()
 
-    async def __call__(self, query: str) -> list[NodeSighting] | None:
+    async def __call__(self, query: RunningNodesQuery) -> RunningNodesChanges:
         if self.holding:
             self.arrived.set()
             await self._failed.wait()
@@ -82,7 +82,7 @@ class Gated:
         self.inner, self.replacement = inner, replacement
 
     def all(self) -> list[object]:
-        return [self.replacement if getattr(f, "__name__", "") == "running_nodes" else f for f in self.inner.all()]
+        return [self.replacement if getattr(f, "__name__", "") == "running_nodes_changed" else f for f in self.inner.all()]
 
 
 async def start_class(env: WorkflowEnvironment, queue: str, **inp: Any) -> WorkflowHandle:
@@ -124,8 +124,8 @@ async def test_a_reserve_waiting_for_the_first_listing_does_not_stop_the_ledger(
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         listing = Listing(activities)
 
-        @activity.defn(name="running_nodes")
-        async def listed(query: str) -> list[NodeSighting] | None:
+        @activity.defn(name="running_nodes_changed")
+        async def listed(query: RunningNodesQuery) -> RunningNodesChanges:
             return await listing(query)
 
         queue = f"ledger-{uuid.uuid4().hex[:8]}"

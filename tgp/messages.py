@@ -181,17 +181,18 @@ class NodeSighting(NodeOverview):
 
 
 class RunningNodesQuery(Msg):
-    """What a pool already knows of its running node workflows, to hear only what differs. Ids
-    are sent without their common `prefix` (gpunode/<namespace>/<pool>/): a few bytes per node."""
+    """What a pool or class already knows of its running node workflows, to hear only what
+    differs. Ids are sent without their common `prefix` (gpunode/<namespace>/<pool>/ for a pool,
+    gpunode/ for a class): a few bytes per node."""
 
     query: str = Field(description="Visibility filter on tgp's search attributes, e.g. TgpPool = 'ml/rtx'.")
     prefix: str
-    known: list[str] = Field([], description="Node names (ids without the prefix) the pool counts as live.")
+    known: list[str] = Field([], description="Node ids without the prefix that the caller counts as live.")
 
 
 class RunningNodesChanges(Msg):
-    """The running node workflows a pool does not know (sightings), and the ones it knows that
-    are not listed (ids without the prefix). `listed`: False when the server has no visibility."""
+    """The running node workflows the caller does not know (sightings), and the ones it knows
+    that are not listed (ids without the prefix). `listed`: False when the server has no visibility."""
 
     listed: bool = True
     unknown: list[NodeSighting] = []

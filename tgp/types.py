@@ -361,8 +361,12 @@ class NodeRequest(Model):
         return node_workflow_id(self.namespace, self.pool, self.node_name)
 
 
+# Every node workflow's id starts with this.
+NODE_WORKFLOW_PREFIX = "gpunode/"
+
+
 def node_workflow_id(namespace: str, pool: str, node_name: str) -> str:
-    return f"gpunode/{namespace}/{pool}/{node_name}"
+    return f"{NODE_WORKFLOW_PREFIX}{namespace}/{pool}/{node_name}"
 
 
 def instance_name(node_name: str, attempt: int) -> str:

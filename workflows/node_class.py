@@ -22,7 +22,20 @@ with workflow.unsafe.imports_passed_through():
     from tgp.budget import admit, admit_many, hold
     from tgp.conditions import condition_list
     from tgp.crds import Condition, GPUNodeClassStatus
-    from tgp.messages import ClassInput, ClassUpdate, Grant, Grants, Ledger, ObjectRef, Releases, Reservation, Reservations
+    from tgp.messages import (
+        ClassInput,
+        ClassUpdate,
+        Grant,
+        Grants,
+        Ledger,
+        NodeSighting,
+        ObjectRef,
+        Releases,
+        Reservation,
+        Reservations,
+        RunningNodesQuery,
+    )
+    from tgp.types import NODE_WORKFLOW_PREFIX
     from workflows.entity import best_effort, history_is_long, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_class
 
@@ -37,6 +50,10 @@ RELEASED_REMEMBERED = 1000
 # (ClassInput.resync_interval), and how old a reservation must be before it can be taken for an
 # orphan (ClassInput.reservation_grace): a reservation is made before its node workflow starts,
 # and visibility lags.
+# The ledger's look at its running node workflows (once a resync) records only what differs from
+# its reservations (ids in, changes out), as the pool's does: a full listing of 1,000 nodes was
+# ~1 MB of history a minute, and a workflow task of seconds whenever the class was replayed.
+CLASS_RUNNING_NODES_CHANGES_PATCH = "class-running-nodes-changes"
 
 
 @workflow.defn(name="GPUNodeClassWorkflow")
@@ -226,21 +243,39 @@ class GPUNodeClassWorkflow:
         now = workflow.now()
         if self.seen_at is not None and now - self.seen_at < self.inp.resync_interval:
             return
-        seen = await best_effort(EntityActivities.running_nodes, f"TgpClass = '{self.inp.name}'", summary="list running nodes")
-        if not seen.ok:
-            return
-        self.seen_at = now
-        if seen.value is None:
-            return  # a server without visibility: nothing to rebuild from
-        running = {s.workflow_id: s for s in seen.value}
-        for wid, s in running.items():
+        unknown: list[NodeSighting]
+        if workflow.patched(CLASS_RUNNING_NODES_CHANGES_PATCH):
+            known = sorted(wid.removeprefix(NODE_WORKFLOW_PREFIX) for wid in self.ledger.reservations)
+            changed = await best_effort(
+                EntityActivities.running_nodes_changed,
+                RunningNodesQuery(query=f"TgpClass = '{self.inp.name}'", prefix=NODE_WORKFLOW_PREFIX, known=known),
+                summary="list running nodes (changes)",
+            )
+            if not changed.ok:
+                return
+            self.seen_at = now
+            if not changed.value.listed:
+                return  # a server without visibility: nothing to rebuild from
+            unknown = changed.value.unknown
+            gone = {NODE_WORKFLOW_PREFIX + name for name in changed.value.missing}
+        else:
+            seen = await best_effort(EntityActivities.running_nodes, f"TgpClass = '{self.inp.name}'", summary="list running nodes")
+            if not seen.ok:
+                return
+            self.seen_at = now
+            if seen.value is None:
+                return  # a server without visibility: nothing to rebuild from
+            unknown = seen.value
+            gone = set(self.ledger.reservations) - {s.workflow_id for s in seen.value}
+        for s in unknown:
+            wid = s.workflow_id
             if wid not in self.ledger.reservations and wid not in self.ledger.released:
                 pool = "/".join(wid.split("/")[1:3])
                 self._hold(Reservation(node_id=wid, pool=pool, hourly_price=s.hourly_price))
         stale = [
             wid
             for wid, r in self.ledger.reservations.items()
-            if wid not in running and (r.reserved_at is None or now - r.reserved_at >= self.inp.reservation_grace)
+            if wid in gone and (r.reserved_at is None or now - r.reserved_at >= self.inp.reservation_grace)
         ]
         if stale:
             closed = await best_effort(EntityActivities.closed_workflows, stale, summary="check closed nodes")
