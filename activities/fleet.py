@@ -112,6 +112,13 @@ def _first(search_attributes: Mapping[str, object], key: str) -> str | None:
     return str(values[0]) if isinstance(values, list) and values else None
 
 
+def _recorded_instance(search_attributes: Mapping[str, object]) -> tuple[str, str, str] | None:
+    """Node name, provider and instance id from a Ready node's search attributes (TgpInstanceId
+    is upserted with its phase from the launch on, in a life-v2 run), or None (an older run)."""
+    found = tuple(_first(search_attributes, key) for key in ("TgpNodeName", "TgpProvider", "TgpInstanceId"))
+    return found if all(found) else None  # type: ignore[return-value]
+
+
 def ready_since(status: NodeStatus, fallback: datetime) -> datetime:
     """When the node last entered Ready (its instance's create had ended by then)."""
     readies = [r.at for r in status.stages if r.stage is Stage.READY]
@@ -198,16 +205,26 @@ class FleetActivities:
         search_attributes: Mapping[str, object],
         classes: dict[str, asyncio.Task[dict[str, CredentialsRef] | None]],
     ) -> _Known | None:
-        """A node's instance and account, from its `status` answer and its class; None when it
-        cannot be told now (no instance recorded yet, the node busy or closing, the class
-        unreadable): the next look asks again."""
-        try:
-            status = await client.get_workflow_handle(workflow_id).query("status", result_type=NodeStatus)
-        except Exception as exc:  # noqa: BLE001 - a node busy, closing or of an older shape: next look
-            log.info("fleet_node_not_resolved", workflow_id=workflow_id, error_type=type(exc).__name__)
-            return None
-        if not status.instance_id or not status.provider:
-            return None
+        """A node's instance and account, from its search attributes (else its `status` answer)
+        and its class; None when it cannot be told now (no instance recorded yet, the node busy
+        or closing, the class unreadable): the next look asks again."""
+        recorded = _recorded_instance(search_attributes)
+        if recorded is not None:
+            # Its Ready upsert carries the instance (life v2): no query, which would replay a
+            # node workflow the worker's cache no longer holds (a thousand after a restart).
+            # Ready since at least now: the consistency window runs from here, a little late.
+            node_name, provider_name, instance_id = recorded
+            since = self.now()
+        else:
+            try:
+                status = await client.get_workflow_handle(workflow_id).query("status", result_type=NodeStatus)
+            except Exception as exc:  # noqa: BLE001 - a node busy, closing or of an older shape: next look
+                log.info("fleet_node_not_resolved", workflow_id=workflow_id, error_type=type(exc).__name__)
+                return None
+            if not status.instance_id or not status.provider:
+                return None
+            node_name, provider_name, instance_id = status.node_name, status.provider, status.instance_id
+            since = ready_since(status, self.now())
         credentials: CredentialsRef | None = None
         klass = _first(search_attributes, "TgpClass")
         if klass:
@@ -216,14 +233,8 @@ class FleetActivities:
             per_provider = await asyncio.shield(classes[klass])
             if per_provider is None:
                 return None
-            credentials = per_provider.get(status.provider)
-        node = WatchedNode(
-            workflow_id=workflow_id,
-            node_name=status.node_name,
-            provider=status.provider,
-            instance_id=status.instance_id,
-            since=ready_since(status, self.now()),
-        )
+            credentials = per_provider.get(provider_name)
+        node = WatchedNode(workflow_id=workflow_id, node_name=node_name, provider=provider_name, instance_id=instance_id, since=since)
         return _Known(node=node, credentials=credentials, node_class=klass)
 
     async def _class_credentials(self, name: str) -> dict[str, CredentialsRef] | None:

@@ -86,17 +86,28 @@ class SweeperActivities:
         self.now = now
         self.sleep = sleep
 
-    async def _running_nodes(self) -> dict[str, str]:
-        """Node name -> workflow id of every running node workflow (TgpNodeName)."""
+    async def _running_nodes(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Node name -> workflow id of every running node workflow (TgpNodeName), and workflow
+        id -> the instance a Ready node recorded (TgpInstanceId, upserted with its Ready phase
+        in a life-v2 run; a node past Ready never launches again, so the pair holds)."""
         names: dict[str, str] = {}
+        instances: dict[str, str] = {}
         async for wf in activity.client().list_workflows("WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"):
-            for value in (wf.search_attributes or {}).get("TgpNodeName") or []:
+            attributes = wf.search_attributes or {}
+            for value in attributes.get("TgpNodeName") or []:
                 names[str(value)] = wf.id
-        return names
+            phase, instance = attributes.get("TgpPhase") or [], attributes.get("TgpInstanceId") or []
+            if phase == ["Ready"] and instance:
+                instances[wf.id] = str(instance[0])
+        return names, instances
 
-    async def _recorded_instance(self, workflow_id: str) -> str | None:
+    async def _recorded_instance(self, workflow_id: str, listed: Mapping[str, str]) -> str | None:
         """The instance id a running node recorded, or None when it has none yet (launching) or
-        cannot say (busy, just closed): no verdict this round."""
+        cannot say (busy, just closed): no verdict this round. A Ready node's is in the listing;
+        any other is asked (a query replays a node workflow the worker's cache no longer holds:
+        a thousand every sweep at rest, before)."""
+        if workflow_id in listed:
+            return listed[workflow_id]
         try:
             status = await activity.client().get_workflow_handle(workflow_id).query("status")
         except Exception:  # noqa: BLE001 - a node busy or just closed: no verdict this round
@@ -104,7 +115,7 @@ class SweeperActivities:
         return status.get("instance_id") or None
 
     async def _orphans(self, inp: SweepInput) -> list[Orphan]:
-        running = await self._running_nodes()
+        running, recorded_instances = await self._running_nodes()
         found: list[Orphan] = []
         now = self.now()
         with temporal_errors():
@@ -116,7 +127,7 @@ class SweeperActivities:
                     if node not in running:
                         found.append(Orphan(kind="instance", system=name, id=inst.instance_id, name=inst.name, node_name=node, seen_at=now))
                         continue
-                    recorded = await self._recorded_instance(running[node])
+                    recorded = await self._recorded_instance(running[node], recorded_instances)
                     if recorded and inst.instance_id != recorded:
                         log.warning("stray_instance", provider=name, instance_id=inst.instance_id, instance_name=inst.name, node=node)
                         found.append(Orphan(kind="stray", system=name, id=inst.instance_id, name=inst.name, node_name=node, seen_at=now))

@@ -25,6 +25,9 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
     "TgpHourlyPrice": "Double",
     "TgpNodeName": "Keyword",
     "TgpClass": "Keyword",
+    # The instance a node recorded (after its launch): the fleet look and the sweeper read it
+    # from the listing instead of asking every node workflow (a query replays an uncached one).
+    "TgpInstanceId": "Keyword",
 }
 
 DEFAULT_TASK_QUEUE = "tgp"

@@ -87,6 +87,7 @@ SA_GPU_TYPE = SearchAttributeKey.for_keyword("TgpGpuType")
 SA_HOURLY_PRICE = SearchAttributeKey.for_float("TgpHourlyPrice")
 SA_NODE_NAME = SearchAttributeKey.for_keyword("TgpNodeName")
 SA_CLASS = SearchAttributeKey.for_keyword("TgpClass")
+SA_INSTANCE_ID = SearchAttributeKey.for_keyword("TgpInstanceId")
 
 # Continue-as-new well before Temporal's own suggestion (4,096 events), so a node that lives
 # for weeks keeps each run's history small and quick to replay.
@@ -1458,6 +1459,9 @@ class GPUNodeWorkflow:
                 SA_CLASS.value_set(self.req.node_class),
                 # v2: the offer's attributes go with the launch's phase, one event for both.
                 *(self._offer_attributes(offer) if self.v2 and phase is NodePhase.LAUNCHING and offer is not None else []),
+                # v2: the instance bought, in each phase's upsert from the launch on (no event of
+                # its own): the fleet look and the sweeper read it from the listing, not by query.
+                *([SA_INSTANCE_ID.value_set(instance.instance_id)] if self.v2 and (instance := self.state.instance) and instance.instance_id else []),
             ]
         )
 

@@ -1,0 +1,105 @@
+"""Issue 20: the looks at every node (the fleet look, the sweeper) learn each Ready node's
+instance from Temporal's listing, not by asking its workflow. A query to a node workflow the
+worker's cache no longer holds replays its whole history: after a worker restart the fleet look
+asked every Ready node once, and the sweeper asked every running node every 15 minutes (make
+bench's hold: 1,000 nodes on a cache of 300, seconds of CPU each time).
+
+Both run here against real node lives on the dev server, through a client that counts the
+queries it sends (the SDK's client interceptor); what they find must still be right."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from temporalio.client import Client, Interceptor, OutboundInterceptor, QueryWorkflowInput
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from activities.clouds.registry import providers_from_env
+from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult
+from activities.sweeper import Orphan, SweepInput, SweeperActivities
+from sim.world import NODE_TAG
+from tests.conftest import eventually, running_world
+from tests.test_fleet_look import fleet_look, ready_nodes
+from tests.test_node_lifecycle import request, start, wait_phase
+from tgp.types import NodePhase, instance_name
+from workflows.node import GPUNodeWorkflow
+
+
+class CountQueries(Interceptor):
+    """The workflow ids this client queried."""
+
+    def __init__(self) -> None:
+        self.queried: list[str] = []
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        return _Counting(next, self)
+
+
+class _Counting(OutboundInterceptor):
+    def __init__(self, next: OutboundInterceptor, counter: CountQueries) -> None:
+        super().__init__(next)
+        self.counter = counter
+
+    async def query_workflow(self, input: QueryWorkflowInput) -> Any:
+        self.counter.queried.append(input.id)
+        return await super().query_workflow(input)
+
+
+def counting_client(env: WorkflowEnvironment, counter: CountQueries) -> Client:
+    c = env.client
+    return Client(c.service_client, namespace=c.namespace, data_converter=c.data_converter, interceptors=[counter])
+
+
+async def test_a_fleet_look_learns_ready_nodes_from_the_listing_without_a_query(temporal: WorkflowEnvironment) -> None:
+    async with running_world(temporal) as (world, _, queue):
+        nodes = await ready_nodes(temporal, queue, 3)
+        counter = CountQueries()
+        client = counting_client(temporal, counter)
+        async with fleet_look(world) as fleet:
+
+            async def learnt() -> FleetLookResult | None:
+                result = await ActivityEnvironment(client=client).run(fleet.look_at_fleet, FleetLookInput(skip=[], task_queue=queue))
+                return result if result.nodes >= len(nodes) and result.unresolved == 0 else None
+
+            result = await eventually(learnt, timeout=60, what="a look that knows the 3 Ready nodes")
+            assert counter.queried == [], f"the look queried {len(counter.queried)} node workflows"
+            assert [(a.account, a.nodes, a.sent) for a in result.accounts] == [("simulated", 3, 0)]
+            # What it learnt is each node's own instance: the one the provider takes away is told.
+            victim, victim_status = nodes[0]
+            await world.cloud.preempt(victim_status.instance_id or "")
+            after = await ActivityEnvironment(client=client).run(fleet.look_at_fleet, FleetLookInput(skip=[], task_queue=queue))
+        assert [(a.account, a.sent) for a in after.accounts] == [("simulated", 1)]
+        assert (await victim.result()).phase is NodePhase.INTERRUPTED
+        for handle, _ in nodes[1:]:
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+            await handle.result()
+
+
+async def test_a_sweep_reads_a_ready_nodes_instance_from_the_listing_without_a_query(temporal: WorkflowEnvironment) -> None:
+    async with running_world(temporal) as (world, _, queue):
+        req = request()
+        handle = await start(temporal, queue, req)
+        ready = await wait_phase(handle, NodePhase.READY)
+        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
+            stray = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": instance_name(req.node_name, 1)})).json()
+        counter = CountQueries()
+        client = counting_client(temporal, counter)
+        providers = providers_from_env(world.worker_env())
+        sweeper = SweeperActivities(providers=providers, tailnets={})
+        try:
+
+            async def found() -> list[Orphan] | None:
+                orphans: list[Orphan] = await ActivityEnvironment(client=client).run(sweeper.find_orphans, SweepInput(tags=[NODE_TAG]))
+                return orphans if orphans else None
+
+            orphans = await eventually(found, timeout=60, what="the sweep to see the Ready node's twin")
+        finally:
+            for provider in providers.values():
+                await provider.aclose()  # type: ignore[attr-defined]
+        assert [(o.kind, o.id) for o in orphans] == [("stray", stray["id"])], "the twin is a stray; the recorded instance is kept"
+        assert ready.instance_id != stray["id"]
+        assert counter.queried == [], f"the sweep queried {counter.queried}"
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await handle.result()
+        assert world.cloud.live_instances() == []
