@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 from temporalio.client import Client, Interceptor, OutboundInterceptor, QueryWorkflowInput
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
@@ -22,6 +21,7 @@ from sim.world import NODE_TAG
 from tests.conftest import eventually, running_world
 from tests.test_fleet_look import fleet_look, ready_nodes
 from tests.test_node_lifecycle import request, start, wait_phase
+from tests.test_sweeper import buy
 from tgp.types import NodePhase, instance_name
 from workflows.node import GPUNodeWorkflow
 
@@ -81,8 +81,7 @@ async def test_a_sweep_reads_a_ready_nodes_instance_from_the_listing_without_a_q
         req = request()
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY)
-        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
-            stray = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": instance_name(req.node_name, 1)})).json()
+        [stray] = await buy(world, instance_name(req.node_name, 1))
         counter = CountQueries()
         client = counting_client(temporal, counter)
         providers = providers_from_env(world.worker_env())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 from datetime import timedelta
 
 import httpx
@@ -14,7 +15,7 @@ from activities.tailnets.tailscale import TailscaleTailnet
 from tests.conftest import running_world
 from tests.test_node_lifecycle import node_exists, request, start, wait_phase
 from tgp.messages import class_workflow_id
-from sim.world import NODE_TAG
+from sim.world import NODE_TAG, SimWorld
 from tgp.types import NodePhase, instance_name
 from workers.main import SWEEPER_SCHEDULE_ID, ensure_sweeper_schedule
 from workflows.node import GPUNodeWorkflow
@@ -29,6 +30,12 @@ def test_node_names_are_read_from_instance_names() -> None:
     assert node_of_instance("tgp-no-attempt") is None
 
 
+async def buy(world: SimWorld, *names: str) -> list[dict[str, Any]]:
+    """Instances bought behind tgp's back, as the simulated cloud answers their creates."""
+    async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
+        return [(await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": name})).json() for name in names]
+
+
 async def test_orphans_are_removed_and_live_nodes_kept(temporal: WorkflowEnvironment) -> None:
     async with running_world(temporal) as (world, _, queue):
         live = request()
@@ -36,9 +43,7 @@ async def test_orphans_are_removed_and_live_nodes_kept(temporal: WorkflowEnviron
         ready = await wait_phase(handle, NodePhase.READY)
 
         # What a workflow terminated by hand leaves behind: an instance and a tailnet device.
-        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
-            ghost = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": "tgp-ghost-1"})).json()
-            other = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": "not-ours"})).json()
+        ghost, other = await buy(world, "tgp-ghost-1", "not-ours")
         async with TailscaleTailnet(base_url=world.tailscale.url, client_id=world.oauth_client_id, client_secret=SecretStr(world.oauth_client_secret)) as ts:
             key = await ts.mint_auth_key(hostname="ghost", tags=[NODE_TAG], expiry=timedelta(hours=1))
         world.tailscale.register(key.secret.get_secret_value(), "ghost")
@@ -100,8 +105,7 @@ async def test_an_instance_named_after_a_running_node_but_not_its_own_is_ended_a
         req = request()
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY)
-        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
-            stray = (await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": instance_name(req.node_name, 1)})).json()
+        [stray] = await buy(world, instance_name(req.node_name, 1))
         world.cloud.model.next_terminates("lie")  # the first terminate answers 200 and does nothing
 
         removed: list[Orphan] = await temporal.client.execute_workflow(

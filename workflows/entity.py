@@ -4,7 +4,7 @@ pass tries again (the Temporal samples' entity pattern)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
@@ -13,6 +13,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.entity import EntityActivities, StatusWrite
+    from tgp.messages import NodeSighting, RunningNodesQuery
     from workflows.retries import BEST_EFFORT_RETRY
 
 T = TypeVar("T")
@@ -55,6 +56,29 @@ async def best_effort(activity: Callable[..., Any], arg: Any, *, summary: str, t
         workflow.logger.warning("%s failed: %s", summary, message)
         return Outcome(error=f"{summary} failed: {message}")
     return Outcome(value=value)
+
+
+class Sighted:
+    """A look at the running node workflows: those the caller did not know, and the ids of
+    those it knew that are not running (`gone`)."""
+
+    def __init__(self, unknown: list[NodeSighting], gone: set[str]) -> None:
+        self.unknown, self.gone = unknown, gone
+
+
+async def running_nodes_changed(query: str, prefix: str, live: Iterable[str]) -> Outcome[Sighted | None]:
+    """Look at the running node workflows of `query`, sending the ids the caller counts as
+    `live` (each starting with `prefix`, sent without it) and recording only what differs. Not
+    ok: the look failed (the caller looks again later); None: the server has no visibility."""
+    known = sorted(wid.removeprefix(prefix) for wid in live)
+    changed = await best_effort(
+        EntityActivities.running_nodes_changed,
+        RunningNodesQuery(query=query, prefix=prefix, known=known),
+        summary="list running nodes (changes)",
+    )
+    if not changed.ok or not changed.value.listed:
+        return Outcome(error=changed.error) if not changed.ok else Outcome(value=None)
+    return Outcome(value=Sighted(changed.value.unknown, {prefix + name for name in changed.value.missing}))
 
 
 async def write_status_once(write: StatusWrite, *, fingerprint: str, written: str, summary: str, timeout: timedelta | None = None) -> str:

@@ -33,10 +33,9 @@ with workflow.unsafe.imports_passed_through():
         Releases,
         Reservation,
         Reservations,
-        RunningNodesQuery,
     )
     from tgp.types import NODE_WORKFLOW_PREFIX
-    from workflows.entity import best_effort, history_is_long, write_status_once
+    from workflows.entity import best_effort, history_is_long, running_nodes_changed, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_class
 
 # Continue-as-new well before Temporal's suggestion; the ledger is small, history is not.
@@ -245,19 +244,13 @@ class GPUNodeClassWorkflow:
             return
         unknown: list[NodeSighting]
         if workflow.patched(CLASS_RUNNING_NODES_CHANGES_PATCH):
-            known = sorted(wid.removeprefix(NODE_WORKFLOW_PREFIX) for wid in self.ledger.reservations)
-            changed = await best_effort(
-                EntityActivities.running_nodes_changed,
-                RunningNodesQuery(query=f"TgpClass = '{self.inp.name}'", prefix=NODE_WORKFLOW_PREFIX, known=known),
-                summary="list running nodes (changes)",
-            )
+            changed = await running_nodes_changed(f"TgpClass = '{self.inp.name}'", NODE_WORKFLOW_PREFIX, self.ledger.reservations)
             if not changed.ok:
                 return
             self.seen_at = now
-            if not changed.value.listed:
+            if changed.value is None:
                 return  # a server without visibility: nothing to rebuild from
-            unknown = changed.value.unknown
-            gone = {NODE_WORKFLOW_PREFIX + name for name in changed.value.missing}
+            unknown, gone = changed.value.unknown, changed.value.gone
         else:
             seen = await best_effort(EntityActivities.running_nodes, f"TgpClass = '{self.inp.name}'", summary="list running nodes")
             if not seen.ok:

@@ -42,13 +42,12 @@ with workflow.unsafe.imports_passed_through():
         PoolNode,
         PoolUpdate,
         Reservation,
-        RunningNodesQuery,
         StartNodeInput,
         StartNodesInput,
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements, request_for
     from tgp.types import DisruptRequest, EvictRequest, NodePhase, NodeRequest, Stage, StageRecord, TemplateUpdate, TimeoutsUpdate, node_workflow_id
-    from workflows.entity import best_effort, history_is_long, write_status_once
+    from workflows.entity import best_effort, history_is_long, running_nodes_changed, write_status_once
     from workflows.legacy.r31e9066.frozen import frozen_pool
 
 # Even with no news the pool looks again this often (a lost signal cannot stall it).
@@ -532,20 +531,15 @@ class GPUNodePoolWorkflow:
             return
         pool = f"{self.inp.namespace}/{self.inp.name}"
         if workflow.patched(RUNNING_NODES_CHANGES_PATCH):
-            prefix = node_workflow_id(self.inp.namespace, self.inp.name, "")
-            known = sorted(wid.removeprefix(prefix) for wid, n in self.state.nodes.items() if not n.phase.is_final)
-            changed = await best_effort(
-                EntityActivities.running_nodes_changed,
-                RunningNodesQuery(query=f"TgpPool = '{pool}'", prefix=prefix, known=known),
-                summary="list running nodes (changes)",
-            )
+            live = [wid for wid, n in self.state.nodes.items() if not n.phase.is_final]
+            changed = await running_nodes_changed(f"TgpPool = '{pool}'", node_workflow_id(self.inp.namespace, self.inp.name, ""), live)
             if not changed.ok:
                 return
             self.state.seen_running_at = now
-            if not changed.value.listed:
+            if changed.value is None:
                 return  # a server without visibility: nothing to rebuild from
             unknown: list[NodeSighting] = changed.value.unknown
-            gone = {prefix + name for name in changed.value.missing}
+            gone = changed.value.gone
         else:
             seen = await best_effort(EntityActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
             if not seen.ok:
