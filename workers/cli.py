@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from tgp.errors import ConfigError, TgpError
 from tgp.types import DEFAULT_TASK_QUEUE
 from workers.logs import configure_logging
+from workers.memory import limit_malloc_arenas
 
 if TYPE_CHECKING:
     from workers.temporal import TemporalSettings
@@ -275,6 +276,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if hasattr(args, "run"):  # a command of a plugin (COMMANDS_GROUP)
             return asyncio.run(args.run(args))
+        if args.command in ("worker", "bridge"):
+            limit_malloc_arenas()  # before the first thread (workers.memory)
         if args.command == "worker":
             asyncio.run(_until_terminated(run_worker(args)))
         elif args.command == "offers":
