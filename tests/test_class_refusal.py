@@ -1,9 +1,11 @@
 """Issue 20: a pool its class refused does not ask again every pass (220 refusals in 6 minutes);
 it asks again when something that could change the answer happened (here: the class's limits
-were raised), else after its back-off interval (set to an hour here, so only a change counts)."""
+were raised), else after its back-off interval (set to an hour here, so only a change counts).
+And a node whose price the class refuses at its settle buys nothing and says why."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -83,3 +85,33 @@ async def test_a_refused_pool_asks_its_class_again_only_when_something_changed(t
 
         await eventually(third, timeout=60, what="the third node once the class allows it")
         assert await reserve_calls(pool) >= asked + 1
+
+
+async def test_a_price_the_class_budget_refuses_buys_nothing_and_ends_the_node_failed_saying_why(temporal: WorkflowEnvironment) -> None:
+    """The node's own settle: its offer's price would break the class's maxHourlyCost (the pool
+    reserved a slot without a price). Nothing is bought, no other offer is tried, the node ends
+    Failed naming the limit, and the class holds nothing for it."""
+    from tests.test_node_lifecycle import assert_nothing_left, request, start
+    from tgp.messages import Ledger, class_workflow_id
+    from tgp.types import NodePhase
+    from workflows.node_class import GPUNodeClassWorkflow
+
+    async with running_world(temporal) as (world, _, queue):
+        name = f"cheap-{uuid.uuid4().hex[:6]}"
+        spec = GPUNodeClassSpec.model_validate({**CLASS.model_dump(mode="json", by_alias=True), "limits": {"maxHourlyCost": "0.01"}})
+        klass = await start_class(temporal, queue, name, spec)
+        req = request(node_class=name, class_workflow_id=class_workflow_id(name))
+        node = await start(temporal, queue, req)
+        try:
+            status = await asyncio.wait_for(node.result(), 60)
+        except TimeoutError:
+            await node.cancel()  # it bought and lives on: cleaned up, and the test fails
+            raise AssertionError("the node did not end after the class refused its price") from None
+
+        assert status.phase is NodePhase.FAILED
+        assert "class budget refused" in (status.last_error or "") and "maxHourlyCost" in (status.last_error or ""), status.last_error
+        assert world.cloud.create_requests == 0, "bought although the class refused the price"
+        assert_nothing_left(world, req.node_name)
+        ledger: Ledger = await klass.query(GPUNodeClassWorkflow.budget)
+        assert req.workflow_id not in ledger.reservations
+        await klass.terminate("test finished")
