@@ -148,6 +148,7 @@ def workers_needed(h: dict[str, Any], cache: Any) -> str:
         f"At rest a worker spent {per_1000 * 100:.1f}% of a core per 1,000 nodes (RSS {rss:.0f} MB with a workflow cache of "
         f"{cache} workflows, `TGP_WORKFLOW_CACHE`). Keeping each worker under {WORKER_CORE_BUDGET:.0%} of a core at rest, so that it has "
         f"room for a burst, a fleet needs: " + ", ".join(f"{f:,} nodes → {k} worker(s)" for f, k in need.items()) + ". "
+        "Its memory at rest is bounded by its workflow cache, not by the fleet (see Worker RSS). "
         "The dev server (Temporal) is measured beside it; a production Temporal cluster is sized on its own."
     )
 
@@ -189,7 +190,13 @@ def why(r: dict[str, Any]) -> list[str]:
             top = ", ".join(f"{k.split('/', 1)[1]} {v}/s" for k, v in list(h["kube_requests_by_verb_per_s"].items())[:5])
             out.append(f"**Kubernetes requests.** tgp's requests at rest by verb and resource: {top}.")
         if h["usage"]["worker"]["rss_mb"] >= 300 and h["nodes"] >= 1000:
-            out.append("**Worker RSS.** The worker's memory is mostly its workflow cache (about 0.29 MB per cached node workflow).")
+            cache = _get(r, "knobs", "workflow_cache")
+            out.append(
+                f"**Worker RSS.** At rest the worker's memory is its ~175 MB before the first workflow plus its workflow cache "
+                f"({cache} workflows here, about 0.45 MB each in Temporal's sandbox, which imports the workflow module again for each "
+                "run), not the fleet: `TGP_WORKFLOW_CACHE=150` held 1,000 nodes in 301 MB, at the price of replays in bursts of "
+                "more than ~150 nodes on one worker (docs/install.md, bench/results/findings.md, session 8)."
+            )
     for n, b in (r.get("bursts") or {}).items():
         if "error" in b:
             continue
