@@ -6,7 +6,9 @@ costs one list call per account and one visibility listing per interval, and no 
 node. The node confirms with one describe of its own before it acts (lists lag).
 
 What each node's instance is (its id, since when it surely exists, and which account holds it)
-is learnt once per node life, when the look first finds the node Ready: one `status` query, and
+is learnt once per node life, when the look first finds the node Ready: from the listing's
+search attributes (`TgpInstanceId` with the node's phase; the consistency window then runs from
+when this process learnt it), or for a node begun by an older release one `status` query; and
 for a class with its own credentials one read of its GPUNodeClass. It is kept in this process
 (it does not change while the node lives; a new run is asked again) and dropped when the node
 leaves the listing.
@@ -137,7 +139,7 @@ class FleetActivities:
         self.cluster = cluster
         self.now = now
         # (workflow id, run id) -> what its node's instance is. By run: a run continued as new
-        # is learnt again (one query), so a workflow reset by hand is never judged by an old run.
+        # is learnt again, so a workflow reset by hand is never judged by an old run.
         self._known: dict[tuple[str, str], _Known] = {}
 
     @activity.defn

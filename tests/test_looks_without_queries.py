@@ -82,6 +82,9 @@ async def test_a_sweep_reads_a_ready_nodes_instance_from_the_listing_without_a_q
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY)
         [stray] = await buy(world, instance_name(req.node_name, 1))
+        # The listing lags the node's own answer: sweep once it shows the node Ready.
+        listed = f"WorkflowId = '{req.workflow_id}' AND TgpPhase = 'Ready'"
+        await eventually(lambda: anext(aiter(temporal.client.list_workflows(listed)), None), timeout=60, what="the listing to show the node Ready")
         counter = CountQueries()
         client = counting_client(temporal, counter)
         providers = providers_from_env(world.worker_env())

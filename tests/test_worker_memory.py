@@ -5,6 +5,7 @@ fresh interpreter with glibc's own `malloc_stats` (one "Arena N:" block per aren
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -59,7 +60,7 @@ def arenas(mode: str) -> int:
     return sum(1 for line in run.stderr.splitlines() if line.startswith("Arena "))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's arenas")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's arenas")
 def test_threads_that_allocate_share_two_arenas_once_limited() -> None:
     unlimited, limited, worker = arenas("unlimited"), arenas("limited"), arenas("tgp worker")
     assert unlimited > ARENAS, f"{THREADS} threads allocating made only {unlimited} arenas without the limit: the test shows nothing"
