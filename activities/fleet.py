@@ -7,8 +7,8 @@ node. The node confirms with one describe of its own before it acts (lists lag).
 
 What each node's instance is (its id, since when it surely exists, and which account holds it)
 is learnt once per node life, when the look first finds the node Ready: from the listing's
-search attributes (`TgpInstanceId` with the node's phase; the consistency window then runs from
-when this process learnt it), or for a node begun by an older release one `status` query; and
+search attributes (`TgpInstanceId` and `TgpReadySince`, upserted with the node's Ready phase),
+or for a node begun by an older release one `status` query; and
 for a class with its own credentials one read of its GPUNodeClass. It is kept in this process
 (it does not change while the node lives; a new run is asked again) and dropped when the node
 leaves the listing.
@@ -116,9 +116,16 @@ def _first(search_attributes: Mapping[str, object], key: str) -> str | None:
 
 def _recorded_instance(search_attributes: Mapping[str, object]) -> tuple[str, str, str] | None:
     """Node name, provider and instance id from a Ready node's search attributes (TgpInstanceId
-    is upserted with its phase from the launch on, in a life-v2 run), or None (an older run)."""
+    is upserted with its phase from the launch on, in a life-v2 run), or None (an older run).
+    TgpReadySince (`_ready_since`) comes with the same Ready upsert."""
     found = tuple(_first(search_attributes, key) for key in ("TgpNodeName", "TgpProvider", "TgpInstanceId"))
     return found if all(found) else None  # type: ignore[return-value]
+
+
+def _ready_since(search_attributes: Mapping[str, object]) -> datetime | None:
+    values = search_attributes.get("TgpReadySince") or []
+    found = values[0] if isinstance(values, list) and values else None
+    return found if isinstance(found, datetime) else None
 
 
 def ready_since(status: NodeStatus, fallback: datetime) -> datetime:
@@ -212,11 +219,11 @@ class FleetActivities:
         or closing, the class unreadable): the next look asks again."""
         recorded = _recorded_instance(search_attributes)
         if recorded is not None:
-            # Its Ready upsert carries the instance (life v2): no query, which would replay a
-            # node workflow the worker's cache no longer holds (a thousand after a restart).
-            # Ready since at least now: the consistency window runs from here, a little late.
+            # Its Ready upsert carries the instance and when (life v2): no query, which would
+            # replay a node workflow the worker's cache no longer holds (a thousand after a
+            # restart). Without the time (a run between releases), Ready since at least now.
             node_name, provider_name, instance_id = recorded
-            since = self.now()
+            since = _ready_since(search_attributes) or self.now()
         else:
             try:
                 status = await client.get_workflow_handle(workflow_id).query("status", result_type=NodeStatus)

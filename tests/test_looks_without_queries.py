@@ -9,6 +9,9 @@ queries it sends (the SDK's client interceptor); what they find must still be ri
 
 from __future__ import annotations
 
+import asyncio
+import json
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from temporalio.client import Client, Interceptor, OutboundInterceptor, QueryWorkflowInput
@@ -20,9 +23,9 @@ from activities.sweeper import Orphan, SweepInput, SweeperActivities
 from sim.world import NODE_TAG
 from tests.conftest import eventually, running_world
 from tests.test_fleet_look import fleet_look, ready_nodes
-from tests.test_node_lifecycle import request, start, wait_phase
+from tests.test_node_lifecycle import FAST, request, start, wait_phase
 from tests.test_sweeper import buy
-from tgp.types import NodePhase, instance_name
+from tgp.types import NodePhase, Stage, instance_name
 from workflows.node import GPUNodeWorkflow
 
 
@@ -105,3 +108,48 @@ async def test_a_sweep_reads_a_ready_nodes_instance_from_the_listing_without_a_q
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         await handle.result()
         assert world.cloud.live_instances() == []
+
+
+async def test_a_look_after_a_restart_tells_a_long_ready_node_its_vanished_instance_at_once(temporal: WorkflowEnvironment) -> None:
+    """The consistency window for an instance missing from a list runs from when the node became
+    Ready (TgpReadySince, with its Ready phase), not from when this process learnt the node: a
+    worker that just restarted does not hold back a node Ready for longer than the window."""
+    window = timedelta(seconds=1)
+    async with running_world(temporal) as (world, _, queue):
+        [(handle, status)] = await ready_nodes(temporal, queue, 1)
+        ready_at = max(r.at for r in status.stages if r.stage is Stage.READY)
+        await eventually(lambda: asyncio.sleep(0, datetime.now(timezone.utc) - ready_at >= window), what="the node Ready for longer than the window")
+        await world.cloud.preempt(status.instance_id or "")  # the simulated cloud then lists it no more
+        async with fleet_look(world, consistency_window=window) as fresh:  # a worker that just started
+
+            async def first_look() -> FleetLookResult | None:
+                result = await ActivityEnvironment(client=temporal.client).run(fresh.look_at_fleet, FleetLookInput(skip=[], task_queue=queue))
+                return result if result.nodes >= 1 and result.unresolved == 0 else None
+
+            result = await eventually(first_look, timeout=60, what="a look that knows the Ready node")
+        assert [(a.account, a.sent) for a in result.accounts] == [("simulated", 1)], "the look held back a node Ready for longer than the window"
+        assert (await handle.result()).phase is NodePhase.INTERRUPTED
+
+
+async def test_a_failovers_next_launch_does_not_name_the_released_instance(temporal: WorkflowEnvironment) -> None:
+    """TgpInstanceId names the current attempt's instance: while the next offer launches after
+    a join timeout, the phase's upsert unsets it (it named the released one before)."""
+    async with running_world(temporal) as (world, _, queue):
+        world.cloud.fail_boot("rtx4090-us-east", "never_joins")
+        req = request(timeouts=FAST.model_copy(update={"tailnet_join": timedelta(seconds=2)}))
+        handle = await start(temporal, queue, req)
+        first, second = (await wait_phase(handle, NodePhase.READY)).attempts
+        named: list[tuple[str, str]] = []  # (phase, TgpInstanceId) of each upsert with a phase
+        for e in (await handle.fetch_history()).events:
+            if e.HasField("upsert_workflow_search_attributes_event_attributes"):
+                fields = e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+                if "TgpPhase" in fields:
+                    phase = json.loads(fields["TgpPhase"].data)
+                    # An unset is the attribute with an empty value; absent, the listing keeps the last one.
+                    instance = json.loads(fields["TgpInstanceId"].data or b"null") if "TgpInstanceId" in fields else "(kept)"
+                    named.append((phase, instance))
+        launching = [instance for phase, instance in named if phase == NodePhase.LAUNCHING.value]
+        assert launching == [None, None], f"each launch's upsert unsets the instance (the listing named the released one): {named}"
+        assert (NodePhase.READY.value, second.instance_id) in named
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "test done"})
+        await handle.result()

@@ -28,6 +28,9 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
     # The instance a node recorded (after its launch): the fleet look and the sweeper read it
     # from the listing instead of asking every node workflow (a query replays an uncached one).
     "TgpInstanceId": "Keyword",
+    # When the node last became Ready (with its Ready phase): the fleet look's consistency window
+    # for an instance missing from a list runs from here, also after a worker restart.
+    "TgpReadySince": "Datetime",
 }
 
 DEFAULT_TASK_QUEUE = "tgp"

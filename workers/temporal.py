@@ -27,12 +27,16 @@ from tgp.types import SEARCH_ATTRIBUTES
 # Unencrypted: the tests, the demo and replays of tests/histories/ use it as is.
 DATA_CONVERTER = pydantic_data_converter
 
-_INDEXED = {"Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE}
+_INDEXED = {
+    "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE,
+    "Datetime": IndexedValueType.INDEXED_VALUE_TYPE_DATETIME,
+}
 
 
 def search_attribute_keys() -> list[SearchAttributeKey]:  # type: ignore[type-arg]
     """Typed keys of tgp's search attributes (for WorkflowEnvironment.start_local)."""
-    make = {"Keyword": SearchAttributeKey.for_keyword, "Double": SearchAttributeKey.for_float}
+    make = {"Keyword": SearchAttributeKey.for_keyword, "Double": SearchAttributeKey.for_float, "Datetime": SearchAttributeKey.for_datetime}
     return [make[kind](name) for name, kind in SEARCH_ATTRIBUTES.items()]
 
 

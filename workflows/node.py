@@ -88,6 +88,7 @@ SA_HOURLY_PRICE = SearchAttributeKey.for_float("TgpHourlyPrice")
 SA_NODE_NAME = SearchAttributeKey.for_keyword("TgpNodeName")
 SA_CLASS = SearchAttributeKey.for_keyword("TgpClass")
 SA_INSTANCE_ID = SearchAttributeKey.for_keyword("TgpInstanceId")
+SA_READY_SINCE = SearchAttributeKey.for_datetime("TgpReadySince")
 
 # Continue-as-new well before Temporal's own suggestion (4,096 events), so a node that lives
 # for weeks keeps each run's history small and quick to replay.
@@ -508,14 +509,15 @@ class GPUNodeWorkflow:
     async def _launch(self, attempt: LaunchAttempt) -> None:
         """Mint the key and buy the instance (one activity: the key never leaves it), then
         wait for the instance to run."""
-        self._enter(NodePhase.LAUNCHING)
-        self._tell_pool()
         offer = attempt.offer
         # The class's account for this provider (a reference; the key is read by the activities).
         credentials = self.req.requirements.credentials.get(offer.provider)
+        # Before the phase: its upsert then says this attempt has no instance yet (not the last one's).
         self.state.instance = InstanceRef(
             provider=offer.provider, instance_name=instance_name(self.req.node_name, attempt.attempt), credentials=credentials
         )
+        self._enter(NodePhase.LAUNCHING)
+        self._tell_pool()
         if self._money_by_ids():
             self._remember(self.state.instance)
         if not self.v2:
@@ -1459,11 +1461,19 @@ class GPUNodeWorkflow:
                 SA_CLASS.value_set(self.req.node_class),
                 # v2: the offer's attributes go with the launch's phase, one event for both.
                 *(self._offer_attributes(offer) if self.v2 and phase is NodePhase.LAUNCHING and offer is not None else []),
-                # v2: the instance bought, in each phase's upsert from the launch on (no event of
-                # its own): the fleet look and the sweeper read it from the listing, not by query.
-                *([SA_INSTANCE_ID.value_set(instance.instance_id)] if self.v2 and (instance := self.state.instance) and instance.instance_id else []),
+                *(self._instance_attributes(phase) if self.v2 else []),
             ]
         )
+
+    def _instance_attributes(self, phase: NodePhase) -> list[Any]:
+        """v2: the launch's instance in each phase's upsert (no event of its own), unset while a
+        new attempt launches, and when the node became Ready: the fleet look and the sweeper read
+        them from the listing instead of querying each node workflow."""
+        instance = self.state.instance
+        if instance is None:
+            return []
+        found = [SA_INSTANCE_ID.value_set(instance.instance_id) if instance.instance_id else SA_INSTANCE_ID.value_unset()]
+        return [*found, SA_READY_SINCE.value_set(workflow.now())] if phase is NodePhase.READY else found
 
     def _tell_pool(self) -> None:
         """Report the phase just entered to the pool, if the node has one. The report goes out
