@@ -109,23 +109,27 @@ class _Known(BaseModel):
     node_class: str | None = None
 
 
-def _first(search_attributes: Mapping[str, object], key: str) -> str | None:
+def _value(search_attributes: Mapping[str, object], key: str) -> object | None:
     values = search_attributes.get(key) or []
-    return str(values[0]) if isinstance(values, list) and values else None
+    return values[0] if isinstance(values, list) and values else None
 
 
-def _recorded_instance(search_attributes: Mapping[str, object]) -> tuple[str, str, str] | None:
-    """Node name, provider and instance id from a Ready node's search attributes (TgpInstanceId
-    is upserted with its phase from the launch on, in a life-v2 run), or None (an older run).
-    TgpReadySince (`_ready_since`) comes with the same Ready upsert."""
+def _first(search_attributes: Mapping[str, object], key: str) -> str | None:
+    value = _value(search_attributes, key)
+    return str(value) if value is not None else None
+
+
+def recorded_instance(search_attributes: Mapping[str, object]) -> tuple[str, str, str] | None:
+    """Node name, provider and instance id from a node's search attributes (TgpInstanceId is
+    upserted with its phase from the launch on, in a life-v2 run), or None (an older run). The
+    sweeper reads it too. TgpReadySince (`_ready_since`) comes with the Ready upsert."""
     found = tuple(_first(search_attributes, key) for key in ("TgpNodeName", "TgpProvider", "TgpInstanceId"))
     return found if all(found) else None  # type: ignore[return-value]
 
 
 def _ready_since(search_attributes: Mapping[str, object]) -> datetime | None:
-    values = search_attributes.get("TgpReadySince") or []
-    found = values[0] if isinstance(values, list) and values else None
-    return found if isinstance(found, datetime) else None
+    value = _value(search_attributes, "TgpReadySince")
+    return value if isinstance(value, datetime) else None
 
 
 def ready_since(status: NodeStatus, fallback: datetime) -> datetime:
@@ -217,7 +221,7 @@ class FleetActivities:
         """A node's instance and account, from its search attributes (else its `status` answer)
         and its class; None when it cannot be told now (no instance recorded yet, the node busy
         or closing, the class unreadable): the next look asks again."""
-        recorded = _recorded_instance(search_attributes)
+        recorded = recorded_instance(search_attributes)
         if recorded is not None:
             # Its Ready upsert carries the instance and when (life v2): no query, which would
             # replay a node workflow the worker's cache no longer holds (a thousand after a

@@ -25,6 +25,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import temporal_errors
+from activities.fleet import recorded_instance
 from activities.listing import list_account
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import consistency_window, end_for_good
@@ -96,9 +97,8 @@ class SweeperActivities:
             attributes = wf.search_attributes or {}
             for value in attributes.get("TgpNodeName") or []:
                 names[str(value)] = wf.id
-            phase, instance = attributes.get("TgpPhase") or [], attributes.get("TgpInstanceId") or []
-            if phase == ["Ready"] and instance:
-                instances[wf.id] = str(instance[0])
+            if attributes.get("TgpPhase") == ["Ready"] and (recorded := recorded_instance(attributes)):
+                instances[wf.id] = recorded[2]
         return names, instances
 
     async def _recorded_instance(self, workflow_id: str, listed: Mapping[str, str]) -> str | None:

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import httpx
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.accounts import ProviderRegistry
@@ -34,10 +34,12 @@ from workflows.node import GPUNodeWorkflow
 AT_REST = FAST.model_copy(update={"watch_interval": timedelta(hours=1)})
 
 
-async def look(env: WorkflowEnvironment, fleet: FleetActivities, skip: list[str] | None = None, *, queue: str) -> FleetLookResult:
+async def look(
+    env: WorkflowEnvironment, fleet: FleetActivities, skip: list[str] | None = None, *, queue: str, client: Client | None = None
+) -> FleetLookResult:
     """One look at the node workflows of `queue` (the test's own: the session's dev server holds
-    other tests' nodes too)."""
-    return await ActivityEnvironment(client=env.client).run(fleet.look_at_fleet, FleetLookInput(skip=skip or [], task_queue=queue))
+    other tests' nodes too), through `client` (else the environment's)."""
+    return await ActivityEnvironment(client=client or env.client).run(fleet.look_at_fleet, FleetLookInput(skip=skip or [], task_queue=queue))
 
 
 async def sightings_told(handle: WorkflowHandle) -> list[InstanceSighting]:
@@ -52,11 +54,14 @@ async def ready_nodes(env: WorkflowEnvironment, queue: str, count: int) -> list[
     return [(h, await wait_phase(h, NodePhase.READY)) for h in handles]
 
 
-async def until_listed_ready(env: WorkflowEnvironment, fleet: FleetActivities, count: int, *, queue: str) -> FleetLookResult:
-    """Looks until visibility shows `count` Ready nodes (it lags a second or so)."""
+async def until_listed_ready(
+    env: WorkflowEnvironment, fleet: FleetActivities, count: int, *, queue: str, client: Client | None = None
+) -> FleetLookResult:
+    """Looks until visibility shows `count` Ready nodes (it lags a second or so): the first look
+    that knows them all."""
 
     async def listed() -> FleetLookResult | None:
-        result = await look(env, fleet, queue=queue)
+        result = await look(env, fleet, queue=queue, client=client)
         return result if result.nodes >= count and result.unresolved == 0 else None
 
     return await eventually(listed, timeout=60, what=f"visibility showing {count} Ready nodes")

@@ -18,11 +18,10 @@ from temporalio.client import Client, Interceptor, OutboundInterceptor, QueryWor
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.clouds.registry import providers_from_env
-from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult
 from activities.sweeper import Orphan, SweepInput, SweeperActivities
 from sim.world import NODE_TAG
 from tests.conftest import eventually, running_world
-from tests.test_fleet_look import fleet_look, ready_nodes
+from tests.test_fleet_look import fleet_look, look, ready_nodes, until_listed_ready
 from tests.test_node_lifecycle import FAST, request, start, wait_phase
 from tests.test_sweeper import buy
 from tgp.types import NodePhase, Stage, instance_name
@@ -60,18 +59,13 @@ async def test_a_fleet_look_learns_ready_nodes_from_the_listing_without_a_query(
         counter = CountQueries()
         client = counting_client(temporal, counter)
         async with fleet_look(world) as fleet:
-
-            async def learnt() -> FleetLookResult | None:
-                result = await ActivityEnvironment(client=client).run(fleet.look_at_fleet, FleetLookInput(skip=[], task_queue=queue))
-                return result if result.nodes >= len(nodes) and result.unresolved == 0 else None
-
-            result = await eventually(learnt, timeout=60, what="a look that knows the 3 Ready nodes")
+            result = await until_listed_ready(temporal, fleet, len(nodes), queue=queue, client=client)
             assert counter.queried == [], f"the look queried {len(counter.queried)} node workflows"
             assert [(a.account, a.nodes, a.sent) for a in result.accounts] == [("simulated", 3, 0)]
             # What it learnt is each node's own instance: the one the provider takes away is told.
             victim, victim_status = nodes[0]
             await world.cloud.preempt(victim_status.instance_id or "")
-            after = await ActivityEnvironment(client=client).run(fleet.look_at_fleet, FleetLookInput(skip=[], task_queue=queue))
+            after = await look(temporal, fleet, queue=queue, client=client)
         assert [(a.account, a.sent) for a in after.accounts] == [("simulated", 1)]
         assert (await victim.result()).phase is NodePhase.INTERRUPTED
         for handle, _ in nodes[1:]:
@@ -121,12 +115,7 @@ async def test_a_look_after_a_restart_tells_a_long_ready_node_its_vanished_insta
         await eventually(lambda: asyncio.sleep(0, datetime.now(timezone.utc) - ready_at >= window), what="the node Ready for longer than the window")
         await world.cloud.preempt(status.instance_id or "")  # the simulated cloud then lists it no more
         async with fleet_look(world, consistency_window=window) as fresh:  # a worker that just started
-
-            async def first_look() -> FleetLookResult | None:
-                result = await ActivityEnvironment(client=temporal.client).run(fresh.look_at_fleet, FleetLookInput(skip=[], task_queue=queue))
-                return result if result.nodes >= 1 and result.unresolved == 0 else None
-
-            result = await eventually(first_look, timeout=60, what="a look that knows the Ready node")
+            result = await until_listed_ready(temporal, fresh, 1, queue=queue)
         assert [(a.account, a.sent) for a in result.accounts] == [("simulated", 1)], "the look held back a node Ready for longer than the window"
         assert (await handle.result()).phase is NodePhase.INTERRUPTED
 

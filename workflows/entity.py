@@ -76,8 +76,10 @@ async def running_nodes_changed(query: str, prefix: str, live: Iterable[str]) ->
         RunningNodesQuery(query=query, prefix=prefix, known=known),
         summary="list running nodes (changes)",
     )
-    if not changed.ok or not changed.value.listed:
-        return Outcome(error=changed.error) if not changed.ok else Outcome(value=None)
+    if not changed.ok:
+        return Outcome(error=changed.error)
+    if not changed.value.listed:
+        return Outcome(value=None)
     return Outcome(value=Sighted(changed.value.unknown, {prefix + name for name in changed.value.missing}))
 
 
