@@ -52,6 +52,7 @@ from activities.ports import Tailnet
 from activities.tailnets.tailscale import TailscaleTailnet
 from tgp.errors import ConfigError
 from workers.interceptors import ActivityLogContext
+from workers.sandbox_code import share_workflow_code
 from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
@@ -352,9 +353,11 @@ def workflow_cache(env: Mapping[str, str] = os.environ) -> int:
 
 
 def workflow_runner(env: Mapping[str, str] = os.environ) -> WorkflowRunner:
-    """Temporal's sandbox (the default) or, with TGP_WORKFLOW_SANDBOX=off, none."""
+    """Temporal's sandbox (the default; its runs share the workflow modules' bytecode:
+    workers.sandbox_code) or, with TGP_WORKFLOW_SANDBOX=off, none."""
     raw = env.get(WORKFLOW_SANDBOX_ENV, "").strip().lower()
     if raw in ("", "on", "true", "1"):
+        share_workflow_code()
         return SandboxedWorkflowRunner()
     if raw in ("off", "false", "0"):
         return UnsandboxedWorkflowRunner()

@@ -1,0 +1,141 @@
+"""The sandbox's runs share the workflow modules' bytecode, and nothing else (workers.sandbox_code).
+
+Temporal's sandbox imports a workflow's module again for each run; with the shared loader the
+runs' functions are their own but their code objects one, the module's state stays each run's,
+and the sandbox's restrictions still fail a run that reads the clock. Checked on a probe package
+written for the test, in two runs alive at once (so that ids cannot be reused), on the real dev
+server."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.conftest import eventually
+from workers.main import workflow_runner
+from workers.sandbox_code import SharedCodeFinder, SharedCodeLoader
+
+PACKAGE = "sandboxcodeprobe"
+
+PROBE = textwrap.dedent(
+    """
+    import datetime
+    from temporalio import workflow
+
+    RUNS = []  # module state: each run's own
+
+
+    def marker() -> int:
+        return 1
+
+
+    @workflow.defn(name="SandboxCodeProbe")
+    class Probe:
+        def __init__(self) -> None:
+            self.done = False
+
+        @workflow.run
+        async def run(self, read_clock: bool) -> None:
+            if read_clock:
+                datetime.datetime.now()  # the sandbox must still refuse this
+            RUNS.append(1)
+            await workflow.wait_condition(lambda: self.done)
+
+        @workflow.signal
+        def finish(self) -> None:
+            self.done = True
+
+        @workflow.query
+        def ids(self) -> list[int]:
+            return [id(marker.__code__), id(marker), len(RUNS)]
+    """
+)
+
+
+@pytest.fixture
+def probe_module(tmp_path: Path) -> Iterator[type]:
+    package = tmp_path / PACKAGE
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "wf.py").write_text(PROBE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield importlib.import_module(f"{PACKAGE}.wf").Probe
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
+            del sys.modules[name]
+
+
+@pytest.fixture
+def shared_code() -> Iterator[SharedCodeFinder]:
+    finder = SharedCodeFinder([PACKAGE])
+    sys.meta_path.insert(0, finder)
+    try:
+        yield finder
+    finally:
+        sys.meta_path.remove(finder)
+
+
+async def two_runs(env: WorkflowEnvironment, probe: type) -> list[list[int]]:
+    """Start two runs, read each one's ids while both are alive, then end them."""
+    queue = f"sandbox-code-{uuid.uuid4().hex[:8]}"
+    async with Worker(env.client, task_queue=queue, workflows=[probe], workflow_runner=workflow_runner({})):
+        handles: list[WorkflowHandle] = [
+            await env.client.start_workflow("SandboxCodeProbe", False, id=f"{queue}-{n}", task_queue=queue) for n in range(2)
+        ]
+        ids = [await h.query("ids") for h in handles]
+        for h in handles:
+            await h.signal("finish")
+            await h.result()
+    return ids
+
+
+async def test_runs_share_code_objects_but_not_functions_or_module_state(temporal: WorkflowEnvironment, probe_module: type, shared_code: SharedCodeFinder) -> None:
+    (code_a, function_a, runs_a), (code_b, function_b, runs_b) = await two_runs(temporal, probe_module)
+    assert code_a == code_b, "each run unmarshalled the module's code again"
+    assert function_a != function_b, "the runs share a module: the sandbox's isolation is gone"
+    assert runs_a == runs_b == 1, "a run saw another run's module state"
+
+
+async def test_without_the_shared_loader_each_run_has_its_own_code(temporal: WorkflowEnvironment, probe_module: type) -> None:
+    # The control: what the test above tells apart (the sandbox reads the module for each run).
+    (code_a, _, _), (code_b, _, _) = await two_runs(temporal, probe_module)
+    assert code_a != code_b
+
+
+async def test_the_sandbox_still_refuses_the_clock_in_shared_code(temporal: WorkflowEnvironment, probe_module: type, shared_code: SharedCodeFinder) -> None:
+    queue = f"sandbox-code-{uuid.uuid4().hex[:8]}"
+    async with Worker(temporal.client, task_queue=queue, workflows=[probe_module], workflow_runner=workflow_runner({})):
+        handle = await temporal.client.start_workflow("SandboxCodeProbe", True, id=queue, task_queue=queue)
+
+        async def failed_task() -> str | None:
+            async for event in handle.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    return event.workflow_task_failed_event_attributes.failure.message
+            return None
+
+        message = await eventually(failed_task, what="the sandbox failing the task that reads the clock")
+        await handle.terminate()
+    assert "datetime.datetime.now" in message
+
+
+def test_the_worker_loads_tgps_workflow_modules_with_the_shared_loader() -> None:
+    workflow_runner({})  # the default runner: the sandbox, with its runs sharing code
+    finder = next(f for f in sys.meta_path if isinstance(f, SharedCodeFinder))
+    assert sys.meta_path[0] is finder  # before the path finder, or it is never asked
+    import workflows
+
+    spec = finder.find_spec("workflows.node", workflows.__path__)
+    assert spec is not None and isinstance(spec.loader, SharedCodeLoader)
+    assert finder.find_spec("tgp.lifecycle", None) is None  # passed through: never imported again
