@@ -1,6 +1,10 @@
 """The worker and the bridge limit glibc's malloc arenas before their first thread
 (workers.memory): threads that allocate then share two arenas instead of one each. Counted in a
-fresh interpreter with glibc's own `malloc_stats` (one "Arena N:" block per arena)."""
+fresh interpreter with glibc's own `malloc_stats` (one "Arena N:" block per arena).
+
+And they give the heap's free pages back while they run (`malloc_trim`, every
+TGP_HEAP_TRIM_SECONDS): measured as the resident size of a fresh `tgp worker` whose work frees
+most of what it allocated between blocks it keeps (glibc returns nothing of that by itself)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ import textwrap
 
 import pytest
 
-from workers.memory import ARENAS, limit_malloc_arenas
+from tgp.errors import ConfigError
+from workers.memory import ARENAS, TRIM_EVERY, TRIM_EVERY_ENV, limit_malloc_arenas, trim_every
 
 THREADS = 8
 
@@ -71,3 +76,55 @@ def test_threads_that_allocate_share_two_arenas_once_limited() -> None:
 def test_an_operators_malloc_arena_max_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False
+
+
+FRAGMENTING_WORKER = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    import workers.cli
+
+    def rss_mb():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+
+    async def work(args):
+        kept, freed = [], []
+        for i in range(40_000):  # 2 KB blocks: past pymalloc, in glibc's heap
+            (kept if i % 10 == 0 else freed).append(bytearray(2048))
+        del freed  # ~70 MB free between the blocks kept: glibc keeps it
+        before, deadline = rss_mb(), time.monotonic() + float(sys.argv[1])
+        while time.monotonic() < deadline and rss_mb() > before - 40:
+            await asyncio.sleep(0.05)
+        print(round(before), round(rss_mb()))
+
+    workers.cli.run_worker = work
+    sys.exit(workers.cli.main(["worker"]))
+    """
+)
+
+
+def resident_before_and_after(trim_seconds: str, wait: float) -> tuple[int, int]:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    env.update(PYTHONPATH=os.getcwd(), **{TRIM_EVERY_ENV: trim_seconds})
+    run = subprocess.run([sys.executable, "-c", FRAGMENTING_WORKER, str(wait)], env=env, capture_output=True, text=True, timeout=120, check=True)
+    before, after = run.stdout.split()
+    return int(before), int(after)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
+def test_tgp_worker_gives_the_heaps_free_pages_back() -> None:
+    before, after = resident_before_and_after("0.1", wait=60)  # returns as soon as it dropped
+    assert after < before - 40, f"`tgp worker` kept {before} -> {after} MB with trims every 0.1 s"
+    # The control: without trims the same work keeps its pages (what the line above tells apart).
+    before, after = resident_before_and_after("0", wait=1)
+    assert after > before - 40, f"{before} -> {after} MB without trims: the test shows nothing"
+
+
+def test_the_trim_interval_is_read_and_a_bad_one_says_what_to_fix() -> None:
+    assert trim_every({}) == TRIM_EVERY
+    assert trim_every({TRIM_EVERY_ENV: " 0 "}) == 0
+    assert trim_every({TRIM_EVERY_ENV: "2.5"}) == 2.5
+    for bad in ("soon", "-1", "nan"):
+        with pytest.raises(ConfigError, match=f"{TRIM_EVERY_ENV}=.*number of seconds"):
+            trim_every({TRIM_EVERY_ENV: bad})

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from tgp.errors import ConfigError, TgpError
 from tgp.types import DEFAULT_TASK_QUEUE
 from workers.logs import configure_logging
-from workers.memory import limit_malloc_arenas
+from workers.memory import limit_malloc_arenas, trim_every, with_heap_trimmed
 
 if TYPE_CHECKING:
     from workers.temporal import TemporalSettings
@@ -278,14 +278,15 @@ def _run(args: argparse.Namespace) -> int:
             return asyncio.run(args.run(args))
         if args.command in ("worker", "bridge"):
             limit_malloc_arenas()  # before the first thread (workers.memory)
+            trim = trim_every()  # a bad value stops the start, saying what to fix
         if args.command == "worker":
-            asyncio.run(_until_terminated(run_worker(args)))
+            asyncio.run(_until_terminated(with_heap_trimmed(run_worker(args), trim)))
         elif args.command == "offers":
             from workers.offers_cli import run_offers
 
             return asyncio.run(run_offers(args))
         elif args.command == "bridge":
-            asyncio.run(_until_terminated(run_bridge(args)))
+            asyncio.run(_until_terminated(with_heap_trimmed(run_bridge(args), trim)))
         elif args.command in ("plan", "status", "evict", "temporal"):
             return asyncio.run(run_ops(args))
         elif args.command == "codec-server":
