@@ -193,9 +193,10 @@ def why(r: dict[str, Any]) -> list[str]:
             cache = _get(r, "knobs", "workflow_cache")
             out.append(
                 f"**Worker RSS.** At rest the worker's memory is its ~175 MB before the first workflow plus its workflow cache "
-                f"({cache} workflows here, about 0.45 MB each in Temporal's sandbox, which imports the workflow module again for each "
-                "run), not the fleet: `TGP_WORKFLOW_CACHE=150` held 1,000 nodes in 301 MB, at the price of replays in bursts of "
-                "more than ~150 nodes on one worker (docs/install.md, bench/results/findings.md, session 8)."
+                f"({cache} workflows here; their runs share the workflow modules' bytecode, workers/sandbox_code.py) and what the "
+                "bring-up left in the heap (trimmed every 10 s, workers/memory.py), not the fleet: a smaller `TGP_WORKFLOW_CACHE` "
+                "holds it lower, at the price of replays in bursts larger than the cache on one worker (docs/install.md, "
+                "bench/results/findings.md)."
             )
     for n, b in (r.get("bursts") or {}).items():
         if "error" in b:
