@@ -194,7 +194,7 @@ def why(r: dict[str, Any]) -> list[str]:
             out.append(
                 f"**Worker RSS.** At rest the worker's memory is its ~175 MB before the first workflow plus its workflow cache "
                 f"({cache} workflows here; their runs share the workflow modules' bytecode, workers/sandbox_code.py) and what the "
-                "bring-up left in the heap (trimmed every 10 s, workers/memory.py), not the fleet: a smaller `TGP_WORKFLOW_CACHE` "
+                "bring-up left in the heap (trimmed every 10 s by default, workers/memory.py), not the fleet: a smaller `TGP_WORKFLOW_CACHE` "
                 "holds it lower, at the price of replays in bursts larger than the cache on one worker (docs/install.md, "
                 "bench/results/findings.md)."
             )

@@ -24,7 +24,7 @@ from temporalio.worker import Worker
 
 from tests.conftest import eventually
 from workers.main import workflow_runner
-from workers.sandbox_code import SharedCodeFinder, SharedCodeLoader
+from workers.sandbox_code import SharedCodeFinder, SharedCodeLoader, share_workflow_code
 
 PACKAGE = "sandboxcodeprobe"
 
@@ -129,15 +129,31 @@ async def test_the_sandbox_still_refuses_the_clock_in_shared_code(temporal: Work
         message = await eventually(failed_task, what="the sandbox failing the task that reads the clock")
         await handle.terminate()
     assert "datetime.datetime.now" in message
+    assert any(path.endswith(f"{PACKAGE}/wf.py") for path, _, _ in SharedCodeLoader.codes), "the run did not load through the shared loader"
+
+
+def test_a_finder_for_other_packages_does_not_stand_in_for_tgps(shared_code: SharedCodeFinder) -> None:
+    finder = share_workflow_code()
+    assert finder is not shared_code and "workflows" in finder.packages
+    assert share_workflow_code() is finder  # installed once
 
 
 def test_the_worker_loads_tgps_workflow_modules_with_the_shared_loader() -> None:
-    workflow_runner({})  # the default runner: the sandbox, with its runs sharing code
-    finder = next(f for f in sys.meta_path if isinstance(f, SharedCodeFinder))
-    path_finder = importlib.machinery.PathFinder
-    assert sys.meta_path.index(finder) < sys.meta_path.index(path_finder)  # or it is never asked
-    import workflows
+    installed = [f for f in sys.meta_path if isinstance(f, SharedCodeFinder)]
+    for f in installed:  # conftest installs one for every test: start without
+        sys.meta_path.remove(f)
+    try:
+        workflow_runner({})  # the default runner: the sandbox, with its runs sharing code
+        finder = next((f for f in sys.meta_path if isinstance(f, SharedCodeFinder)), None)
+        assert finder is not None, "the worker's runner did not install the shared loader"
+        path_finder = importlib.machinery.PathFinder
+        assert sys.meta_path.index(finder) < sys.meta_path.index(path_finder)  # or it is never asked
+        import workflows
 
-    spec = finder.find_spec("workflows.node", workflows.__path__)
-    assert spec is not None and isinstance(spec.loader, SharedCodeLoader)
-    assert finder.find_spec("tgp.lifecycle", None) is None  # passed through: never imported again
+        spec = finder.find_spec("workflows.node", workflows.__path__)
+        assert spec is not None and isinstance(spec.loader, SharedCodeLoader)
+        assert finder.find_spec("tgp.lifecycle", None) is None  # passed through: never imported again
+        sys.meta_path.remove(finder)
+    finally:
+        for f in reversed(installed):
+            sys.meta_path.insert(0, f)

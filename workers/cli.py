@@ -279,14 +279,12 @@ def _run(args: argparse.Namespace) -> int:
         if args.command in ("worker", "bridge"):
             limit_malloc_arenas()  # before the first thread (workers.memory)
             trim = trim_every()  # a bad value stops the start, saying what to fix
-        if args.command == "worker":
-            asyncio.run(_until_terminated(with_heap_trimmed(run_worker(args), trim)))
+            long_lived = run_worker(args) if args.command == "worker" else run_bridge(args)
+            asyncio.run(_until_terminated(with_heap_trimmed(long_lived, trim)))
         elif args.command == "offers":
             from workers.offers_cli import run_offers
 
             return asyncio.run(run_offers(args))
-        elif args.command == "bridge":
-            asyncio.run(_until_terminated(with_heap_trimmed(run_bridge(args), trim)))
         elif args.command in ("plan", "status", "evict", "temporal"):
             return asyncio.run(run_ops(args))
         elif args.command == "codec-server":

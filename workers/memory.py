@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import os
 import sys
 from collections.abc import Coroutine, Mapping
@@ -43,7 +42,7 @@ def _glibc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the C library this process runs on (no ldconfig lookup)
         libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
     except (OSError, AttributeError):
@@ -76,8 +75,8 @@ def trim_every(env: Mapping[str, str] = os.environ) -> float:
         every = float(raw)
     except ValueError:
         every = -1.0
-    if not every >= 0:  # also NaN
-        raise ConfigError(f"{TRIM_EVERY_ENV}={raw!r} must be a number of seconds (0 turns heap trimming off)")
+    if not (every == 0 or 1 <= every < float("inf")):  # also NaN; under a second is a busy loop
+        raise ConfigError(f"{TRIM_EVERY_ENV}={raw!r} must be 0 (no trimming) or a number of seconds from 1 on")
     return every
 
 
@@ -90,7 +89,11 @@ async def with_heap_trimmed(main: Coroutine[Any, Any, None], every: float) -> No
     async def trim() -> None:
         while True:
             await asyncio.sleep(every)
-            await asyncio.to_thread(trim_heap)  # ctypes lets go of the GIL: the loop goes on
+            try:
+                await asyncio.to_thread(trim_heap)  # ctypes lets go of the GIL: the loop goes on
+            except Exception as exc:  # noqa: BLE001 - a lost trim costs memory, never the command
+                print(f"tgp: heap trimming stopped: {exc!r}", file=sys.stderr)
+                return
 
     trimmer = asyncio.create_task(trim())
     try:

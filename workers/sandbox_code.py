@@ -58,9 +58,10 @@ class SharedCodeFinder(importlib.abc.MetaPathFinder):
 
 
 def share_workflow_code(packages: Sequence[str] = WORKFLOW_PACKAGES) -> SharedCodeFinder:
-    """Install the finder once, first on sys.meta_path; returns the installed one."""
+    """Install a finder for `packages` once, before the path finder; returns the one installed."""
+    wanted = frozenset(packages)
     for finder in sys.meta_path:
-        if isinstance(finder, SharedCodeFinder):
+        if isinstance(finder, SharedCodeFinder) and wanted <= finder.packages:
             return finder
     finder = SharedCodeFinder(packages)
     sys.meta_path.insert(0, finder)
