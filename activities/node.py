@@ -32,6 +32,7 @@ from activities.boot.render import (
     template_error_for_admin,
     template_join_keys,
 )
+from activities.batching import UpdateBatcher
 from activities.boot.sandbox import RendersBusy, bounded
 from activities.drain import drain
 from activities.errors import temporal_errors
@@ -42,7 +43,7 @@ from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from tgp.secrets import known_secrets, register, register_model, secret_scope
 from tgp.lifecycle import holders_of, pod_keeps_node_busy
-from tgp.messages import DisruptionAnswer, PoolAsk, PoolReport
+from tgp.messages import DisruptionAnswer, DisruptionAnswers, DisruptionAsks, PoolAsk, PoolReport
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
@@ -147,6 +148,29 @@ def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]
         task.cancel()
 
 
+# Asks gathered into one `may_disrupt_many` update; a bigger backlog goes in the next one.
+MAX_ASK_BATCH = 500
+
+
+class PoolAskBatcher(UpdateBatcher):
+    """Per worker process: the disruption asks of a pool's nodes go to it together
+    (activities.batching): `call(pool_workflow_id, "ask", a DisruptionAsk)`, its answer."""
+
+    def __init__(self) -> None:
+        super().__init__(MAX_ASK_BATCH)
+
+    async def _update(self, client: Any, pool_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
+        handle = client.get_workflow_handle(pool_workflow_id)
+        try:
+            batch = await handle.execute_update("may_disrupt_many", DisruptionAsks(asks=items), result_type=DisruptionAnswers)
+        except WorkflowUpdateFailedError as exc:
+            if "not found" not in str(exc.cause or ""):
+                raise
+            # A pool run by an older worker that has no batch update: one ask each.
+            return [await handle.execute_update("may_disrupt", ask, result_type=DisruptionAnswer) for ask in items]
+        return list(batch.answers)
+
+
 class NodeActivities:
     """Activities of GPUNodeWorkflow, bound to one worker's adapters."""
 
@@ -173,6 +197,7 @@ class NodeActivities:
         # Tailnet adapters per class (tailscaleConfig.oauthSecretRef); `tailnets` is the fallback.
         self.tailnet_registry = tailnet_registry or TailnetRegistry(cluster=cluster, fallback=self.tailnets)
         self.cluster = cluster
+        self.pool_asks = PoolAskBatcher()  # the disruption asks of its nodes, one update per pool at a time
         # Offers that just failed, kept by the pricing cache beside the offers (shared with the pool).
         self.unavailable = unavailable or self.registry.offers.unavailable
         self.poll_interval = poll_interval
@@ -661,16 +686,16 @@ class NodeActivities:
         busy = False
         try:
             async with asyncio.timeout(POOL_ANSWER_TIMEOUT.total_seconds()):
-                handle = activity.client().get_workflow_handle(call.pool_workflow_id)
                 pause = POOL_BUSY_PAUSE
                 while True:
                     try:
-                        answer: DisruptionAnswer = await handle.execute_update("may_disrupt", call.ask, result_type=DisruptionAnswer)
+                        # With the asks of this worker's other nodes of the pool made meanwhile.
+                        answer: DisruptionAnswer = await self.pool_asks.call(call.pool_workflow_id, "ask", call.ask)
                         return answer
                     except RPCError as exc:
-                        # Temporal admits 10 updates in flight per workflow: when many nodes of
-                        # a pool ask at once, the others are refused by the server, not by the
-                        # pool (RESOURCE_EXHAUSTED; an admitted update the server dropped says
+                        # Temporal admits 10 updates in flight per workflow: when more workers'
+                        # nodes of a pool ask at once, the others are refused by the server, not by
+                        # the pool (RESOURCE_EXHAUSTED; an admitted update the server dropped says
                         # UNAVAILABLE, "update was aborted"). Ask again after a jittered, growing
                         # pause: not a refusal.
                         if exc.status not in (RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE):

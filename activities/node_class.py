@@ -3,7 +3,6 @@ workflows make, and the validation of a class (its providers, Secrets and boot t
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -26,6 +25,7 @@ from activities.boot.render import (
     template_report,
     template_uses,
 )
+from activities.batching import UpdateBatcher
 from activities.boot.sandbox import RendersBusy, bounded
 from activities.errors import temporal_errors
 from tgp.capabilities import capability_problems
@@ -87,57 +87,15 @@ async def ledger_batch(class_workflow_id: str, name: str, reservations: list[Res
 MAX_LEDGER_BATCH = 500
 
 
-class LedgerBatcher:
+class LedgerBatcher(UpdateBatcher):
     """Per worker process: node workflows' ledger calls (settle a price, release a budget) to
-    one class are sent together. Temporal admits at most 10 updates in flight per workflow
-    (history.maxInFlightUpdates); a burst of a few hundred nodes each calling its class on its
-    own got ResourceExhausted, then timed out, and the nodes failed. Here one update per class
-    and kind is in flight from this process; the calls made meanwhile wait for it and go
-    together as the next one. Each caller gets its own answer; an error reaches every caller
-    of that update (their activities retry)."""
+    one class go together (activities.batching): `call(class_workflow_id, kind, item)`, kind
+    "settle" (item: a Reservation, answer: its Grant) or "release" (item: a node id)."""
 
     def __init__(self) -> None:
-        self._waiting: dict[tuple[int, str, str], list[tuple[Any, asyncio.Future[Any]]]] = {}
-        self._sending: set[tuple[int, str, str]] = set()
+        super().__init__(MAX_LEDGER_BATCH)
 
-    async def call(self, class_workflow_id: str, kind: str, item: Any) -> Any:
-        """`kind`: "settle" (item: a Reservation, answer: its Grant) or "release" (item: a node id)."""
-        client = activity.client()
-        key = (id(client), class_workflow_id, kind)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(key, []).append((item, future))
-        if key not in self._sending:
-            self._sending.add(key)
-            asyncio.get_running_loop().create_task(self._send(key, client))
-        return await future
-
-    async def _send(self, key: tuple[int, str, str], client: Any) -> None:
-        _, class_workflow_id, kind = key
-        try:
-            while self._waiting.get(key):
-                waiting = self._waiting[key]
-                batch, self._waiting[key] = waiting[:MAX_LEDGER_BATCH], waiting[MAX_LEDGER_BATCH:]
-                batch = [(item, f) for item, f in batch if not f.done()]  # callers cancelled meanwhile
-                if not batch:
-                    continue
-                try:
-                    answers = await self._update(client, class_workflow_id, kind, [item for item, _ in batch])
-                except Exception as exc:  # noqa: BLE001 - every caller of this update hears of it
-                    for _, f in batch:
-                        if not f.done():
-                            f.set_exception(exc)
-                    continue
-                for (_, f), answer in zip(batch, answers, strict=True):
-                    if not f.done():
-                        f.set_result(answer)
-        finally:
-            self._sending.discard(key)
-            for _, f in self._waiting.pop(key, []):  # only when this sender was cancelled (the worker stops)
-                if not f.done():
-                    f.cancel()
-
-    @staticmethod
-    async def _update(client: Any, class_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
+    async def _update(self, client: Any, class_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
         handle = client.get_workflow_handle(class_workflow_id)
         try:
             if kind == "settle":

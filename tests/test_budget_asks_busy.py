@@ -2,7 +2,12 @@
 it at once (`may_disrupt`, through the real `ask_pool_to_disrupt` activity), the server refuses
 the others (RESOURCE_EXHAUSTED); those asks must not come back as refusals (each would be a
 DisruptionBlocked and a minute's wait, every held node again in lockstep): they are asked
-again after a jittered pause and get the pool's own answer."""
+again after a jittered pause and get the pool's own answer.
+
+Session 9: one worker's asks to a pool go together (`may_disrupt_many`, activities.batching), so
+the server refuses none of them: a pool of 100 nodes going idle together had its asks refused
+past the tenth and waited out growing pauses (make bench: the last terminate call 20 s after the
+idle timeout). The refusal path stays for asks from many workers at once."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from temporalio.client import Client, Interceptor, OutboundInterceptor, StartWor
 from temporalio.service import RPCError, RPCStatusCode
 from tests.conftest import eventually
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio import workflow
 from temporalio.worker import Worker
 
 from sim.world import sim_world
@@ -27,16 +33,19 @@ ASKING = 25  # nodes of one pool asking at once: more than Temporal's 10 in flig
 
 
 class Refusals(Interceptor):
-    """Counts the updates the server refused for its in-flight limit (observes, changes nothing)."""
+    """Counts the updates sent, and those the server refused for its in-flight limit (observes,
+    changes nothing)."""
 
     def __init__(self) -> None:
         self.exhausted = 0
+        self.sent = 0
 
     def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
         counter = self
 
         class Counting(OutboundInterceptor):
             async def start_workflow_update(self, input: StartWorkflowUpdateInput) -> WorkflowUpdateHandle[Any]:
+                counter.sent += 1
                 try:
                     return await super().start_workflow_update(input)
                 except RPCError as exc:
@@ -47,14 +56,15 @@ class Refusals(Interceptor):
         return Counting(next)
 
 
-async def test_many_nodes_asking_their_pool_at_once_get_its_answer_not_a_refusal(temporal: WorkflowEnvironment) -> None:
-    refusals = Refusals()
-    client = Client(**{**temporal.client.config(), "interceptors": [refusals]})
+async def asks_at_once(temporal: WorkflowEnvironment, refusals: Refusals, *, workers: int) -> list[DisruptionAnswer]:
+    """ASKING nodes of one pool ask it at once through the real activity, from `workers` worker
+    processes (each a client of its own: the activities gather asks per client), before the
+    pool's worker is up; then it comes up and answers. A pool without budgets allows every ask."""
+    clients = [Client(**{**temporal.client.config(), "interceptors": [refusals]}) for _ in range(workers)]
     async with AsyncExitStack() as stack:
         world = await stack.enter_async_context(sim_world(boot_delay=0.05))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         queue, name = f"asks-{uuid.uuid4().hex[:8]}", f"p-{uuid.uuid4().hex[:6]}"
-        # The pool's worker is not up yet: the first asks wait in flight, the rest are refused.
         spec = pool_spec("cls", disruption={"idleTimeout": "1h", "budgets": []})  # no limit: every answer is yes
         pool = await temporal.client.start_workflow(
             GPUNodePoolWorkflow.run,
@@ -68,18 +78,73 @@ async def test_many_nodes_asking_their_pool_at_once_get_its_answer_not_a_refusal
 
         async def ask(i: int) -> DisruptionAnswer:
             call = PoolAsk(pool_workflow_id=pool.id, ask=DisruptionAsk(workflow_id=f"gpunode/ml/{name}/n{i}", node_name=f"n{i}", reason="Empty"))
-            answer: DisruptionAnswer = await ActivityEnvironment(client=client).run(activities.node.ask_pool_to_disrupt, call)
+            answer: DisruptionAnswer = await ActivityEnvironment(client=clients[i % workers]).run(activities.node.ask_pool_to_disrupt, call)
             return answer
 
         asks = [asyncio.create_task(ask(i)) for i in range(ASKING)]
-        await eventually(lambda: _true(refusals.exhausted > 0), timeout=30, what="the server to refuse asks past its in-flight limit")
+        # The pool's worker is not up yet: the first updates wait in flight.
+        await eventually(lambda: _true(refusals.sent >= min(workers, 10)), timeout=30, what="the first asks to be sent")
+        if workers > 10:
+            await eventually(lambda: _true(refusals.exhausted > 0), timeout=30, what="the server to refuse asks past its in-flight limit")
         async with Worker(temporal.client, task_queue=queue, workflows=[GPUNodePoolWorkflow], activities=activities.all()):
-            answers = await asyncio.gather(*asks)
+            return await asyncio.gather(*asks)
+
+
+async def test_one_workers_nodes_asking_their_pool_at_once_go_together_and_none_is_refused(temporal: WorkflowEnvironment) -> None:
+    refusals = Refusals()
+    answers = await asks_at_once(temporal, refusals, workers=1)
+    assert refusals.exhausted == 0, f"the server refused {refusals.exhausted} of {refusals.sent} updates for its in-flight limit"
+    assert refusals.sent < ASKING / 2, f"{refusals.sent} updates for {ASKING} asks: not gathered"
+    assert all(a.allowed for a in answers), [a.message for a in answers if not a.allowed]
+
+
+async def test_many_workers_nodes_asking_their_pool_at_once_get_its_answer_not_a_refusal(temporal: WorkflowEnvironment) -> None:
+    refusals = Refusals()
+    answers = await asks_at_once(temporal, refusals, workers=ASKING)  # an ask per worker: past the limit
     # The pool allows every ask; an ask the server kept out past POOL_ANSWER_TIMEOUT comes back
     # `unasked` (the node asks again within seconds, jittered), never as a refusal.
     refused = [a for a in answers if not a.allowed and not a.unasked]
     assert not refused, f"{len(refused)} of {ASKING} asks came back refused by the server's limit, not by the pool: {refused[0].message}"
     assert sum(a.allowed for a in answers) >= 10, [a.message for a in answers]
+
+
+# Unsandboxed: the sandbox would re-import this test module and everything it imports.
+@workflow.defn(name="OlderPool", sandboxed=False)
+class OlderPool:
+    """A pool as the releases before `may_disrupt_many` ran it: one ask per update; this one lets
+    two nodes go."""
+
+    def __init__(self) -> None:
+        self.let_go = 0
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.update
+    def may_disrupt(self, ask: DisruptionAsk) -> DisruptionAnswer:
+        self.let_go += 1
+        return DisruptionAnswer(allowed=self.let_go <= 2, message="" if self.let_go <= 2 else f"{ask.node_name}: two at a time")
+
+
+async def test_a_pool_of_an_older_release_is_asked_one_ask_at_a_time(temporal: WorkflowEnvironment) -> None:
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.05))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        queue = f"older-{uuid.uuid4().hex[:8]}"
+        await stack.enter_async_context(Worker(temporal.client, task_queue=queue, workflows=[OlderPool]))
+        pool = await temporal.client.start_workflow(OlderPool.run, id=queue, task_queue=queue)
+        stack.push_async_callback(pool.terminate, "test over")
+
+        async def ask(i: int) -> DisruptionAnswer:
+            call = PoolAsk(pool_workflow_id=pool.id, ask=DisruptionAsk(workflow_id=f"n{i}", node_name=f"n{i}", reason="Empty"))
+            answer: DisruptionAnswer = await ActivityEnvironment(client=temporal.client).run(activities.node.ask_pool_to_disrupt, call)
+            return answer
+
+        answers = await asyncio.gather(*(ask(i) for i in range(5)))
+    # Its own answers, each ask counted: not the batch update's failure taken as "not held".
+    assert sorted(a.allowed for a in answers) == [False, False, False, True, True], [a.message for a in answers]
+    assert all("two at a time" in a.message for a in answers if not a.allowed)
 
 
 async def _true(value: bool) -> bool:

@@ -284,6 +284,17 @@ class DisruptionAnswer(Msg):
     )
 
 
+class DisruptionAsks(Msg):
+    """Many nodes' asks at once (update `may_disrupt_many`: the worker gathers the asks made
+    meanwhile, activities.batching), answered in order."""
+
+    asks: list[DisruptionAsk]
+
+
+class DisruptionAnswers(Msg):
+    answers: list[DisruptionAnswer]
+
+
 class PoolAsk(Msg):
     """Input of the node's `ask_pool_to_disrupt` activity."""
 

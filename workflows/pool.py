@@ -34,6 +34,8 @@ with workflow.unsafe.imports_passed_through():
         Demand,
         DisruptionAnswer,
         DisruptionAsk,
+        DisruptionAsks,
+        DisruptionAnswers,
         NodeReport,
         NodeSighting,
         NodeStart,
@@ -365,6 +367,15 @@ class GPUNodePoolWorkflow:
         the pool's active budgets that cover the reason, over its nodes disrupting (draining, or
         let go and not yet draining). A refusal is a `DisruptionBlocked` Event, once per node and
         message; the node asks again later."""
+        return self._may_disrupt(ask)
+
+    @workflow.update
+    def may_disrupt_many(self, batch: DisruptionAsks) -> DisruptionAnswers:
+        """Many nodes' asks at once (a worker gathers those made meanwhile), answered in order:
+        each one let go counts against the budgets for the asks after it."""
+        return DisruptionAnswers(answers=[self._may_disrupt(ask) for ask in batch.asks])
+
+    def _may_disrupt(self, ask: DisruptionAsk) -> DisruptionAnswer:
         if self.legacy or self.state.update is None or self.state.update.deleting:
             return DisruptionAnswer(allowed=True)
         now = workflow.now()

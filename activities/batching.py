@@ -1,0 +1,67 @@
+"""Updates to one workflow from many activities of this worker process, sent together.
+
+Temporal admits at most 10 updates in flight per workflow (history.maxInFlightUpdates). Node
+workflows that each called their class ledger on their own, in a burst of a few hundred, got
+RESOURCE_EXHAUSTED, then timed out, and failed; a pool's 100 nodes going idle together each asked
+the pool on its own, were refused by the server past the tenth, and waited out growing pauses:
+the last terminate call came 20 s after the idle timeout instead of a few. Here one update per
+target workflow and kind is in flight from this process; the calls made meanwhile wait for it and
+go together as the next one. Each caller gets its own answer; an error reaches every caller of
+that update (their activities handle it as they would their own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from temporalio import activity
+
+
+class UpdateBatcher:
+    """Gathers calls per (client, workflow id, kind); `_update` sends one batch as one update."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.max_batch = max_batch
+        self._waiting: dict[tuple[int, str, str], list[tuple[Any, asyncio.Future[Any]]]] = {}
+        self._sending: set[tuple[int, str, str]] = set()
+
+    async def call(self, workflow_id: str, kind: str, item: Any) -> Any:
+        """`item`'s answer, from the update that carries it (with the others made meanwhile)."""
+        client = activity.client()
+        key = (id(client), workflow_id, kind)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(key, []).append((item, future))
+        if key not in self._sending:
+            self._sending.add(key)
+            asyncio.get_running_loop().create_task(self._send(key, client))
+        return await future
+
+    async def _update(self, client: Any, workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
+        """Send `items` as one update of `kind`; one answer per item, in order."""
+        raise NotImplementedError
+
+    async def _send(self, key: tuple[int, str, str], client: Any) -> None:
+        _, workflow_id, kind = key
+        try:
+            while self._waiting.get(key):
+                waiting = self._waiting[key]
+                batch, self._waiting[key] = waiting[: self.max_batch], waiting[self.max_batch :]
+                batch = [(item, f) for item, f in batch if not f.done()]  # callers cancelled meanwhile
+                if not batch:
+                    continue
+                try:
+                    answers = await self._update(client, workflow_id, kind, [item for item, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - every caller of this update hears of it
+                    for _, f in batch:
+                        if not f.done():
+                            f.set_exception(exc)
+                    continue
+                for (_, f), answer in zip(batch, answers, strict=True):
+                    if not f.done():
+                        f.set_result(answer)
+        finally:
+            self._sending.discard(key)
+            for _, f in self._waiting.pop(key, []):  # only when this sender was cancelled (the worker stops)
+                if not f.done():
+                    f.cancel()
