@@ -127,10 +127,15 @@ async def skip_time(env: WorkflowEnvironment, duration: timedelta, *, step: time
 
 
 async def eventually(check: Callable[[], Awaitable[T | None]], *, timeout: float = 30.0, what: str = "condition") -> T:
-    """Wait until `check` returns something truthy (polling, not a timing assumption)."""
+    """Wait until `check` returns something truthy (polling, not a timing assumption). A check
+    that does not answer (a query to a worker that never takes it) fails the wait at its
+    deadline too, instead of hanging the test until the suite's timeout."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        result = await check()
+        try:
+            result = await asyncio.wait_for(check(), max(deadline - asyncio.get_running_loop().time(), 5.0))
+        except TimeoutError:
+            raise AssertionError(f"timed out waiting for {what} (a check did not answer)") from None
         if result:
             return result
         if asyncio.get_running_loop().time() > deadline:

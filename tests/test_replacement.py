@@ -333,12 +333,24 @@ async def test_a_node_is_re_shopped_when_the_market_drops_and_not_within_the_thr
         running_new = next(i for i, e in enumerate(log) if e[0] == "running" and node_of(e[1]) == new.name)
         deleted_old = next(i for i, e in enumerate(log) if e[0] == "deleted" and node_of(e[1]) == old.name)
         assert running_new < deleted_old, log
-        events = await events_of(s, name)
+
+        # The pass that told the old node to go wrote its Events and status after the new node's
+        # Ready shows: a later activity (on a loaded machine, seconds later).
+        async def consolidated() -> list[Any] | None:
+            events = await events_of(s, name)
+            return events if any(r == "Consolidated" for r, _ in events) else None
+
+        events = await eventually(consolidated, timeout=60, what="the Consolidated Event")
         found = [m for r, m in events if r == "CheaperOfferFound"]
         assert len(found) == 1 and "$0.20/h" in found[0], events
         made = [m for r, m in events if r == "Consolidated"]
         assert made == [f"node {old.name}: Cheaper, saving $0.24/h"], events
-        assert (await pool_status(pool)).consolidation.savings_made_hourly == Decimal("0.24")
+
+        async def saved() -> Decimal | None:
+            savings = (await pool_status(pool)).consolidation.savings_made_hourly
+            return savings if savings else None
+
+        assert await eventually(saved, timeout=60, what="savingsMadeHourly in the status") == Decimal("0.24")
 
 
 @contextlib.asynccontextmanager
