@@ -91,6 +91,20 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
         yield env
 
 
+@pytest.fixture
+async def own_time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping test server of the test's own, for a test that skips hours whatever other
+    tests left behind. The test server skips time only while no activity runs; on the shared
+    one the at-rest test of test_watch_events twice ran into the suite's 10-minute timeout in
+    full runs (never alone), most likely behind an activity another test had left out."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=binary("temporal-test-server"), data_converter=DATA_CONVERTER
+    )
+    async with env:
+        await ensure_search_attributes(env.client)
+        yield env
+
+
 @asynccontextmanager
 async def running_world(
     env: WorkflowEnvironment, *, boot_delay: float = 0.2, headscale: bool = False, catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG
