@@ -21,8 +21,12 @@ from temporalio import activity
 class UpdateBatcher:
     """Gathers calls per (client, workflow id, kind); `_update` sends one batch as one update."""
 
-    def __init__(self, max_batch: int) -> None:
+    def __init__(self, max_batch: int, timeout: float | None = None) -> None:
+        """`timeout`: the most one update may take, in seconds (None: as long as it takes). Its
+        callers hear TimeoutError, and the next batch goes: an update the workflow never
+        answers must not hold every later call, nor stay open behind its callers' backs."""
         self.max_batch = max_batch
+        self.timeout = timeout
         self._waiting: dict[tuple[int, str, str], list[tuple[Any, asyncio.Future[Any]]]] = {}
         self._sending: set[tuple[int, str, str]] = set()
 
@@ -51,7 +55,8 @@ class UpdateBatcher:
                 if not batch:
                     continue
                 try:
-                    answers = await self._update(client, workflow_id, kind, [item for item, _ in batch])
+                    async with asyncio.timeout(self.timeout):
+                        answers = await self._update(client, workflow_id, kind, [item for item, _ in batch])
                 except Exception as exc:  # noqa: BLE001 - every caller of this update hears of it
                     for _, f in batch:
                         if not f.done():

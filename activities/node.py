@@ -157,7 +157,9 @@ class PoolAskBatcher(UpdateBatcher):
     (activities.batching): `call(pool_workflow_id, "ask", a DisruptionAsk)`, its answer."""
 
     def __init__(self) -> None:
-        super().__init__(MAX_ASK_BATCH)
+        # As each ask was before they went together: a pool that does not answer within
+        # POOL_ANSWER_TIMEOUT does not hold its nodes, and its update is not left open.
+        super().__init__(MAX_ASK_BATCH, timeout=POOL_ANSWER_TIMEOUT.total_seconds())
 
     async def _update(self, client: Any, pool_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
         handle = client.get_workflow_handle(pool_workflow_id)

@@ -149,3 +149,21 @@ async def test_a_pool_of_an_older_release_is_asked_one_ask_at_a_time(temporal: W
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_an_ask_a_pool_never_answers_leaves_no_update_open(temporal: WorkflowEnvironment) -> None:
+    """A pool whose worker never comes: the ask goes ahead after POOL_ANSWER_TIMEOUT, as before
+    the asks went together, and the update that carried it is not left open behind it (where
+    every later ask of this worker to the pool would queue, and where a time-skipping test
+    server would wait on it)."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.05))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        queue = f"silent-{uuid.uuid4().hex[:8]}"
+        pool = await temporal.client.start_workflow(OlderPool.run, id=queue, task_queue=queue)  # no worker polls it
+        stack.push_async_callback(pool.terminate, "test over")
+        call = PoolAsk(pool_workflow_id=pool.id, ask=DisruptionAsk(workflow_id="n0", node_name="n0", reason="Empty"))
+        answer = await ActivityEnvironment(client=temporal.client).run(activities.node.ask_pool_to_disrupt, call)
+        assert answer.allowed and "did not answer" in answer.message, answer
+        batcher = activities.node.pool_asks
+        await eventually(lambda: _true(not batcher._sending), timeout=15, what="the unanswered update to be given up")
