@@ -80,14 +80,19 @@ async def temporal() -> AsyncIterator[WorkflowEnvironment]:
         yield env
 
 
-@pytest.fixture(scope="session")
-async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server, for timers measured in days."""
+async def _time_skipping_server() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=binary("temporal-test-server"), data_converter=DATA_CONVERTER
     )
     async with env:
         await ensure_search_attributes(env.client)
+        yield env
+
+
+@pytest.fixture(scope="session")
+async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server, for timers measured in days."""
+    async for env in _time_skipping_server():
         yield env
 
 
@@ -97,11 +102,7 @@ async def own_time_skipping() -> AsyncIterator[WorkflowEnvironment]:
     tests left behind. The test server skips time only while no activity runs; on the shared
     one the at-rest test of test_watch_events twice ran into the suite's 10-minute timeout in
     full runs (never alone), most likely behind an activity another test had left out."""
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=binary("temporal-test-server"), data_converter=DATA_CONVERTER
-    )
-    async with env:
-        await ensure_search_attributes(env.client)
+    async for env in _time_skipping_server():
         yield env
 
 
