@@ -8,23 +8,28 @@ server."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.machinery
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
+from temporalio.converter import DataConverter, PayloadCodec, SerializationContext, WithSerializationContext
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.conftest import eventually
 from workers.main import workflow_runner
-from workers.sandbox_code import SharedCodeFinder, SharedCodeLoader, share_workflow_code
+from workers.sandbox_code import SandboxRunner, SharedCodeFinder, SharedCodeLoader, compiled, share_workflow_code
 
 PACKAGE = "sandboxcodeprobe"
 
@@ -157,3 +162,125 @@ def test_the_worker_loads_tgps_workflow_modules_with_the_shared_loader() -> None
     finally:
         for f in reversed(installed):
             sys.meta_path.insert(0, f)
+
+
+# --- the sandbox's hops: what the SDK's path answers, ours answers ---------------------------------
+
+HOPS_PROBE = textwrap.dedent(
+    """
+    from datetime import timedelta
+    from temporalio import activity, workflow
+
+
+    @activity.defn(name="hops_echo")
+    async def echo(text: str) -> str:
+        return text
+
+
+    @workflow.defn(name="SandboxHopsProbe")
+    class HopsProbe:
+        @workflow.run
+        async def run(self, text: str) -> list[str]:
+            remote = await workflow.execute_activity(echo, text, start_to_close_timeout=timedelta(seconds=10))
+            local = await workflow.execute_local_activity(echo, text + "!", start_to_close_timeout=timedelta(seconds=10))
+            workflow.upsert_memo({"seen": remote})
+            return [remote, local]
+    """
+)
+
+
+@dataclasses.dataclass
+class RecordingCodec(PayloadCodec, WithSerializationContext):
+    """Passes payloads through; records each serialization context the SDK configures it with."""
+
+    seen: list[SerializationContext] = dataclasses.field(default_factory=list)
+
+    def with_context(self, context: SerializationContext) -> RecordingCodec:
+        self.seen.append(context)
+        return self
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+
+def _shown(context: SerializationContext, workflow_id: str) -> str:
+    """A context with the run's own workflow id taken out (each run has its own)."""
+    fields = {k: ("<wf>" if v == workflow_id else v) for k, v in dataclasses.asdict(context).items()}  # type: ignore[call-overload]
+    return f"{type(context).__name__}{sorted(fields.items())}"
+
+
+@pytest.fixture
+def hops_probe(tmp_path: Path) -> Iterator[ModuleType]:
+    package = tmp_path / f"{PACKAGE}hops"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "wf.py").write_text(HOPS_PROBE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield importlib.import_module(f"{PACKAGE}hops.wf")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n.startswith(f"{PACKAGE}hops")]:
+            del sys.modules[name]
+
+
+async def contexts_seen(env: WorkflowEnvironment, probe: ModuleType, runner: WorkflowRunner) -> tuple[list[str], list[str]]:
+    """Run the probe (an activity, a local activity, a memo) on `runner`; the serialization
+    contexts its payloads were encoded and decoded with, and its result."""
+    codec = RecordingCodec()
+    client = Client(**{**env.client.config(), "data_converter": dataclasses.replace(DataConverter.default, payload_codec=codec)})
+    queue = f"sandbox-hops-{uuid.uuid4().hex[:8]}"
+    async with Worker(client, task_queue=queue, workflows=[probe.HopsProbe], activities=[probe.echo], workflow_runner=runner):
+        result = await client.execute_workflow("SandboxHopsProbe", "hi", id=queue, task_queue=queue, result_type=list[str])
+    return sorted(_shown(c, queue) for c in codec.seen), result
+
+
+async def test_the_cheaper_hops_give_each_payload_the_sdks_serialization_context(temporal: WorkflowEnvironment, hops_probe: ModuleType) -> None:
+    theirs, their_result = await contexts_seen(temporal, hops_probe, SandboxedWorkflowRunner())
+    ours, our_result = await contexts_seen(temporal, hops_probe, workflow_runner({}))
+    assert isinstance(workflow_runner({}), SandboxRunner)
+    assert our_result == their_result == ["hi", "hi!"]
+    assert any(c.startswith("ActivitySerializationContext") for c in theirs), "the probe did not reach an activity's context"
+    assert ours == theirs
+
+
+def test_each_source_the_sandbox_runs_is_compiled_once() -> None:
+    source = "__temporal_probe = 1\n"
+    assert compiled(source) is compiled(source)
+    namespace: dict[str, object] = {}
+    exec(compiled(source), namespace)
+    assert namespace["__temporal_probe"] == 1
+
+
+async def test_both_context_hops_answer_as_the_sdks_for_a_run(hops_probe: ModuleType) -> None:
+    """The external-store context too (no codec sees it unless external storage is set): one
+    run's instance on each runner, asked for a payload of no command and of an activity."""
+    from temporalio.api.common.v1 import Payloads
+    from temporalio.api.enums.v1 import CommandType
+    from temporalio.api.failure.v1 import Failure
+    from temporalio.worker._command_aware_visitor import CommandInfo
+    from temporalio.worker._workflow_instance import WorkflowInstanceDetails
+    from temporalio.worker.workflow_sandbox._runner import _fake_info
+    from temporalio.workflow import _Definition
+
+    details = WorkflowInstanceDetails(
+        payload_converter_factory=DataConverter.default._new_payload_converter,
+        failure_converter_class=DataConverter.default.failure_converter_class,
+        interceptor_classes=[],
+        defn=_Definition.must_from_class(hops_probe.HopsProbe),
+        info=_fake_info,
+        randomness_seed=1,
+        extern_functions={},
+        disable_eager_activity_execution=False,
+        worker_level_failure_exception_types=[],
+        patch_activation_callback=None,
+        last_completion_result=Payloads(),
+        last_failure=Failure(),
+    )
+    theirs, ours = SandboxedWorkflowRunner().create_instance(details), SandboxRunner().create_instance(details)
+    for info in (None, CommandInfo(CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK, 1)):
+        assert ours.get_serialization_context(info) == theirs.get_serialization_context(info)
+        assert ours.get_external_store_context(info) == theirs.get_external_store_context(info)

@@ -34,7 +34,6 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker, WorkflowRunner
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.kube.cluster import KubernetesCluster
 from activities.entity import EntityActivities
@@ -52,7 +51,7 @@ from activities.ports import Tailnet
 from activities.tailnets.tailscale import TailscaleTailnet
 from tgp.errors import ConfigError
 from workers.interceptors import ActivityLogContext
-from workers.sandbox_code import share_workflow_code
+from workers.sandbox_code import SandboxRunner, share_workflow_code
 from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
@@ -358,7 +357,7 @@ def workflow_runner(env: Mapping[str, str] = os.environ) -> WorkflowRunner:
     raw = env.get(WORKFLOW_SANDBOX_ENV, "").strip().lower()
     if raw in ("", "on", "true", "1"):
         share_workflow_code()
-        return SandboxedWorkflowRunner()
+        return SandboxRunner()
     if raw in ("off", "false", "0"):
         return UnsandboxedWorkflowRunner()
     raise ConfigError(f"{WORKFLOW_SANDBOX_ENV}={raw!r} is neither on nor off")

@@ -17,7 +17,13 @@ import importlib.machinery
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import CodeType, ModuleType
+from typing import Any
+
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+from temporalio.worker.workflow_sandbox._runner import _Instance as _SandboxInstance  # private: SDK pinned
 
 # The packages whose modules the sandbox imports for each run (the rest are passed through).
 WORKFLOW_PACKAGES = ("workflows",)
@@ -66,3 +72,61 @@ def share_workflow_code(packages: Sequence[str] = WORKFLOW_PACKAGES) -> SharedCo
     finder = SharedCodeFinder(packages)
     sys.meta_path.insert(0, finder)
     return finder
+
+
+# --- the sandbox's hops ------------------------------------------------------------------------
+# Temporal's sandbox (SDK 1.35, pinned in pyproject.toml) enters a run's sandbox by compiling and
+# executing a small source string: for each activation, and for each payload it encodes or
+# decodes, twice (the payload's serialization context and its external-store context), each time
+# under the sandbox's import hook. Measured here: ~40 us per hop (15 us of them compiling the same
+# string again) against under 1 us for the call itself; a node's workflow task makes tens of them,
+# and in a burst or a mass idle they were a fifth to a third of the worker's busy time
+# (bench/results/findings.md, session 10).
+
+# At most this many distinct strings are kept compiled (the SDK uses a handful, one per workflow
+# class for a run's start); past it a string is compiled each time, as the SDK does.
+MAX_COMPILED = 64
+_compiled: dict[str, CodeType] = {}
+
+
+def compiled(source: str) -> CodeType:
+    """`source` compiled as `exec` compiles a string (file "<string>"), once."""
+    code = _compiled.get(source)
+    if code is None:
+        code = compile(source, "<string>", "exec")
+        if len(_compiled) < MAX_COMPILED:
+            _compiled[source] = code
+    return code
+
+
+class _Run(_SandboxInstance):
+    """One run in the sandbox, entered more cheaply: the source strings the SDK executes are
+    compiled once, and the two context look-ups call the run's in-sandbox object directly. Those
+    only read the run's state (its info, its pending activities) and import nothing, so the
+    sandbox's import hook, which they were wrapped in, has nothing to guard (the SDK's own path
+    and this one answer alike: tests/test_sandbox_code.py)."""
+
+    def _run_code(self, code: str | CodeType, **extra_globals: Any) -> None:
+        super()._run_code(compiled(code) if isinstance(code, str) else code, **extra_globals)  # type: ignore[arg-type]
+
+    def get_serialization_context(self, command_info: Any) -> Any:
+        self.importer.restriction_context.is_runtime = True
+        try:
+            return self.globals_and_locals["__temporal_in_sandbox"].get_serialization_context(command_info)
+        finally:
+            self.importer.restriction_context.is_runtime = False
+
+    def get_external_store_context(self, command_info: Any) -> Any:
+        self.importer.restriction_context.is_runtime = True
+        try:
+            return self.globals_and_locals["__temporal_in_sandbox"].get_external_store_context(command_info)
+        finally:
+            self.importer.restriction_context.is_runtime = False
+
+
+@dataclass(frozen=True)
+class SandboxRunner(SandboxedWorkflowRunner):
+    """Temporal's sandbox with the cheaper hops of `_Run`; restrictions and isolation as the SDK's."""
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        return _Run(det, self.runner_class, self.restrictions)
