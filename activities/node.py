@@ -12,12 +12,13 @@ import asyncio
 import base64
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import structlog
+from pydantic import BaseModel
 from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
@@ -146,6 +147,68 @@ def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]
         yield
     finally:
         task.cancel()
+
+
+# A report carried by an activity (`carrying`) is signalled this many times at most, pausing
+# REPORT_PAUSE, doubled each time, between tries; each try bounded by REPORT_RPC_TIMEOUT.
+REPORT_TRIES = 4
+REPORT_PAUSE = 0.5
+REPORT_RPC_TIMEOUT = timedelta(seconds=5)
+
+
+async def signal_report(call: PoolReport) -> bool:
+    """Signal a node's report to its pool (`node_phase`). False when the pool is gone
+    (deleted, or a node started by hand): nobody is listening. Other RPC errors are raised."""
+    try:
+        await activity.client().get_workflow_handle(call.pool_workflow_id).signal("node_phase", call.report, rpc_timeout=REPORT_RPC_TIMEOUT)
+    except RPCError as exc:
+        if exc.status is RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def typed(model: type[M], value: M | Any) -> M:
+    """An activity's input as its model. The activities that carry a report take it as a second
+    argument; a task scheduled by older code has one argument, and Temporal's SDK decodes the
+    arguments by type only when their count matches the signature's: that one comes untyped."""
+    return value if isinstance(value, model) else model.model_validate(value)
+
+
+@asynccontextmanager
+async def carrying(report: PoolReport | None) -> AsyncIterator[None]:
+    """While the block (an activity's work) runs, signal `report`, the phase the activity
+    begins, to the node's pool (a life under `reports-carried-by-activities`): the activity
+    starts at once, where a local activity in the same workflow task held its schedule until
+    the pool's signal was accepted. A few tries, then given up (logged): a report is the pool's
+    view, never the node's progress, and the next one carries the phase again. A repeat
+    (a retried activity) changes nothing: the pool keeps the newest report per node, by `at`."""
+    if report is None:
+        yield
+        return
+
+    async def send() -> None:
+        pause = REPORT_PAUSE
+        for attempt in range(1, REPORT_TRIES + 1):
+            try:
+                await signal_report(report)
+                return
+            except RPCError as exc:
+                status = exc.status.name if exc.status else "RPCError"
+                if attempt == REPORT_TRIES:
+                    log.warning("report_not_sent", pool=report.pool_workflow_id, phase=report.report.phase.value, status=status)
+                    return
+                await asyncio.sleep(pause)
+                pause *= 2
+
+    sent = asyncio.get_running_loop().create_task(send())
+    try:
+        yield
+    finally:
+        await sent
 
 
 # Asks gathered into one `may_disrupt_many` update; a bigger backlog goes in the next one.
@@ -351,12 +414,17 @@ class NodeActivities:
     # --- launch ----------------------------------------------------------------------------
 
     @activity.defn
-    async def launch_instance(self, inp: LaunchInput) -> LaunchResult:
+    async def launch_instance(self, inp: LaunchInput, report: PoolReport | None = None) -> LaunchResult:
         """Mint a tailnet key, render the boot payload and buy the instance, idempotently.
 
         The instance name comes from the workflow, so a retried or crashed attempt finds what
-        it already bought and adopts it instead of buying twice.
+        it already bought and adopts it instead of buying twice. `report` (Launching) goes to
+        the pool meanwhile (`carrying`).
         """
+        async with carrying(report):
+            return await self._launch_instance(typed(LaunchInput, inp))
+
+    async def _launch_instance(self, inp: LaunchInput) -> LaunchResult:
         name = instance_name(inp.node_name, inp.attempt)
         bound = log.bind(node=inp.node_name, provider=inp.offer.provider, offer=inp.offer.key, instance_name=name)
         # What earlier attempts of this activity sent and bought (their heartbeats): a worker
@@ -723,26 +791,22 @@ class NodeActivities:
         patch, which reports from a local activity. Sent again when a worker dies around it:
         the pool keeps the newest report per node (by `at`), so a repeat changes nothing. A pool
         that is gone (deleted, or a node started by hand) has nobody listening: False."""
-        try:
-            await activity.client().get_workflow_handle(call.pool_workflow_id).signal("node_phase", call.report)
-        except RPCError as exc:
-            if exc.status is RPCStatusCode.NOT_FOUND:
-                return False
-            raise
-        return True
+        return await signal_report(call)
 
     # --- drain -----------------------------------------------------------------------------
 
     @activity.defn
-    async def drain_node(self, inp: DrainInput) -> DrainResult:
+    async def drain_node(self, inp: DrainInput, report: PoolReport | None = None) -> DrainResult:
         """Cordon, evict the workload pods and wait until they are gone, as `kubectl drain`
         does (activities.drain). Never fails for a stuck pod: the result says which pods were
-        not evicted or still shutting down, and the workflow terminates anyway."""
+        not evicted or still shutting down, and the workflow terminates anyway. `report`
+        (Draining) goes to the pool meanwhile (`carrying`)."""
         started = time.monotonic()
-        with temporal_errors():
-            result = await drain(
-                self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
-            )
+        async with carrying(report):
+            with temporal_errors():
+                result = await drain(
+                    self.cluster, typed(DrainInput, inp), poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
+                )
         outcome = "timed_out" if result.remaining or result.terminating else "drained"
         metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
         return result
@@ -750,13 +814,18 @@ class NodeActivities:
     # --- terminate -------------------------------------------------------------------------
 
     @activity.defn
-    async def terminate_instance(self, ref: InstanceRef) -> bool:
+    async def terminate_instance(self, ref: InstanceRef, report: PoolReport | None = None) -> bool:
         """Stop paying for every instance of a launch attempt: the recorded one, every id ever
         seen under its name, and every live one carrying its name (a twin bought by an
         overlapping or late create bills as much). Works without an instance id (a launch
         cancelled in flight). Done only when a read shows each terminated or gone, and (when
         the attempt's creates are recent) once the provider's consistency window has passed.
-        Returns whether anything was seen."""
+        Returns whether anything was seen. `report` (Terminating) goes to the pool meanwhile
+        (`carrying`)."""
+        async with carrying(report):
+            return await self._terminate_instance(typed(InstanceRef, ref))
+
+    async def _terminate_instance(self, ref: InstanceRef) -> bool:
         with heartbeating(), temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
             # Its look-ups by name share the account's listings (never older than its own).
             provider = self.registry.sharing_lookups(await self._provider_for(ref.provider, ref.credentials, ref.account))

@@ -41,6 +41,7 @@ from tgp.messages import (
     ClassUpdate,
     Demand,
     NodeReport,
+    PoolReport,
     PoolUpdate,
     Reservation,
     StartNodeInput,
@@ -179,12 +180,12 @@ def gate_activities(activities: Activities, gates: Gates) -> Activities:
     node = activities.node
 
     @activity.defn(name="drain_node")
-    async def drain_node(inp: DrainInput) -> DrainResult:
+    async def drain_node(inp: DrainInput, report: PoolReport | None = None) -> DrainResult:
         waiting = asyncio.ensure_future(gates.drain_node.passing(inp))
         while not waiting.done():
             activity.heartbeat()  # a held drain is alive: no heartbeat timeout retries it
             await asyncio.wait([waiting], timeout=1)
-        return await node.drain_node(inp)
+        return await node.drain_node(inp, report)
 
     return dataclasses.replace(
         activities,

@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         DeviceQuery,
         DisruptRequest,
         DrainInput,
+        DrainResult,
         EvictRequest,
         GpuQuery,
         Instance,
@@ -141,6 +142,13 @@ LIFE_V2_PATCH = "life-v2"
 # tasks altogether (tests/test_class_refusal.py froze 1 run in 4 on a loaded machine, 0 in 20 as
 # activities). Asked at each ledger call, not once per life: a v2 life begun before it replays.
 LEDGER_ACTIVITIES_PATCH = "ledger-calls-as-activities"
+# Marks lives whose launch, drain and terminate carry the report of the phase they begin
+# (Launching, Draining, Terminating) and signal it to the pool themselves, while they work. As a
+# local activity in the same workflow task, the report held that task, and so the schedule of
+# the activity, until the pool's signal was accepted: with 100 nodes idle at once their reports
+# queued on the one pool and the terminate calls came ~1 s later (bench/results/findings.md).
+# Asked where a report would be carried, not once per life: a life begun before it replays.
+CARRIED_REPORTS_PATCH = "reports-carried-by-activities"
 # A v2 join that heard nothing from the bridge looks for itself this often, or every watch
 # interval if that is shorter (a lost signal, or a Node registered without the pool's labels,
 # which the bridge does not follow).
@@ -517,14 +525,14 @@ class GPUNodeWorkflow:
             provider=offer.provider, instance_name=instance_name(self.req.node_name, attempt.attempt), credentials=credentials
         )
         self._enter(NodePhase.LAUNCHING)
-        self._tell_pool()
+        report = self._tell_pool(carry=True)
         if self._money_by_ids():
             self._remember(self.state.instance)
         if not self.v2:
             self._upsert_offer_attributes(offer)  # v2: with the phase's (`_enter`), one event
         launch = workflow.start_activity_method(
             NodeActivities.launch_instance,
-            LaunchInput(
+            args=self._with_report(LaunchInput(
                 node_name=self.req.node_name,
                 attempt=attempt.attempt,
                 offer=offer,
@@ -540,7 +548,7 @@ class GPUNodeWorkflow:
                 taints=[*self.req.taints, TAINT_JOINING] if self.v2 else self.req.taints,
                 unavailable_offer_ttl=self.req.unavailable_offer_ttl,
                 demand_since=self.req.demand_since,
-            ),
+            ), report),
             # The whole stage budget, not one API call's: a create may wait behind a provider's
             # pacer. The heartbeat notices a dead worker; a live attempt is never retried
             # beside itself (that is how twins get bought).
@@ -1098,7 +1106,7 @@ class GPUNodeWorkflow:
         """Drain the node; False when the drain of an idle node was called off because a
         workload pod had arrived since the idle verdict: the node is Ready again."""
         self._enter(NodePhase.DRAINING)
-        self._tell_pool()
+        report = self._tell_pool(carry=True)
         revalidate = end is EndReason.IDLE and self._patched(DRAIN_REVALIDATE_PATCH)
         # The pool's terminationGracePeriod bounds the drain from when it began: at the
         # deadline the instance is terminated, over PDBs and do-not-disrupt pods.
@@ -1112,14 +1120,16 @@ class GPUNodeWorkflow:
             timeout, bound = deadline - began, "terminationGracePeriod"
         # An activity in every life: it may wait on pods (heartbeating), and the window between
         # its schedule and its end is the Draining that the pool's budgets count.
-        result = await self._call(
+        result: DrainResult = await workflow.execute_activity_method(
             NodeActivities.drain_node,
-            DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound, delete_at_deadline=bool(bound)),
-            timeout=timeout + self.req.timeouts.api_call,
-            heartbeat=self.req.timeouts.api_call,
-            retry=API_RETRY,
+            args=self._with_report(
+                DrainInput(node_name=self.req.node_name, timeout=timeout, revalidate=revalidate, bound=bound, delete_at_deadline=bool(bound)),
+                report,
+            ),
+            start_to_close_timeout=timeout + self.req.timeouts.api_call,
+            heartbeat_timeout=self.req.timeouts.api_call,
+            retry_policy=API_RETRY,
             summary="drain",
-            local=False,
         )
         stuck = [
             *([f"not evicted (disruption budget?): {', '.join(result.remaining)}"] if result.remaining else []),
@@ -1154,12 +1164,13 @@ class GPUNodeWorkflow:
 
     # --- release what was bought ---------------------------------------------------------
 
-    async def _release_attempt(self) -> None:
+    async def _release_attempt(self, report: PoolReport | None = None) -> None:
         """Give back everything the current launch attempt bought: instance, tailnet key and
-        device, Node object. Idempotent, retried until it succeeds."""
+        device, Node object. Idempotent, retried until it succeeds. `report` (Terminating) goes
+        with the terminate."""
         self._stop_twin_watch()
         if self.state.instance is not None:
-            await self._terminate(self.state.instance)
+            await self._terminate(self.state.instance, report)
         await self._call(
             NodeActivities.remove_from_tailnet,
             TailnetCleanupInput(
@@ -1184,7 +1195,7 @@ class GPUNodeWorkflow:
         if self.v2:
             self.state.facts = None  # they were the deleted Node's: the next attempt's join waits for its own
 
-    async def _terminate(self, instance: InstanceRef) -> None:
+    async def _terminate(self, instance: InstanceRef, report: PoolReport | None = None) -> None:
         """Terminate until the provider confirms. Past `termination_stuck` the node shows
         TerminationStuck (search attribute, pool Event and condition) while it keeps trying."""
         # An activity in every life, v2 too: the workflow task that ends the run then holds only
@@ -1195,7 +1206,7 @@ class GPUNodeWorkflow:
         # and take another road.
         terminate = workflow.start_activity_method(
             NodeActivities.terminate_instance,
-            instance,
+            args=self._with_report(instance, report),
             # It terminates, then reads until the instance shows terminated or gone.
             start_to_close_timeout=self.req.timeouts.api_call + VERIFY_FOR,
             heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
@@ -1222,9 +1233,10 @@ class GPUNodeWorkflow:
     async def _release_all(self) -> None:
         """The way out of every path: terminate whatever any attempt may have bought."""
         self._enter(NodePhase.TERMINATING)
-        self._tell_pool()
+        # Carried by the terminate when there is one to make; told on its own otherwise.
+        report = self._tell_pool(carry=bool(self.state.attempts) and self.state.instance is not None)
         if self.state.attempts:
-            await self._release_attempt()
+            await self._release_attempt(report)
             if self._money_by_ids():
                 # Every earlier attempt's name too: a late create may have landed under it
                 # since that attempt was released.
@@ -1475,15 +1487,28 @@ class GPUNodeWorkflow:
         found = [SA_INSTANCE_ID.value_set(instance.instance_id) if instance.instance_id else SA_INSTANCE_ID.value_unset()]
         return [*found, SA_READY_SINCE.value_set(workflow.now())] if phase is NodePhase.READY else found
 
-    def _tell_pool(self) -> None:
+    def _tell_pool(self, *, carry: bool = False) -> PoolReport | None:
         """Report the phase just entered to the pool, if the node has one. The report goes out
         from its own task so the node never waits on the pool; `_end` and continue-as-new wait
-        for all of them."""
+        for all of them. With `carry` (a phase that an activity begins: launch, drain,
+        terminate), a life under CARRIED_REPORTS_PATCH returns the report instead, for that
+        activity to signal while it works (`_with_report`): no local activity holds the
+        workflow task that schedules it."""
         if self.v2 and not self._worth_reporting(self.state.phase):
-            return  # its stage records go with the next report
+            return None  # its stage records go with the next report
         records, self._unreported = self._unreported, []
-        if self.req.pool_workflow_id:
-            self._reports.append(asyncio.ensure_future(self._report(self.state.phase, records)))
+        if not self.req.pool_workflow_id:
+            return None
+        if carry and self.v2 and workflow.patched(CARRIED_REPORTS_PATCH):
+            return PoolReport(pool_workflow_id=self.req.pool_workflow_id, report=self._node_report(self.state.phase, records))
+        self._reports.append(asyncio.ensure_future(self._report(self.state.phase, records)))
+        return None
+
+    @staticmethod
+    def _with_report(arg: Any, report: PoolReport | None) -> list[Any]:
+        """An activity's arguments: its input, and the report it carries or None (the
+        activities take it as an optional second argument; schedules of older code have one)."""
+        return [arg, report]
 
     def _worth_reporting(self, phase: NodePhase) -> bool:
         """v2: whether the pool learns anything from this phase. Not Pending (the pool recorded
@@ -1494,11 +1519,9 @@ class GPUNodeWorkflow:
         draining node is disrupting), and the held nodes ask again at once."""
         return phase not in (NodePhase.PENDING, NodePhase.JOINING)
 
-    async def _report(self, phase: NodePhase, records: list[StageRecord]) -> None:
-        """Tell the pool where this node is. The pool may be gone (deleted, or a node started
-        by hand): then nobody is listening, which is fine."""
+    def _node_report(self, phase: NodePhase, records: list[StageRecord]) -> NodeReport:
         offer = self.state.offer
-        report = NodeReport(
+        return NodeReport(
             workflow_id=self.req.workflow_id,
             node_name=self.req.node_name,
             phase=phase,
@@ -1511,6 +1534,11 @@ class GPUNodeWorkflow:
             stages=records,
             drift_hash=self.req.drift_hashes.get(offer.provider) if offer else None,
         )
+
+    async def _report(self, phase: NodePhase, records: list[StageRecord]) -> None:
+        """Tell the pool where this node is. The pool may be gone (deleted, or a node started
+        by hand): then nobody is listening, which is fine."""
+        report = self._node_report(phase, records)
         if self.v2:
             # A local activity that signals the pool: one marker event, where a signal from the
             # workflow costs two events and, when its completion comes alone, a workflow task.
