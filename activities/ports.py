@@ -139,7 +139,8 @@ class Cluster(Protocol):
         ...
 
     async def delete_node(self, name: str) -> None:
-        """Delete the Node object; one already gone counts as deleted."""
+        """Annotate the Node released (tgp.types.ANNOTATION_RELEASED), then delete it; one
+        already gone counts as deleted."""
         ...
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, bytes] | None:

@@ -11,6 +11,9 @@ MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their coun
 * Coalesced: one send in flight per node, the latest facts sent; a failed send is retried with
   a doubling backoff and never holds up another node's. A workflow that is not running
   (NOT_FOUND) has nobody to tell: dropped.
+* A Node its workflow deleted itself (annotated tgp.types.ANNOTATION_RELEASED just before) is
+  forgotten without a word: the workflow is completing, and a signal then would have its last
+  workflow task refused and run again. Any other deletion is told (present False).
 * Level-triggered: nothing is sent until both informers have listed (a Node without its pods
   would look idle), and after every list of either (a start, a re-list after 410 Gone) every
   managed node's current facts are sent once, so a signal lost while the bridge was down heals.
@@ -33,7 +36,7 @@ from activities.kube.cluster import node_summary_of, pod_summary_of
 from crd_bridge.informer import Obj, object_key
 from crd_bridge.metrics import NODE_FACTS_SIGNALS
 from tgp.lifecycle import pod_holds_node, pod_keeps_node_busy
-from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, MAX_HOLDERS_NAMED, NodeFacts, node_workflow_id
+from tgp.types import ANNOTATION_RELEASED, LABEL_POOL, LABEL_POOL_NAMESPACE, MAX_HOLDERS_NAMED, NodeFacts, node_workflow_id
 
 log = structlog.get_logger("tgp.bridge.facts")
 
@@ -113,6 +116,14 @@ class NodeFactsSender:
         if LABEL_POOL not in labels:
             return  # not (yet) a pool's node: no workflow to tell
         self.workflow_ids[name] = node_workflow_id(labels.get(LABEL_POOL_NAMESPACE) or "default", labels[LABEL_POOL], name)
+        if kind == "DELETED" and (meta.get("annotations") or {}).get(ANNOTATION_RELEASED) == "true":
+            # Its workflow released it and deleted it itself: nobody to tell (a signal now would
+            # land as the workflow completes). Forget it; a new Node of that name starts over.
+            for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at):
+                table.pop(name, None)
+            self.gone.discard(name)
+            self.due.discard(name)
+            return
         if kind == "DELETED":
             self.gone.add(name)
             self._update(name, NodeFacts(node_name=name, present=False, at=_now()))

@@ -518,6 +518,21 @@ async def test_watch_without_resource_version_starts_with_current_state(kube_api
     assert event["type"] == "ADDED" and event["object"]["metadata"]["name"] == name
 
 
+async def test_a_deleted_nodes_watch_event_carries_its_last_annotations(kube_api: KubeApi) -> None:
+    """tgp's node workflow annotates its Node released just before deleting it, and the bridge
+    reads the annotation off the DELETED event (crd_bridge.node_facts): the event must carry the
+    object as it last was, annotations included, as the real API server's does."""
+    name = kube_api.unique("released")
+    created = await kube_api.create_node(name)
+    params = {"watch": "true", "fieldSelector": f"metadata.name={name}", "resourceVersion": created["metadata"]["resourceVersion"]}
+    async with kube_api.http.stream("GET", "/api/v1/nodes", params=params, timeout=STREAM_READ_TIMEOUT) as stream:
+        assert (await kube_api.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"annotations": {"tgp.io/released": "true"}}})).status_code == 200
+        assert (await kube_api.http.delete(f"/api/v1/nodes/{name}")).status_code == 200
+        events = await read_events(stream, 2)
+    assert [e["type"] for e in events] == ["MODIFIED", "DELETED"]
+    assert events[1]["object"]["metadata"]["annotations"]["tgp.io/released"] == "true"
+
+
 async def test_watch_selector_sees_objects_enter_and_leave(kube_api: KubeApi) -> None:
     group = unique_group()
     async with installed_crd(kube_api, gpu_pool_crd(group)):

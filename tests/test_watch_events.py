@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.aio import client as k8s
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, Interceptor, OutboundInterceptor, SignalWorkflowInput, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.kube.cluster import KubernetesCluster, _pod_summary, pod_summary_of
@@ -27,7 +27,7 @@ from sim.world import SimWorld
 from tests.conftest import eventually, running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
-from tgp.types import LifecycleTimeouts, NodeFacts, NodePhase, Stage
+from tgp.types import ANNOTATION_RELEASED, LifecycleTimeouts, NodeFacts, NodePhase, Stage
 from workers.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
 
@@ -279,6 +279,50 @@ async def test_the_bridge_tells_nothing_before_both_lists_then_every_node_once(t
         assert sender.sent["a"].at >= sent_a.at
     finally:
         task.cancel()
+
+
+class SignalsSent(Interceptor):
+    """Records each signal the client sends: (workflow id, signal name, its argument)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any]] = []
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        sent = self.sent
+
+        class Recording(OutboundInterceptor):
+            async def signal_workflow(self, input: SignalWorkflowInput) -> None:
+                sent.append((input.id, input.signal, input.args[0] if input.args else None))
+                await super().signal_workflow(input)
+
+        return Recording(next)
+
+
+async def test_a_node_its_workflow_released_is_forgotten_untold_and_any_other_deletion_is_told(temporal: WorkflowEnvironment) -> None:
+    """A node workflow annotates its Node released (tgp.io/released) just before deleting it: it
+    is completing, and a `node_facts` signal then would have its last workflow task refused
+    (UnhandledCommand) and run again. That deletion is not told; a Node deleted by anyone else
+    is (present False), so a watching node learns its Node is gone."""
+    from crd_bridge.node_facts import NodeFactsSender
+
+    signals = SignalsSent()
+    sender = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [signals]}))
+    task = asyncio.create_task(sender.run())
+    try:
+        for name in ("released", "deleted"):
+            sender.on_node("ADDED", _node(name))
+        sender.on_listed("nodes")
+        sender.on_listed("pods")
+        await eventually(lambda: asyncio.sleep(0, set(sender.sent) == {"released", "deleted"}), what="both nodes' facts sent")
+        released = _node("released")
+        released["metadata"]["annotations"] = {ANNOTATION_RELEASED: "true"}
+        sender.on_node("DELETED", released)
+        sender.on_node("DELETED", _node("deleted"))
+        await eventually(lambda: asyncio.sleep(0, not sender.latest and not sender.due), what="both nodes forgotten")
+    finally:
+        task.cancel()
+    told = [(wf.rsplit("/", 1)[-1], facts.present) for wf, name, facts in signals.sent if name == "node_facts"]
+    assert sorted(told) == [("deleted", False), ("deleted", True), ("released", True)], told
 
 
 async def test_a_sighting_from_the_providers_listing_makes_the_node_look_then_act(temporal: WorkflowEnvironment) -> None:

@@ -44,6 +44,10 @@ LABEL_POOL = "tgp.io/pool"
 LABEL_POOL_NAMESPACE = "tgp.io/pool-namespace"
 LABEL_PROVIDER = "tgp.io/provider"
 LABEL_MANAGED = "tgp.io/managed"
+# Set on a Node by its node workflow just before it deletes it (`delete_node`): the bridge then
+# knows the workflow released its own Node and sends it no `node_facts` about the deletion (a
+# signal that would land as the workflow completes, and have its last task retried).
+ANNOTATION_RELEASED = "tgp.io/released"
 
 
 class Model(BaseModel):

@@ -36,7 +36,7 @@ from tgp.crds import GROUP, VERSION
 from tgp.disruption import do_not_disrupt
 from tgp.drift import patch_labels, patch_taints
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.types import GPU_RESOURCE, NodeSummary, PodSummary, Taint
+from tgp.types import ANNOTATION_RELEASED, GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
 
 
@@ -264,8 +264,20 @@ class KubernetesCluster:
             return
 
     async def delete_node(self, name: str) -> None:
-        """Delete the Node object; one already gone counts as deleted."""
+        """Annotate the Node released (ANNOTATION_RELEASED: its deletion is its workflow's own,
+        and the bridge tells the workflow nothing of it), then delete it; one already gone
+        counts as deleted."""
         core = await self._client()
+        try:
+            await self._call(
+                f"annotate Node {name} released",
+                core.patch_node(
+                    name, {"metadata": {"annotations": {ANNOTATION_RELEASED: "true"}}}, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+                ),
+                passthrough={404},
+            )
+        except ApiException:
+            return  # gone already
         try:
             await self._call(
                 f"delete Node {name}",
