@@ -163,9 +163,14 @@ def _concrete(hint: Any) -> type:
     return next((a for a in typing.get_args(hint) if a is not type(None)), hint)
 
 
-def _params(fn: Any) -> list[Any]:
+def _params(fn: Any, given: int) -> list[Any]:
+    """The types of `fn`'s first `given` parameters; the ones after must have defaults (an
+    activity that took an argument more since, such as the report a launch carries, reads an
+    older schedule's first argument as its model: activities.node.typed)."""
     hints = typing.get_type_hints(fn)
-    return [hints[p] for p in inspect.signature(fn).parameters if p != "self"]
+    params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+    assert len(params) >= given and all(p.default is not inspect.Parameter.empty for p in params[given:]), f"{fn.__name__} cannot take {given} argument(s)"
+    return [hints[p.name] for p in params[:given]]
 
 
 def test_the_activities_31e9066_schedules_still_run_and_answer_in_its_types() -> None:
@@ -182,7 +187,7 @@ def test_the_activities_31e9066_schedules_still_run_and_answer_in_its_types() ->
         for name, args, _result in _scheduled(history):
             used.add(name)
             assert name in today, f"31e9066 schedules {name}, which no worker activity is named: register an alias"
-            for t, arg in zip(_params(today[name]), args, strict=True):
+            for t, arg in zip(_params(today[name], len(args)), args, strict=True):
                 TypeAdapter(t).validate_python(arg)
     assert used <= declared.keys()
     answered = set()
