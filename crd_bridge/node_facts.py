@@ -14,6 +14,8 @@ MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their coun
 * A Node its workflow deleted itself (annotated tgp.types.ANNOTATION_RELEASED just before) is
   forgotten without a word: the workflow is completing, and a signal then would have its last
   workflow task refused and run again. Any other deletion is told (present False).
+* A joining Node's facts (registered, Ready, GPUs: milliseconds apart) wait up to
+  JOINING_FACTS_SETTLE for the next change and go together: one signal, one workflow task.
 * Level-triggered: nothing is sent until both informers have listed (a Node without its pods
   would look idle), and after every list of either (a start, a re-list after 410 Gone) every
   managed node's current facts are sent once, so a signal lost while the bridge was down heals.
@@ -48,6 +50,13 @@ FACTS_SIGNAL_TIMEOUT = timedelta(seconds=10)
 # Signals in flight at once (a re-send of a thousand nodes after a restart must not open a
 # thousand RPCs).
 FACTS_SENDS_AT_ONCE = 32
+# A joining Node's facts (present, never yet told Ready) wait this long for its next change
+# before they are sent: a kubelet registers the Node, turns it Ready and its device plugin
+# reports the GPUs within a few hundred milliseconds, and the node workflow acts on Ready with
+# GPUs only; each signal costs it a workflow task (three in a row in every life). Facts that
+# make it Ready with GPUs, and every change of a Node told Ready before (NotReady, gone, busy),
+# go at once.
+JOINING_FACTS_SETTLE = timedelta(seconds=0.3)
 # The informers whose lists make a whole picture.
 INFORMERS = ("pods", "nodes")
 
@@ -61,9 +70,13 @@ class _PodsOnNodes:
 
 
 class NodeFactsSender:
-    def __init__(self, client: Client, *, signal_timeout: timedelta = FACTS_SIGNAL_TIMEOUT) -> None:
+    def __init__(
+        self, client: Client, *, signal_timeout: timedelta = FACTS_SIGNAL_TIMEOUT, joining_settle: timedelta = JOINING_FACTS_SETTLE
+    ) -> None:
         self.client = client
         self.signal_timeout = signal_timeout
+        self.joining_settle = joining_settle.total_seconds()
+        self._held_until: dict[str, float] = {}  # joining Node name -> when its held facts go (loop time)
         self.workflow_ids: dict[str, str] = {}  # managed Node name -> its node workflow id
         self.latest: dict[str, NodeFacts] = {}  # Node name -> its facts, `at` when they last changed
         self.sent: dict[str, NodeFacts] = {}  # Node name -> the facts its workflow last received
@@ -119,7 +132,7 @@ class NodeFactsSender:
         if kind == "DELETED" and (meta.get("annotations") or {}).get(ANNOTATION_RELEASED) == "true":
             # Its workflow released it and deleted it itself: nobody to tell (a signal now would
             # land as the workflow completes). Forget it; a new Node of that name starts over.
-            for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at):
+            for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at, self._held_until):
                 table.pop(name, None)
             self.gone.discard(name)
             self.due.discard(name)
@@ -160,6 +173,12 @@ class NodeFactsSender:
         if current is not None and _same(current, facts):
             return
         self.latest[name] = facts.model_copy(update={"source": self.incarnation, "seq": next(self._seq)})
+        told = self.sent.get(name)
+        if facts.present and not (facts.ready and facts.gpus > 0) and not (told is not None and told.ready):
+            # Joining: held for its next change, from the first change held (never postponed).
+            self._held_until.setdefault(name, asyncio.get_running_loop().time() + self.joining_settle)
+        else:
+            self._held_until.pop(name, None)
         self.due.add(name)
         self._wake.set()
 
@@ -178,10 +197,11 @@ class NodeFactsSender:
                     for name in sorted(self.due):
                         if name in in_flight:
                             continue
-                        retry_at = self._retry_at.get(name, 0.0)
+                        retry_at = max(self._retry_at.get(name, 0.0), self._held_until.get(name, 0.0))
                         if retry_at > now:
                             waits.append(retry_at - now)
                             continue
+                        self._held_until.pop(name, None)
                         self.due.discard(name)
                         task = asyncio.create_task(self._send(name, limit))
                         in_flight[name] = task

@@ -325,6 +325,50 @@ async def test_a_node_its_workflow_released_is_forgotten_untold_and_any_other_de
     assert sorted(told) == [("deleted", False), ("deleted", True), ("released", True)], told
 
 
+async def test_a_joining_nodes_facts_go_together_and_a_ready_nodes_at_once(temporal: WorkflowEnvironment) -> None:
+    """A kubelet registers its Node, turns it Ready and reports its GPUs milliseconds apart: the
+    facts of a Node never told Ready wait (JOINING_FACTS_SETTLE) for its next change and go as one
+    signal, sent at once when they are Ready with GPUs. A Node told Ready before is told every
+    change at once (here with a settle of a minute: a held change would not be told in time);
+    one that never gets its GPUs is told after the settle."""
+    from crd_bridge.node_facts import NodeFactsSender
+
+    signals = SignalsSent()
+    sender = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [signals]}), joining_settle=timedelta(minutes=1))
+    task = asyncio.create_task(sender.run())
+    told = lambda name: [facts for wf, signal, facts in signals.sent if signal == "node_facts" and wf.endswith("/" + name)]  # noqa: E731
+    try:
+        sender.on_listed("nodes")
+        sender.on_listed("pods")
+        sender.on_node("ADDED", _node("joining", ready=False, gpus="0"))
+        # A sender that did not hold would have sent within milliseconds; this wait can only
+        # miss such a bug on a very slow machine, never fail a correct sender.
+        await asyncio.sleep(0.3)
+        sender.on_node("MODIFIED", _node("joining", gpus="0"))
+        await asyncio.sleep(0.3)
+        assert told("joining") == [], "a joining node's facts were not held"
+        sender.on_node("MODIFIED", _node("joining"))
+        await eventually(lambda: asyncio.sleep(0, "joining" in sender.sent), what="the joining node's facts sent once Ready with GPUs")
+        [facts] = told("joining")
+        assert (facts.ready, facts.gpus) == (True, 1)
+        sender.on_node("MODIFIED", _node("joining", ready=False))  # told Ready before: at once
+        await eventually(lambda: asyncio.sleep(0, len(told("joining")) == 2), what="a NotReady change told at once")
+        assert told("joining")[1].ready is False
+    finally:
+        task.cancel()
+
+    quick = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [signals]}), joining_settle=timedelta(milliseconds=50))
+    task = asyncio.create_task(quick.run())
+    try:
+        quick.on_listed("nodes")
+        quick.on_listed("pods")
+        quick.on_node("ADDED", _node("no-gpus", gpus="0"))
+        await eventually(lambda: asyncio.sleep(0, "no-gpus" in quick.sent), what="facts without GPUs told after the settle")
+        assert [(f.ready, f.gpus) for f in told("no-gpus")] == [(True, 0)]
+    finally:
+        task.cancel()
+
+
 async def test_a_sighting_from_the_providers_listing_makes_the_node_look_then_act(temporal: WorkflowEnvironment) -> None:
     """`instance_seen`: a listing that does not show the instance running makes the node look
     for itself (one describe) before acting: a sighting the look contradicts (lists lag) keeps
