@@ -46,6 +46,9 @@ class NodeState(BaseModel):
     # activities, the join by the bridge's facts, fewer reports. Carried across continue-as-new
     # so a continued run neither asks the patch again nor changes its ways mid-life.
     life_v2: bool = False
+    # A life begun under the `life-v3` patch: a v2 life with every node patch after `life-v2`
+    # taken as applied without asking (the ledger's calls as activities, reports carried).
+    life_v3: bool = False
     # The pool's labels and taints as tgp last put them on the Node (set when the pool first
     # sends a change; None: as the request had them at bring-up), and when a failed attempt to
     # apply a change is tried again.

@@ -149,6 +149,12 @@ LEDGER_ACTIVITIES_PATCH = "ledger-calls-as-activities"
 # queued on the one pool and the terminate calls came ~1 s later (bench/results/findings.md).
 # Asked where a report would be carried, not once per life: a life begun before it replays.
 CARRIED_REPORTS_PATCH = "reports-carried-by-activities"
+# Marks a life begun by this release's code, asked once at the start of a new life instead of
+# LIFE_V2_PATCH and carried in the state: a v2 life in which every node patch after it
+# (LEDGER_ACTIVITIES_PATCH, CARRIED_REPORTS_PATCH) is taken as applied without asking. Each ask
+# records a marker and a `TemporalChangeVersion` upsert: a new life records 2 events for its
+# patches instead of 6. A life begun before it (a v2 life) asks them as before and replays.
+LIFE_V3_PATCH = "life-v3"
 # A v2 join that heard nothing from the bridge looks for itself this often, or every watch
 # interval if that is shorter (a lost signal, or a Node registered without the pool's labels,
 # which the bridge does not follow).
@@ -212,7 +218,8 @@ class GPUNodeWorkflow:
         self._reports: list[asyncio.Future[None]] = []
         self._unreported: list[StageRecord] = []  # stage records the pool has not been sent yet
         self._twin_watch: asyncio.Future[None] | None = None
-        self.v2 = False  # set by `run`: a life begun under LIFE_V2_PATCH
+        self.v2 = False  # set by `run`: a life begun under LIFE_V2_PATCH (or LIFE_V3_PATCH)
+        self.v3 = False  # set by `run`: a life begun under LIFE_V3_PATCH
         self._watch_timer: tuple[datetime, asyncio.Future[None]] | None = None  # v2: the watch's timer, when it fires
         self._asking = ""  # the budget asked for, while the ask is in flight (a v2 ask is a local activity: no pending activity shows it)
 
@@ -338,7 +345,10 @@ class GPUNodeWorkflow:
         """Bring the node up, watch it, drain it; whatever happens, release what was bought."""
         if self.legacy:
             return await self.legacy.run()
-        self.v2 = self.state.life_v2 or workflow.patched(LIFE_V2_PATCH)
+        if not self.state.life_v2:  # a new life (a continued one keeps the version it began with)
+            self.state.life_v3 = workflow.patched(LIFE_V3_PATCH)
+        self.v3 = self.state.life_v3
+        self.v2 = self.v3 or self.state.life_v2 or workflow.patched(LIFE_V2_PATCH)
         self.state.life_v2 = self.v2
         try:
             if self.state.watch is None:  # a run continued as new is already past bring-up
@@ -502,7 +512,7 @@ class GPUNodeWorkflow:
             timeout=self.req.timeouts.api_call,
             retry=API_RETRY,
             summary="settle price with the class budget",
-            local=not workflow.patched(LEDGER_ACTIVITIES_PATCH),
+            local=not self._since_v2(LEDGER_ACTIVITIES_PATCH),
         )
         if not grant.granted:
             raise LaunchAttemptFailed(f"class budget refused {offer.key} at ${offer.hourly_price}/h: {grant.reason}")
@@ -1252,7 +1262,7 @@ class GPUNodeWorkflow:
                 timeout=self.req.timeouts.api_call,
                 retry=CLEANUP_RETRY,
                 summary="release class budget",
-                local=not workflow.patched(LEDGER_ACTIVITIES_PATCH),
+                local=not self._since_v2(LEDGER_ACTIVITIES_PATCH),
             )
 
     async def _mark_unavailable(self, offer: Offer) -> None:
@@ -1264,6 +1274,11 @@ class GPUNodeWorkflow:
         )
 
     # --- helpers -------------------------------------------------------------------------
+
+    def _since_v2(self, patch: str) -> bool:
+        """`workflow.patched(patch)` for a patch after LIFE_V2_PATCH, except in a v3 life, where
+        it is applied without asking (no marker, no upsert)."""
+        return self.v3 or workflow.patched(patch)
 
     def _patched(self, patch: str) -> bool:
         """`workflow.patched(patch)`, except in a v2 life, where every older patch is applied and
@@ -1499,7 +1514,7 @@ class GPUNodeWorkflow:
         records, self._unreported = self._unreported, []
         if not self.req.pool_workflow_id:
             return None
-        if carry and self.v2 and workflow.patched(CARRIED_REPORTS_PATCH):
+        if carry and self.v2 and self._since_v2(CARRIED_REPORTS_PATCH):
             return PoolReport(pool_workflow_id=self.req.pool_workflow_id, report=self._node_report(self.state.phase, records))
         self._reports.append(asyncio.ensure_future(self._report(self.state.phase, records)))
         return None
