@@ -110,16 +110,16 @@ class _Run(_SandboxInstance):
         super()._run_code(compiled(code) if isinstance(code, str) else code, **extra_globals)  # type: ignore[arg-type]
 
     def get_serialization_context(self, command_info: Any) -> Any:
-        self.importer.restriction_context.is_runtime = True
-        try:
-            return self.globals_and_locals["__temporal_in_sandbox"].get_serialization_context(command_info)
-        finally:
-            self.importer.restriction_context.is_runtime = False
+        return self._ask("get_serialization_context", command_info)
 
     def get_external_store_context(self, command_info: Any) -> Any:
+        return self._ask("get_external_store_context", command_info)
+
+    def _ask(self, method: str, command_info: Any) -> Any:
+        """The run's in-sandbox object's `method`, called at runtime as the SDK's hop calls it."""
         self.importer.restriction_context.is_runtime = True
         try:
-            return self.globals_and_locals["__temporal_in_sandbox"].get_external_store_context(command_info)
+            return getattr(self.globals_and_locals["__temporal_in_sandbox"], method)(command_info)
         finally:
             self.importer.restriction_context.is_runtime = False
 
