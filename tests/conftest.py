@@ -80,29 +80,20 @@ async def temporal() -> AsyncIterator[WorkflowEnvironment]:
         yield env
 
 
-async def _time_skipping_server() -> AsyncIterator[WorkflowEnvironment]:
+@pytest.fixture
+async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping test server of the test's own, for timers measured in days (it starts in
+    about 0.1 s). Not one per session: the server skips time only while nothing else is under
+    way, and what earlier tests left on a shared one (their workflows' timers firing into the
+    skipped years with no worker to take the tasks, activities out when their worker stopped)
+    held its clock: in full runs only, a test that skips 2 hours in 3.6 s alone crawled at ten
+    workflow minutes a real minute into the suite's timeout (test_node_long_lived, the drift
+    test of test_replacement, the at-rest test of test_watch_events)."""
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=binary("temporal-test-server"), data_converter=DATA_CONVERTER
     )
     async with env:
         await ensure_search_attributes(env.client)
-        yield env
-
-
-@pytest.fixture(scope="session")
-async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server, for timers measured in days."""
-    async for env in _time_skipping_server():
-        yield env
-
-
-@pytest.fixture
-async def own_time_skipping() -> AsyncIterator[WorkflowEnvironment]:
-    """A time-skipping test server of the test's own, for a test that skips hours whatever other
-    tests left behind. The test server skips time only while no activity runs; on the shared
-    one the at-rest test of test_watch_events twice ran into the suite's 10-minute timeout in
-    full runs (never alone), most likely behind an activity another test had left out."""
-    async for env in _time_skipping_server():
         yield env
 
 
@@ -121,6 +112,10 @@ async def running_world(
         yield world, worker, task_queue
 
 
+# One call of `skip_time` to the time-skipping server: past this it counts as timed out.
+SKIP_CALL_TIMEOUT = 45.0
+
+
 async def skip_time(env: WorkflowEnvironment, duration: timedelta, *, step: timedelta) -> None:
     """Move the time-skipping server's clock by `duration`, `step` per call. A `sleep` is one RPC
     that must answer within the client's 30 s call timeout, but the server's clock moves only as
@@ -132,9 +127,10 @@ async def skip_time(env: WorkflowEnvironment, duration: timedelta, *, step: time
     stuck = 0  # timed-out calls in a row after which the clock had not moved
     while (left := until - await env.get_current_time()) > timedelta(0):
         try:
-            await env.sleep(min(step, left))
-        except RPCError as exc:
-            if "Timeout expired" not in str(exc) and exc.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+            # Bounded here too: a call the server never answers must fail the test, not hang it.
+            await asyncio.wait_for(env.sleep(min(step, left)), SKIP_CALL_TIMEOUT)
+        except (RPCError, TimeoutError) as exc:
+            if isinstance(exc, RPCError) and "Timeout expired" not in str(exc) and exc.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
                 raise
             stuck = stuck + 1 if until - await env.get_current_time() >= left else 0
             if stuck >= 3:

@@ -100,17 +100,17 @@ def per_node_requests(world: SimWorld, node: str, since: int) -> list[str]:
     return [u for u in urls if f"/nodes/{node}" in u or f"spec.nodeName%3D{node}" in u or f"spec.nodeName={node}" in u]
 
 
-async def test_nodes_at_rest_make_no_request_of_their_own_and_few_history_events(own_time_skipping: WorkflowEnvironment) -> None:
+async def test_nodes_at_rest_make_no_request_of_their_own_and_few_history_events(time_skipping: WorkflowEnvironment) -> None:
     """(a) Two Ready nodes at rest for 30 minutes: no Kubernetes request about either Node, no
     provider call (the polling watch made one describe, one GET Node and one pod list per node
     every 30 s). (e) Over 10 hours at rest each node's history grows by fewer than 10 events
     an hour (the polling watch: about 1,300)."""
-    async with running_world(own_time_skipping) as (world, _, queue):
+    async with running_world(time_skipping) as (world, _, queue):
         assert world.kube is not None
         world.kube.request_log = 1_000_000  # keep every request for counting
-        async with bridge_running(own_time_skipping, world, queue):
+        async with bridge_running(time_skipping, world, queue):
             reqs = [request(timeouts=AT_REST) for _ in range(2)]
-            handles = [await start(own_time_skipping, queue, req) for req in reqs]
+            handles = [await start(time_skipping, queue, req) for req in reqs]
             for handle, req in zip(handles, reqs):
                 await wait_phase(handle, NodePhase.READY)
                 await put_pod(world, req.node_name, f"job-{req.node_name}")
@@ -119,12 +119,12 @@ async def test_nodes_at_rest_make_no_request_of_their_own_and_few_history_events
 
             kube_seen, describes = len(list(world.kube)), world.cloud.describe_requests
             lengths = [len((await h.fetch_history()).events) for h in handles]
-            await skip_time(own_time_skipping, timedelta(minutes=30), step=timedelta(minutes=10))
+            await skip_time(time_skipping, timedelta(minutes=30), step=timedelta(minutes=10))
             for req in reqs:
                 assert per_node_requests(world, req.node_name, kube_seen) == [], "a node at rest asked Kubernetes about itself"
             assert world.cloud.describe_requests == describes, "a node at rest asked the provider about its instance"
 
-            await skip_time(own_time_skipping, timedelta(hours=9, minutes=30), step=timedelta(hours=1))
+            await skip_time(time_skipping, timedelta(hours=9, minutes=30), step=timedelta(hours=1))
             for handle in handles:
                 status = await handle.query(GPUNodeWorkflow.status)
                 assert status.phase is NodePhase.READY
