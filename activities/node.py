@@ -154,6 +154,10 @@ def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]
 REPORT_TRIES = 4
 REPORT_PAUSE = 0.5
 REPORT_RPC_TIMEOUT = timedelta(seconds=5)
+# Only the first attempts of an activity send its report, and its end waits this long at most
+# for the send (`carrying`).
+REPORT_ATTEMPTS = 2
+REPORT_WAIT = timedelta(seconds=2)
 
 
 async def signal_report(call: PoolReport) -> bool:
@@ -178,15 +182,24 @@ def typed(model: type[M], value: M | Any) -> M:
     return value if isinstance(value, model) else model.model_validate(value)
 
 
+# Reports still being signalled when their activity ended (held here, so none is collected
+# mid-flight).
+_reports_in_flight: set[asyncio.Task[None]] = set()
+
+
 @asynccontextmanager
 async def carrying(report: PoolReport | None) -> AsyncIterator[None]:
     """While the block (an activity's work) runs, signal `report`, the phase the activity
     begins, to the node's pool (a life under `reports-carried-by-activities`): the activity
     starts at once, where a local activity in the same workflow task held its schedule until
     the pool's signal was accepted. A few tries, then given up (logged): a report is the pool's
-    view, never the node's progress, and the next one carries the phase again. A repeat
-    (a retried activity) changes nothing: the pool keeps the newest report per node, by `at`."""
-    if report is None:
+    view, never the node's progress, and the next one carries the phase again. Sent by the
+    first REPORT_ATTEMPTS attempts of the activity only (a terminate the provider refuses for
+    hours is retried every two minutes: each repeat would cost the pool a workflow task). At
+    the end of the block the send is waited for REPORT_WAIT at most, then left to finish on its
+    own: the activity's heartbeats have stopped by then, and its result must not wait on the
+    pool. Nothing the send raises reaches the activity."""
+    if report is None or activity.info().attempt > REPORT_ATTEMPTS:
         yield
         return
 
@@ -196,19 +209,21 @@ async def carrying(report: PoolReport | None) -> AsyncIterator[None]:
             try:
                 await signal_report(report)
                 return
-            except RPCError as exc:
-                status = exc.status.name if exc.status else "RPCError"
-                if attempt == REPORT_TRIES:
+            except Exception as exc:  # noqa: BLE001 - a report never fails its activity
+                status = exc.status.name if isinstance(exc, RPCError) and exc.status else type(exc).__name__
+                if attempt == REPORT_TRIES or not isinstance(exc, RPCError):
                     log.warning("report_not_sent", pool=report.pool_workflow_id, phase=report.report.phase.value, status=status)
                     return
                 await asyncio.sleep(pause)
                 pause *= 2
 
     sent = asyncio.get_running_loop().create_task(send())
+    _reports_in_flight.add(sent)
+    sent.add_done_callback(_reports_in_flight.discard)
     try:
         yield
     finally:
-        await sent
+        await asyncio.wait([sent], timeout=REPORT_WAIT.total_seconds())
 
 
 # Asks gathered into one `may_disrupt_many` update; a bigger backlog goes in the next one.

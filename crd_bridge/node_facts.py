@@ -237,6 +237,8 @@ class NodeFactsSender:
         self._delivered(name, facts)
 
     def _delivered(self, name: str, facts: NodeFacts) -> None:
+        if name not in self.latest:
+            return  # forgotten while the send was in flight (its workflow released the Node)
         self.sent[name] = facts
         self._failures.pop(name, None)
         self._retry_at.pop(name, None)
@@ -249,6 +251,8 @@ class NodeFactsSender:
 
     def _failed(self, name: str, error: str) -> None:
         NODE_FACTS_SIGNALS.labels("failed").inc()
+        if name not in self.latest:
+            return  # forgotten while the send was in flight: nothing to send again
         failures = self._failures.get(name, 0) + 1
         self._failures[name] = failures
         wait = min(FACTS_RETRY_START.total_seconds() * 2 ** (failures - 1), FACTS_RETRY_MAX.total_seconds())

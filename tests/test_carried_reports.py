@@ -7,19 +7,24 @@ nodes idle at once, ~1 s more to their terminate calls: bench/results/findings.m
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import uuid
 from contextlib import AsyncExitStack
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
+
+import pytest
+import structlog.testing
 
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, Interceptor, OutboundInterceptor, SignalWorkflowInput, WorkflowHandle
 from temporalio.common import RetryPolicy
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.node import typed
+from activities.node import REPORT_ATTEMPTS, _reports_in_flight, carrying, typed
 from sim.world import sim_world
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
@@ -117,3 +122,68 @@ async def test_an_activity_scheduled_by_older_code_still_runs(temporal: Workflow
         bought, drained, terminated = await temporal.client.execute_workflow(OlderCodeSchedules.run, launch, id=queue, task_queue=queue)
         assert world.cloud.instances[bought].status == "terminated" and terminated is True
     assert drained["remaining"] == [] and drained["terminating"] == []  # no Node: nothing to drain
+
+
+# --- `carrying` itself: who sends, how long the activity waits, what never reaches it ----------
+
+
+class Signalling(Interceptor):
+    """Records the `node_phase` signals sent; with `hang`, never answers them."""
+
+    def __init__(self, *, hang: bool = False, fail: Exception | None = None) -> None:
+        self.sent: list[str] = []
+        self.hang, self.fail = hang, fail
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        outer = self
+
+        class Recording(OutboundInterceptor):
+            async def signal_workflow(self, input: SignalWorkflowInput) -> None:
+                outer.sent.append(input.signal)
+                if outer.fail is not None:
+                    raise outer.fail
+                if outer.hang:
+                    await asyncio.Event().wait()
+                await super().signal_workflow(input)
+
+        return Recording(next)
+
+
+REPORT = PoolReport(
+    pool_workflow_id="gpupool/ml/no-such-pool",
+    report=NodeReport(workflow_id="gpunode/ml/no-such-pool/n", node_name="n", phase=NodePhase.TERMINATING, at=datetime(2026, 1, 1, tzinfo=timezone.utc)),
+)
+
+
+async def carried_by(temporal: WorkflowEnvironment, signalling: Signalling, *, attempt: int = 1) -> str:
+    """Run a block under `carrying(REPORT)` in an activity of attempt `attempt`; its result."""
+    env = ActivityEnvironment(client=Client(**{**temporal.client.config(), "interceptors": [signalling]}))
+    env.info = dataclasses.replace(env.info, attempt=attempt)
+
+    async def work() -> str:
+        async with carrying(REPORT):
+            return "done"
+
+    return await env.run(work)
+
+
+async def test_the_first_attempts_send_the_report_and_a_retry_past_them_does_not(temporal: WorkflowEnvironment) -> None:
+    for attempt, sends in ((1, 1), (REPORT_ATTEMPTS, 1), (REPORT_ATTEMPTS + 1, 0), (30, 0)):
+        signalling = Signalling()
+        assert await carried_by(temporal, signalling, attempt=attempt) == "done"
+        assert signalling.sent == ["node_phase"] * sends, (attempt, signalling.sent)
+
+
+async def test_a_report_that_does_not_go_through_never_holds_or_fails_its_activity(temporal: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("activities.node.REPORT_WAIT", timedelta(milliseconds=50))
+    hanging = Signalling(hang=True)
+    assert await asyncio.wait_for(carried_by(temporal, hanging), 5) == "done"  # not held by a pool that does not answer
+    assert hanging.sent == ["node_phase"]
+    for task in list(_reports_in_flight):  # the hanging send, left to finish on its own: end it
+        task.cancel()
+    broken = Signalling(fail=RuntimeError("not an RPC error"))
+    with structlog.testing.capture_logs() as logs:
+        assert await carried_by(temporal, broken) == "done"
+        await asyncio.wait_for(asyncio.gather(*_reports_in_flight, return_exceptions=True), 10)
+    assert broken.sent == ["node_phase"]  # not tried again: only RPC errors are
+    assert [(e["event"], e["status"]) for e in logs if e["event"] == "report_not_sent"] == [("report_not_sent", "RuntimeError")]  # logged, not raised

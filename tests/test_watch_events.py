@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kubernetes.aio import client as k8s
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, Interceptor, OutboundInterceptor, SignalWorkflowInput, WorkflowHandle
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from activities.kube.cluster import KubernetesCluster, _pod_summary, pod_summary_of
@@ -323,6 +324,43 @@ async def test_a_node_its_workflow_released_is_forgotten_untold_and_any_other_de
         task.cancel()
     told = [(wf.rsplit("/", 1)[-1], facts.present) for wf, name, facts in signals.sent if name == "node_facts"]
     assert sorted(told) == [("deleted", False), ("deleted", True), ("released", True)], told
+
+
+@pytest.mark.parametrize("answer", ["failed", "delivered"])
+async def test_a_send_in_flight_when_its_node_is_forgotten_leaves_nothing_behind(temporal: WorkflowEnvironment, answer: str) -> None:
+    """A Node its workflow released is forgotten while its facts are still being sent: what that
+    send answers (delivered or failed) must not bring the name back. A new Node of that name (the
+    next launch attempt's) would otherwise inherit the old one's backoff or its Ready."""
+    from crd_bridge.node_facts import NodeFactsSender
+
+    go = asyncio.Event()
+
+    class Held(Interceptor):
+        def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+            class Holding(OutboundInterceptor):
+                async def signal_workflow(self, input: SignalWorkflowInput) -> None:
+                    await go.wait()
+                    if answer == "failed":
+                        raise RPCError("the server is busy", RPCStatusCode.UNAVAILABLE, b"")
+                    await super().signal_workflow(input)  # no such workflow: taken as delivered
+
+            return Holding(next)
+
+    sender = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [Held()]}))
+    task = asyncio.create_task(sender.run())
+    try:
+        sender.on_listed("nodes")
+        sender.on_listed("pods")
+        sender.on_node("ADDED", _node("n"))
+        await eventually(lambda: asyncio.sleep(0, "n" not in sender.due), what="the send in flight")
+        released = _node("n")
+        released["metadata"]["annotations"] = {ANNOTATION_RELEASED: "true"}
+        sender.on_node("DELETED", released)
+        go.set()  # the send ends now, after the Node was forgotten
+        await eventually(lambda: asyncio.sleep(0, not any(t for t in asyncio.all_tasks() if t.get_coro().__qualname__.startswith("NodeFactsSender._send"))), what="the send to end")
+        assert "n" not in sender.sent and "n" not in sender._failures and "n" not in sender._retry_at and "n" not in sender.due
+    finally:
+        task.cancel()
 
 
 async def test_a_joining_nodes_facts_go_together_and_a_ready_nodes_at_once(temporal: WorkflowEnvironment) -> None:

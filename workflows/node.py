@@ -345,7 +345,8 @@ class GPUNodeWorkflow:
         """Bring the node up, watch it, drain it; whatever happens, release what was bought."""
         if self.legacy:
             return await self.legacy.run()
-        if not self.state.life_v2:  # a new life (a continued one keeps the version it began with)
+        if self.state.watch is None and not self.state.life_v2:
+            # A new life (a run continued as new is past bring-up: it keeps its version).
             self.state.life_v3 = workflow.patched(LIFE_V3_PATCH)
         self.v3 = self.state.life_v3
         self.v2 = self.v3 or self.state.life_v2 or workflow.patched(LIFE_V2_PATCH)
@@ -1521,9 +1522,10 @@ class GPUNodeWorkflow:
 
     @staticmethod
     def _with_report(arg: Any, report: PoolReport | None) -> list[Any]:
-        """An activity's arguments: its input, and the report it carries or None (the
-        activities take it as an optional second argument; schedules of older code have one)."""
-        return [arg, report]
+        """An activity's arguments: its input, and the report it carries if any (the activities
+        take it as an optional second argument; one argument, as older code scheduled them,
+        is also what a worker of an older release, during a rollout, can take)."""
+        return [arg] if report is None else [arg, report]
 
     def _worth_reporting(self, phase: NodePhase) -> bool:
         """v2: whether the pool learns anything from this phase. Not Pending (the pool recorded
