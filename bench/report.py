@@ -83,7 +83,7 @@ def targets(r: dict[str, Any]) -> list[Row]:
             f"; **not quiet**: the settle's {st['deadline_s']:.0f} s ran out (last {st['last_window']['seconds']:.0f} s: worker "
             f"{st['last_window']['worker_cpu_pct_of_core']}% of a core, entity events {st['last_window']['entity_events'] or 'none'})"
         )  # fmt: skip
-        rows.append(("rss", f"{n} nodes at rest on one worker: worker RSS", "< 300 MB", f"{_f(w['rss_mb'], ' MB', 0)} (peak {_f(w['peak_rss_mb'], ' MB', 0)}){rest}", w["rss_mb"] < 300 if n >= 1000 else None))
+        rows.append(("rss", f"{n} nodes at rest on one worker: worker RSS", "< 300 MB", f"{_f(w['rss_mb'], ' MB', 1)} (peak {_f(w['peak_rss_mb'], ' MB', 1)}){rest}", w["rss_mb"] < 300 if n >= 1000 else None))
         others = ", ".join(f"{k} {v['cpu_pct_of_core']}%" for k, v in h["usage"].items() if k != "worker")
         rows.append(("cpu", "same: worker CPU at rest", "< 5% of a core", f"{w['cpu_pct_of_core']}% ({others})", w["cpu_pct_of_core"] < 5 if n >= 1000 else None))
         rows.append((
