@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -123,16 +123,19 @@ async def skip_time(env: WorkflowEnvironment, duration: timedelta, *, step: time
     passes a handful of them. On a loaded machine a call may still time out while the server
     goes on (CI failed so): then the server's clock says how far it got, and the next call goes
     on from there, until the clock is `duration` on."""
-    until = await env.get_current_time() + duration
+    async def now() -> datetime:
+        return await asyncio.wait_for(env.get_current_time(), SKIP_CALL_TIMEOUT)
+
+    until = await now() + duration
     stuck = 0  # timed-out calls in a row after which the clock had not moved
-    while (left := until - await env.get_current_time()) > timedelta(0):
+    while (left := until - await now()) > timedelta(0):
         try:
             # Bounded here too: a call the server never answers must fail the test, not hang it.
             await asyncio.wait_for(env.sleep(min(step, left)), SKIP_CALL_TIMEOUT)
         except (RPCError, TimeoutError) as exc:
             if isinstance(exc, RPCError) and "Timeout expired" not in str(exc) and exc.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
                 raise
-            stuck = stuck + 1 if until - await env.get_current_time() >= left else 0
+            stuck = stuck + 1 if until - await now() >= left else 0
             if stuck >= 3:
                 raise AssertionError(f"the time-skipping server's clock did not move in three calls ({left} still to skip)") from exc
 
