@@ -131,11 +131,8 @@ class NodeFactsSender:
         self.workflow_ids[name] = node_workflow_id(labels.get(LABEL_POOL_NAMESPACE) or "default", labels[LABEL_POOL], name)
         if kind == "DELETED" and (meta.get("annotations") or {}).get(ANNOTATION_RELEASED) == "true":
             # Its workflow released it and deleted it itself: nobody to tell (a signal now would
-            # land as the workflow completes). Forget it; a new Node of that name starts over.
-            for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at, self._held_until):
-                table.pop(name, None)
-            self.gone.discard(name)
-            self.due.discard(name)
+            # land as the workflow completes).
+            self._forget(name)
             return
         if kind == "DELETED":
             self.gone.add(name)
@@ -243,11 +240,14 @@ class NodeFactsSender:
         self._failures.pop(name, None)
         self._retry_at.pop(name, None)
         if name in self.gone and self.latest.get(name) is facts:
-            # The workflow knows its Node is gone: forget it (a new Node of that name starts over).
-            for table in (self.latest, self.sent, self.workflow_ids):
-                table.pop(name, None)
-            self.gone.discard(name)
-            self.due.discard(name)
+            self._forget(name)  # the workflow knows its Node is gone
+
+    def _forget(self, name: str) -> None:
+        """Drop everything kept for Node `name`: a new Node of that name starts over."""
+        for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at, self._held_until):
+            table.pop(name, None)
+        self.gone.discard(name)
+        self.due.discard(name)
 
     def _failed(self, name: str, error: str) -> None:
         NODE_FACTS_SIGNALS.labels("failed").inc()

@@ -19,7 +19,7 @@ import structlog.testing
 
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, Interceptor, OutboundInterceptor, SignalWorkflowInput, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RetryPolicy
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
@@ -29,7 +29,7 @@ from sim.world import sim_world
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
-from tests.test_watch_events import local_activity, signals_received
+from tests.test_watch_events import SignalsSent, local_activity, signals_received
 from tgp.messages import NodeReport, PoolReport, pool_workflow_id
 from tgp.types import DrainInput, InstanceRef, LaunchInput, LaunchResult, NodePhase, NodeStatus
 from workers.main import WorkerConfig, build_activities
@@ -127,35 +127,17 @@ async def test_an_activity_scheduled_by_older_code_still_runs(temporal: Workflow
 # --- `carrying` itself: who sends, how long the activity waits, what never reaches it ----------
 
 
-class Signalling(Interceptor):
-    """Records the `node_phase` signals sent; with `hang`, never answers them."""
-
-    def __init__(self, *, hang: bool = False, fail: Exception | None = None) -> None:
-        self.sent: list[str] = []
-        self.hang, self.fail = hang, fail
-
-    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
-        outer = self
-
-        class Recording(OutboundInterceptor):
-            async def signal_workflow(self, input: SignalWorkflowInput) -> None:
-                outer.sent.append(input.signal)
-                if outer.fail is not None:
-                    raise outer.fail
-                if outer.hang:
-                    await asyncio.Event().wait()
-                await super().signal_workflow(input)
-
-        return Recording(next)
-
-
 REPORT = PoolReport(
     pool_workflow_id="gpupool/ml/no-such-pool",
     report=NodeReport(workflow_id="gpunode/ml/no-such-pool/n", node_name="n", phase=NodePhase.TERMINATING, at=datetime(2026, 1, 1, tzinfo=timezone.utc)),
 )
 
 
-async def carried_by(temporal: WorkflowEnvironment, signalling: Signalling, *, attempt: int = 1) -> str:
+def signals(sent: SignalsSent) -> list[str]:
+    return [name for _, name, _ in sent.sent]
+
+
+async def carried_by(temporal: WorkflowEnvironment, signalling: SignalsSent, *, attempt: int = 1) -> str:
     """Run a block under `carrying(REPORT)` in an activity of attempt `attempt`; its result."""
     env = ActivityEnvironment(client=Client(**{**temporal.client.config(), "interceptors": [signalling]}))
     env.info = dataclasses.replace(env.info, attempt=attempt)
@@ -169,21 +151,21 @@ async def carried_by(temporal: WorkflowEnvironment, signalling: Signalling, *, a
 
 async def test_the_first_attempts_send_the_report_and_a_retry_past_them_does_not(temporal: WorkflowEnvironment) -> None:
     for attempt, sends in ((1, 1), (REPORT_ATTEMPTS, 1), (REPORT_ATTEMPTS + 1, 0), (30, 0)):
-        signalling = Signalling()
+        signalling = SignalsSent()
         assert await carried_by(temporal, signalling, attempt=attempt) == "done"
-        assert signalling.sent == ["node_phase"] * sends, (attempt, signalling.sent)
+        assert signals(signalling) == ["node_phase"] * sends, (attempt, signalling.sent)
 
 
 async def test_a_report_that_does_not_go_through_never_holds_or_fails_its_activity(temporal: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("activities.node.REPORT_WAIT", timedelta(milliseconds=50))
-    hanging = Signalling(hang=True)
+    hanging = SignalsSent(gate=asyncio.Event())  # never set: the pool never answers
     assert await asyncio.wait_for(carried_by(temporal, hanging), 5) == "done"  # not held by a pool that does not answer
-    assert hanging.sent == ["node_phase"]
+    assert signals(hanging) == ["node_phase"]
     for task in list(_reports_in_flight):  # the hanging send, left to finish on its own: end it
         task.cancel()
-    broken = Signalling(fail=RuntimeError("not an RPC error"))
+    broken = SignalsSent(fail=RuntimeError("not an RPC error"))
     with structlog.testing.capture_logs() as logs:
         assert await carried_by(temporal, broken) == "done"
         await asyncio.wait_for(asyncio.gather(*_reports_in_flight, return_exceptions=True), 10)
-    assert broken.sent == ["node_phase"]  # not tried again: only RPC errors are
+    assert signals(broken) == ["node_phase"]  # not tried again: only RPC errors are
     assert [(e["event"], e["status"]) for e in logs if e["event"] == "report_not_sent"] == [("report_not_sent", "RuntimeError")]  # logged, not raised

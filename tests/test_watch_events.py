@@ -283,17 +283,24 @@ async def test_the_bridge_tells_nothing_before_both_lists_then_every_node_once(t
 
 
 class SignalsSent(Interceptor):
-    """Records each signal the client sends: (workflow id, signal name, its argument)."""
+    """Records each signal the client sends: (workflow id, signal name, its argument). With
+    `gate`, a signal waits for it to be set (never set: it never answers); with `fail`, it then
+    raises that instead of going to the server."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, gate: asyncio.Event | None = None, fail: Exception | None = None) -> None:
         self.sent: list[tuple[str, str, Any]] = []
+        self.gate, self.fail = gate, fail
 
     def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
-        sent = self.sent
+        outer = self
 
         class Recording(OutboundInterceptor):
             async def signal_workflow(self, input: SignalWorkflowInput) -> None:
-                sent.append((input.id, input.signal, input.args[0] if input.args else None))
+                outer.sent.append((input.id, input.signal, input.args[0] if input.args else None))
+                if outer.gate is not None:
+                    await outer.gate.wait()
+                if outer.fail is not None:
+                    raise outer.fail
                 await super().signal_workflow(input)
 
         return Recording(next)
@@ -334,19 +341,9 @@ async def test_a_send_in_flight_when_its_node_is_forgotten_leaves_nothing_behind
     from crd_bridge.node_facts import NodeFactsSender
 
     go = asyncio.Event()
-
-    class Held(Interceptor):
-        def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
-            class Holding(OutboundInterceptor):
-                async def signal_workflow(self, input: SignalWorkflowInput) -> None:
-                    await go.wait()
-                    if answer == "failed":
-                        raise RPCError("the server is busy", RPCStatusCode.UNAVAILABLE, b"")
-                    await super().signal_workflow(input)  # no such workflow: taken as delivered
-
-            return Holding(next)
-
-    sender = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [Held()]}))
+    # Failed, or sent on to the server, which has no such workflow: taken as delivered.
+    held = SignalsSent(gate=go, fail=RPCError("the server is busy", RPCStatusCode.UNAVAILABLE, b"") if answer == "failed" else None)
+    sender = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [held]}))
     task = asyncio.create_task(sender.run())
     try:
         sender.on_listed("nodes")
