@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import structlog
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
@@ -37,6 +37,7 @@ from activities.batching import UpdateBatcher
 from activities.boot.sandbox import RendersBusy, bounded
 from activities.drain import drain
 from activities.errors import temporal_errors
+from activities.ledger import LedgerBatcher, LedgerCall
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import VERIFY_FOR, consistency_window, end_for_good, settled_at
 from activities.accounts import ProviderRegistry, TailnetRegistry
@@ -63,6 +64,7 @@ from tgp.types import (
     LaunchResult,
     MarkUnavailableInput,
     NodeObservation,
+    Offer,
     NodeSummary,
     ObserveInput,
     OfferChoice,
@@ -115,6 +117,10 @@ POOL_BUSY_PAUSE = 0.2
 POOL_BUSY_PAUSE_MAX = 2.0
 # Upper bound on devices removed for one hostname in one cleanup (guards a runaway loop).
 MAX_DEVICES_PER_HOSTNAME = 10
+# In a `life-v4` release (`release_attempt`), each step after the terminate (tailnet, Node, class
+# ledger) is tried once within this; one that fails or takes longer is left to the workflow,
+# which makes it as a call of its own with its retries.
+RELEASE_STEP_TIMEOUT = timedelta(seconds=20)
 # Long calls (a create behind a provider's pacer) heartbeat at least this often.
 HEARTBEAT_EVERY = timedelta(seconds=5)
 # After a create that answered nothing clear (timeout, reset, 429, 5xx), the least time to look
@@ -182,6 +188,11 @@ def typed(model: type[M], value: M | Any) -> M:
     return value if isinstance(value, model) else model.model_validate(value)
 
 
+def typed_or_none(model: type[M], value: M | Any | None) -> M | None:
+    """`typed` for an optional argument."""
+    return None if value is None else typed(model, value)
+
+
 # Reports still being signalled when their activity ended (held here, so none is collected
 # mid-flight).
 _reports_in_flight: set[asyncio.Task[None]] = set()
@@ -230,6 +241,29 @@ async def carrying(report: PoolReport | None) -> AsyncIterator[None]:
 MAX_ASK_BATCH = 500
 
 
+class ReleaseInput(BaseModel):
+    """A `life-v4` release of a launch attempt, in one activity: terminate its instance, then
+    remove it from the tailnet, delete its Node and (the last attempt of a life) give its place
+    back to the class ledger."""
+
+    model_config = ConfigDict(extra="forbid")
+    instance: InstanceRef
+    tailnet: TailnetCleanupInput
+    node_name: str
+    ledger: LedgerCall | None = None
+
+
+class ReleaseResult(BaseModel):
+    """What `release_attempt` did: the terminate always (or it fails and is retried), each later
+    step only if it says so; the workflow makes the steps not done itself."""
+
+    model_config = ConfigDict(extra="forbid")
+    anything_seen: bool
+    tailnet_cleaned: bool = False
+    node_deleted: bool = False
+    released: bool = False
+
+
 class PoolAskBatcher(UpdateBatcher):
     """Per worker process: the disruption asks of a pool's nodes go to it together
     (activities.batching): `call(pool_workflow_id, "ask", a DisruptionAsk)`, its answer."""
@@ -265,6 +299,7 @@ class NodeActivities:
         create_settle: timedelta = CREATE_SETTLE,
         registry: ProviderRegistry | None = None,
         tailnet_registry: TailnetRegistry | None = None,
+        ledger: LedgerBatcher | None = None,
         now: Callable[[], datetime] = _utcnow,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
@@ -278,6 +313,8 @@ class NodeActivities:
         self.tailnet_registry = tailnet_registry or TailnetRegistry(cluster=cluster, fallback=self.tailnets)
         self.cluster = cluster
         self.pool_asks = PoolAskBatcher()  # the disruption asks of its nodes, one update per pool at a time
+        # The class ledger's calls a v4 launch and release carry (one per worker: the class's too).
+        self.ledger = ledger or LedgerBatcher()
         # Offers that just failed, kept by the pricing cache beside the offers (shared with the pool).
         self.unavailable = unavailable or self.registry.offers.unavailable
         self.poll_interval = poll_interval
@@ -429,15 +466,32 @@ class NodeActivities:
     # --- launch ----------------------------------------------------------------------------
 
     @activity.defn
-    async def launch_instance(self, inp: LaunchInput, report: PoolReport | None = None) -> LaunchResult:
+    async def launch_instance(self, inp: LaunchInput, report: PoolReport | None = None, settle: LedgerCall | None = None) -> LaunchResult:
         """Mint a tailnet key, render the boot payload and buy the instance, idempotently.
 
         The instance name comes from the workflow, so a retried or crashed attempt finds what
         it already bought and adopts it instead of buying twice. `report` (Launching) goes to
-        the pool meanwhile (`carrying`).
+        the pool meanwhile (`carrying`). `settle` (a `life-v4` life): the price is settled with
+        the class ledger first, before anything is minted or bought; a refusal is the
+        non-retryable `ClassBudgetRefused` (settling again is idempotent: a retried attempt
+        settles the same reservation).
         """
+        # Given fewer arguments than it takes (older code scheduled one or two), Temporal's SDK
+        # passes them undecoded (`typed`).
+        inp, report, settle = typed(LaunchInput, inp), typed_or_none(PoolReport, report), typed_or_none(LedgerCall, settle)
         async with carrying(report):
-            return await self._launch_instance(typed(LaunchInput, inp))
+            if settle is not None:
+                await self._settle(settle, inp.offer)
+            return await self._launch_instance(inp)
+
+    async def _settle(self, call: LedgerCall, offer: Offer) -> None:
+        with heartbeating(), temporal_errors():
+            grant = await self.ledger.call(call.class_workflow_id, "settle", call.reservation)
+        if not grant.granted:
+            # The reason is the ledger's own (its budgets, or that it is not running).
+            raise ApplicationError(
+                f"class budget refused {offer.key} at ${offer.hourly_price}/h: {grant.reason}", type="ClassBudgetRefused", non_retryable=True
+            )
 
     async def _launch_instance(self, inp: LaunchInput) -> LaunchResult:
         name = instance_name(inp.node_name, inp.attempt)
@@ -857,6 +911,26 @@ class NodeActivities:
         return bool(seen)
 
     @activity.defn
+    async def release_attempt(self, inp: ReleaseInput, report: PoolReport | None = None) -> ReleaseResult:
+        """A `life-v4` release: terminate (as `terminate_instance`, until the provider confirms),
+        then the cleanup that follows it (`remove_from_tailnet`, `delete_node`, the class
+        ledger's release), each tried once and bounded (RELEASE_STEP_TIMEOUT). A step that
+        fails is reported not done, never raised: the terminate is not made again for it, and
+        the workflow makes that step as a call of its own. One activity and one workflow task
+        where there were four calls. `report` (Terminating) goes to the pool meanwhile."""
+        inp, report = typed(ReleaseInput, inp), typed_or_none(PoolReport, report)
+        async with carrying(report):
+            seen = await self._terminate_instance(inp.instance)
+            with heartbeating():
+                tailnet = await _step("remove_from_tailnet", self.remove_from_tailnet(inp.tailnet))
+                node = await _step("delete_node", self.delete_node(inp.node_name))
+                ledger = inp.ledger
+                released = ledger is not None and await _step(
+                    "release_reservation", self.ledger.call(ledger.class_workflow_id, "release", ledger.reservation.node_id)
+                )
+        return ReleaseResult(anything_seen=seen, tailnet_cleaned=tailnet, node_deleted=node, released=released)
+
+    @activity.defn
     async def watch_for_twins(self, inp: TwinWatchInput) -> list[InstanceRef]:
         """While the node lives: end (and verify) every instance under its attempts' names
         that is not the one it recorded (`keep`), until each name's consistency window has
@@ -924,10 +998,25 @@ class NodeActivities:
             self.report_to_pool,
             self.drain_node,
             self.terminate_instance,
+            self.release_attempt,
             self.watch_for_twins,
             self.remove_from_tailnet,
             self.delete_node,
         ]
+
+
+async def _step(name: str, call: Awaitable[object]) -> bool:
+    """One cleanup step of `release_attempt`: whether it was done within RELEASE_STEP_TIMEOUT.
+    A failure is logged by its type only (an adapter's message may quote a response body)."""
+    try:
+        async with asyncio.timeout(RELEASE_STEP_TIMEOUT.total_seconds()):
+            await call
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the workflow makes the step again on its own
+        log.warning("release_step_left_to_the_workflow", step=name, error=type(exc).__name__)
+        return False
+    return True
 
 
 class LaunchMemo:

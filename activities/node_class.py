@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Mapping
-from typing import Any
 
-import structlog
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.client import WorkflowUpdateFailedError
-from temporalio.service import RPCError, RPCStatusCode
 
 from activities.accounts import AccountActivities, ProviderRegistry
 from activities.ports import CloudProvider, Cluster
@@ -25,112 +21,20 @@ from activities.boot.render import (
     template_report,
     template_uses,
 )
-from activities.batching import UpdateBatcher
 from activities.boot.sandbox import RendersBusy, bounded
 from activities.errors import temporal_errors
+from activities.ledger import LedgerBatcher, LedgerCall
+from tgp.messages import Grant
 from tgp.capabilities import capability_problems
 from tgp.crds import GPUNodeClassSpec, login_server_problems
 from tgp.errors import TgpError, TransientError
-from tgp.messages import Grant, Grants, Releases, Reservation, Reservations
 from tgp.types import CredentialsRef
-
-log = structlog.get_logger("tgp.node_class")
-
-
-class LedgerCall(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    class_workflow_id: str
-    reservation: Reservation
-
 
 class ValidateClassInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     spec: GPUNodeClassSpec
     operator_namespace: str = "tgp-system"
-
-
-async def ledger_update(class_workflow_id: str, name: str, reservation: Reservation) -> Grant:
-    """Call the class ledger's `reserve` / `settle` update; a ledger that is not running or
-    refuses answers with a refused Grant (its reason), not an error."""
-    try:
-        return await activity.client().get_workflow_handle(class_workflow_id).execute_update(name, reservation, result_type=Grant)
-    except RPCError as exc:
-        if exc.status is RPCStatusCode.NOT_FOUND:
-            return Grant(granted=False, reason=f"the class ledger {class_workflow_id} is not running (is the GPUNodeClass applied?)")
-        raise
-    except WorkflowUpdateFailedError as exc:
-        return Grant(granted=False, reason=str(exc.cause or exc))
-
-
-async def ledger_batch(class_workflow_id: str, name: str, reservations: list[Reservation]) -> list[Grant]:
-    """Call the class ledger's `reserve_many` / `settle_many` update: one grant per reservation,
-    in order; a ledger that is not running or refuses refuses each (its reason), no error."""
-    if not reservations:
-        return []
-    try:
-        answer = await activity.client().get_workflow_handle(class_workflow_id).execute_update(name, Reservations(reservations=reservations), result_type=Grants)
-    except RPCError as exc:
-        if exc.status is RPCStatusCode.NOT_FOUND:
-            why = f"the class ledger {class_workflow_id} is not running (is the GPUNodeClass applied?)"
-            return [Grant(granted=False, reason=why)] * len(reservations)
-        raise
-    except WorkflowUpdateFailedError as exc:
-        if "not found" in str(exc.cause or ""):
-            # A class run by an older worker that has no batch updates: one call each.
-            return [await ledger_update(class_workflow_id, name.removesuffix("_many"), r) for r in reservations]
-        return [Grant(granted=False, reason=str(exc.cause or exc))] * len(reservations)
-    return answer.grants
-
-
-# Calls gathered into one ledger update; a bigger backlog goes in the next update.
-MAX_LEDGER_BATCH = 500
-
-
-class LedgerBatcher(UpdateBatcher):
-    """Per worker process: node workflows' ledger calls (settle a price, release a budget) to
-    one class go together (activities.batching): `call(class_workflow_id, kind, item)`, kind
-    "settle" (item: a Reservation, answer: its Grant) or "release" (item: a node id)."""
-
-    def __init__(self) -> None:
-        super().__init__(MAX_LEDGER_BATCH)
-
-    async def _update(self, client: Any, class_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
-        handle = client.get_workflow_handle(class_workflow_id)
-        try:
-            if kind == "settle":
-                answer = await handle.execute_update("settle_many", Reservations(reservations=items), result_type=Grants)
-                return list(answer.grants)
-            await handle.execute_update("release_many", Releases(node_ids=items))
-            return [None] * len(items)
-        except RPCError as exc:
-            if exc.status is not RPCStatusCode.NOT_FOUND:
-                raise
-            if kind == "release":
-                log.info("ledger_gone", class_workflow_id=class_workflow_id)  # nothing left to release
-                return [None] * len(items)
-            why = f"the class ledger {class_workflow_id} is not running (is the GPUNodeClass applied?)"
-            return [Grant(granted=False, reason=why)] * len(items)
-        except WorkflowUpdateFailedError as exc:
-            if "not found" in str(exc.cause or ""):
-                # A class run by an older worker that has no batch updates: one call each.
-                return await LedgerBatcher._one_by_one(handle, kind, items)
-            if kind == "release":
-                raise
-            return [Grant(granted=False, reason=str(exc.cause or exc))] * len(items)
-
-    @staticmethod
-    async def _one_by_one(handle: Any, kind: str, items: list[Any]) -> list[Any]:
-        answers = []
-        for item in items:
-            if kind == "settle":
-                try:
-                    answers.append(await handle.execute_update("settle", item, result_type=Grant))
-                except WorkflowUpdateFailedError as exc:
-                    answers.append(Grant(granted=False, reason=str(exc.cause or exc)))
-            else:
-                answers.append(await handle.execute_update("release", item))
-        return answers
 
 
 async def _template_report(owner: str, field: str, template: str, settings: BootSettings | None = None) -> TemplateReport:
@@ -232,12 +136,13 @@ class NodeClassActivities(AccountActivities):
         providers: Mapping[str, CloudProvider],
         registry: ProviderRegistry | None = None,
         tailnets: Collection[str] | None = None,
+        ledger: LedgerBatcher | None = None,
     ) -> None:
         """`tailnets`: the tailnet backends the worker itself has (tailscale, headscale); None
         leaves a class's tailnet backend unchecked."""
         super().__init__(cluster=cluster, providers=providers, registry=registry)
         self.tailnets = None if tailnets is None else frozenset(tailnets)
-        self.ledger = LedgerBatcher()
+        self.ledger = ledger or LedgerBatcher()  # shared with the node activities (workers.main)
 
     @activity.defn
     async def settle_reservation(self, call: LedgerCall) -> Grant:

@@ -16,7 +16,8 @@ from activities import metrics
 from activities.accounts import AccountActivities
 from activities.entity import resource
 from activities.errors import temporal_errors
-from activities.node_class import ledger_batch, ledger_update
+from activities.ledger import ledger_batch, ledger_update
+from activities.search_attributes import start_attributes
 from activities.offer_cache import Listing
 from tgp.capacity import OfferSize
 from tgp.crds import FINALIZER
@@ -167,6 +168,7 @@ async def _start_node_workflow(client: Client, request: NodeRequest) -> None:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             static_summary=f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
+            search_attributes=start_attributes(request),
         )
     except WorkflowAlreadyStartedError:
         pass  # it ran (and reported to the pool) already

@@ -36,7 +36,8 @@ from workers.main import WorkerConfig, build_activities
 from workers.temporal import DATA_CONVERTER
 
 # The activity that begins each phase a pool hears about.
-CARRIERS = {"launch_instance": NodePhase.LAUNCHING, "drain_node": NodePhase.DRAINING, "terminate_instance": NodePhase.TERMINATING}
+# (a `life-v4` life terminates in `release_attempt`, which carries the report as `terminate_instance` does).
+CARRIERS = {"launch_instance": NodePhase.LAUNCHING, "drain_node": NodePhase.DRAINING, "release_attempt": NodePhase.TERMINATING}
 
 
 async def carried(handle: WorkflowHandle) -> tuple[dict[str, list[PoolReport | None]], list[str]]:

@@ -111,12 +111,15 @@ async def test_a_price_the_class_budget_refuses_buys_nothing_and_ends_the_node_f
         assert status.phase is NodePhase.FAILED
         assert "class budget refused" in (status.last_error or "") and "maxHourlyCost" in (status.last_error or ""), status.last_error
         assert world.cloud.create_requests == 0, "bought although the class refused the price"
+        # The settle is an activity of its own, or (a `life-v4` life) the launch's first step.
         settles = [
             e
             for e in (await node.fetch_history()).events
-            if e.HasField("activity_task_scheduled_event_attributes") and e.activity_task_scheduled_event_attributes.activity_type.name == "settle_reservation"
+            if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name in ("settle_reservation", "launch_instance")
         ]
         assert len(settles) == 1, f"{len(settles)} offers asked the class: a refused price must not fail over to another offer"
+        assert not status.attempts, f"a refused price left a launch attempt to release: {status.attempts}"
         assert_nothing_left(world, req.node_name)
         ledger: Ledger = await klass.query(GPUNodeClassWorkflow.budget)
         assert req.workflow_id not in ledger.reservations

@@ -94,7 +94,7 @@ async def test_one_short_life_takes_few_history_events_and_joins_by_facts(tempor
         # lands as the workflow completes, and its last task is refused and run again).
         assert all(f.present for f in await facts_received(handle)), "told of the deletion of its own Node"
         assert not tally["WORKFLOW_TASK_FAILED"], order
-        # One patch marker: the life's version (`life-v3`), which implies every node patch
+        # One patch marker: the life's version (`life-v4`, a v3 life), which implies every node patch
         # after `life-v2` (each ask would record a marker and an upsert).
         patches = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and e.marker_recorded_event_attributes.marker_name == "core_patch"]
         assert len(patches) == 1, order

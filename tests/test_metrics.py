@@ -257,7 +257,8 @@ async def test_activity_log_lines_are_json_with_workflow_pool_node_and_provider(
     assert (launched["pool"], launched["node"], launched["provider"]) == ("ml/rtx", req.node_name, "simulated")
     assert launched["level"] == "info" and launched["timestamp"]
     terminated = next(e for e in ours if e["event"] == "instance_terminated")
-    assert (terminated["activity"], terminated["node"], terminated["provider"]) == ("terminate_instance", req.node_name, "simulated")
+    # (a `life-v4` life terminates in `release_attempt`)
+    assert (terminated["activity"], terminated["node"], terminated["provider"]) == ("release_attempt", req.node_name, "simulated")
     assert not [e for e in events if e.get("activity") and e.get("workflow_id") != req.workflow_id], "context leaked between activities"
 
 
@@ -291,6 +292,10 @@ def test_activity_context_names_the_node_pool_and_provider() -> None:
     }
     ref = InstanceRef(provider="vastai", instance_name="tgp-n1-1")
     assert activity_context("gpunode/ml/rtx/n1", "terminate_instance", [ref])["provider"] == "vastai"
+    # Given fewer arguments than it takes (an older schedule), an activity's input comes as a mapping.
+    plain = {"instance": ref.model_dump(mode="json"), "node_name": "n1"}
+    assert activity_context("gpunode/ml/rtx/n1", "release_attempt", [plain])["provider"] == "vastai"
+    assert activity_context("other", "launch_instance", [launch.model_dump(mode="json")])["provider"] == "runpod"
     label = LabelInput(node_name="n2", labels={LABEL_PROVIDER: "lambdalabs"}, taints=[])
     assert activity_context("other", "label_and_taint_node", [label]) == {
         "workflow_id": "other", "activity": "label_and_taint_node", "node": "n2", "provider": "lambdalabs",

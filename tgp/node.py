@@ -49,6 +49,10 @@ class NodeState(BaseModel):
     # A life begun under the `life-v3` patch: a v2 life with every node patch after `life-v2`
     # taken as applied without asking (the ledger's calls as activities, reports carried).
     life_v3: bool = False
+    # A life begun under the `life-v4` patch: a v3 life whose launch settles the price with the
+    # class ledger and whose release terminates, cleans up and gives the place back in one
+    # activity each, and whose start's search attributes are the pool's (no upsert of its own).
+    life_v4: bool = False
     # The pool's labels and taints as tgp last put them on the Node (set when the pool first
     # sends a change; None: as the request had them at bring-up), and when a failed attempt to
     # apply a change is tried again.

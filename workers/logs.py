@@ -136,7 +136,7 @@ def activity_context(workflow_id: str, activity_type: str, args: tuple[Any, ...]
     elif kind == "gpunodeclass":
         fields["node_class"] = rest
     for arg in args:
-        node = getattr(arg, "node_name", None)
+        node = _field(arg, "node_name")
         if isinstance(node, str) and "node" not in fields:
             fields["node"] = node
         provider = _provider_of(arg)
@@ -145,12 +145,18 @@ def activity_context(workflow_id: str, activity_type: str, args: tuple[Any, ...]
     return fields
 
 
+def _field(arg: Any, name: str) -> Any:
+    """A field of an activity's argument: a model, or the plain mapping Temporal's SDK passes
+    when an activity is given fewer arguments than it takes (older schedules)."""
+    return arg.get(name) if isinstance(arg, dict) else getattr(arg, name, None)
+
+
 def _provider_of(arg: Any) -> str | None:
-    for holder in (arg, getattr(arg, "offer", None), getattr(arg, "instance", None)):
-        provider = getattr(holder, "provider", None)
+    for holder in (arg, _field(arg, "offer"), _field(arg, "instance")):
+        provider = _field(holder, "provider")
         if isinstance(provider, str):
             return provider
-    labels = getattr(arg, "labels", None)
+    labels = _field(arg, "labels")
     return labels.get(LABEL_PROVIDER) if isinstance(labels, dict) else None
 
 

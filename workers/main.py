@@ -37,6 +37,7 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRu
 
 from activities.kube.cluster import KubernetesCluster
 from activities.entity import EntityActivities
+from activities.ledger import LedgerBatcher
 from activities.node_class import NodeClassActivities
 from activities.pool import PoolActivities
 from activities.node import NodeActivities
@@ -201,12 +202,15 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
     tailnet_env = {**config.env, "TGP_TAILSCALE_API_URL": config.tailscale_api_url}
     tailnet_registry = TailnetRegistry(cluster=cluster, env=tailnet_env, fallback=tailnets)
     stack.push_async_callback(tailnet_registry.aclose)
+    # One batcher for the class ledger's calls: the class's settle and release and, in a v4
+    # life, the node's launch and release that carry them go in the same updates.
+    ledger = LedgerBatcher()
     return Activities(
         node=NodeActivities(
-            providers=providers, tailnets=tailnets, cluster=cluster, registry=registry, tailnet_registry=tailnet_registry
+            providers=providers, tailnets=tailnets, cluster=cluster, registry=registry, tailnet_registry=tailnet_registry, ledger=ledger
         ),
         pool=PoolActivities(cluster=cluster, providers=providers, registry=registry),
-        node_class=NodeClassActivities(cluster=cluster, providers=providers, registry=registry, tailnets=sorted(tailnets)),
+        node_class=NodeClassActivities(cluster=cluster, providers=providers, registry=registry, tailnets=sorted(tailnets), ledger=ledger),
         entity=EntityActivities(cluster=cluster),
         sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster),
         fleet=FleetActivities(registry=registry, cluster=cluster),
