@@ -9,6 +9,7 @@ are created and consumed inside `launch_instance` and never returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import random
 import time
@@ -251,6 +252,15 @@ class ReleaseInput(BaseModel):
     tailnet: TailnetCleanupInput
     node_name: str
     ledger: LedgerCall | None = None
+
+
+class JoinResult(BaseModel):
+    """What `wait_for_join` saw: the joined device, and the twin watch's names with every id
+    seen under them (None: the watch was not done when the device joined, or failed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    device: TailnetDevice
+    twins: list[InstanceRef] | None = None
 
 
 class ReleaseResult(BaseModel):
@@ -675,11 +685,35 @@ class NodeActivities:
         return await self._poll(joined)
 
     @activity.defn
+    async def wait_for_join(self, q: StageCheck, twins: TwinWatchInput | None = None) -> JoinResult:
+        """A life under `life-v4`: `wait_for_tailnet_join` and, beside it, `watch_for_twins`
+        (one activity and one workflow task instead of two). The join decides when it ends: a
+        twin watch not done by then (a provider whose consistency window outlasts the boot) or
+        failed is cancelled and reported not done, and the workflow watches on as before."""
+        q, twins = typed(StageCheck, q), typed_or_none(TwinWatchInput, twins)
+        watch = asyncio.ensure_future(self._watch_for_twins(twins)) if twins is not None else None
+        try:
+            device = await self._wait_for_tailnet_join(q)
+        finally:
+            if watch is not None and not watch.done():
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watch
+        if watch is None or watch.cancelled() or watch.exception() is not None:
+            if watch is not None and not watch.cancelled() and watch.exception() is not None:
+                log.info("twin_watch_left_to_the_workflow", error=type(watch.exception()).__name__)
+            return JoinResult(device=device)
+        return JoinResult(device=device, twins=watch.result())
+
+    @activity.defn
     async def wait_for_tailnet_join(self, q: StageCheck) -> TailnetDevice:
         """A life under `life-v2`: one wait for the instance to boot and its device to join
         the tailnet. The device is looked for every JOIN_LOOK_EVERY (the tailnet is ours to
         ask; a joined device means a running machine); the provider is read every poll
         interval until the instance runs, and LaunchFailed if it fails or vanishes meanwhile."""
+        return await self._wait_for_tailnet_join(typed(StageCheck, q))
+
+    async def _wait_for_tailnet_join(self, q: StageCheck) -> TailnetDevice:
         assert q.instance is not None and q.device is not None
         ref, dq = q.instance, q.device
         running = False
@@ -936,6 +970,9 @@ class NodeActivities:
         that is not the one it recorded (`keep`), until each name's consistency window has
         passed, since a create can complete after its caller gave up. Returns the names with
         every id seen under them, for the workflow to remember."""
+        return await self._watch_for_twins(inp)
+
+    async def _watch_for_twins(self, inp: TwinWatchInput) -> list[InstanceRef]:
         with heartbeating(), temporal_errors():
 
             async def watch(ref: InstanceRef) -> InstanceRef:
@@ -989,6 +1026,7 @@ class NodeActivities:
             self.wait_for_instance_running,
             self.wait_for_tailnet_device,
             self.wait_for_tailnet_join,
+            self.wait_for_join,
             self.wait_for_node_ready,
             self.wait_for_gpus,
             self.check_stage,

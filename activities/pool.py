@@ -44,7 +44,7 @@ class PoolActivities(AccountActivities):
         grant = await ledger_update(inp.class_name, "reserve", inp.reservation)
         if not grant.granted:
             return StartNodeResult(started=False, reason=grant.reason)
-        await _start_node_workflow(client, inp.request)
+        await _start_node_workflow(client, inp.request.model_copy(update={"reserved_price": inp.reservation.hourly_price}))
         return StartNodeResult(started=True)
 
     @activity.defn

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
@@ -23,16 +26,18 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from activities.search_attributes import SA_PHASE, start_attributes
-from tests.conftest import running_world
+from tests.conftest import eventually, running_world
 from tests.test_entities_heal import start_class
 from tests.test_life_events import SHORT, event_types
+from tests.test_money_workflow import billing, lagging_world
 from tests.test_node_lifecycle import assert_nothing_left, node_exists, request, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_pool_accounting import CLASS
 from tests.test_watch_events import bridge_running, local_activity, told
-from tgp.messages import Ledger, class_workflow_id
+from activities.ledger import LedgerCall
+from tgp.messages import Grant, Ledger, Reservation, class_workflow_id
 from tgp.node import NodeWorkflowInput
-from tgp.types import NodePhase, NodeRequest, NodeStatus
+from tgp.types import NodePhase, NodeRequest, NodeStatus, instance_name
 from workers.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
@@ -71,16 +76,50 @@ async def ledger_of(env: WorkflowEnvironment, klass: str) -> Ledger:
     return ledger
 
 
-async def test_a_pool_node_settles_in_its_launch_and_releases_in_one_activity(temporal: WorkflowEnvironment) -> None:
+async def launch_settles(handle: WorkflowHandle) -> list[LedgerCall | None]:
+    """The settle each `launch_instance` of the life carried (its third argument)."""
+    found: list[LedgerCall | None] = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == "launch_instance":
+                payloads = attrs.input.payloads
+                found.append((await DATA_CONVERTER.decode(payloads[2:3], [LedgerCall | None]))[0] if len(payloads) > 2 else None)  # type: ignore[list-item]
+    return found
+
+
+# The simulated cloud's cheapest RTX4090 offer (tests.test_node_lifecycle.request asks for one).
+OFFER_PRICE = Decimal("0.44")
+
+
+@pytest.mark.parametrize(
+    "reserved, settles",
+    [(None, True), (OFFER_PRICE, False), (Decimal("9.99"), True)],
+    ids=["price-unknown", "reserved-at-the-offers-price", "reserved-at-another-price"],
+)
+async def test_a_pool_node_settles_in_its_launch_and_releases_in_one_activity(temporal: WorkflowEnvironment, reserved: Decimal | None, settles: bool) -> None:
+    """The pool reserved the node's place, at `reserved` $/h; the launch settles the offer's
+    price with the ledger first unless that is the price reserved."""
     async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
         klass = f"v4-{uuid.uuid4().hex[:6]}"
         class_run = await start_class(temporal, queue, klass, CLASS)
-        req = request(timeouts=SHORT, pool_workflow_id="gpupool/ml/no-such-pool", node_class=klass, class_workflow_id=class_workflow_id(klass))
+        req = request(
+            timeouts=SHORT,
+            pool_workflow_id="gpupool/ml/no-such-pool",
+            node_class=klass,
+            class_workflow_id=class_workflow_id(klass),
+            reserved_price=reserved,
+        )
+        grant = await class_run.execute_update("reserve", Reservation(node_id=req.workflow_id, pool="ml/rtx", hourly_price=reserved), result_type=Grant)
+        assert grant.granted, grant
         handle = await start_as_the_pool(temporal, queue, req)
         status = await wait_phase(handle, NodePhase.READY, timeout=90)
-        # The class holds the node at the price it bought at (the refused settle: test_class_refusal).
+        assert status.hourly_price == OFFER_PRICE, status.hourly_price
+        [settle] = await launch_settles(handle)
+        assert (settle is not None) is settles, settle
+        # Either way the class holds the node at the price it bought at.
         held = (await ledger_of(temporal, klass)).reservations.get(req.workflow_id)
-        assert held is not None and held.hourly_price == status.hourly_price, held
+        assert held is not None and held.hourly_price == OFFER_PRICE, held
 
         await put_pod(world, req.node_name, "job")
         await told(handle, busy_pods=1)
@@ -126,3 +165,31 @@ async def test_a_release_step_that_fails_is_made_by_the_workflow_itself(temporal
         assert_nothing_left(world, req.node_name)
         assert req.workflow_id not in (await ledger_of(temporal, klass)).reservations
         await class_run.terminate("test finished")
+
+
+@pytest.mark.parametrize("window, with_join", [(timedelta(seconds=1), True), (timedelta(seconds=20), False)], ids=["window-within-the-boot", "window-past-the-join"])
+async def test_a_twin_is_ended_by_the_joins_watch_or_after_it(temporal: WorkflowEnvironment, window: timedelta, with_join: bool) -> None:
+    """A create under the node's name lands beside its launch (a dead worker's): within a
+    consistency window that ends before the instance has booted, the join's own twin watch
+    (`wait_for_join`) ends one that lands while it boots; a window that outlasts the join is
+    watched on after it (`watch_for_twins`), and one that lands once the node is Ready is ended
+    by that. Either way the recorded instance is kept and the release ends all."""
+    async with lagging_world(temporal, window=window, boot_delay=3.0) as (world, queue):
+        req = request(timeouts=SHORT, pool_workflow_id="gpupool/ml/no-such-pool")
+        handle = await start_as_the_pool(temporal, queue, req)
+        # While it boots; or, for the window that outlasts the join, once it is Ready.
+        await wait_phase(handle, NodePhase.JOINING if with_join else NodePhase.READY, timeout=60)
+        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
+            twin = (await cloud.post("/v1/instances", json={"offerId": "rtx4090-us-east", "name": instance_name(req.node_name, 1)})).json()
+        ready = await wait_phase(handle, NodePhase.READY, timeout=60)
+
+        async def only_the_recorded_one() -> bool:
+            return billing(world, req.node_name) == [ready.instance_id]
+
+        await eventually(only_the_recorded_one, timeout=40, what=f"the twin {twin['id']} ended by the node's twin watch")
+        activities, _, _ = await calls(handle)
+        assert "wait_for_join" in activities, activities
+        assert ("watch_for_twins" not in activities) is with_join, activities
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await handle.result()).phase is NodePhase.TERMINATED
+        assert billing(world, req.node_name) == []

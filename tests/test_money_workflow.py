@@ -25,10 +25,10 @@ from workflows.node import GPUNodeWorkflow
 
 
 @asynccontextmanager
-async def lagging_world(env: WorkflowEnvironment, *, window: timedelta) -> AsyncIterator[tuple[SimWorld, str]]:
+async def lagging_world(env: WorkflowEnvironment, *, window: timedelta, boot_delay: float = 0.2) -> AsyncIterator[tuple[SimWorld, str]]:
     """running_world, with the simulated provider's consistency window set to `window`."""
     async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        world = await stack.enter_async_context(sim_world(boot_delay=boot_delay))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=0.1)
         activities.node.create_settle = timedelta(0)

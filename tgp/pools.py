@@ -163,5 +163,11 @@ def request_for(template: NodeRequest, start: NodeStart) -> NodeRequest:
     if start.bind_grace is not None:
         timeouts = timeouts.model_copy(update={"bind_grace": start.bind_grace})
     return template.model_copy(
-        update={"node_name": start.node_name, "requirements": requirements, "timeouts": timeouts, "demand_since": start.demand_since}
+        update={
+            "node_name": start.node_name,
+            "requirements": requirements,
+            "timeouts": timeouts,
+            "demand_since": start.demand_since,
+            "reserved_price": start.hourly_price,
+        }
     )

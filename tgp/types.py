@@ -365,6 +365,11 @@ class NodeRequest(Model):
     drift_hashes: dict[str, str] = Field(
         {}, description="The drift hash (tgp.drift) of what made the node, per provider it may be bought from: it reports its provider's."
     )
+    reserved_price: Decimal | None = Field(
+        None,
+        description="The $/h the pool reserved for the node with the class ledger (the offer its pods were sized for): a launch at that "
+        "price has nothing to settle (None: unknown, every launch settles).",
+    )
 
     @property
     def workflow_id(self) -> str:

@@ -24,7 +24,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 
 with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall, NodeClassActivities
-    from activities.node import RELEASE_STEP_TIMEOUT, NodeActivities, ReleaseInput, ReleaseResult
+    from activities.node import RELEASE_STEP_TIMEOUT, JoinResult, NodeActivities, ReleaseInput, ReleaseResult
     from activities.search_attributes import (
         SA_CLASS,
         SA_GPU_TYPE,
@@ -237,6 +237,7 @@ class GPUNodeWorkflow:
         self.v2 = False  # set by `run`: a life begun under LIFE_V2_PATCH (or LIFE_V3_PATCH)
         self.v3 = False  # set by `run`: a life begun under LIFE_V3_PATCH (or LIFE_V4_PATCH)
         self.v4 = False  # set by `run`: a life begun under LIFE_V4_PATCH
+        self._settled_once = False  # v4: a launch of this life carried a settle (the ledger's price may be another now)
         self._watch_timer: tuple[datetime, asyncio.Future[None]] | None = None  # v2: the watch's timer, when it fires
         self._asking = ""  # the budget asked for, while the ask is in flight (a v2 ask is a local activity: no pending activity shows it)
 
@@ -583,7 +584,7 @@ class GPUNodeWorkflow:
         launch = workflow.start_activity_method(
             NodeActivities.launch_instance,
             # v4: every argument (the SDK decodes each by its type), the ledger's settle third.
-            args=[launch_input, report, self._ledger_call(offer)] if self.v4 else self._with_report(launch_input, report),
+            args=[launch_input, report, self._settle_call(offer)] if self.v4 else self._with_report(launch_input, report),
             # The whole stage budget, not one API call's: a create may wait behind a provider's
             # pacer. The heartbeat notices a dead worker; a live attempt is never retried
             # beside itself (that is how twins get bought).
@@ -615,7 +616,7 @@ class GPUNodeWorkflow:
             raise LaunchAttemptFailed(_describe(exc)) from None
         self._launched(result)
         self._record(attempt, "launched", result.instance.instance_id)
-        if self._money_by_ids():
+        if self._money_by_ids() and not self._twins_with_join():
             self._twin_watch = asyncio.ensure_future(self._watch_for_twins())
         if self._joins_by_facts():
             return  # the join waits for the instance and its device at once
@@ -673,6 +674,14 @@ class GPUNodeWorkflow:
                 update={"known_ids": merged.known_ids, "created_by": merged.created_by, "instance_id": current.instance_id or merged.instance_id}
             )
 
+    def _twins_with_join(self) -> bool:
+        """v4, a pool's node: the twin watch runs inside the join's wait (`wait_for_join`)."""
+        return self.v4 and self._joins_by_facts() and self._money_by_ids()
+
+    def _twin_input(self) -> TwinWatchInput:
+        assert self.state.instance is not None
+        return TwinWatchInput(instances=list(self.state.seen), keep=self.state.instance.instance_id)
+
     async def _watch_for_twins(self) -> None:
         """In the background while the node lives: end every instance under its names but the
         recorded one until the provider's consistency window has passed (a create can land
@@ -682,7 +691,7 @@ class GPUNodeWorkflow:
         try:
             refs = await workflow.execute_activity_method(
                 NodeActivities.watch_for_twins,
-                TwinWatchInput(instances=list(self.state.seen), keep=self.state.instance.instance_id),
+                self._twin_input(),
                 start_to_close_timeout=self.req.timeouts.launch + self.req.timeouts.api_call,
                 heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
                 retry_policy=API_RETRY,
@@ -710,14 +719,22 @@ class GPUNodeWorkflow:
             # and its device to join, within both stages' budgets; the device is looked for
             # every second, the provider read at its own pace.
             check = StageCheck(instance=self.state.instance, device=device)
-            await self._wait_for(
-                NodeActivities.wait_for_tailnet_join,
+            twins = self._twins_with_join()
+            joined = await self._wait_for(
+                NodeActivities.wait_for_join if twins else NodeActivities.wait_for_tailnet_join,
                 check,
+                # v4: the twin watch goes with the join (one activity, one workflow task).
+                more=(self._twin_input(),) if twins else (),
                 timeout=t.launch + t.tailnet_join,
                 summary="wait for the instance to run and join the tailnet",
                 timeout_error="join timeout: no tailnet device within {} of the launch (did the instance boot, the boot payload run and reach the control server?)",
                 recheck=check,
             )
+            if twins and isinstance(joined, JoinResult) and joined.twins is not None:
+                for ref in joined.twins:
+                    self._remember(ref)
+            elif twins:
+                self._twin_watch = asyncio.ensure_future(self._watch_for_twins())  # the rest of its window
         else:
             await self._wait_for(
                 NodeActivities.wait_for_tailnet_device,
@@ -1370,8 +1387,8 @@ class GPUNodeWorkflow:
             ) from exc
 
     async def _wait_for(
-        self, activity: Any, arg: Any, *, timeout: timedelta, summary: str, timeout_error: str, recheck: StageCheck
-    ) -> None:
+        self, activity: Any, arg: Any, *, timeout: timedelta, summary: str, timeout_error: str, recheck: StageCheck, more: tuple[Any, ...] = ()
+    ) -> Any:
         """Wait for a stage: poll with a heartbeating activity until the stage's deadline,
         `timeout` from now, but give up when an `evict` signal arrives.
 
@@ -1379,18 +1396,22 @@ class GPUNodeWorkflow:
         Temporal retries the poll on another worker (POLL_RETRY) while the deadline allows.
         When the deadline passes, `recheck` looks once more (on whichever worker is alive by
         then; the instance booted on its own clock all along), and what is in fact up is kept.
-        Otherwise the stage fails over, its reason `timeout_error` plus what the look saw."""
+        Otherwise the stage fails over, its reason `timeout_error` plus what the look saw.
+
+        `more`: the activity's arguments after `arg`. Returns what the poll returned (None when
+        the last look kept the stage)."""
         deadline = workflow.now() + timeout
         failure = timeout_error.format(_human(timeout))
         evicted = asyncio.ensure_future(workflow.wait_condition(lambda: self.state.evict_reason is not None))
         try:
-            up = await self._poll_until(deadline, activity, arg, summary=summary, failure=failure, evicted=evicted)
+            up, result = await self._poll_until(deadline, activity, [arg, *more], summary=summary, failure=failure, evicted=evicted)
         finally:
             if not evicted.done():
                 evicted.cancel()
         if up:
-            return
+            return result
         await self._last_look(recheck, summary=summary, failure=failure)
+        return None
 
     async def _last_look(self, recheck: StageCheck, *, summary: str, failure: str) -> None:
         """A stage's deadline passed: look once more (the instance booted on its own clock all
@@ -1448,16 +1469,16 @@ class GPUNodeWorkflow:
         await self._last_look(recheck, summary=summary, failure=failure)
 
     async def _poll_until(
-        self, deadline: datetime, activity: Any, arg: Any, *, summary: str, failure: str, evicted: asyncio.Future[None]
-    ) -> bool:
-        """Poll until the stage is up (True) or its deadline has passed (False). When the poll's
-        retries run out before the deadline (the next one would have started past it), a new
-        poll watches on for the rest of the stage. Any other poll failure fails the stage over."""
+        self, deadline: datetime, activity: Any, args: list[Any], *, summary: str, failure: str, evicted: asyncio.Future[None]
+    ) -> tuple[bool, Any]:
+        """Poll until the stage is up (True, and what the poll returned) or its deadline has
+        passed (False). When the poll's retries run out before the deadline (the next one would
+        have started past it), a new poll watches on for the rest of the stage. Any other poll
+        failure fails the stage over."""
         budget = deadline - workflow.now()
         while True:
             try:
-                await self._poll(activity, arg, budget=budget, summary=summary, evicted=evicted)
-                return True
+                return True, await self._poll(activity, args, budget=budget, summary=summary, evicted=evicted)
             except ActivityError as exc:
                 if self._cancel_requested():
                     raise asyncio.CancelledError() from None
@@ -1467,14 +1488,14 @@ class GPUNodeWorkflow:
                     raise LaunchAttemptFailed(failure) from None  # a run from before the last look, as it did
             budget = deadline - workflow.now()
             if budget < timedelta(seconds=1):
-                return False
+                return False, None
 
-    async def _poll(self, activity: Any, arg: Any, *, budget: timedelta, summary: str, evicted: asyncio.Future[None]) -> None:
+    async def _poll(self, activity: Any, args: list[Any], *, budget: timedelta, summary: str, evicted: asyncio.Future[None]) -> Any:
         """One poll, with `budget` to finish in, raced against the eviction: raises NodeEvicted if
-        the `evict` signal wins, and the poll's ActivityError if it failed."""
+        the `evict` signal wins, and the poll's ActivityError if it failed; else its result."""
         handle = workflow.start_activity_method(
             activity,
-            arg,
+            args=args,
             start_to_close_timeout=budget,
             schedule_to_close_timeout=budget,
             heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
@@ -1489,7 +1510,7 @@ class GPUNodeWorkflow:
                 handle.cancel()
         if not handle.done() or handle.cancelled():
             self._check_evicted()
-        handle.result()  # raises the poll's error
+        return handle.result()  # raises the poll's error
 
     async def _check_stage(self, recheck: StageCheck) -> StageLook | None:
         """The last look before a stage fails over; None if even that look failed."""
@@ -1582,6 +1603,19 @@ class GPUNodeWorkflow:
         take it as an optional second argument; one argument, as older code scheduled them,
         is also what a worker of an older release, during a rollout, can take)."""
         return [arg] if report is None else [arg, report]
+
+    def _settle_call(self, offer: Offer) -> LedgerCall | None:
+        """v4: the settle the launch makes first, if the ledger's price for the node may differ
+        from the offer's. Not when the pool reserved exactly this price and no launch of this
+        life has settled since (a burst's nodes, bought at the price they were sized for, do not
+        queue on their class ledger before buying). Granted at the reservation, it would be
+        granted again unless the class's limits were lowered meanwhile: a purchase already on
+        its way is not called off for that (as a reservation already held is not)."""
+        if self.req.reserved_price is not None and offer.hourly_price == self.req.reserved_price and not self._settled_once:
+            return None
+        call = self._ledger_call(offer)
+        self._settled_once = self._settled_once or call is not None
+        return call
 
     def _ledger_call(self, offer: Offer | None) -> LedgerCall | None:
         """The node's call to its class ledger (None: a node without a class has no budget)."""
