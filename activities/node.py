@@ -118,6 +118,9 @@ POOL_BUSY_PAUSE = 0.2
 POOL_BUSY_PAUSE_MAX = 2.0
 # Upper bound on devices removed for one hostname in one cleanup (guards a runaway loop).
 MAX_DEVICES_PER_HOSTNAME = 10
+# A `life-v4` launch's settle with the class ledger (`launch_instance`'s `settle`) is tried in
+# this many attempts of the launch before it gives up as `LedgerUnavailable`.
+SETTLE_TRIES = 3
 # In a `life-v4` release (`release_attempt`), each step after the terminate (tailnet, Node, class
 # ledger) is tried once within this; one that fails or takes longer is left to the workflow,
 # which makes it as a call of its own with its retries.
@@ -495,12 +498,37 @@ class NodeActivities:
             return await self._launch_instance(inp)
 
     async def _settle(self, call: LedgerCall, offer: Offer) -> None:
-        with heartbeating(), temporal_errors():
-            grant = await self.ledger.call(call.class_workflow_id, "settle", call.reservation)
+        """The launch's settle. Refused on the activity's first attempt, nothing can have been
+        bought (the settle comes first): `ClassBudgetRefused`. Refused on a later attempt, an
+        earlier one may have sent a create before it died: `ClassBudgetRefusedOnRetry`, and the
+        workflow's release looks for what that name bought. A ledger that does not answer is
+        tried again with the launch (its retry policy), SETTLE_TRIES attempts in all, then
+        `LedgerUnavailable`: not the offer's fault (the workflow marks nothing unavailable)."""
+        info = activity.info()
+        # The heartbeats carry an earlier attempt's memo through (LaunchMemo: what it sent and
+        # bought), which `_launch_instance` reads back; an empty beat would erase it.
+        previous = tuple(info.heartbeat_details)
+        try:
+            with heartbeating(lambda: previous):
+                grant = await self.ledger.call(call.class_workflow_id, "settle", call.reservation)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if info.attempt < SETTLE_TRIES:
+                raise ApplicationError(
+                    f"the class ledger {call.class_workflow_id} did not take the settle ({type(exc).__name__}); trying again", type="TransientError"
+                ) from None
+            raise ApplicationError(
+                f"the class ledger {call.class_workflow_id} did not take the launch's settle in {info.attempt} tries ({type(exc).__name__})",
+                type="LedgerUnavailable",
+                non_retryable=True,
+            ) from None
         if not grant.granted:
             # The reason is the ledger's own (its budgets, or that it is not running).
             raise ApplicationError(
-                f"class budget refused {offer.key} at ${offer.hourly_price}/h: {grant.reason}", type="ClassBudgetRefused", non_retryable=True
+                f"class budget refused {offer.key} at ${offer.hourly_price}/h: {grant.reason}",
+                type="ClassBudgetRefused" if info.attempt == 1 else "ClassBudgetRefusedOnRetry",
+                non_retryable=True,
             )
 
     async def _launch_instance(self, inp: LaunchInput) -> LaunchResult:

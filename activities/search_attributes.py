@@ -4,6 +4,8 @@ gives a new one its first (`start_attributes`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 from tgp.types import NodePhase, NodeRequest
@@ -21,12 +23,16 @@ SA_READY_SINCE = SearchAttributeKey.for_datetime("TgpReadySince")
 
 def start_attributes(request: NodeRequest) -> TypedSearchAttributes:
     """A node's attributes as it starts (Pending), as its own first upsert would set them: a
-    `life-v4` life that starts with them makes no upsert of its own for the phase."""
-    return TypedSearchAttributes(
-        [
-            SearchAttributePair(SA_PHASE, NodePhase.PENDING.value),
-            SearchAttributePair(SA_POOL, f"{request.namespace}/{request.pool}"),
-            SearchAttributePair(SA_NODE_NAME, request.node_name),
-            SearchAttributePair(SA_CLASS, request.node_class),
-        ]
-    )
+    `life-v4` life that starts with them makes no upsert of its own for the phase. With the
+    price its pool reserved for it: a class ledger that counts its running nodes again (a new
+    run) holds a Pending node at that price, which a launch at that price does not settle
+    again (the Launching upsert sets the offer's)."""
+    pairs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(SA_PHASE, NodePhase.PENDING.value),
+        SearchAttributePair(SA_POOL, f"{request.namespace}/{request.pool}"),
+        SearchAttributePair(SA_NODE_NAME, request.node_name),
+        SearchAttributePair(SA_CLASS, request.node_class),
+    ]
+    if request.reserved_price is not None:
+        pairs.append(SearchAttributePair(SA_HOURLY_PRICE, float(request.reserved_price)))
+    return TypedSearchAttributes(pairs)

@@ -119,6 +119,10 @@ async def test_a_price_the_class_budget_refuses_buys_nothing_and_ends_the_node_f
             and e.activity_task_scheduled_event_attributes.activity_type.name in ("settle_reservation", "launch_instance")
         ]
         assert len(settles) == 1, f"{len(settles)} offers asked the class: a refused price must not fail over to another offer"
+        from tests.test_life_v4 import launch_settles
+
+        launched = await launch_settles(node)
+        assert launched in ([], [launched[0]]) and all(launched), f"a launch without its settle: {launched}"
         assert not status.attempts, f"a refused price left a launch attempt to release: {status.attempts}"
         assert_nothing_left(world, req.node_name)
         ledger: Ledger = await klass.query(GPUNodeClassWorkflow.budget)

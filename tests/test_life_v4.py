@@ -13,16 +13,20 @@ Against the simulated world over HTTP, the real bridge and the Temporal dev serv
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
+from contextlib import AsyncExitStack
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import httpx
 import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
-from temporalio.testing import WorkflowEnvironment
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from activities.search_attributes import SA_PHASE, start_attributes
@@ -30,14 +34,18 @@ from tests.conftest import eventually, running_world
 from tests.test_entities_heal import start_class
 from tests.test_life_events import SHORT, event_types
 from tests.test_money_workflow import billing, lagging_world
-from tests.test_node_lifecycle import assert_nothing_left, node_exists, request, wait_phase
+from tests.test_node_lifecycle import assert_nothing_left, node_exists, request, start, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_pool_accounting import CLASS
 from tests.test_watch_events import bridge_running, local_activity, told
 from activities.ledger import LedgerCall
-from tgp.messages import Grant, Ledger, Reservation, class_workflow_id
+from activities.node import NodeActivities
+from tgp.crds import GPUNodeClassSpec
+from sim.world import sim_world
+from tgp.messages import ClassUpdate, Grant, Ledger, Reservation, class_workflow_id
+from workers.main import WorkerConfig, build_activities, make_worker
 from tgp.node import NodeWorkflowInput
-from tgp.types import NodePhase, NodeRequest, NodeStatus, instance_name
+from tgp.types import LaunchInput, NodePhase, NodeRequest, NodeStatus, Offer, instance_name
 from workers.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
@@ -117,6 +125,10 @@ async def test_a_pool_node_settles_in_its_launch_and_releases_in_one_activity(te
         assert status.hourly_price == OFFER_PRICE, status.hourly_price
         [settle] = await launch_settles(handle)
         assert (settle is not None) is settles, settle
+        # Started with the price reserved, if known: a ledger that counts its nodes again (a new
+        # run) holds the Pending node at it.
+        started = (await handle.fetch_history()).events[0].workflow_execution_started_event_attributes.search_attributes.indexed_fields
+        assert ("TgpHourlyPrice" in started) is (reserved is not None), list(started)
         # Either way the class holds the node at the price it bought at.
         held = (await ledger_of(temporal, klass)).reservations.get(req.workflow_id)
         assert held is not None and held.hourly_price == OFFER_PRICE, held
@@ -193,3 +205,97 @@ async def test_a_twin_is_ended_by_the_joins_watch_or_after_it(temporal: Workflow
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         assert (await handle.result()).phase is NodePhase.TERMINATED
         assert billing(world, req.node_name) == []
+
+
+async def test_after_a_failover_that_settled_a_launch_at_the_reserved_price_settles_again(temporal: WorkflowEnvironment) -> None:
+    """Reserved at the dearer offer's price: the first launch (the cheaper offer) settles its
+    price and finds no capacity; the ledger now holds that price, so the next launch, at the
+    price reserved, settles too. Started by hand (no start attributes), the node makes its own
+    Pending upsert."""
+    async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
+        world.cloud.set_capacity("rtx4090-us-east", False)
+        klass = f"v4-{uuid.uuid4().hex[:6]}"
+        class_run = await start_class(temporal, queue, klass, CLASS)
+        dearer = Decimal("0.49")  # sim/cloud.py: rtx4090-eu-west
+        req = request(
+            timeouts=SHORT,
+            pool_workflow_id="gpupool/ml/no-such-pool",
+            node_class=klass,
+            class_workflow_id=class_workflow_id(klass),
+            reserved_price=dearer,
+        )
+        assert (await class_run.execute_update("reserve", Reservation(node_id=req.workflow_id, pool="ml/rtx", hourly_price=dearer), result_type=Grant)).granted
+        handle = await start(temporal, queue, req)
+        status = await wait_phase(handle, NodePhase.READY, timeout=90)
+        assert status.hourly_price == dearer and len(status.attempts) == 2, status.attempts
+        settles = await launch_settles(handle)
+        assert [s.reservation.hourly_price if s else None for s in settles] == [OFFER_PRICE, dearer], settles
+        held = (await ledger_of(temporal, klass)).reservations.get(req.workflow_id)
+        assert held is not None and held.hourly_price == dearer, held
+        _, _, phases = await calls(handle)
+        assert phases[0] == NodePhase.PENDING.value, phases
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await asyncio.wait_for(handle.result(), 90)
+        assert_nothing_left(world, req.node_name)
+        await class_run.terminate("test finished")
+
+
+@pytest.mark.parametrize("attempt, kind", [(1, "ClassBudgetRefused"), (2, "ClassBudgetRefusedOnRetry")])
+async def test_a_refused_settle_says_whether_an_earlier_try_may_have_bought(temporal: WorkflowEnvironment, attempt: int, kind: str) -> None:
+    """The launch's settle, refused by a real class ledger: on the activity's first try nothing
+    can have been bought (the settle comes first); on a later try an earlier one may have sent
+    a create before it died, and the workflow must keep that attempt to release. The settle's
+    heartbeats carry the earlier try's memo through, never an empty one in its place."""
+    async with running_world(temporal) as (_, _, queue):
+        klass = f"v4-{uuid.uuid4().hex[:6]}"
+        spec = GPUNodeClassSpec.model_validate({**CLASS.model_dump(mode="json", by_alias=True), "limits": {"maxHourlyCost": "0.01"}})
+        class_run = await start_class(temporal, queue, klass, spec)
+        acts = NodeActivities(providers={}, tailnets={}, cluster=None)  # type: ignore[arg-type]  # refused before any provider is asked
+        env = ActivityEnvironment(client=temporal.client)
+        memo = ["an earlier try's memo"]
+        env.info = dataclasses.replace(env.info, attempt=attempt, heartbeat_details=memo, heartbeat_timeout=timedelta(seconds=30))
+        beats: list[tuple[Any, ...]] = []
+        env.on_heartbeat = lambda *details: beats.append(details)
+        offer = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price=OFFER_PRICE)
+        inp = LaunchInput(node_name="gpu-1", attempt=1, offer=offer, tailnet_tags=["tag:tgp-node"])
+        call = LedgerCall(class_workflow_id=class_workflow_id(klass), reservation=Reservation(node_id="gpunode/ml/rtx/gpu-1", pool="ml/rtx", hourly_price=OFFER_PRICE))
+        with pytest.raises(ApplicationError) as raised:
+            await env.run(acts.launch_instance, inp, None, call)
+        assert raised.value.type == kind and raised.value.non_retryable, raised.value
+        assert "maxHourlyCost" in raised.value.message
+        assert beats and all(list(b) == memo for b in beats), beats
+        await class_run.terminate("test finished")
+
+
+async def test_a_settle_refused_on_a_retried_launch_still_ends_what_an_earlier_try_bought(temporal: WorkflowEnvironment) -> None:
+    """The launch's first try settles, buys and dies before it can say so (its worker is
+    gone); the class's limits are lowered meanwhile, and the retry's settle is refused. The
+    node ends Failed saying why, and the instance the first try bought is found by its name and
+    terminated: a refusal on a retry is no proof that nothing was bought."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.1)
+        klass = f"v4-{uuid.uuid4().hex[:6]}"
+        real = activities.node._launch_instance
+
+        async def dies_after_buying(inp: LaunchInput) -> Any:
+            bought = await real(inp)
+            if activity.info().attempt == 1:
+                lowered = GPUNodeClassSpec.model_validate({**CLASS.model_dump(mode="json", by_alias=True), "limits": {"maxHourlyCost": "0.01"}})
+                await activity.client().get_workflow_handle(class_workflow_id(klass)).signal("update_class", ClassUpdate(spec=lowered, generation=2))
+                raise ApplicationError("the worker died after the create", type="TransientError")
+            return bought
+
+        activities.node._launch_instance = dies_after_buying  # type: ignore[method-assign]
+        queue = f"test-{uuid.uuid4().hex[:8]}"
+        await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
+        class_run = await start_class(temporal, queue, klass, CLASS)
+        stack.push_async_callback(class_run.terminate, "test finished")
+        req = request(timeouts=SHORT, pool_workflow_id="gpupool/ml/no-such-pool", node_class=klass, class_workflow_id=class_workflow_id(klass))
+        handle = await start_as_the_pool(temporal, queue, req)
+        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+        assert status.phase is NodePhase.FAILED and "class budget refused" in (status.last_error or ""), status
+        assert world.cloud.create_requests == 1
+        assert len(status.attempts) == 1, "the attempt whose first try bought was dropped"
+        assert_nothing_left(world, req.node_name)

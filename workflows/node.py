@@ -24,7 +24,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 
 with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall, NodeClassActivities
-    from activities.node import RELEASE_STEP_TIMEOUT, JoinResult, NodeActivities, ReleaseInput, ReleaseResult
+    from activities.node import RELEASE_STEP_TIMEOUT, REPORT_WAIT, JoinResult, NodeActivities, ReleaseInput, ReleaseResult
     from activities.search_attributes import (
         SA_CLASS,
         SA_GPU_TYPE,
@@ -161,11 +161,13 @@ LIFE_V3_PATCH = "life-v3"
 # Marks a life begun by this release's code, asked once at the start of a new life instead of
 # LIFE_V3_PATCH and carried in the state: a v3 life with fewer calls. The launch settles the
 # price with the class ledger before it buys (`launch_instance`'s `settle`) instead of a settle
-# activity before it; the release of an attempt terminates, removes the tailnet device, deletes
-# the Node and, the life's last, gives the place back to the ledger in one activity
-# (`release_attempt`) instead of four calls; the Pending phase's search attributes are those the
-# pool started the run with. A short life: 15 events fewer, and two workflow tasks fewer on a
-# burst's way to a launch and on an idle node's way out. A life begun before it replays.
+# activity before it, and not at all at the price the pool reserved (`NodeRequest.reserved_price`);
+# a pool's node watches for twins inside its join's wait (`wait_for_join`); the release of an
+# attempt terminates, removes the tailnet device, deletes the Node and, the life's last, gives
+# the place back to the ledger in one activity (`release_attempt`) instead of four calls; the
+# Pending phase's search attributes are those the pool started the run with. A short life: about
+# 20 events fewer, and two workflow tasks fewer on a burst's way to a launch. A life begun
+# before it replays.
 LIFE_V4_PATCH = "life-v4"
 # A v2 join that heard nothing from the bridge looks for itself this often, or every watch
 # interval if that is shorter (a lost signal, or a Node registered without the pool's labels,
@@ -210,14 +212,17 @@ TEMPLATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_inte
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
 _CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied", "ClassBudgetRefused")
+# v4: a launch that failed with one of these was stopped by its settle with the class ledger.
+_NOT_SETTLED = ("ClassBudgetRefused", "ClassBudgetRefusedOnRetry", "LedgerUnavailable")
 
 
 class LaunchAttemptFailed(Exception):
     """This offer did not give a node; the next one may."""
 
 
-class ClassBudgetRefused(LaunchAttemptFailed):
-    """v4: the launch's settle was refused by the class ledger; nothing was bought."""
+class NotSettled(LaunchAttemptFailed):
+    """v4: the launch's settle was refused by the class ledger, or the ledger did not answer:
+    not the offer's fault, and no other offer is tried (the node ends Failed)."""
 
 
 class NodeEvicted(Exception):
@@ -492,7 +497,7 @@ class GPUNodeWorkflow:
                 await self._join()
                 await self._label_and_taint()
                 return
-            except ClassBudgetRefused:
+            except NotSettled:
                 raise  # past the failover, as a refused settle before the launch: the node ends Failed
             except LaunchAttemptFailed as exc:
                 if self._cancel_requested():
@@ -605,12 +610,15 @@ class GPUNodeWorkflow:
             raise
         except ActivityError as exc:
             self._launch_failed(exc)
-            if isinstance(exc.cause, ApplicationError) and exc.cause.type == "ClassBudgetRefused":
-                # Refused before anything was minted or bought: no attempt to release.
-                self.state.attempts.remove(attempt)
-                self.state.seen = [ref for ref in self.state.seen if ref.instance_name != self.state.instance.instance_name]
-                self.state.instance = None
-                raise ClassBudgetRefused(exc.cause.message) from None
+            if isinstance(exc.cause, ApplicationError) and exc.cause.type in _NOT_SETTLED:
+                if exc.cause.type == "ClassBudgetRefused":
+                    # Refused on the launch's first try, before anything was minted or bought:
+                    # no attempt to release. (On a later try an earlier one may have bought:
+                    # the attempt stays, and the release looks for its name.)
+                    self.state.attempts.remove(attempt)
+                    self.state.seen = [ref for ref in self.state.seen if ref.instance_name != self.state.instance.instance_name]
+                    self.state.instance = None
+                raise NotSettled(exc.cause.message) from None
             if isinstance(exc.cause, ApplicationError) and exc.cause.type in ("ConfigError", "TemplateError"):
                 raise  # a bad template or join Secret fails on every offer: end now, say what to fix
             raise LaunchAttemptFailed(_describe(exc)) from None
@@ -1279,7 +1287,7 @@ class GPUNodeWorkflow:
             args=[rest, report] if rest is not None else self._with_report(instance, report),
             # It terminates, then reads until the instance shows terminated or gone (v4: then
             # the release's later steps, each bounded).
-            start_to_close_timeout=self.req.timeouts.api_call + VERIFY_FOR + (3 * RELEASE_STEP_TIMEOUT if rest is not None else timedelta(0)),
+            start_to_close_timeout=self.req.timeouts.api_call + VERIFY_FOR + (3 * RELEASE_STEP_TIMEOUT + REPORT_WAIT if rest is not None else timedelta(0)),
             heartbeat_timeout=min(self.req.timeouts.api_call, POLL_HEARTBEAT_TIMEOUT),
             retry_policy=CLEANUP_RETRY,
             summary="terminate instance",
