@@ -179,7 +179,7 @@ async def test_a_release_step_that_fails_is_made_by_the_workflow_itself(temporal
         await class_run.terminate("test finished")
 
 
-@pytest.mark.parametrize("window, with_join", [(timedelta(seconds=1), True), (timedelta(seconds=20), False)], ids=["window-within-the-boot", "window-past-the-join"])
+@pytest.mark.parametrize("window, with_join", [(timedelta(seconds=1), True), (timedelta(seconds=8), False)], ids=["window-within-the-boot", "window-past-the-join"])
 async def test_a_twin_is_ended_by_the_joins_watch_or_after_it(temporal: WorkflowEnvironment, window: timedelta, with_join: bool) -> None:
     """A create under the node's name lands beside its launch (a dead worker's): within a
     consistency window that ends before the instance has booted, the join's own twin watch
