@@ -96,6 +96,19 @@ async def launch_settles(handle: WorkflowHandle) -> list[LedgerCall | None]:
     return found
 
 
+async def reserved_node(env: WorkflowEnvironment, queue: str, price: Decimal | None) -> tuple[WorkflowHandle, NodeRequest]:
+    """A new class, and the request of a pool's node of it whose place the pool reserved (as
+    its `reserve_and_start_nodes` does) at `price` $/h."""
+    klass = f"v4-{uuid.uuid4().hex[:6]}"
+    class_run = await start_class(env, queue, klass, CLASS)
+    req = request(
+        timeouts=SHORT, pool_workflow_id="gpupool/ml/no-such-pool", node_class=klass, class_workflow_id=class_workflow_id(klass), reserved_price=price
+    )
+    grant = await class_run.execute_update("reserve", Reservation(node_id=req.workflow_id, pool="ml/rtx", hourly_price=price), result_type=Grant)
+    assert grant.granted, grant
+    return class_run, req
+
+
 # The simulated cloud's cheapest RTX4090 offer (tests.test_node_lifecycle.request asks for one).
 OFFER_PRICE = Decimal("0.44")
 
@@ -109,17 +122,8 @@ async def test_a_pool_node_settles_in_its_launch_and_releases_in_one_activity(te
     """The pool reserved the node's place, at `reserved` $/h; the launch settles the offer's
     price with the ledger first unless that is the price reserved."""
     async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
-        klass = f"v4-{uuid.uuid4().hex[:6]}"
-        class_run = await start_class(temporal, queue, klass, CLASS)
-        req = request(
-            timeouts=SHORT,
-            pool_workflow_id="gpupool/ml/no-such-pool",
-            node_class=klass,
-            class_workflow_id=class_workflow_id(klass),
-            reserved_price=reserved,
-        )
-        grant = await class_run.execute_update("reserve", Reservation(node_id=req.workflow_id, pool="ml/rtx", hourly_price=reserved), result_type=Grant)
-        assert grant.granted, grant
+        class_run, req = await reserved_node(temporal, queue, reserved)
+        klass = req.node_class
         handle = await start_as_the_pool(temporal, queue, req)
         status = await wait_phase(handle, NodePhase.READY, timeout=90)
         assert status.hourly_price == OFFER_PRICE, status.hourly_price
@@ -158,9 +162,8 @@ async def test_a_release_step_that_fails_is_made_by_the_workflow_itself(temporal
     """The Node's deletion fails inside `release_attempt`: the terminate is not made again, the
     workflow deletes the Node with a call of its own, and the class's place still went back."""
     async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
-        klass = f"v4-{uuid.uuid4().hex[:6]}"
-        class_run = await start_class(temporal, queue, klass, CLASS)
-        req = request(timeouts=SHORT, pool_workflow_id="gpupool/ml/no-such-pool", node_class=klass, class_workflow_id=class_workflow_id(klass))
+        class_run, req = await reserved_node(temporal, queue, None)
+        klass = req.node_class
         handle = await start_as_the_pool(temporal, queue, req)
         await wait_phase(handle, NodePhase.READY, timeout=90)
         refused: Any = world.kube[f"delete /api/v1/nodes/{req.node_name}"][:1] << 500  # the first delete only
@@ -214,17 +217,9 @@ async def test_after_a_failover_that_settled_a_launch_at_the_reserved_price_sett
     Pending upsert."""
     async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
         world.cloud.set_capacity("rtx4090-us-east", False)
-        klass = f"v4-{uuid.uuid4().hex[:6]}"
-        class_run = await start_class(temporal, queue, klass, CLASS)
         dearer = Decimal("0.49")  # sim/cloud.py: rtx4090-eu-west
-        req = request(
-            timeouts=SHORT,
-            pool_workflow_id="gpupool/ml/no-such-pool",
-            node_class=klass,
-            class_workflow_id=class_workflow_id(klass),
-            reserved_price=dearer,
-        )
-        assert (await class_run.execute_update("reserve", Reservation(node_id=req.workflow_id, pool="ml/rtx", hourly_price=dearer), result_type=Grant)).granted
+        class_run, req = await reserved_node(temporal, queue, dearer)
+        klass = req.node_class
         handle = await start(temporal, queue, req)
         status = await wait_phase(handle, NodePhase.READY, timeout=90)
         assert status.hourly_price == dearer and len(status.attempts) == 2, status.attempts
