@@ -6,6 +6,7 @@ process gathers them all."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -61,6 +62,11 @@ async def ledger_batch(class_workflow_id: str, name: str, reservations: list[Res
 
 # Calls gathered into one ledger update; a bigger backlog goes in the next update.
 MAX_LEDGER_BATCH = 500
+# The most one batched settle or release may take. A class ledger decides them without waiting,
+# so a longer one is a class whose worker is gone or stuck: its callers hear TimeoutError (a
+# settle is tried again with its launch, a release by the workflow's own call) and the next
+# batch goes, instead of every later call of this worker queueing behind it.
+LEDGER_UPDATE_TIMEOUT = timedelta(seconds=30)
 
 
 class LedgerBatcher(UpdateBatcher):
@@ -68,8 +74,8 @@ class LedgerBatcher(UpdateBatcher):
     one class go together (activities.batching): `call(class_workflow_id, kind, item)`, kind
     "settle" (item: a Reservation, answer: its Grant) or "release" (item: a node id)."""
 
-    def __init__(self) -> None:
-        super().__init__(MAX_LEDGER_BATCH)
+    def __init__(self, timeout: timedelta = LEDGER_UPDATE_TIMEOUT) -> None:
+        super().__init__(MAX_LEDGER_BATCH, timeout=timeout.total_seconds())
 
     async def _update(self, client: Any, class_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
         handle = client.get_workflow_handle(class_workflow_id)

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import timedelta
 from decimal import Decimal
+
+import pytest
 
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.ledger import LedgerBatcher
 from activities.node_class import LedgerCall, NodeClassActivities
 from tests.conftest import eventually, running_world
 from tests.test_entities_heal import start_class
 from tests.test_pool_accounting import CLASS
 from tgp.crds import GPUNodeClassSpec
-from tgp.messages import Ledger, Reservation, class_workflow_id
+from tgp.messages import ClassInput, Ledger, Reservation, class_workflow_id
 from workflows.node_class import GPUNodeClassWorkflow
 
 NODES = 60
@@ -51,3 +55,26 @@ async def test_a_burst_of_settlements_reaches_the_class_in_a_few_updates_and_hol
         await asyncio.gather(*(env.run(acts.release_reservation, c) for c in calls))
         ledger = await klass.query(GPUNodeClassWorkflow.budget)
         assert not ledger.reservations
+
+
+async def test_a_class_that_never_answers_holds_no_later_call(temporal: WorkflowEnvironment) -> None:
+    """A class ledger whose worker never comes (nobody polls its queue): a settle hears an
+    error after the batcher's timeout (1 s here; the SDK's own wait would be longer), and the
+    update is given up, so a later call is not queued behind it."""
+    queue = f"silent-{uuid.uuid4().hex[:8]}"
+    name = f"silent-{uuid.uuid4().hex[:6]}"
+    klass = await temporal.client.start_workflow(
+        GPUNodeClassWorkflow.run, ClassInput(name=name, spec=CLASS), id=class_workflow_id(name), task_queue=queue
+    )
+    try:
+        acts = NodeClassActivities(cluster=None, providers={}, ledger=LedgerBatcher(timeout=timedelta(seconds=1)))  # type: ignore[arg-type]
+        env = ActivityEnvironment(client=temporal.client)
+        call = LedgerCall(class_workflow_id=klass.id, reservation=Reservation(node_id="gpunode/ml/p/n0", pool="ml/p", hourly_price=Decimal("0.44")))
+        loop = asyncio.get_running_loop()
+        for _ in range(2):  # the second is not queued behind the first
+            began = loop.time()
+            with pytest.raises(Exception) as raised:
+                await asyncio.wait_for(env.run(acts.settle_reservation, call), 8)
+            assert loop.time() - began < 5, f"the settle waited {loop.time() - began:.1f} s ({raised.value!r})"
+    finally:
+        await klass.terminate("test over")
