@@ -723,13 +723,15 @@ class NodeActivities:
         try:
             device = await self._wait_for_tailnet_join(q)
         finally:
-            if watch is not None and not watch.done():
-                watch.cancel()
+            if watch is not None:
+                if not watch.done():
+                    watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await watch
-        if watch is None or watch.cancelled() or watch.exception() is not None:
-            if watch is not None and not watch.cancelled() and watch.exception() is not None:
-                log.info("twin_watch_left_to_the_workflow", error=type(watch.exception()).__name__)
+                    await watch  # its end taken, whatever it was (an error is logged below)
+        if watch is None or watch.cancelled():
+            return JoinResult(device=device)
+        if (error := watch.exception()) is not None:
+            log.info("twin_watch_left_to_the_workflow", error=type(error).__name__)
             return JoinResult(device=device)
         return JoinResult(device=device, twins=watch.result())
 
