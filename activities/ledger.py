@@ -77,6 +77,15 @@ class LedgerBatcher(UpdateBatcher):
     def __init__(self, timeout: timedelta = LEDGER_UPDATE_TIMEOUT) -> None:
         super().__init__(MAX_LEDGER_BATCH, timeout=timeout.total_seconds())
 
+    async def settle(self, call: LedgerCall) -> Grant:
+        """The node's price, told to its class ledger (batched); the ledger may refuse."""
+        grant: Grant = await self.call(call.class_workflow_id, "settle", call.reservation)
+        return grant
+
+    async def release(self, call: LedgerCall) -> None:
+        """The node's slot and $/h given back to its class ledger (batched)."""
+        await self.call(call.class_workflow_id, "release", call.reservation.node_id)
+
     async def _update(self, client: Any, class_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
         handle = client.get_workflow_handle(class_workflow_id)
         try:

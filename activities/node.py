@@ -485,9 +485,9 @@ class NodeActivities:
         The instance name comes from the workflow, so a retried or crashed attempt finds what
         it already bought and adopts it instead of buying twice. `report` (Launching) goes to
         the pool meanwhile (`carrying`). `settle` (a `life-v4` life): the price is settled with
-        the class ledger first, before anything is minted or bought; a refusal is the
-        non-retryable `ClassBudgetRefused` (settling again is idempotent: a retried attempt
-        settles the same reservation).
+        the class ledger first, before anything is minted or bought (`_settle`: what a refusal
+        or a silent ledger raises; settling again is idempotent, a retried attempt settles the
+        same reservation).
         """
         # Given fewer arguments than it takes (older code scheduled one or two), Temporal's SDK
         # passes them undecoded (`typed`).
@@ -510,7 +510,7 @@ class NodeActivities:
         previous = tuple(info.heartbeat_details)
         try:
             with heartbeating(lambda: previous):
-                grant = await self.ledger.call(call.class_workflow_id, "settle", call.reservation)
+                grant = await self.ledger.settle(call)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -988,10 +988,7 @@ class NodeActivities:
             with heartbeating():
                 tailnet = await _step("remove_from_tailnet", self.remove_from_tailnet(inp.tailnet))
                 node = await _step("delete_node", self.delete_node(inp.node_name))
-                ledger = inp.ledger
-                released = ledger is not None and await _step(
-                    "release_reservation", self.ledger.call(ledger.class_workflow_id, "release", ledger.reservation.node_id)
-                )
+                released = inp.ledger is not None and await _step("release_reservation", self.ledger.release(inp.ledger))
         return ReleaseResult(anything_seen=seen, tailnet_cleaned=tailnet, node_deleted=node, released=released)
 
     @activity.defn

@@ -148,13 +148,12 @@ class NodeClassActivities(AccountActivities):
     async def settle_reservation(self, call: LedgerCall) -> Grant:
         """Tell the class ledger the price a node is about to pay; it may refuse. Sent together
         with the other settlements this worker makes meanwhile (LedgerBatcher)."""
-        grant: Grant = await self.ledger.call(call.class_workflow_id, "settle", call.reservation)
-        return grant
+        return await self.ledger.settle(call)
 
     @activity.defn
     async def release_reservation(self, call: LedgerCall) -> None:
         """Give the node's slot and $/h back to the class budget (batched like the settlements)."""
-        await self.ledger.call(call.class_workflow_id, "release", call.reservation.node_id)
+        await self.ledger.release(call)
 
     @activity.defn
     async def validate_class(self, inp: ValidateClassInput) -> list[str]:

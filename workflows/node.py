@@ -242,7 +242,6 @@ class GPUNodeWorkflow:
         self.v2 = False  # set by `run`: a life begun under LIFE_V2_PATCH (or LIFE_V3_PATCH)
         self.v3 = False  # set by `run`: a life begun under LIFE_V3_PATCH (or LIFE_V4_PATCH)
         self.v4 = False  # set by `run`: a life begun under LIFE_V4_PATCH
-        self._settled_once = False  # v4: a launch of this life carried a settle (the ledger's price may be another now)
         self._watch_timer: tuple[datetime, asyncio.Future[None]] | None = None  # v2: the watch's timer, when it fires
         self._asking = ""  # the budget asked for, while the ask is in flight (a v2 ask is a local activity: no pending activity shows it)
 
@@ -537,7 +536,7 @@ class GPUNodeWorkflow:
             return
         grant = await self._call(
             NodeClassActivities.settle_reservation,
-            LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(offer)),
+            self._ledger_call(offer),
             timeout=self.req.timeouts.api_call,
             retry=API_RETRY,
             summary="settle price with the class budget",
@@ -1331,7 +1330,7 @@ class GPUNodeWorkflow:
         if self.req.class_workflow_id and not released:
             await self._call(
                 NodeClassActivities.release_reservation,
-                LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=self._reservation(self.state.offer)),
+                self._ledger_call(self.state.offer),
                 timeout=self.req.timeouts.api_call,
                 retry=CLEANUP_RETRY,
                 summary="release class budget",
@@ -1619,11 +1618,12 @@ class GPUNodeWorkflow:
         queue on their class ledger before buying). Granted at the reservation, it would be
         granted again unless the class's limits were lowered meanwhile: a purchase already on
         its way is not called off for that (as a reservation already held is not)."""
-        if self.req.reserved_price is not None and offer.hourly_price == self.req.reserved_price and not self._settled_once:
+        reserved = self.req.reserved_price
+        # An earlier launch of this life at another price settled that one: settle again.
+        prices = [offer.hourly_price, *(a.offer.hourly_price for a in self.state.attempts)]
+        if reserved is not None and all(price == reserved for price in prices):
             return None
-        call = self._ledger_call(offer)
-        self._settled_once = self._settled_once or call is not None
-        return call
+        return self._ledger_call(offer)
 
     def _ledger_call(self, offer: Offer | None) -> LedgerCall | None:
         """The node's call to its class ledger (None: a node without a class has no budget)."""
