@@ -19,7 +19,7 @@ import structlog
 from activities.ports import Cluster, EvictionBlocked
 from tgp.disruption import pod_delete_at
 from tgp.errors import TgpError, TransientError
-from tgp.lifecycle import pod_keeps_node_busy
+from tgp.lifecycle import pod_holds_node, pod_keeps_node_busy
 from tgp.types import DrainInput, DrainResult, PodSummary
 
 log = structlog.get_logger("tgp.drain")
@@ -66,16 +66,18 @@ async def drain(
     if node is None:
         return DrainResult(evicted=0)
     await cluster.cordon(inp.node_name)
-    if inp.revalidate:
-        # The idle verdict came from a look taken before the cordon: a pod the scheduler bound
-        # in between would be evicted a few seconds after it started. Now that nothing more can
-        # arrive, look again.
-        arrived = [_key(p) for p in await cluster.list_pods_on_node(inp.node_name) if pod_keeps_node_busy(p)]
-        if arrived:
+    if inp.revalidate or inp.holds:
+        # The verdict came from a look taken before the cordon (and, asked inside the drain,
+        # before the pool's answer): a pod the scheduler bound in between would be evicted a few
+        # seconds after it started. Now that nothing more can arrive, look again.
+        on_node = await cluster.list_pods_on_node(inp.node_name)
+        arrived = [_key(p) for p in on_node if pod_keeps_node_busy(p)] if inp.revalidate else []
+        held = [*([f"Node {inp.node_name}"] if node.do_not_disrupt else []), *(_key(p) for p in on_node if pod_holds_node(p))] if inp.holds else []
+        if arrived or held:
             if retry or not node.unschedulable:  # a cordon someone else set stays
                 await cluster.uncordon(inp.node_name)
-            log.info("drain_called_off", node=inp.node_name, pods=arrived)
-            return DrainResult(evicted=0, called_off=arrived)
+            log.info("drain_called_off", node=inp.node_name, pods=arrived, held=held)
+            return DrainResult(evicted=0, called_off=arrived, held=held)
     evicted: set[str] = set()
     deleted: list[str] = []  # pods deleted over their PodDisruptionBudget (delete_at_deadline)
     refusals: dict[str, str] = {}  # pod -> the API's last answer to its eviction

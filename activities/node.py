@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import structlog
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
@@ -255,6 +255,11 @@ class ReleaseInput(BaseModel):
     tailnet: TailnetCleanupInput
     node_name: str
     ledger: LedgerCall | None = None
+    stuck_at: datetime | None = Field(
+        None,
+        description="A v5 life: an attempt whose terminate fails past this time returns `stuck` (nothing else done) instead of "
+        "being retried; the workflow shows TerminationStuck and releases again without it. None: retried until it succeeds.",
+    )
 
 
 class JoinResult(BaseModel):
@@ -275,6 +280,7 @@ class ReleaseResult(BaseModel):
     tailnet_cleaned: bool = False
     node_deleted: bool = False
     released: bool = False
+    stuck: bool = Field(False, description="The provider had not confirmed the terminate by `stuck_at`: nothing after it was done.")
 
 
 class PoolAskBatcher(UpdateBatcher):
@@ -853,11 +859,14 @@ class NodeActivities:
         return StageLook(up=True, seen=", ".join(seen))
 
     @activity.defn
-    async def label_and_taint_node(self, inp: LabelInput) -> None:
+    async def label_and_taint_node(self, inp: LabelInput, report: PoolReport | None = None) -> None:
         """Give the Node its pool's labels and taints, and take off those tgp had set that the pool
-        no longer lists (idempotent)."""
-        with temporal_errors():
-            await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints, remove_labels=inp.remove_labels, remove_taints=inp.remove_taints)
+        no longer lists (idempotent). `report` (Ready, a v5 life) goes to the pool meanwhile
+        (`carrying`)."""
+        inp = typed(LabelInput, inp)
+        async with carrying(typed_or_none(PoolReport, report)):
+            with temporal_errors():
+                await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints, remove_labels=inp.remove_labels, remove_taints=inp.remove_taints)
         if inp.launched_at is not None:
             metrics.LAUNCH_TO_READY.labels(inp.labels.get(LABEL_PROVIDER, "")).observe(metrics.seconds_since(inp.launched_at))
 
@@ -886,6 +895,9 @@ class NodeActivities:
         A pool that is gone or does not answer within POOL_ANSWER_TIMEOUT does not hold the
         node: it goes ahead as before budgets. Any other failure (the pool's update queue full,
         Temporal unreachable) is a refusal for now: the node asks again later."""
+        return await self._ask_pool(typed(PoolAsk, call))
+
+    async def _ask_pool(self, call: PoolAsk) -> DisruptionAnswer:
         busy = False
         try:
             async with asyncio.timeout(POOL_ANSWER_TIMEOUT.total_seconds()):
@@ -933,12 +945,21 @@ class NodeActivities:
         """Cordon, evict the workload pods and wait until they are gone, as `kubectl drain`
         does (activities.drain). Never fails for a stuck pod: the result says which pods were
         not evicted or still shutting down, and the workflow terminates anyway. `report`
-        (Draining) goes to the pool meanwhile (`carrying`)."""
+        (Draining) goes to the pool meanwhile (`carrying`).
+
+        With `inp.ask` (a voluntary end of a v5 life) the pool's budgets are asked first, as
+        `ask_pool_to_disrupt` asks them: refused, the result carries the answer and nothing is
+        touched (nor reported); the node stays Ready."""
+        inp = typed(DrainInput, inp)
+        if inp.ask is not None:
+            answer = await self._ask_pool(inp.ask)
+            if not answer.allowed:
+                return DrainResult(evicted=0, answer=answer)
         started = time.monotonic()
         async with carrying(report):
             with temporal_errors():
                 result = await drain(
-                    self.cluster, typed(DrainInput, inp), poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
+                    self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
                 )
         outcome = "timed_out" if result.remaining or result.terminating else "drained"
         metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
@@ -981,10 +1002,20 @@ class NodeActivities:
         ledger's release), each tried once and bounded (RELEASE_STEP_TIMEOUT). A step that
         fails is reported not done, never raised: the terminate is not made again for it, and
         the workflow makes that step as a call of its own. One activity and one workflow task
-        where there were four calls. `report` (Terminating) goes to the pool meanwhile."""
+        where there were four calls. `report` (Terminating) goes to the pool meanwhile.
+
+        With `inp.stuck_at` (a v5 life) an attempt scheduled at or past that time whose terminate
+        fails returns `stuck` instead: the workflow needs no timer of its own beside it."""
         inp, report = typed(ReleaseInput, inp), typed_or_none(PoolReport, report)
         async with carrying(report):
-            seen = await self._terminate_instance(inp.instance)
+            try:
+                seen = await self._terminate_instance(inp.instance)
+            except Exception:
+                # Temporal's clock (the attempt's schedule), as the workflow's that set stuck_at.
+                if inp.stuck_at is None or activity.info().current_attempt_scheduled_time < inp.stuck_at:
+                    raise  # retried by Temporal (CLEANUP_RETRY)
+                log.warning("termination_stuck", provider=inp.instance.provider, instance_name=inp.instance.instance_name)
+                return ReleaseResult(anything_seen=True, stuck=True)
             with heartbeating():
                 tailnet = await _step("remove_from_tailnet", self.remove_from_tailnet(inp.tailnet))
                 node = await _step("delete_node", self.delete_node(inp.node_name))

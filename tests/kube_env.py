@@ -92,6 +92,7 @@ class KubeApi:
         owner_uid: str = "00000000-0000-0000-0000-000000000001",
         mirror: bool = False,
         grace_period: int = 0,
+        annotations: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """A pod bound to `node`; `phase="Running"` also reports it Ready, as a kubelet would.
         `grace_period` is its terminationGracePeriodSeconds (0: a deletion removes it at once).
@@ -106,8 +107,9 @@ class KubeApi:
                 "apiVersion": owner_api_version, "kind": owner_kind, "name": owner_name or f"{name}-owner",
                 "uid": owner_uid, "controller": True,
             }]
+        metadata["annotations"] = dict(annotations or {})
         if mirror:
-            metadata["annotations"] = {"kubernetes.io/config.mirror": "0123456789abcdef"}
+            metadata["annotations"]["kubernetes.io/config.mirror"] = "0123456789abcdef"
         pod = await self.create(
             f"/api/v1/namespaces/{self.namespace}/pods",
             {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,

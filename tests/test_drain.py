@@ -282,6 +282,26 @@ async def test_a_called_off_drain_leaves_a_cordon_someone_else_set(kube_api: Kub
     assert (await node_spec(kube_api, node)).get("unschedulable") is True
 
 
+@pytest.mark.parametrize("on", ["pod", "node"])
+async def test_the_drain_of_a_voluntary_end_is_called_off_by_do_not_disrupt_after_the_cordon(kube_api: KubeApi, on: str) -> None:
+    # A v5 life asks the pool's budgets inside the drain: a do-not-disrupt pod that started
+    # meanwhile (or the Node annotated meanwhile) was not in the view the verdict came from.
+    # After the cordon nothing more can arrive: look again, call it off, say what holds it.
+    node = kube_api.unique("held")
+    await kube_api.create_node(node)
+    dnd = {"karpenter.sh/do-not-disrupt": "true"}
+    await kube_api.create_pod("guarded", node=node, annotations=dnd if on == "pod" else None)
+    if on == "node":
+        assert (await kube_api.merge_patch(f"/api/v1/nodes/{node}", {"metadata": {"annotations": dnd}})).status_code == 200
+
+    inp = DrainInput(node_name=node, timeout=TIMEOUT, holds=True)
+    result = await drain(kube_api.cluster, inp, poll_interval=POLL, heartbeat=[].append)
+
+    assert result == DrainResult(evicted=0, held=[f"{kube_api.namespace}/guarded" if on == "pod" else f"Node {node}"])
+    assert await kube_api.pod_exists("guarded") and await events_about(kube_api, "guarded") == []
+    assert not (await node_spec(kube_api, node)).get("unschedulable"), "the node takes pods again"
+
+
 async def test_at_the_deadline_each_pod_left_on_the_node_gets_a_warning_saying_why(kube_api: KubeApi) -> None:
     # Issue 17 item 11: the pods killed with the machine must hear why, where `kubectl describe pod` shows it.
     node = kube_api.unique("why")

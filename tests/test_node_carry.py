@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from datetime import datetime, timedelta, timezone
 
+import httpx
 import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
@@ -20,6 +21,23 @@ from workflows.node import GPUNodeWorkflow
 from workflows.pool import PoolInput
 
 pytestmark = pytest.mark.timeout(300)
+
+
+async def guarded_pod(kube_url: str, node: str, name: str) -> None:
+    """A Running pod on `node` annotated do-not-disrupt (the emulator has no scheduler or kubelet)."""
+    meta = {"name": name, "namespace": "default", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}}
+    async with httpx.AsyncClient(base_url=kube_url) as kube:
+        (await kube.post("/api/v1/namespaces/default/pods", json=pod)).raise_for_status()
+        running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+        patched = await kube.patch(f"/api/v1/namespaces/default/pods/{name}/status", json=running, headers={"Content-Type": "application/merge-patch+json"})
+        patched.raise_for_status()
+
+
+async def pod_of(kube_url: str, name: str) -> dict[str, object] | None:
+    async with httpx.AsyncClient(base_url=kube_url) as kube:
+        response = await kube.get(f"/api/v1/namespaces/default/pods/{name}")
+        return response.json() if response.status_code == 200 else None
 
 
 def test_a_sighting_or_budget_word_received_before_continue_as_new_is_carried() -> None:
@@ -38,15 +56,18 @@ def test_a_sighting_or_budget_word_received_before_continue_as_new_is_carried() 
 
 async def ask_in_flight(handle: WorkflowHandle) -> bool:
     # A v2 life asks with a local activity, which no pending activity shows: the node says so.
+    # A v5 life asks inside its drain (`drain_node` with an `ask`), a pending activity.
     status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
     pending = (await handle.describe()).raw_description.pending_activities
-    return bool(status.asking) or any(a.activity_type.name == "ask_pool_to_disrupt" for a in pending)
+    return bool(status.asking) or any(a.activity_type.name in ("ask_pool_to_disrupt", "drain_node") for a in pending)
 
 
 async def test_a_do_not_disrupt_pod_that_starts_while_the_pool_is_asked_holds_the_granted_node(temporal: WorkflowEnvironment) -> None:
     """An idle node asks its pool; the pool's workflow has no worker and does not answer, which
-    grants (after POOL_ANSWER_TIMEOUT). Meanwhile the bridge says a do-not-disrupt pod now runs
-    on the node: the node does not drain on that grant, it is held (DisruptionHeld)."""
+    grants (after POOL_ANSWER_TIMEOUT). Meanwhile a do-not-disrupt pod starts on the node (and
+    the bridge says so): the node does not drain on that grant, it is held (DisruptionHeld).
+    A v5 life asks inside its drain, which finds the pod right after its cordon: the drain is
+    called off (DrainCalledOff), nothing is evicted, the Node is uncordoned."""
     async with running_world(temporal) as (world, _, queue):
         pool_id = f"gpunodepool/ml/unanswering-{uuid.uuid4().hex[:6]}"
         # A pool workflow on a task queue no worker polls: an update to it is never answered.
@@ -56,15 +77,24 @@ async def test_a_do_not_disrupt_pod_that_starts_while_the_pool_is_asked_holds_th
         try:
             await wait_phase(handle, NodePhase.READY, timeout=60)
             await eventually(lambda: ask_in_flight(handle), timeout=60, what="the node to ask its pool")
-            facts = NodeFacts(node_name=req.node_name, present=True, ready=True, gpus=1, holding=1, holders=["default/train"], at=datetime.now(timezone.utc))
+            await guarded_pod(world.kube_url, req.node_name, "train")
+            facts = NodeFacts(node_name=req.node_name, present=True, ready=True, gpus=1, busy_pods=1, holding=1, holders=["default/train"], at=datetime.now(timezone.utc))
             await handle.signal(GPUNodeWorkflow.node_facts, facts)
 
             async def held() -> bool:
+                pod = await pod_of(world.kube_url, "train")
+                assert pod is not None and not pod["metadata"].get("deletionTimestamp"), "the node drained on a grant its new facts forbid"
                 status = await handle.query(GPUNodeWorkflow.status)
-                assert status.phase is NodePhase.READY, f"the node went on a grant its new facts forbid: {status.phase} {status.end_reason}"
-                return not await ask_in_flight(handle) and any(r.stage is Stage.DISRUPTION_HELD and "default/train" in r.reason for r in status.stages)
+                return (
+                    status.phase is NodePhase.READY
+                    and not await ask_in_flight(handle)
+                    # Held by the facts judged after the grant, or (v5) by the drain's look after its cordon.
+                    and any(r.stage in (Stage.DISRUPTION_HELD, Stage.DRAIN_CALLED_OFF) and "default/train" in r.reason for r in status.stages)
+                )
 
             await eventually(held, timeout=60, what="the node to be held by the do-not-disrupt pod")
+            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+                assert not (await kube.get(f"/api/v1/nodes/{req.node_name}")).json()["spec"].get("unschedulable"), "left cordoned"
             await asyncio.sleep(0)  # nothing else: evict ends it
             await handle.signal("evict", {"reason": "test over"})
             final = await asyncio.wait_for(handle.result(), 60)

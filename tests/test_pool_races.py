@@ -128,7 +128,7 @@ class Gates:
     emit_events: Gate = field(default_factory=Gate)
     evict_nodes: Gate = field(default_factory=Gate)
     reserve_and_start_node: Gate = field(default_factory=Gate)  # held after the node workflow started (one pass per node of a batch)
-    drain_node: Gate = field(default_factory=Gate)  # held before the drain begins (heartbeating meanwhile)
+    drain_node: Gate = field(default_factory=Gate)  # held before the drain begins, after a v5 drain's ask (heartbeating meanwhile)
 
     def open(self) -> None:
         for gate in (self.emit_events, self.evict_nodes, self.reserve_and_start_node, self.drain_node):
@@ -181,6 +181,11 @@ def gate_activities(activities: Activities, gates: Gates) -> Activities:
 
     @activity.defn(name="drain_node")
     async def drain_node(inp: DrainInput, report: PoolReport | None = None) -> DrainResult:
+        if inp.ask is not None:  # a v5 drain asks the budgets first: held once allowed, as before
+            answer = await node._ask_pool(inp.ask)
+            if not answer.allowed:
+                return DrainResult(evicted=0, answer=answer)
+            inp = inp.model_copy(update={"ask": None})
         waiting = asyncio.ensure_future(gates.drain_node.passing(inp))
         while not waiting.done():
             activity.heartbeat()  # a held drain is alive: no heartbeat timeout retries it

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tgp.capacity import OfferSize
 from tgp.crds import ClassLimits, Condition, GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.types import NodePhase, NodeRequest, NodeOverview, StageRecord
+from tgp.types import DisruptionAnswer, DisruptionAsk, NodeOverview, NodePhase, NodeRequest, PoolAsk, StageRecord
 
 
 class Msg(BaseModel):
@@ -153,6 +153,9 @@ class PoolNode(NodeOverview):
     floor: bool = Field(False, description="Keeps the pool at minNodes; does not idle out.")
     timeouts_sent: str = Field("", description="The disruption settings the node last got (JSON), to send changes once.")
     template_sent: str = Field("", description="A hash of the template labels and taints the node last got, to send changes once; \"\": unknown.")
+    hold_ends_when_busy: bool = Field(
+        False, description="It holds its pods' place (bind grace) until the first pod on it, then ends the hold itself; the pool has sent it no settings since."
+    )
     gpus: int | None = Field(None, description="The GPUs it was bought with (at least): the room its nominations may take while it launches.")
     reported_at: datetime | None = Field(None, description="`at` of the newest report taken from the node: an older one arriving later is stale.")
     # Make-before-break replacement (tgp.replace); carried from report to report.
@@ -266,24 +269,6 @@ class OfferCheck(Msg):
 
 
 
-class DisruptionAsk(Msg):
-    """A node asks its pool (update `may_disrupt`) whether it may begin a voluntary disruption
-    now, within the pool's disruption budgets."""
-
-    workflow_id: str
-    node_name: str
-    reason: str = Field(description="The voluntary reason, as a budget's `reasons` names it (tgp.disruption.DisruptionReason): Empty, Expired, ...")
-
-
-class DisruptionAnswer(Msg):
-    allowed: bool
-    message: str = Field("", description="Why not (the blocking budget and the counts), or why it went ahead unasked.")
-    unasked: bool = Field(
-        False,
-        description="Not a refusal: the pool could not take the ask now (its updates in flight at Temporal's limit); ask again soon.",
-    )
-
-
 class DisruptionAsks(Msg):
     """Many nodes' asks at once (update `may_disrupt_many`: the worker gathers the asks made
     meanwhile, activities.batching), answered in order."""
@@ -293,13 +278,6 @@ class DisruptionAsks(Msg):
 
 class DisruptionAnswers(Msg):
     answers: list[DisruptionAnswer]
-
-
-class PoolAsk(Msg):
-    """Input of the node's `ask_pool_to_disrupt` activity."""
-
-    pool_workflow_id: str
-    ask: DisruptionAsk
 
 
 class PoolReport(Msg):

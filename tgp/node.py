@@ -53,6 +53,13 @@ class NodeState(BaseModel):
     # class ledger and whose release terminates, cleans up and gives the place back in one
     # activity each, and whose start's search attributes are the pool's (no upsert of its own).
     life_v4: bool = False
+    # A life begun under the `life-v5` patch: a v4 life whose voluntary drains ask the budgets
+    # themselves, whose watch keeps a timer that is early, and which ends its bind-grace hold
+    # itself at its first workload pod (`NodeRequest.hold_ends_when_busy`).
+    life_v5: bool = False
+    # The pool sent settings (`update_timeouts`) since the start: from then on the pool says
+    # when the bind-grace hold ends, not the node's first pod.
+    settings_from_pool: bool = False
     # The pool's labels and taints as tgp last put them on the Node (set when the pool first
     # sends a change; None: as the request had them at bring-up), and when a failed attempt to
     # apply a change is tried again.

@@ -370,6 +370,12 @@ class NodeRequest(Model):
         description="The $/h the pool reserved for the node with the class ledger (the offer its pods were sized for): a launch at that "
         "price has nothing to settle (None: unknown, every launch settles).",
     )
+    hold_ends_when_busy: bool = Field(
+        False,
+        description="The node ends its bind-grace hold itself when the bridge first shows a workload pod on it (a v5 life), "
+        "unless the pool has sent it settings since its start: the pool, which models the same rule, then sends no settings "
+        "to release a node whose pods bound on it.",
+    )
 
     @property
     def workflow_id(self) -> str:
@@ -526,8 +532,45 @@ class InstanceSighting(Model):
     at: datetime = Field(description="When the listing was taken.")
 
 
+class Message(BaseModel):
+    """A message between workflows and activities (not frozen, as tgp.messages' are)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class DisruptionAsk(Message):
+    """A node asks its pool (update `may_disrupt`) whether it may begin a voluntary disruption
+    now, within the pool's disruption budgets."""
+
+    workflow_id: str
+    node_name: str
+    reason: str = Field(description="The voluntary reason, as a budget's `reasons` names it (tgp.disruption.DisruptionReason): Empty, Expired, ...")
+
+
+class DisruptionAnswer(Message):
+    allowed: bool
+    message: str = Field("", description="Why not (the blocking budget and the counts), or why it went ahead unasked.")
+    unasked: bool = Field(
+        False,
+        description="Not a refusal: the pool could not take the ask now (its updates in flight at Temporal's limit); ask again soon.",
+    )
+
+
+class PoolAsk(Message):
+    """Input of the node's `ask_pool_to_disrupt` activity."""
+
+    pool_workflow_id: str
+    ask: DisruptionAsk
+
+
 class DrainResult(Model):
     evicted: int
+    answer: DisruptionAnswer | None = Field(
+        None, description="With `ask`: the pool's answer. Not allowed: nothing was cordoned or evicted (the node stays Ready)."
+    )
+    held: list[str] = Field(
+        [], description="With `holds`: what do-not-disrupt held the node right after the cordon (the Node, or namespace/name of pods); it was uncordoned and nothing evicted."
+    )
     remaining: list[str] = Field([], description="namespace/name of pods not evicted by the deadline (e.g. blocked by a PodDisruptionBudget).")
     terminating: list[str] = Field([], description="namespace/name of pods evicted or deleted but still shutting down at the deadline.")
     called_off: list[str] = Field(
@@ -670,6 +713,14 @@ class DrainInput(Model):
         "since the idle verdict, uncordon and evict nothing (Karpenter re-validates a disruption the same way).",
     )
     bound: str = Field("", description="What set `timeout`, when not the drain timeout: named in the pods' DrainTimedOut Events.")
+    ask: PoolAsk | None = Field(
+        None, description="A voluntary end (v5 life): ask the pool's disruption budgets first, and drain only if allowed."
+    )
+    holds: bool = Field(
+        False,
+        description="A voluntary end: right after the cordon, look again, and if do-not-disrupt holds the node (the Node's annotation "
+        "or a pod's), uncordon and evict nothing.",
+    )
     delete_at_deadline: bool = Field(
         False,
         description="The pool's terminationGracePeriod sets `timeout`: a pod still on the node at the deadline minus its own "

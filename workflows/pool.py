@@ -169,6 +169,12 @@ IN_PLACE_TEMPLATE_PATCH = "in-place-template"
 # reports kept it writing (a deleted 100-node pool evicted its nodes 15 s late, 4 minutes on a
 # loaded machine). The last write of a run (deleted, continued as new) still writes them all.
 EVENTS_ONCE_PATCH = "events-once-per-pass"
+# Marks runs whose batched starts let a node bought for pods end its bind-grace hold itself, at
+# the first workload pod the bridge shows on it (`NodeRequest.hold_ends_when_busy`, a v5 life):
+# the pool models the same rule (`_model_held_nodes`) and sends no settings for it. Before it, the
+# pool sent each such node its settings again when its pods bound: a signal and a workflow task
+# of the node per node bought (bench: 6 of a short life's events).
+HOLD_ENDS_WHEN_BUSY_PATCH = "hold-ends-when-busy"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -317,6 +323,7 @@ class GPUNodePoolWorkflow:
             reason=r.reason,
             floor=old.floor if old else False,
             timeouts_sent=old.timeouts_sent if old else "",
+            hold_ends_when_busy=old.hold_ends_when_busy if old else False,
             template_sent=old.template_sent if old else "",
             gpus=old.gpus if old else None,
             reported_at=r.at,
@@ -771,7 +778,7 @@ class GPUNodePoolWorkflow:
     def _batch_template(self, u: PoolUpdate) -> NodeRequest:
         """The request a batch's starts are built from (`tgp.pools.request_for`)."""
         assert u.node_class is not None
-        return node_request(
+        template = node_request(
             namespace=self.inp.namespace,
             pool_name=self.inp.name,
             class_name=u.spec.node_class_ref.name,
@@ -780,6 +787,9 @@ class GPUNodePoolWorkflow:
             klass=u.node_class,
             watch_interval=self.inp.watch_interval,
         )
+        if workflow.patched(HOLD_ENDS_WHEN_BUSY_PATCH):
+            template = template.model_copy(update={"hold_ends_when_busy": True})
+        return template
 
     def _unsettled(self, u: PoolUpdate, template: NodeRequest, start: NodeStart, pods: list[str], now: datetime, error: str) -> None:
         """A start that failed and may have happened: its node is recorded as launching, its
@@ -879,9 +889,16 @@ class GPUNodePoolWorkflow:
         # A report may already have arrived while the start was in flight: keep its phase, but
         # the floor flag, the GPUs and the settings sent are known only here.
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
-        sent = _fingerprint(self._timeouts_for(u, floor=floor, held=fit and bool(pods)))
+        held = fit and bool(pods)
+        sent = _fingerprint(self._timeouts_for(u, floor=floor, held=held))
         self.state.nodes[req.workflow_id] = node.model_copy(
-            update={"floor": floor, "timeouts_sent": sent, "gpus": req.requirements.min_gpu_count, "template_sent": _template_fingerprint(_template(u))}
+            update={
+                "floor": floor,
+                "timeouts_sent": sent,
+                "gpus": req.requirements.min_gpu_count,
+                "template_sent": _template_fingerprint(_template(u)),
+                "hold_ends_when_busy": held and req.hold_ends_when_busy,
+            }
         )
         for pod in pods:
             self.state.nominations[pod] = Nomination(workflow_id=req.workflow_id, since=now)
@@ -1360,8 +1377,25 @@ class GPUNodePoolWorkflow:
             wanted = wanted.model_copy(update={"termination_grace": grace})
         return wanted
 
+    def _model_held_nodes(self, live: list[PoolNode]) -> None:
+        """A node started with `hold_ends_when_busy` ends its bind-grace hold at the first pod on
+        it, unless the pool sent it settings since: once the bridge shows GPU pods bound on it,
+        the pool's record of what it has says so too (the settings last sent, with
+        no hold). The pool then sends nothing when its pods' nominations end, and sends the hold
+        again if some of its pods still wait (the node keeps what the pool sends from then on).
+        Where the two views part (a pod the bridge counted came and went before the node heard
+        of it), the node holds at most its bind grace, as before."""
+        for n in live:
+            # The bridge lists bound pods only on Ready Nodes, and the node's watch sees them
+            # even when its own Ready report reaches the pool after the demand that shows them.
+            if n.hold_ends_when_busy and self.state.bound_gpus.get(n.node_name):
+                sent = TimeoutsUpdate.model_validate_json(n.timeouts_sent) if n.timeouts_sent else None
+                dropped = _fingerprint(sent.model_copy(update={"hold": timedelta(0)})) if sent is not None and sent.hold else n.timeouts_sent
+                self.state.nodes[n.workflow_id] = n.model_copy(update={"hold_ends_when_busy": False, "timeouts_sent": dropped})
+
     async def _sync_timeouts(self, u: PoolUpdate, live: list[PoolNode]) -> None:
         """Send each running node the pool's current disruption settings when they changed."""
+        self._model_held_nodes(live)
         held = {nom.workflow_id for nom in self.state.nominations.values() if nom.bought}
         at_once, failed = workflow.patched(SETTINGS_AT_ONCE_PATCH), "could not update the timeouts of %s: %s"
         sends: list[tuple[str, Any, str]] = []
@@ -1374,6 +1408,8 @@ class GPUNodePoolWorkflow:
             fingerprint = _fingerprint(wanted)
             if node.timeouts_sent == fingerprint:
                 continue
+            if node.hold_ends_when_busy:  # the pool speaks: from now on the node keeps what it is sent
+                self.state.nodes[wid] = node.model_copy(update={"hold_ends_when_busy": False})
             if at_once:
                 sends.append((wid, wanted, fingerprint))
             else:

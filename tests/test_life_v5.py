@@ -1,0 +1,179 @@
+"""A `life-v5` life (workflows/node.py LIFE_V5_PATCH): fewer workflow tasks at its ends.
+
+* An idle (or expired) node's drain asks the pool's disruption budgets itself, first, and
+  looks again for do-not-disrupt right after its cordon: no ask activity before it. A refusal
+  touches nothing; the budget tests (tests/test_node_disruption.py) hold for it too.
+* The watch keeps a timer that fires early rather than cancel it and start a later one.
+* A node the pool bought for pods ends its bind-grace hold itself at its first workload pod
+  (`hold_ends_when_busy`), unless the pool sent it settings since; the pool models the same
+  rule and sends nothing when the pods bind on it.
+* The labels' call carries the Ready report to the pool.
+
+Against the simulated world over HTTP, the real bridge and the Temporal dev server."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from tests.conftest import eventually, running_world
+from tests.kube_env import KubeApi
+from tests.test_bridge import apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
+from tests.test_life_events import SHORT, event_types
+from tests.test_life_v4 import calls, start_as_the_pool
+from tests.test_node_lifecycle import request, wait_phase
+from tests.test_node_long_lived import put_pod, remove_pod
+from tests.test_watch_events import bridge_running, signals_received, told
+from tgp.types import DrainInput, NodePhase, NodeStatus, TimeoutsUpdate
+from workers.temporal import DATA_CONVERTER
+from workflows.node import GPUNodeWorkflow
+
+pytestmark = pytest.mark.timeout(300)
+
+# The pool's bind grace, as the pool starts its nodes with it: far past the test's idle timeout.
+HOLD = timedelta(minutes=3)
+# This module's short life of a pool's node (bought, joined, a pod ran, idle, drained,
+# released): measured 64 events (67-70 under life-v4); the bound keeps room for a loaded
+# machine (a facts signal more, a backstop look).
+V5_LIFE_EVENTS = 70
+
+
+def held_request(**overrides: Any) -> Any:
+    """A pool's node bought for pods: it holds their place for HOLD after Ready, and may end
+    that hold itself at its first pod (as the pool's batched starts ask)."""
+    return request(
+        timeouts=SHORT.model_copy(update={"bind_grace": HOLD}),
+        pool_workflow_id="gpupool/ml/no-such-pool",
+        hold_ends_when_busy=True,
+        **overrides,
+    )
+
+
+async def timers_between(handle: WorkflowHandle, first: int, second: int) -> list[str]:
+    """The timer events between the node's `first` and `second` node_facts signals (1-based)."""
+    seen, found = 0, []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED and event.workflow_execution_signaled_event_attributes.signal_name == "node_facts":
+            seen += 1
+        elif first <= seen < second and event.event_type in (EventType.EVENT_TYPE_TIMER_STARTED, EventType.EVENT_TYPE_TIMER_CANCELED):
+            found.append(EventType.Name(event.event_type))
+    return found
+
+
+async def drain_inputs(handle: WorkflowHandle) -> list[DrainInput]:
+    found = []
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_type.name == "drain_node":
+                found.append((await DATA_CONVERTER.decode(attrs.input.payloads[:1], [DrainInput]))[0])
+    return found
+
+
+async def last_timer(handle: WorkflowHandle) -> timedelta:
+    """The duration of the last timer the node started."""
+    last = None
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_TIMER_STARTED:
+            last = event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+    assert last is not None, "no timer started"
+    return last
+
+
+async def test_a_v5_node_ends_its_hold_at_its_first_pod_and_asks_its_budget_in_the_drain(temporal: WorkflowEnvironment) -> None:
+    """A pool's node bought for pods (hold HOLD) runs one pod: once that pod is gone it idles
+    out after its idle timeout, not HOLD after Ready, with no settings from the pool. The pod's
+    arrival moves the next deadline later: the timer is kept (no cancel, no new timer). The
+    idle end asks the pool's budgets inside the drain (no ask activity), and the life stays
+    under V5_LIFE_EVENTS."""
+    async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
+        req = held_request()
+        handle = await start_as_the_pool(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY, timeout=90)
+        before = len(await signals_received(handle, "node_facts", object))
+        await put_pod(world, req.node_name, "job")
+        await told(handle, busy_pods=1)
+        await remove_pod(world, "job")
+        await told(handle, busy_pods=0)
+        # Ends after the idle timeout (2 s), far before the hold (3 minutes) would let it.
+        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+        assert not await signals_received(handle, "update_timeouts", TimeoutsUpdate)
+
+        busy = before + 1  # the signal that told the node of its pod
+        assert await timers_between(handle, busy, busy + 1) == [], "the pod's arrival cancelled the watch's timer"
+        activities, local, _ = await calls(handle)
+        assert "ask_pool_to_disrupt" not in activities and "ask the pool: Empty disruption" not in local, (activities, local)
+        [drained] = await drain_inputs(handle)
+        assert drained.ask is not None and drained.ask.ask.reason == "Empty" and drained.holds, drained
+        assert "report Ready" not in local, f"Ready went to the pool on its own: {local}"
+        tally, order = await event_types(handle)
+        total = sum(tally.values())
+        print(f"a v5 life of a pool's node: {total} events: {dict(tally.most_common())}")
+        assert total < V5_LIFE_EVENTS, f"{total} events: {dict(tally.most_common())}; in order: {order}"
+        await Replayer(workflows=[GPUNodeWorkflow], data_converter=DATA_CONVERTER).replay_workflow(await handle.fetch_history())
+
+
+async def test_a_node_the_pool_sent_settings_keeps_the_pools_hold(temporal: WorkflowEnvironment) -> None:
+    """Settings the pool sent after the start (its pods still wait) are the pool's word: the
+    node's first pod no longer ends the hold, and once idle it sleeps until the hold's end."""
+    async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
+        req = held_request()
+        handle = await start_as_the_pool(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY, timeout=90)
+        t = req.timeouts
+        await handle.signal(GPUNodeWorkflow.update_timeouts, TimeoutsUpdate(idle=t.idle, drain=t.drain, expire_after=t.expire_after, hold=HOLD))
+        await put_pod(world, req.node_name, "job")
+        await told(handle, busy_pods=1)
+        await remove_pod(world, "job")
+        await told(handle, busy_pods=0)
+
+        async def sleeps_for_the_hold() -> bool:
+            return await last_timer(handle) > timedelta(minutes=1)
+
+        await eventually(sleeps_for_the_hold, what="the idle node's watch to sleep until the pool's hold ends")
+        assert (await handle.query(GPUNodeWorkflow.status)).phase is NodePhase.READY
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await asyncio.wait_for(handle.result(), 90)).phase is NodePhase.TERMINATED
+
+
+async def test_the_pool_sends_no_settings_to_a_node_whose_pod_bound_on_it(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """Through the bridge: a pending pod gets a node, the pool hears it Ready (carried by the
+    labels' call), the pod binds on it and runs while the pool looks; the pool then sends the
+    node nothing (its nomination ended, and the node ended its hold itself at the pod), and once
+    the pod is gone the node idles out after the pool's idle timeout."""
+    async with running_stack(temporal, kube_api) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s"}))
+        await pending_pod(s.kube, "train")
+        [node] = await ready_nodes(s, "ml", "rtx", 1)
+        handle = s.env.client.get_workflow_handle(node["workflowId"], result_type=NodeStatus)
+        pool = s.env.client.get_workflow_handle("gpunodepool/ml/rtx")
+        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
+        await told(handle, busy_pods=1)
+
+        async def pool_saw_it_bound() -> bool:
+            # A pool pass (a completed workflow task) after a demand that shows the pod on it.
+            shown = False
+            async for event in pool.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+                    attrs = event.workflow_execution_signaled_event_attributes
+                    if attrs.signal_name == "demand":
+                        demand = (await DATA_CONVERTER.decode(attrs.input.payloads[:1], [dict]))[0]
+                        shown = bool((demand.get("bound_gpus") or {}).get(node["name"]))
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED and shown:
+                    return True
+            return False
+
+        await eventually(pool_saw_it_bound, timeout=60, what="a pool pass that saw the pod bound on the node")
+        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
+        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+        assert not await signals_received(handle, "update_timeouts", TimeoutsUpdate), "the pool sent the node its settings again"
