@@ -102,3 +102,38 @@ async def test_a_do_not_disrupt_pod_that_starts_while_the_pool_is_asked_holds_th
             assert_nothing_left(world, req.node_name)
         finally:
             await pool.terminate("test over")
+
+
+async def test_an_expired_node_whose_drain_finds_do_not_disrupt_after_its_cordon_stays(temporal: WorkflowEnvironment) -> None:
+    """A v5 life: an expired node asks its (unanswering) pool inside its drain; meanwhile a
+    do-not-disrupt pod starts on it and nobody tells the node (no bridge runs). Granted by the
+    pool's silence, the drain finds the pod right after its cordon: it is called off, the Node
+    uncordoned, the pod never evicted, and the node, Ready again, is held (DisruptionHeld)
+    rather than drained again and again. An eviction still ends it."""
+    async with running_world(temporal) as (world, _, queue):
+        pool_id = f"gpunodepool/ml/unanswering-{uuid.uuid4().hex[:6]}"
+        pool = await temporal.client.start_workflow("GPUNodePoolWorkflow", PoolInput(namespace="ml", name="unanswering"), id=pool_id, task_queue=f"nobody-{uuid.uuid4().hex[:6]}")
+        req = request(timeouts=AT_REST.model_copy(update={"expire_after": timedelta(seconds=2)}), pool_workflow_id=pool_id)
+        handle = await start(temporal, queue, req)
+        try:
+            await wait_phase(handle, NodePhase.READY, timeout=60)
+            await eventually(lambda: ask_in_flight(handle), timeout=60, what="the expired node's drain to ask its pool")
+            await guarded_pod(world.kube_url, req.node_name, "train")
+
+            async def held() -> bool:
+                pod = await pod_of(world.kube_url, "train")
+                assert pod is not None and not pod["metadata"].get("deletionTimestamp"), "the drain evicted a do-not-disrupt pod"
+                status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
+                return status.phase is NodePhase.READY and any(r.stage is Stage.DISRUPTION_HELD and "default/train" in r.reason for r in status.stages)
+
+            await eventually(held, timeout=60, what="the expired node to be held by the do-not-disrupt pod its drain found")
+            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+                assert not (await kube.get(f"/api/v1/nodes/{req.node_name}")).json()["spec"].get("unschedulable"), "left cordoned"
+            drains = [e async for e in handle.fetch_history_events() if e.activity_task_scheduled_event_attributes.activity_type.name == "drain_node"]
+            assert len(drains) == 1, f"drained again while held: {len(drains)} drains"
+            await handle.signal("evict", {"reason": "test over"})
+            final = await asyncio.wait_for(handle.result(), 60)
+            assert final.phase is NodePhase.TERMINATED
+            assert_nothing_left(world, req.node_name)
+        finally:
+            await pool.terminate("test over")
