@@ -25,7 +25,7 @@ from temporalio.worker import Replayer
 
 from tests.conftest import eventually, running_world
 from tests.kube_env import KubeApi
-from tests.test_bridge import apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
+from tests.test_bridge import POOLS, apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
 from tests.test_life_events import SHORT, event_types
 from tests.test_life_v4 import calls, start_as_the_pool
 from tests.test_node_lifecycle import request, wait_phase
@@ -177,3 +177,35 @@ async def test_the_pool_sends_no_settings_to_a_node_whose_pod_bound_on_it(tempor
         status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
         assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
         assert not await signals_received(handle, "update_timeouts", TimeoutsUpdate), "the pool sent the node its settings again"
+
+
+async def test_a_node_the_pool_sent_settings_to_is_released_by_the_pool(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """The pool changes its idle timeout while the node's pod still waits: it sends the node
+    its settings (with the hold), and from then on it, not the node's first pod, says when the
+    hold ends. Once the pod bound on the node, the pool sends the hold's end; the pod gone, the
+    node idles out after the idle timeout, not the bind grace (3 minutes)."""
+    async with running_stack(temporal, kube_api) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s"}))
+        await pending_pod(s.kube, "train")
+        [node] = await ready_nodes(s, "ml", "rtx", 1)
+        handle = s.env.client.get_workflow_handle(node["workflowId"], result_type=NodeStatus)
+        patch = {"spec": {"disruption": {"idleTimeout": "3s", "drainTimeout": "10s"}}}
+        merge = {"Content-Type": "application/merge-patch+json"}
+        (await s.kube.patch(f"{POOLS.format(ns='ml')}/rtx", json=patch, headers=merge)).raise_for_status()
+
+        async def sent_with_the_hold() -> bool:
+            return any(u.hold for u in await signals_received(handle, "update_timeouts", TimeoutsUpdate))
+
+        await eventually(sent_with_the_hold, timeout=60, what="the pool's new settings, with the hold, sent to the node")
+        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
+        await told(handle, busy_pods=1)
+
+        async def hold_ended() -> bool:
+            sent = await signals_received(handle, "update_timeouts", TimeoutsUpdate)
+            return bool(sent) and sent[-1].hold == timedelta(0)
+
+        await eventually(hold_ended, timeout=60, what="the pool to end the node's hold once its pod bound")
+        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
+        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
