@@ -861,12 +861,13 @@ class NodeActivities:
     @activity.defn
     async def label_and_taint_node(self, inp: LabelInput, report: PoolReport | None = None) -> None:
         """Give the Node its pool's labels and taints, and take off those tgp had set that the pool
-        no longer lists (idempotent). `report` (Ready, a v5 life) goes to the pool meanwhile
-        (`carrying`)."""
+        no longer lists (idempotent). `report` (Ready, a v5 life) goes to the pool once they are
+        on (`carrying`: waited for REPORT_WAIT at most)."""
         inp = typed(LabelInput, inp)
+        with temporal_errors():
+            await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints, remove_labels=inp.remove_labels, remove_taints=inp.remove_taints)
         async with carrying(typed_or_none(PoolReport, report)):
-            with temporal_errors():
-                await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints, remove_labels=inp.remove_labels, remove_taints=inp.remove_taints)
+            pass  # Ready once the labels and taints are on: the pool may act on it (make-before-break)
         if inp.launched_at is not None:
             metrics.LAUNCH_TO_READY.labels(inp.labels.get(LABEL_PROVIDER, "")).observe(metrics.seconds_since(inp.launched_at))
 
@@ -951,7 +952,7 @@ class NodeActivities:
         `ask_pool_to_disrupt` asks them: refused, the result carries the answer and nothing is
         touched (nor reported); the node stays Ready."""
         inp = typed(DrainInput, inp)
-        if inp.ask is not None:
+        if inp.ask is not None and activity.info().attempt == 1:  # a retry holds the first attempt's grant
             answer = await self._ask_pool(inp.ask)
             if not answer.allowed:
                 return DrainResult(evicted=0, answer=answer)

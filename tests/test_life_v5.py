@@ -14,14 +14,20 @@ Against the simulated world over HTTP, the real bridge and the Temporal dev serv
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import uuid
+from contextlib import AsyncExitStack
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer
+
+from sim.world import sim_world
 
 from tests.conftest import eventually, running_world
 from tests.kube_env import KubeApi
@@ -31,9 +37,13 @@ from tests.test_life_v4 import calls, start_as_the_pool
 from tests.test_node_lifecycle import request, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_watch_events import bridge_running, signals_received, told
-from tgp.types import DrainInput, NodePhase, NodeStatus, TimeoutsUpdate
+from tests.test_pool_accounting import CLASS, pool_spec
+from tgp.messages import PoolUpdate, pool_workflow_id
+from tgp.types import DisruptionAsk, DrainInput, DrainResult, NodePhase, NodeStatus, PoolAsk, TimeoutsUpdate
+from workers.main import WorkerConfig, build_activities, make_worker
 from workers.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
+from workflows.pool import GPUNodePoolWorkflow, PoolInput
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -209,3 +219,40 @@ async def test_a_node_the_pool_sent_settings_to_is_released_by_the_pool(temporal
         (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
         status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
         assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+async def test_a_drain_asks_the_budget_on_its_first_attempt_only(temporal: WorkflowEnvironment, attempt: int) -> None:
+    """The drain of a v5 voluntary end asks its pool first. A pool whose budget allows no
+    disruption refuses the first attempt, which touches nothing (the Node stays schedulable).
+    A retry of the drain holds its first attempt's grant (it may have cordoned and evicted
+    already): it does not ask again, and drains."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.05))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        queue, name = f"drain-ask-{uuid.uuid4().hex[:8]}", f"p-{uuid.uuid4().hex[:6]}"
+        await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
+        spec = pool_spec("cls", disruption={"idleTimeout": "1h", "budgets": [{"nodes": "0"}]})
+        pool = await temporal.client.start_workflow(
+            GPUNodePoolWorkflow.run,
+            PoolInput(namespace="ml", name=name),
+            id=pool_workflow_id("ml", name),
+            task_queue=queue,
+            start_signal="update",
+            start_signal_args=[PoolUpdate(spec=spec, generation=1, node_class=CLASS)],
+        )
+        stack.push_async_callback(pool.terminate, "test over")
+        node = f"gpu-{uuid.uuid4().hex[:6]}"
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            (await kube.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).raise_for_status()
+            ask = PoolAsk(pool_workflow_id=pool.id, ask=DisruptionAsk(workflow_id=f"gpunode/ml/{name}/{node}", node_name=node, reason="Empty"))
+            env = ActivityEnvironment(client=temporal.client)
+            env.info = dataclasses.replace(env.info, attempt=attempt, heartbeat_timeout=timedelta(seconds=30))
+            inp = DrainInput(node_name=node, timeout=timedelta(seconds=10), revalidate=True, ask=ask, holds=True)
+            result: DrainResult = await env.run(activities.node.drain_node, inp)
+            cordoned = bool((await kube.get(f"/api/v1/nodes/{node}")).json()["spec"].get("unschedulable"))
+        if attempt == 1:
+            assert result.answer is not None and not result.answer.allowed and "0" in result.answer.message, result
+            assert not cordoned, "a refused drain cordoned the Node"
+        else:
+            assert result.answer is None and cordoned, result

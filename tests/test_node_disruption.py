@@ -70,14 +70,16 @@ async def test_a_do_not_disrupt_pod_holds_expiry_and_a_manual_evict_still_wins(t
         await replay(handle, "do_not_disrupt_pod_held_then_evicted")
 
 
-async def test_termination_grace_ends_a_do_not_disrupt_hold_of_an_expired_node(time_skipping: WorkflowEnvironment) -> None:
+@pytest.mark.parametrize("pool", [None, "gpunodepool/ml/no-such-pool"], ids=["no-pool", "pool-asked-in-the-drain"])
+async def test_termination_grace_ends_a_do_not_disrupt_hold_of_an_expired_node(time_skipping: WorkflowEnvironment, pool: str | None) -> None:
     """expireAfter 1h, terminationGracePeriod 30m and a do-not-disrupt pod that never ends: the
     node waits past its expiry, and at expireAfter + terminationGracePeriod
     (Karpenter's longest node life) it ends expired, its drain cut at once (the grace is spent),
-    and everything it bought is released."""
+    and everything it bought is released. A node of a pool (v5: the drain asks the budgets, then
+    looks for do-not-disrupt after its cordon) does not look for it then: once, not in a loop."""
     async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
         timeouts = AT_REST.model_copy(update={"expire_after": timedelta(hours=1), "termination_grace": timedelta(minutes=30)})
-        req = request(timeouts=timeouts)
+        req = request(timeouts=timeouts, pool_workflow_id=pool)
         handle = await start(time_skipping, queue, req)
         ready = await wait_phase(handle, NodePhase.READY)
         await put_held_pod(world, req.node_name, "train")
@@ -95,7 +97,9 @@ async def test_termination_grace_ends_a_do_not_disrupt_hold_of_an_expired_node(t
         terminating = next(r for r in final.stages if r.stage is Stage.TERMINATING)
         assert terminating.at - draining.at < timedelta(minutes=5), "the drain took another grace period"
         assert_nothing_left(world, req.node_name)
-        await replay(handle, "termination_grace_ends_expired_hold")
+        drains = [e async for e in handle.fetch_history_events() if e.activity_task_scheduled_event_attributes.activity_type.name == "drain_node"]
+        assert len(drains) == 1, f"{len(drains)} drains"
+        await replay(handle, "termination_grace_ends_expired_hold" if pool is None else "termination_grace_ends_expired_hold_of_a_pools_node")
 
 
 async def test_a_do_not_disrupt_node_holds_idle_until_the_annotation_is_removed(time_skipping: WorkflowEnvironment) -> None:

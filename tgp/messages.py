@@ -236,6 +236,7 @@ class NodeStart(Msg):
     bind_grace: timedelta | None = None
     demand_since: datetime | None = None
     hourly_price: Decimal | None = Field(None, description="The price reserved for it (the offer its pods are sized for).")
+    hold_ends_when_busy: bool = Field(False, description="Bought for one pod: it ends its bind-grace hold itself at its first pod (NodeRequest.hold_ends_when_busy).")
 
 
 class StartNodesInput(Msg):

@@ -169,5 +169,6 @@ def request_for(template: NodeRequest, start: NodeStart) -> NodeRequest:
             "timeouts": timeouts,
             "demand_since": start.demand_since,
             "reserved_price": start.hourly_price,
+            "hold_ends_when_busy": start.hold_ends_when_busy,
         }
     )

@@ -1258,7 +1258,8 @@ class GPUNodeWorkflow:
                     bound=bound,
                     delete_at_deadline=bool(bound),
                     ask=ask,
-                    holds=ask is not None,
+                    # Not past expireAfter + terminationGracePeriod: do-not-disrupt holds no longer.
+                    holds=ask is not None and not (lifetime is not None and began >= lifetime),
                 ),
                 report,
             ),
@@ -1268,7 +1269,8 @@ class GPUNodeWorkflow:
             summary="drain",
         )
         if result.answer is not None and not result.answer.allowed:
-            # v5: the pool's budgets said not now; nothing was touched. Asked again later.
+            # v5: the pool's budgets said not now; nothing was touched (nor reported: the pool
+            # has the node Ready). Asked again later.
             self.state.end_reason = None
             self._enter(NodePhase.READY)
             self._take_answer(result.answer)

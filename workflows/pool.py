@@ -727,6 +727,9 @@ class GPUNodePoolWorkflow:
         class_name = u.spec.node_class_ref.name
         template = self._batch_template(u)
         cheapest = self.state.offer_check.cheapest if self.state.offer_check else None
+        # A node bought for one pod may end its hold itself at its first pod; one bought for
+        # several keeps it until the pool says (the pool cannot tell which of them bound there).
+        hold_ends = workflow.patched(HOLD_ENDS_WHEN_BUSY_PATCH)
         batch = []
         for i, n in enumerate(starts):
             since = [self.state.pending_since[pod] for pod in n.pods if pod in self.state.pending_since]
@@ -738,6 +741,7 @@ class GPUNodePoolWorkflow:
                     bind_grace=self.inp.bind_grace if n.pods else None,
                     demand_since=min(since) if since else None,
                     hourly_price=n.hourly_price if n.hourly_price is not None else cheapest,
+                    hold_ends_when_busy=hold_ends and len(n.pods) == 1,
                 )
             )
         pool = f"{self.inp.namespace}/{self.inp.name}"
@@ -778,7 +782,7 @@ class GPUNodePoolWorkflow:
     def _batch_template(self, u: PoolUpdate) -> NodeRequest:
         """The request a batch's starts are built from (`tgp.pools.request_for`)."""
         assert u.node_class is not None
-        template = node_request(
+        return node_request(
             namespace=self.inp.namespace,
             pool_name=self.inp.name,
             class_name=u.spec.node_class_ref.name,
@@ -787,9 +791,6 @@ class GPUNodePoolWorkflow:
             klass=u.node_class,
             watch_interval=self.inp.watch_interval,
         )
-        if workflow.patched(HOLD_ENDS_WHEN_BUSY_PATCH):
-            template = template.model_copy(update={"hold_ends_when_busy": True})
-        return template
 
     def _unsettled(self, u: PoolUpdate, template: NodeRequest, start: NodeStart, pods: list[str], now: datetime, error: str) -> None:
         """A start that failed and may have happened: its node is recorded as launching, its
