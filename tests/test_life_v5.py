@@ -17,7 +17,8 @@ import asyncio
 import dataclasses
 import uuid
 from contextlib import AsyncExitStack
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -27,6 +28,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer
 
+from sim.cloud import SimOffer
 from sim.world import sim_world
 
 from tests.conftest import eventually, running_world
@@ -37,8 +39,11 @@ from tests.test_life_v4 import calls, start_as_the_pool
 from tests.test_node_lifecycle import request, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_watch_events import bridge_running, signals_received, told
+from tests.test_entities_heal import start_class
 from tests.test_pool_accounting import CLASS, pool_spec
-from tgp.messages import PoolUpdate, pool_workflow_id
+from tgp.crds import GPUNodePoolStatus
+from tgp.messages import Demand, PoolUpdate, pool_workflow_id
+from tgp.node import NodeWorkflowInput
 from tgp.types import DisruptionAsk, DrainInput, DrainResult, NodePhase, NodeStatus, PoolAsk, TimeoutsUpdate
 from workers.main import WorkerConfig, build_activities, make_worker
 from workers.temporal import DATA_CONVERTER
@@ -256,3 +261,43 @@ async def test_a_drain_asks_the_budget_on_its_first_attempt_only(temporal: Workf
             assert not cordoned, "a refused drain cordoned the Node"
         else:
             assert result.answer is None and cordoned, result
+
+
+@pytest.mark.parametrize("pods", [1, 2])
+async def test_only_a_node_bought_for_one_pod_ends_its_hold_itself(temporal: WorkflowEnvironment, pods: int) -> None:
+    """The pool buys one node for `pods` 1-GPU pods (a 2-GPU offer is the cheapest per GPU, so
+    two pods share one node). Bought for one pod, the node ends its hold itself at its first
+    pod; bought for two, it keeps it until the pool says: the pool cannot tell which of them
+    bound there, and the node must not idle out while the other still waits."""
+    catalog = (
+        SimOffer("rtx4090-us-east", "RTX4090", "us-east", Decimal("0.44")),
+        SimOffer("rtx4090x2-us-east", "RTX4090", "us-east", Decimal("0.60"), gpu_count=2),
+    )
+    async with running_world(temporal, catalog=catalog) as (_, _, queue):
+        klass, name = f"hold-{uuid.uuid4().hex[:6]}", f"pool-{uuid.uuid4().hex[:6]}"
+        class_run = await start_class(temporal, queue, klass, CLASS)
+        pool = await temporal.client.start_workflow(
+            GPUNodePoolWorkflow.run,
+            PoolInput(namespace="ml", name=name),
+            id=pool_workflow_id("ml", name),
+            task_queue=queue,
+            start_signal="update",
+            start_signal_args=[PoolUpdate(spec=pool_spec(klass, disruption={"idleTimeout": "1h"}), generation=1, node_class=CLASS)],
+        )
+        try:
+            await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=[f"ml/train-{i}" for i in range(pods)], observed_at=datetime.now(timezone.utc)))
+
+            async def started() -> list[str] | None:
+                status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+                return [n.workflow_id for n in status.nodes] or None
+
+            [wid] = await eventually(started, timeout=60, what="the pool's node")
+            first = (await temporal.client.get_workflow_handle(wid).fetch_history()).events[0]
+            [inp] = await DATA_CONVERTER.decode(first.workflow_execution_started_event_attributes.input.payloads, [NodeWorkflowInput])
+            assert inp.request.requirements.min_gpu_count == pods, inp.request.requirements
+            assert inp.request.timeouts.bind_grace is not None
+            assert inp.request.hold_ends_when_busy is (pods == 1), inp.request
+            await temporal.client.get_workflow_handle(wid).signal(GPUNodeWorkflow.evict, {"reason": "test over"})
+        finally:
+            await pool.terminate("test over")
+            await class_run.terminate("test over")
