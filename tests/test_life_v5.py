@@ -33,22 +33,22 @@ from sim.world import sim_world
 
 from tests.conftest import eventually, running_world
 from tests.kube_env import KubeApi
-from tests.test_bridge import POOLS, apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
+from tests.test_bridge import POOLS, Stack, apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
 from tests.test_life_events import SHORT, event_types
 from tests.test_life_v4 import calls, start_as_the_pool
 from tests.test_node_lifecycle import request, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_watch_events import bridge_running, signals_received, told
-from tests.test_entities_heal import start_class
+from tests.test_entities_heal import start_class, start_pool
 from tests.test_pool_accounting import CLASS, pool_spec
 from tgp.crds import GPUNodePoolStatus
-from tgp.messages import Demand, PoolUpdate, pool_workflow_id
+from tgp.messages import Demand
 from tgp.node import NodeWorkflowInput
 from tgp.types import DisruptionAsk, DrainInput, DrainResult, NodePhase, NodeStatus, PoolAsk, TimeoutsUpdate
 from workers.main import WorkerConfig, build_activities, make_worker
 from workers.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
-from workflows.pool import GPUNodePoolWorkflow, PoolInput
+from workflows.pool import GPUNodePoolWorkflow
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -159,17 +159,23 @@ async def test_a_node_the_pool_sent_settings_keeps_the_pools_hold(temporal: Work
         assert (await asyncio.wait_for(handle.result(), 90)).phase is NodePhase.TERMINATED
 
 
+async def a_node_for_a_pod(s: Stack) -> tuple[dict[str, Any], WorkflowHandle]:
+    """Through the bridge: pool ml/rtx (idle timeout 2 s) buys a node for pending pod "train";
+    the node once Ready (as the pool's status has it), and its workflow."""
+    await apply(s.kube, gpu_class())
+    await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s"}))
+    await pending_pod(s.kube, "train")
+    [node] = await ready_nodes(s, "ml", "rtx", 1)
+    return node, s.env.client.get_workflow_handle(node["workflowId"], result_type=NodeStatus)
+
+
 async def test_the_pool_sends_no_settings_to_a_node_whose_pod_bound_on_it(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
     """Through the bridge: a pending pod gets a node, the pool hears it Ready (carried by the
     labels' call), the pod binds on it and runs while the pool looks; the pool then sends the
     node nothing (its nomination ended, and the node ended its hold itself at the pod), and once
     the pod is gone the node idles out after the pool's idle timeout."""
     async with running_stack(temporal, kube_api) as s:
-        await apply(s.kube, gpu_class())
-        await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s"}))
-        await pending_pod(s.kube, "train")
-        [node] = await ready_nodes(s, "ml", "rtx", 1)
-        handle = s.env.client.get_workflow_handle(node["workflowId"], result_type=NodeStatus)
+        node, handle = await a_node_for_a_pod(s)
         pool = s.env.client.get_workflow_handle("gpunodepool/ml/rtx")
         await bind(s.kube, "train", node["name"], real=s.world.kube is None)
         await told(handle, busy_pods=1)
@@ -200,11 +206,7 @@ async def test_a_node_the_pool_sent_settings_to_is_released_by_the_pool(temporal
     hold ends. Once the pod bound on the node, the pool sends the hold's end; the pod gone, the
     node idles out after the idle timeout, not the bind grace (3 minutes)."""
     async with running_stack(temporal, kube_api) as s:
-        await apply(s.kube, gpu_class())
-        await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s"}))
-        await pending_pod(s.kube, "train")
-        [node] = await ready_nodes(s, "ml", "rtx", 1)
-        handle = s.env.client.get_workflow_handle(node["workflowId"], result_type=NodeStatus)
+        node, handle = await a_node_for_a_pod(s)
         patch = {"spec": {"disruption": {"idleTimeout": "3s", "drainTimeout": "10s"}}}
         merge = {"Content-Type": "application/merge-patch+json"}
         (await s.kube.patch(f"{POOLS.format(ns='ml')}/rtx", json=patch, headers=merge)).raise_for_status()
@@ -237,15 +239,7 @@ async def test_a_drain_asks_the_budget_on_its_first_attempt_only(temporal: Workf
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         queue, name = f"drain-ask-{uuid.uuid4().hex[:8]}", f"p-{uuid.uuid4().hex[:6]}"
         await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
-        spec = pool_spec("cls", disruption={"idleTimeout": "1h", "budgets": [{"nodes": "0"}]})
-        pool = await temporal.client.start_workflow(
-            GPUNodePoolWorkflow.run,
-            PoolInput(namespace="ml", name=name),
-            id=pool_workflow_id("ml", name),
-            task_queue=queue,
-            start_signal="update",
-            start_signal_args=[PoolUpdate(spec=spec, generation=1, node_class=CLASS)],
-        )
+        pool = await start_pool(temporal, queue, name, pool_spec("cls", disruption={"idleTimeout": "1h", "budgets": [{"nodes": "0"}]}))
         stack.push_async_callback(pool.terminate, "test over")
         node = f"gpu-{uuid.uuid4().hex[:6]}"
         async with httpx.AsyncClient(base_url=world.kube_url) as kube:
@@ -276,14 +270,7 @@ async def test_only_a_node_bought_for_one_pod_ends_its_hold_itself(temporal: Wor
     async with running_world(temporal, catalog=catalog) as (_, _, queue):
         klass, name = f"hold-{uuid.uuid4().hex[:6]}", f"pool-{uuid.uuid4().hex[:6]}"
         class_run = await start_class(temporal, queue, klass, CLASS)
-        pool = await temporal.client.start_workflow(
-            GPUNodePoolWorkflow.run,
-            PoolInput(namespace="ml", name=name),
-            id=pool_workflow_id("ml", name),
-            task_queue=queue,
-            start_signal="update",
-            start_signal_args=[PoolUpdate(spec=pool_spec(klass, disruption={"idleTimeout": "1h"}), generation=1, node_class=CLASS)],
-        )
+        pool = await start_pool(temporal, queue, name, pool_spec(klass, disruption={"idleTimeout": "1h"}))
         try:
             await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=[f"ml/train-{i}" for i in range(pods)], observed_at=datetime.now(timezone.utc)))
 

@@ -23,6 +23,12 @@ from workflows.pool import PoolInput
 pytestmark = pytest.mark.timeout(300)
 
 
+async def unanswering_pool(temporal: WorkflowEnvironment) -> WorkflowHandle:
+    """A pool workflow on a task queue no worker polls: an update to it is never answered."""
+    pool_id = f"gpunodepool/ml/unanswering-{uuid.uuid4().hex[:6]}"
+    return await temporal.client.start_workflow("GPUNodePoolWorkflow", PoolInput(namespace="ml", name="unanswering"), id=pool_id, task_queue=f"nobody-{uuid.uuid4().hex[:6]}")
+
+
 async def guarded_pod(kube_url: str, node: str, name: str) -> None:
     """A Running pod on `node` annotated do-not-disrupt (the emulator has no scheduler or kubelet)."""
     meta = {"name": name, "namespace": "default", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}
@@ -69,9 +75,8 @@ async def test_a_do_not_disrupt_pod_that_starts_while_the_pool_is_asked_holds_th
     A v5 life asks inside its drain, which finds the pod right after its cordon: the drain is
     called off (DrainCalledOff), nothing is evicted, the Node is uncordoned."""
     async with running_world(temporal) as (world, _, queue):
-        pool_id = f"gpunodepool/ml/unanswering-{uuid.uuid4().hex[:6]}"
-        # A pool workflow on a task queue no worker polls: an update to it is never answered.
-        pool = await temporal.client.start_workflow("GPUNodePoolWorkflow", PoolInput(namespace="ml", name="unanswering"), id=pool_id, task_queue=f"nobody-{uuid.uuid4().hex[:6]}")
+        pool = await unanswering_pool(temporal)
+        pool_id = pool.id
         req = request(timeouts=AT_REST.model_copy(update={"idle": timedelta(seconds=2)}), pool_workflow_id=pool_id)
         handle = await start(temporal, queue, req)
         try:
@@ -111,8 +116,8 @@ async def test_an_expired_node_whose_drain_finds_do_not_disrupt_after_its_cordon
     uncordoned, the pod never evicted, and the node, Ready again, is held (DisruptionHeld)
     rather than drained again and again. An eviction still ends it."""
     async with running_world(temporal) as (world, _, queue):
-        pool_id = f"gpunodepool/ml/unanswering-{uuid.uuid4().hex[:6]}"
-        pool = await temporal.client.start_workflow("GPUNodePoolWorkflow", PoolInput(namespace="ml", name="unanswering"), id=pool_id, task_queue=f"nobody-{uuid.uuid4().hex[:6]}")
+        pool = await unanswering_pool(temporal)
+        pool_id = pool.id
         req = request(timeouts=AT_REST.model_copy(update={"expire_after": timedelta(seconds=2)}), pool_workflow_id=pool_id)
         handle = await start(temporal, queue, req)
         try:
