@@ -174,10 +174,11 @@ LIFE_V4_PATCH = "life-v4"
 # idle or expired node's drain asks the pool's budgets itself, first (`drain_node`'s `ask`), and
 # looks again for do-not-disrupt right after its cordon, instead of an ask activity before it;
 # the watch keeps its timer when a change only moves the next deadline later (it wakes early
-# once and sleeps again); a node the pool started holding its pods' place ends that hold itself
-# when the bridge first shows a workload pod on it (`NodeRequest.hold_ends_when_busy`), so the
-# pool sends it nothing when its pods bind; the labels' call carries the Ready report. A short
-# life: about 15 events fewer. A life begun before it replays.
+# once and sleeps again); a node the pool bought for one pod ends its hold on that pod's place
+# itself when the bridge first shows a workload pod on it (`NodeRequest.hold_ends_when_busy`),
+# so the pool sends it nothing when the pod binds; the labels' call carries the Ready report;
+# the release says when it is stuck (`stuck_at`) instead of a timer beside it. A short life:
+# about 17 events fewer (docs/lifecycle.md). A life begun before it replays.
 LIFE_V5_PATCH = "life-v5"
 # A v2 join that heard nothing from the bridge looks for itself this often, or every watch
 # interval if that is shorter (a lost signal, or a Node registered without the pool's labels,
@@ -812,7 +813,7 @@ class GPUNodeWorkflow:
             **self._own_labels(),
         }
         report = None
-        if self.v5:  # the labels' call carries the Ready report (signalled while it labels)
+        if self.v5:  # the labels' call carries the Ready report (sent once they are on)
             self._enter(NodePhase.READY)
             report = self._tell_pool(carry=True)
         await self._call(
