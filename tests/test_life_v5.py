@@ -35,8 +35,8 @@ from tests.conftest import eventually, running_world
 from tests.kube_env import KubeApi
 from tests.test_bridge import POOLS, Stack, apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
 from tests.test_life_events import SHORT, event_types
-from tests.test_life_v4 import calls, start_as_the_pool
-from tests.test_node_lifecycle import request, wait_phase
+from tests.test_life_v4 import calls, ledger_of, reserved_node, start_as_the_pool
+from tests.test_node_lifecycle import assert_nothing_left, request, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_watch_events import bridge_running, signals_received, told
 from tests.test_entities_heal import start_class, start_pool
@@ -44,7 +44,7 @@ from tests.test_pool_accounting import CLASS, pool_spec
 from tgp.crds import GPUNodePoolStatus
 from tgp.messages import Demand
 from tgp.node import NodeWorkflowInput
-from tgp.types import DisruptionAsk, DrainInput, DrainResult, NodePhase, NodeStatus, PoolAsk, TimeoutsUpdate
+from tgp.types import DisruptionAsk, DrainInput, DrainResult, NodePhase, NodeStatus, PoolAsk, Stage, TimeoutsUpdate
 from workers.main import WorkerConfig, build_activities, make_worker
 from workers.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
@@ -288,3 +288,24 @@ async def test_only_a_node_bought_for_one_pod_ends_its_hold_itself(temporal: Wor
         finally:
             await pool.terminate("test over")
             await class_run.terminate("test over")
+
+
+async def test_a_stuck_release_shows_termination_stuck_and_gives_the_class_its_place_back_once(temporal: WorkflowEnvironment) -> None:
+    """The provider refuses terminates for a while (the threshold is 1 s): the release says it
+    is stuck, the node shows TerminationStuck, and its release made again terminates the
+    instance, cleans up and gives the class ledger its place back, once."""
+    async with running_world(temporal) as (world, _, queue):
+        class_run, req = await reserved_node(temporal, queue, None)
+        req = req.model_copy(update={"timeouts": req.timeouts.model_copy(update={"termination_stuck": timedelta(seconds=1)})})
+        handle = await start_as_the_pool(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY, timeout=90)
+        world.cloud.fail_deletes(3 * 3)  # three Temporal attempts (1 s, 2 s apart) fail
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        final: NodeStatus = await asyncio.wait_for(handle.result(), 120)
+        assert final.phase is NodePhase.TERMINATED and any(r.stage is Stage.TERMINATION_STUCK for r in final.stages), final.stages
+        assert world.cloud.live_instances() == []
+        assert_nothing_left(world, req.node_name)
+        activities, local, _ = await calls(handle)
+        assert activities.count("release_attempt") == 2 and "release_reservation" not in activities, (activities, local)
+        assert req.workflow_id not in (await ledger_of(temporal, req.node_class)).reservations
+        await class_run.terminate("test finished")
