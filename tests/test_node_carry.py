@@ -40,6 +40,13 @@ async def guarded_pod(kube_url: str, node: str, name: str) -> None:
         patched.raise_for_status()
 
 
+async def guarded_pod_while_asking(kube_url: str, handle: WorkflowHandle, node: str) -> None:
+    """Once the Ready node asks its (unanswering) pool, a do-not-disrupt pod "train" starts on it."""
+    await wait_phase(handle, NodePhase.READY, timeout=60)
+    await eventually(lambda: ask_in_flight(handle), timeout=60, what="the node to ask its pool")
+    await guarded_pod(kube_url, node, "train")
+
+
 async def pod_of(kube_url: str, name: str) -> dict[str, object] | None:
     async with httpx.AsyncClient(base_url=kube_url) as kube:
         response = await kube.get(f"/api/v1/namespaces/default/pods/{name}")
@@ -76,13 +83,10 @@ async def test_a_do_not_disrupt_pod_that_starts_while_the_pool_is_asked_holds_th
     called off (DrainCalledOff), nothing is evicted, the Node is uncordoned."""
     async with running_world(temporal) as (world, _, queue):
         pool = await unanswering_pool(temporal)
-        pool_id = pool.id
-        req = request(timeouts=AT_REST.model_copy(update={"idle": timedelta(seconds=2)}), pool_workflow_id=pool_id)
+        req = request(timeouts=AT_REST.model_copy(update={"idle": timedelta(seconds=2)}), pool_workflow_id=pool.id)
         handle = await start(temporal, queue, req)
         try:
-            await wait_phase(handle, NodePhase.READY, timeout=60)
-            await eventually(lambda: ask_in_flight(handle), timeout=60, what="the node to ask its pool")
-            await guarded_pod(world.kube_url, req.node_name, "train")
+            await guarded_pod_while_asking(world.kube_url, handle, req.node_name)
             facts = NodeFacts(node_name=req.node_name, present=True, ready=True, gpus=1, busy_pods=1, holding=1, holders=["default/train"], at=datetime.now(timezone.utc))
             await handle.signal(GPUNodeWorkflow.node_facts, facts)
 
@@ -117,13 +121,10 @@ async def test_an_expired_node_whose_drain_finds_do_not_disrupt_after_its_cordon
     rather than drained again and again. An eviction still ends it."""
     async with running_world(temporal) as (world, _, queue):
         pool = await unanswering_pool(temporal)
-        pool_id = pool.id
-        req = request(timeouts=AT_REST.model_copy(update={"expire_after": timedelta(seconds=2)}), pool_workflow_id=pool_id)
+        req = request(timeouts=AT_REST.model_copy(update={"expire_after": timedelta(seconds=2)}), pool_workflow_id=pool.id)
         handle = await start(temporal, queue, req)
         try:
-            await wait_phase(handle, NodePhase.READY, timeout=60)
-            await eventually(lambda: ask_in_flight(handle), timeout=60, what="the expired node's drain to ask its pool")
-            await guarded_pod(world.kube_url, req.node_name, "train")
+            await guarded_pod_while_asking(world.kube_url, handle, req.node_name)
 
             async def held() -> bool:
                 pod = await pod_of(world.kube_url, "train")
