@@ -19,7 +19,7 @@ import structlog
 from activities.ports import Cluster, EvictionBlocked
 from tgp.disruption import pod_delete_at
 from tgp.errors import TgpError, TransientError
-from tgp.lifecycle import pod_holds_node, pod_keeps_node_busy
+from tgp.lifecycle import holders_of, pod_keeps_node_busy
 from tgp.types import DrainInput, DrainResult, PodSummary
 
 log = structlog.get_logger("tgp.drain")
@@ -72,7 +72,7 @@ async def drain(
         # seconds after it started. Now that nothing more can arrive, look again.
         on_node = await cluster.list_pods_on_node(inp.node_name)
         arrived = [_key(p) for p in on_node if pod_keeps_node_busy(p)] if inp.revalidate else []
-        held = [*([f"Node {inp.node_name}"] if node.do_not_disrupt else []), *(_key(p) for p in on_node if pod_holds_node(p))] if inp.holds else []
+        held = [*([f"Node {inp.node_name}"] if node.do_not_disrupt else []), *holders_of(on_node)[0]] if inp.holds else []
         if arrived or held:
             if retry or not node.unschedulable:  # a cordon someone else set stays
                 await cluster.uncordon(inp.node_name)

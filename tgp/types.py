@@ -532,13 +532,7 @@ class InstanceSighting(Model):
     at: datetime = Field(description="When the listing was taken.")
 
 
-class Message(BaseModel):
-    """A message between workflows and activities (not frozen, as tgp.messages' are)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-class DisruptionAsk(Message):
+class DisruptionAsk(Model):
     """A node asks its pool (update `may_disrupt`) whether it may begin a voluntary disruption
     now, within the pool's disruption budgets."""
 
@@ -547,7 +541,7 @@ class DisruptionAsk(Message):
     reason: str = Field(description="The voluntary reason, as a budget's `reasons` names it (tgp.disruption.DisruptionReason): Empty, Expired, ...")
 
 
-class DisruptionAnswer(Message):
+class DisruptionAnswer(Model):
     allowed: bool
     message: str = Field("", description="Why not (the blocking budget and the counts), or why it went ahead unasked.")
     unasked: bool = Field(
@@ -556,7 +550,7 @@ class DisruptionAnswer(Message):
     )
 
 
-class PoolAsk(Message):
+class PoolAsk(Model):
     """Input of the node's `ask_pool_to_disrupt` activity."""
 
     pool_workflow_id: str

@@ -1392,12 +1392,12 @@ class GPUNodeWorkflow:
             result = await start([rest.model_copy(update={"stuck_at": workflow.now() + stuck_after}), report])
             if not result.stuck:
                 return result
-            terminate = start([rest])
-            done: Any = []
+            terminate, stuck = start([rest]), True
         else:
             terminate = start([rest, report] if rest is not None else self._with_report(instance, report))
             done, _ = await workflow.wait([terminate], timeout=stuck_after.total_seconds())
-        if not done:
+            stuck = not done
+        if stuck:
             before, error = self.state.phase, self.state.last_error
             self.state.last_error = (
                 f"{instance.provider} has not confirmed the termination of {instance.instance_id or instance.instance_name} "
