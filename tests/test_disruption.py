@@ -23,6 +23,7 @@ from tgp.disruption import (
     pod_holds_node,
     reshop,
     termination_deadline,
+    unlimited_reasons,
 )
 
 NOW = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)  # a Tuesday
@@ -147,6 +148,52 @@ def test_a_budget_that_cannot_be_read_fails_closed() -> None:
     assert verdict.allowed == 0 and verdict.blocking == 1
     garbled = DisruptionBudget.model_construct(nodes="lots", schedule=None, duration=None, reasons=None)
     assert allowed_disruptions([garbled], NOW, DisruptionReason.EMPTY, 10, 0).allowed == 0
+
+
+WINDOWED = st.builds(
+    DisruptionBudget,
+    nodes=st.one_of(st.integers(0, 30).map(str), st.integers(0, 100).map("{}%".format)),
+    schedule=st.sampled_from(["0 9 * * mon-fri", "@daily", "30 * * * *"]),
+    duration=st.integers(1, 23).map(lambda h: timedelta(hours=h)),
+    reasons=st.one_of(st.none(), st.lists(st.sampled_from(BUDGET_REASONS), min_size=1, max_size=3, unique=True)),
+)
+
+
+@given(
+    st.lists(st.one_of(ALWAYS, WINDOWED), max_size=4),
+    st.sampled_from(sorted(BUDGETED)),
+    st.datetimes(datetime(2026, 1, 1), datetime(2027, 12, 31)).map(lambda t: t.replace(tzinfo=UTC)),
+    st.integers(1, 300).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n - 1))),
+)
+def test_a_reason_no_budget_can_refuse_is_never_refused(
+    budgets: list[DisruptionBudget], reason: DisruptionReason, now: datetime, pool: tuple[int, int]
+) -> None:
+    """A node of a pool whose budgets cannot refuse its reason begins its drain without asking
+    (life-v5): the pool's answer would have been yes, whatever the time, the pool's size and the
+    nodes already disrupting (which never include the asker, one of the pool's nodes)."""
+    nodes, disrupting = pool
+    if reason.value in unlimited_reasons(budgets):
+        assert allowed_disruptions(budgets, now, reason, nodes, disrupting).permits()
+
+
+@given(st.lists(ALWAYS, max_size=4), st.sampled_from(sorted(BUDGETED)))
+def test_a_reason_a_budget_can_refuse_is_asked(budgets: list[DisruptionBudget], reason: DisruptionReason) -> None:
+    """The converse, for budgets always active: a reason left out of `unlimited_reasons` is one
+    some pool's state refuses (a large pool with all but the asker disrupting)."""
+    refused = not allowed_disruptions(budgets, NOW, reason, 1000, 999).permits()
+    assert refused is (reason.value not in unlimited_reasons(budgets))
+
+
+def test_unlimited_reasons_examples() -> None:
+    assert unlimited_reasons([]) == sorted(r.value for r in BUDGETED)  # no budget: nothing limits
+    assert unlimited_reasons(Disruption().budgets) == []  # the default 10% limits every reason
+    assert unlimited_reasons([DisruptionBudget(nodes="100%")]) == sorted(r.value for r in BUDGETED)
+    scoped = [DisruptionBudget(nodes="100%"), DisruptionBudget(nodes="1", reasons=["Drifted"])]
+    assert unlimited_reasons(scoped) == sorted(r.value for r in BUDGETED if r is not DisruptionReason.DRIFTED)
+    windowed = [DisruptionBudget(nodes="0", schedule="0 9 * * mon-fri", duration="8h", reasons=["Empty"])]
+    assert "Empty" not in unlimited_reasons(windowed) and "Expired" in unlimited_reasons(windowed)
+    garbled = DisruptionBudget.model_construct(nodes="lots%", schedule=None, duration=None, reasons=None)
+    assert unlimited_reasons([garbled]) == []  # unreadable: ask the pool, whose answer fails closed
 
 
 def test_business_hours_freeze_example() -> None:

@@ -159,11 +159,11 @@ async def test_a_node_the_pool_sent_settings_keeps_the_pools_hold(temporal: Work
         assert (await asyncio.wait_for(handle.result(), 90)).phase is NodePhase.TERMINATED
 
 
-async def a_node_for_a_pod(s: Stack) -> tuple[dict[str, Any], WorkflowHandle]:
+async def a_node_for_a_pod(s: Stack, **disruption: Any) -> tuple[dict[str, Any], WorkflowHandle]:
     """Through the bridge: pool ml/rtx (idle timeout 2 s) buys a node for pending pod "train";
     the node once Ready (as the pool's status has it), and its workflow."""
     await apply(s.kube, gpu_class())
-    await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s"}))
+    await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s", **disruption}))
     await pending_pod(s.kube, "train")
     [node] = await ready_nodes(s, "ml", "rtx", 1)
     return node, s.env.client.get_workflow_handle(node["workflowId"], result_type=NodeStatus)
@@ -309,3 +309,62 @@ async def test_a_stuck_release_shows_termination_stuck_and_gives_the_class_its_p
         assert activities.count("release_attempt") == 2 and "release_reservation" not in activities, (activities, local)
         assert req.workflow_id not in (await ledger_of(temporal, req.node_class)).reservations
         await class_run.terminate("test finished")
+
+
+@pytest.mark.parametrize("budgets", [[{"nodes": "100%"}], None], ids=["budget-100%", "default-budget"])
+async def test_a_drain_asks_only_a_budget_that_can_refuse(temporal: WorkflowEnvironment, kube_api: KubeApi, budgets: Any) -> None:
+    """Through the bridge: a pool whose one budget allows 100% of its nodes can never refuse an
+    idle node (tgp.disruption.unlimited_reasons); the node knows it from its start and its drain
+    begins without asking, while still looking for do-not-disrupt after the cordon. The default
+    budget (10%) can refuse: the drain asks it."""
+    async with running_stack(temporal, kube_api) as s:
+        node, handle = await a_node_for_a_pod(s, **({"budgets": budgets} if budgets is not None else {}))
+        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
+        await told(handle, busy_pods=1)
+        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
+        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+        [drained] = await drain_inputs(handle)
+        assert drained.holds, drained
+        if budgets is None:
+            assert drained.ask is not None and drained.ask.ask.reason == "Empty", drained
+        else:
+            assert drained.ask is None, f"asked a budget that cannot refuse: {drained}"
+
+
+async def test_a_node_hears_when_its_budgets_can_refuse_again(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """The pool's budgets change while its node runs: from 100% (its drains would not ask) to
+    10%. The pool sends the node its settings without the unlimited reasons, and its idle
+    drain asks again. A pool whose budgets change back to 100% tells the node so."""
+    async with running_stack(temporal, kube_api) as s:
+        node, handle = await a_node_for_a_pod(s, budgets=[{"nodes": "100%"}], idleTimeout="1h")
+        merge = {"Content-Type": "application/merge-patch+json"}
+
+        async def set_budgets(budgets: list[dict[str, str]], idle: str = "1h") -> None:
+            patch = {"spec": {"disruption": {"budgets": budgets, "idleTimeout": idle}}}
+            (await s.kube.patch(f"{POOLS.format(ns='ml')}/rtx", json=patch, headers=merge)).raise_for_status()
+
+        async def last_sent() -> TimeoutsUpdate | None:
+            sent = await signals_received(handle, "update_timeouts", TimeoutsUpdate)
+            return sent[-1] if sent else None
+
+        await set_budgets([{"nodes": "10%"}], idle="50m")
+        await eventually(lambda: _sent(last_sent, idle=timedelta(minutes=50)), timeout=60, what="the 10% budget sent to the node")
+        assert (await last_sent()).unlimited_reasons is None  # type: ignore[union-attr]
+        await set_budgets([{"nodes": "100%"}], idle="40m")
+        await eventually(lambda: _sent(last_sent, idle=timedelta(minutes=40)), timeout=60, what="the 100% budget sent to the node")
+        assert "Empty" in ((await last_sent()).unlimited_reasons or [])  # type: ignore[union-attr]
+        await set_budgets([{"nodes": "10%"}], idle="2s")
+        await eventually(lambda: _sent(last_sent, idle=timedelta(seconds=2)), timeout=60, what="the 10% budget sent again")
+        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
+        await told(handle, busy_pods=1)
+        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
+        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+        [drained] = await drain_inputs(handle)
+        assert drained.ask is not None and drained.holds, f"a budget that can refuse again was not asked: {drained}"
+
+
+async def _sent(last_sent: Any, *, idle: timedelta) -> bool:
+    sent = await last_sent()
+    return sent is not None and sent.idle == idle

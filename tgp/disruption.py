@@ -134,6 +134,22 @@ def allowed_disruptions(
     return BudgetVerdict(allowed=0, blocking=index, message=message)
 
 
+def unlimited_reasons(budgets: Sequence[DisruptionBudget]) -> list[str]:
+    """The budgeted reasons `budgets` can never refuse to a node the pool counts: no budget
+    covers them, or each one that does allows 100% or more of the pool's nodes (whenever it is
+    active). `allowed_disruptions` then permits every such ask, since the nodes disrupting are
+    among the pool's nodes and the asker is not one of them; a node may begin such a disruption
+    without asking the pool (sorted, for a stable fingerprint)."""
+
+    def never_refuses(budget: DisruptionBudget) -> bool:
+        try:
+            return budget.nodes.endswith("%") and int(budget.nodes[:-1]) >= 100
+        except ValueError:
+            return False  # unreadable: the pool's answer fails closed, so ask it
+
+    return sorted(r.value for r in BUDGETED if all(never_refuses(b) for b in budgets if budget_covers(b, r)))
+
+
 # --- do-not-disrupt -------------------------------------------------------------------------
 
 

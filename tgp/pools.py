@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
+from tgp.disruption import unlimited_reasons
 from tgp.drift import drift_hash
 from tgp.messages import NodeStart, class_workflow_id, pool_workflow_id
 from tgp.types import (
@@ -117,7 +118,9 @@ def node_request(
     if min_gpus > requirements.min_gpu_count:
         # A pod asking for more GPUs than the class minimum needs a node that has them.
         requirements = requirements.model_copy(update={"min_gpu_count": min_gpus})
-    timeouts = LifecycleTimeouts(**node_timeouts(pool, floor=floor).model_dump(exclude={"hold"}))
+    timeouts = LifecycleTimeouts(**node_timeouts(pool, floor=floor).model_dump(exclude={"hold", "unlimited_reasons"}))
+    # Its drains for these reasons begin without asking the pool (`update_timeouts` keeps it current).
+    timeouts = timeouts.model_copy(update={"unlimited_reasons": unlimited_reasons(pool.disruption.budgets)})
     if watch_interval is not None:
         timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
     if bind_grace is not None:

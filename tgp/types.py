@@ -307,6 +307,11 @@ class LifecycleTimeouts(Model):
         description="The pool's bind grace: after Ready the node holds the place of the pods bought for it this long, "
         "and its idle timeout cannot end it before (None: no hold, as nodes started by hand).",
     )
+    unlimited_reasons: list[str] = Field(
+        [],
+        description="The disruption reasons the pool's budgets can never refuse (tgp.disruption.unlimited_reasons): a v5 "
+        "drain for one of them begins without asking the pool (do-not-disrupt still holds the node).",
+    )
 
 
 class TimeoutsUpdate(Model):
@@ -324,6 +329,11 @@ class TimeoutsUpdate(Model):
     termination_grace: timedelta | None = Field(
         None,
         description="The pool's terminationGracePeriod (None: none). Absent from the message (senders before it existed): no change.",
+    )
+    unlimited_reasons: list[str] | None = Field(
+        None,
+        description="The disruption reasons the pool's budgets can never refuse: the node's drain for them does not ask the pool. "
+        "None: none, and from senders before it existed.",
     )
 
 

@@ -296,6 +296,8 @@ class GPUNodeWorkflow:
             timeouts = timeouts.model_copy(update={"bind_grace": u.hold or None})
         if "termination_grace" in u.model_fields_set:  # senders before it leave the node's as it was
             timeouts = timeouts.model_copy(update={"termination_grace": u.termination_grace})
+        # Reasons the pool's budgets can never refuse: its drains for them do not ask (v5).
+        timeouts = timeouts.model_copy(update={"unlimited_reasons": u.unlimited_reasons or []})
         self.req = self.req.model_copy(update={"timeouts": timeouts})
         self.state.settings_from_pool = True  # the pool says when the hold ends from now on
 
@@ -1241,12 +1243,17 @@ class GPUNodeWorkflow:
             deadline = max(began, min(deadline, lifetime))  # expireAfter + terminationGracePeriod: no longer
         if deadline is not None and deadline - began < timeout:
             timeout, bound = deadline - began, "terminationGracePeriod"
-        ask = None
+        ask, holds = None, False
         if self._asks_in_drain(end):
-            ask = PoolAsk(
-                pool_workflow_id=self.req.pool_workflow_id or "",
-                ask=DisruptionAsk(workflow_id=self.req.workflow_id, node_name=self.req.node_name, reason=_BUDGETED_ENDS[end].value),
-            )
+            reason = _BUDGETED_ENDS[end].value
+            # Not past expireAfter + terminationGracePeriod: do-not-disrupt holds no longer.
+            holds = not (lifetime is not None and began >= lifetime)
+            # A reason the pool's budgets can never refuse is not asked: the answer would be yes.
+            if reason not in self.req.timeouts.unlimited_reasons:
+                ask = PoolAsk(
+                    pool_workflow_id=self.req.pool_workflow_id or "",
+                    ask=DisruptionAsk(workflow_id=self.req.workflow_id, node_name=self.req.node_name, reason=reason),
+                )
         # An activity in every life: it may wait on pods (heartbeating), and the window between
         # its schedule and its end is the Draining that the pool's budgets count.
         result: DrainResult = await workflow.execute_activity_method(
@@ -1259,8 +1266,7 @@ class GPUNodeWorkflow:
                     bound=bound,
                     delete_at_deadline=bool(bound),
                     ask=ask,
-                    # Not past expireAfter + terminationGracePeriod: do-not-disrupt holds no longer.
-                    holds=ask is not None and not (lifetime is not None and began >= lifetime),
+                    holds=holds,
                 ),
                 report,
             ),

@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.consolidation import ActionKind, ConsolidationPlan, PoolMember, look_at, plan_consolidation
     from tgp.crds import Condition, Consolidation, ConsolidationStatus, GPUNodePoolStatus, PoolNodeStatus
     from tgp.demand import nodes_to_launch
-    from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop
+    from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop, unlimited_reasons
     from tgp.lifecycle import EndReason
     from tgp.drift import drift_hash, drifted
     from tgp.replace import Slot, StepKind, first_candidate, in_progress, replacement_name, replacement_steps
@@ -175,6 +175,12 @@ EVENTS_ONCE_PATCH = "events-once-per-pass"
 # pool sent each such node its settings again when its pods bound: a signal and a workflow task
 # of the node per node bought (bench: 6 of a short life's events).
 HOLD_ENDS_WHEN_BUSY_PATCH = "hold-ends-when-busy"
+# Marks runs that tell their nodes which disruption reasons their budgets can never refuse
+# (`TimeoutsUpdate.unlimited_reasons`; a new node has them in its request): a v5 drain for one
+# of them begins without asking the pool, a round trip of ~1 s on a pool that takes many
+# reports at once (the bench's idle reaction). Before it, the settings as sent had no such
+# field: their fingerprints stay as recorded.
+UNLIMITED_REASONS_PATCH = "unlimited-reasons-to-nodes"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -1376,6 +1382,10 @@ class GPUNodePoolWorkflow:
         grace = u.spec.disruption.termination_grace_period
         if grace is not None and workflow.patched(TERMINATION_GRACE_PATCH):
             wanted = wanted.model_copy(update={"termination_grace": grace})
+        # Sent only when some reason is unlimited: pools with the default 10% send nothing new.
+        unlimited = unlimited_reasons(u.spec.disruption.budgets)
+        if unlimited and workflow.patched(UNLIMITED_REASONS_PATCH):
+            wanted = wanted.model_copy(update={"unlimited_reasons": unlimited})
         return wanted
 
     def _model_held_nodes(self, live: list[PoolNode]) -> None:
@@ -1695,4 +1705,6 @@ def _fingerprint(timeouts: TimeoutsUpdate) -> str:
     exclude = {"hold"} if timeouts.hold is None else set()
     if timeouts.termination_grace is None:
         exclude.add("termination_grace")  # nor the grace, when there is none
+    if timeouts.unlimited_reasons is None:
+        exclude.add("unlimited_reasons")  # nor reasons no budget limits, when there are none
     return timeouts.model_dump_json(exclude=exclude or None)
