@@ -66,11 +66,14 @@ async def drain(
     if node is None:
         return DrainResult(evicted=0)
     await cluster.cordon(inp.node_name)
+    # The pods listed after the cordon, for the first poll (one listing, not two, when the
+    # drain looks again: nothing schedules onto a cordoned Node in between).
+    listed: list[PodSummary] | None = None
     if inp.revalidate or inp.holds:
         # The verdict came from a look taken before the cordon (and, asked inside the drain,
         # before the pool's answer): a pod the scheduler bound in between would be evicted a few
         # seconds after it started. Now that nothing more can arrive, look again.
-        on_node = await cluster.list_pods_on_node(inp.node_name)
+        on_node = listed = await cluster.list_pods_on_node(inp.node_name)
         arrived = [_key(p) for p in on_node if pod_keeps_node_busy(p)] if inp.revalidate else []
         held = [*([f"Node {inp.node_name}"] if node.do_not_disrupt else []), *holders_of(on_node)[0]] if inp.holds else []
         if arrived or held:
@@ -84,7 +87,8 @@ async def drain(
     pods: list[PodSummary] = []
     while True:
         try:
-            pods = [p for p in await cluster.list_pods_on_node(inp.node_name) if drains(p)]
+            on_node, listed = listed if listed is not None else await cluster.list_pods_on_node(inp.node_name), None
+            pods = [p for p in on_node if drains(p)]
             if not pods:
                 return DrainResult(evicted=len(evicted), deleted=deleted)
             for pod in pods:

@@ -272,6 +272,24 @@ async def test_an_idle_node_still_idle_after_the_cordon_is_drained(kube_api: Kub
     assert (await node_spec(kube_api, node)).get("unschedulable") is True
 
 
+@pytest.mark.parametrize("inp", [{"revalidate": True}, {"holds": True}], ids=["idle", "voluntary"])
+async def test_an_empty_nodes_drain_lists_its_pods_once(kube_api: KubeApi, inp: dict[str, bool]) -> None:
+    """The look after the cordon is the first poll: an empty node's drain is three requests
+    (read the Node, cordon it, list its pods), not four. 100 idle nodes drain at once in the
+    bench's idle reaction."""
+    if kube_api.emulator is None:
+        pytest.skip("counts the requests the emulator served")
+    node = kube_api.unique("empty")
+    await kube_api.create_node(node)
+    await kube_api.create_pod("done", node=node, phase="Succeeded")
+    before = len(kube_api.emulator._requests)
+    result = await drain(kube_api.cluster, DrainInput(node_name=node, timeout=TIMEOUT, **inp), poll_interval=POLL, heartbeat=[].append)
+    assert result == DrainResult(evicted=0)
+    served = [(r.method, str(r.url.path)) for r in kube_api.emulator._requests[before:]]
+    listings = [path for method, path in served if method == "GET" and path == "/api/v1/pods"]
+    assert len(listings) == 1 and len(served) == 3, served
+
+
 async def test_a_called_off_drain_leaves_a_cordon_someone_else_set(kube_api: KubeApi) -> None:
     node = kube_api.unique("admin-cordon")
     await kube_api.create_node(node)
