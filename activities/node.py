@@ -46,7 +46,7 @@ from activities import metrics
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from tgp.secrets import known_secrets, register, register_model, secret_scope
 from tgp.lifecycle import holders_of, pod_keeps_node_busy
-from tgp.messages import DisruptionAnswer, DisruptionAnswers, DisruptionAsks, PoolAsk, PoolReport
+from tgp.messages import DisruptionAnswer, DisruptionAnswers, DisruptionAsks, NodeReports, PoolAsk, PoolReport
 from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
 from tgp.types import (
     LABEL_PROVIDER,
@@ -170,16 +170,40 @@ REPORT_ATTEMPTS = 2
 REPORT_WAIT = timedelta(seconds=2)
 
 
-async def signal_report(call: PoolReport) -> bool:
-    """Signal a node's report to its pool (`node_phase`). False when the pool is gone
-    (deleted, or a node started by hand): nobody is listening. Other RPC errors are raised."""
-    try:
-        await activity.client().get_workflow_handle(call.pool_workflow_id).signal("node_phase", call.report, rpc_timeout=REPORT_RPC_TIMEOUT)
-    except RPCError as exc:
-        if exc.status is RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
+# Reports to one pool sent as one signal (`node_phases`); more wait for the next.
+MAX_REPORT_BATCH = 100
+
+
+class ReportBatcher(UpdateBatcher):
+    """Per worker process: the reports of a pool's nodes go to it together, one signal in
+    flight per pool at a time (activities.batching). A pool's 100 nodes going idle at once
+    reported Draining, Terminating and Terminated as 300 signals: each an event in the pool's
+    history and a write of the server's. A report alone goes as before (`node_phase`)."""
+
+    def __init__(self) -> None:
+        # Past its RPC's own timeout (an RPCError, retried by `carrying`), not before it.
+        super().__init__(MAX_REPORT_BATCH, timeout=REPORT_RPC_TIMEOUT.total_seconds() + 1)
+
+    async def _update(self, client: Any, pool_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
+        handle = client.get_workflow_handle(pool_workflow_id)
+        try:
+            if len(items) == 1:
+                await handle.signal("node_phase", items[0], rpc_timeout=REPORT_RPC_TIMEOUT)
+            else:
+                await handle.signal("node_phases", NodeReports(reports=items), rpc_timeout=REPORT_RPC_TIMEOUT)
+        except RPCError as exc:
+            if exc.status is RPCStatusCode.NOT_FOUND:
+                return [False] * len(items)
+            raise
+        return [True] * len(items)
+
+
+async def signal_report(call: PoolReport, reports: ReportBatcher) -> bool:
+    """Signal a node's report to its pool (`node_phase`, or with the reports this worker made
+    meanwhile `node_phases`). False when the pool is gone (deleted, or a node started by hand):
+    nobody is listening. Other RPC errors are raised."""
+    sent: bool = await reports.call(call.pool_workflow_id, "report", call.report)
+    return sent
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -203,7 +227,7 @@ _reports_in_flight: set[asyncio.Task[None]] = set()
 
 
 @asynccontextmanager
-async def carrying(report: PoolReport | None) -> AsyncIterator[None]:
+async def carrying(report: PoolReport | None, reports: ReportBatcher) -> AsyncIterator[None]:
     """While the block (an activity's work) runs, signal `report`, the phase the activity
     begins, to the node's pool (a life under `reports-carried-by-activities`): the activity
     starts at once, where a local activity in the same workflow task held its schedule until
@@ -222,7 +246,7 @@ async def carrying(report: PoolReport | None) -> AsyncIterator[None]:
         pause = REPORT_PAUSE
         for attempt in range(1, REPORT_TRIES + 1):
             try:
-                await signal_report(report)
+                await signal_report(report, reports)
                 return
             except Exception as exc:  # noqa: BLE001 - a report never fails its activity
                 status = exc.status.name if isinstance(exc, RPCError) and exc.status else type(exc).__name__
@@ -332,6 +356,7 @@ class NodeActivities:
         self.tailnet_registry = tailnet_registry or TailnetRegistry(cluster=cluster, fallback=self.tailnets)
         self.cluster = cluster
         self.pool_asks = PoolAskBatcher()  # the disruption asks of its nodes, one update per pool at a time
+        self.reports = ReportBatcher()  # the reports of its nodes, one signal per pool at a time
         # The class ledger's calls a v4 launch and release carry (one per worker: the class's too).
         self.ledger = ledger or LedgerBatcher()
         # Offers that just failed, kept by the pricing cache beside the offers (shared with the pool).
@@ -498,7 +523,7 @@ class NodeActivities:
         # Given fewer arguments than it takes (older code scheduled one or two), Temporal's SDK
         # passes them undecoded (`typed`).
         inp, report, settle = typed(LaunchInput, inp), typed_or_none(PoolReport, report), typed_or_none(LedgerCall, settle)
-        async with carrying(report):
+        async with carrying(report, self.reports):
             if settle is not None:
                 await self._settle(settle, inp.offer)
             return await self._launch_instance(inp)
@@ -866,7 +891,7 @@ class NodeActivities:
         inp = typed(LabelInput, inp)
         with temporal_errors():
             await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints, remove_labels=inp.remove_labels, remove_taints=inp.remove_taints)
-        async with carrying(typed_or_none(PoolReport, report)):
+        async with carrying(typed_or_none(PoolReport, report), self.reports):
             pass  # Ready once the labels and taints are on: the pool may act on it (make-before-break)
         if inp.launched_at is not None:
             metrics.LAUNCH_TO_READY.labels(inp.labels.get(LABEL_PROVIDER, "")).observe(metrics.seconds_since(inp.launched_at))
@@ -937,7 +962,7 @@ class NodeActivities:
         patch, which reports from a local activity. Sent again when a worker dies around it:
         the pool keeps the newest report per node (by `at`), so a repeat changes nothing. A pool
         that is gone (deleted, or a node started by hand) has nobody listening: False."""
-        return await signal_report(call)
+        return await signal_report(call, self.reports)
 
     # --- drain -----------------------------------------------------------------------------
 
@@ -957,7 +982,7 @@ class NodeActivities:
             if not answer.allowed:
                 return DrainResult(evicted=0, answer=answer)
         started = time.monotonic()
-        async with carrying(report):
+        async with carrying(report, self.reports):
             with temporal_errors():
                 result = await drain(
                     self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
@@ -977,7 +1002,7 @@ class NodeActivities:
         the attempt's creates are recent) once the provider's consistency window has passed.
         Returns whether anything was seen. `report` (Terminating) goes to the pool meanwhile
         (`carrying`)."""
-        async with carrying(report):
+        async with carrying(report, self.reports):
             return await self._terminate_instance(typed(InstanceRef, ref))
 
     async def _terminate_instance(self, ref: InstanceRef) -> bool:
@@ -1008,7 +1033,7 @@ class NodeActivities:
         With `inp.stuck_at` (a v5 life) an attempt scheduled at or past that time whose terminate
         fails returns `stuck` instead: the workflow needs no timer of its own beside it."""
         inp, report = typed(ReleaseInput, inp), typed_or_none(PoolReport, report)
-        async with carrying(report):
+        async with carrying(report, self.reports):
             try:
                 seen = await self._terminate_instance(inp.instance)
             except Exception:

@@ -24,13 +24,13 @@ from temporalio.common import RetryPolicy
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.node import REPORT_ATTEMPTS, _reports_in_flight, carrying, typed
+from activities.node import REPORT_ATTEMPTS, ReportBatcher, _reports_in_flight, carrying, typed
 from sim.world import sim_world
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
 from tests.test_watch_events import SignalsSent, local_activity, signals_received
-from tgp.messages import NodeReport, PoolReport, pool_workflow_id
+from tgp.messages import NodeReport, NodeReports, PoolReport, pool_workflow_id
 from tgp.types import DrainInput, InstanceRef, LaunchInput, LaunchResult, NodePhase, NodeStatus
 from workers.main import WorkerConfig, build_activities
 from workers.temporal import DATA_CONVERTER
@@ -80,7 +80,10 @@ async def test_the_pool_learns_each_phase_from_the_activity_that_begins_it(tempo
 
         async def heard() -> list[NodePhase] | None:
             pool = s.env.client.get_workflow_handle(pool_workflow_id("ml", "rtx"))
-            phases = [r.phase for r in await signals_received(pool, "node_phase", NodeReport) if r.node_name == node["name"]]
+            # Alone as `node_phase`, or with others made meanwhile as `node_phases`, in order.
+            alone = await signals_received(pool, "node_phase", NodeReport)
+            together = [r for batch in await signals_received(pool, "node_phases", NodeReports) for r in batch.reports]
+            phases = [r.phase for r in sorted([*alone, *together], key=lambda r: r.at) if r.node_name == node["name"]]
             return phases if NodePhase.TERMINATED in phases else None
 
         phases = await eventually(heard, what="the node's reports in the pool's history")
@@ -144,7 +147,7 @@ async def carried_by(temporal: WorkflowEnvironment, signalling: SignalsSent, *, 
     env.info = dataclasses.replace(env.info, attempt=attempt)
 
     async def work() -> str:
-        async with carrying(REPORT):
+        async with carrying(REPORT, ReportBatcher()):
             return "done"
 
     return await env.run(work)
@@ -170,3 +173,65 @@ async def test_a_report_that_does_not_go_through_never_holds_or_fails_its_activi
         await asyncio.wait_for(asyncio.gather(*_reports_in_flight, return_exceptions=True), 10)
     assert signals(broken) == ["node_phase"]  # not tried again: only RPC errors are
     assert [(e["event"], e["status"]) for e in logs if e["event"] == "report_not_sent"] == [("report_not_sent", "RuntimeError")]  # logged, not raised
+
+
+# --- reports to one pool go together ------------------------------------------------------------
+
+
+async def test_reports_made_together_reach_the_pool_together_and_each_is_taken(temporal: WorkflowEnvironment) -> None:
+    """40 nodes of one pool report at once from one worker (as 100 idle nodes report Draining
+    together): one signal is in flight at a time and the reports made meanwhile go with it or
+    as the next, `node_phases`; the pool takes each as its own `node_phase` (all 40 Ready in its status). A
+    report alone still goes as `node_phase`, which pools of earlier releases understand."""
+    from tests.test_pool_accounting import CLASS, pool_spec
+    from tgp.messages import PoolUpdate
+    from workflows.pool import GPUNodePoolWorkflow, PoolInput
+
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.05))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        queue, name = f"reports-{uuid.uuid4().hex[:8]}", f"p-{uuid.uuid4().hex[:6]}"
+        from workers.main import make_worker
+
+        await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
+        pool = await temporal.client.start_workflow(
+            GPUNodePoolWorkflow.run,
+            # A long visibility lag: the pool keeps the reported nodes, whose workflows do not run.
+            PoolInput(namespace="ml", name=name, visibility_lag=timedelta(minutes=10)),
+            id=pool_workflow_id("ml", name),
+            task_queue=queue,
+            start_signal="update",
+            start_signal_args=[PoolUpdate(spec=pool_spec("cls"), generation=1, node_class=CLASS)],
+        )
+        stack.push_async_callback(pool.terminate, "test over")
+        at = datetime.now(timezone.utc)
+
+        def report(i: int) -> PoolReport:
+            node = f"{name}-n{i:02}"
+            return PoolReport(
+                pool_workflow_id=pool.id,
+                report=NodeReport(workflow_id=f"gpunode/ml/{name}/{node}", node_name=node, phase=NodePhase.READY, at=at),
+            )
+
+        signalling = SignalsSent()
+        env = ActivityEnvironment(client=Client(**{**temporal.client.config(), "interceptors": [signalling]}))
+        batcher = ReportBatcher()
+        from activities.node import signal_report
+
+        async def together() -> list[bool]:
+            return list(await asyncio.gather(*(signal_report(report(i), batcher) for i in range(40))))
+
+        sent = await env.run(together)
+        assert sent == [True] * 40
+        names = signals(signalling)
+        assert set(names) == {"node_phases"} and len(names) <= 2, names
+        carried = [r.workflow_id for _, _, batch in signalling.sent for r in batch.reports]
+        assert carried == [report(i).report.workflow_id for i in range(40)], "every report once, in the order made"
+
+        async def all_ready() -> bool:
+            status = await pool.query(GPUNodePoolWorkflow.status)
+            return status.ready_nodes == 40
+
+        await eventually(all_ready, timeout=30, what="the pool to take all 40 reports")
+        assert await env.run(signal_report, report(40), batcher) is True
+        assert signals(signalling)[-1] == "node_phase"

@@ -281,6 +281,13 @@ class DisruptionAnswers(Msg):
     answers: list[DisruptionAnswer]
 
 
+class NodeReports(Msg):
+    """Input of the pool's `node_phases` signal: several nodes' reports that one worker had to
+    send to the pool at once, in the order they were made (activities.node.ReportBatcher)."""
+
+    reports: list[NodeReport]
+
+
 class PoolReport(Msg):
     """Input of the node's `report_to_pool` activity (a life under the `life-v2` patch): the
     report a node signals its pool (`node_phase`) from a local activity."""

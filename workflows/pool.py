@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         DisruptionAsks,
         DisruptionAnswers,
         NodeReport,
+        NodeReports,
         NodeSighting,
         NodeStart,
         ObjectRef,
@@ -307,6 +308,12 @@ class GPUNodePoolWorkflow:
         self.state.bound_gpus = dict(d.bound_gpus)
         self.state.held_nodes = list(d.held_nodes)
         self.dirty = True
+
+    @workflow.signal
+    def node_phases(self, rs: NodeReports) -> None:
+        """Several nodes' reports, sent together by a worker: each taken as `node_phase` takes it."""
+        for r in rs.reports:
+            self.node_phase(r)
 
     @workflow.signal
     def node_phase(self, r: NodeReport) -> None:
