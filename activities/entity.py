@@ -10,11 +10,12 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.errors import temporal_errors
+from activities.visibility import Listed, list_workflows
 from tgp.crds import GROUP, VERSION, GPUNodePoolStatus
 from tgp.messages import NodeSighting, ObjectRef, RunningNodesChanges, RunningNodesQuery
 from tgp.types import NodePhase
@@ -27,9 +28,13 @@ EVENT_WRITES_AT_ONCE = 20
 RUNNING_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"
 
 
-def sighting(wf: WorkflowExecution) -> NodeSighting:
+# The search attributes a sighting reads.
+SIGHTING_KEYS = ("TgpPhase", "TgpHourlyPrice", "TgpNodeName", "TgpProvider", "TgpGpuType", "TgpPool")
+
+
+def sighting(wf: Listed) -> NodeSighting:
     """A node workflow as its search attributes (set by the node, workflows/node.py) show it."""
-    sa = wf.search_attributes or {}
+    sa = wf.attributes(SIGHTING_KEYS)
 
     def first(key: str) -> Any:
         return (sa.get(key) or [None])[0]
@@ -50,7 +55,7 @@ def sighting(wf: WorkflowExecution) -> NodeSighting:
 async def running_node_workflows(client: Client, query: str = "", *, limit: int | None = None) -> list[NodeSighting]:
     """The running node workflows (those matching `query`, a visibility filter on tgp's search
     attributes, e.g. `TgpPool = 'ml/rtx'`), as sightings. Visibility lags by a second or so."""
-    listing = client.list_workflows(f"{RUNNING_NODES} AND {query}" if query else RUNNING_NODES, limit=limit)
+    listing = list_workflows(client, f"{RUNNING_NODES} AND {query}" if query else RUNNING_NODES, limit=limit)
     return [sighting(wf) async for wf in listing]
 
 

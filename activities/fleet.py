@@ -26,13 +26,14 @@ from datetime import datetime, timezone
 import structlog
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecution
+from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.accounts import ProviderRegistry
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.listing import SIGHTINGS_SENT, list_account
 from activities.termination import consistency_window
+from activities.visibility import Listed, list_workflows
 from tgp.crds import GROUP, VERSION, GPUNodeClassSpec
 from tgp.errors import TgpError, TransientError
 from tgp.fleet import WatchedNode, sightings
@@ -52,6 +53,8 @@ def watched_nodes(task_queue: str | None) -> str:
     quoted = task_queue.replace("\\", "\\\\").replace("'", "\\'")
     return f"{WATCHED_NODES} AND TaskQueue = '{quoted}'"
 INSTANCE_PREFIX = "tgp-"
+# The search attributes a node is learnt from (`recorded_instance`, `_ready_since`, its class).
+LEARN_KEYS = ("TgpNodeName", "TgpProvider", "TgpInstanceId", "TgpReadySince", "TgpClass")
 SIGNAL = "instance_seen"
 # Status queries (and class reads) in flight at once while learning new nodes: after a worker
 # restart every Ready node is new, and 1,000 queries one by one would hold the look for seconds.
@@ -161,7 +164,7 @@ class FleetActivities:
         accounts are still looked at. Raises only when Temporal's visibility cannot be read."""
         client = activity.client()
         try:
-            listed = [wf async for wf in client.list_workflows(watched_nodes(inp.task_queue))]
+            listed = [wf async for wf in list_workflows(client, watched_nodes(inp.task_queue))]
         except RPCError as exc:
             raise TransientError(f"could not list the running node workflows ({exc.status.name})") from None
         result = FleetLookResult(nodes=len(listed))
@@ -172,9 +175,9 @@ class FleetActivities:
         classes: dict[str, asyncio.Task[dict[str, CredentialsRef] | None]] = {}
         gate = asyncio.Semaphore(LEARN_AT_ONCE)
 
-        async def learn(wf: WorkflowExecution) -> None:
+        async def learn(wf: Listed) -> None:
             async with gate:
-                known = await self._learn(client, wf.id, wf.search_attributes or {}, classes)
+                known = await self._learn(client, wf.id, wf.attributes(LEARN_KEYS), classes)
             if known is not None:
                 self._known[(wf.id, wf.run_id)] = known
 
