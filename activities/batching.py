@@ -29,6 +29,7 @@ class UpdateBatcher:
         self.timeout = timeout
         self._waiting: dict[tuple[int, str, str], list[tuple[Any, asyncio.Future[Any]]]] = {}
         self._sending: set[tuple[int, str, str]] = set()
+        self._senders: set[asyncio.Task[None]] = set()  # held, so none is collected mid-send
 
     async def call(self, workflow_id: str, kind: str, item: Any) -> Any:
         """`item`'s answer, from the update that carries it (with the others made meanwhile)."""
@@ -38,7 +39,9 @@ class UpdateBatcher:
         self._waiting.setdefault(key, []).append((item, future))
         if key not in self._sending:
             self._sending.add(key)
-            asyncio.get_running_loop().create_task(self._send(key, client))
+            sender = asyncio.get_running_loop().create_task(self._send(key, client))
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
         return await future
 
     async def _update(self, client: Any, workflow_id: str, kind: str, items: list[Any]) -> list[Any]:

@@ -160,7 +160,8 @@ def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]
 
 
 # A report carried by an activity (`carrying`) is signalled this many times at most, pausing
-# REPORT_PAUSE, doubled each time, between tries; each try bounded by REPORT_RPC_TIMEOUT.
+# REPORT_PAUSE, doubled each time, between tries; each try's signal bounded by REPORT_RPC_TIMEOUT
+# (with the reports made meanwhile: REPORT_BATCH_TIMEOUT, the client's retries included).
 REPORT_TRIES = 4
 REPORT_PAUSE = 0.5
 REPORT_RPC_TIMEOUT = timedelta(seconds=5)
@@ -172,6 +173,9 @@ REPORT_WAIT = timedelta(seconds=2)
 
 # Reports to one pool sent as one signal (`node_phases`); more wait for the next.
 MAX_REPORT_BATCH = 100
+# The most one batch's signal may take, the client's retries included (its default retry
+# gives up after 10 s, each try bounded by REPORT_RPC_TIMEOUT).
+REPORT_BATCH_TIMEOUT = timedelta(seconds=20)
 
 
 class ReportBatcher(UpdateBatcher):
@@ -181,8 +185,9 @@ class ReportBatcher(UpdateBatcher):
     history and a write of the server's. A report alone goes as before (`node_phase`)."""
 
     def __init__(self) -> None:
-        # Past its RPC's own timeout (an RPCError, retried by `carrying`), not before it.
-        super().__init__(MAX_REPORT_BATCH, timeout=REPORT_RPC_TIMEOUT.total_seconds() + 1)
+        # Past the client's own retries of the signal (each try bounded by REPORT_RPC_TIMEOUT):
+        # a batch that still hangs then is given up, and `carrying` tries its reports again.
+        super().__init__(MAX_REPORT_BATCH, timeout=REPORT_BATCH_TIMEOUT.total_seconds())
 
     async def _update(self, client: Any, pool_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
         handle = client.get_workflow_handle(pool_workflow_id)
@@ -250,7 +255,7 @@ async def carrying(report: PoolReport | None, reports: ReportBatcher) -> AsyncIt
                 return
             except Exception as exc:  # noqa: BLE001 - a report never fails its activity
                 status = exc.status.name if isinstance(exc, RPCError) and exc.status else type(exc).__name__
-                if attempt == REPORT_TRIES or not isinstance(exc, RPCError):
+                if attempt == REPORT_TRIES or not isinstance(exc, (RPCError, TimeoutError)):
                     log.warning("report_not_sent", pool=report.pool_workflow_id, phase=report.report.phase.value, status=status)
                     return
                 await asyncio.sleep(pause)

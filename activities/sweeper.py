@@ -29,6 +29,7 @@ from activities.fleet import recorded_instance
 from activities.listing import list_account
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import consistency_window, end_for_good
+from activities.visibility import list_workflows
 from activities import metrics
 from tgp.errors import TransientError
 from tgp.messages import class_workflow_id
@@ -93,8 +94,8 @@ class SweeperActivities:
         in a life-v2 run; a node past Ready never launches again, so the pair holds)."""
         names: dict[str, str] = {}
         instances: dict[str, str] = {}
-        async for wf in activity.client().list_workflows("WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"):
-            attributes = wf.search_attributes or {}
+        async for wf in list_workflows(activity.client(), "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"):
+            attributes = wf.attributes(("TgpNodeName", "TgpPhase", "TgpProvider", "TgpInstanceId"))
             for value in attributes.get("TgpNodeName") or []:
                 names[str(value)] = wf.id
             if attributes.get("TgpPhase") == ["Ready"] and (recorded := recorded_instance(attributes)):

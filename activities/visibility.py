@@ -47,14 +47,13 @@ async def list_workflows(client: Client, query: str, *, limit: int | None = None
     their search attributes left undecoded. RPC errors are raised as there."""
     token = b""
     listed = 0
-    while True:
+    while limit is None or listed < limit:
+        size = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - listed)
         page = await client.workflow_service.list_workflow_executions(
-            ListWorkflowExecutionsRequest(namespace=client.namespace, page_size=PAGE_SIZE, next_page_token=token, query=query),
+            ListWorkflowExecutionsRequest(namespace=client.namespace, page_size=size, next_page_token=token, query=query),
             retry=True,
         )
-        for info in page.executions:
-            if limit is not None and listed >= limit:
-                return
+        for info in page.executions[: None if limit is None else limit - listed]:
             listed += 1
             start = info.start_time.ToDatetime().replace(tzinfo=UTC) if info.HasField("start_time") else None
             yield Listed(id=info.execution.workflow_id, run_id=info.execution.run_id, start_time=start, raw=info.search_attributes)

@@ -24,7 +24,7 @@ from temporalio.common import RetryPolicy
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.node import REPORT_ATTEMPTS, ReportBatcher, _reports_in_flight, carrying, typed
+from activities.node import REPORT_ATTEMPTS, REPORT_TRIES, ReportBatcher, _reports_in_flight, carrying, typed
 from sim.world import sim_world
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
@@ -235,3 +235,23 @@ async def test_reports_made_together_reach_the_pool_together_and_each_is_taken(t
         await eventually(all_ready, timeout=30, what="the pool to take all 40 reports")
         assert await env.run(signal_report, report(40), batcher) is True
         assert signals(signalling)[-1] == "node_phase"
+
+
+async def test_a_report_whose_signal_hangs_is_tried_again(temporal: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's signal that outlasts the batcher's timeout (the client's own retries included)
+    is given up, and the report is tried again, as one the server refused: each try a signal."""
+    monkeypatch.setattr("activities.node.REPORT_PAUSE", 0.01)
+    hanging = SignalsSent(gate=asyncio.Event())  # never set: the pool never answers
+    env = ActivityEnvironment(client=Client(**{**temporal.client.config(), "interceptors": [hanging]}))
+    batcher = ReportBatcher()
+    batcher.timeout = 0.05
+
+    async def work() -> None:
+        async with carrying(REPORT, batcher):
+            pass
+        await asyncio.wait_for(asyncio.gather(*_reports_in_flight, return_exceptions=True), 10)
+
+    with structlog.testing.capture_logs() as logs:
+        await env.run(work)
+    assert signals(hanging) == ["node_phase"] * REPORT_TRIES
+    assert [e["status"] for e in logs if e["event"] == "report_not_sent"] == ["TimeoutError"]

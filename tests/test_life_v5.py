@@ -333,29 +333,29 @@ async def test_a_drain_asks_only_a_budget_that_can_refuse(temporal: WorkflowEnvi
 
 
 async def test_a_node_hears_when_its_budgets_can_refuse_again(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
-    """The pool's budgets change while its node runs: from 100% (its drains would not ask) to
-    10%. The pool sends the node its settings without the unlimited reasons, and its idle
-    drain asks again. A pool whose budgets change back to 100% tells the node so."""
+    """The pool's budgets change while its node runs, and nothing else: from 100% (its drains
+    would not ask) to 10%. The pool sends the node its settings without the unlimited reasons,
+    and its idle drain asks again. Budgets changed back to 100% are sent too."""
     async with running_stack(temporal, kube_api) as s:
         node, handle = await a_node_for_a_pod(s, budgets=[{"nodes": "100%"}], idleTimeout="1h")
         merge = {"Content-Type": "application/merge-patch+json"}
 
-        async def set_budgets(budgets: list[dict[str, str]], idle: str = "1h") -> None:
-            patch = {"spec": {"disruption": {"budgets": budgets, "idleTimeout": idle}}}
+        async def set_disruption(**disruption: Any) -> None:
+            patch = {"spec": {"disruption": disruption}}
             (await s.kube.patch(f"{POOLS.format(ns='ml')}/rtx", json=patch, headers=merge)).raise_for_status()
 
-        async def last_sent() -> TimeoutsUpdate | None:
-            sent = await signals_received(handle, "update_timeouts", TimeoutsUpdate)
-            return sent[-1] if sent else None
+        async def sent(count: int) -> TimeoutsUpdate | None:
+            received = await signals_received(handle, "update_timeouts", TimeoutsUpdate)
+            return received[-1] if len(received) >= count else None
 
-        await set_budgets([{"nodes": "10%"}], idle="50m")
-        await eventually(lambda: _sent(last_sent, idle=timedelta(minutes=50)), timeout=60, what="the 10% budget sent to the node")
-        assert (await last_sent()).unlimited_reasons is None  # type: ignore[union-attr]
-        await set_budgets([{"nodes": "100%"}], idle="40m")
-        await eventually(lambda: _sent(last_sent, idle=timedelta(minutes=40)), timeout=60, what="the 100% budget sent to the node")
-        assert "Empty" in ((await last_sent()).unlimited_reasons or [])  # type: ignore[union-attr]
-        await set_budgets([{"nodes": "10%"}], idle="2s")
-        await eventually(lambda: _sent(last_sent, idle=timedelta(seconds=2)), timeout=60, what="the 10% budget sent again")
+        await set_disruption(budgets=[{"nodes": "10%"}])
+        limited = await eventually(lambda: sent(1), timeout=60, what="the 10% budget sent to the node")
+        assert limited.unlimited_reasons is None and limited.idle == timedelta(hours=1), limited
+        await set_disruption(budgets=[{"nodes": "100%"}])
+        freed = await eventually(lambda: sent(2), timeout=60, what="the 100% budget sent to the node")
+        assert "Empty" in (freed.unlimited_reasons or []), freed
+        await set_disruption(budgets=[{"nodes": "10%"}], idleTimeout="2s")
+        await eventually(lambda: sent(3), timeout=60, what="the 10% budget sent again")
         await bind(s.kube, "train", node["name"], real=s.world.kube is None)
         await told(handle, busy_pods=1)
         (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
@@ -365,6 +365,25 @@ async def test_a_node_hears_when_its_budgets_can_refuse_again(temporal: Workflow
         assert drained.ask is not None and drained.holds, f"a budget that can refuse again was not asked: {drained}"
 
 
-async def _sent(last_sent: Any, *, idle: timedelta) -> bool:
-    sent = await last_sent()
-    return sent is not None and sent.idle == idle
+async def test_a_pool_run_begun_before_the_patch_gives_its_nodes_no_unlimited_reasons(
+    temporal: WorkflowEnvironment, kube_api: KubeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool run begun before `unlimited-reasons-to-nodes` (the patch answers False for the
+    rest of the run) sends its nodes no unlimited reasons: nor does it start them with any, or
+    a later change of its budgets (which its settings could not tell) would leave them
+    draining unasked. Its node's idle drain asks, budget 100% or not."""
+    from temporalio import workflow as temporal_workflow
+
+    from workflows.pool import UNLIMITED_REASONS_PATCH
+
+    patched = temporal_workflow.patched
+    monkeypatch.setattr(temporal_workflow, "patched", lambda patch_id: False if patch_id == UNLIMITED_REASONS_PATCH else patched(patch_id))
+    async with running_stack(temporal, kube_api) as s:
+        node, handle = await a_node_for_a_pod(s, budgets=[{"nodes": "100%"}])
+        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
+        await told(handle, busy_pods=1)
+        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
+        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+        [drained] = await drain_inputs(handle)
+        assert drained.ask is not None, f"a node of a pool run without the patch drained unasked: {drained}"

@@ -58,7 +58,8 @@ async def test_a_lean_listing_is_the_sdks_listing_with_only_the_keys_asked_for(t
             assert wf.attributes(["TgpPhase"]) == {"TgpPhase": ["Ready"]}
         odd = next(wf for wf in lean if wf.id.endswith("-1"))
         assert odd.attributes(["TgpReadySince"]) == {"TgpReadySince": [since]} and odd.attributes(["TgpHourlyPrice"]) == {"TgpHourlyPrice": [1.5]}
-        assert len([wf async for wf in visibility.list_workflows(temporal.client, query, limit=3)]) == 3
+        for limit in (0, 2, 3, 5, 9):  # within a page, at a page's end, past the listing
+            assert len([wf async for wf in visibility.list_workflows(temporal.client, query, limit=limit)]) == min(limit, 5)
         sightings = await running_node_workflows(temporal.client, f"TaskQueue = '{queue}'")
         assert sorted((s.node_name, s.hourly_price is not None) for s in sightings) == [(f"rtx-{i}", bool(i % 2)) for i in range(5)]
     finally:

@@ -135,19 +135,23 @@ def allowed_disruptions(
 
 
 def unlimited_reasons(budgets: Sequence[DisruptionBudget]) -> list[str]:
-    """The budgeted reasons `budgets` can never refuse to a node the pool counts: no budget
-    covers them, or each one that does allows 100% or more of the pool's nodes (whenever it is
-    active). `allowed_disruptions` then permits every such ask, since the nodes disrupting are
-    among the pool's nodes and the asker is not one of them; a node may begin such a disruption
-    without asking the pool (sorted, for a stable fingerprint)."""
+    """The budgeted reasons a pool's node may begin without asking the pool: all of them when no
+    budget can ever refuse (none, or each allows 100% of the pool's nodes, whenever it is
+    active), none otherwise. All or nothing: the nodes disrupting for one reason count against
+    the budgets of every reason, and a drain the pool was not asked about counts only from its
+    Draining report. `allowed_disruptions` then permits every ask of a node the pool counts,
+    since the nodes disrupting are among the pool's nodes and the asker is not one of them.
+    Sorted, for a stable fingerprint."""
 
     def never_refuses(budget: DisruptionBudget) -> bool:
         try:
+            if budget.schedule is not None:
+                CronSchedule.parse(budget.schedule)  # unreadable: `allowed_disruptions` fails closed
             return budget.nodes.endswith("%") and int(budget.nodes[:-1]) >= 100
         except ValueError:
             return False  # unreadable: the pool's answer fails closed, so ask it
 
-    return sorted(r.value for r in BUDGETED if all(never_refuses(b) for b in budgets if budget_covers(b, r)))
+    return sorted(r.value for r in BUDGETED) if all(never_refuses(b) for b in budgets) else []
 
 
 # --- do-not-disrupt -------------------------------------------------------------------------

@@ -93,7 +93,8 @@ def in_place_changes(old: GPUNodePoolSpec, new: GPUNodePoolSpec) -> frozenset[st
     """What of a pool's change is applied to its running nodes in place: `labels`, `taints`,
     `timeouts` (idleTimeout, expireAfter, drainTimeout, terminationGracePeriod). Order does
     not count (taints are a set on a Node). Budgets, consolidation, counts and prices are the
-    pool's own and touch no node; what needs a new node is `drift_hash`'s."""
+    pool's own (whether its budgets can refuse at all reaches its nodes with their settings:
+    tgp.disruption.unlimited_reasons); what needs a new node is `drift_hash`'s."""
     changed = set()
     if old.template.metadata.labels != new.template.metadata.labels:
         changed.add("labels")

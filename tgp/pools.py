@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.disruption import unlimited_reasons
 from tgp.drift import drift_hash
 from tgp.messages import NodeStart, class_workflow_id, pool_workflow_id
 from tgp.types import (
@@ -110,17 +110,21 @@ def node_request(
     floor: bool = False,
     min_gpus: int = 1,
     bind_grace: timedelta | None = None,
+    unlimited: Sequence[str] = (),
 ) -> NodeRequest:
     """Everything a node workflow of this pool needs. A `floor` node keeps the pool at its
     minNodes and never idles out (it would only be replaced at once). `bind_grace`: how long
-    after Ready the node holds the place of the pods bought for it (it does not idle out)."""
+    after Ready the node holds the place of the pods bought for it (it does not idle out).
+    `unlimited`: the disruption reasons the pool tells its nodes its budgets cannot refuse
+    (tgp.disruption.unlimited_reasons, as its settings signal sends them)."""
     requirements = offer_requirements(pool, klass)
     if min_gpus > requirements.min_gpu_count:
         # A pod asking for more GPUs than the class minimum needs a node that has them.
         requirements = requirements.model_copy(update={"min_gpu_count": min_gpus})
     timeouts = LifecycleTimeouts(**node_timeouts(pool, floor=floor).model_dump(exclude={"hold", "unlimited_reasons"}))
-    # Its drains for these reasons begin without asking the pool (`update_timeouts` keeps it current).
-    timeouts = timeouts.model_copy(update={"unlimited_reasons": unlimited_reasons(pool.disruption.budgets)})
+    # Its drains for these reasons begin without asking the pool; the pool's settings signal
+    # (`update_timeouts`) keeps them current, so only a pool that sends them gives them.
+    timeouts = timeouts.model_copy(update={"unlimited_reasons": list(unlimited)})
     if watch_interval is not None:
         timeouts = timeouts.model_copy(update={"watch_interval": watch_interval})
     if bind_grace is not None:

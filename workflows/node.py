@@ -1123,7 +1123,8 @@ class GPUNodeWorkflow:
         return True
 
     def _asks_in_drain(self, end: EndReason) -> bool:
-        """v5: a voluntary end whose drain asks the pool's budgets itself (idle, expired)."""
+        """v5: a voluntary end whose drain asks the pool's budgets itself (idle, expired), unless
+        the pool said its budgets cannot refuse (`unlimited_reasons`), and looks for holds."""
         return self.v5 and end in (EndReason.IDLE, EndReason.EXPIRED) and bool(self.req.pool_workflow_id)
 
     def _budget_blocked(self) -> bool:

@@ -803,6 +803,7 @@ class GPUNodePoolWorkflow:
             pool=u.spec,
             klass=u.node_class,
             watch_interval=self.inp.watch_interval,
+            unlimited=self._unlimited(u),
         )
 
     def _unsettled(self, u: PoolUpdate, template: NodeRequest, start: NodeStart, pods: list[str], now: datetime, error: str) -> None:
@@ -875,6 +876,7 @@ class GPUNodePoolWorkflow:
             floor=floor,
             min_gpus=gpus,
             bind_grace=self.inp.bind_grace if fit and pods else None,
+            unlimited=self._unlimited(u),
         )
         since = [self.state.pending_since[pod] for pod in pods if pod in self.state.pending_since]
         if since:
@@ -1337,6 +1339,7 @@ class GPUNodePoolWorkflow:
             watch_interval=self.inp.watch_interval,
             floor=True,  # no idling out while the old node lives (the pool sends its own settings after)
             min_gpus=self._size(old) or old.gpus or 1,
+            unlimited=self._unlimited(u),
         )
         cap = offer if offer is not None else (Decimal(old.replace_key.removeprefix("under ")) if old.replace_key.startswith("under ") else None)
         if cap is not None:
@@ -1389,11 +1392,18 @@ class GPUNodePoolWorkflow:
         grace = u.spec.disruption.termination_grace_period
         if grace is not None and workflow.patched(TERMINATION_GRACE_PATCH):
             wanted = wanted.model_copy(update={"termination_grace": grace})
-        # Sent only when some reason is unlimited: pools with the default 10% send nothing new.
-        unlimited = unlimited_reasons(u.spec.disruption.budgets)
-        if unlimited and workflow.patched(UNLIMITED_REASONS_PATCH):
+        unlimited = self._unlimited(u)
+        if unlimited:  # sent only when there are some: pools with the default 10% send nothing new
             wanted = wanted.model_copy(update={"unlimited_reasons": unlimited})
         return wanted
+
+    def _unlimited(self, u: PoolUpdate) -> list[str]:
+        """The disruption reasons this run tells its nodes its budgets cannot refuse, in their
+        start and in its settings signal alike: what a node holds is what the pool's record of
+        its settings says (`timeouts_sent`), so a change of budgets reaches it. None in a run
+        begun before the patch."""
+        unlimited = unlimited_reasons(u.spec.disruption.budgets)
+        return unlimited if unlimited and workflow.patched(UNLIMITED_REASONS_PATCH) else []
 
     def _model_held_nodes(self, live: list[PoolNode]) -> None:
         """A node started with `hold_ends_when_busy` ends its bind-grace hold at the first pod on
