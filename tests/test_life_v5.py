@@ -311,6 +311,17 @@ async def test_a_stuck_release_shows_termination_stuck_and_gives_the_class_its_p
         await class_run.terminate("test finished")
 
 
+async def idle_drain_of(s: Stack, node: dict[str, Any], handle: WorkflowHandle) -> DrainInput:
+    """Pod "train" binds on the node, runs and is deleted: the node idles out; its one drain."""
+    await bind(s.kube, "train", node["name"], real=s.world.kube is None)
+    await told(handle, busy_pods=1)
+    (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
+    status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+    assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
+    [drained] = await drain_inputs(handle)
+    return drained
+
+
 @pytest.mark.parametrize("budgets", [[{"nodes": "100%"}], None], ids=["budget-100%", "default-budget"])
 async def test_a_drain_asks_only_a_budget_that_can_refuse(temporal: WorkflowEnvironment, kube_api: KubeApi, budgets: Any) -> None:
     """Through the bridge: a pool whose one budget allows 100% of its nodes can never refuse an
@@ -319,12 +330,7 @@ async def test_a_drain_asks_only_a_budget_that_can_refuse(temporal: WorkflowEnvi
     budget (10%) can refuse: the drain asks it."""
     async with running_stack(temporal, kube_api) as s:
         node, handle = await a_node_for_a_pod(s, **({"budgets": budgets} if budgets is not None else {}))
-        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
-        await told(handle, busy_pods=1)
-        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
-        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
-        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
-        [drained] = await drain_inputs(handle)
+        drained = await idle_drain_of(s, node, handle)
         assert drained.holds, drained
         if budgets is None:
             assert drained.ask is not None and drained.ask.ask.reason == "Empty", drained
@@ -356,12 +362,7 @@ async def test_a_node_hears_when_its_budgets_can_refuse_again(temporal: Workflow
         assert "Empty" in (freed.unlimited_reasons or []), freed
         await set_disruption(budgets=[{"nodes": "10%"}], idleTimeout="2s")
         await eventually(lambda: sent(3), timeout=60, what="the 10% budget sent again")
-        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
-        await told(handle, busy_pods=1)
-        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
-        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
-        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
-        [drained] = await drain_inputs(handle)
+        drained = await idle_drain_of(s, node, handle)
         assert drained.ask is not None and drained.holds, f"a budget that can refuse again was not asked: {drained}"
 
 
@@ -380,10 +381,5 @@ async def test_a_pool_run_begun_before_the_patch_gives_its_nodes_no_unlimited_re
     monkeypatch.setattr(temporal_workflow, "patched", lambda patch_id: False if patch_id == UNLIMITED_REASONS_PATCH else patched(patch_id))
     async with running_stack(temporal, kube_api) as s:
         node, handle = await a_node_for_a_pod(s, budgets=[{"nodes": "100%"}])
-        await bind(s.kube, "train", node["name"], real=s.world.kube is None)
-        await told(handle, busy_pods=1)
-        (await s.kube.delete("/api/v1/namespaces/ml/pods/train")).raise_for_status()
-        status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
-        assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
-        [drained] = await drain_inputs(handle)
+        drained = await idle_drain_of(s, node, handle)
         assert drained.ask is not None, f"a node of a pool run without the patch drained unasked: {drained}"
