@@ -6,6 +6,8 @@ Time is a controllable clock shared by the adapter (key expiration it asks for) 
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
@@ -403,3 +405,15 @@ async def test_revoking_any_key_on_any_supported_version_ends_at_once_and_leaves
     assert sleeps == [], f"{state} key on {version}: a refusal that cannot change was retried"
     with pytest.raises(RegistrationRejected):
         hs.register(secret, "gpu-2")
+
+
+async def test_joins_looking_at_once_share_one_node_listing(tailnet: HeadscaleTailnet, hs: FakeHeadscale) -> None:
+    """40 joining nodes look for their devices at once: one `GET /api/v1/node` in flight at a
+    time (activities.fresh_reads), each caller answered for its own hostname."""
+    for i in range(0, 40, 2):
+        key = await tailnet.mint_auth_key(hostname=f"gpu-{i}", tags=TAGS, expiry=HOUR)
+        hs.register(key.secret.get_secret_value(), f"gpu-{i}")
+    before = sum(1 for r in hs.requests if r.method == "GET" and r.path == "/api/v1/node")
+    found = await asyncio.gather(*(tailnet.find_device(f"gpu-{i}", TAGS) for i in range(40)))
+    assert [d is not None for d in found] == [i % 2 == 0 for i in range(40)]
+    assert sum(1 for r in hs.requests if r.method == "GET" and r.path == "/api/v1/node") - before <= 2

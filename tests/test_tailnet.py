@@ -6,6 +6,7 @@ expiry); retry waits are recorded, never slept.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
@@ -415,3 +416,46 @@ async def test_unknown_tailnet_is_config_error(ts: FakeTailscale, clock: Clock, 
     ) as adapter:
         with pytest.raises(ConfigError, match="nope.example"):
             await adapter.find_device("gpu-1", TAGS)
+
+
+# --- joins looking at once share the device listing ---------------------------------------
+
+
+def device_lists(ts: FakeTailscale) -> int:
+    return sum(1 for r in ts.requests if r.method == "GET" and r.path.endswith("/devices"))
+
+
+async def test_joins_looking_at_once_share_one_listing_and_each_finds_its_own(tailnet: TailscaleTailnet, ts: FakeTailscale) -> None:
+    """50 joining nodes look for their devices at once (a burst): one device listing in flight
+    at a time, each caller gets the answer for its own hostname (half of them registered)."""
+    for i in range(0, 50, 2):
+        key = await tailnet.mint_auth_key(hostname=f"gpu-{i}", tags=TAGS, expiry=HOUR)
+        ts.register(key.secret.get_secret_value(), f"gpu-{i}")
+    before = device_lists(ts)
+    found = await asyncio.gather(*(tailnet.find_device(f"gpu-{i}", TAGS) for i in range(50)))
+    assert [d is not None and d.hostname == f"gpu-{i}" for i, d in enumerate(found)] == [i % 2 == 0 for i in range(50)]
+    assert device_lists(ts) - before <= 2, device_lists(ts) - before
+
+
+async def test_a_look_never_gets_a_listing_older_than_its_own_call(tailnet: TailscaleTailnet, ts: FakeTailscale) -> None:
+    """A listing in flight when a device registers and a node then looks (the slow listing of a
+    large tailnet): that look does not share the listing that began before it asked (which may
+    not show the device); it waits for the next one, which is sent after the first ends."""
+    key = await tailnet.mint_auth_key(hostname="gpu-late", tags=TAGS, expiry=HOUR)
+    before = device_lists(ts)
+    ts.slow_device_lists(0.3)
+    started = asyncio.Event()
+    real_read = tailnet._device_reads._fetch
+
+    async def marked_read() -> list[dict[str, object]]:
+        started.set()  # the early look's listing is on its way
+        return await real_read()
+
+    tailnet._device_reads._fetch = marked_read
+    early = asyncio.create_task(tailnet.find_device("gpu-late", TAGS))
+    await started.wait()
+    ts.register(key.secret.get_secret_value(), "gpu-late")
+    late = await tailnet.find_device("gpu-late", TAGS)
+    await early
+    assert late is not None and late.hostname == "gpu-late"
+    assert device_lists(ts) - before == 2, "the late look shared a listing that began before it asked"

@@ -39,6 +39,7 @@ import httpx
 import structlog
 from pydantic import SecretStr
 
+from activities.fresh_reads import FreshReads
 from activities.ports import AuthKey
 from tgp.errors import ConfigError, TgpError, TransientError
 from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, error_message, json_items, json_object
@@ -132,6 +133,8 @@ class HeadscaleTailnet(HttpAdapter):
         self._now = now
         # hostname -> ids of keys minted for it by this process (see the module docstring).
         self._minted: dict[str, list[str]] = {}
+        # The node listing, shared by the joins that look meanwhile (never an older view).
+        self._node_reads: FreshReads[list[dict[str, Any]]] = FreshReads(self._all_nodes)
 
     def __repr__(self) -> str:
         return f"HeadscaleTailnet(base_url={self._base_url!r}, user={self._user!r})"
@@ -230,9 +233,11 @@ class HeadscaleTailnet(HttpAdapter):
         return [_device(n, str(n.get("name") or n.get("givenName") or "")) for n in await self._nodes(tags)]
 
     async def _nodes(self, tags: list[str]) -> list[dict[str, Any]]:
-        response = await self._call("GET", "/api/v1/node")
         wanted = set(tags)
-        return [n for n in json_items(response, "nodes", system=SYSTEM) if wanted <= _node_tags(n)]
+        return [n for n in await self._node_reads.read() if wanted <= _node_tags(n)]
+
+    async def _all_nodes(self) -> list[dict[str, Any]]:
+        return json_items(await self._call("GET", "/api/v1/node"), "nodes", system=SYSTEM)
 
     async def delete_device(self, device_id: str) -> None:
         """Delete the node; one already gone (404) counts as deleted."""

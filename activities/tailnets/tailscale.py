@@ -22,6 +22,7 @@ import httpx
 import structlog
 from pydantic import SecretStr
 
+from activities.fresh_reads import FreshReads
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, error_message, json_items, json_object
@@ -112,6 +113,8 @@ class TailscaleTailnet(HttpAdapter):
         self._token: SecretStr | None = None
         self._token_valid_until = 0.0
         self._token_lock = asyncio.Lock()
+        # The device listing, shared by the joins that look meanwhile (never an older view).
+        self._device_reads: FreshReads[list[dict[str, Any]]] = FreshReads(self._all_devices)
 
     def __repr__(self) -> str:
         return f"TailscaleTailnet(base_url={self._base_url!r}, tailnet={self._tailnet!r}, client_id={self._client_id!r})"
@@ -191,9 +194,12 @@ class TailscaleTailnet(HttpAdapter):
         return [_device(d) for d in await self._devices(tags)]
 
     async def _devices(self, tags: list[str]) -> list[dict[str, Any]]:
-        response = await self._call("GET", f"/api/v2/tailnet/{quote(self._tailnet, safe='')}/devices")
         wanted = set(tags)
-        return [d for d in json_items(response, "devices", system=SYSTEM) if wanted <= set(d.get("tags") or [])]
+        return [d for d in await self._device_reads.read() if wanted <= set(d.get("tags") or [])]
+
+    async def _all_devices(self) -> list[dict[str, Any]]:
+        response = await self._call("GET", f"/api/v2/tailnet/{quote(self._tailnet, safe='')}/devices")
+        return json_items(response, "devices", system=SYSTEM)
 
     async def delete_device(self, device_id: str) -> None:
         """Delete the device; one already gone (404) counts as deleted."""
