@@ -60,6 +60,8 @@ class UpdateBatcher:
                 try:
                     async with asyncio.timeout(self.timeout):
                         answers = await self._update(client, workflow_id, kind, [item for item, _ in batch])
+                    if len(answers) != len(batch):  # never left waiting for an answer that is not there
+                        raise RuntimeError(f"{kind} to {workflow_id}: {len(answers)} answers to {len(batch)} calls")
                 except Exception as exc:  # noqa: BLE001 - every caller of this update hears of it
                     for _, f in batch:
                         if not f.done():

@@ -78,3 +78,28 @@ async def test_a_class_that_never_answers_holds_no_later_call(temporal: Workflow
             assert loop.time() - began < 5, f"the settle waited {loop.time() - began:.1f} s ({raised.value!r})"
     finally:
         await klass.terminate("test over")
+
+
+async def test_an_update_that_answers_short_fails_its_callers_instead_of_leaving_them_waiting(temporal: WorkflowEnvironment) -> None:
+    """A batch whose update answers fewer items than it carried (a workflow of another shape):
+    every caller of it hears an error, and the next batch still goes."""
+    from typing import Any
+
+    from activities.batching import UpdateBatcher
+
+    class Short(UpdateBatcher):
+        async def _update(self, client: Any, workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
+            return items[1:] if len(items) > 1 else items
+
+    batcher = Short(10)
+
+    async def callers() -> list[Any]:
+        return await asyncio.wait_for(asyncio.gather(*(batcher.call("wf", "k", i) for i in range(3)), return_exceptions=True), 5)
+
+    answers = await ActivityEnvironment(client=temporal.client).run(callers)
+    assert all(isinstance(a, RuntimeError) and "2 answers to 3 calls" in str(a) for a in answers), answers
+
+    async def one() -> Any:
+        return await asyncio.wait_for(batcher.call("wf", "k", 7), 5)
+
+    assert await ActivityEnvironment(client=temporal.client).run(one) == 7
