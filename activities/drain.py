@@ -87,7 +87,8 @@ async def drain(
     pods: list[PodSummary] = []
     while True:
         try:
-            on_node, listed = listed if listed is not None else await cluster.list_pods_on_node(inp.node_name), None
+            on_node = listed if listed is not None else await cluster.list_pods_on_node(inp.node_name)
+            listed = None
             pods = [p for p in on_node if drains(p)]
             if not pods:
                 return DrainResult(evicted=len(evicted), deleted=deleted)

@@ -53,8 +53,10 @@ def watched_nodes(task_queue: str | None) -> str:
     quoted = task_queue.replace("\\", "\\\\").replace("'", "\\'")
     return f"{WATCHED_NODES} AND TaskQueue = '{quoted}'"
 INSTANCE_PREFIX = "tgp-"
-# The search attributes a node is learnt from (`recorded_instance`, `_ready_since`, its class).
-LEARN_KEYS = ("TgpNodeName", "TgpProvider", "TgpInstanceId", "TgpReadySince", "TgpClass")
+# The search attributes `recorded_instance` reads, and those a node is learnt from (its
+# instance, `_ready_since`, its class).
+INSTANCE_KEYS = ("TgpNodeName", "TgpProvider", "TgpInstanceId")
+LEARN_KEYS = (*INSTANCE_KEYS, "TgpReadySince", "TgpClass")
 SIGNAL = "instance_seen"
 # Status queries (and class reads) in flight at once while learning new nodes: after a worker
 # restart every Ready node is new, and 1,000 queries one by one would hold the look for seconds.
@@ -126,7 +128,7 @@ def recorded_instance(search_attributes: Mapping[str, object]) -> tuple[str, str
     """Node name, provider and instance id from a node's search attributes (TgpInstanceId is
     upserted with its phase from the launch on, in a life-v2 run), or None (an older run). The
     sweeper reads it too. TgpReadySince (`_ready_since`) comes with the Ready upsert."""
-    found = tuple(_first(search_attributes, key) for key in ("TgpNodeName", "TgpProvider", "TgpInstanceId"))
+    found = tuple(_first(search_attributes, key) for key in INSTANCE_KEYS)
     return found if all(found) else None  # type: ignore[return-value]
 
 

@@ -25,7 +25,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import temporal_errors
-from activities.fleet import recorded_instance
+from activities.fleet import INSTANCE_KEYS, recorded_instance
 from activities.listing import list_account
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import consistency_window, end_for_good
@@ -95,7 +95,7 @@ class SweeperActivities:
         names: dict[str, str] = {}
         instances: dict[str, str] = {}
         async for wf in list_workflows(activity.client(), "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"):
-            attributes = wf.attributes(("TgpNodeName", "TgpPhase", "TgpProvider", "TgpInstanceId"))
+            attributes = wf.attributes((*INSTANCE_KEYS, "TgpPhase"))
             for value in attributes.get("TgpNodeName") or []:
                 names[str(value)] = wf.id
             if attributes.get("TgpPhase") == ["Ready"] and (recorded := recorded_instance(attributes)):

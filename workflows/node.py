@@ -1123,8 +1123,9 @@ class GPUNodeWorkflow:
         return True
 
     def _asks_in_drain(self, end: EndReason) -> bool:
-        """v5: a voluntary end whose drain asks the pool's budgets itself (idle, expired), unless
-        the pool said its budgets cannot refuse (`unlimited_reasons`), and looks for holds."""
+        """v5: a voluntary end (idle, expired) whose drain looks for holds and asks the pool's
+        budgets itself; `_drain` leaves the ask out when the pool said they cannot refuse
+        (`unlimited_reasons`)."""
         return self.v5 and end in (EndReason.IDLE, EndReason.EXPIRED) and bool(self.req.pool_workflow_id)
 
     def _budget_blocked(self) -> bool:

@@ -1400,8 +1400,8 @@ class GPUNodePoolWorkflow:
     def _unlimited(self, u: PoolUpdate) -> list[str]:
         """The disruption reasons this run tells its nodes its budgets cannot refuse, in their
         start and in its settings signal alike: what a node holds is what the pool's record of
-        its settings says (`timeouts_sent`), so a change of budgets reaches it. None in a run
-        begun before the patch."""
+        its settings says (`timeouts_sent`), so a change of budgets reaches it. None ([]) in a
+        run begun before the patch."""
         unlimited = unlimited_reasons(u.spec.disruption.budgets)
         return unlimited if unlimited and workflow.patched(UNLIMITED_REASONS_PATCH) else []
 
