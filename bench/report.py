@@ -153,6 +153,37 @@ def workers_needed(h: dict[str, Any], cache: Any) -> str:
     )
 
 
+def cpu_budget(n: int, b: dict[str, Any], limit: float, cores: int) -> str | None:
+    """What the burst's CPU allows: its target in CPU time per pod, beside what each process spent.
+
+    For the p99 pod's overhead to stay under `limit`, 99% of the pods (created together) must be
+    bound within `limit` + boot seconds of their creation, so the work that serves them (at the
+    measured cost per pod) must fit in that many seconds of the machine's cores, and the worker's
+    share in that many seconds of one core (one Python process). A floor from measured costs, not
+    a model: it says by how much the CPU per pod must fall before any ordering of the work meets
+    the target here."""
+    usage = b.get("usage") or {}
+    if not usage or not b.get("served"):
+        return None
+    window = limit + b["boot_s"]
+    pods = 0.99 * n
+    per_pod = {name: u["cpu_s"] / n * 1000 for name, u in usage.items()}
+    total = sum(per_pod.values())
+    allowed, allowed_worker = window * cores / pods * 1000, window / pods * 1000
+    worker = per_pod.get("worker", 0.0)
+    busy = sum(u["cpu_s"] for u in usage.values()) / (b["wall_s"] * cores) * 100 if b.get("wall_s") else None
+    return (
+        f"**Burst {n}: the machine's CPU.** The processes used {total:.0f} ms of CPU per pod ("
+        + ", ".join(f"{name} {v:.0f}" for name, v in per_pod.items())
+        + f"), the {cores} cores {_f(busy, '%', 0)} busy over the burst. An overhead p99 under {limit:.0f} s means 99% of the pods "
+        f"bound within {window:.0f} s of their creation ({limit:.0f} s + the {b['boot_s']:.0f} s boot): at most {allowed:.0f} ms of CPU per pod "
+        f"across the processes on {cores} cores, and at most {allowed_worker:.0f} ms in the worker (one Python process). "
+        f"Here that is {total / allowed:.1f}× and {worker / allowed_worker:.1f}× over: the target is out of reach on this machine until "
+        "the CPU per pod spent before its bind falls that far (what can run after the binds, such as status writes, aside), the "
+        "dev server's and the simulated world's (Kubernetes, scheduler, kubelets, clouds: elsewhere in a real cluster) included."
+    )
+
+
 def why(r: dict[str, Any]) -> list[str]:
     """A short paragraph per missed target, from what the run recorded."""
     out = []
@@ -209,6 +240,9 @@ def why(r: dict[str, Any]) -> list[str]:
                        f"(offer, class ledger, launch, the waits' polling, labels). Worker CPU during the burst: "
                        f"{b['usage']['worker']['cpu_pct_of_core']}% of a core, the dev server's {b['usage']['temporal']['cpu_pct_of_core']}%. "
                        f"Pods not served within the phase's deadline ({_f(b.get('deadline_s'), ' s', 0)}): {b['never_served']}.")
+            budget = cpu_budget(int(n), b, 2.0 if int(n) <= 100 else 5.0, _get(r, "machine", "nproc") or 1)
+            if budget:
+                out.append(budget)
             launch = b.get("launch_instance") or {}
             if _get(launch, "workflow_task_scheduled_to_started", "p50") is not None:
                 out.append(f"**Burst {n}: the worker's backlog.** A workflow task waited p50 "

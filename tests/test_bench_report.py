@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.report import render, targets
+from bench.report import cpu_budget, render, targets
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
@@ -26,3 +26,17 @@ def test_a_run_renders_beside_the_baseline() -> None:
     page = render(quick, baseline)
     assert f"before: `{baseline['machine']['commit']}`" in page
     assert "Workers per fleet" in page  # the quick run's hold was at rest
+
+
+def test_a_bursts_cpu_is_set_against_what_its_target_allows() -> None:
+    """A burst of 100 whose 99 first pods must be bound within 2 s + a 3 s boot has 5 s of the
+    machine's cores for them: 5 s x 2 cores / 99 pods, and 5 s / 99 pods in the worker."""
+    burst = {"served": 100, "boot_s": 3.0, "wall_s": 10.0, "usage": {"worker": {"cpu_s": 10.1}, "temporal": {"cpu_s": 5.05}}}
+    line = cpu_budget(100, burst, 2.0, cores=2)
+    assert line is not None
+    assert "151 ms of CPU per pod (worker 101, temporal 50)" in line
+    assert "at most 101 ms of CPU per pod across the processes on 2 cores" in line
+    assert "at most 51 ms in the worker" in line
+    assert "1.5× and 2.0× over" in line
+    assert "76% busy" in line
+    assert cpu_budget(100, {**burst, "served": 0}, 2.0, cores=2) is None
