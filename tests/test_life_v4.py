@@ -24,7 +24,7 @@ import httpx
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -38,7 +38,7 @@ from tests.test_node_lifecycle import assert_nothing_left, node_exists, request,
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_pool_accounting import CLASS
 from tests.test_watch_events import bridge_running, local_activity, told
-from activities.ledger import LedgerCall
+from activities.ledger import LedgerBatcher, LedgerCall
 from activities.node import NodeActivities
 from tgp.crds import GPUNodeClassSpec
 from sim.world import sim_world
@@ -299,6 +299,61 @@ async def test_a_settle_refused_on_a_retried_launch_still_ends_what_an_earlier_t
         handle = await start_as_the_pool(temporal, queue, req)
         status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
         assert status.phase is NodePhase.FAILED and "class budget refused" in (status.last_error or ""), status
+        assert world.cloud.create_requests == 1
+        assert len(status.attempts) == 1, "the attempt whose first try bought was dropped"
+        assert_nothing_left(world, req.node_name)
+
+
+async def test_a_ledger_that_stops_answering_on_a_retried_launch_still_ends_what_an_earlier_try_bought(temporal: WorkflowEnvironment) -> None:
+    """The launch's first try settles, buys and dies before it can say so; then the class
+    ledger stops answering (its workflow runs, nobody serves it). The retries' settles time out
+    until the launch gives up as `LedgerUnavailable`: no proof that nothing was bought, so the
+    node keeps the attempt and its cleanup terminates what the first try bought at once; it ends
+    Failed, saying why, once the ledger answers again and is told (the release waits for it)."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.1)
+        activities.node.ledger = LedgerBatcher(timeout=timedelta(seconds=1))  # the update's own timeout, shortened
+        klass = f"v4-{uuid.uuid4().hex[:6]}"
+        ledger_queue = f"ledger-{uuid.uuid4().hex[:8]}"
+        ledger_worker = make_worker(temporal.client, await build_activities(WorkerConfig.from_env(world.worker_env()), stack), task_queue=ledger_queue)
+        ledger_serving = asyncio.ensure_future(ledger_worker.run())
+        real = activities.node._launch_instance
+
+        async def dies_after_buying(inp: LaunchInput) -> Any:
+            bought = await real(inp)
+            if activity.info().attempt == 1:
+                await ledger_worker.shutdown()  # the ledger stops answering
+                raise ApplicationError("the worker died after the create", type="TransientError")
+            return bought
+
+        activities.node._launch_instance = dies_after_buying  # type: ignore[method-assign]
+        queue = f"test-{uuid.uuid4().hex[:8]}"
+        await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
+        class_run = await start_class(temporal, ledger_queue, klass, CLASS)
+        stack.push_async_callback(class_run.terminate, "test finished")
+        req = request(timeouts=SHORT, pool_workflow_id="gpupool/ml/no-such-pool", node_class=klass, class_workflow_id=class_workflow_id(klass))
+        handle = await start_as_the_pool(temporal, queue, req)
+
+        async def gave_up() -> bool:
+            if (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING:
+                return True  # ended without waiting for the ledger: the asserts below say what went wrong
+            status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
+            return "did not take the launch's settle" in (status.last_error or "")
+
+        await eventually(gave_up, timeout=60, what="the launch given up as LedgerUnavailable")
+        await ledger_serving
+
+        async def terminated() -> bool:
+            return world.cloud.live_instances() == []
+
+        # Money first: the release terminates before it tells the ledger, which is still away.
+        await eventually(terminated, timeout=60, what="the first try's instance terminated while the ledger is away")
+        assert (await handle.describe()).status is WorkflowExecutionStatus.RUNNING, "ended without telling the ledger"
+        async with make_worker(temporal.client, await build_activities(WorkerConfig.from_env(world.worker_env()), stack), task_queue=ledger_queue):
+            status = await asyncio.wait_for(handle.result(), 90)
+        assert status.phase is NodePhase.FAILED and "did not take the launch's settle" in (status.last_error or ""), status
         assert world.cloud.create_requests == 1
         assert len(status.attempts) == 1, "the attempt whose first try bought was dropped"
         assert_nothing_left(world, req.node_name)
