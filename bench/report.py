@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tgp.demand import BATCH_IDLE
+
 # Hand-written notes on the baseline run (bench/results/baseline.json), shown on every page.
 BASELINE_NOTES = Path(__file__).resolve().parent / "results" / "baseline.md"
 # Hand-written notes on what the runs since found (bench/results/findings.md), shown on every page.
@@ -153,6 +155,34 @@ def workers_needed(h: dict[str, Any], cache: Any) -> str:
     )
 
 
+STAGES = {
+    "start_to_first_task": "start → the worker's first workflow task", "first_task_to_offer": "→ offer chosen (a local activity)",
+    "offer_to_launching": "→ Launching (the class's reservation)", "start_to_launching": "start → Launching in all", "launching_to_joining": "→ Joining (launch)",
+    "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler)",
+}  # fmt: skip
+
+
+def _stages(stages: dict[str, Any]) -> str:
+    """A node's path, stage by stage (p50 / p99)."""
+    return "; ".join(f"{STAGES.get(k, k)} {_f(v.get('p50'), ' s')} / {_f(v.get('p99'), ' s')}" for k, v in stages.items() if v.get("n"))
+
+
+def unsaturated(r: dict[str, Any]) -> str | None:
+    """The small burst after the big ones: tgp's overhead when nothing waits for CPU."""
+    b = r.get("latency") or {}
+    if not b or "error" in b or not b.get("served"):
+        return None
+    stages = _get(b, "launch_instance", "stages_s") or {}
+    return (
+        f"**Unsaturated: a burst of {b['pods']}.** Overhead p50 {_f(_get(b, 'overhead_s', 'p50'), ' s')}, p99 "
+        f"{_f(_get(b, 'overhead_s', 'p99'), ' s')}, the processes using {sum(u['cpu_pct_of_core'] for u in b['usage'].values()):.0f}% of "
+        f"a core in all. Pending → node workflow start p99 {_f(_get(b, 'pending_to_node_workflow_start_s', 'p99'), ' s')}: the bridge "
+        f"sends a batch once no pod has come for {BATCH_IDLE.total_seconds():.0f} s (Karpenter's idle window, as the issue asks). "
+        f"Then the node's path, p50 / p99: {_stages(stages)} (the {b['boot_s']:.0f} s boot is in → Ready; the join looks for the "
+        "tailnet device once a second). So without waiting for CPU a pod's overhead is the batch window plus about a second."
+    )
+
+
 def cpu_budget(n: int, b: dict[str, Any], limit: float, cores: int) -> str | None:
     """What the burst's CPU allows: its target in CPU time per pod, beside what each process spent.
 
@@ -257,11 +287,7 @@ def why(r: dict[str, Any]) -> list[str]:
                            f"{b.get('worker_cpu_s_per_instance')} s per instance.")
             stages = launch.get("stages_s") or {}
             if stages:
-                names = {"start_to_first_task": "start → the worker's first workflow task", "first_task_to_offer": "→ offer chosen (a local activity)",
-                         "offer_to_launching": "→ Launching (the class's reservation)", "start_to_launching": "start → Launching in all", "launching_to_joining": "→ Joining (launch)",
-                         "joining_to_ready": "→ Ready (join, labels)", "ready_to_pod_bound": "Ready → its pod bound (the simulated scheduler)"}  # fmt: skip
-                out.append(f"**Burst {n}: where a node's time goes** (from each node workflow's phase changes, p50 / p99): "
-                           + "; ".join(f"{names.get(k, k)} {_f(v.get('p50'), ' s')} / {_f(v.get('p99'), ' s')}" for k, v in stages.items() if v.get("n"))
+                out.append(f"**Burst {n}: where a node's time goes** (from each node workflow's phase changes, p50 / p99): " + _stages(stages)
                            + ". Node workflows by phase every 10 s: "
                            + ", ".join(f"{t['s']:.0f} s: " + "/".join(str(t.get(p, '-')) for p in ("Pending", "Launching", "Joining", "Ready")) + f" ({t['pods_bound']} bound)"
                                        for t in b.get("timeline") or [])
@@ -275,6 +301,10 @@ def why(r: dict[str, Any]) -> list[str]:
         if _get(life, "history_events", "p50") and life["history_events"]["p50"] >= 60:
             top = ", ".join(f"{k} {v}" for k, v in list((life.get("breakdown") or {}).items())[:6])
             out.append(f"**One short life.** {life['history_events']['p50']:.0f} events; by type: {top}.")
+    missed = any(row[4] is False for row in targets(r) if row[0].startswith("burst"))
+    latency = unsaturated(r) if missed else None
+    if latency:
+        out.append(latency)
     return out
 
 

@@ -14,6 +14,8 @@ the simulated world in this process):
   call at the simulated cloud - the deletion of its pod - the pool's idle timeout; then the
   history length of those node workflows, each one short life (pending pod -> bought -> Ready
   -> pod ran -> idle -> drained -> terminated);
+* latency: after the bursts, one of 10 pods, too small to saturate the machine: the overhead
+  when nothing waits for CPU, stage by stage (the report sets it beside the big bursts');
 * hold: node workflows started directly (as the pool's start activity does, for a pool and a
   class the bridge runs) on machines that boot at once and register their Node without a
   kubelet loop; once all are Ready and settled, a measured stretch at rest: CPU and RSS of each
@@ -28,7 +30,8 @@ BENCH_HOLD_SECONDS, BENCH_HOLD_BRINGUP_SECONDS, BENCH_HOLD_SETTLE_SECONDS (the m
 waits for a quiet stack), BENCH_QUIET_SECONDS, BENCH_QUIET_WORKER_CPU_PCT, BENCH_BOOT_SECONDS,
 BENCH_IDLE_SECONDS, BENCH_PHASES ("offers,burst,hold"), BENCH_OUT (the JSON file), BENCH_DOC (the
 Markdown page; "-" for none), BENCH_NO_BASELINE=1 (no column from bench/results/baseline.json),
-BENCH_SKIP_IDLE=1, BENCH_IDLE_BUDGET (the burst pool's disruption budget, default "100%": the idle
+BENCH_SKIP_IDLE=1, BENCH_LATENCY_PODS (the unsaturated burst after the others, default 10; 0 for
+none), BENCH_IDLE_BUDGET (the burst pool's disruption budget, default "100%": the idle
 reaction measures one node's reaction, not the default 10% pacing); TGP_WORKFLOW_CACHE reaches the worker.
 """
 
@@ -72,6 +75,9 @@ def knob(name: str, full: str, quick: str) -> str:
 
 
 BURSTS = [int(n) for n in knob("BENCH_BURSTS", "100,500", "30").split(",") if n]
+# A burst small enough not to saturate the machine, after the others: what a pod's overhead is
+# when nothing waits for CPU (the batch window, the node's own path, the scheduler). 0: none.
+LATENCY_PODS = int(knob("BENCH_LATENCY_PODS", "10", "0"))
 HOLD_NODES = int(knob("BENCH_HOLD_NODES", "1000", "100"))
 HOLD_SECONDS = float(knob("BENCH_HOLD_SECONDS", "45", "15"))
 BOOT = float(knob("BENCH_BOOT_SECONDS", "3", "3"))
@@ -705,6 +711,12 @@ async def main() -> int:
             except Exception as exc:  # noqa: BLE001 - a phase that breaks is reported, the others still run
                 say(f"burst {n} failed: {exc!r}")
                 results["bursts"][str(n)] = {"error": repr(exc)[:500]}
+        if LATENCY_PODS:
+            try:
+                results["latency"] = await burst(LATENCY_PODS, idle=False)
+            except Exception as exc:  # noqa: BLE001
+                say(f"burst {LATENCY_PODS} failed: {exc!r}")
+                results["latency"] = {"error": repr(exc)[:500]}
     if "hold" in PHASES:
         try:
             results["hold"] = await hold(HOLD_NODES)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.report import cpu_budget, render, targets
+from bench.report import cpu_budget, render, targets, unsaturated, why
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
@@ -40,3 +40,20 @@ def test_a_bursts_cpu_is_set_against_what_its_target_allows() -> None:
     assert "1.5× and 2.0× over" in line
     assert "76% busy" in line
     assert cpu_budget(100, {**burst, "served": 0}, 2.0, cores=2) is None
+
+
+def test_the_unsaturated_burst_is_shown_when_a_burst_target_is_missed() -> None:
+    """The small burst after the big ones says what a pod's overhead is when nothing waits for
+    CPU: the batch's idle window first, then the node's own path."""
+    run = json.loads((RESULTS / "baseline.json").read_text())
+    stages = {"start_to_launching": {"n": 10, "p50": 0.26, "p99": 0.41}, "ready_to_pod_bound": {"n": 10, "p50": 0.22, "p99": 0.34}}
+    run["latency"] = {
+        "pods": 10, "served": 10, "boot_s": 3.0, "overhead_s": {"p50": 2.36, "p99": 2.51},
+        "pending_to_node_workflow_start_s": {"p99": 1.28}, "usage": {"worker": {"cpu_pct_of_core": 15.4}, "temporal": {"cpu_pct_of_core": 19.6}},
+        "launch_instance": {"stages_s": stages},
+    }  # fmt: skip
+    line = unsaturated(run)
+    assert line is not None and "a burst of 10" in line and "p99 2.51 s" in line and "once no pod has come for 1 s" in line
+    assert "Ready → its pod bound (the simulated scheduler) 0.22 s / 0.34 s" in line
+    assert any(p == line for p in why(run)), "the baseline misses its burst targets: the paragraph belongs on its page"
+    assert unsaturated({**run, "latency": {"error": "boom"}}) is None
