@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from decimal import Decimal
@@ -41,9 +42,9 @@ from tests.test_watch_events import bridge_running, local_activity, told
 from activities.ledger import LedgerBatcher, LedgerCall
 from activities.node import NodeActivities
 from tgp.crds import GPUNodeClassSpec
-from sim.world import sim_world
+from sim.world import SimWorld, sim_world
 from tgp.messages import ClassUpdate, Grant, Ledger, Reservation, class_workflow_id
-from workers.main import WorkerConfig, build_activities, make_worker
+from workers.main import Activities, WorkerConfig, build_activities, make_worker
 from tgp.node import NodeWorkflowInput
 from tgp.types import LaunchInput, NodePhase, NodeRequest, NodeStatus, Offer, instance_name
 from workers.temporal import DATA_CONVERTER
@@ -270,27 +271,43 @@ async def test_a_refused_settle_says_whether_an_earlier_try_may_have_bought(temp
         await class_run.terminate("test finished")
 
 
+async def quick_world(stack: AsyncExitStack) -> tuple[SimWorld, Activities]:
+    """A simulated world whose machines boot at once, and activities that look every 0.1 s."""
+    world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+    activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+    activities.node.poll_interval = timedelta(seconds=0.1)
+    return world, activities
+
+
+def dies_after_its_first_buy(activities: Activities, then: Callable[[], Awaitable[Any]]) -> None:
+    """The launch's first try buys, then `then` happens, then the try dies before it can say so
+    (as when its worker is gone); later tries launch as usual."""
+    real = activities.node._launch_instance
+
+    async def launch(inp: LaunchInput) -> Any:
+        bought = await real(inp)
+        if activity.info().attempt == 1:
+            await then()
+            raise ApplicationError("the worker died after the create", type="TransientError")
+        return bought
+
+    activities.node._launch_instance = launch  # type: ignore[method-assign]
+
+
 async def test_a_settle_refused_on_a_retried_launch_still_ends_what_an_earlier_try_bought(temporal: WorkflowEnvironment) -> None:
     """The launch's first try settles, buys and dies before it can say so (its worker is
     gone); the class's limits are lowered meanwhile, and the retry's settle is refused. The
     node ends Failed saying why, and the instance the first try bought is found by its name and
     terminated: a refusal on a retry is no proof that nothing was bought."""
     async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
-        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
-        activities.node.poll_interval = timedelta(seconds=0.1)
+        world, activities = await quick_world(stack)
         klass = f"v4-{uuid.uuid4().hex[:6]}"
-        real = activities.node._launch_instance
 
-        async def dies_after_buying(inp: LaunchInput) -> Any:
-            bought = await real(inp)
-            if activity.info().attempt == 1:
-                lowered = GPUNodeClassSpec.model_validate({**CLASS.model_dump(mode="json", by_alias=True), "limits": {"maxHourlyCost": "0.01"}})
-                await activity.client().get_workflow_handle(class_workflow_id(klass)).signal("update_class", ClassUpdate(spec=lowered, generation=2))
-                raise ApplicationError("the worker died after the create", type="TransientError")
-            return bought
+        async def lower_the_limits() -> None:
+            lowered = GPUNodeClassSpec.model_validate({**CLASS.model_dump(mode="json", by_alias=True), "limits": {"maxHourlyCost": "0.01"}})
+            await activity.client().get_workflow_handle(class_workflow_id(klass)).signal("update_class", ClassUpdate(spec=lowered, generation=2))
 
-        activities.node._launch_instance = dies_after_buying  # type: ignore[method-assign]
+        dies_after_its_first_buy(activities, lower_the_limits)
         queue = f"test-{uuid.uuid4().hex[:8]}"
         await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
         class_run = await start_class(temporal, queue, klass, CLASS)
@@ -311,24 +328,13 @@ async def test_a_ledger_that_stops_answering_on_a_retried_launch_still_ends_what
     node keeps the attempt and its cleanup terminates what the first try bought at once; it ends
     Failed, saying why, once the ledger answers again and is told (the release waits for it)."""
     async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
-        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
-        activities.node.poll_interval = timedelta(seconds=0.1)
+        world, activities = await quick_world(stack)
         activities.node.ledger = LedgerBatcher(timeout=timedelta(seconds=1))  # the update's own timeout, shortened
         klass = f"v4-{uuid.uuid4().hex[:6]}"
         ledger_queue = f"ledger-{uuid.uuid4().hex[:8]}"
         ledger_worker = make_worker(temporal.client, await build_activities(WorkerConfig.from_env(world.worker_env()), stack), task_queue=ledger_queue)
         ledger_serving = asyncio.ensure_future(ledger_worker.run())
-        real = activities.node._launch_instance
-
-        async def dies_after_buying(inp: LaunchInput) -> Any:
-            bought = await real(inp)
-            if activity.info().attempt == 1:
-                await ledger_worker.shutdown()  # the ledger stops answering
-                raise ApplicationError("the worker died after the create", type="TransientError")
-            return bought
-
-        activities.node._launch_instance = dies_after_buying  # type: ignore[method-assign]
+        dies_after_its_first_buy(activities, ledger_worker.shutdown)  # the ledger stops answering
         queue = f"test-{uuid.uuid4().hex[:8]}"
         await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
         class_run = await start_class(temporal, ledger_queue, klass, CLASS)
