@@ -47,7 +47,7 @@ from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from tgp.secrets import known_secrets, register, register_model, secret_scope
 from tgp.lifecycle import holders_of, pod_keeps_node_busy
 from tgp.messages import DisruptionAnswer, DisruptionAnswers, DisruptionAsks, NodeReports, PoolAsk, PoolReport
-from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers
+from tgp.offers import UnavailableOffers, choose_offer
 from tgp.types import (
     LABEL_PROVIDER,
     BootPayload,
@@ -497,13 +497,12 @@ class NodeActivities:
             with temporal_errors():
                 raise TransientError(f"no provider could list offers ({', '.join(names)}); retrying")
         excluded = set(inp.exclude) | self.unavailable.keys()
-        ranked = rank_offers(offers, inp.requirements, exclude=excluded)
-        matching = sum(1 for o in offers if offer_satisfies(o, inp.requirements))
+        choice = choose_offer(offers, inp.requirements, exclude=excluded)
         return OfferChoice(
-            offer=ranked[0] if ranked else None,
+            offer=choice.offer,
             seen=len(offers),
-            matching=matching,
-            unavailable=matching - len(ranked),
+            matching=choice.matching,
+            unavailable=choice.matching - choice.eligible,
             stale=stale,
         )
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tgp.offers import UnavailableOffers, offer_satisfies, rank_offers, rejection_reasons
+from tgp.offers import UnavailableOffers, choose_offer, offer_satisfies, rank_offers, rejection_reasons
 from tgp.types import Offer, OfferRequirements
 
 
@@ -126,3 +126,14 @@ def test_the_ranking_is_the_one_the_rejection_reasons_explain(offers: list[Offer
     explained = [o for o in offers if o.key not in excluded and not rejection_reasons(o, req)]
     expected = sorted(explained, key=lambda o: (o.hourly_price, req.provider_priority.get(o.provider, 1_000), o.key))
     assert rank_offers(offers, req, exclude=excluded) == expected
+
+
+@given(offers=st.lists(_offers, max_size=30), req=_requirements, excluded=st.sets(st.sampled_from([f"{p}/{i}/{r}" for p in _PROVIDERS for i in "1234" for r in _REGIONS])))
+def test_the_choice_is_the_rankings_first_and_counts_what_it_would_list(offers: list[Offer], req: OfferRequirements, excluded: set[str]) -> None:
+    """A node's one-pass choice (`choose_offer`) is the ranking's first offer, ties included;
+    `eligible` is the ranking's length and `matching` counts the excluded ones too."""
+    ranked = rank_offers(offers, req, exclude=excluded)
+    choice = choose_offer(offers, req, exclude=excluded)
+    assert choice.offer == (ranked[0] if ranked else None)
+    assert choice.eligible == len(ranked)
+    assert choice.matching == sum(1 for o in offers if not rejection_reasons(o, req))
