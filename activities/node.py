@@ -125,6 +125,9 @@ SETTLE_TRIES = 3
 # ledger) is tried once within this; one that fails or takes longer is left to the workflow,
 # which makes it as a call of its own with its retries.
 RELEASE_STEP_TIMEOUT = timedelta(seconds=20)
+# The one terminate call a drain makes for a node that goes (`drain_node`'s `terminate`): at most
+# this long; past it, or failed, the release's terminate (retried until confirmed) is the one.
+TERMINATE_ONCE_TIMEOUT = timedelta(seconds=10)
 # Long calls (a create behind a provider's pacer) heartbeat at least this often.
 HEARTBEAT_EVERY = timedelta(seconds=5)
 # After a create that answered nothing clear (timeout, reset, 429, 5xx), the least time to look
@@ -367,6 +370,7 @@ class NodeActivities:
         # Offers that just failed, kept by the pricing cache beside the offers (shared with the pool).
         self.unavailable = unavailable or self.registry.offers.unavailable
         self.poll_interval = poll_interval
+        self.terminate_once_timeout = TERMINATE_ONCE_TIMEOUT
         self.create_settle = create_settle
         self.now = now
         self.sleep = sleep
@@ -991,9 +995,25 @@ class NodeActivities:
                 result = await drain(
                     self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
                 )
+            if inp.terminate is not None and not result.called_off and not result.held:
+                await self._terminate_once(inp.terminate)  # the node goes: the workflow's release follows
         outcome = "timed_out" if result.remaining or result.terminating else "drained"
         metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
         return result
+
+    async def _terminate_once(self, ref: InstanceRef) -> None:
+        """A drained node's instance, terminated at the drain's end: billing stops a workflow
+        task sooner. One call, bounded, never raised: the release that follows terminates until
+        the provider confirms (every instance of the name) and does the rest."""
+        if not ref.instance_id:
+            return  # the release finds it by its name
+        try:
+            with heartbeating():
+                async with asyncio.timeout(self.terminate_once_timeout.total_seconds()):
+                    provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
+                    await provider.terminate(ref.instance_id)
+        except Exception as exc:  # noqa: BLE001 - the release makes it, with its retries
+            log.warning("terminate_after_drain_failed", provider=ref.provider, instance_name=ref.instance_name, error=type(exc).__name__)
 
     # --- terminate -------------------------------------------------------------------------
 

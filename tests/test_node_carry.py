@@ -137,6 +137,7 @@ async def test_an_expired_node_whose_drain_finds_do_not_disrupt_after_its_cordon
                 assert not (await kube.get(f"/api/v1/nodes/{req.node_name}")).json()["spec"].get("unschedulable"), "left cordoned"
             drains = [e async for e in handle.fetch_history_events() if e.activity_task_scheduled_event_attributes.activity_type.name == "drain_node"]
             assert len(drains) == 1, f"drained again while held: {len(drains)} drains"
+            assert world.cloud.live_instances(), "the drain do-not-disrupt held terminated the instance of a node that stays"
             await handle.signal("evict", {"reason": "test over"})
             final = await asyncio.wait_for(handle.result(), 60)
             assert final.phase is NodePhase.TERMINATED

@@ -5,6 +5,8 @@ for it (item 11)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
+from contextlib import AsyncExitStack
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -13,11 +15,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
+from tests.test_life_v4 import calls, quick_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, replay, request, start, wait_phase
 from activities.drain import EVENT_DRAIN_TIMED_OUT
 from tests.test_pool_races import Reports, about, gated_world, pool_events, pool_spec, start_pool
 from tgp.types import NodePhase, NodeStatus, Stage, StageRecord
 from workflows.node import GPUNodeWorkflow
+from workers.main import make_worker
 from workflows.pool import GPUNodePoolWorkflow
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -76,6 +80,7 @@ async def test_a_pod_bound_just_before_the_cordon_calls_the_idle_drain_off(tempo
         assert await kube_get(world, "/api/v1/namespaces/ml/pods/late") is not None, "the late pod was not evicted"
         node = await kube_get(world, f"/api/v1/nodes/{req.node_name}")
         assert node is not None and not node["spec"].get("unschedulable"), "the node takes pods again"
+        assert world.cloud.live_instances(), "the drain that was called off terminated the instance of a node that stays"
 
         async with httpx.AsyncClient(base_url=world.kube_url) as kube:  # the job ends; the node idles out for real
             (await kube.delete("/api/v1/namespaces/ml/pods/late")).raise_for_status()
@@ -127,3 +132,28 @@ async def test_the_pool_raises_a_warning_for_a_node_whose_drain_timed_out(tempor
         events = await eventually(warned, what="the pool's DrainTimedOut Event")
         [message] = [m for r, m in events if r == "DrainTimedOut"]
         assert "ml/db" in message and "not evicted" in message, message
+
+
+async def test_a_drained_node_stops_billing_at_the_drains_end_before_its_release(temporal: WorkflowEnvironment) -> None:
+    """A node that goes: its drain ends with one terminate call for its instance, so billing stops
+    a workflow task before the release (which still terminates until confirmed and cleans up).
+    Terminates are held at the cloud: the first one arrives while the drain runs and before the
+    workflow has scheduled its release."""
+    async with AsyncExitStack() as stack:
+        world, activities = await quick_world(stack)
+        activities.node.terminate_once_timeout = timedelta(seconds=60)  # held below for as long as the test looks
+        queue = f"test-{uuid.uuid4().hex[:8]}"
+        await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
+        req = request(timeouts=FAST)
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        world.cloud.hold_deletes()
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await asyncio.wait_for(world.cloud.delete_arrived.wait(), 60)
+        scheduled, _, _ = await calls(handle)
+        assert "drain_node" in scheduled and "release_attempt" not in scheduled, scheduled
+        world.cloud.release_deletes()
+        final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
+        assert final.phase is NodePhase.TERMINATED, final
+        assert world.cloud.delete_requests == 1, "the release terminated again what the drain had terminated"
+        assert_nothing_left(world, req.node_name)

@@ -730,6 +730,12 @@ class DrainInput(Model):
         description="The pool's terminationGracePeriod sets `timeout`: a pod still on the node at the deadline minus its own "
         "terminationGracePeriodSeconds is deleted (over its PodDisruptionBudget and do-not-disrupt), so it gets its grace before the instance goes.",
     )
+    terminate: InstanceRef | None = Field(
+        None,
+        description="The instance the node bought: once the drain is done and the node is to go (not refused, held or called off), "
+        "one terminate call for it, so that billing stops before the workflow's next task. The release that follows terminates "
+        "until the provider confirms and does the rest, as without it.",
+    )
 
 
 class TailnetCleanupInput(Model):

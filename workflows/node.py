@@ -1269,6 +1269,8 @@ class GPUNodeWorkflow:
                     delete_at_deadline=bool(bound),
                     ask=ask,
                     holds=holds,
+                    # A node that goes ends with its release; its instance stops billing at the drain's end.
+                    terminate=self.state.instance,
                 ),
                 report,
             ),
