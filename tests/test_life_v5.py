@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import uuid
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta, timezone
@@ -133,7 +134,18 @@ async def test_a_v5_node_ends_its_hold_at_its_first_pod_and_asks_its_budget_in_t
         total = sum(tally.values())
         print(f"a v5 life of a pool's node: {total} events: {dict(tally.most_common())}")
         assert total < V5_LIFE_EVENTS, f"{total} events: {dict(tally.most_common())}; in order: {order}"
+        assert await patch_markers(handle) == ["life-v5"], "a node started without a life in its request asks for it"
         await Replayer(workflows=[GPUNodeWorkflow], data_converter=DATA_CONVERTER).replay_workflow(await handle.fetch_history())
+
+
+async def patch_markers(handle: WorkflowHandle) -> list[str]:
+    """The patches the run asked `workflow.patched` for (its patch markers), in order."""
+    found = []
+    async for event in handle.fetch_history_events():
+        attrs = event.marker_recorded_event_attributes
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and attrs.marker_name == "core_patch":
+            found.append(json.loads(attrs.details["patch-data"].payloads[0].data)["id"])
+    return found
 
 
 async def test_a_node_the_pool_sent_settings_keeps_the_pools_hold(temporal: WorkflowEnvironment) -> None:
@@ -198,6 +210,8 @@ async def test_the_pool_sends_no_settings_to_a_node_whose_pod_bound_on_it(tempor
         status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
         assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
         assert not await signals_received(handle, "update_timeouts", TimeoutsUpdate), "the pool sent the node its settings again"
+        # A v5 life (the hold ended at its pod) its pool named in the request: nothing asked.
+        assert await patch_markers(handle) == [], "a node its pool started at a known life asked workflow.patched"
 
 
 async def test_a_node_the_pool_sent_settings_to_is_released_by_the_pool(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:

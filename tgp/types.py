@@ -350,6 +350,10 @@ class BootConfig(Model):
     node_class: str = Field("", description="The GPUNodeClass this comes from: a template that fails at launch is reported on it.")
 
 
+# The version of a node's life that a pool of this release starts (NodeRequest.life): the newest.
+LIFE = 5
+
+
 class NodeRequest(Model):
     """Everything a node workflow needs to live its life. No secrets: references only."""
 
@@ -379,6 +383,12 @@ class NodeRequest(Model):
         None,
         description="The $/h the pool reserved for the node with the class ledger (the offer its pods were sized for): a launch at that "
         "price has nothing to settle (None: unknown, every launch settles).",
+    )
+    life: int = Field(
+        0,
+        description="The version of life its pool started it for (LIFE: 5, `life-v5`): a new run takes it from here instead of "
+        "asking `workflow.patched` (whose marker and TemporalChangeVersion upsert are two events of every life). 0 (a node "
+        "started by hand, or by a pool of an earlier release): asked, as before.",
     )
     hold_ends_when_busy: bool = Field(
         False,

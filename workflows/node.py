@@ -383,8 +383,9 @@ class GPUNodeWorkflow:
         if self.legacy:
             return await self.legacy.run()
         if self.state.watch is None and not self.state.life_v2:
-            # A new life (a run continued as new is past bring-up: it keeps its version).
-            self.state.life_v5 = workflow.patched(LIFE_V5_PATCH)
+            # A new life (a run continued as new is past bring-up: it keeps its version). Started by
+            # a pool at a known version, it takes it from its request: no marker, no upsert.
+            self.state.life_v5 = self.req.life >= 5 or workflow.patched(LIFE_V5_PATCH)
             self.state.life_v4 = self.state.life_v5 or workflow.patched(LIFE_V4_PATCH)
             self.state.life_v3 = self.state.life_v4 or workflow.patched(LIFE_V3_PATCH)
         self.v5 = self.state.life_v5
