@@ -1012,6 +1012,8 @@ class NodeActivities:
                 async with asyncio.timeout(self.terminate_once_timeout.total_seconds()):
                     provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
                     await provider.terminate(ref.instance_id)
+            metrics.TERMINATIONS.labels(provider.name).inc()  # the release may then find it ended: counted here
+            log.info("instance_terminate_sent", provider=provider.name, instance_id=ref.instance_id)
         except Exception as exc:  # noqa: BLE001 - the release makes it, with its retries
             log.warning("terminate_after_drain_failed", provider=ref.provider, instance_name=ref.instance_name, error=type(exc).__name__)
 

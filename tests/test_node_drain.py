@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
+from prometheus_client import REGISTRY
 from temporalio.testing import WorkflowEnvironment
 
 from sim.world import SimWorld
@@ -147,6 +148,7 @@ async def test_a_drained_node_stops_billing_at_the_drains_end_before_its_release
         req = request(timeouts=FAST)
         handle = await start(temporal, queue, req)
         await wait_phase(handle, NodePhase.READY)
+        terminations = REGISTRY.get_sample_value("tgp_terminations_total", {"provider": "simulated"}) or 0.0
         world.cloud.hold_deletes()
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         await asyncio.wait_for(world.cloud.delete_arrived.wait(), 60)
@@ -156,4 +158,6 @@ async def test_a_drained_node_stops_billing_at_the_drains_end_before_its_release
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.TERMINATED, final
         assert world.cloud.delete_requests == 1, "the release terminated again what the drain had terminated"
+        after = REGISTRY.get_sample_value("tgp_terminations_total", {"provider": "simulated"}) or 0.0
+        assert after - terminations == 1, "tgp_terminations_total counts the drain's terminate (the release found it ended)"
         assert_nothing_left(world, req.node_name)
