@@ -316,7 +316,40 @@ def why(r: dict[str, Any]) -> list[str]:
     latency = unsaturated(r) if missed else None
     if latency:
         out.append(latency)
+    least = floor(r) if missed else None
+    if least:
+        out.append(least)
     return out
+
+
+def allowed_ms(n: int, limit: float, boot: float, cores: int) -> float:
+    """CPU per pod, across every process, that a burst of `n` may spend for its p99 pod's overhead
+    to stay under `limit` (cpu_budget's arithmetic)."""
+    return (limit + boot) * cores / (0.99 * n) * 1000
+
+
+def floor(r: dict[str, Any]) -> str | None:
+    """The least one workflow per node costs (bench/temporal_floor.py) against what each burst
+    target allows per pod."""
+    f = r.get("temporal_floor") or {}
+    if not f or "error" in f:
+        return None
+    cores = _get(r, "machine", "nproc") or 1
+    boot = _get(r, "knobs", "boot_s") or 3.0
+    two = f["one_step_ms"] + f["per_step_ms"]  # a launch, then a join to wait for
+    allowed = {n: allowed_ms(n, limit, boot, cores) for n, limit in ((100, 2.0), (500, 5.0))}
+    under = [f"{n} {a:.0f} ms ({'the floor alone is over it' if two > a else f'{a - two:.0f} ms left above the floor'})" for n, a in allowed.items()]
+    return (
+        f"**The floor: one workflow per node, with nothing of tgp in it.** {f['n']} workflows of the smallest life (start, one "
+        f"activity that returns at once, complete; 11 events) started at once on a dev server of their own, with the "
+        f"cheapest worker (no sandbox), cost {f['one_step_ms']:.1f} ms of CPU each (dev server {f['one_step_server_ms']:.1f}, "
+        f"worker and client {f['one_step_worker_ms']:.1f}), and each further step (an activity and its workflow task) "
+        f"{f['per_step_ms']:.1f} ms. A node's way to its pod is at least two steps (a launch, then a join to wait for): "
+        f"{two:.0f} ms per pod before Kubernetes, the pool, the bridge and the simulated world do anything, against what "
+        f"the targets allow all processes together per pod on {cores} cores: burst " + ", burst ".join(under) + ". "
+        "Where the floor is above the allowance, no change to tgp meets the target on this machine while each node's life "
+        "is a Temporal workflow (DESIGN.md): it needs more cores, or a target set in CPU per pod."
+    )
 
 
 def render(r: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:

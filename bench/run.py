@@ -23,12 +23,15 @@ the simulated world in this process):
   dev server: each workflow's history length at the start and the end of the stretch) and
   which events they are;
 * offers: ranking 10,000 offers (bench/offer_selection.py), and offer listings per node started
-  (bench/offer_cache.py, and the bursts' own count at the simulated cloud).
+  (bench/offer_cache.py, and the bursts' own count at the simulated cloud);
+* floor: the least CPU one workflow per node costs, with nothing of tgp in it: 500 workflows of
+  the smallest life (one activity; then three) at once on a dev server of their own
+  (bench/temporal_floor.py), set against what the burst targets allow per pod.
 
 Knobs (environment): BENCH_QUICK=1, BENCH_BURSTS (e.g. "100,500"), BENCH_HOLD_NODES,
 BENCH_HOLD_SECONDS, BENCH_HOLD_BRINGUP_SECONDS, BENCH_HOLD_SETTLE_SECONDS (the most the settle
 waits for a quiet stack), BENCH_QUIET_SECONDS, BENCH_QUIET_WORKER_CPU_PCT, BENCH_BOOT_SECONDS,
-BENCH_IDLE_SECONDS, BENCH_PHASES ("offers,burst,hold"), BENCH_OUT (the JSON file), BENCH_DOC (the
+BENCH_IDLE_SECONDS, BENCH_PHASES ("offers,burst,hold,floor"), BENCH_FLOOR_WORKFLOWS, BENCH_OUT (the JSON file), BENCH_DOC (the
 Markdown page; "-" for none), BENCH_NO_BASELINE=1 (no column from bench/results/baseline.json),
 BENCH_SKIP_IDLE=1, BENCH_LATENCY_PODS (the unsaturated burst after the others, default 10; 0 for
 none), BENCH_IDLE_BUDGET (the burst pool's disruption budget, default "100%": the idle
@@ -55,7 +58,7 @@ import structlog
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from bench import offer_cache, offer_selection
+from bench import offer_cache, offer_selection, temporal_floor
 from bench.report import render
 from bench.stack import NS, ROOT, TASK_QUEUE, Stack, Usage, gpu_class, gpu_pod, gpu_pool
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
@@ -82,7 +85,9 @@ HOLD_NODES = int(knob("BENCH_HOLD_NODES", "1000", "100"))
 HOLD_SECONDS = float(knob("BENCH_HOLD_SECONDS", "45", "15"))
 BOOT = float(knob("BENCH_BOOT_SECONDS", "3", "3"))
 IDLE = int(knob("BENCH_IDLE_SECONDS", "5", "5"))
-PHASES = set(knob("BENCH_PHASES", "offers,burst,hold", "offers,burst,hold").split(","))
+PHASES = set(knob("BENCH_PHASES", "offers,burst,hold,floor", "offers,burst,hold,floor").split(","))
+# Workflows of the smallest life started at once on a dev server of their own (bench/temporal_floor.py).
+FLOOR_WORKFLOWS = int(knob("BENCH_FLOOR_WORKFLOWS", "500", "100"))
 # How long a burst may take until every pod is bound, and the hold's bring-up until every node
 # is Ready; past it the phase reports what it has (pods never served, nodes Ready). They keep a
 # full run under 10 minutes on 2 cores even where every target is missed by far.
@@ -723,6 +728,13 @@ async def main() -> int:
         except Exception as exc:  # noqa: BLE001
             say(f"hold failed: {exc!r}")
             results["hold"] = {"error": repr(exc)[:500]}
+    if "floor" in PHASES:
+        say(f"floor: {FLOOR_WORKFLOWS} workflows of the smallest life at once, on a dev server of their own")
+        try:
+            results["temporal_floor"] = await temporal_floor.run(FLOOR_WORKFLOWS)
+        except Exception as exc:  # noqa: BLE001
+            say(f"floor failed: {exc!r}")
+            results["temporal_floor"] = {"error": repr(exc)[:500]}
     results["load_at_end"] = list(os.getloadavg())
     results["bench_wall_s"] = round(time.monotonic() - wall0, 1)
     results["bench_process_cpu_s"] = round(time.process_time() - cpu0, 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.report import cpu_budget, render, targets, unsaturated, why
+from bench.report import cpu_budget, floor, render, targets, unsaturated, why
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
@@ -57,3 +57,16 @@ def test_the_unsaturated_burst_is_shown_when_a_burst_target_is_missed() -> None:
     assert "Ready → its pod bound (the simulated scheduler) 0.22 s / 0.34 s" in line
     assert any(p == line for p in why(run)), "the baseline misses its burst targets: the paragraph belongs on its page"
     assert unsaturated({**run, "latency": {"error": "boom"}}) is None
+
+
+def test_the_floor_is_set_against_what_each_burst_allows() -> None:
+    """A one-step life of 23 ms and 8 ms per further step: a launch then a join is 31 ms a pod,
+    under the 101 ms a burst of 100 allows; with 12 ms a step (35 ms) over the 32 ms of 500."""
+    run = {"machine": {"nproc": 2}, "knobs": {"boot_s": 3.0}, "temporal_floor": {
+        "n": 500, "one_step_ms": 23.0, "one_step_server_ms": 18.0, "one_step_worker_ms": 5.0, "three_steps_ms": 39.0, "per_step_ms": 8.0}}
+    line = floor(run)
+    assert line is not None and "31 ms per pod" in line
+    assert "burst 100 101 ms (70 ms left above the floor), burst 500 32 ms (1 ms left above the floor)" in line
+    run["temporal_floor"]["per_step_ms"] = 12.0
+    assert "burst 500 32 ms (the floor alone is over it)" in (floor(run) or "")
+    assert floor({"temporal_floor": {"error": "boom"}}) is None
