@@ -78,7 +78,9 @@ DRAIN_DURATION = Histogram(
     ["outcome"],
     buckets=_MINUTES_BUCKETS,
 )
-TERMINATIONS = Counter("tgp_terminations", "Instances terminate_instance ended (twins included).", ["provider"])
+TERMINATIONS = Counter(
+    "tgp_terminations", "Terminate requests sent to a provider: a drain's and a release's, twins included, repeats until confirmed included.", ["provider"]
+)
 TERMINATION_FAILURES = Counter(
     "tgp_termination_failures", "Failed terminate_instance attempts (each is retried until it works).", ["provider", "reason"]
 )

@@ -159,5 +159,5 @@ async def test_a_drained_node_stops_billing_at_the_drains_end_before_its_release
         assert final.phase is NodePhase.TERMINATED, final
         assert world.cloud.delete_requests == 1, "the release terminated again what the drain had terminated"
         after = REGISTRY.get_sample_value("tgp_terminations_total", {"provider": "simulated"}) or 0.0
-        assert after - terminations == 1, "tgp_terminations_total counts the drain's terminate (the release found it ended)"
+        assert after - terminations == 1, "tgp_terminations_total counts the drain's terminate request (the release found it ended)"
         assert_nothing_left(world, req.node_name)
