@@ -34,7 +34,7 @@ RELEASED = sorted(ROOT.rglob("*.json.gz"))
 REPLAYER = Replayer(
     workflows=[GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, FleetLookWorkflow],
     data_converter=DATA_CONVERTER,
-    workflow_runner=workflow_runner(),
+    workflow_runner=workflow_runner({}),  # always the sandbox, whatever TGP_WORKFLOW_SANDBOX says
 )
 # One test per release (and one for the scenarios), all of its histories through one replay
 # worker: a worker per history cost more than the replays (~900 histories).
