@@ -25,7 +25,8 @@ demo: $(STAMP)
 # The suite, without the fault matrix: the suite alone takes most of its 10-minute budget on
 # 2 cores, so the matrix is a target of its own. Three workers on 2 cores: the tests wait on
 # their servers (Temporal, the emulator, the simulated clouds) more than they compute; with two,
-# the cores were 47% busy and the run took 9 min 41 s, with three 8 min 5 s.
+# the cores were 47% busy and the run took 9 min 41 s, with three 8 min 5 s. Every machine here
+# (a developer's, CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not fault_matrix" -n $(TEST_WORKERS) --dist loadfile --durations=30

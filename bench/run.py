@@ -58,7 +58,7 @@ import structlog
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from bench import offer_cache, offer_selection, temporal_floor
+from bench import offer_cache, offer_selection
 from bench.report import render
 from bench.stack import NS, ROOT, TASK_QUEUE, Stack, Usage, gpu_class, gpu_pod, gpu_pool
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
@@ -88,6 +88,7 @@ IDLE = int(knob("BENCH_IDLE_SECONDS", "5", "5"))
 PHASES = set(knob("BENCH_PHASES", "offers,burst,hold,floor", "offers,burst,hold,floor").split(","))
 # Workflows of the smallest life started at once on a dev server of their own (bench/temporal_floor.py).
 FLOOR_WORKFLOWS = int(knob("BENCH_FLOOR_WORKFLOWS", "500", "100"))
+FLOOR_TIMEOUT = 180.0
 # How long a burst may take until every pod is bound, and the hold's bring-up until every node
 # is Ready; past it the phase reports what it has (pods never served, nodes Ready). They keep a
 # full run under 10 minutes on 2 cores even where every target is missed by far.
@@ -686,6 +687,19 @@ async def settle(s: Stack) -> dict[str, Any]:
 # --- the run ------------------------------------------------------------------------------------
 
 
+async def floor(n: int) -> dict[str, Any]:
+    """bench/temporal_floor.py in a process of its own, so its CPU is its worker's and client's
+    alone (not what this process's earlier phases left running)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.temporal_floor", str(n), "--json", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), FLOOR_TIMEOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench.temporal_floor exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
 def machine() -> dict[str, Any]:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -731,7 +745,7 @@ async def main() -> int:
     if "floor" in PHASES:
         say(f"floor: {FLOOR_WORKFLOWS} workflows of the smallest life at once, on a dev server of their own")
         try:
-            results["temporal_floor"] = await temporal_floor.run(FLOOR_WORKFLOWS)
+            results["temporal_floor"] = await floor(FLOOR_WORKFLOWS)
         except Exception as exc:  # noqa: BLE001
             say(f"floor failed: {exc!r}")
             results["temporal_floor"] = {"error": repr(exc)[:500]}

@@ -1,24 +1,27 @@
 """What one workflow per node costs at the least: the CPU floor under issue 20's burst targets.
 
-    PYTHONPATH=. .venv/bin/python bench/temporal_floor.py [N]
+    PYTHONPATH=. .venv/bin/python bench/temporal_floor.py [N] [--json]
 
 A burst target "tgp overhead p99 under T s" for n pods means 99% of them bound within T + boot
 seconds of their creation, so everything that serves them must fit in cores x (T + boot) s of
-CPU: on this workplace's 2 cores, with the 3 s simulated boot, 101 ms per pod for a burst of 100
-(T = 2 s) and 32 ms per pod for a burst of 500 (T = 5 s), for the Temporal server, the worker,
-the bridge and the simulated world together (bench/report.py `cpu_budget`).
+CPU (bench/report.py `allowed_ms`): on 2 cores with the 3 s simulated boot, 101 ms per pod for
+a burst of 100 (T = 2 s) and 32 ms per pod for a burst of 500 (T = 5 s), for the Temporal
+server, the worker, the bridge and the simulated world together.
 
-This measures the least that the design's one fixed choice costs there, with nothing of tgp in
-it: N workflows started at once on the same dev server `make bench` runs (same flags, in
-memory), each the smallest life a node could have (start, ONE activity that returns at once,
-complete: 11 history events, against the 30-odd of a real node's way to Ready), on a worker
-without the sandbox (the cheapest runner). It prints the dev server's and this process's (worker
-and client) CPU per workflow. Whatever a node's bring-up is made of, it is at least this.
+This measures the least that the design's fixed choice (each node's life one Temporal workflow)
+costs there, with nothing of tgp in it: N workflows started at once (started, as the pool starts
+its nodes, not awaited one result each) on a dev server with the flags `make bench` gives its
+own, in memory, each the smallest life (start, ONE activity that returns at once, complete: 11
+history events, against the 26 of a pool's node's way to Ready), on a worker without the
+sandbox (the cheapest runner); then lives of three activities, for the cost of each further
+step. It runs in a process of its own (`make bench` starts it so), whose CPU is the worker's and
+the client's alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -30,28 +33,65 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from bench.report import BURST_LIMITS, allowed_ms
 from bench.stack import Proc, free_port, usage
 from sim.demo import temporal_binary
 from workers.temporal import dev_server_args
 
 QUEUE = "floor"
+LOGS = Path(__file__).resolve().parent / "results" / "logs"
+# The simulated boot of `make bench`'s bursts (bench/run.py BOOT), for the allowances printed.
+BOOT_S = 3.0
+# How often the run looks whether every workflow has closed, once their last activities ran.
+CLOSED_EVERY = 0.2
+
+
+class Ran:
+    """Activities run in this process, counted: the workflows are started, not awaited."""
+
+    count = 0
 
 
 @activity.defn
 async def launch(name: str) -> str:
+    """A node's launch at its cheapest: returns at once."""
+    Ran.count += 1
     return name
 
 
 @workflow.defn
 class SmallestLife:
+    """The least a node's life can be in a workflow: `steps` activities one after another."""
+
     @workflow.run
     async def run(self, name: str, steps: int) -> str:
-        for _ in range(steps):  # one after another, as a node's launch, join and labels are
+        for _ in range(steps):  # one after another, as a node's launch and join are
             name = await workflow.execute_activity(launch, name, start_to_close_timeout=timedelta(seconds=30))
         return name
 
 
-async def measure(n: int, steps: int, logs: Path) -> dict[str, float]:
+async def _connect(port: int) -> Client:
+    for _ in range(600):
+        try:
+            return await Client.connect(f"127.0.0.1:{port}")
+        except RuntimeError:
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the dev server did not start within 60 s")
+
+
+async def _lives(client: Client, n: int, steps: int, prefix: str) -> None:
+    """Start `n` lives at once and return once every one has closed."""
+    Ran.count = 0
+    await asyncio.gather(*(client.start_workflow(SmallestLife.run, args=(f"n{i}", steps), id=f"{prefix}-{i}", task_queue=QUEUE) for i in range(n)))
+    while Ran.count < n * steps:
+        await asyncio.sleep(CLOSED_EVERY)
+    while (await client.count_workflows("WorkflowType = 'SmallestLife' AND ExecutionStatus = 'Running'")).count:
+        await asyncio.sleep(CLOSED_EVERY)
+
+
+async def measure(n: int, steps: int) -> dict[str, float]:
+    """CPU per workflow of `n` lives of `steps` activities started at once: the dev server's and
+    this process's (the worker and the client)."""
     port = free_port()
     server = Proc(
         "temporal",
@@ -59,59 +99,60 @@ async def measure(n: int, steps: int, logs: Path) -> dict[str, float]:
             temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--ui-port", str(free_port()),
             "--http-port", str(free_port()), "--metrics-port", str(free_port()), "--headless", "--log-level", "error", *dev_server_args(),
         ],
-        dict(os.environ), logs / "temporal-floor.log",
+        dict(os.environ), LOGS / "temporal-floor.log",
     )  # fmt: skip
     server.start()
     try:
-        client = None
-        for _ in range(600):
-            try:
-                client = await Client.connect(f"127.0.0.1:{port}")
-                break
-            except RuntimeError:
-                await asyncio.sleep(0.1)
-        assert client is not None, "the dev server did not start"
+        client = await _connect(port)
         async with Worker(
             client, task_queue=QUEUE, workflows=[SmallestLife], activities=[launch], workflow_runner=UnsandboxedWorkflowRunner(),
             max_concurrent_activities=200,
         ):
-            # Warm up (the server's first workflows pay for its caches).
-            await asyncio.gather(*(client.execute_workflow(SmallestLife.run, args=("w", steps), id=f"warm-{steps}-{i}", task_queue=QUEUE) for i in range(20)))
+            await _lives(client, 20, steps, f"warm-{uuid.uuid4().hex[:6]}")  # the server's first workflows pay for its caches
             s0, w0, t0 = usage(server.pid).cpu_s, usage(None).cpu_s, time.monotonic()
-            run = uuid.uuid4().hex[:6]
-            await asyncio.gather(
-                *(client.execute_workflow(SmallestLife.run, args=(f"n{i}", steps), id=f"floor-{run}-{i}", task_queue=QUEUE) for i in range(n))
-            )
+            await _lives(client, n, steps, f"floor-{uuid.uuid4().hex[:6]}")
             s1, w1, t1 = usage(server.pid).cpu_s, usage(None).cpu_s, time.monotonic()
-        return {"n": n, "steps": steps, "wall_s": t1 - t0, "server_ms": 1000 * (s1 - s0) / n, "worker_and_client_ms": 1000 * (w1 - w0) / n}
+        return {"wall_s": t1 - t0, "server_ms": 1000 * (s1 - s0) / n, "worker_and_client_ms": 1000 * (w1 - w0) / n}
     finally:
         server.stop()
 
 
-async def run(n: int, logs: Path = Path(__file__).resolve().parent / "results" / "logs") -> dict[str, float]:
+def _total(r: dict[str, float]) -> float:
+    return r["server_ms"] + r["worker_and_client_ms"]
+
+
+async def run(n: int) -> dict[str, float]:
     """Lives of one and of three activities, `n` of each at once: CPU per workflow, and per step."""
-    logs.mkdir(parents=True, exist_ok=True)
-    one = await measure(n, 1, logs)
-    three = await measure(n, 3, logs)
-    total = lambda r: r["server_ms"] + r["worker_and_client_ms"]  # noqa: E731
+    LOGS.mkdir(parents=True, exist_ok=True)
+    one = await measure(n, 1)
+    three = await measure(n, 3)
     return {
         "n": n,
         "one_step_server_ms": round(one["server_ms"], 1),
         "one_step_worker_ms": round(one["worker_and_client_ms"], 1),
-        "one_step_ms": round(total(one), 1),
-        "three_steps_ms": round(total(three), 1),
-        "per_step_ms": round((total(three) - total(one)) / 2, 1),
+        "one_step_ms": round(_total(one), 1),
+        "one_step_wall_s": round(one["wall_s"], 1),
+        "three_steps_ms": round(_total(three), 1),
+        "per_step_ms": round((_total(three) - _total(one)) / 2, 1),
     }
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 500
+    args = [a for a in sys.argv[1:] if a != "--json"]
+    n = int(args[0]) if args else 500
     r = asyncio.run(run(n))
+    if "--json" in sys.argv:
+        print(json.dumps(r))
+        return
     print(
         f"{n} lives at once, CPU per workflow: one activity {r['one_step_ms']} ms (dev server {r['one_step_server_ms']}, "
         f"worker and client {r['one_step_worker_ms']}); three activities {r['three_steps_ms']} ms; each further step {r['per_step_ms']} ms"
     )
-    print("the burst targets allow all processes together 101 ms per pod (burst 100, < 2 s) and 32 ms (burst 500, < 5 s)")
+    cores = os.cpu_count() or 1
+    print(
+        f"the burst targets allow all processes together, on {cores} cores: "
+        + ", ".join(f"burst {pods} {allowed_ms(pods, limit, BOOT_S, cores):.0f} ms per pod" for pods, limit in BURST_LIMITS.items())
+    )
 
 
 if __name__ == "__main__":

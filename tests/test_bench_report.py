@@ -60,13 +60,24 @@ def test_the_unsaturated_burst_is_shown_when_a_burst_target_is_missed() -> None:
 
 
 def test_the_floor_is_set_against_what_each_burst_allows() -> None:
-    """A one-step life of 23 ms and 8 ms per further step: a launch then a join is 31 ms a pod,
-    under the 101 ms a burst of 100 allows; with 12 ms a step (35 ms) over the 32 ms of 500."""
-    run = {"machine": {"nproc": 2}, "knobs": {"boot_s": 3.0}, "temporal_floor": {
-        "n": 500, "one_step_ms": 23.0, "one_step_server_ms": 18.0, "one_step_worker_ms": 5.0, "three_steps_ms": 39.0, "per_step_ms": 8.0}}
+    """A one-step life of 23 ms and 8 ms per further step: a launch then a join is 31 ms a pod.
+    With the rest of the stack's 40 ms a pod (bridge and simulated world; the worker's and the
+    dev server's own are what the floor replaces), a burst of 100 (101 ms allowed) is within
+    it; with 90 ms, a burst of 500 (32 ms allowed) is 3.7x over."""
+
+    def usage(n: int, rest_ms: int) -> dict[str, dict[str, float]]:
+        """The worker's and the dev server's CPU (not counted), the bridge's 10 ms a pod, the world's the rest."""
+        return {"worker": {"cpu_s": 99.0}, "temporal": {"cpu_s": 99.0}, "bridge": {"cpu_s": 0.01 * n}, "sim": {"cpu_s": (rest_ms - 10) / 1000 * n}}
+
+    run = {
+        "machine": {"nproc": 2}, "knobs": {"boot_s": 3.0},
+        "bursts": {"100": {"usage": usage(100, 40)}, "500": {"usage": usage(500, 90)}},
+        "temporal_floor": {"n": 500, "one_step_ms": 23.0, "one_step_server_ms": 18.0, "one_step_worker_ms": 5.0, "three_steps_ms": 39.0, "per_step_ms": 8.0},
+    }  # fmt: skip
     line = floor(run)
     assert line is not None and "31 ms per pod" in line
-    assert "burst 100 101 ms (70 ms left above the floor), burst 500 32 ms (1 ms left above the floor)" in line
-    run["temporal_floor"]["per_step_ms"] = 12.0
-    assert "burst 500 32 ms (the floor alone is over it)" in (floor(run) or "")
+    assert "burst 100: 31 + 40 = 71 ms against 101 ms allowed (within it: not ruled out by the floor)" in line
+    assert "burst 500: 31 + 90 = 121 ms against 32 ms allowed (3.7× over: out of reach)" in line
+    del run["bursts"]
+    assert "burst 500: the floor 31 ms against 32 ms allowed" in (floor(run) or "")
     assert floor({"temporal_floor": {"error": "boom"}}) is None
