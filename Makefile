@@ -61,7 +61,8 @@ release-histories: $(STAMP)
 
 # Issue 20's benchmarks (bench/run.py): bursts of 100 and 500 pending pods through the bridge, the
 # idle reaction, 1,000 nodes at rest on one worker, history per life and per node-hour, offer
-# selection and listings; writes bench/results/latest.json and docs/benchmarks.md. Under 10
+# selection and listings, and the floor (what one Temporal workflow per node costs with nothing
+# of tgp in it, against what the burst targets allow); writes bench/results/latest.json and docs/benchmarks.md. Under 10
 # minutes on 2 cores; `make bench BENCH_QUICK=1` is a 2-3 minute run for development (its JSON
 # goes to bench/results/quick.json, the page is left alone). Not part of the test suite.
 BENCH_QUICK ?=
