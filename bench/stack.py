@@ -144,6 +144,33 @@ class TimedCloud(SimulatedCloud):
         return await super()._delete(request)
 
 
+def dev_server(port: int, log: Path) -> Proc:
+    """The Temporal dev server `make bench` measures (in memory, tgp's search attributes), on
+    `port`, not yet started."""
+    return Proc(
+        "temporal",
+        [
+            temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--ui-port", str(free_port()),
+            "--http-port", str(free_port()), "--metrics-port", str(free_port()), "--headless", "--log-level", "error", *dev_server_args(),
+        ],
+        dict(os.environ), log,
+    )  # fmt: skip
+
+
+async def connect(server: Proc, port: int) -> Client:
+    """A client of the started dev server `server` on `port`, once it answers (START_TIMEOUT)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            client = await Client.connect(f"127.0.0.1:{port}", data_converter=DATA_CONVERTER)
+            await client.count_workflows()
+            return client
+        except Exception:
+            if time.monotonic() > deadline or not server.alive():
+                raise RuntimeError(f"the Temporal dev server did not start:\n{server.tail()}") from None
+            await asyncio.sleep(0.2)
+
+
 class Proc:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.name, self.argv, self.env, self.log = name, argv, env, log
@@ -220,17 +247,10 @@ class Stack:
             await s.enter_async_context(SimScheduler(self.emulator.url, interval=0.05, refresh_unschedulable=False))
         self.kube = await s.enter_async_context(httpx.AsyncClient(base_url=self.emulator.url, timeout=30))
         port = free_port()
-        self.server = Proc(
-            "temporal",
-            [
-                temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--ui-port", str(free_port()),
-                "--http-port", str(free_port()), "--metrics-port", str(free_port()), "--headless", "--log-level", "error", *dev_server_args(),
-            ],
-            dict(os.environ), self.logs / "temporal.log",
-        )  # fmt: skip
+        self.server = dev_server(port, self.logs / "temporal.log")
         self.server.start()
         s.callback(self.server.stop)
-        self.client = await self._connect(port)
+        self.client = await connect(self.server, port)
         env = {**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{port}", "TGP_TASK_QUEUE": TASK_QUEUE, "TGP_LOG_LEVEL": "WARNING"}
         env.pop("TEMPORAL_API_KEY", None)
         # As installed (pip compiles bytecode at install, the image then reads it): with
@@ -261,18 +281,6 @@ class Stack:
 
         sim.world.SimulatedCloud = SimulatedCloud  # type: ignore[misc]
         await self._stack.aclose()
-
-    async def _connect(self, port: int) -> Client:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                client = await Client.connect(f"127.0.0.1:{port}", data_converter=DATA_CONVERTER)
-                await client.count_workflows()
-                return client
-            except Exception:
-                if time.monotonic() > deadline or not self.server.alive():
-                    raise RuntimeError(f"the Temporal dev server did not start:\n{self.server.tail()}") from None
-                await asyncio.sleep(0.2)
 
     def pids(self) -> dict[str, int | None]:
         return {"worker": self.worker.pid, "bridge": self.bridge.pid, "temporal": self.server.pid, "sim (this process)": None}

@@ -34,9 +34,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from bench.report import BURST_LIMITS, allowed_ms
-from bench.stack import Proc, free_port, usage
-from sim.demo import temporal_binary
-from workers.temporal import dev_server_args
+from bench.stack import connect, dev_server, free_port, usage
 
 QUEUE = "floor"
 LOGS = Path(__file__).resolve().parent / "results" / "logs"
@@ -70,15 +68,6 @@ class SmallestLife:
         return name
 
 
-async def _connect(port: int) -> Client:
-    for _ in range(600):
-        try:
-            return await Client.connect(f"127.0.0.1:{port}")
-        except RuntimeError:
-            await asyncio.sleep(0.1)
-    raise RuntimeError("the dev server did not start within 60 s")
-
-
 async def _lives(client: Client, n: int, steps: int, prefix: str) -> None:
     """Start `n` lives at once and return once every one has closed."""
     Ran.count = 0
@@ -93,17 +82,10 @@ async def measure(n: int, steps: int) -> dict[str, float]:
     """CPU per workflow of `n` lives of `steps` activities started at once: the dev server's and
     this process's (the worker and the client)."""
     port = free_port()
-    server = Proc(
-        "temporal",
-        [
-            temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port), "--ui-port", str(free_port()),
-            "--http-port", str(free_port()), "--metrics-port", str(free_port()), "--headless", "--log-level", "error", *dev_server_args(),
-        ],
-        dict(os.environ), LOGS / "temporal-floor.log",
-    )  # fmt: skip
+    server = dev_server(port, LOGS / "temporal-floor.log")
     server.start()
     try:
-        client = await _connect(port)
+        client = await connect(server, port)
         async with Worker(
             client, task_queue=QUEUE, workflows=[SmallestLife], activities=[launch], workflow_runner=UnsandboxedWorkflowRunner(),
             max_concurrent_activities=200,
