@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tgp.crds import GPUNodePoolSpec
-from tgp.demand import Batch, PendingPod, PoolCandidate, Toleration, UnreadablePod, assign_pods, gpu_request, nodes_to_launch, pending_gpu_pod, pod_fits_pool
+from tgp.demand import Batch, PendingPod, PoolCandidate, Toleration, UnreadablePod, assign_pods, gpu_request, pending_gpu_pod, pod_fits_pool
 from tgp.crds import NodeSelectorRequirement as Req
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -89,14 +89,6 @@ def test_pending_gpu_pod_reads_the_pod_object() -> None:
     assert pending_gpu_pod({**obj, "status": {"phase": "Pending"}}) is None, "not (yet) unschedulable"
     cpu_only = {**obj, "spec": {**obj["spec"], "containers": [{"name": "c"}]}}
     assert pending_gpu_pod(cpu_only) is None
-
-
-def test_nodes_to_launch_counts_launching_nodes_and_limits() -> None:
-    assert nodes_to_launch(pending_pods=5, launching=0, live=0, min_nodes=0, max_nodes=None) == 5
-    assert nodes_to_launch(pending_pods=5, launching=2, live=2, min_nodes=0, max_nodes=None) == 3
-    assert nodes_to_launch(pending_pods=5, launching=0, live=1, min_nodes=0, max_nodes=3) == 2
-    assert nodes_to_launch(pending_pods=0, launching=0, live=0, min_nodes=2, max_nodes=None) == 2
-    assert nodes_to_launch(pending_pods=0, launching=0, live=3, min_nodes=2, max_nodes=None) == 0
 
 
 def test_batch_closes_after_idle_or_max_window() -> None:

@@ -131,19 +131,17 @@ def look_at(
     bound_gpus: Mapping[str, Sequence[int]],
     held: Sequence[str],
     nominated: Mapping[str, Mapping[str, int]],
-    *,
-    room_rules: bool = True,
 ) -> list[ConsolidationNode]:
     """The nodes a consolidation look plans over, from what the bridge reports (each node's free
     GPUs, the GPU requests of its bound pods, the nodes do-not-disrupt holds) and the pool's
     nominations (`nominated`: node workflow id -> pending pods that will bind to its free GPUs,
-    with their GPUs). A node the bridge has not reported GPUs for is left out. With `room_rules`
-    (patch `consolidation-room`): a leaving node is left out (no place for another node's pods,
-    no candidate), and the GPUs of the pending pods nominated to a node are taken and keep it
-    (as Karpenter keeps a node with pods nominated to it: they are on their way there)."""
+    with their GPUs). A node the bridge has not reported GPUs for is left out, and so is a
+    leaving node (no place for another node's pods, no candidate); the GPUs of the pending pods
+    nominated to a node are taken and keep it (as Karpenter keeps a node with pods nominated to
+    it: they are on their way there)."""
     nodes = []
     for m in members:
-        if m.name not in free_gpus or (room_rules and m.leaving):
+        if m.name not in free_gpus or m.leaving:
             continue
         bound = list(bound_gpus.get(m.name, []))
         nodes.append(
@@ -154,7 +152,7 @@ def look_at(
                 running_for=m.running_for,
                 pods={f"{m.name}#{i}": gpus for i, gpus in enumerate(bound)},
                 do_not_disrupt=m.name in held,
-                nominated=sum(nominated.get(m.workflow_id, {}).values()) if room_rules else 0,
+                nominated=sum(nominated.get(m.workflow_id, {}).values()),
             )
         )
     return nodes

@@ -271,19 +271,6 @@ def assign_pods(pods: Iterable[PendingPod], pools: Iterable[PoolCandidate]) -> d
     return assigned
 
 
-def nodes_to_launch(*, pending_pods: int, launching: int, live: int, min_nodes: int, max_nodes: int | None) -> int:
-    """New nodes a pool should start now, one per pending pod (the rule before demand by fit;
-    pool histories recorded before it replay with it, tgp.capacity sizes and packs nodes now).
-
-    Nodes still launching will absorb pending pods (one GPU pod per node), so only the pods
-    beyond them need new nodes; `min_nodes` is a floor and `max_nodes` a ceiling on live nodes.
-    """
-    wanted = max(pending_pods - launching, 0, min_nodes - live)
-    if max_nodes is not None:
-        wanted = min(wanted, max(max_nodes - live, 0))
-    return wanted
-
-
 class Batch(Frozen):
     """A window of arriving pods: closed after BATCH_IDLE without news or BATCH_MAX in all."""
 

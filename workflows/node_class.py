@@ -36,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from tgp.types import NODE_WORKFLOW_PREFIX
     from workflows.entity import best_effort, history_is_long, running_nodes_changed, write_status_once
-    from workflows.legacy.r31e9066.frozen import frozen_class
 
 # Continue-as-new well before Temporal's suggestion; the ledger is small, history is not.
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
@@ -45,21 +44,12 @@ REVALIDATE_INTERVAL = timedelta(minutes=10)
 STATUS_TIMEOUT = timedelta(seconds=30)
 # Released node ids remembered to refuse a late reserve/settle (a retried activity).
 RELEASED_REMEMBERED = 1000
-# How often the ledger is checked against the node workflows actually running
-# (ClassInput.resync_interval), and how old a reservation must be before it can be taken for an
-# orphan (ClassInput.reservation_grace): a reservation is made before its node workflow starts,
-# and visibility lags.
-# The ledger's look at its running node workflows (once a resync) records only what differs from
-# its reservations (ids in, changes out), as the pool's does: a full listing of 1,000 nodes was
-# ~1 MB of history a minute, and a workflow task of seconds whenever the class was replayed.
-CLASS_RUNNING_NODES_CHANGES_PATCH = "class-running-nodes-changes"
 
 
 @workflow.defn(name="GPUNodeClassWorkflow")
 class GPUNodeClassWorkflow:
     @workflow.init
     def __init__(self, inp: ClassInput) -> None:
-        self.legacy = frozen_class(inp)  # a run of release 31e9066 ends in its own code
         self.inp = inp
         self.ledger = inp.ledger
         self.dirty = True
@@ -78,8 +68,6 @@ class GPUNodeClassWorkflow:
         """A pool's launches of one pass, in one call: the class grants what fits its budget, in
         the order given, and says why for the rest (`tgp.budget.admit_many`). Waits like
         `reserve`; the decision itself does not await, so batches are decided one at a time."""
-        if self.legacy:
-            return Grants(grants=[self.legacy.handle("reserve", r) for r in batch.reservations])
         refused = await self._wait_until_valid()
         if refused is not None:
             return Grants(grants=[refused] * len(batch.reservations))
@@ -88,8 +76,6 @@ class GPUNodeClassWorkflow:
     @workflow.update
     def settle_many(self, batch: Reservations) -> Grants:
         """Many nodes' prices at once (the worker gathers the settlements made meanwhile)."""
-        if self.legacy:
-            return Grants(grants=[self.legacy.handle("settle", r) for r in batch.reservations])
         return self._admit_many(batch)
 
     def _admit_many(self, batch: Reservations) -> Grants:
@@ -122,16 +108,12 @@ class GPUNodeClassWorkflow:
         """Hold a node slot (and its price, if known) for a node about to launch. Waits for the
         class's first validation; everything after that wait runs without awaiting, so
         concurrent reservations are still decided one at a time."""
-        if self.legacy:
-            return self.legacy.handle("reserve", r)
         refused = await self._wait_until_valid()
         return refused if refused is not None else self._admit(r)
 
     @workflow.update
     def settle(self, r: Reservation) -> Grant:
         """Record the price a node is about to pay; refused when it would break the budget."""
-        if self.legacy:
-            return self.legacy.handle("settle", r)
         return self._admit(r)
 
     def _admit(self, r: Reservation) -> Grant:
@@ -145,8 +127,6 @@ class GPUNodeClassWorkflow:
     @workflow.update
     def release(self, node_id: str) -> None:
         """The node is gone: give back its slot and $/h."""
-        if self.legacy:
-            return self.legacy.handle("release", node_id)
         released = [*self.ledger.released, node_id][-RELEASED_REMEMBERED:]
         reservations = {k: v for k, v in self.ledger.reservations.items() if k != node_id}
         self.ledger = self.ledger.model_copy(update={"reservations": reservations, "released": released})
@@ -155,8 +135,6 @@ class GPUNodeClassWorkflow:
     @workflow.signal
     def update_class(self, u: ClassUpdate) -> None:
         """The bridge saw the GPUNodeClass change (or disappear)."""
-        if self.legacy:
-            return self.legacy.handle("update_class", u)
         self.inp = self.inp.model_copy(update={"spec": u.spec, "generation": u.generation, "uid": u.uid or self.inp.uid})
         if u.spec is not None:
             self.ledger = self.ledger.model_copy(update={"limits": u.spec.limits})
@@ -164,7 +142,8 @@ class GPUNodeClassWorkflow:
 
     @workflow.query
     def budget(self) -> Ledger:
-        return self.legacy.query("budget") if self.legacy else self.ledger
+        """The ledger: what each node holds of the class's limits."""
+        return self.ledger
 
     def _hold(self, r: Reservation) -> None:
         self.ledger = hold(self.ledger, r, workflow.now())
@@ -172,8 +151,6 @@ class GPUNodeClassWorkflow:
 
     @workflow.run
     async def run(self, inp: ClassInput) -> None:
-        if self.legacy:
-            return await self.legacy.run()
         if inp.spec is not None:
             self.ledger = self.ledger.model_copy(update={"limits": inp.spec.limits})
         while True:
@@ -192,7 +169,7 @@ class GPUNodeClassWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     return  # the class is gone and nothing holds its budget
                 # Its nodes may hold their reservations for days: this run must not grow for ever.
-                if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW) and workflow.patched("class-deleted-continues-as-new"):
+                if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                     self._continue_as_new_when_idle()
                 continue
             if self.validate:
@@ -206,11 +183,7 @@ class GPUNodeClassWorkflow:
             await self._see_running_nodes()
             await self._write_status()
             if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
-                if workflow.patched("class-continues-as-new-when-idle"):
-                    self._continue_as_new_when_idle()
-                else:
-                    await workflow.wait_condition(workflow.all_handlers_finished)
-                    self._continue_as_new()
+                self._continue_as_new_when_idle()
 
     def _continue_as_new_when_idle(self) -> None:
         """Continue as new unless a handler is still running. A `reserve` waits for this loop's
@@ -242,24 +215,16 @@ class GPUNodeClassWorkflow:
         now = workflow.now()
         if self.seen_at is not None and now - self.seen_at < self.inp.resync_interval:
             return
-        unknown: list[NodeSighting]
-        if workflow.patched(CLASS_RUNNING_NODES_CHANGES_PATCH):
-            changed = await running_nodes_changed(f"TgpClass = '{self.inp.name}'", NODE_WORKFLOW_PREFIX, self.ledger.reservations)
-            if not changed.ok:
-                return
-            self.seen_at = now
-            if changed.value is None:
-                return  # a server without visibility: nothing to rebuild from
-            unknown, gone = changed.value.unknown, changed.value.gone
-        else:
-            seen = await best_effort(EntityActivities.running_nodes, f"TgpClass = '{self.inp.name}'", summary="list running nodes")
-            if not seen.ok:
-                return
-            self.seen_at = now
-            if seen.value is None:
-                return  # a server without visibility: nothing to rebuild from
-            unknown = seen.value
-            gone = set(self.ledger.reservations) - {s.workflow_id for s in seen.value}
+        # Only what differs from the reservations is recorded (ids in, changes out): a full
+        # listing of 1,000 nodes was ~1 MB of history a minute.
+        changed = await running_nodes_changed(f"TgpClass = '{self.inp.name}'", NODE_WORKFLOW_PREFIX, self.ledger.reservations)
+        if not changed.ok:
+            return
+        self.seen_at = now
+        if changed.value is None:
+            return  # a server without visibility: nothing to rebuild from
+        unknown: list[NodeSighting] = changed.value.unknown
+        gone = changed.value.gone
         for s in unknown:
             wid = s.workflow_id
             if wid not in self.ledger.reservations and wid not in self.ledger.released:

@@ -18,14 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EntityActivities, EventSpec, PoolStatusWrite, StatusWrite
+    from activities.entity import EntityActivities, EventSpec, PoolStatusWrite
     from activities.pool import PoolActivities
     from tgp.capacity import POD_BIND_GRACE, CapacityNode, CapacityPlan, NewNode, Nomination, OfferSize, no_offer_fits_to_warn, note_ready, plan_capacity
-    from tgp.capacity_v1 import plan_capacity_v1
     from tgp.conditions import condition_list
     from tgp.consolidation import ActionKind, ConsolidationPlan, PoolMember, look_at, plan_consolidation
     from tgp.crds import Condition, Consolidation, ConsolidationStatus, GPUNodePoolStatus, PoolNodeStatus
-    from tgp.demand import nodes_to_launch
     from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop, unlimited_reasons
     from tgp.lifecycle import EndReason
     from tgp.drift import drift_hash, drifted
@@ -50,8 +48,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from tgp.pools import node_request, node_timeouts, offer_requirements, request_for
     from tgp.types import DisruptRequest, EvictRequest, NodePhase, NodeRequest, Stage, StageRecord, TemplateUpdate, TimeoutsUpdate, node_workflow_id
-    from workflows.entity import best_effort, history_is_long, running_nodes_changed, write_status_once
-    from workflows.legacy.r31e9066.frozen import frozen_pool
+    from workflows.entity import best_effort, history_is_long, running_nodes_changed
 
 # Even with no news the pool looks again this often (a lost signal cannot stall it).
 RESYNC_INTERVAL = timedelta(minutes=1)
@@ -61,22 +58,15 @@ MAX_LAUNCH_BACKOFF = timedelta(minutes=15)
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
 # Offers come and go; "no offer" and the price used for reservations are re-checked this often.
 OFFER_CHECK_TTL = timedelta(minutes=5)
-# Node workflows started in one pass, at once; the next pass (after the class ledger and the
-# deletion flag are looked at again) starts more. Bounds what one typo can buy before it is seen.
-# (Passes recorded before BATCHED_LAUNCHES_PATCH.)
-MAX_STARTS_PER_PASS = 10
-# Batched launches: a pass starts every node its batch of pending pods needs, with one class
-# ledger call (the class grants what fits its budget, and its limits.maxNodes, 10 unless set,
-# is what bounds a typo) and one activity. This cap only bounds that activity: ~0.3 KB of input
-# per node (far under Temporal's 2 MB payload limit) and 25 starts at a time take seconds, well
-# within START_NODES_TIMEOUT; a 500-pod burst starts in one pass.
+# A pass starts every node its batch of pending pods needs, with one class ledger call (the
+# class grants what fits its budget; its limits.maxNodes, 10 unless set, bounds a typo) and one
+# activity. This cap only bounds that activity: ~0.3 KB of input per node, far under Temporal's
+# 2 MB payload limit; a 500-pod burst starts in one pass.
 MAX_STARTS_PER_BATCH = 500
 START_NODES_TIMEOUT = timedelta(minutes=3)
-BATCHED_LAUNCHES_PATCH = "batched-launches"
 # A pool its class refused asks again when something that could change the answer happened (the
 # pool or its class changed, a node of the pool ended), else after this long: a node of another
-# pool of the class may have ended meanwhile, which this pool does not hear of. (A refused pool
-# used to ask every pass: 220 refusals in 6 minutes.)
+# pool of the class may have ended meanwhile, which this pool does not hear of.
 CLASS_REFUSAL_BACKOFF = timedelta(seconds=30)
 # Pods named in a PodDoesNotFit message (the rest are counted).
 MAX_PODS_NAMED = 5
@@ -85,72 +75,18 @@ MAX_PENDING_EVENTS = 100
 # Visibility is eventually consistent: a node workflow started this recently may not be listed
 # yet, so it is not taken for closed.
 VISIBILITY_LAG = timedelta(minutes=1)
-
-# A node's phase reports are separate signals, and Temporal does not keep separate signals in
-# order (a delivery that is retried is overtaken by the next one; seen under load): a report
-# older than the one already taken, or about a node that has ended, is stale and ignored.
-REPORT_ORDER_PATCH = "node-report-order"
-# A pool being deleted stays deleted: an older update that overtook the deletion is ignored.
-DELETION_IS_FINAL_PATCH = "pool-deletion-is-final"
-# Ended node workflows remembered for that (their late reports would bring them back as ghosts).
+# Ended node workflows remembered: Temporal does not keep separate signals in order, and a late
+# report about an ended node would bring it back as a ghost.
 ENDED_REMEMBERED = 500
-# Demand by fit (tgp.capacity): nodes sized from their own pods and packed, nominations void
-# once their node is full or gone, pods no offer fits reported, limits reported. Passes before
-# the patch replay through tgp.capacity_v1 with the commands they recorded.
-DEMAND_BY_FIT_PATCH = "demand-by-fit"
-# The pool's look at its running node workflows (once a resync) records only the differences
-# from what it knows (ids in, changes out): a full listing of a 500-node pool was ~130 KB of
-# history a minute.
-RUNNING_NODES_CHANGES_PATCH = "running-nodes-changes"
-# The status is written by an activity that reads it through the pool's `status` query: the
-# history records a reference on each change, not the whole status (~110 KB at 500 nodes).
-STATUS_BY_QUERY_PATCH = "status-by-query"
-# A launch failure doubles the back-off only for a node started after the previous failure:
-# the nodes of one batch failing together count as one failure.
-FAILURE_WAVES_PATCH = "failure-waves"
 # A node let go by a budget counts as disrupting until it reports Draining, at most this long
 # (it reports within seconds; one whose drain was called off is Ready again and asks anew).
 GRANT_COUNTS_FOR = timedelta(minutes=2)
-# Marks runs that send their nodes the pool's terminationGracePeriod with the other settings
-# (a pool that had one before would otherwise send every node a changed-settings signal on replay).
-TERMINATION_GRACE_PATCH = "termination-grace-to-nodes"
-# Marks runs whose look plans consolidation (tgp.consolidation) and records the savings it finds
-# in status.consolidation: a pool with consolidation on, recorded before, wrote no such status.
-CONSOLIDATION_LOOK_PATCH = "consolidation-look"
-# Marks runs that carry consolidation's removals out (a `disrupt` signal to an underutilized node:
-# a command the runs before did not send).
-CONSOLIDATION_ACTIONS_PATCH = "consolidation-actions"
-# Marks runs whose consolidation look leaves out the nodes on their way out (told to end, being
-# replaced: they are no place for another node's pods) and counts the GPUs of pending pods
-# nominated to a node as taken, keeping that node (review findings: a removal could plan its pods
-# onto a node that was itself leaving, or onto GPUs a pending pod was about to take). Asked only
-# when either is the case at a look.
-CONSOLIDATION_ROOM_PATCH = "consolidation-room"
-# Marks runs that send changed settings and labels to their nodes SIGNALS_AT_ONCE at a time in
-# one workflow task, not one workflow task per node (bench: a pool adopting 1,000 nodes recorded
-# ~165,000 events an hour while it told them one by one).
-SETTINGS_AT_ONCE_PATCH = "settings-at-once"
+# Changed settings and labels go to the nodes this many at a time in one workflow task (a pool
+# adopting 1,000 nodes one by one recorded ~165,000 events an hour).
 SIGNALS_AT_ONCE = 100
-
-# A pass's starts whose activity failed as a whole (its timeout, a dead worker, an RPC error after
-# some workflows had started), or one start that failed on its own, may have started: their nodes
-# are kept (Pending, their pods nominated to them) and started again with the same workflow ids
-# (idempotent: the ledger's reserve by node id, the start by workflow id) before anything new is
-# bought for those pods. (Before, the pool took the whole batch for not started and named new
-# nodes for the same pods on its next pass: a second node bought per pod.)
-UNSETTLED_STARTS_PATCH = "unsettled-starts-kept"
-# How soon a pool with such starts tries them again (unless a signal wakes it earlier).
+# A start whose activity failed may have happened: its node is kept (Pending, its pods nominated
+# to it) and started again with the same workflow id this soon, before anything new is bought.
 START_RETRY = timedelta(seconds=5)
-
-# Make-before-break replacement (drift, re-shop; tgp.replace): marks runs whose passes mark
-# drifted nodes and replace them one at a time. Taken only when a pass has a step to take (a
-# history from before never has a drifted or cheaper node: its nodes reported no hash).
-REPLACEMENT_PATCH = "make-before-break"
-# Marks runs that buy no replacement for a node do-not-disrupt holds (the bridge's demand names
-# it) nor one past spec.maxNodes: each would bill beside the old node with nothing to show for
-# it (Karpenter checks both before it launches). Asked only when one of them would hold a
-# candidate: a history from before had none, or bought (a different command).
-REPLACEMENT_LIMITS_PATCH = "replacement-limits"
 # A replacement that ended before Ready (or a class that refused it): the next one for the same
 # node waits this long.
 REPLACEMENT_BACKOFF = timedelta(minutes=5)
@@ -162,26 +98,6 @@ _REPLACEMENT_FIELDS = {
     "drift_hash", "drifted", "replace_reason", "replace_key", "replaced_by", "replaces", "disrupt_sent",
     "replace_attempts", "replace_after", "cheaper_since", "held", "removing",
 }
-# Marks runs that send their nodes the pool's template labels and taints when they change
-# (`update_template`), to be applied to the running Nodes in place rather than by replacement.
-IN_PLACE_TEMPLATE_PATCH = "in-place-template"
-# Marks runs whose pass writes the Events it has once and goes on: Events the nodes report
-# meanwhile wait for the next pass. Before it, a pass wrote until none was left, and a burst's
-# reports kept it writing (a deleted 100-node pool evicted its nodes 15 s late, 4 minutes on a
-# loaded machine). The last write of a run (deleted, continued as new) still writes them all.
-EVENTS_ONCE_PATCH = "events-once-per-pass"
-# Marks runs whose batched starts let a node bought for pods end its bind-grace hold itself, at
-# the first workload pod the bridge shows on it (`NodeRequest.hold_ends_when_busy`, a v5 life):
-# the pool models the same rule (`_model_held_nodes`) and sends no settings for it. Before it, the
-# pool sent each such node its settings again when its pods bound: a signal and a workflow task
-# of the node per node bought (bench: 6 of a short life's events).
-HOLD_ENDS_WHEN_BUSY_PATCH = "hold-ends-when-busy"
-# Marks runs that tell their nodes which disruption reasons their budgets can never refuse
-# (`TimeoutsUpdate.unlimited_reasons`; a new node has them in its request): a v5 drain for one
-# of them begins without asking the pool, a round trip of ~1 s on a pool that takes many
-# reports at once (the bench's idle reaction). Before it, the settings as sent had no such
-# field: their fingerprints stay as recorded.
-UNLIMITED_REASONS_PATCH = "unlimited-reasons-to-nodes"
 
 _LAUNCHING = {NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING}
 # Nodes whose disruption settings still matter (later phases are on their way out).
@@ -266,7 +182,6 @@ class PoolInput(BaseModel):
 class GPUNodePoolWorkflow:
     @workflow.init
     def __init__(self, inp: PoolInput) -> None:
-        self.legacy = frozen_pool(inp)  # a run of release 31e9066 ends in its own code
         self.inp = inp
         self.state = inp.state
         self.dirty = True
@@ -280,10 +195,8 @@ class GPUNodePoolWorkflow:
     @workflow.signal
     def update(self, u: PoolUpdate) -> None:
         """The pool (and its class) as the bridge sees them now."""
-        if self.legacy:
-            return self.legacy.handle("update", u)
         old = self.state.update
-        if old is not None and old.deleting and not u.deleting and old.uid == u.uid and workflow.patched(DELETION_IS_FINAL_PATCH):
+        if old is not None and old.deleting and not u.deleting and old.uid == u.uid:
             # A deletionTimestamp is never taken back: this update was sent before the one that
             # said the pool is being deleted and overtook it (two bridge paths race).
             return
@@ -297,8 +210,6 @@ class GPUNodePoolWorkflow:
     @workflow.signal
     def demand(self, d: Demand) -> None:
         """The pending GPU pods this pool should serve now."""
-        if self.legacy:
-            return self.legacy.handle("demand", d)
         self.state.demand = list(d.pods)
         self.state.pending_since = {pod: self.state.pending_since.get(pod, d.observed_at) for pod in d.pods}
         self.state.demand_at = d.observed_at
@@ -318,12 +229,10 @@ class GPUNodePoolWorkflow:
     @workflow.signal
     def node_phase(self, r: NodeReport) -> None:
         """A node workflow moved to a new phase."""
-        if self.legacy:
-            return self.legacy.handle("node_phase", r)
         old = self.state.nodes.get(r.workflow_id)
         overtaken = old is not None and old.reported_at is not None and r.at < old.reported_at
-        if (overtaken or r.workflow_id in self.state.ended) and workflow.patched(REPORT_ORDER_PATCH):
-            return
+        if overtaken or r.workflow_id in self.state.ended:
+            return  # stale: separate signals are not kept in order
         node = PoolNode(
             workflow_id=r.workflow_id,
             node_name=r.node_name,
@@ -371,7 +280,7 @@ class GPUNodePoolWorkflow:
             # failures teach nothing new (a burst's batch failing under load doubled the back-off
             # per node: five failures held the pool 8 minutes, Ready True, pods unserved).
             same_wave = old is not None and self.state.failed_at is not None and old.created_at <= self.state.failed_at
-            if not (same_wave and workflow.patched(FAILURE_WAVES_PATCH)):
+            if not same_wave:
                 self.state.failures += 1
                 backoff = min(LAUNCH_BACKOFF * 2 ** (self.state.failures - 1), MAX_LAUNCH_BACKOFF)
                 self.state.backoff_until = r.at + backoff
@@ -396,7 +305,7 @@ class GPUNodePoolWorkflow:
         return DisruptionAnswers(answers=[self._may_disrupt(ask) for ask in batch.asks])
 
     def _may_disrupt(self, ask: DisruptionAsk) -> DisruptionAnswer:
-        if self.legacy or self.state.update is None or self.state.update.deleting:
+        if self.state.update is None or self.state.update.deleting:
             return DisruptionAnswer(allowed=True)
         now = workflow.now()
         self._forget_grants(now)
@@ -448,14 +357,13 @@ class GPUNodePoolWorkflow:
 
     @workflow.query
     def status(self) -> GPUNodePoolStatus:
-        return self.legacy.query("status") if self.legacy else self._status()
+        """The pool's status as it would be written now."""
+        return self._status()
 
     # --- the loop ------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, inp: PoolInput) -> None:
-        if self.legacy:
-            return await self.legacy.run()
         while True:
             try:
                 await workflow.wait_condition(lambda: self.dirty, timeout=self._next_wake())
@@ -500,8 +408,7 @@ class GPUNodePoolWorkflow:
             return False
         live = [n for n in self.state.nodes.values() if not n.phase.is_final]
         # Every pass, also one that plans nothing: a node may idle out before the next plan.
-        # (State only, no command; the planning before demand by fit does not read it.)
-        self.state.nominations = note_ready(self.state.nominations, self._capacity_nodes(live, fit=True))
+        self.state.nominations = note_ready(self.state.nominations, self._capacity_nodes(live))
         if u.deleting:
             return await self._tear_down(live)
 
@@ -538,7 +445,7 @@ class GPUNodePoolWorkflow:
             wanted["Ready"] = ("False", "NotReady", failing)
         wanted["PodsFit"] = self._pods_fit()
         wanted["InstancesReleased"] = self._instances_released(live)
-        if ok and self._consolidation_due(u) and workflow.patched(CONSOLIDATION_LOOK_PATCH):
+        if ok and self._consolidation_due(u):
             await self._consolidate(self._look_for_consolidation(u, live))
         elif u.spec.disruption.consolidation is None and self.state.consolidation is not None and self.state.consolidation.candidates:
             # Turned off: nothing is found any more (what was made stays).
@@ -561,29 +468,20 @@ class GPUNodePoolWorkflow:
         if self.state.seen_running_at is not None and now - self.state.seen_running_at < self.inp.resync_interval:
             return
         pool = f"{self.inp.namespace}/{self.inp.name}"
-        if workflow.patched(RUNNING_NODES_CHANGES_PATCH):
-            live = [wid for wid, n in self.state.nodes.items() if not n.phase.is_final]
-            changed = await running_nodes_changed(f"TgpPool = '{pool}'", node_workflow_id(self.inp.namespace, self.inp.name, ""), live)
-            if not changed.ok:
-                return
-            self.state.seen_running_at = now
-            if changed.value is None:
-                return  # a server without visibility: nothing to rebuild from
-            unknown: list[NodeSighting] = changed.value.unknown
-            gone = changed.value.gone
-        else:
-            seen = await best_effort(EntityActivities.running_nodes, f"TgpPool = '{pool}'", summary="list running nodes")
-            if not seen.ok:
-                return
-            self.state.seen_running_at = now
-            if seen.value is None:
-                return  # a server without visibility: nothing to rebuild from
-            unknown = seen.value
-            listed = {s.workflow_id for s in seen.value}
-            gone = {n.workflow_id for n in self.state.nodes.values() if not n.phase.is_final and n.workflow_id not in listed}
+        # Only the differences are recorded (ids in, changes out): a full listing of a 500-node
+        # pool was ~130 KB of history a minute.
+        live = [wid for wid, n in self.state.nodes.items() if not n.phase.is_final]
+        changed = await running_nodes_changed(f"TgpPool = '{pool}'", node_workflow_id(self.inp.namespace, self.inp.name, ""), live)
+        if not changed.ok:
+            return
+        self.state.seen_running_at = now
+        if changed.value is None:
+            return  # a server without visibility: nothing to rebuild from
+        unknown: list[NodeSighting] = changed.value.unknown
+        gone = changed.value.gone
         for s in unknown:
             wid = s.workflow_id
-            if wid in self.state.ended and workflow.patched(REPORT_ORDER_PATCH):
+            if wid in self.state.ended:
                 continue  # visibility lags: it ended after the listing
             if wid not in self.state.nodes:
                 self.state.nodes[wid] = PoolNode(
@@ -616,9 +514,6 @@ class GPUNodePoolWorkflow:
         req = offer_requirements(u.spec, u.node_class)
         key = req.model_dump_json()
         stale = self.state.offer_checked_at is None or workflow.now() - self.state.offer_checked_at >= self.inp.offer_check_ttl
-        oc = self.state.offer_check
-        if oc is not None and oc.matching and not oc.sizes and workflow.patched(DEMAND_BY_FIT_PATCH):
-            stale = True  # checked by an older release: nodes are sized from the offers per GPU count
         if self.state.offer_check is None or self.state.offer_check_key != key or stale:
             checked = await best_effort(PoolActivities.check_offers, req, summary="check offers")
             if not checked.ok:
@@ -650,8 +545,6 @@ class GPUNodePoolWorkflow:
 
     async def _launch(self, u: PoolUpdate, live: list[PoolNode]) -> tuple[str, str, str]:
         assert u.node_class is not None
-        if not workflow.patched(DEMAND_BY_FIT_PATCH):
-            return await self._launch_v1(u, live)
         if self.state.unsettled:
             await self._retry_unsettled(u, live)
             live = [n for n in self.state.nodes.values() if not n.phase.is_final]
@@ -667,23 +560,17 @@ class GPUNodePoolWorkflow:
         wanted += [NewNode(gpus=klass_min)] * max(0, u.spec.min_nodes - len(live) - len(wanted))
         room = len(wanted) if u.spec.max_nodes is None else max(0, u.spec.max_nodes - len(live))
         floor_missing = max(0, u.spec.min_nodes - floor_live)
-        batched = bool(wanted[:room]) and workflow.patched(BATCHED_LAUNCHES_PATCH)
-        if batched:
+        results: list[tuple[bool, str]] = []
+        if wanted[:room]:
             refusal = self._class_refusal(u)
             if refusal is not None:
                 return ("False", "BudgetExhausted", f"not launching more nodes: {refusal.reason}; {_asks_again(refusal)}")
-            starts = wanted[: min(room, MAX_STARTS_PER_BATCH)]
-            results = await self._start_nodes(u, starts, floor_missing)
-        else:
-            starts = wanted[: min(room, MAX_STARTS_PER_PASS)]
-            results = await asyncio.gather(
-                *(self._start_node(u, floor=i < floor_missing, pods=n.pods, gpus=n.gpus, price=n.hourly_price) for i, n in enumerate(starts))
-            )
+            results = await self._start_nodes(u, wanted[: min(room, MAX_STARTS_PER_BATCH)], floor_missing)
         refused = [reason for started, reason in results if not started]
         if refused:
             # The class ledger's refusal names its limit (limits.maxNodes, limits.maxHourlyCost).
             refusal = self.state.class_refusal
-            if batched and refusal is not None:
+            if refusal is not None:
                 return ("False", "BudgetExhausted", f"not launching more nodes: {refusal.reason}; {_asks_again(refusal)}")
             return ("False", "BudgetExhausted", f"not launching more nodes: {refused[0]}")
         if len(wanted) > room:
@@ -736,13 +623,11 @@ class GPUNodePoolWorkflow:
         tries again)."""
         assert u.node_class is not None
         now = workflow.now()
-        keep = workflow.patched(UNSETTLED_STARTS_PATCH)
         class_name = u.spec.node_class_ref.name
         template = self._batch_template(u)
         cheapest = self.state.offer_check.cheapest if self.state.offer_check else None
         # A node bought for one pod may end its hold itself at its first pod; one bought for
         # several keeps it until the pool says (the pool cannot tell which of them bound there).
-        hold_ends = workflow.patched(HOLD_ENDS_WHEN_BUSY_PATCH)
         batch = []
         for i, n in enumerate(starts):
             since = [self.state.pending_since[pod] for pod in n.pods if pod in self.state.pending_since]
@@ -754,7 +639,7 @@ class GPUNodePoolWorkflow:
                     bind_grace=self.inp.bind_grace if n.pods else None,
                     demand_since=min(since) if since else None,
                     hourly_price=n.hourly_price if n.hourly_price is not None else cheapest,
-                    hold_ends_when_busy=hold_ends and len(n.pods) == 1,
+                    hold_ends_when_busy=len(n.pods) == 1,
                 )
             )
         pool = f"{self.inp.namespace}/{self.inp.name}"
@@ -765,17 +650,16 @@ class GPUNodePoolWorkflow:
             timeout=START_NODES_TIMEOUT,
         )
         if not started.ok:
-            if keep:
-                # Some of them may have started: kept, and started again with the same ids.
-                for start, n in zip(batch, starts, strict=True):
-                    self._unsettled(u, template, start, n.pods, now, started.error or "")
+            # Some of them may have started: kept, and started again with the same ids.
+            for start, n in zip(batch, starts, strict=True):
+                self._unsettled(u, template, start, n.pods, now, started.error or "")
             return [(False, started.error or "")] * len(batch)
         results = []
         refused = ""
         for start, n, result in zip(batch, starts, started.value.results, strict=True):
             if result.started:
                 self._started(u, request_for(template, start), floor=start.floor, pods=n.pods, now=now)
-            elif result.unsettled and keep:
+            elif result.unsettled:
                 self._unsettled(u, template, start, n.pods, now, result.reason)
                 results.append((True, ""))
                 continue
@@ -858,54 +742,13 @@ class GPUNodePoolWorkflow:
         if node is not None and node.reported_at is None:
             self.state.nodes[wid] = node.model_copy(update={"reason": f"its start failed and {why}: not started again"})
 
-    async def _start_node(self, u: PoolUpdate, *, floor: bool, pods: list[str], gpus: int, price: Decimal | None = None) -> tuple[bool, str]:
-        """Reserve a class slot and start one node workflow with at least `gpus` GPUs, bought
-        for `pods`."""
-        assert u.node_class is not None
-        now = workflow.now()
-        node_name = f"{self.inp.name}-{workflow.uuid4().hex[:5]}"
-        fit = workflow.patched(DEMAND_BY_FIT_PATCH)
-        req = node_request(
-            namespace=self.inp.namespace,
-            pool_name=self.inp.name,
-            class_name=u.spec.node_class_ref.name,
-            node_name=node_name,
-            pool=u.spec,
-            klass=u.node_class,
-            watch_interval=self.inp.watch_interval,
-            floor=floor,
-            min_gpus=gpus,
-            bind_grace=self.inp.bind_grace if fit and pods else None,
-            unlimited=self._unlimited(u),
-        )
-        since = [self.state.pending_since[pod] for pod in pods if pod in self.state.pending_since]
-        if since:
-            req = req.model_copy(update={"demand_since": min(since)})  # tgp_demand_to_launch_seconds starts here
-        if price is None:
-            price = self.state.offer_check.cheapest if self.state.offer_check else None
-        started = await best_effort(
-            PoolActivities.reserve_and_start_node,
-            StartNodeInput(
-                class_name=req.class_workflow_id or u.spec.node_class_ref.name,
-                reservation=Reservation(node_id=req.workflow_id, pool=f"{self.inp.namespace}/{self.inp.name}", hourly_price=price),
-                request=req,
-            ),
-            summary=f"start node {node_name}",
-        )
-        if not started.ok:
-            return False, started.error or ""
-        if not started.value.started:
-            return False, started.value.reason
-        self._started(u, req, floor=floor, pods=pods, now=now, fit=fit)
-        return True, ""
-
-    def _started(self, u: PoolUpdate, req: NodeRequest, *, floor: bool, pods: list[str], now: datetime, fit: bool = True, note: str = "") -> None:
+    def _started(self, u: PoolUpdate, req: NodeRequest, *, floor: bool, pods: list[str], now: datetime, note: str = "") -> None:
         """Record a node workflow just started for `pods`, and its NodeLaunched Event."""
         node_name = req.node_name
         # A report may already have arrived while the start was in flight: keep its phase, but
         # the floor flag, the GPUs and the settings sent are known only here.
         node = self.state.nodes.get(req.workflow_id) or PoolNode(workflow_id=req.workflow_id, node_name=node_name, created_at=now, phase_at=now)
-        held = fit and bool(pods)
+        held = bool(pods)
         sent = _fingerprint(self._timeouts_for(u, floor=floor, held=held))
         self.state.nodes[req.workflow_id] = node.model_copy(
             update={
@@ -924,15 +767,14 @@ class GPUNodePoolWorkflow:
             why = f"for pod {pods[0]}"
         else:
             why = f"for {len(pods)} pods ({', '.join(pods[:MAX_PODS_NAMED])}{' and more' if len(pods) > MAX_PODS_NAMED else ''})"
-        if fit:
-            why = f"with {req.requirements.min_gpu_count} GPU(s) {why}"
+        why = f"with {req.requirements.min_gpu_count} GPU(s) {why}"
         self.events.append(self._event("Normal", "NodeLaunched", f"launching node {node_name} {why}{note}"))
 
-    def _capacity_nodes(self, live: list[PoolNode], *, fit: bool) -> list[CapacityNode]:
-        return [self._capacity_node(n, fit=fit) for n in live]
+    def _capacity_nodes(self, live: list[PoolNode]) -> list[CapacityNode]:
+        return [self._capacity_node(n) for n in live]
 
-    def _capacity_node(self, n: PoolNode, *, fit: bool) -> CapacityNode:
-        if fit and self._left_after_the_demand(n):
+    def _capacity_node(self, n: PoolNode) -> CapacityNode:
+        if self._left_after_the_demand(n):
             # Draining since the bridge last looked: the pods nominated to it may be bound to it
             # (the drain evicts them) or gone, and the demand that lists them is older than the
             # drain. Its room is unknown: the nominations stay, none is added, nothing is bought
@@ -945,8 +787,8 @@ class GPUNodePoolWorkflow:
             ready_at=n.phase_at if n.phase is NodePhase.READY else None,
             launching=n.phase in _LAUNCHING,
             # Not reported by the bridge (not Ready there yet, or no GPUs registered): unknown.
-            free_gpus=self.state.free_gpus.get(n.node_name) if fit else self.state.free_gpus.get(n.node_name, 0),
-            gpus=n.gpus if fit else n.gpus or 1,  # unknown: no new nominations, none voided
+            free_gpus=self.state.free_gpus.get(n.node_name),
+            gpus=n.gpus,  # unknown: no new nominations, none voided
         )
 
     def _left_after_the_demand(self, n: PoolNode) -> bool:
@@ -960,7 +802,7 @@ class GPUNodePoolWorkflow:
         pending = {pod: self.state.pod_gpus.get(pod, 1) for pod in self.state.demand}
         unfit = set(self.state.unfit) & set(pending)
         no_borrow = set(self.state.no_borrow) & set(pending)
-        nodes = self._capacity_nodes(live, fit=True)
+        nodes = self._capacity_nodes(live)
         plan = plan_capacity(pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace, no_borrow, sizes)
         self._remember(plan.nominations, unfit, no_borrow, plan.newly_unfit, plan.borrow_failed)
         return plan
@@ -979,27 +821,6 @@ class GPUNodePoolWorkflow:
                     "nodes are bought for it until it changes or the pool does",
                 )
             )
-
-    async def _launch_v1(self, u: PoolUpdate, live: list[PoolNode]) -> tuple[str, str, str]:
-        """Before demand by fit (histories recorded before DEMAND_BY_FIT_PATCH replay here)."""
-        pending = {pod: self.state.pod_gpus.get(pod, 1) for pod in self.state.demand}
-        unfit = set(self.state.unfit) & set(pending)
-        no_borrow = set(self.state.no_borrow) & set(pending)
-        nodes = self._capacity_nodes(live, fit=False)
-        kept, newly_unfit, uncovered, borrow_failed = plan_capacity_v1(
-            pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace, no_borrow
-        )
-        self._remember(kept, unfit, no_borrow, newly_unfit, borrow_failed)
-        if self.state.backoff_until is not None and workflow.now() < self.state.backoff_until:
-            return ("True", "WithinBudget", "")
-        count = nodes_to_launch(pending_pods=len(uncovered), launching=0, live=len(live), min_nodes=u.spec.min_nodes, max_nodes=u.spec.max_nodes)
-        count = min(count, MAX_STARTS_PER_PASS)
-        floor_missing = max(0, u.spec.min_nodes - sum(1 for n in self.state.nodes.values() if n.floor and not n.phase.is_final))
-        starts = [self._start_node(u, floor=i < floor_missing, pods=uncovered[i : i + 1], gpus=self.state.demand_gpus) for i in range(count)]
-        refused = [reason for started, reason in await asyncio.gather(*starts) if not started]
-        if refused:
-            return ("False", "BudgetExhausted", f"not launching more nodes: {refused[0]}")
-        return ("True", "WithinBudget", "")
 
     def _pods_fit(self) -> tuple[str, str, str]:
         unfit, too_big = self.state.unfit, self.state.no_offer_fits
@@ -1144,10 +965,8 @@ class GPUNodePoolWorkflow:
             )
             for wid, n in self.state.nodes.items()
         }
-        # Nothing to do, or a history from before replacements (its nodes reported no hash, but
-        # a pool with consolidation set may find a cheaper offer on replay): no command.
         held = any(n.held for n in self.state.nodes.values())  # a re-shop or a removal do-not-disrupt holds
-        if not (events or in_progress(slots) or first_candidate(slots) or held) or not workflow.patched(REPLACEMENT_PATCH):
+        if not (events or in_progress(slots) or first_candidate(slots) or held):
             return
         self.events.extend(events)
         if held:
@@ -1257,8 +1076,6 @@ class GPUNodePoolWorkflow:
         the hold lasts (a DisruptionBlocked Event says so, once)."""
         if not (n.replace_reason and n.replaced_by is None and n.phase is NodePhase.READY and n.node_name in self.state.held_nodes):
             return False
-        if not workflow.patched(REPLACEMENT_LIMITS_PATCH):
-            return False
         self._blocked(wid, n.node_name, f"{n.replace_reason}: do-not-disrupt holds it; its replacement is bought once nothing holds it")
         return True
 
@@ -1268,8 +1085,6 @@ class GPUNodePoolWorkflow:
         Event says to raise maxNodes (replacement is make-before-break), once per candidate."""
         candidate = None if in_progress(slots) else first_candidate(slots)
         if candidate is None or u.spec.max_nodes is None or len(live) < u.spec.max_nodes:
-            return True
-        if not workflow.patched(REPLACEMENT_LIMITS_PATCH):
             return True
         n = self.state.nodes[candidate]
         message = (
@@ -1322,7 +1137,7 @@ class GPUNodePoolWorkflow:
         The contract for other callers (consolidation): `old` is a Ready node of this pool with
         no replacement under way (`old.replaced_by is None`); the caller has checked the budget
         for `reason` and, for one step at a time, that `tgp.replace.in_progress` of the pool is
-        empty; it runs under a patch (the start is a command). From the start on, every pass's
+        empty. From the start on, every pass's
         `_replacements` follows it: `disrupt` (with `reason`) to `old` once the replacement is
         Ready, ReplacementFailed and `old` kept if the replacement ends first."""
         u = self.state.update
@@ -1387,10 +1202,9 @@ class GPUNodePoolWorkflow:
         """A node's disruption settings; with demand by fit also whether it holds nominated pods'
         place (bind grace) or not (released: it idles out as usual once its pods left)."""
         wanted = node_timeouts(u.spec, floor=floor)
-        if workflow.patched(DEMAND_BY_FIT_PATCH):
-            wanted = wanted.model_copy(update={"hold": self.inp.bind_grace if held else timedelta(0)})
+        wanted = wanted.model_copy(update={"hold": self.inp.bind_grace if held else timedelta(0)})
         grace = u.spec.disruption.termination_grace_period
-        if grace is not None and workflow.patched(TERMINATION_GRACE_PATCH):
+        if grace is not None:
             wanted = wanted.model_copy(update={"termination_grace": grace})
         unlimited = self._unlimited(u)
         if unlimited:  # sent only when there are some: pools with the default 10% send nothing new
@@ -1400,10 +1214,8 @@ class GPUNodePoolWorkflow:
     def _unlimited(self, u: PoolUpdate) -> list[str]:
         """The disruption reasons this run tells its nodes its budgets cannot refuse, in their
         start and in its settings signal alike: what a node holds is what the pool's record of
-        its settings says (`timeouts_sent`), so a change of budgets reaches it. None ([]) in a
-        run begun before the patch."""
-        unlimited = unlimited_reasons(u.spec.disruption.budgets)
-        return unlimited if unlimited and workflow.patched(UNLIMITED_REASONS_PATCH) else []
+        its settings says (`timeouts_sent`), so a change of budgets reaches it."""
+        return unlimited_reasons(u.spec.disruption.budgets)
 
     def _model_held_nodes(self, live: list[PoolNode]) -> None:
         """A node started with `hold_ends_when_busy` ends its bind-grace hold at the first pod on
@@ -1425,7 +1237,7 @@ class GPUNodePoolWorkflow:
         """Send each running node the pool's current disruption settings when they changed."""
         self._model_held_nodes(live)
         held = {nom.workflow_id for nom in self.state.nominations.values() if nom.bought}
-        at_once, failed = workflow.patched(SETTINGS_AT_ONCE_PATCH), "could not update the timeouts of %s: %s"
+        failed = "could not update the timeouts of %s: %s"
         sends: list[tuple[str, Any, str]] = []
         for wid in sorted(n.workflow_id for n in live):
             node = self.state.nodes[wid]  # read again after each send when one by one: reports land meanwhile
@@ -1438,10 +1250,7 @@ class GPUNodePoolWorkflow:
                 continue
             if node.hold_ends_when_busy:  # the pool speaks: from now on the node keeps what it is sent
                 self.state.nodes[wid] = node.model_copy(update={"hold_ends_when_busy": False})
-            if at_once:
-                sends.append((wid, wanted, fingerprint))
-            else:
-                await self._signal_node(wid, "update_timeouts", wanted, fingerprint, "timeouts_sent", failed)
+            sends.append((wid, wanted, fingerprint))
         await self._signal_nodes("update_timeouts", sends, "timeouts_sent", failed)
 
     async def _sync_template(self, u: PoolUpdate, live: list[PoolNode]) -> None:
@@ -1449,20 +1258,15 @@ class GPUNodePoolWorkflow:
         it last got them (or since it was started with them): it applies them to its Node in
         place. A node the pool knows nothing of (adopted after a restart) gets them once; it
         applies only a difference."""
-        if not workflow.patched(IN_PLACE_TEMPLATE_PATCH):
-            return
         wanted = _template(u)
         fingerprint = _template_fingerprint(wanted)
-        at_once, failed = workflow.patched(SETTINGS_AT_ONCE_PATCH), "could not update the labels and taints of %s: %s"
+        failed = "could not update the labels and taints of %s: %s"
         sends: list[tuple[str, Any, str]] = []
         for wid in sorted(n.workflow_id for n in live):
             node = self.state.nodes[wid]
             if node.phase not in _TUNABLE or node.template_sent == fingerprint:
                 continue
-            if at_once:
-                sends.append((wid, wanted, fingerprint))
-            else:
-                await self._signal_node(wid, "update_template", wanted, fingerprint, "template_sent", failed)
+            sends.append((wid, wanted, fingerprint))
         await self._signal_nodes("update_template", sends, "template_sent", failed)
 
     async def _signal_node(self, wid: str, signal: str, arg: Any, fingerprint: str, sent_field: str, failed: str) -> None:
@@ -1475,9 +1279,7 @@ class GPUNodePoolWorkflow:
         self.state.nodes[wid] = self.state.nodes[wid].model_copy(update={sent_field: fingerprint})
 
     async def _signal_nodes(self, signal: str, sends: list[tuple[str, Any, str]], sent_field: str, failed: str) -> None:
-        """Patch `settings-at-once`: the signals SIGNALS_AT_ONCE at a time in one workflow task,
-        in a fixed order. Before it, one after the other, a workflow task each, every node read
-        again after the send before (1,000 adopted nodes took minutes and ~5,000 events)."""
+        """The signals SIGNALS_AT_ONCE at a time in one workflow task, in a fixed order."""
         for i in range(0, len(sends), SIGNALS_AT_ONCE):
             await asyncio.gather(*(self._signal_node(wid, signal, arg, fp, sent_field, failed) for wid, arg, fp in sends[i : i + SIGNALS_AT_ONCE]))
 
@@ -1530,8 +1332,7 @@ class GPUNodePoolWorkflow:
             for n in live
             if n.phase is NodePhase.READY
         ]
-        room_rules = bool(nominated or any(m.leaving for m in ready)) and workflow.patched(CONSOLIDATION_ROOM_PATCH)
-        nodes = look_at(ready, self.state.free_gpus, self.state.bound_gpus, self.state.held_nodes, nominated, room_rules=room_rules)
+        nodes = look_at(ready, self.state.free_gpus, self.state.bound_gpus, self.state.held_nodes, nominated)
         oc = self.state.offer_check
         initialized = sum(1 for n in live if n.phase in (NodePhase.READY, NodePhase.DRAINING))
         plan = plan_consolidation(
@@ -1571,7 +1372,7 @@ class GPUNodePoolWorkflow:
             if n.removing is not None or n.replace_reason or n.replaced_by or n.replaces or n.disrupt_sent or (n.replace_after is not None and now < n.replace_after):
                 continue  # already told, drifted or cheaper (the replacement step's), or called off lately
             removals.append((n, action))
-        if not removals or not workflow.patched(CONSOLIDATION_ACTIONS_PATCH):
+        if not removals:
             return
         for n, action in removals:
             try:
@@ -1634,44 +1435,36 @@ class GPUNodePoolWorkflow:
             if c.status == "False" and c.type not in ("Ready", "PodsFit", "InstancesReleased") and (old is None or old.status != "False" or old.reason != c.reason):
                 self.events.append(self._event("Warning", c.reason, c.message))
         self.state.conditions = {c.type: c for c in conditions}
-        status = self._status()
-        body = status.model_dump(mode="json", by_alias=True)
-        if not body.get("disrupting"):
-            # No node disrupting: the status compares as it did before the count existed, so a
-            # pool continued as new by an older release (its last write's fingerprint in its
-            # state) does not write again on replay, a command its history does not hold.
-            body.pop("disrupting", None)
-        if body.get("consolidation") is None:
-            body.pop("consolidation", None)  # the same for a pool that never consolidated
-        for node in body.get("nodes") or []:
-            for key in ("driftHash", "drifted", "replacedBy"):
-                if node.get(key) is None:
-                    node.pop(key, None)  # as before the fields existed (the fingerprint of a replayed history)
-        fingerprint = repr(body)
-        if fingerprint != self.state.written and workflow.patched(STATUS_BY_QUERY_PATCH):
+        # The activity reads the status through the `status` query: the history records a
+        # reference on each change, not the whole status (~110 KB at 500 nodes).
+        fingerprint = self._status().model_dump_json(by_alias=True)
+        if fingerprint != self.state.written:
             write = PoolStatusWrite(ref=self._ref(), workflow_id=workflow.info().workflow_id)
             if (await best_effort(EntityActivities.write_pool_status, write, summary="write the pool status")).ok:
                 self.state.written = fingerprint
-        else:
-            self.state.written = await write_status_once(
-                StatusWrite(ref=self._ref(), status=body), fingerprint=fingerprint, written=self.state.written, summary="write the pool status"
-            )
-        await self._flush_events(all_of_them=not workflow.patched(EVENTS_ONCE_PATCH))
+        # Once a pass: Events reported meanwhile wait for the next (a burst's reports kept a
+        # pass writing, and a deleted pool evicted its nodes late).
+        await self._write_events()
 
-    async def _flush_events(self, *, all_of_them: bool = True) -> None:
-        """Write the Events so far; with `all_of_them`, also those appended while a write is in
-        flight, until none is left (the last write of a run), else they wait for the next pass
-        (in the state: continue-as-new carries them). A failed write is retried on the next
-        pass, and a backlog is capped so a broken API cannot grow it."""
-        while self.state.events:
-            batch = list(self.state.events)
-            emitted = await best_effort(EntityActivities.emit_events, batch, summary="write Events")
-            if not emitted.ok:
-                self.state.events = self.state.events[-MAX_PENDING_EVENTS:]
-                return
-            self.state.events = self.state.events[len(batch) :]
-            if not all_of_them:
-                return
+    async def _write_events(self) -> bool:
+        """Write the Events so far, once; those appended meanwhile wait (in the state, which
+        continue-as-new carries). A failed write is retried on the next pass, and a backlog is
+        capped so a broken API cannot grow it. Returns whether the write went through."""
+        if not self.state.events:
+            return True
+        batch = list(self.state.events)
+        emitted = await best_effort(EntityActivities.emit_events, batch, summary="write Events")
+        if not emitted.ok:
+            self.state.events = self.state.events[-MAX_PENDING_EVENTS:]
+            return False
+        self.state.events = self.state.events[len(batch) :]
+        return True
+
+    async def _flush_events(self) -> None:
+        """The last write of a run that ends: every Event, also those appended while a write is
+        in flight, until none is left or a write fails."""
+        while self.state.events and await self._write_events():
+            pass
 
     def _event(self, type: str, reason: str, message: str) -> EventSpec:
         return EventSpec(ref=self._ref(), type=type, reason=reason, message=message)
@@ -1717,11 +1510,5 @@ def _template_fingerprint(template: TemplateUpdate) -> str:
 
 
 def _fingerprint(timeouts: TimeoutsUpdate) -> str:
-    """The settings as last sent, in the form releases before the hold wrote them when there is
-    no hold (a changed fingerprint sends a signal: replayed histories must not see one)."""
-    exclude = {"hold"} if timeouts.hold is None else set()
-    if timeouts.termination_grace is None:
-        exclude.add("termination_grace")  # nor the grace, when there is none
-    if timeouts.unlimited_reasons is None:
-        exclude.add("unlimited_reasons")  # nor reasons no budget limits, when there are none
-    return timeouts.model_dump_json(exclude=exclude or None)
+    """The settings as sent to a node, compared on each pass: a change sends them again."""
+    return timeouts.model_dump_json(exclude_none=True)
