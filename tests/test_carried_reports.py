@@ -1,9 +1,8 @@
-"""A node's launch, drain and terminate carry the report of the phase they begin (patch
-`reports-carried-by-activities`, workflows.node): the pool learns Launching, Draining and
-Terminating from the activity that begins the phase, which signals it while it works. Before,
-each report was a local activity in the workflow task that scheduled the activity, and the task,
-so the launch, the drain or the terminate, waited until the pool's signal was accepted (with 100
-nodes idle at once, ~1 s more to their terminate calls: bench/results/findings.md)."""
+"""A node's launch, drain and terminate carry the report of the phase they begin: the activity
+that begins the phase signals the pool while it works, so the launch, the drain or the terminate
+never waits for the pool's signal to be accepted (with 100 nodes idle at once, a report made in
+the workflow task cost their terminate calls ~1 s: bench/results/findings.md). Reports made
+together by one worker reach the pool together."""
 
 from __future__ import annotations
 
@@ -12,49 +11,25 @@ import dataclasses
 import uuid
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 import pytest
 import structlog.testing
 
-from temporalio import workflow
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import RetryPolicy
+from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
-from temporalio.worker import Worker
 
-from activities.node import REPORT_ATTEMPTS, REPORT_TRIES, ReportBatcher, _reports_in_flight, carrying, typed
+from activities.node import REPORT_ATTEMPTS, REPORT_TRIES, ReportBatcher, _reports_in_flight, carrying
 from sim.world import sim_world
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
-from tests.test_watch_events import SignalsSent, local_activity, signals_received
+from tests.test_watch_events import SignalsSent, signals_received
 from tgp.messages import NodeReport, NodeReports, PoolReport, pool_workflow_id
-from tgp.types import DrainInput, InstanceRef, LaunchInput, LaunchResult, NodePhase, NodeStatus
+from tgp.types import NodePhase, NodeStatus
 from workers.main import WorkerConfig, build_activities
-from workers.temporal import DATA_CONVERTER
 
-# The activity that begins each phase a pool hears about.
-# (a `life-v4` life terminates in `release_attempt`, which carries the report as `terminate_instance` does).
-CARRIERS = {"launch_instance": NodePhase.LAUNCHING, "drain_node": NodePhase.DRAINING, "release_attempt": NodePhase.TERMINATING}
-
-
-async def carried(handle: WorkflowHandle) -> tuple[dict[str, list[PoolReport | None]], list[str]]:
-    """Per carrying activity scheduled in the node's history, the report each schedule carried
-    (None: none); and the summaries of its local-activity markers."""
-    reports: dict[str, list[PoolReport | None]] = {name: [] for name in CARRIERS}
-    markers: list[str] = []
-    async for event in handle.fetch_history_events():
-        if (summary := local_activity(event)) is not None:
-            markers.append(summary)
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name in CARRIERS:
-                payloads = attrs.input.payloads
-                report = (await DATA_CONVERTER.decode(payloads[1:2], [PoolReport | None]))[0] if len(payloads) > 1 else None  # type: ignore[list-item]
-                reports[attrs.activity_type.name].append(report)
-    return reports, markers
+# The phases a pool hears about from the activity that begins each.
+CARRIED = [NodePhase.LAUNCHING, NodePhase.DRAINING, NodePhase.TERMINATING]
 
 
 async def test_the_pool_learns_each_phase_from_the_activity_that_begins_it(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
@@ -68,16 +43,6 @@ async def test_the_pool_learns_each_phase_from_the_activity_that_begins_it(tempo
         handle = s.env.client.get_workflow_handle(node["workflowId"], result_type=NodeStatus)
         assert (await handle.result()).phase is NodePhase.TERMINATED
 
-        reports, markers = await carried(handle)
-        for name, phase in CARRIERS.items():
-            assert reports[name], f"no {name} in the node's life"
-            report = reports[name][0]
-            assert report is not None, f"{name} carried no report"
-            assert report.pool_workflow_id == pool_workflow_id("ml", "rtx") and report.report.phase is phase
-            assert report.report.node_name == node["name"]
-        told = [m for m in markers if m.startswith("report ")]
-        assert not {f"report {phase.value}" for phase in CARRIERS.values()} & set(told), f"still reported by local activities: {told}"
-
         async def heard() -> list[NodePhase] | None:
             pool = s.env.client.get_workflow_handle(pool_workflow_id("ml", "rtx"))
             # Alone as `node_phase`, or with others made meanwhile as `node_phases`, in order.
@@ -87,45 +52,7 @@ async def test_the_pool_learns_each_phase_from_the_activity_that_begins_it(tempo
             return phases if NodePhase.TERMINATED in phases else None
 
         phases = await eventually(heard, what="the node's reports in the pool's history")
-        assert [p for p in phases if p in CARRIERS.values()] == [NodePhase.LAUNCHING, NodePhase.DRAINING, NodePhase.TERMINATING], phases
-
-
-def test_a_task_scheduled_by_older_code_is_read_as_its_input() -> None:
-    """Older code scheduled these activities with one argument, and Temporal's SDK decodes
-    arguments by type only when their count matches the signature: that input comes as plain
-    JSON values, and the activity reads it as its model."""
-    ref = InstanceRef(provider="sim", instance_name="tgp-n-1", instance_id="i-1")
-    assert typed(InstanceRef, ref.model_dump(mode="json")) == ref
-    assert typed(InstanceRef, ref) is ref
-    drain: dict[str, Any] = {"node_name": "n", "timeout": "PT5M"}
-    assert typed(DrainInput, drain).node_name == "n"
-
-
-@workflow.defn(name="OlderCodeSchedules", sandboxed=False)
-class OlderCodeSchedules:
-    """Schedules the carrying activities as code before the patch did: one argument each."""
-
-    @workflow.run
-    async def run(self, launch: LaunchInput) -> list[Any]:
-        once = {"start_to_close_timeout": timedelta(seconds=20), "retry_policy": RetryPolicy(maximum_attempts=1)}
-        bought = await workflow.execute_activity("launch_instance", launch, result_type=LaunchResult, **once)  # type: ignore[arg-type]
-        drained = await workflow.execute_activity("drain_node", DrainInput(node_name=launch.node_name, timeout=timedelta(seconds=5)), **once)  # type: ignore[arg-type]
-        ref = InstanceRef(provider=launch.offer.provider, instance_name=bought.instance.name, instance_id=bought.instance.instance_id)
-        terminated = await workflow.execute_activity("terminate_instance", ref, **once)  # type: ignore[arg-type]
-        return [bought.instance.instance_id, drained, terminated]
-
-
-async def test_an_activity_scheduled_by_older_code_still_runs(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
-    async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=0.05, kube_url=kube_api.url if not kube_api.real else None))
-        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
-        queue = f"older-{uuid.uuid4().hex[:8]}"
-        await stack.enter_async_context(Worker(temporal.client, task_queue=queue, workflows=[OlderCodeSchedules], activities=activities.node.all()))
-        offer = (await activities.node.providers["simulated"].list_offers())[0]
-        launch = LaunchInput(node_name="older-1", attempt=1, offer=offer, tailnet_tags=["tag:tgp-node"])
-        bought, drained, terminated = await temporal.client.execute_workflow(OlderCodeSchedules.run, launch, id=queue, task_queue=queue)
-        assert world.cloud.instances[bought].status == "terminated" and terminated is True
-    assert drained["remaining"] == [] and drained["terminating"] == []  # no Node: nothing to drain
+        assert [p for p in phases if p in CARRIED] == CARRIED, phases
 
 
 # --- `carrying` itself: who sends, how long the activity waits, what never reaches it ----------
@@ -182,7 +109,7 @@ async def test_reports_made_together_reach_the_pool_together_and_each_is_taken(t
     """40 nodes of one pool report at once from one worker (as 100 idle nodes report Draining
     together): one signal is in flight at a time and the reports made meanwhile go with it or
     as the next, `node_phases`; the pool takes each as its own `node_phase` (all 40 Ready in its status). A
-    report alone still goes as `node_phase`, which pools of earlier releases understand."""
+    report alone goes as `node_phase`."""
     from tests.test_pool_accounting import CLASS, pool_spec
     from tgp.messages import PoolUpdate
     from workflows.pool import GPUNodePoolWorkflow, PoolInput

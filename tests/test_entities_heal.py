@@ -7,26 +7,21 @@ intervals); the node workflows, the simulated cloud, tailnet and Kubernetes API 
 
 from __future__ import annotations
 
-import os
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer
 
 from tests.conftest import eventually, running_world
 from tests.test_pool_accounting import CLASS, pool_spec
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus
 from tgp.messages import ClassInput, ClassUpdate, Ledger, PoolUpdate, class_workflow_id, pool_workflow_id
-from workers.temporal import DATA_CONVERTER
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow, PoolInput
 
 FAST = timedelta(seconds=1)
-HISTORIES = Path(__file__).parent / "histories"
 
 
 async def start_class(env: WorkflowEnvironment, queue: str, name: str, spec: GPUNodeClassSpec = CLASS) -> WorkflowHandle:
@@ -121,7 +116,6 @@ async def test_a_node_workflow_terminated_by_hand_frees_its_pool_place_and_class
         ledger: Ledger = await klass_run.query(GPUNodeClassWorkflow.budget)
         assert set(ledger.reservations) == {replacement[0].workflow_id}
         for handle in (pool, klass_run):
-            await record(handle, "pool" if handle is pool else "class")
             await handle.terminate("test finished")
         await temporal.client.get_workflow_handle(replacement[0].workflow_id).terminate("test finished")
         # The sweeper ends what the workflows terminated by hand left; here, the test does.
@@ -148,11 +142,3 @@ async def test_a_rejected_provider_key_is_a_condition_not_a_failed_pool(temporal
         assert (await klass_run.describe()).status is WorkflowExecutionStatus.RUNNING
         await pool.terminate("test finished")
         await klass_run.terminate("test finished")
-
-
-async def record(handle: WorkflowHandle, name: str) -> None:
-    """Replay the entity's history through the current code and, when recording, save it."""
-    history = await handle.fetch_history()
-    await Replayer(workflows=[GPUNodePoolWorkflow, GPUNodeClassWorkflow], data_converter=DATA_CONVERTER).replay_workflow(history)
-    if os.environ.get("TGP_RECORD_HISTORIES"):
-        (HISTORIES / f"{name}_heals.json").write_text(history.to_json())

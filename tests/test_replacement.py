@@ -124,21 +124,6 @@ async def test_a_drifted_node_is_replaced_make_before_break(temporal: WorkflowEn
         assert reasons.count("NodeDrifted") == 1 and reasons.count("NodeReplacing") == 1, events
         drifted_text = next(m for r, m in events if r == "NodeDrifted")
         assert old["name"] in drifted_text and "make-before-break" in drifted_text, drifted_text
-        await replay(s.env, {pool_workflow_id("ml", "rtx"): "pool_replaces_drifted", old["workflowId"]: "node_drifted_replaced", new["workflowId"]: ""})
-
-
-async def replay(env: WorkflowEnvironment, runs: dict[str, str]) -> None:
-    """Replay each run (workflow id) through the current code; with TGP_RECORD_HISTORIES set,
-    save those given a name as tests/histories/<name>.json (tests/test_replay.py replays them)."""
-    import os
-
-    from tests.test_replay import REPLAYER, ROOT
-
-    for wid, name in runs.items():
-        history = await env.client.get_workflow_handle(wid).fetch_history()
-        await REPLAYER.replay_workflow(history)
-        if name and os.environ.get("TGP_RECORD_HISTORIES"):
-            (ROOT / f"{name}.json").write_text(history.to_json())
 
 
 async def _found(index: int | None) -> tuple[int] | None:
@@ -451,7 +436,7 @@ async def test_a_node_told_to_end_for_drift_waits_for_its_do_not_disrupt_pod(tim
     released. A `disrupt` with an unknown reason is ignored."""
     from tests.conftest import running_world, skip_time
     from tests.test_node_disruption import put_held_pod
-    from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase
+    from tests.test_node_lifecycle import assert_nothing_left, request, start, wait_phase
     from tests.test_watch_events import AT_REST, bridge_running, told
     from tgp.types import DisruptRequest, NodePhase, NodeStatus, Stage
     from workflows.node import GPUNodeWorkflow
@@ -476,4 +461,3 @@ async def test_a_node_told_to_end_for_drift_waits_for_its_do_not_disrupt_pod(tim
         final = await asyncio.wait_for(handle.result(), 120)
         assert final.phase is NodePhase.TERMINATED and final.end_reason == "drifted: replaced by rtx-rabcde (make-before-break): rtx-rabcde is Ready", final
         assert_nothing_left(world, req.node_name)
-        await replay(handle, "node_disrupt_held_then_drifted")
