@@ -1,11 +1,12 @@
 """`tgp` command line.
 
 Processes: `worker`, `bridge`, `codec-server`. Operator verbs: `offers`, `plan`, `status`,
-`evict`, `temporal setup`. Plugins add commands through the `tgp.commands` entry points: the
+`evict`, `rollout` (Worker Versioning: `status`, `promote`, `build-id`), `temporal setup`. Plugins add commands through the `tgp.commands` entry points: the
 simulated world (`sim/`, the tgp-sim distribution a clone installs) adds `demo` and `dev`.
 
 Exit status: 0 done; 2 the input or the environment is wrong, and the one-line message says
-what to fix; 1 an unexpected error (a traceback follows: please report it); 130 interrupted.
+what to fix; 1 an unexpected error (a traceback follows: please report it); 130 interrupted;
+`tgp rollout status --build B` exits 3 while build B is not drained (scripts wait on it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ COMMANDS_GROUP = "tgp.commands"
 # terminationGracePeriodSeconds (30 s by default), with room to close connections.
 SHUTDOWN_GRACE = timedelta(seconds=20)
 # Commands whose process ends without interpreter teardown (they hold Temporal clients).
-_HARD_EXIT = {"worker", "bridge", "status", "evict", "temporal", "demo", "dev"}
+_HARD_EXIT = {"worker", "bridge", "status", "evict", "rollout", "temporal", "demo", "dev"}
+# `tgp rollout status --build B` while B still has runs pinned to it.
+NOT_DRAINED = 3
 
 
 def _temporal_flags(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +84,9 @@ async def run_worker(args: argparse.Namespace) -> None:
     client = await connect(settings, runtime=sdk.runtime if sdk else None)
     await ensure_search_attributes(client)
     await ensure_sweeper_schedule(client, args.task_queue)
+    from workers import versioning
+
+    version = versioning.deployment_config()  # a bad TGP_WORKER_VERSIONING or TGP_BUILD_ID stops the start here
     async with AsyncExitStack() as stack:
         activities = await build_activities(WorkerConfig.from_env(), stack)
         if port is not None and await start_worker_metrics(
@@ -96,7 +102,13 @@ async def run_worker(args: argparse.Namespace) -> None:
         # Only a worker that can run it takes the fleet look to its task queue (after its
         # configuration is known good): one that exits on a bad setting must not move it away.
         await ensure_fleet_look(client, args.task_queue)
-        print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
+        build = ""
+        if version is not None:
+            build = f" as build {version.version.build_id} of worker deployment {versioning.DEPLOYMENT_NAME!r}"
+            # A new installation's first build becomes current by itself; later ones by promote.
+            first = asyncio.create_task(versioning.become_current_if_first(client, version.version.build_id))
+            stack.callback(first.cancel)
+        print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}{build}", file=sys.stderr)
         await worker.run()
 
 
@@ -135,6 +147,15 @@ async def run_ops(args: argparse.Namespace) -> int:
     client = await connect(settings)
     if args.command == "status":
         print(await (ops.node_status(client, args.node) if args.node else ops.status(client)))
+    elif args.command == "rollout":
+        from workers import versioning
+
+        if args.rollout_command == "promote":
+            print(await versioning.promote(client, args.build))
+        else:
+            text, drained = await versioning.rollout_status(client, args.build)
+            print(text)
+            return 0 if drained or args.build is None else NOT_DRAINED
     elif args.command == "evict":
         print(await ops.evict(client, args.node, args.reason))
     else:
@@ -165,7 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tgp", description="Ephemeral GPU nodes for Kubernetes, run as Temporal workflows.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    worker = sub.add_parser("worker", help="run a worker hosting tgp's workflows and activities")
+    worker = sub.add_parser(
+        "worker",
+        help="run a worker hosting tgp's workflows and activities",
+        description="Run a worker hosting tgp's workflows and activities. With TGP_WORKER_VERSIONING=on it polls as "
+        "one build (TGP_BUILD_ID, else `tgp rollout build-id`) of worker deployment 'tgp', every run pinned to its "
+        "build (docs/workflow-versioning.md).",
+    )
     _temporal_flags(worker)
 
     bridge = sub.add_parser("bridge", help="watch GPUNodeClass/GPUNodePool/pods/nodes and drive the workflows")
@@ -184,7 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("pool", nargs="?", help="the GPUNodePool, NAMESPACE/NAME (or NAME in default); unset = every pool")
     plan.add_argument("--limit", type=int, default=20, help="offers to list besides the chosen one")
 
-    status = sub.add_parser("status", help="running GPU nodes by pool: phase, provider, $/h, age, cost so far; or one node's stages")
+    status = sub.add_parser(
+        "status",
+        help="running GPU nodes by pool: phase, provider, $/h, age, cost so far, build; or one node's stages",
+        description="List the running GPU nodes by pool: phase, provider, $/h, age, cost so far and the build each "
+        "runs on, and how many runs are still on an older build; or, given a Node name, that node's stages.",
+    )
     status.add_argument("node", nargs="?", help="a Node name: its stages, when and why")
     _temporal_flags(status)
 
@@ -192,6 +224,36 @@ def main(argv: list[str] | None = None) -> int:
     evict.add_argument("node", help="the Node name")
     evict.add_argument("--reason", default="manual", help="recorded as the node's end reason")
     _temporal_flags(evict)
+
+    rollout = sub.add_parser(
+        "rollout",
+        help="Worker Versioning: is an old build drained, make a build current, this code's build id",
+        description="Roll a new build of the worker out beside the old one (Worker Versioning; docs/workflow-versioning.md).",
+    )
+    rollout_sub = rollout.add_subparsers(dest="rollout_command", required=True)
+    rollout_status = rollout_sub.add_parser(
+        "status",
+        help="each build's state: current, draining (runs still pinned, and by when they move) or drained",
+        description="Say whether an old build's workers may stop: the server's drainage status of each build of worker "
+        "deployment 'tgp' (or of --build), the runs still pinned to it and when they reach their next safe point. "
+        f"With --build: exit status 0 when drained, {NOT_DRAINED} while not.",
+    )
+    rollout_status.add_argument("--build", help="only this build; exit status 0 once it is drained")
+    _temporal_flags(rollout_status)
+    promote = rollout_sub.add_parser(
+        "promote",
+        help="make a build current: new runs start on it, the others' runs move to it at their safe points",
+        description="Make BUILD the current build of worker deployment 'tgp': new runs start on it and every run "
+        "pinned to another build moves to it at its next safe point. Refused until BUILD's workers poll.",
+    )
+    promote.add_argument("build", help="the build id (its worker Deployment's label tgp.io/build)")
+    _temporal_flags(promote)
+    rollout_sub.add_parser(
+        "build-id",
+        help="print this code's build id",
+        description="Print the build id this installation's workers poll as: TGP_BUILD_ID, else the package "
+        "version and a hash of the workflow source (what names the image's worker Deployment).",
+    )
 
     temporal = sub.add_parser("temporal", help="Temporal housekeeping")
     temporal_sub = temporal.add_subparsers(dest="temporal_command", required=True)
@@ -285,7 +347,11 @@ def _run(args: argparse.Namespace) -> int:
             from workers.offers_cli import run_offers
 
             return asyncio.run(run_offers(args))
-        elif args.command in ("plan", "status", "evict", "temporal"):
+        elif args.command == "rollout" and args.rollout_command == "build-id":
+            from workers.versioning import build_id
+
+            print(build_id())
+        elif args.command in ("plan", "status", "evict", "rollout", "temporal"):
             return asyncio.run(run_ops(args))
         elif args.command == "codec-server":
             asyncio.run(run_codec_server(args))

@@ -53,6 +53,7 @@ from activities.tailnets.tailscale import TailscaleTailnet
 from tgp.errors import ConfigError
 from workers.interceptors import ActivityLogContext
 from workers.sandbox_code import SandboxRunner, share_workflow_code
+from workers.versioning import deployment_config
 from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
@@ -400,7 +401,11 @@ def worker_options(**options: object) -> dict[str, object]:
     """The options `make_worker` gives the SDK's Worker beyond `options`: its workflow cache
     (`workflow_cache`), activity slots (`activity_slots`), workflow task polls
     (`workflow_task_polls`), workflow tasks at once (`workflow_task_slots`) and workflow runner
-    (`workflow_runner`: the sandbox unless turned off), each unless given."""
+    (`workflow_runner`: the sandbox unless turned off) and, with TGP_WORKER_VERSIONING on, its
+    build of the worker deployment (`workers.versioning.deployment_config`: every run pinned),
+    each unless given."""
+    if "deployment_config" not in options and (config := deployment_config()) is not None:
+        options["deployment_config"] = config
     options.setdefault("max_cached_workflows", workflow_cache())
     options.setdefault("max_concurrent_activities", activity_slots())
     options.setdefault("workflow_task_poller_behavior", PollerBehaviorSimpleMaximum(maximum=workflow_task_polls()))
@@ -410,9 +415,11 @@ def worker_options(**options: object) -> dict[str, object]:
 
 
 def make_worker(client: Client, activities: Activities, task_queue: str = DEFAULT_TASK_QUEUE, **options: object) -> Worker:
-    """A Worker hosting every tgp workflow and activity, with `worker_options`."""
+    """A Worker hosting every tgp workflow (or `workflows=`: a test's other build) and activity,
+    with `worker_options`."""
     options = worker_options(**options)
     interceptors = [ActivityLogContext(), *options.pop("interceptors", [])]  # type: ignore[misc]
+    workflows = options.pop("workflows", WORKFLOWS)
     return Worker(
-        client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]
+        client, task_queue=task_queue, workflows=workflows, activities=activities.all(), interceptors=interceptors, **options  # type: ignore[arg-type]
     )

@@ -248,8 +248,12 @@ async def _node_workflow(client: Client, node_name: str) -> str:
 
 async def status(client: Client) -> str:
     """Running nodes by pool: phase, provider, GPU, $/h, age and cost so far (since the node
-    workflow started: an upper bound of what its instance billed)."""
+    workflow started: an upper bound of what its instance billed), and the build each runs on
+    (Worker Versioning; "-" unversioned), with how many runs are still on an older build."""
+    from workers import versioning
+
     now = datetime.now(UTC)
+    builds = await versioning.node_builds(client)
     rows: dict[str, list[tuple[str, ...]]] = {}
     totals: dict[str, tuple[Decimal, Decimal]] = {}
     for s in await running_node_workflows(client):
@@ -258,19 +262,22 @@ async def status(client: Client) -> str:
         hours = Decimal((now - s.started_at).total_seconds()) / 3600 if s.started_at else Decimal(0)
         cost = (price * hours).quantize(Decimal("0.01")) if phase in BILLING_PHASES else Decimal(0)
         age = _age(now - s.started_at) if s.started_at else "?"
-        rows.setdefault(pool, []).append((s.node_name or s.workflow_id, phase, s.provider or "-", s.gpu_type or "-", f"{price}", age, f"{cost}"))
+        build = builds.get(s.workflow_id, "-")
+        rows.setdefault(pool, []).append((s.node_name or s.workflow_id, phase, s.provider or "-", s.gpu_type or "-", f"{price}", age, f"{cost}", build))
         rate, spent = totals.get(pool, (Decimal(0), Decimal(0)))
         totals[pool] = (rate + (price if phase in BILLING_PHASES else 0), spent + cost)
     if not rows:
         return "No running GPU nodes."
     out = []
-    header = ("NODE", "PHASE", "PROVIDER", "GPU", "$/H", "AGE", "COST")
+    header = ("NODE", "PHASE", "PROVIDER", "GPU", "$/H", "AGE", "COST", "BUILD")
     for pool in sorted(rows):
         rate, spent = totals[pool]
         out.append(f"pool {pool}: {len(rows[pool])} node(s), ${rate}/h now, ${spent} so far")
         table = [header, *sorted(rows[pool])]
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-        out += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in table]
+        out += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    if builds:
+        out.append(await versioning.builds_line(client))
     return "\n".join(out)
 
 
