@@ -1,0 +1,174 @@
+"""A rollout with Worker Versioning on the real dev server (issue 34): build v1's worker runs node
+workflows; build v2's worker (its node workflow issues a command v1's never does) starts beside
+it on the same task queue and is made current. Every v1 run keeps running on v1 until its next
+safe point and continues as new there onto v2; no workflow task fails (a v1 run replayed by v2
+code would); nothing is bought twice or left running; the server reports v1 drained, after which
+its worker stops and v2 carries on.
+
+Nodes: one Ready at rest (it moves at its watch's next wake, at the latest its backstop look),
+one held in bring-up when v2 becomes current (it moves only when it reaches its watch), one
+started after (it starts on v2). The pool and class workflows are not here: they continue as
+new only when their history is long, without moving to the current build (issue 34's report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from contextlib import AsyncExitStack
+from datetime import timedelta
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.common import VersioningBehavior
+
+from sim.world import sim_world
+from tests.conftest import eventually
+from tests.test_ops_cli import tgp
+from tests.test_node_lifecycle import FAST, request, start, wait_phase
+from tests.upgrade_builds import (
+    GPUNodeWorkflowV2,
+    build_of_run,
+    runs_of,
+    task_failures,
+    v2_timers,
+    versioned,
+    versioned_dev_server,
+    wait_registered,
+)
+from tgp.errors import ConfigError
+from tgp.types import NodePhase, NodeStatus
+from workers import ops, versioning
+from workers.main import WORKFLOWS, WorkerConfig, build_activities, make_worker, worker_options
+from workflows.node import GPUNodeWorkflow
+
+# A Ready node's backstop look here: its latest safe point once v2 is current.
+BACKSTOP = timedelta(seconds=2)
+# Generous on a loaded machine; each wait ends as soon as its condition holds.
+WAIT = 30.0
+
+
+async def test_a_rollout_moves_every_node_to_the_new_build_at_a_safe_point_and_drains_the_old() -> None:
+    async with versioned_dev_server() as env, sim_world(boot_delay=0.2) as world, AsyncExitStack() as stack:
+        client = env.client
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=0.1)
+        queue = f"upgrade-{uuid.uuid4().hex[:8]}"
+        v1 = make_worker(client, activities, task_queue=queue, deployment_config=versioned("v1"))
+        v1_running = asyncio.create_task(v1.run())
+        # The first build of a deployment becomes current by itself (the worker does this at start).
+        await wait_registered(client, "v1")
+        assert await versioning.become_current_if_first(client, "v1")
+        assert not await versioning.become_current_if_first(client, "v1"), "only while no build is current"
+
+        # v1: a node Ready at rest, and one held in bring-up (its instance bought, not booting).
+        rest = await start(env, queue, request(timeouts=FAST.model_copy(update={"watch_interval": BACKSTOP})))
+        await wait_phase(rest, NodePhase.READY, timeout=WAIT)
+        world.cloud.hold_boots()
+        joining = await start(env, queue, request())
+        await eventually(lambda: _true(len(world.cloud.instances) == 2), timeout=WAIT, what="the second node's instance bought")
+        rest_v1, rest_build = await build_of_run(rest)
+        joining_v1, joining_build = await build_of_run(joining)
+        assert (rest_build, joining_build) == ("v1", "v1")
+
+        # v2 starts beside v1 on the same task queue and is made current.
+        v2 = make_worker(client, activities, task_queue=queue, deployment_config=versioned("v2"), workflows=[GPUNodeWorkflowV2, *WORKFLOWS[1:]])
+        assert WORKFLOWS[0] is GPUNodeWorkflow
+        stack.push_async_callback(v2.shutdown)
+        asyncio.create_task(v2.run())
+        await wait_registered(client, "v2")
+        said = await versioning.promote(client, "v2")
+        assert said.startswith("build v2 is current") and "tgp rollout status --build v1" in said, said
+        fresh = await start(env, queue, request())  # a node started now starts on v2
+
+        # The Ready node moves at its watch's next wake (the backstop look at the latest).
+        async def moved(handle: object, old_run: str) -> bool:
+            run, build = await build_of_run(handle)  # type: ignore[arg-type]
+            return run != old_run and build == "v2"
+
+        await eventually(lambda: moved(rest, rest_v1), timeout=WAIT, what="the Ready node continued as new onto v2")
+        # The node in bring-up stays on v1, in its first run, until it reaches its watch.
+        assert await build_of_run(joining) == (joining_v1, "v1")
+        status: NodeStatus = await joining.query(GPUNodeWorkflow.status)
+        assert status.phase in (NodePhase.LAUNCHING, NodePhase.JOINING), status.phase
+        assert (await build_of_run(fresh))[1] == "v2"
+
+        # `tgp status` shows each node's build and the run still on the older build.
+        async def listed() -> str | None:
+            out = await ops.status(client)
+            builds = [line.rsplit(" ", 1)[-1] for line in out.splitlines() if line.startswith("  gpu-")]
+            return out if sorted(builds) == ["v1", "v2", "v2"] and "1 run(s) still on an older build (v1)" in out else None
+
+        await eventually(listed, timeout=WAIT, what="`tgp status` showing the builds")
+        # `tgp rollout status --build v1`: not yet (exit status 3), with the run and its bound.
+        cli = {"TEMPORAL_ADDRESS": client.service_client.config.target_host}
+        code, out, err = await tgp("rollout", "status", "--build", "v1", env=cli)
+        assert code == 3, err
+        assert out.startswith("build v1: draining: 1 run(s) still pinned to it (1 node(s) (1 "), out
+        assert "next safe point within 1h45m" in out, out
+
+        # Released, the node joins, reaches its watch and moves too; then v1 drains.
+        world.cloud.release_boots()
+        await eventually(lambda: moved(joining, joining_v1), timeout=WAIT, what="the joined node continued as new onto v2")
+
+        async def v1_drained() -> str | None:
+            text, drained = await versioning.rollout_status(client, "v1")
+            return text if drained else None
+
+        text = await eventually(v1_drained, timeout=WAIT, what="the server reporting v1 drained")
+        assert text == "build v1: drained: its workers may stop", text
+        await wait_phase(fresh, NodePhase.READY, timeout=WAIT)
+        code, out, err = await tgp("rollout", "status", env=cli)
+        assert code == 0 and out.splitlines() == ["build v2: current: 3 node(s) (3 Ready)", "build v1: drained: its workers may stop"], out + err
+        await v1.shutdown()
+        await v1_running
+
+        # v2 alone ends every node: one instance each, none left running.
+        for handle in (rest, joining, fresh):
+            await handle.signal(GPUNodeWorkflow.evict, {"reason": "end of test"})  # type: ignore[arg-type]
+        for handle in (rest, joining, fresh):
+            final: NodeStatus = await asyncio.wait_for(handle.result(), WAIT)
+            assert final.phase is NodePhase.TERMINATED, final
+        assert len(world.cloud.instances) == 3, "a node bought twice"
+        assert world.cloud.live_instances() == [], "an instance left running"
+
+        # Every run: no workflow task failed; v1's runs ran v1's code, the others v2's.
+        for handle, first in ((rest, rest_v1), (joining, joining_v1), (fresh, None)):
+            runs = await runs_of(client, handle.id)
+            assert len(runs) >= (2 if first else 1), runs
+            for run in runs:
+                one = client.get_workflow_handle(handle.id, run_id=run)
+                assert await task_failures(one) == [], f"{handle.id} run {run}"
+                described = await one.describe()
+                build = described.raw_description.workflow_execution_info.versioning_info.deployment_version.build_id
+                assert build == ("v1" if run == first else "v2"), (handle.id, run, build)
+                assert await v2_timers(one) == (0 if run == first else 1), (handle.id, run)
+                if run == first:
+                    assert described.status is WorkflowExecutionStatus.CONTINUED_AS_NEW
+
+
+def test_every_workflow_type_is_pinned_and_the_worker_says_so() -> None:
+    """One behaviour for every type the worker hosts (VERSIONING_BEHAVIORS), given as the
+    worker's deployment default when versioning is on; off, the worker has no deployment."""
+    names = {w.__temporal_workflow_definition.name for w in WORKFLOWS}  # type: ignore[attr-defined]
+    assert set(versioning.VERSIONING_BEHAVIORS) == names == set(versioning.SAFE_POINTS)
+    assert versioning.deployment_behavior() is VersioningBehavior.PINNED
+    config = versioned("0.2.0-abc")
+    assert config.version.deployment_name == "tgp" and config.version.build_id == "0.2.0-abc"
+    assert config.use_worker_versioning and config.default_versioning_behavior is VersioningBehavior.PINNED
+    assert versioning.deployment_config({}) is None
+    assert "deployment_config" not in worker_options()
+
+
+def test_the_build_id_is_the_version_and_the_workflow_source() -> None:
+    build = versioning.build_id({})
+    assert build == f"{versioning.package_version()}-{versioning.source_hash()}" and len(build.rsplit("-", 1)[1]) == 10
+    assert versioning.build_id({"TGP_BUILD_ID": "0.2.0-git1234"}) == "0.2.0-git1234"
+    for bad in ({"TGP_BUILD_ID": "a b"}, {"TGP_WORKER_VERSIONING": "maybe"}):
+        with pytest.raises(ConfigError):
+            versioning.deployment_config({"TGP_WORKER_VERSIONING": "on", **bad})
+    assert versioning.drain_bound() == timedelta(minutes=105)  # 3 x (10 + 5 + 10 + 10) minutes
+
+
+async def _true(value: bool) -> bool:
+    return value
