@@ -14,16 +14,20 @@ new only when their history is long, without moving to the current build (issue 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from contextlib import AsyncExitStack
 from datetime import timedelta
+from typing import Any
 
+import kubernetes_validate
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import VersioningBehavior
 
 from sim.world import sim_world
 from tests.conftest import eventually
+from tests.test_deploy import KUBERNETES_VERSIONS, KUSTOMIZE, _kustomize
 from tests.test_ops_cli import tgp
 from tests.test_node_lifecycle import FAST, request, start, wait_phase
 from tests.upgrade_builds import (
@@ -172,3 +176,62 @@ def test_the_build_id_is_the_version_and_the_workflow_source() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+# --- the rollout's manifests (deploy/kustomize/rollout) ------------------------------------
+
+ROLLOUT = KUSTOMIZE / "rollout"
+
+
+def _builds(name: str) -> dict[str, dict[str, Any]]:
+    """The worker Deployments of a rendering, by their build label."""
+    return {
+        d["metadata"]["labels"]["tgp.io/build"]: d
+        for d in _kustomize(ROLLOUT / name)
+        if d["kind"] == "Deployment" and d["metadata"]["name"] != "tgp-bridge"
+    }
+
+
+@pytest.mark.parametrize("name", ["example", "build-template"])
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_rollout_manifests_are_valid_for_kubernetes(name: str, version: str) -> None:
+    for obj in _kustomize(ROLLOUT / name):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_each_build_runs_beside_the_others_as_the_base_worker_does() -> None:
+    """One Deployment per build folder, named and labelled by its build (selector included, so two
+    builds never claim each other's pods), polling as that build, versioned, rolled within the
+    build; otherwise the base's worker exactly (one source: deploy/kustomize/worker)."""
+    rendered = _kustomize(ROLLOUT / "example")
+    folders = sorted(p.name for p in (ROLLOUT / "example" / "builds").iterdir())
+    builds = _builds("example")
+    assert sorted(builds) == folders and len(folders) == 2
+    assert {d["metadata"]["name"] for d in rendered if d["kind"] == "Deployment"} == {"tgp-bridge", *(f"tgp-worker-{b}" for b in folders)}
+    assert sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "PodDisruptionBudget") == [f"tgp-worker-{b}" for b in folders]
+    (settings,) = [o for o in rendered if o["kind"] == "ConfigMap"]
+    assert settings["data"]["TGP_WORKER_VERSIONING"] == "on" and versioning.versioning_on(settings["data"])
+    (base,) = [d for d in _kustomize(KUSTOMIZE / "base") if d["metadata"]["name"] == "tgp-worker" and d["kind"] == "Deployment"]
+    for build, deployment in builds.items():
+        assert deployment["metadata"]["name"] == f"tgp-worker-{build}"
+        spec = deployment["spec"]
+        assert spec["selector"]["matchLabels"] == {"app": "tgp-worker", "tgp.io/build": build}
+        assert spec["template"]["metadata"]["labels"]["tgp.io/build"] == build
+        assert spec["strategy"]["type"] == "RollingUpdate"
+        (container,) = spec["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert versioning.build_id(env) == build  # what its workers poll as, a valid build id
+        # The rest is the base's worker: the same pod but for the image, the build and the names.
+        same = json.loads(json.dumps(deployment))
+        same["metadata"] = base["metadata"]
+        same["spec"]["selector"], same["spec"]["strategy"] = base["spec"]["selector"], base["spec"]["strategy"]
+        same["spec"]["template"]["metadata"] = base["spec"]["template"]["metadata"]
+        (mine,) = same["spec"]["template"]["spec"]["containers"]
+        mine["env"] = [e for e in mine["env"] if e["name"] != "TGP_BUILD_ID"]
+        mine["image"] = "tgp"
+        for ref in mine["envFrom"]:
+            if "configMapRef" in ref:
+                ref["configMapRef"]["name"] = base["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"]
+        assert same == base, build
+    selectors = [d["spec"]["selector"]["matchLabels"] for d in builds.values()]
+    assert all(a.items() - b.items() for a in selectors for b in selectors if a is not b), "two builds' selectors overlap"
