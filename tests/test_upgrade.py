@@ -26,6 +26,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.common import VersioningBehavior
 
 from sim.world import sim_world
+from tests import carried_state
 from tests.conftest import eventually
 from tests.test_deploy import KUBERNETES_VERSIONS, KUSTOMIZE, _kustomize
 from tests.test_ops_cli import tgp
@@ -91,6 +92,10 @@ async def test_a_rollout_moves_every_node_to_the_new_build_at_a_safe_point_and_d
             return run != old_run and build == "v2"
 
         await eventually(lambda: moved(rest, rest_v1), timeout=WAIT, what="the Ready node continued as new onto v2")
+        if carried_state.recording():  # the state a Ready node carries to the next build
+            history = await client.get_workflow_handle(rest.id, run_id=rest_v1).fetch_history()
+            (payload,) = history.events[-1].workflow_execution_continued_as_new_event_attributes.input.payloads
+            carried_state.save("GPUNodeWorkflow", payload)
         # The node in bring-up stays on v1, in its first run, until it reaches its watch.
         assert await build_of_run(joining) == (joining_v1, "v1")
         status: NodeStatus = await joining.query(GPUNodeWorkflow.status)
