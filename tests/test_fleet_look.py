@@ -5,7 +5,6 @@ node; a listing that fails or lags tells nothing wrong (issue 20, provider state
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,7 +22,8 @@ from sim.world import SimWorld
 from tests.conftest import eventually, running_world
 from temporalio.worker import Replayer
 
-from tests.test_node_lifecycle import FAST, HISTORIES, request, start, wait_phase
+from tests.histories_io import save_history
+from tests.test_node_lifecycle import FAST, request, start, wait_phase
 from tgp.types import InstanceSighting, NodePhase, NodeStatus
 from workers.temporal import DATA_CONVERTER
 from workflows.fleet import FleetLookWorkflow
@@ -292,8 +292,7 @@ async def test_an_instance_preempted_behind_tgps_back_ends_its_node_interrupted_
             await look_handle.terminate("test finished")
         history = await look_handle.fetch_history()
         await Replayer(workflows=[FleetLookWorkflow], data_converter=DATA_CONVERTER).replay_workflow(history)
-        if os.environ.get("TGP_RECORD_HISTORIES"):  # `make histories`: the scenario tests/test_replay.py replays
-            (HISTORIES / "fleet_look.json").write_text(history.to_json())
+        save_history("fleet_look", history)
 
         assert ended.phase is NodePhase.INTERRUPTED, ended.end_reason
         assert len(await sightings_told(victim)) >= 1

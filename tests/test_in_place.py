@@ -161,7 +161,8 @@ async def test_a_label_change_that_fails_is_tried_again_later_and_never_ends_the
     from tests.test_node_lifecycle import replay, request, start, wait_phase
     from tests.test_watch_events import AT_REST
     from tgp.types import NodePhase, TemplateUpdate
-    from workflows.node import TEMPLATE_RETRY_AFTER, GPUNodeWorkflow
+    from workflows.node import GPUNodeWorkflow
+    from workflows.node.labels import TEMPLATE_RETRY_AFTER
 
     async with running_world(time_skipping) as (world, _, queue):
         assert world.kube is not None

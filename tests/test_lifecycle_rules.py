@@ -131,11 +131,11 @@ HORIZON = 2 * 60 * 60  # seconds
 
 
 def _poller(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False, grace: bool = False
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
 ) -> tuple[int, EndReason | None]:
     """The ideal watch: it looks every second (every change happens on a whole second), so it
     sees each view from the moment it holds."""
-    state, view, pending = WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair, grace_bounds_hold=grace), first, list(changes)
+    state, view, pending = WatchState(ready_at=T0), first, list(changes)
     for t in range(HORIZON + 1):
         while pending and pending[0][0] <= t:
             view = pending.pop(0)[1]
@@ -147,11 +147,11 @@ def _poller(
 
 
 def _event_driven(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool = False, repair: bool = False, grace: bool = False
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
 ) -> tuple[int, EndReason | None]:
     """The event-driven watch's loop (workflows/node.py): apply each change when it arrives,
     judge, and otherwise sleep until `next_deadline`."""
-    state = apply_view(WatchState(ready_at=T0, disruption_rules=rules, not_ready_repair=repair, grace_bounds_hold=grace), first, T0, timeouts)
+    state = apply_view(WatchState(ready_at=T0), first, T0, timeouts)
     now, pending = T0, list(changes)
     while True:
         verdict = judge_view(state, now, timeouts)
@@ -169,16 +169,16 @@ def _event_driven(
 
 
 @settings(max_examples=150)
-@given(first=_VIEWS, changes=_CHANGES, timeouts=_TIMEOUTS, rules=st.booleans())
+@given(first=_VIEWS, changes=_CHANGES, timeouts=_TIMEOUTS)
 def test_the_event_driven_watch_ends_when_and_why_a_continuous_poller_would(
-    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts, rules: bool
+    first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
 ) -> None:
     """Invariant: for any life (a view at Ready, then changes of the instance, the Node, its
     busy pods and what holds it against disruption at any moments) and any idle, expiry and
-    bind-grace settings, with or without the disruption rules (issue 21), a watch that judges
+    bind-grace settings and do-not-disrupt holders, a watch that judges
     only when the view changes and at `next_deadline` ends the node at the same moment and for
     the same reason as one that looks continuously; and it never sleeps past a due deadline."""
-    assert _event_driven(first, changes, timeouts, rules) == _poller(first, changes, timeouts, rules)
+    assert _event_driven(first, changes, timeouts) == _poller(first, changes, timeouts)
 
 
 @settings(max_examples=150)
@@ -186,10 +186,10 @@ def test_the_event_driven_watch_ends_when_and_why_a_continuous_poller_would(
 def test_do_not_disrupt_holds_only_voluntary_ends_and_only_while_it_holds(
     first: NodeObservation, changes: list[tuple[int, NodeObservation]], timeouts: LifecycleTimeouts
 ) -> None:
-    """Invariant: with the disruption rules a node never ends idle or expired while its view
-    has a do-not-disrupt pod or Node annotation; every other end (interrupted, lost, unhealthy,
+    """Invariant: a node never ends idle or expired while its view has a do-not-disrupt pod or
+    Node annotation, unless expireAfter + terminationGracePeriod has passed; every other end (interrupted, lost, unhealthy,
     repair) comes when and why it would with no holder."""
-    end_at, end = _event_driven(first, changes, timeouts, rules=True)
+    end_at, end = _event_driven(first, changes, timeouts)
     if end in (EndReason.IDLE, EndReason.EXPIRED):
         view = first
         for at, changed in changes:
@@ -197,8 +197,14 @@ def test_do_not_disrupt_holds_only_voluntary_ends_and_only_while_it_holds(
                 view = changed
         from tgp.lifecycle import held_by
 
-        assert not held_by(view)[0], "a voluntary end while do-not-disrupt held the node"
-    stripped_at, stripped = _event_driven(_unheld(first), [(at, _unheld(v)) for at, v in changes], timeouts, rules=True)
+        grace_ended = (
+            end is EndReason.EXPIRED
+            and timeouts.expire_after is not None
+            and timeouts.termination_grace is not None
+            and end_at >= (timeouts.expire_after + timeouts.termination_grace).total_seconds()
+        )
+        assert grace_ended or not held_by(view)[0], "a voluntary end while do-not-disrupt held the node"
+    stripped_at, stripped = _event_driven(_unheld(first), [(at, _unheld(v)) for at, v in changes], timeouts)
     if stripped not in (EndReason.IDLE, EndReason.EXPIRED, None):
         assert (end_at, end) == (stripped_at, stripped), "a hold changed an involuntary end"
     if not any(held_by_any(v) for v in [first, *(v for _, v in changes)]):
@@ -218,15 +224,13 @@ def held_by_any(view: NodeObservation) -> bool:
 
 def test_expiry_waits_for_a_do_not_disrupt_pod_and_says_so() -> None:
     timeouts = LifecycleTimeouts(idle=None, expire_after=timedelta(hours=1))
-    state = WatchState(ready_at=T0, disruption_rules=True)
+    state = WatchState(ready_at=T0)
     verdict = judge_observation(look(busy=1, holders=("ml/train",)), state, T0 + timedelta(hours=2), timeouts)
     assert verdict.end is None and "past its expireAfter" in verdict.held and "ml/train" in verdict.held, verdict
     assert judge_observation(look(busy=1), state, T0 + timedelta(hours=2), timeouts).end is EndReason.EXPIRED
     node_held = look(node=READY.model_copy(update={"do_not_disrupt": True}))
     verdict = judge_observation(node_held, state, T0 + timedelta(hours=2), timeouts.model_copy(update={"idle": timedelta(minutes=1)}))
     assert verdict.end is None and "Node n" in verdict.held
-    # A run from before the rules ends as it did.
-    assert judge_observation(node_held, WatchState(ready_at=T0), T0 + timedelta(hours=2), timeouts).end is EndReason.EXPIRED
 
 
 def test_the_next_deadline_is_the_idle_timeout_after_the_pods_left_held_by_the_bind_grace() -> None:
@@ -248,29 +252,18 @@ def test_a_view_from_before_ready_or_before_the_last_one_is_dated_no_earlier_tha
     assert state.idle_since == T0 + timedelta(minutes=4)
 
 
-def test_a_request_with_the_old_poll_interval_gets_the_backstop_look() -> None:
-    from tgp.lifecycle import BACKSTOP_LOOK, backstop_period
-
-    assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=30))) == BACKSTOP_LOOK
-    assert backstop_period(LifecycleTimeouts()) == BACKSTOP_LOOK
-    assert backstop_period(LifecycleTimeouts(watch_interval=timedelta(seconds=1))) == timedelta(seconds=1)
-
-
 def test_a_ready_node_whose_gpus_stay_gone_is_repaired_never_held() -> None:
     from tgp.lifecycle import GPUS_LOST_AFTER, next_deadline
 
     timeouts = LifecycleTimeouts(idle=None)
     no_gpus = look(busy=1, node=READY.model_copy(update={"gpus": 0, "do_not_disrupt": True}), holders=("ml/train",))
-    state = apply_view(WatchState(ready_at=T0, disruption_rules=True), no_gpus, T0 + timedelta(minutes=1), timeouts)
+    state = apply_view(WatchState(ready_at=T0), no_gpus, T0 + timedelta(minutes=1), timeouts)
     assert next_deadline(state, timeouts) == T0 + timedelta(minutes=1) + GPUS_LOST_AFTER
     assert judge_view(state, T0 + timedelta(minutes=5), timeouts).end is None, "a device plugin restart is not a repair"
     verdict = judge_view(state, T0 + timedelta(minutes=1) + GPUS_LOST_AFTER, timeouts)
     assert verdict.end is EndReason.REPAIR and "no allocatable nvidia.com/gpu" in verdict.detail, verdict
     back = apply_view(state, look(busy=1), T0 + timedelta(minutes=3), timeouts)
     assert back.gpus_lost_since is None and next_deadline(back, timeouts) is None, "GPUs back: no repair"
-    # A run from before the rules is never repaired.
-    old = apply_view(WatchState(ready_at=T0), no_gpus, T0, timeouts)
-    assert judge_view(old, T0 + timedelta(hours=5), timeouts).end is None
 
 
 def test_a_node_whose_expiry_a_budget_holds_still_ends_lost_when_it_dies() -> None:
@@ -278,13 +271,19 @@ def test_a_node_whose_expiry_a_budget_holds_still_ends_lost_when_it_dies() -> No
     held past its expiry by a budget (a zero budget during business hours) never became lost:
     a dead machine billed until the window ended. Loss is never limited by a budget."""
     timeouts = LifecycleTimeouts(idle=None, expire_after=timedelta(hours=1))
-    state = WatchState(ready_at=T0, disruption_rules=True)
-    not_ready = look(node=READY.model_copy(update={"ready": False}))
+    state = WatchState(ready_at=T0)
+    from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
+
     start = T0 + timedelta(hours=2)
-    first = judge_observation(not_ready, state, start, timeouts)
+    missing = look(node=None)
+    first = judge_observation(missing, state, start, timeouts)
     assert first.end is EndReason.EXPIRED  # the budget refuses it; the node watches on with this state
-    later = judge_observation(not_ready, first.state, start + NODE_LOST_AFTER, timeouts)
+    later = judge_observation(missing, first.state, start + NODE_LOST_AFTER, timeouts)
     assert later.end is EndReason.LOST, later
+    not_ready = look(node=READY.model_copy(update={"ready": False}))  # there, NotReady, instance running: repaired
+    first = judge_observation(not_ready, state, start, timeouts)
+    later = judge_observation(not_ready, first.state, start + NODE_NOT_READY_REPAIR_AFTER, timeouts)
+    assert later.end is EndReason.NOT_READY, later
 
 
 # --- node repair for NotReady (issue 21 item 5) -----------------------------------------------
@@ -328,12 +327,11 @@ def test_a_node_notready_while_its_instance_runs_is_repaired_after_the_threshold
     the node when and why a continuous poller would (its deadline for a NotReady node is the
     repair's); (2) a node is never ended lost while its Node is there, NotReady, and its instance
     runs; (3) a repair comes only after NODE_NOT_READY_REPAIR_AFTER of continuous trouble, with
-    that view at the end; (4) a life in which that view never occurs ends exactly as without the
-    rule (a missing Node or a stopped instance is lost after NODE_LOST_AFTER, as before)."""
+    that view at the end."""
     from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
 
-    end_at, end = _event_driven(first, changes, timeouts, rules=True, repair=True)
-    assert (end_at, end) == _poller(first, changes, timeouts, rules=True, repair=True)
+    end_at, end = _event_driven(first, changes, timeouts)
+    assert (end_at, end) == _poller(first, changes, timeouts)
     at_end = _view_at(first, changes, end_at)
     if end is EndReason.LOST:
         assert not _not_ready_running(at_end), "a NotReady node with a running instance was ended lost"
@@ -341,15 +339,13 @@ def test_a_node_notready_while_its_instance_runs_is_repaired_after_the_threshold
         assert _not_ready_running(at_end)
         window = int(NODE_NOT_READY_REPAIR_AFTER.total_seconds())
         assert end_at >= window and all(_unhealthy(_view_at(first, changes, t)) for t in range(end_at - window, end_at + 1)), "repaired early"
-    if not any(_not_ready_running(v) for v in [first, *(v for _, v in changes)]):
-        assert (end_at, end) == _event_driven(first, changes, timeouts, rules=True, repair=False)
 
 
 def test_notready_repair_waits_its_threshold_and_a_missing_node_is_still_lost_at_five_minutes() -> None:
     from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
 
     timeouts = LifecycleTimeouts(idle=None)
-    state = WatchState(ready_at=T0, disruption_rules=True, not_ready_repair=True)
+    state = WatchState(ready_at=T0)
     not_ready = look(node=READY.model_copy(update={"ready": False}), holders=("ml/train",))
     held = apply_view(state, not_ready, T0, timeouts)
     assert judge_view(held, T0 + NODE_LOST_AFTER, timeouts).end is None, "lost at 5 minutes, not repaired"
@@ -360,9 +356,6 @@ def test_notready_repair_waits_its_threshold_and_a_missing_node_is_still_lost_at
     assert judge_view(missing, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
     stopped = apply_view(state, look(node=READY.model_copy(update={"ready": False}), instance=RUNNING.model_copy(update={"state": InstanceState.STOPPED})), T0, timeouts)
     assert judge_view(stopped, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
-    # A run without the rule ends such a node lost at 5 minutes, as before.
-    old = apply_view(state.model_copy(update={"not_ready_repair": False}), not_ready, T0, timeouts)
-    assert judge_view(old, T0 + NODE_LOST_AFTER, timeouts).end is EndReason.LOST
 
 
 # --- terminationGracePeriod bounds a do-not-disrupt hold of an expired node (review #8) ---------
@@ -388,19 +381,15 @@ def test_a_hold_never_keeps_an_expired_node_past_expire_after_plus_termination_g
     """Invariants, with every rule on: (1) the event-driven watch ends the node when and why a
     continuous poller would; (2) a node held by do-not-disrupt past its expiry ends expired no
     later than expireAfter + terminationGracePeriod after Ready, unless something ended it
-    sooner; (3) it never ends expired while held before that; (4) without a grace period it is
-    judged exactly as without the rule."""
+    sooner; (3) it never ends expired while held before that."""
     from tgp.lifecycle import held_by
 
-    end_at, end = _event_driven(first, changes, timeouts, rules=True, repair=True, grace=True)
-    assert (end_at, end) == _poller(first, changes, timeouts, rules=True, repair=True, grace=True)
-    without = _event_driven(first, changes, timeouts, rules=True, repair=True, grace=False)
+    end_at, end = _event_driven(first, changes, timeouts)
+    assert (end_at, end) == _poller(first, changes, timeouts)
     if timeouts.expire_after is None or timeouts.termination_grace is None:
-        assert (end_at, end) == without
         return
     bound = int((timeouts.expire_after + timeouts.termination_grace).total_seconds())
     assert end_at <= bound, "a hold kept an expired node past expireAfter + terminationGracePeriod"
-    assert end_at <= without[0], "the bound made a node live longer"
     if end is EndReason.EXPIRED and held_by(_view_at(first, changes, end_at))[0]:
         assert end_at >= bound, "ended while held before expireAfter + terminationGracePeriod"
 
@@ -409,12 +398,9 @@ def test_an_expired_node_held_by_do_not_disrupt_says_when_termination_grace_ends
     from tgp.lifecycle import longest_life
 
     timeouts = LifecycleTimeouts(idle=None, expire_after=timedelta(hours=1), termination_grace=timedelta(minutes=30))
-    state = apply_view(WatchState(ready_at=T0, disruption_rules=True, grace_bounds_hold=True), look(busy=1, holders=("ml/train",)), T0, timeouts)
+    state = apply_view(WatchState(ready_at=T0), look(busy=1, holders=("ml/train",)), T0, timeouts)
     held = judge_view(state, T0 + timedelta(hours=1), timeouts)
     assert held.end is None and "terminationGracePeriod (30m) ends the wait" in held.held, held
     assert next_deadline(held.state, timeouts) == longest_life(state, timeouts) == T0 + timedelta(hours=1, minutes=30)
     ended = judge_view(held.state, T0 + timedelta(hours=1, minutes=30), timeouts)
     assert ended.end is EndReason.EXPIRED and "ml/train" in ended.detail and "terminationGracePeriod (30m00s)" in ended.detail, ended
-    # A run from before the rule waits for as long as the pod runs.
-    old = state.model_copy(update={"grace_bounds_hold": False})
-    assert judge_view(old, T0 + timedelta(days=3), timeouts).end is None

@@ -56,15 +56,15 @@ async def pod_of(kube_url: str, name: str) -> dict[str, object] | None:
 def test_a_sighting_or_budget_word_received_before_continue_as_new_is_carried() -> None:
     """The workflow's own handlers, then the input its continue-as-new sends (state as JSON, as
     Temporal carries it), then a new run's start: the sighting and the budget's word are there."""
-    req = request(demand_since=None)  # as a pool of this release sends it (not a 31e9066 run)
+    req = request(demand_since=None)
     first = GPUNodeWorkflow(NodeWorkflowInput(request=req))
     sighting = InstanceSighting(instance_id="i-1", state=InstanceState.TERMINATED, interrupted=True, at=datetime.now(timezone.utc))
     first.instance_seen(sighting)
     first.budget_freed()
-    carried = NodeWorkflowInput(request=first.req, state=first.state)  # what continue_as_new sends
+    carried = NodeWorkflowInput(request=first.life.req, state=first.life.state)  # what continue_as_new sends
     second = GPUNodeWorkflow(NodeWorkflowInput.model_validate_json(carried.model_dump_json()))
-    assert second._sighting == sighting, "a sighting received just before continue-as-new was lost"
-    assert second._budget_freed, "the pool's budget_freed received just before continue-as-new was lost"
+    assert second.life.state.sighting == sighting, "a sighting received just before continue-as-new was lost"
+    assert second.life.state.budget_freed, "the pool's budget_freed received just before continue-as-new was lost"
 
 
 async def ask_in_flight(handle: WorkflowHandle) -> bool:

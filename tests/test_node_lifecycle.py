@@ -7,12 +7,10 @@ import asyncio
 import base64
 import binascii
 import json
-import os
 import subprocess
 import uuid
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from tests.conftest import binary, eventually, running_world
+from tests.histories_io import save_history
 from sim.world import NODE_TAG, SimWorld
 from workers.temporal import DATA_CONVERTER
 from tgp.types import (
@@ -36,7 +35,6 @@ from tgp.types import (
 from tgp.node import NodeWorkflowInput
 from workflows.node import GPUNodeWorkflow
 
-HISTORIES = Path(__file__).parent / "histories"
 
 FAST = LifecycleTimeouts(
     launch=timedelta(seconds=20),
@@ -96,9 +94,7 @@ async def replay(handle: WorkflowHandle, name: str) -> None:
     """Replay the run through the current code (determinism) and, when recording, save it."""
     history = await handle.fetch_history()
     await Replayer(workflows=[GPUNodeWorkflow], data_converter=DATA_CONVERTER).replay_workflow(history)
-    if os.environ.get("TGP_RECORD_HISTORIES"):
-        HISTORIES.mkdir(exist_ok=True)
-        (HISTORIES / f"{name}.json").write_text(history.to_json())
+    save_history(name, history)
 
 
 def readable(exported: str) -> str:

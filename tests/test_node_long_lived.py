@@ -13,7 +13,8 @@ from tests.conftest import running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, node_exists, replay, request, start, wait_phase
 from sim.world import SimWorld
 from tgp.types import LifecycleTimeouts, NodePhase, NodeStatus
-from workflows.node import HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW, GPUNodeWorkflow
+from workflows.node import GPUNodeWorkflow
+from workflows.node.life import HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW
 
 # Every skipped watch interval is a real timer + activity round trip (360 for the 30 days): under
 # a minute alone, several minutes on a loaded machine. No deadline inside the tests; this is the

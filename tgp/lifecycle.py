@@ -15,16 +15,9 @@ from tgp.types import MAX_HOLDERS_NAMED, WATCH_INTERVAL, Instance, InstanceState
 # provider's own health readings (Lambda's `unhealthy`, a stopped VM) get the same grace: one
 # bad reading is often a monitoring blip while the machine keeps running its job.
 NODE_LOST_AFTER = timedelta(minutes=5)
-# The event-driven watch's look without a reason (provider describe, GET Node, list its pods):
-# a safety net for a signal lost despite the bridge's re-send after a restart, or an interruption
-# the provider's bulk listing missed. Every 45 minutes a look costs a Ready node at rest about
-# 8 history events an hour (a timer and a local activity's marker per look), under the 10 the
-# issue allows; it is the default `watch_interval` of a node (tests shorten it).
-BACKSTOP_LOOK = WATCH_INTERVAL
-# The poll interval every node request carried before the event-driven watch (the default
-# then): a run continued as new or handed over from an older release still has it in its
-# input, and gets the backstop look instead of a look every 30 seconds for the rest of its life.
-POLL_INTERVAL_BEFORE_EVENTS = timedelta(seconds=30)
+# The watch's look without a reason (provider describe, GET Node, list its pods) comes every
+# `watch_interval` (tgp.types.WATCH_INTERVAL, 45 minutes): a timer and a local activity's marker
+# per look keep a Ready node at rest under 10 history events an hour.
 # A Ready node whose allocatable nvidia.com/gpu stays 0 this long is repaired: drained and
 # terminated, its pods rescheduled and replaced by the pool's demand. A device plugin that
 # restarts re-registers its GPUs within seconds (the kubelet shows 0 in between); a driver or
@@ -36,10 +29,9 @@ GPUS_LOST_AFTER = timedelta(minutes=5)
 # Longer than a GPU VM's reboot with its driver load and tailnet re-join (a few minutes), and
 # than the 5 minutes after which Kubernetes' own NoExecute taint (node.kubernetes.io/unreachable
 # and not-ready, tolerationSeconds 300) has evicted its pods anyway; shorter than Karpenter's 30
-# minutes, since a GPU machine that serves nothing bills $1-4 an hour. Before it (runs without
-# the rule, or a Node that is missing, or an instance the provider reports stopped or failed),
-# such a node ended lost after NODE_LOST_AFTER, unbudgeted: a tailnet outage that turns every
-# Node NotReady ended the whole fleet at once.
+# minutes, since a GPU machine that serves nothing bills $1-4 an hour. A Node that is missing,
+# or an instance the provider reports stopped or failed, ends lost after NODE_LOST_AFTER
+# instead (a tailnet outage that turns every Node NotReady must not end the whole fleet at once).
 NODE_NOT_READY_REPAIR_AFTER = timedelta(minutes=10)
 
 
@@ -85,25 +77,16 @@ class WatchState(BaseModel):
     ready_at: datetime
     idle_since: datetime | None = None
     unhealthy_since: datetime | None = None
-    # The event-driven watch (runs from before it leave these unset): what is known of the node
-    # now, since when, the bridge's facts it was last told, and when it last looked itself.
+    # What is known of the node now, since when, the bridge's facts it was last told, and when
+    # it last looked itself.
     view: NodeObservation | None = None
     seen_at: datetime | None = None
     facts: NodeFacts | None = None
     looked_at: datetime | None = None
-    # Issue 21's node-side rules (do-not-disrupt holds voluntary ends): set by runs that have
-    # them, so a run from before keeps judging as it did when its history is replayed.
-    disruption_rules: bool = False
-    gpus_lost_since: datetime | None = None  # Ready with no allocatable GPUs since (the disruption rules)
+    gpus_lost_since: datetime | None = None  # Ready with no allocatable GPUs since
     held: str = ""  # what holds a voluntary end now (held_message), "" when nothing does
     blocked_until: datetime | None = None  # a disruption budget holds a due voluntary end until then
     blocked: str = ""  # the pool's message when it last refused
-    # Node repair for NotReady (runs that have it): a present NotReady Node whose instance runs
-    # is repaired after NODE_NOT_READY_REPAIR_AFTER instead of ending lost after NODE_LOST_AFTER.
-    not_ready_repair: bool = False
-    # terminationGracePeriod bounds a do-not-disrupt hold of an expired node (runs that have it):
-    # a node lives at most expireAfter + terminationGracePeriod (`longest_life`).
-    grace_bounds_hold: bool = False
 
 
 class WatchVerdict(BaseModel):
@@ -133,7 +116,7 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
             return WatchVerdict(state=kept, end=EndReason.UNHEALTHY, detail=detail)
         if not _repairs_not_ready(state, obs):
             what = "missing" if obs.node is None else "NotReady"
-            replaced = "; the instance is terminated (nothing to drain) and the pool's demand replaces it" if state.disruption_rules else ""
+            replaced = "; the instance is terminated (nothing to drain) and the pool's demand replaces it"
             return WatchVerdict(state=kept, end=EndReason.LOST, detail=f"the Node has been {what} for {lasting}{replaced}")
     if unhealthy_since is not None and _repairs_not_ready(state, obs) and now - unhealthy_since >= NODE_NOT_READY_REPAIR_AFTER:
         detail = (
@@ -143,9 +126,9 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
         kept = state.model_copy(update={"unhealthy_since": unhealthy_since, "idle_since": None, "gpus_lost_since": None})
         return WatchVerdict(state=kept, end=EndReason.NOT_READY, detail=detail)
 
-    # Node repair (the disruption rules): a Ready node that no longer advertises its GPUs is no
+    # Node repair: a Ready node that no longer advertises its GPUs is no
     # use to a GPU pod. Never held by do-not-disrupt: the pods on it cannot use the GPUs either.
-    gpus_gone = state.disruption_rules and healthy and not provider_trouble and obs.node is not None and obs.node.gpus == 0
+    gpus_gone = healthy and not provider_trouble and obs.node is not None and obs.node.gpus == 0
     gpus_lost_since = (state.gpus_lost_since or now) if gpus_gone else None
     if gpus_lost_since is not None and now - gpus_lost_since >= GPUS_LOST_AFTER:
         detail = (
@@ -154,15 +137,14 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
         )
         return WatchVerdict(state=state.model_copy(update={"gpus_lost_since": gpus_lost_since, "unhealthy_since": unhealthy_since}), end=EndReason.REPAIR, detail=detail)
 
-    holders, holding = held_by(obs) if state.disruption_rules else ([], 0)
+    holders, holding = held_by(obs)
     idle_since = (state.idle_since or now) if obs.busy_pods == 0 and healthy else None
     new_state = state.model_copy(update={"idle_since": idle_since, "unhealthy_since": unhealthy_since, "gpus_lost_since": gpus_lost_since})
     if timeouts.expire_after is not None and now - state.ready_at >= timeouts.expire_after:
         if not holders:
-            # With the disruption rules a budget may hold the expiry: the health clocks keep
-            # running meanwhile, so a node that dies while held still ends lost or repaired.
-            kept = new_state if state.disruption_rules else state
-            return WatchVerdict(state=kept, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
+            # A budget may hold the expiry: the health clocks keep running meanwhile, so a node
+            # that dies while held still ends lost or repaired.
+            return WatchVerdict(state=new_state, end=EndReason.EXPIRED, detail=f"node reached its expireAfter of {_minutes(timeouts.expire_after)}")
         lifetime = longest_life(state, timeouts)
         if lifetime is not None and now >= lifetime:
             detail = (
@@ -185,18 +167,18 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
 
 def _repairs_not_ready(state: WatchState, obs: NodeObservation) -> bool:
     """Whether a NotReady node is repaired (after NODE_NOT_READY_REPAIR_AFTER) rather than lost
-    (after NODE_LOST_AFTER): with the rule, a Node that is there but NotReady while the provider
+    (after NODE_LOST_AFTER): a Node that is there but NotReady while the provider
     reports its instance running. A missing Node or a stopped or failed instance is lost."""
-    if not state.not_ready_repair or obs.node is None or obs.node.ready or obs.instance is None:
+    if obs.node is None or obs.node.ready or obs.instance is None:
         return False
     return obs.instance.state not in (InstanceState.FAILED, InstanceState.STOPPED)
 
 
 def longest_life(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | None:
-    """With the rule (runs that have it) and both set: `expireAfter + terminationGracePeriod`
+    """With both set: `expireAfter + terminationGracePeriod`
     after Ready, the longest a node lives (Karpenter's): a do-not-disrupt hold of an expired node
     ends there, and the drain that follows ends there too. None: no such bound."""
-    if not state.grace_bounds_hold or timeouts.expire_after is None or timeouts.termination_grace is None:
+    if timeouts.expire_after is None or timeouts.termination_grace is None:
         return None
     return state.ready_at + timeouts.expire_after + timeouts.termination_grace
 
@@ -209,10 +191,7 @@ def held_by(obs: NodeObservation) -> tuple[list[str], int]:
 
 
 def backstop_period(timeouts: LifecycleTimeouts) -> timedelta:
-    """How often the event-driven watch looks without a reason: the request's watch interval,
-    unless that is the old poll default an older request carries."""
-    if timeouts.watch_interval == POLL_INTERVAL_BEFORE_EVENTS:
-        return BACKSTOP_LOOK
+    """How often the watch looks without a reason: the request's watch interval."""
     return timeouts.watch_interval
 
 
@@ -253,7 +232,7 @@ def next_deadline(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | 
         due.append(state.unhealthy_since + (NODE_NOT_READY_REPAIR_AFTER if _repairs_not_ready(state, view) else NODE_LOST_AFTER))
     if state.gpus_lost_since is not None:
         due.append(state.gpus_lost_since + GPUS_LOST_AFTER)
-    if state.disruption_rules and held_by(view)[0]:
+    if held_by(view)[0]:
         # Held: no voluntary end comes while the view stays as it is; a change of it (the
         # holders leave, the annotation is removed) wakes the watch; or terminationGracePeriod
         # past the expiry, which a hold does not outlast.

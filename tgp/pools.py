@@ -11,7 +11,6 @@ from tgp.messages import NodeStart, class_workflow_id, pool_workflow_id
 from tgp.types import (
     LABEL_GPU_TYPE,
     LABEL_REGION,
-    LIFE,
     OPERATOR_NAMESPACE,
     BootConfig,
     CredentialsRef,
@@ -150,7 +149,6 @@ def node_request(
         pool_workflow_id=pool_workflow_id(namespace, pool_name),
         class_workflow_id=class_workflow_id(class_name),
         drift_hashes=drift_hashes(klass, pool),
-        life=LIFE,
     )
 
 

@@ -120,25 +120,6 @@ class StageRecord(Model):
         return f"{self.stage.value}: {self.reason}" if self.reason else self.stage.value
 
 
-def stage_records(value: object) -> list[StageRecord]:
-    """Stage records from what older versions stored: a `{stage: time}` map of free strings
-    (continue-as-new inputs and query answers recorded before the records were typed). Stages
-    this version does not know are dropped rather than stop the node from loading."""
-    if not isinstance(value, dict):
-        return []
-    known = {s.value for s in Stage}
-    records = [StageRecord.model_validate({"stage": k, "at": v}) for k, v in value.items() if k in known]
-    return sorted(records, key=lambda r: r.at)
-
-
-def stage_times_to_records(data: object) -> object:
-    """A model's raw input with an older `stage_times` map replaced by `stages` records (for
-    the `mode="before"` validators of the node's state and its status answer)."""
-    if isinstance(data, dict) and "stage_times" in data:
-        return {k: v for k, v in data.items() if k != "stage_times"} | {"stages": data.get("stages") or stage_records(data["stage_times"])}
-    return data
-
-
 def upsert_stage(records: list[StageRecord], record: StageRecord) -> list[StageRecord]:
     """`records` with `record` as its stage's one entry, last: a stage entered again (a second
     launch attempt, Ready after a called-off drain) keeps its latest time and reason."""
@@ -264,9 +245,8 @@ GPU_REGISTRATION_TIMEOUT = timedelta(minutes=10)
 DRAIN_TIMEOUT = timedelta(minutes=10)
 # Karpenter's consolidateAfter-style grace: a node idle this long is drained and terminated.
 IDLE_TIMEOUT = timedelta(minutes=10)
-# How often a Ready node is looked at without a reason: the event-driven watch's backstop look
-# (tgp.lifecycle.BACKSTOP_LOOK: 45 minutes). Runs from before that watch polled every 30 s; their
-# inputs carry that value, so they keep it.
+# How often a Ready node is looked at without a reason: the watch's backstop look (a lost signal,
+# an interruption the provider's bulk listing missed). Also a safe point for Worker Versioning.
 WATCH_INTERVAL = timedelta(minutes=45)
 # A capacity error or join failure takes an offer out of rotation this long (Karpenter: 3 min).
 UNAVAILABLE_OFFER_TTL = timedelta(minutes=3)
@@ -350,10 +330,6 @@ class BootConfig(Model):
     node_class: str = Field("", description="The GPUNodeClass this comes from: a template that fails at launch is reported on it.")
 
 
-# The version of a node's life that a pool of this release starts (NodeRequest.life): the newest.
-LIFE = 5
-
-
 class NodeRequest(Model):
     """Everything a node workflow needs to live its life. No secrets: references only."""
 
@@ -384,15 +360,9 @@ class NodeRequest(Model):
         description="The $/h the pool reserved for the node with the class ledger (the offer its pods were sized for): a launch at that "
         "price has nothing to settle (None: unknown, every launch settles).",
     )
-    life: int = Field(
-        0,
-        description="The version of life its pool started it for (LIFE: 5, `life-v5`): a new run takes it from here instead of "
-        "asking `workflow.patched` (whose marker and TemporalChangeVersion upsert are two events of every life). 0 (a node "
-        "started by hand, or by a pool of an earlier release): asked, as before.",
-    )
     hold_ends_when_busy: bool = Field(
         False,
-        description="The node ends its bind-grace hold itself when the bridge first shows a workload pod on it (a v5 life), "
+        description="The node ends its bind-grace hold itself when the bridge first shows a workload pod on it, "
         "unless the pool has sent it settings since its start: the pool, which models the same rule, then sends no settings "
         "to release a node whose pods bound on it.",
     )
@@ -466,12 +436,6 @@ class NodeStatus(NodeOverview):
     last_error: str | None = None
     end_reason: str | None = None
     asking: str = Field("", description="The voluntary end (tgp.disruption reason) the node is asking its pool's budget for, while the ask is in flight.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_stage_times(cls, data: object) -> object:
-        """Answers of runs from before the typed records carry `stage_times` instead."""
-        return stage_times_to_records(data)
 
     @property
     def stage_times(self) -> dict[str, datetime]:

@@ -1,0 +1,193 @@
+"""Offer and launch: choose the best offer not yet tried, buy it (the class ledger settles the
+price first, inside the launch), and fail over to the next offer when an attempt gives no node.
+
+Money by ids: the attempt's instance name is remembered before the create goes out, and every
+id seen under it after; a launch that failed may still have bought (an unknown outcome, a
+killed worker), so its name is looked at until the provider's consistency window has passed."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.node import NodeActivities
+    from activities.node_class import LedgerCall
+    from tgp.types import TAINT_JOINING, InstanceRef, LaunchAttempt, LaunchInput, LaunchResult, MarkUnavailableInput, NodePhase, Offer, SelectOfferInput, instance_name
+    from workflows.entity import describe
+    from workflows.node.join import join
+    from workflows.node.labels import label_and_taint
+    from workflows.node.life import Life, LaunchAttemptFailed, NotSettled
+    from workflows.node.release import release_attempt
+    from workflows.retries import API_RETRY, LAUNCH_RETRY
+
+# A launch that failed with one of these was refused before anything was bought: no create of
+# it can still be landing, so its release need not wait out the consistency window.
+CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied", "ClassBudgetRefused")
+# The launch's settle with the class ledger stopped it: no other offer is tried.
+NOT_SETTLED = ("ClassBudgetRefused", "ClassBudgetRefusedOnRetry", "LedgerUnavailable")
+
+
+async def bring_up(life: Life) -> None:
+    """Select, launch, join and label, failing over to the next offer until one works."""
+    life.enter(NodePhase.PENDING)
+    life.tell_pool()
+    tried = [a.offer.key for a in life.state.attempts]
+    while len(life.state.attempts) < life.req.max_launch_attempts:
+        life.check_evicted()
+        offer = await select_offer(life, tried)
+        life.state.offer = offer
+        life.check_evicted()  # evicted while choosing: buy nothing
+        attempt = LaunchAttempt(attempt=len(life.state.attempts) + 1, offer=offer, started_at=workflow.now())
+        life.state.attempts.append(attempt)
+        tried.append(offer.key)
+        try:
+            await launch(life, attempt)
+            await join(life)
+            await label_and_taint(life)
+            return
+        except NotSettled:
+            raise  # not the offer's fault: the node ends Failed
+        except LaunchAttemptFailed as exc:
+            if life.cancel_requested():
+                raise asyncio.CancelledError() from None  # not this offer's fault: buy nothing more
+            life.record(attempt, str(exc))
+            life.state.last_error = f"attempt {attempt.attempt} on {offer.key}: {exc}"
+            workflow.logger.warning("launch attempt failed, trying the next offer: %s", life.state.last_error)
+            await release_attempt(life)
+            await mark_unavailable(life, offer)
+    raise LaunchAttemptFailed(f"gave up after {life.req.max_launch_attempts} launch attempts; last error: {life.state.last_error}")
+
+
+async def select_offer(life: Life, tried: list[str]) -> Offer:
+    """The best offer not yet tried. None left ends the node Failed, saying why."""
+    choice = await life.call(
+        NodeActivities.select_offer,
+        SelectOfferInput(requirements=life.req.requirements, exclude=tried),
+        timeout=life.timeouts.api_call,
+        retry=API_RETRY,
+        summary="select offer",
+    )
+    if choice.offer is None:
+        if choice.matching == 0:
+            why = f"no offer among {choice.seen} satisfies the requirements {life.req.requirements.model_dump(mode='json', exclude_defaults=True)}"
+        else:
+            why = f"all {choice.matching} matching offers were tried or recently failed"
+        raise LaunchAttemptFailed(why if not life.state.last_error else f"{why}; last error: {life.state.last_error}")
+    return choice.offer
+
+
+async def launch(life: Life, attempt: LaunchAttempt) -> None:
+    """Mint the tailnet key and buy the instance: one activity, so the key never leaves it."""
+    offer, req = attempt.offer, life.req
+    # The class's account for this provider (a reference; the key is read by the activities).
+    credentials = req.requirements.credentials.get(offer.provider)
+    # Before the phase: its upsert then says this attempt has no instance yet (not the last one's).
+    life.state.instance = InstanceRef(provider=offer.provider, instance_name=instance_name(req.node_name, attempt.attempt), credentials=credentials)
+    life.enter(NodePhase.LAUNCHING)
+    report = life.tell_pool(carry=True)
+    life.remember(life.state.instance)
+    launch_input = LaunchInput(
+        node_name=req.node_name,
+        attempt=attempt.attempt,
+        offer=offer,
+        credentials=credentials,
+        tailnet_tags=req.tailnet_tags,
+        tailnet=req.tailnet,
+        tailnet_ref=req.tailnet_ref,
+        boot=req.boot,
+        pool=req.pool,
+        # The Node registers with the labels that name its workflow, so the bridge's facts reach
+        # the join (Ready, GPUs) before tgp labels it; the joining taint keeps pods off until then.
+        labels={**life.template.labels, **life.own_labels(pool_only=True)},
+        taints=[*life.template.taints, TAINT_JOINING],
+        unavailable_offer_ttl=req.unavailable_offer_ttl,
+        demand_since=req.demand_since,
+    )
+    handle = workflow.start_activity_method(
+        NodeActivities.launch_instance,
+        args=[launch_input, report, settle_call(life, offer)],
+        # The whole stage budget, not one API call's: a create may wait behind a provider's
+        # pacer. The heartbeat notices a dead worker; a live attempt is never retried beside
+        # itself (that is how twins get bought).
+        start_to_close_timeout=life.timeouts.launch,
+        schedule_to_close_timeout=life.timeouts.launch,
+        heartbeat_timeout=life.heartbeat(),
+        retry_policy=LAUNCH_RETRY,
+        summary=f"launch {offer.gpu_type} on {offer.provider} ({offer.region}, ${offer.hourly_price}/h)",
+    )
+    try:
+        result: LaunchResult = await asyncio.shield(handle)  # a cancel must not abandon a purchase in flight
+    except asyncio.CancelledError:
+        try:
+            _launched(life, await handle)
+        except ActivityError as exc:
+            _launch_failed(life, exc)  # nothing bought, or the release finds it by name
+        raise
+    except ActivityError as exc:
+        _launch_failed(life, exc)
+        _raise_for(life, attempt, exc)
+    _launched(life, result)
+    life.record(attempt, "launched", result.instance.instance_id)
+
+
+def _raise_for(life: Life, attempt: LaunchAttempt, exc: ActivityError) -> None:
+    """What a failed launch means for the life: not settled (ends it), a bad template or join
+    Secret (fails on every offer: ends it, saying what to fix), else this offer failed."""
+    cause = exc.cause
+    if isinstance(cause, ApplicationError) and cause.type in NOT_SETTLED:
+        if cause.type == "ClassBudgetRefused" and life.state.instance is not None:
+            # Refused on the launch's first try, before anything was minted or bought: no
+            # attempt to release. (On a later try an earlier one may have bought: it stays.)
+            name = life.state.instance.instance_name
+            life.state.attempts.remove(attempt)
+            life.state.seen = [ref for ref in life.state.seen if ref.instance_name != name]
+            life.state.instance = None
+        raise NotSettled(cause.message) from None
+    if isinstance(cause, ApplicationError) and cause.type in ("ConfigError", "TemplateError"):
+        raise exc
+    raise LaunchAttemptFailed(describe(exc)) from None
+
+
+def _launched(life: Life, result: LaunchResult) -> None:
+    instance = life.state.instance
+    assert instance is not None
+    life.state.instance = instance.model_copy(update={"instance_id": result.instance.instance_id, "account": result.account})
+    ids = sorted({*instance.known_ids, *result.seen_ids, result.instance.instance_id})
+    life.remember(life.state.instance.model_copy(update={"created_by": workflow.now(), "known_ids": ids}))
+    if result.key_id:
+        life.state.key_ids.append(result.key_id)
+
+
+def _launch_failed(life: Life, exc: ActivityError) -> None:
+    """A launch that failed may still have bought: its name is looked at until the consistency
+    window after now has passed. A clear refusal bought nothing."""
+    if life.state.instance is None:
+        return
+    if isinstance(exc.cause, ApplicationError) and exc.cause.type in CLEAR_REFUSALS:
+        return
+    life.remember(life.state.instance.model_copy(update={"created_by": workflow.now()}))
+
+
+def settle_call(life: Life, offer: Offer) -> LedgerCall | None:
+    """The settle the launch makes before it buys, if the ledger's price for the node may differ
+    from the offer's. Not when the pool reserved exactly this price and no launch of this life
+    settled another (a burst's nodes, bought at the price they were sized for, do not queue on
+    their class ledger before buying)."""
+    reserved = life.req.reserved_price
+    prices = [offer.hourly_price, *(a.offer.hourly_price for a in life.state.attempts)]
+    if reserved is not None and all(price == reserved for price in prices):
+        return None
+    return life.ledger_call(offer)
+
+
+async def mark_unavailable(life: Life, offer: Offer) -> None:
+    """Take the offer out of rotation for a while (Karpenter's unavailable-offerings cache)."""
+    await life.call(
+        NodeActivities.mark_offer_unavailable,
+        MarkUnavailableInput(offer_key=offer.key, ttl=life.req.unavailable_offer_ttl),
+        timeout=life.timeouts.api_call,
+        retry=API_RETRY,
+    )

@@ -1,0 +1,127 @@
+"""Release: the way out of every path. Terminate whatever any attempt may have bought (verified:
+done only when a read shows it terminated or gone), remove the tailnet device and key, delete
+the Node, give the place back to the class ledger; then end in the final phase once the pool has
+every report. A cancel that lands meanwhile does not stop the cleanup half-way."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.node import RELEASE_STEP_TIMEOUT, REPORT_WAIT, NodeActivities, ReleaseInput, ReleaseResult
+    from activities.node_class import LedgerCall, NodeClassActivities
+    from activities.termination import VERIFY_FOR
+    from tgp.messages import PoolReport
+    from tgp.types import InstanceRef, NodePhase, Stage, TailnetCleanupInput
+    from workflows.node.life import Life, human
+    from workflows.retries import CLEANUP_RETRY
+
+
+async def finish(life: Life, final: NodePhase) -> NodePhase:
+    """Release what was bought, then end in `final`, or Cancelled if a cancel came meanwhile
+    (the cleanup runs shielded in its own task and is awaited to its end either way)."""
+    cleanup = asyncio.ensure_future(release_all(life))
+    try:
+        await asyncio.shield(cleanup)
+    except asyncio.CancelledError:
+        await cleanup
+        final = NodePhase.CANCELLED
+    life.enter(final)
+    life.tell_pool()
+    await asyncio.gather(*life.reports)  # the pool has every report, this last one included
+    await workflow.wait_condition(workflow.all_handlers_finished)
+    return final
+
+
+async def release_all(life: Life) -> None:
+    """Terminate what every attempt may have bought, and give the class its place back."""
+    state = life.state
+    life.enter(NodePhase.TERMINATING)
+    report = life.tell_pool(carry=bool(state.attempts) and state.instance is not None)
+    released = False
+    if state.attempts:
+        current = state.instance.instance_name if state.instance else None
+        # The ledger's release goes with the life's last terminate (never before one).
+        last = all(ref.instance_name == current for ref in state.seen)
+        released = await release_attempt(life, report, ledger=life.ledger_call(state.offer) if last else None)
+        for ref in list(state.seen):  # every earlier attempt's name too: a late create may have landed
+            if ref.instance_name != current:
+                await _terminate(life, ref)
+        life.stamp(Stage.RELEASED)
+    if life.req.class_workflow_id and not released:
+        await life.call(
+            NodeClassActivities.release_reservation,
+            life.ledger_call(state.offer),
+            timeout=life.timeouts.api_call,
+            retry=CLEANUP_RETRY,
+            summary="release class budget",
+            local=False,
+        )
+
+
+async def release_attempt(life: Life, report: PoolReport | None = None, ledger: LedgerCall | None = None) -> bool:
+    """Give back everything the current attempt bought: instance, tailnet key and device, Node.
+    One activity (`release_attempt`) does every step it can; what it could not, is done here.
+    `report` goes with the terminate, `ledger` (the life's last release) too. Whether the
+    ledger's release was made."""
+    life.stop_twin_watch()
+    state, req = life.state, life.req
+    tailnet = TailnetCleanupInput(hostname=req.node_name, tags=req.tailnet_tags, key_ids=state.key_ids, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref)
+    done = ReleaseResult(anything_seen=False)
+    if state.instance is not None:
+        done = await _release(life, ReleaseInput(instance=state.instance, tailnet=tailnet, node_name=req.node_name, ledger=ledger), report)
+    if not done.tailnet_cleaned:
+        await life.call(NodeActivities.remove_from_tailnet, tailnet, timeout=life.timeouts.api_call, retry=CLEANUP_RETRY, summary="remove from tailnet")
+    if not done.node_deleted:
+        await life.call(NodeActivities.delete_node, req.node_name, timeout=life.timeouts.api_call, retry=CLEANUP_RETRY, summary="delete Node")
+    state.key_ids = []
+    state.facts = None  # they were the deleted Node's: the next attempt's join waits for its own
+    return done.released
+
+
+async def _release(life: Life, rest: ReleaseInput, report: PoolReport | None) -> ReleaseResult:
+    """The release activity, until the provider confirms. It says itself when it is stuck past
+    `termination_stuck`: then TerminationStuck shows (search attribute, pool Event) while it is
+    made again, until it succeeds. An activity, not a local one: a signal that lands as it
+    completes re-decides nothing."""
+    timeout = life.timeouts.api_call + VERIFY_FOR + 3 * RELEASE_STEP_TIMEOUT + REPORT_WAIT
+    first = rest.model_copy(update={"stuck_at": workflow.now() + life.timeouts.termination_stuck})
+    result: ReleaseResult = await _start(life, NodeActivities.release_attempt, [first, report], timeout)
+    if not result.stuck:
+        return result
+    return await _while_stuck(life, rest.instance, _start(life, NodeActivities.release_attempt, [rest, None], timeout))
+
+
+async def _terminate(life: Life, ref: InstanceRef) -> None:
+    """Terminate an earlier attempt's instance until the provider confirms (TerminationStuck
+    shown past `termination_stuck`)."""
+    handle = _start(life, NodeActivities.terminate_instance, [ref, None], life.timeouts.api_call + VERIFY_FOR)
+    done, _ = await workflow.wait([handle], timeout=life.timeouts.termination_stuck.total_seconds())
+    if not done:
+        await _while_stuck(life, ref, handle)
+
+
+async def _while_stuck(life: Life, ref: InstanceRef, handle: Any) -> Any:
+    state = life.state
+    before, error = state.phase, state.last_error
+    state.last_error = (
+        f"{ref.provider} has not confirmed the termination of {ref.instance_id or ref.instance_name} after "
+        f"{human(life.timeouts.termination_stuck)}; still retrying (the pending activity shows the provider's answer)"
+    )
+    life.enter(NodePhase.TERMINATION_STUCK)
+    life.tell_pool()
+    result = await handle
+    state.last_error = error
+    life.enter(before)
+    life.tell_pool()
+    return result
+
+
+def _start(life: Life, activity: Any, args: list[Any], timeout: timedelta) -> Any:
+    return workflow.start_activity_method(
+        activity, args=args, start_to_close_timeout=timeout, heartbeat_timeout=life.heartbeat(), retry_policy=CLEANUP_RETRY, summary="terminate instance"
+    )
