@@ -1,6 +1,6 @@
 # The tgp image: `tgp worker` and `tgp bridge` (deploy/kustomize/), `tgp codec-server`.
-#   docker build -t <your-registry>/tgp:0.1.0 . && docker push <your-registry>/tgp:0.1.0
-#   docker run --rm <your-registry>/tgp:0.1.0 rollout build-id   # its build, for Worker Versioning
+#   docker build -t <your-registry>/tgp:0.2.0 . && docker push <your-registry>/tgp:0.2.0
+#   docker run --rm <your-registry>/tgp:0.2.0 rollout build-id   # its build, for Worker Versioning
 # then set that reference in your overlay's `images:` (docs/install.md).
 # tests/test_deploy.py lints this file (hadolint) and builds and imports what it installs.
 

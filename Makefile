@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fault-matrix venv clean histories release-histories bench bench-extra crds kube test-real-cluster dev-real-cluster
+.PHONY: demo test fault-matrix venv clean histories bench bench-extra crds kube test-real-cluster dev-real-cluster
 
 venv: $(STAMP)
 
@@ -40,24 +40,13 @@ fault-matrix: $(STAMP)
 clean:
 	rm -rf $(VENV) .demo
 
-# Re-record tests/histories/ after an intended (patched) workflow change.
+# Re-record tests/histories/ (the current code's histories, gzipped; tests/test_replay.py replays
+# them) after a change that alters a workflow's commands: such a change ships as a new build
+# (Worker Versioning, docs/workflow-versioning.md), never into a running build's workers.
 histories: $(STAMP)
-	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q tests/test_node_lifecycle.py tests/test_node_long_lived.py tests/test_entities_heal.py \
-		tests/test_node_cancel.py tests/test_node_drain.py tests/test_node_join_gpus.py tests/test_watch_events.py tests/test_fleet_look.py
-
-# Record the pool, class and node histories of a released commit with that release's own tests,
-# into tests/histories/<short sha>/ (docs/workflow-versioning.md): `make release-histories
-# RELEASE=<sha>`. The release runs from a temporary checkout on this venv (PYTHONPATH first);
-# only histories with a new sequence of commands are kept (tests/release_histories.py).
-RELEASE_TESTS := test_entities_heal.py test_pool_changes.py test_pool_accounting.py test_pool_messages.py test_pool_races.py test_bridge.py test_node_lifecycle.py
-release-histories: $(STAMP)
-	test -n "$(RELEASE)" || { echo "usage: make release-histories RELEASE=<sha>"; exit 2; }
-	set -e; sha=$$(git rev-parse --short=7 $(RELEASE)); dir=$$(mktemp -d)/tgp-$$sha; \
-	git worktree add --detach $$dir $$sha; cp tests/release_histories.py $$dir/tests/; \
-	tests=$$(cd $$dir/tests && ls $(RELEASE_TESTS) 2>/dev/null | sed 's|^|tests/|'); \
-	(cd $$dir && TGP_RELEASE_HISTORIES=$(CURDIR)/tests/histories/$$sha PYTHONPATH=$$dir \
-		$(CURDIR)/$(BIN)/python -m pytest -q -p tests.release_histories $$tests -k "not hostile and not never_binds") || true; \
-	git worktree remove --force $$dir
+	rm -f tests/histories/*.json.gz
+	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q -n 2 tests/test_node_lifecycle.py tests/test_node_cancel.py tests/test_node_drain.py \
+		tests/test_fleet_look.py tests/test_whole_life.py
 
 # Issue 20's benchmarks (bench/run.py): bursts of 100 and 500 pending pods through the bridge, the
 # idle reaction, 1,000 nodes at rest on one worker, history per life and per node-hour, offer

@@ -24,6 +24,7 @@ from sim.cloud import DEFAULT_CATALOG, SimOffer
 from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, ensure_search_attributes, search_attribute_keys
 from workers.main import WORKFLOW_SANDBOX_ENV, WorkerConfig, build_activities, make_worker
+from workers.versioning import VERSIONING_ENV
 from workers.sandbox_code import share_workflow_code
 
 # Every sandboxed run in the tests, the replays of recorded histories too, imports the workflow
@@ -35,6 +36,9 @@ pytest_plugins = ["tests.kube_env"]
 # The tests' workers run workflows in Temporal's sandbox whatever the shell says: it is what
 # catches a workflow reading the clock or doing I/O at its first run (workers/main.py).
 os.environ.pop(WORKFLOW_SANDBOX_ENV, None)
+# ... and unversioned whatever the shell says: a versioned worker with no current build gets no
+# tasks (tests/test_upgrade.py runs its builds versioned on purpose).
+os.environ.pop(VERSIONING_ENV, None)
 
 # Property tests in the suite are deterministic (same cases every run: CI runs on a loaded
 # machine and must not flake) and bounded in count and time; no example database is written

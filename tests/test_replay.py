@@ -31,7 +31,7 @@ REPLAYER = Replayer(
 def test_the_saved_histories_cover_every_workflow_type_and_stay_small() -> None:
     names = {p.name.removesuffix(".json.gz") for p in SAVED}
     assert {"happy_path_evicted", "cancel_during_launch", "capacity_failover", "preempted", "idle_drained"} <= names, names
-    assert {"pool_heals", "class_heals", "fleet_look"} <= names, "the entity workflows replay too"
+    assert {"whole_life_pool", "whole_life_class", "fleet_look"} <= names, "the entity workflows replay too"
     assert sum(p.stat().st_size for p in HISTORIES.iterdir()) < 1_000_000, "tests/histories/ over 1 MB"
 
 

@@ -21,9 +21,11 @@ from temporalio.testing import WorkflowEnvironment
 from sim.kube_kubelet import LEASE_NAMESPACE, RUN_SECONDS_ANNOTATION
 from sim.scheduler import SimScheduler
 from tests.conftest import eventually
+from tests.histories_io import save_history
 from tests.kube_env import KubeApi
 from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, ready_nodes, running_stack
 from tests.test_node_lifecycle import assert_nothing_left
+from tgp.messages import class_workflow_id, pool_workflow_id
 
 # A real scheduler, node lifecycle and garbage collector on a loaded machine need seconds.
 CONVERGE = 90.0
@@ -93,6 +95,8 @@ async def test_a_whole_life_with_a_scheduler_and_kubelet_stand_ins(temporal: Wor
 
         await eventually(node_and_lease_gone, timeout=CONVERGE, what="the Node and its Lease gone")
         assert_nothing_left(s.world, name)
+        for saved, wid in (("whole_life_pool", pool_workflow_id("ml", "rtx")), ("whole_life_class", class_workflow_id("sim"))):
+            save_history(saved, await s.env.client.get_workflow_handle(wid).fetch_history())
 
 
 async def test_a_second_pod_may_take_the_node_bought_for_the_first_and_the_first_still_gets_one(

@@ -23,6 +23,7 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult
+    from workflows.continuation import continue_as_new
 
 # One look per task queue (an installation: its workers and the nodes they run), so that two
 # installations sharing a Temporal namespace each keep theirs. Before, one id per namespace:
@@ -113,4 +114,6 @@ class FleetLookWorkflow:
             else:
                 state = after_look(state, result, workflow.now(), every)
             await workflow.sleep(wait, summary="until the next fleet look")
-        workflow.continue_as_new(FleetLookRequest(every=req.every, state=state))
+            if workflow.info().is_target_worker_deployment_version_changed():
+                break  # a safe point: onto the new build
+        continue_as_new(FleetLookRequest(every=req.every, state=state))

@@ -50,7 +50,8 @@ with workflow.unsafe.imports_passed_through():
         TemplateUpdate,
         upsert_stage,
     )
-    from workflows.entity import describe, history_is_long
+    from workflows.continuation import continue_as_new, continue_as_new_due
+    from workflows.entity import describe
 
 # Continue-as-new well before Temporal's own suggestion (4,096 events), so a node that lives
 # for weeks keeps each run's history small and quick to replay.
@@ -279,14 +280,11 @@ class Life:
         """A safe point: nothing in flight but what the state records. Continue as new when the
         worker deployment's current build changed (Worker Versioning: the new run starts on it)
         or the history grew long. Reports in flight and handlers finish first."""
-        if not (workflow.info().is_target_worker_deployment_version_changed() or history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW)):
+        if not continue_as_new_due(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
             return
         await workflow.wait_condition(workflow.all_handlers_finished)
         await asyncio.gather(*self.reports)
-        workflow.continue_as_new(
-            NodeWorkflowInput(request=self.req, state=self.state),
-            initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
-        )
+        continue_as_new(NodeWorkflowInput(request=self.req, state=self.state))
 
     # --- what it shows ---------------------------------------------------------------------
 
