@@ -53,10 +53,8 @@ from tgp.types import (
     BootPayload,
     CredentialsRef,
     TailnetRef,
-    DeviceQuery,
     DrainInput,
     DrainResult,
-    GpuQuery,
     Instance,
     InstanceRef,
     InstanceState,
@@ -66,7 +64,6 @@ from tgp.types import (
     MarkUnavailableInput,
     NodeObservation,
     Offer,
-    NodeSummary,
     ObserveInput,
     OfferChoice,
     SelectOfferInput,
@@ -103,10 +100,10 @@ def _whose(inp: LaunchInput) -> str:
     return f"GPUNodeClass {inp.boot.node_class}" if inp.boot.node_class else "the GPUNodeClass"
 
 
-# How often the wait-for-* activities look again. Each look is cheap (one API call); a
-# heartbeat goes with it, so cancellation reaches the activity within about this long.
+# How often a waiting or verifying activity reads the provider again (`wait_for_join` until the
+# instance runs, a terminate's verification, the twin watch). Each read is one API call.
 POLL_INTERVAL = timedelta(seconds=5)
-# `wait_for_tailnet_join` looks for the device this often (the tailnet's API, not a provider's).
+# `wait_for_join` looks for the device this often (the tailnet's API, not a provider's).
 JOIN_LOOK_EVERY = timedelta(seconds=1)
 # How long a node waits for its pool's answer to "may I be disrupted now?" (budgets). A pool that
 # is deleted, stuck or replaying a long history must not hold its nodes for ever: past this the
@@ -118,11 +115,11 @@ POOL_BUSY_PAUSE = 0.2
 POOL_BUSY_PAUSE_MAX = 2.0
 # Upper bound on devices removed for one hostname in one cleanup (guards a runaway loop).
 MAX_DEVICES_PER_HOSTNAME = 10
-# A `life-v4` launch's settle with the class ledger (`launch_instance`'s `settle`) is tried in
-# this many attempts of the launch before it gives up as `LedgerUnavailable`.
+# A launch's settle with the class ledger (`launch_instance`'s `settle`) is tried in this many
+# attempts of the launch before it gives up as `LedgerUnavailable`.
 SETTLE_TRIES = 3
-# In a `life-v4` release (`release_attempt`), each step after the terminate (tailnet, Node, class
-# ledger) is tried once within this; one that fails or takes longer is left to the workflow,
+# In a release (`release_attempt`), each step after the terminate (tailnet, Node, class ledger)
+# is tried once within this; one that fails or takes longer is left to the workflow,
 # which makes it as a call of its own with its retries.
 RELEASE_STEP_TIMEOUT = timedelta(seconds=20)
 # The one terminate call a drain makes for a node that goes (`drain_node`'s `terminate`): at most
@@ -145,7 +142,7 @@ def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]
     """Heartbeat in the background while the block runs, a few times per heartbeat timeout,
     each beat carrying `details()` (what a retried attempt of the activity reads back)."""
     if activity.info().is_local:
-        yield  # a local activity (a node's life under `life-v2`) has no heartbeat to send
+        yield  # a local activity (`check_stage`, `observe_node`) has no heartbeat to send
         return
     timeout = activity.info().heartbeat_timeout
     every = min(HEARTBEAT_EVERY, timeout / 3 if timeout else HEARTBEAT_EVERY).total_seconds()
@@ -214,21 +211,6 @@ async def signal_report(call: PoolReport, reports: ReportBatcher) -> bool:
     return sent
 
 
-M = TypeVar("M", bound=BaseModel)
-
-
-def typed(model: type[M], value: M | Any) -> M:
-    """An activity's input as its model. The activities that carry a report take it as a second
-    argument; a task scheduled by older code has one argument, and Temporal's SDK decodes the
-    arguments by type only when their count matches the signature's: that one comes untyped."""
-    return value if isinstance(value, model) else model.model_validate(value)
-
-
-def typed_or_none(model: type[M], value: M | Any | None) -> M | None:
-    """`typed` for an optional argument."""
-    return None if value is None else typed(model, value)
-
-
 # Reports still being signalled when their activity ended (held here, so none is collected
 # mid-flight).
 _reports_in_flight: set[asyncio.Task[None]] = set()
@@ -237,8 +219,7 @@ _reports_in_flight: set[asyncio.Task[None]] = set()
 @asynccontextmanager
 async def carrying(report: PoolReport | None, reports: ReportBatcher) -> AsyncIterator[None]:
     """While the block (an activity's work) runs, signal `report`, the phase the activity
-    begins, to the node's pool (a life under `reports-carried-by-activities`): the activity
-    starts at once, where a local activity in the same workflow task held its schedule until
+    begins, to the node's pool: the activity starts at once, where a local activity in the same workflow task held its schedule until
     the pool's signal was accepted. A few tries, then given up (logged): a report is the pool's
     view, never the node's progress, and the next one carries the phase again. Sent by the
     first REPORT_ATTEMPTS attempts of the activity only (a terminate the provider refuses for
@@ -278,9 +259,9 @@ MAX_ASK_BATCH = 500
 
 
 class ReleaseInput(BaseModel):
-    """A `life-v4` release of a launch attempt, in one activity: terminate its instance, then
-    remove it from the tailnet, delete its Node and (the last attempt of a life) give its place
-    back to the class ledger."""
+    """The release of a launch attempt, in one activity: terminate its instance, then remove it
+    from the tailnet, delete its Node and (the last attempt of a life) give its place back to
+    the class ledger."""
 
     model_config = ConfigDict(extra="forbid")
     instance: InstanceRef
@@ -289,8 +270,8 @@ class ReleaseInput(BaseModel):
     ledger: LedgerCall | None = None
     stuck_at: datetime | None = Field(
         None,
-        description="A v5 life: an attempt whose terminate fails past this time returns `stuck` (nothing else done) instead of "
-        "being retried; the workflow shows TerminationStuck and releases again without it. None: retried until it succeeds.",
+        description="An attempt whose terminate fails past this time returns `stuck` (nothing else done) instead of being "
+        "retried; the workflow shows TerminationStuck and releases again without it. None: retried until it succeeds.",
     )
 
 
@@ -326,13 +307,7 @@ class PoolAskBatcher(UpdateBatcher):
 
     async def _update(self, client: Any, pool_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
         handle = client.get_workflow_handle(pool_workflow_id)
-        try:
-            batch = await handle.execute_update("may_disrupt_many", DisruptionAsks(asks=items), result_type=DisruptionAnswers)
-        except WorkflowUpdateFailedError as exc:
-            if "not found" not in str(exc.cause or ""):
-                raise
-            # A pool run by an older worker that has no batch update: one ask each.
-            return [await handle.execute_update("may_disrupt", ask, result_type=DisruptionAnswer) for ask in items]
+        batch = await handle.execute_update("may_disrupt_many", DisruptionAsks(asks=items), result_type=DisruptionAnswers)
         return list(batch.answers)
 
 
@@ -365,7 +340,7 @@ class NodeActivities:
         self.cluster = cluster
         self.pool_asks = PoolAskBatcher()  # the disruption asks of its nodes, one update per pool at a time
         self.reports = ReportBatcher()  # the reports of its nodes, one signal per pool at a time
-        # The class ledger's calls a v4 launch and release carry (one per worker: the class's too).
+        # The class ledger's calls a launch and a release carry (one per worker: the class's too).
         self.ledger = ledger or LedgerBatcher()
         # Offers that just failed, kept by the pricing cache beside the offers (shared with the pool).
         self.unavailable = unavailable or self.registry.offers.unavailable
@@ -523,14 +498,11 @@ class NodeActivities:
 
         The instance name comes from the workflow, so a retried or crashed attempt finds what
         it already bought and adopts it instead of buying twice. `report` (Launching) goes to
-        the pool meanwhile (`carrying`). `settle` (a `life-v4` life): the price is settled with
-        the class ledger first, before anything is minted or bought (`_settle`: what a refusal
+        the pool meanwhile (`carrying`). With `settle`, the price is settled with the class
+        ledger first, before anything is minted or bought (`_settle`: what a refusal
         or a silent ledger raises; settling again is idempotent, a retried attempt settles the
         same reservation).
         """
-        # Given fewer arguments than it takes (older code scheduled one or two), Temporal's SDK
-        # passes them undecoded (`typed`).
-        inp, report, settle = typed(LaunchInput, inp), typed_or_none(PoolReport, report), typed_or_none(LedgerCall, settle)
         async with carrying(report, self.reports):
             if settle is not None:
                 await self._settle(settle, inp.offer)
@@ -722,42 +694,21 @@ class NodeActivities:
         except Exception as exc:  # the key expires on its own; cleanup also revokes by hostname
             log.warning("key_revoke_failed", key_id=key_id, error=str(exc))
 
-    @activity.defn
-    async def wait_for_instance_running(self, ref: InstanceRef) -> Instance:
-        """Poll the provider until the instance runs; LaunchFailed if it fails or vanishes."""
-
-        async def running() -> Instance | None:
-            provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
-            inst = await provider.describe(ref.instance_id or "")
-            if inst is None and self._lagging(ref, provider):
-                return None  # a 404 right after the create: the provider has not caught up yet
-            if inst is None or inst.interrupted or inst.state in (InstanceState.FAILED, InstanceState.TERMINATED, InstanceState.STOPPED):
-                state = "vanished" if inst is None else ("was interrupted" if inst.interrupted else inst.state.value.lower())
-                metrics.LAUNCH_FAILURES.labels(ref.provider, "LaunchFailed").inc()
-                raise ApplicationError(
-                    f"instance {ref.instance_id} on {ref.provider} {state} while booting", type="LaunchFailed", non_retryable=True
-                )
-            return inst if inst.state is InstanceState.RUNNING else None
-
-        return await self._poll(running)
-
     # --- join ------------------------------------------------------------------------------
 
     @activity.defn
-    async def wait_for_tailnet_device(self, q: DeviceQuery) -> TailnetDevice:
-        """Poll the tailnet until a device with this hostname and tags appears."""
-        async def joined() -> TailnetDevice | None:
-            return await (await self._tailnet_for(q.tailnet, q.tailnet_ref)).find_device(q.hostname, q.tags)
-
-        return await self._poll(joined)
-
-    @activity.defn
     async def wait_for_join(self, q: StageCheck, twins: TwinWatchInput | None = None) -> JoinResult:
-        """A life under `life-v4`: `wait_for_tailnet_join` and, beside it, `watch_for_twins`
-        (one activity and one workflow task instead of two). The join decides when it ends: a
-        twin watch not done by then (a provider whose consistency window outlasts the boot) or
-        failed is cancelled and reported not done, and the workflow watches on as before."""
-        q, twins = typed(StageCheck, q), typed_or_none(TwinWatchInput, twins)
+        """Wait for the instance to boot and its device to join the tailnet, and beside it
+        `watch_for_twins` (one activity and one workflow task instead of two). The device is
+        looked for every JOIN_LOOK_EVERY (the tailnet is ours to ask; a joined device means a
+        running machine); the provider is read every poll interval until the instance runs:
+        LaunchFailed if it fails or vanishes meanwhile (a 404 inside the provider's consistency
+        window after the create is the provider lagging, not a vanished instance). Heartbeats go
+        on through every look, however slow; how long to wait is the workflow's stage deadline.
+
+        The join decides when it ends: a twin watch not done by then (a provider whose
+        consistency window outlasts the boot) or failed is cancelled and reported not done, and
+        the workflow watches on in the background."""
         watch = asyncio.ensure_future(self._watch_for_twins(twins)) if twins is not None else None
         try:
             device = await self._wait_for_tailnet_join(q)
@@ -773,14 +724,6 @@ class NodeActivities:
             log.info("twin_watch_left_to_the_workflow", error=type(error).__name__)
             return JoinResult(device=device)
         return JoinResult(device=device, twins=watch.result())
-
-    @activity.defn
-    async def wait_for_tailnet_join(self, q: StageCheck) -> TailnetDevice:
-        """A life under `life-v2`: one wait for the instance to boot and its device to join
-        the tailnet. The device is looked for every JOIN_LOOK_EVERY (the tailnet is ours to
-        ask; a joined device means a running machine); the provider is read every poll
-        interval until the instance runs, and LaunchFailed if it fails or vanishes meanwhile."""
-        return await self._wait_for_tailnet_join(typed(StageCheck, q))
 
     async def _wait_for_tailnet_join(self, q: StageCheck) -> TailnetDevice:
         assert q.instance is not None and q.device is not None
@@ -815,53 +758,12 @@ class NodeActivities:
                 await asyncio.sleep(min(self.poll_interval, JOIN_LOOK_EVERY).total_seconds())
 
     @activity.defn
-    async def wait_for_node_ready(self, node_name: str) -> NodeSummary:
-        """Poll the cluster until the Node exists and reports Ready."""
-
-        async def ready() -> NodeSummary | None:
-            node = await self.cluster.get_node(node_name)
-            return node if node is not None and node.ready else None
-
-        return await self._poll(ready)
-
-    @activity.defn
-    async def wait_for_gpus(self, q: GpuQuery) -> NodeSummary:
-        """Poll the cluster until the Node's allocatable `nvidia.com/gpu` reaches the offer's
-        count: Ready says the kubelet runs, not that the device plugin found the driver."""
-
-        async def registered() -> NodeSummary | None:
-            node = await self.cluster.get_node(q.node_name)
-            return node if node is not None and node.gpus >= q.gpus else None
-
-        return await self._poll(registered)
-
-    async def _poll(self, check: Callable[[], Awaitable[T | None]]) -> T:
-        """Look until `check` returns a value; transient errors just mean look again.
-
-        The heartbeat goes on through each look, not only between them: one look may be slow
-        (an API's in-call retries, a wait behind a provider's pacer), and a missed heartbeat
-        must mean a dead or stalled worker, never a slow API. How long to wait is the
-        workflow's stage deadline, not this activity's."""
-        with heartbeating():
-            while True:
-                try:
-                    with temporal_errors():
-                        result = await check()
-                except ApplicationError as exc:
-                    if exc.non_retryable:
-                        raise
-                    log.info("poll_transient_error", activity=activity.info().activity_type, error=str(exc))
-                else:
-                    if result is not None:
-                        return result
-                await asyncio.sleep(self.poll_interval.total_seconds())
-
-    @activity.defn
     async def check_stage(self, inp: StageCheck) -> StageLook:
-        """One more look when a wait stage's deadline has passed, before the attempt is failed
-        over: is the instance running, the device in the tailnet, the Node Ready? The wait
-        may have missed them by a slow look or by a worker that died; a healthy instance must
-        not be released for that."""
+        """One look at a join stage: is the instance running, the device in the tailnet, the
+        Node Ready, its GPUs registered? Taken as the join's backstop while the bridge says
+        nothing, and once more when a stage's deadline has passed, before the attempt is failed
+        over: the wait may have missed them by a slow look or by a worker that died, and a
+        healthy instance must not be released for that."""
         with heartbeating(), temporal_errors():
             seen: list[str] = []
             if inp.instance is not None:
@@ -894,12 +796,11 @@ class NodeActivities:
     @activity.defn
     async def label_and_taint_node(self, inp: LabelInput, report: PoolReport | None = None) -> None:
         """Give the Node its pool's labels and taints, and take off those tgp had set that the pool
-        no longer lists (idempotent). `report` (Ready, a v5 life) goes to the pool once they are
-        on (`carrying`: waited for REPORT_WAIT at most)."""
-        inp = typed(LabelInput, inp)
+        no longer lists (idempotent). `report` (Ready) goes to the pool once they are on
+        (`carrying`: waited for REPORT_WAIT at most)."""
         with temporal_errors():
             await self.cluster.label_and_taint(inp.node_name, inp.labels, inp.taints, remove_labels=inp.remove_labels, remove_taints=inp.remove_taints)
-        async with carrying(typed_or_none(PoolReport, report), self.reports):
+        async with carrying(report, self.reports):
             pass  # Ready once the labels and taints are on: the pool may act on it (make-before-break)
         if inp.launched_at is not None:
             metrics.LAUNCH_TO_READY.labels(inp.labels.get(LABEL_PROVIDER, "")).observe(metrics.seconds_since(inp.launched_at))
@@ -929,7 +830,7 @@ class NodeActivities:
         A pool that is gone or does not answer within POOL_ANSWER_TIMEOUT does not hold the
         node: it goes ahead as before budgets. Any other failure (the pool's update queue full,
         Temporal unreachable) is a refusal for now: the node asks again later."""
-        return await self._ask_pool(typed(PoolAsk, call))
+        return await self._ask_pool(call)
 
     async def _ask_pool(self, call: PoolAsk) -> DisruptionAnswer:
         busy = False
@@ -966,10 +867,11 @@ class NodeActivities:
 
     @activity.defn
     async def report_to_pool(self, call: PoolReport) -> bool:
-        """Signal the node's report to its pool (`node_phase`), for a life under the `life-v2`
-        patch, which reports from a local activity. Sent again when a worker dies around it:
-        the pool keeps the newest report per node (by `at`), so a repeat changes nothing. A pool
-        that is gone (deleted, or a node started by hand) has nobody listening: False."""
+        """Signal the node's report to its pool (`node_phase`) from a local activity: a phase
+        that no activity begins (Ready again, TerminationStuck, the final one). Sent again when a
+        worker dies around it: the pool keeps the newest report per node (by `at`), so a repeat
+        changes nothing. A pool that is gone (deleted, or a node started by hand) has nobody
+        listening: False."""
         return await signal_report(call, self.reports)
 
     # --- drain -----------------------------------------------------------------------------
@@ -981,10 +883,9 @@ class NodeActivities:
         not evicted or still shutting down, and the workflow terminates anyway. `report`
         (Draining) goes to the pool meanwhile (`carrying`).
 
-        With `inp.ask` (a voluntary end of a v5 life) the pool's budgets are asked first, as
+        With `inp.ask` (a voluntary end) the pool's budgets are asked first, as
         `ask_pool_to_disrupt` asks them: refused, the result carries the answer and nothing is
         touched (nor reported); the node stays Ready."""
-        inp = typed(DrainInput, inp)
         if inp.ask is not None and activity.info().attempt == 1:  # a retry holds the first attempt's grant
             answer = await self._ask_pool(inp.ask)
             if not answer.allowed:
@@ -1029,7 +930,7 @@ class NodeActivities:
         Returns whether anything was seen. `report` (Terminating) goes to the pool meanwhile
         (`carrying`)."""
         async with carrying(report, self.reports):
-            return await self._terminate_instance(typed(InstanceRef, ref))
+            return await self._terminate_instance(ref)
 
     async def _terminate_instance(self, ref: InstanceRef) -> bool:
         with heartbeating(), temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
@@ -1049,16 +950,15 @@ class NodeActivities:
 
     @activity.defn
     async def release_attempt(self, inp: ReleaseInput, report: PoolReport | None = None) -> ReleaseResult:
-        """A `life-v4` release: terminate (as `terminate_instance`, until the provider confirms),
-        then the cleanup that follows it (`remove_from_tailnet`, `delete_node`, the class
-        ledger's release), each tried once and bounded (RELEASE_STEP_TIMEOUT). A step that
+        """A launch attempt's release: terminate (as `terminate_instance`, until the provider
+        confirms), then the cleanup that follows it (`remove_from_tailnet`, `delete_node`, the
+        class ledger's release), each tried once and bounded (RELEASE_STEP_TIMEOUT). A step that
         fails is reported not done, never raised: the terminate is not made again for it, and
         the workflow makes that step as a call of its own. One activity and one workflow task
-        where there were four calls. `report` (Terminating) goes to the pool meanwhile.
+        for four steps. `report` (Terminating) goes to the pool meanwhile.
 
-        With `inp.stuck_at` (a v5 life) an attempt scheduled at or past that time whose terminate
-        fails returns `stuck` instead: the workflow needs no timer of its own beside it."""
-        inp, report = typed(ReleaseInput, inp), typed_or_none(PoolReport, report)
+        With `inp.stuck_at`, an attempt scheduled at or past that time whose terminate fails
+        returns `stuck` instead: the workflow needs no timer of its own beside it."""
         async with carrying(report, self.reports):
             try:
                 seen = await self._terminate_instance(inp.instance)
@@ -1133,12 +1033,7 @@ class NodeActivities:
             self.select_offer,
             self.mark_offer_unavailable,
             self.launch_instance,
-            self.wait_for_instance_running,
-            self.wait_for_tailnet_device,
-            self.wait_for_tailnet_join,
             self.wait_for_join,
-            self.wait_for_node_ready,
-            self.wait_for_gpus,
             self.check_stage,
             self.label_and_taint_node,
             self.observe_node,

@@ -17,7 +17,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -25,11 +24,12 @@ from activities.accounts import ProviderRegistry
 from activities.node import NodeActivities
 from activities.node_class import NodeClassActivities, ValidateClassInput
 from sim.cloud import SimulatedCloud
+from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_credentials import NS, new_key, put_secret
 from tests.test_template_failures import StubTailnet
 from tgp.crds import GPUNodeClassSpec
-from tgp.types import CredentialsRef, InstanceRef, LaunchInput, ObserveInput
+from tgp.types import CredentialsRef, InstanceRef, LaunchInput, ObserveInput, StageCheck, StageLook
 
 REF = CredentialsRef(name="class-cloud", key="apiKey")
 
@@ -50,8 +50,20 @@ async def launch(acts: NodeActivities, registry: ProviderRegistry) -> InstanceRe
     offer = (await (await registry.get("simulated", REF)).list_offers())[0]
     inp = LaunchInput(node_name="gpu-1", attempt=1, offer=offer, credentials=REF, tailnet_tags=["tag:tgp-node"], tailnet="stub")
     result = await ActivityEnvironment().run(acts.launch_instance, inp)
-    # What the node workflow records (GPUNodeWorkflow._launched).
+    # What the node workflow records (workflows/node/launch.py, `_launched`).
     return InstanceRef(provider="simulated", instance_name="tgp-gpu-1-1", instance_id=result.instance.instance_id, credentials=REF, account=result.account)
+
+
+async def running(acts: NodeActivities, ref: InstanceRef) -> StageLook:
+    """The join's look at the instance (`check_stage`) until it runs; it must never read as
+    gone (what a look with the wrong account's key would see)."""
+
+    async def look() -> StageLook | None:
+        seen = await ActivityEnvironment().run(acts.check_stage, StageCheck(instance=ref))
+        assert "gone" not in seen.seen, f"read as vanished: {seen.seen}"
+        return seen if seen.up else None
+
+    return await eventually(look, what=f"instance {ref.instance_id} running")
 
 
 async def test_a_node_keeps_the_account_it_was_bought_with_when_the_secret_switches(kube_api: KubeApi) -> None:
@@ -65,8 +77,7 @@ async def test_a_node_keeps_the_account_it_was_bought_with_when_the_secret_switc
             assert ref.account is not None and key_a not in ref.account, "the node carries which key bought it, not the key"
             await put_secret(kube_api.http, REF.name, {REF.key: key_b})  # the class now bills team-b
 
-            running = await ActivityEnvironment().run(acts.wait_for_instance_running, ref)
-            assert running.instance_id == ref.instance_id, "not read as vanished"
+            await running(acts, ref)
             spec = GPUNodeClassSpec.model_validate({"providers": [{"name": "simulated", "credentialsRef": {"name": REF.name, "key": REF.key}}]})
             fleet = NodeClassActivities(cluster=kube_api.cluster, providers={}, registry=registry)
             problems = await fleet.validate_class(ValidateClassInput(name="c", spec=spec, operator_namespace=NS))
@@ -108,8 +119,7 @@ async def test_a_rotated_and_revoked_key_falls_back_to_the_current_one(kube_api:
             cloud.add_key(new, "team-a")
             await put_secret(kube_api.http, REF.name, {REF.key: new})
             cloud.revoke_key(old)
-            running = await ActivityEnvironment().run(acts.wait_for_instance_running, ref)
-            assert running.instance_id == ref.instance_id
+            await running(acts, ref)
             assert await ActivityEnvironment().run(acts.terminate_instance, ref) is True
         finally:
             await registry.aclose()

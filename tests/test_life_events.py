@@ -78,19 +78,13 @@ async def test_one_short_life_takes_few_history_events_and_joins_by_facts(tempor
         total = sum(tally.values())
         print(f"one short life: {total} events: {dict(tally.most_common())}")
         assert total < SHORT_LIFE_EVENTS, f"{total} events: {dict(tally.most_common())}; in order: {order}"
-        # Joined by the bridge's facts, not by polls: no wait activity ran for Node Ready or GPUs.
-        history = await handle.fetch_history()
-        scheduled = {
-            e.activity_task_scheduled_event_attributes.activity_type.name
-            for e in history.events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        }
-        assert not scheduled & {"wait_for_node_ready", "wait_for_gpus"}, scheduled
+        facts = await facts_received(handle)
+        # Joined by the bridge's facts: it told the node its Node was Ready with its GPUs.
+        assert any(f.present and f.ready and f.gpus >= 1 for f in facts), facts
         # The workflow deleted its own Node: the bridge told it nothing of that (a signal then
         # lands as the workflow completes, and its last task is refused and run again).
-        assert all(f.present for f in await facts_received(handle)), "told of the deletion of its own Node"
+        assert all(f.present for f in facts), "told of the deletion of its own Node"
         assert not tally["WORKFLOW_TASK_FAILED"], order
-        assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and e.marker_recorded_event_attributes.marker_name == "core_patch"], "no patch in a life"
 
 
 async def test_a_pool_nodes_join_by_facts_fails_over_when_its_gpus_never_register(temporal: WorkflowEnvironment) -> None:

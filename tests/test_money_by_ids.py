@@ -106,17 +106,31 @@ async def test_a_lagging_list_and_describe_do_not_defeat_the_check_before_buying
 
 
 async def test_a_running_instance_read_as_404_inside_the_window_is_not_vanished() -> None:
+    """The join's wait (`wait_for_join`) and its looks (`check_stage`) read a 404 for the
+    instance right after its create as the provider lagging, never as a vanished instance."""
     async with money_env(describe_lag=60) as env:
         result = await env.launch(NODE)
         running = ref(result.instance.instance_id, created_by=env.now())
         env.activities.poll_interval = timedelta(milliseconds=10)
+        check = types.StageCheck(instance=running, device=types.DeviceQuery(hostname=NODE, tags=["tag:tgp-node"]))
 
-        waiting = asyncio.ensure_future(env.env().run(env.activities.wait_for_instance_running, running))
+        joining = env.env()
+        waiting = asyncio.ensure_future(joining.run(env.activities.wait_for_join, check))
+        looks = env.cloud.describe_requests
         await asyncio.sleep(0.2)  # several looks, each a 404 while the provider lags
+        assert env.cloud.describe_requests > looks + 2, "the wait did not look at the instance"
         assert not waiting.done(), "a 404 inside the consistency window was read as a vanished instance"
+        look = await env.env().run(env.activities.check_stage, types.StageCheck(instance=running))
+        assert not look.up and "not visible yet" in look.seen, look.seen
+
         env.clock.advance(61)
-        inst = await asyncio.wait_for(waiting, 30)
-        assert inst.instance_id == result.instance.instance_id
+        look = await env.env().run(env.activities.check_stage, types.StageCheck(instance=running))
+        assert look.up and "is running" in look.seen, look.seen
+        await asyncio.sleep(0.2)  # the wait reads it running too: it waits on for the device
+        assert not waiting.done()
+        joining.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiting, 10)
 
 
 async def test_terminate_right_after_a_create_survives_a_lagging_list_and_describe() -> None:

@@ -19,10 +19,11 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from tests.conftest import binary, eventually, running_world
-from tests.test_watch_events import local_activity
+from tests.test_watch_events import bridge_running, local_activity
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
 from sim.world import sim_world
-from tgp.types import BootPayload, InstanceRef, InstanceState, NodePhase, NodeStatus, Offer
+from activities.node import NodeActivities
+from tgp.types import DeviceQuery, InstanceRef, LaunchInput, NodePhase, NodeStatus, Offer, StageCheck, instance_name
 from workers.main import WorkerConfig, build_activities, make_worker
 from workflows.node import GPUNodeWorkflow
 
@@ -41,64 +42,70 @@ async def activity_attempts(handle: WorkflowHandle) -> dict[str, list[int]]:
     return attempts
 
 
-async def test_a_poll_heartbeats_while_one_look_is_slow() -> None:
+TAGS = ["tag:tgp-node"]
+OFFER = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price="0.44")
+
+
+async def launched(acts: NodeActivities, node_name: str) -> StageCheck:
+    """Buy an instance for `node_name` as the workflow does (a minted key in its boot payload,
+    so it joins the tailnet once it runs): what `wait_for_join` is then given."""
+    result = await ActivityEnvironment().run(acts.launch_instance, LaunchInput(node_name=node_name, attempt=1, offer=OFFER, tailnet_tags=TAGS))
+    ref = InstanceRef(provider="simulated", instance_name=instance_name(node_name, 1), instance_id=result.instance.instance_id)
+    return StageCheck(instance=ref, device=DeviceQuery(hostname=node_name, tags=TAGS))
+
+
+async def test_the_join_heartbeats_while_one_look_is_slow() -> None:
     """Each look goes with heartbeats, so a look slower than the heartbeat timeout (in-call
     HTTP retries, a provider's pacer) is never mistaken for a dead worker."""
     async with AsyncExitStack() as stack:
         world = await stack.enter_async_context(sim_world(boot_delay=0.2))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
-        provider = activities.node.providers["simulated"]
-        offer = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price="0.44")
-        inst = await provider.launch(offer, name="tgp-slow-look-1", boot=BootPayload(kind="env", content="", hostname="slow-look"))
-        await eventually(lambda: _running(provider, inst.instance_id), what="instance running")
+        world.cloud.hold_boots()  # pending while the join's first look at the provider hangs
+        check = await launched(activities.node, "slow-look")
         world.cloud.slow_describes(3.0, count=1)
+        asyncio.get_running_loop().call_later(0.5, world.cloud.release_boots)
 
         env = ActivityEnvironment()
         env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=1))
         beats: list[float] = []
         env.on_heartbeat = lambda *_: beats.append(time.monotonic())
         started = time.monotonic()
-        found = await env.run(activities.node.wait_for_instance_running, InstanceRef(provider="simulated", instance_name=inst.name, instance_id=inst.instance_id))
+        joined = await env.run(activities.node.wait_for_join, check)
         ended = time.monotonic()
 
-        assert found.state is InstanceState.RUNNING
+        assert joined.device.hostname == "slow-look"
         assert ended - started >= 3.0, "the look was slow"
         marks = [started, *beats, ended]
         gaps = [b - a for a, b in zip(marks, marks[1:])]
         assert max(gaps) < 1.0, f"no heartbeat for {max(gaps):.1f}s during a look (heartbeat timeout 1s)"
 
 
-async def test_the_wait_for_running_looks_until_a_held_boot_is_released() -> None:
+async def test_the_join_looks_until_a_held_boot_is_released() -> None:
     """However long an instance stays pending (the simulated cloud holds its boot, as the fault
-    matrix does to strike while a node waits for it), the wait keeps looking and returns once it
-    runs."""
+    matrix does to strike while a node waits for it), the wait keeps looking, and returns once it
+    runs and its device has joined."""
     async with AsyncExitStack() as stack:
         world = await stack.enter_async_context(sim_world(boot_delay=0.2))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=0.05)
-        provider = activities.node.providers["simulated"]
-        offer = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price="0.44")
         world.cloud.hold_boots()
-        inst = await provider.launch(offer, name="tgp-held-boot-1", boot=BootPayload(kind="env", content="", hostname="held-boot"))
-        ref = InstanceRef(provider="simulated", instance_name=inst.name, instance_id=inst.instance_id)
-        wait = asyncio.ensure_future(ActivityEnvironment().run(activities.node.wait_for_instance_running, ref))
+        check = await launched(activities.node, "held-boot")
+        assert check.instance is not None and check.instance.instance_id is not None
+        wait = asyncio.ensure_future(ActivityEnvironment().run(activities.node.wait_for_join, check))
         looks = world.cloud.describe_requests
         await eventually(lambda: _true(world.cloud.describe_requests >= looks + 5), what="five looks at the held instance")
-        assert not wait.done() and world.cloud.instances[inst.instance_id].status == "pending"
+        assert not wait.done() and world.cloud.instances[check.instance.instance_id].status == "pending"
         world.cloud.release_boots()
-        found = await asyncio.wait_for(wait, 30)
-        assert found.state is InstanceState.RUNNING
-
-
-async def _running(provider, instance_id: str) -> bool:  # type: ignore[no-untyped-def]
-    found = await provider.describe(instance_id)
-    return found is not None and found.state is InstanceState.RUNNING
+        joined = await asyncio.wait_for(wait, 30)
+        assert joined.device.hostname == "held-boot"
+        assert world.cloud.instances[check.instance.instance_id].status == "running"
 
 
 async def test_looks_slower_than_the_heartbeat_timeout_do_not_fail_the_stages(temporal: WorkflowEnvironment) -> None:
     """Describes and device listings answer in 4 s against a 2 s heartbeat timeout: the node
-    comes up on its first offer, each wait done by its first activity attempt."""
-    async with running_world(temporal) as (world, _, queue):
+    comes up on its first offer (the bridge tells it Ready), the join's wait done by its first
+    activity attempt."""
+    async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
         world.cloud.slow_describes(4.0)
         world.tailscale.slow_device_lists(4.0)
         req = request(timeouts=FAST.model_copy(update={"api_call": timedelta(seconds=2)}))
@@ -110,8 +117,7 @@ async def test_looks_slower_than_the_heartbeat_timeout_do_not_fail_the_stages(te
         assert len(ready.attempts) == 1, f"the stage was failed over: {ready.attempts}"
         assert world.cloud.create_requests == 1
         attempts = await activity_attempts(handle)
-        for wait in ("wait_for_instance_running", "wait_for_tailnet_device"):
-            assert attempts[wait] == [1], f"{wait} was retried after a missed heartbeat: attempts {attempts[wait]}"
+        assert attempts["wait_for_join"] == [1], f"the join was retried after a missed heartbeat: attempts {attempts['wait_for_join']}"
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         assert (await handle.result()).phase is NodePhase.TERMINATED
         assert_nothing_left(world, req.node_name)
@@ -128,10 +134,8 @@ async def test_an_instance_up_when_the_stage_deadline_passes_is_kept(temporal: W
 
         assert [a.outcome for a in ready.attempts] == ["launched"], f"a running instance was failed over: {ready.attempts}"
         assert world.cloud.create_requests == 1
-        # An activity, or (a life under `life-v2`) a local activity named for it.
         history = await handle.fetch_history()
-        looked = "check_stage" in await activity_attempts(handle) or any(local_activity(e) == "look once more at the stage deadline" for e in history.events)
-        assert looked, "the deadline passed and was looked at again"
+        assert any(local_activity(e) == "look at the stage" for e in history.events), "the deadline passed and was looked at again"
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         assert (await handle.result()).phase is NodePhase.TERMINATED
         assert_nothing_left(world, req.node_name)
@@ -142,13 +146,14 @@ async def test_a_node_not_up_at_the_deadline_still_fails_over(temporal: Workflow
     and it says what the look saw."""
     async with running_world(temporal) as (world, _, queue):
         world.cloud.fail_boot("rtx4090-us-east", "never_joins")
-        req = request(timeouts=FAST.model_copy(update={"tailnet_join": timedelta(seconds=4), "api_call": timedelta(seconds=3)}))
+        timeouts = {"launch": timedelta(seconds=4), "tailnet_join": timedelta(seconds=4), "api_call": timedelta(seconds=3)}
+        req = request(timeouts=FAST.model_copy(update=timeouts))
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY, timeout=60)
 
         first = ready.attempts[0].outcome or ""
         assert [a.offer.offer_id for a in ready.attempts] == ["rtx4090-us-east", "rtx4090-eu-west"]
-        assert first.startswith("join timeout: no tailnet device within 4s") and "at the deadline no tailnet device" in first, first
+        assert first.startswith("join timeout: no tailnet device within 8s of the launch") and "at the deadline no tailnet device" in first, first
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         await handle.result()
         assert_nothing_left(world, req.node_name)

@@ -289,7 +289,7 @@ class LifecycleTimeouts(Model):
     )
     unlimited_reasons: list[str] = Field(
         [],
-        description="The disruption reasons the pool's budgets can never refuse (tgp.disruption.unlimited_reasons): a v5 "
+        description="The disruption reasons the pool's budgets can never refuse (tgp.disruption.unlimited_reasons): a "
         "drain for one of them begins without asking the pool (do-not-disrupt still holds the node).",
     )
 
@@ -634,9 +634,9 @@ class DeviceQuery(Model):
 
 
 class StageCheck(Model):
-    """Input of `check_stage`: the one look taken when a wait stage's deadline passes, before
-    the attempt is failed over. Every part given must be up: the instance running, the device
-    in the tailnet, the Node Ready."""
+    """What a join stage waits for (`wait_for_join`) or looks at (`check_stage`: a backstop
+    look, or the last one at the stage's deadline before the attempt is failed over). Every
+    part given must be up: the instance running, the device in the tailnet, the Node Ready."""
 
     instance: InstanceRef | None = None
     device: DeviceQuery | None = None
@@ -649,13 +649,6 @@ class StageLook(Model):
 
     up: bool
     seen: str
-
-
-class GpuQuery(Model):
-    """Input of `wait_for_gpus`: the Node and the GPU count its offer sells."""
-
-    node_name: str
-    gpus: int
 
 
 class LabelInput(Model):
@@ -692,7 +685,7 @@ class DrainInput(Model):
     )
     bound: str = Field("", description="What set `timeout`, when not the drain timeout: named in the pods' DrainTimedOut Events.")
     ask: PoolAsk | None = Field(
-        None, description="A voluntary end (v5 life): ask the pool's disruption budgets first, and drain only if allowed."
+        None, description="A voluntary end: ask the pool's disruption budgets first, and drain only if allowed."
     )
     holds: bool = Field(
         False,
