@@ -1,14 +1,13 @@
 """Which of the bridge's `node_facts` a node workflow keeps: by the sending bridge's incarnation
 and its sequence number, never by the bridge's wall clock.
 
-Facts used to be ordered by `NodeFacts.at` (the bridge's clock): during a rollout two bridges
-send, and a restarted bridge's clock may be skewed, so a re-send from a bridge whose clock is
-behind was dropped, and facts dated in the future shut out every later one until that time
-passed. Now each bridge process (an incarnation, `source`) numbers its facts (`seq`); the
-workflow takes facts from the incarnation that started last (a source is its bridge's start
-time, then a random id: the order it was heard in does not count), in sequence order. Facts without a source (a bridge of an earlier release)
-keep the old rule. `at` still dates what the bridge saw; the watch never dates it later than
-the workflow's own now (`workflows.node._apply_facts`)."""
+Not by `NodeFacts.at`: during a rollout two bridges send, and a restarted bridge's clock may be
+skewed, so a re-send from a bridge whose clock is behind would be dropped, and facts dated in
+the future would shut out every later one. Each bridge process (an incarnation, `source`)
+numbers its facts (`seq`); the workflow takes facts from the incarnation that started last (a
+source is its bridge's start time, then a random id: the order it was heard in does not count),
+in sequence order. `at` still dates what the bridge saw; the watch never dates it later than
+the workflow's own now (`workflows/node/watch.py`)."""
 
 from __future__ import annotations
 
@@ -26,9 +25,6 @@ def _started(source: str) -> tuple[bool, str]:
 
 def take_facts(kept: NodeFacts | None, sources: list[str], incoming: NodeFacts) -> tuple[bool, list[str]]:
     """Whether `incoming` replaces `kept`, and the incarnations heard of, oldest first."""
-    if not incoming.source:
-        # An earlier release's bridge: by its clock, as before (and never over a numbered one).
-        return (kept is None or (not kept.source and incoming.at >= kept.at)), sources
     newest = max(sources, key=_started, default=None)
     if newest is not None and _started(incoming.source) < _started(newest):
         # The old bridge of a rollout, still sending (heard first or not): a newer one speaks.

@@ -501,7 +501,7 @@ class NodeFacts(Model):
     holders: list[str] = Field([], description="namespace/name of the first pods that hold the node against voluntary disruption (at most MAX_HOLDERS_NAMED).")
     holding: int = Field(0, description="How many pods hold the node (tgp.lifecycle.pod_holds_node); `holders` names the first.")
     at: datetime = Field(description="When the bridge saw this (its clock).")
-    source: str = Field("", description="The sending bridge process (an incarnation id); empty from bridges before it.")
+    source: str = Field("", description="The sending bridge process (an incarnation id); facts sent by hand may leave it empty.")
     seq: int = Field(0, description="The sending bridge's number for these facts, increasing: orders the facts of one source (tgp.facts_order).")
 
 
