@@ -65,14 +65,14 @@ def test_the_node_keeps_facts_by_bridge_and_sequence_not_by_the_bridges_clock() 
     wf.node_facts(facts("a", 5, NOW + timedelta(hours=1), busy=1))
     idle = facts("a", 6, NOW, busy=0)
     wf.node_facts(idle)
-    assert wf.state.facts == idle, "facts dated in the future shut out the bridge's next facts"
+    assert wf.life.state.facts == idle, "facts dated in the future shut out the bridge's next facts"
     restarted = facts("b", 1, NOW - timedelta(hours=1), busy=2)
     wf.node_facts(restarted)
-    assert wf.state.facts == restarted, "a restarted bridge whose clock is behind was not heard"
+    assert wf.life.state.facts == restarted, "a restarted bridge whose clock is behind was not heard"
     wf.node_facts(facts("a", 7, NOW + timedelta(hours=2), busy=0))
-    assert wf.state.facts == restarted, "the replaced bridge's late send overwrote the new bridge's facts"
+    assert wf.life.state.facts == restarted, "the replaced bridge's late send overwrote the new bridge's facts"
     wf.node_facts(facts("b", 1, NOW - timedelta(hours=1), busy=2))  # a re-send (level-triggered)
-    assert wf.state.facts == restarted
+    assert wf.life.state.facts == restarted
 
 
 def test_a_new_bridge_heard_before_the_old_one_of_a_rollout_is_not_shut_out() -> None:
