@@ -15,8 +15,9 @@ Error messages reach workflow history, and many APIs echo the request (Authoriza
 user-data, a startup script) in their error bodies, truncated, wrapped, escaped or encoded in
 ways no scrubber can list. So no provider text enters an error: a message names the status,
 the request's method and path (never its query string), and only what `error_message` keeps of
-the API's documented error envelope: a machine-readable code, a standard HTTP phrase, or one of
-a few documented short messages that cannot echo (SAFE_MESSAGES), capped in length. An adapter
+the API's error envelope that its adapter's `Quotable` allows: a code from the API's documented
+list (never one merely shaped like a code), a standard HTTP phrase, or one of a few documented
+short messages that cannot echo (SAFE_MESSAGES), capped in length. An adapter
 may read the provider's words to sort an answer (`error_detail`), never to quote them. The
 scrubbing that `send` also does (it registers the credentials it sends with `tgp.secrets`,
 scrubs every error body it receives and the message of every error it raises) stays as defence
