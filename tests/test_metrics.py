@@ -257,7 +257,7 @@ async def test_activity_log_lines_are_json_with_workflow_pool_node_and_provider(
     assert (launched["pool"], launched["node"], launched["provider"]) == ("ml/rtx", req.node_name, "simulated")
     assert launched["level"] == "info" and launched["timestamp"]
     terminated = next(e for e in ours if e["event"] == "instance_terminated")
-    # (a `life-v4` life terminates in `release_attempt`)
+    # (the release terminates in `release_attempt`)
     assert (terminated["activity"], terminated["node"], terminated["provider"]) == ("release_attempt", req.node_name, "simulated")
     assert not [e for e in events if e.get("activity") and e.get("workflow_id") != req.workflow_id], "context leaked between activities"
 

@@ -75,7 +75,7 @@ async def test_termination_grace_ends_a_do_not_disrupt_hold_of_an_expired_node(t
     """expireAfter 1h, terminationGracePeriod 30m and a do-not-disrupt pod that never ends: the
     node waits past its expiry, and at expireAfter + terminationGracePeriod
     (Karpenter's longest node life) it ends expired, its drain cut at once (the grace is spent),
-    and everything it bought is released. A node of a pool (v5: the drain asks the budgets, then
+    and everything it bought is released. A node of a pool (its drain asks the budgets, then
     looks for do-not-disrupt after its cordon) does not look for it then: once, not in a loop."""
     async with running_world(time_skipping) as (world, _, queue), bridge_running(time_skipping, world, queue):
         timeouts = AT_REST.model_copy(update={"expire_after": timedelta(hours=1), "termination_grace": timedelta(minutes=30)})

@@ -1,13 +1,13 @@
-"""A `life-v5` life (workflows/node.py LIFE_V5_PATCH): fewer workflow tasks at its ends.
+"""What holds a node, and what ends the hold.
 
-* An idle (or expired) node's drain asks the pool's disruption budgets itself, first, and
-  looks again for do-not-disrupt right after its cordon: no ask activity before it. A refusal
-  touches nothing; the budget tests (tests/test_node_disruption.py) hold for it too.
+* A node the pool bought for pods holds their place (bind grace) and ends that hold itself at
+  its first workload pod (`hold_ends_when_busy`), unless the pool sent it settings since; the
+  pool models the same rule and sends nothing when the pods bind on it.
+* An idle (or expired) node's drain asks the pool's disruption budgets itself, first (only a
+  budget that can refuse), and looks again for do-not-disrupt right after its cordon. A
+  refusal touches nothing; the budget tests (tests/test_node_disruption.py) hold for it too.
 * The watch keeps a timer that fires early rather than cancel it and start a later one.
-* A node the pool bought for pods ends its bind-grace hold itself at its first workload pod
-  (`hold_ends_when_busy`), unless the pool sent it settings since; the pool models the same
-  rule and sends nothing when the pods bind on it.
-* The labels' call carries the Ready report to the pool.
+* A release the provider holds up shows TerminationStuck, and still gives everything back.
 
 Against the simulated world over HTTP, the real bridge and the Temporal dev server."""
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import uuid
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta, timezone
@@ -27,7 +26,6 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
-from temporalio.worker import Replayer
 
 from sim.cloud import SimOffer
 from sim.world import sim_world
@@ -35,8 +33,8 @@ from sim.world import sim_world
 from tests.conftest import eventually, running_world
 from tests.kube_env import KubeApi
 from tests.test_bridge import POOLS, Stack, apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
-from tests.test_life_events import SHORT, event_types
-from tests.test_life_v4 import calls, ledger_of, reserved_node, start_as_the_pool
+from tests.test_life_events import SHORT
+from tests.test_launch_settles import ledger_of, reserved_node, start_as_the_pool
 from tests.test_node_lifecycle import assert_nothing_left, request, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_watch_events import bridge_running, signals_received, told
@@ -55,12 +53,6 @@ pytestmark = pytest.mark.timeout(300)
 
 # The pool's bind grace, as the pool starts its nodes with it: far past the test's idle timeout.
 HOLD = timedelta(minutes=3)
-# This module's short life of a pool's node (bought, joined, a pod ran, idle, drained,
-# released): measured 64 events (67-70 under life-v4); the bound keeps room for a loaded
-# machine (a facts signal more, a backstop look).
-V5_LIFE_EVENTS = 72
-
-
 def held_request(**overrides: Any) -> Any:
     """A pool's node bought for pods: it holds their place for HOLD after Ready, and may end
     that hold itself at its first pod (as the pool's batched starts ask)."""
@@ -103,12 +95,11 @@ async def last_timer(handle: WorkflowHandle) -> timedelta:
     return last
 
 
-async def test_a_v5_node_ends_its_hold_at_its_first_pod_and_asks_its_budget_in_the_drain(temporal: WorkflowEnvironment) -> None:
+async def test_a_node_ends_its_hold_at_its_first_pod_and_asks_its_budget_in_the_drain(temporal: WorkflowEnvironment) -> None:
     """A pool's node bought for pods (hold HOLD) runs one pod: once that pod is gone it idles
     out after its idle timeout, not HOLD after Ready, with no settings from the pool. The pod's
     arrival moves the next deadline later: the timer is kept (no cancel, no new timer). The
-    idle end asks the pool's budgets inside the drain (no ask activity), and the life stays
-    under V5_LIFE_EVENTS."""
+    idle end asks the pool's budgets inside the drain."""
     async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
         req = held_request()
         handle = await start_as_the_pool(temporal, queue, req)
@@ -125,27 +116,8 @@ async def test_a_v5_node_ends_its_hold_at_its_first_pod_and_asks_its_budget_in_t
 
         busy = before + 1  # the signal that told the node of its pod
         assert await timers_between(handle, busy, busy + 1) == [], "the pod's arrival cancelled the watch's timer"
-        activities, local, _ = await calls(handle)
-        assert "ask_pool_to_disrupt" not in activities and "ask the pool: Empty disruption" not in local, (activities, local)
         [drained] = await drain_inputs(handle)
         assert drained.ask is not None and drained.ask.ask.reason == "Empty" and drained.holds, drained
-        assert "report Ready" not in local, f"Ready went to the pool on its own: {local}"
-        tally, order = await event_types(handle)
-        total = sum(tally.values())
-        print(f"a v5 life of a pool's node: {total} events: {dict(tally.most_common())}")
-        assert total < V5_LIFE_EVENTS, f"{total} events: {dict(tally.most_common())}; in order: {order}"
-        assert await patch_markers(handle) == ["life-v5"], "a node started without a life in its request asks for it"
-        await Replayer(workflows=[GPUNodeWorkflow], data_converter=DATA_CONVERTER).replay_workflow(await handle.fetch_history())
-
-
-async def patch_markers(handle: WorkflowHandle) -> list[str]:
-    """The patches the run asked `workflow.patched` for (its patch markers), in order."""
-    found = []
-    async for event in handle.fetch_history_events():
-        attrs = event.marker_recorded_event_attributes
-        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and attrs.marker_name == "core_patch":
-            found.append(json.loads(attrs.details["patch-data"].payloads[0].data)["id"])
-    return found
 
 
 async def test_a_node_the_pool_sent_settings_keeps_the_pools_hold(temporal: WorkflowEnvironment) -> None:
@@ -210,8 +182,6 @@ async def test_the_pool_sends_no_settings_to_a_node_whose_pod_bound_on_it(tempor
         status: NodeStatus = await asyncio.wait_for(handle.result(), 90)
         assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
         assert not await signals_received(handle, "update_timeouts", TimeoutsUpdate), "the pool sent the node its settings again"
-        # A v5 life (the hold ended at its pod) its pool named in the request: nothing asked.
-        assert await patch_markers(handle) == [], "a node its pool started at a known life asked workflow.patched"
 
 
 async def test_a_node_the_pool_sent_settings_to_is_released_by_the_pool(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
@@ -244,7 +214,7 @@ async def test_a_node_the_pool_sent_settings_to_is_released_by_the_pool(temporal
 
 @pytest.mark.parametrize("attempt", [1, 2])
 async def test_a_drain_asks_the_budget_on_its_first_attempt_only(temporal: WorkflowEnvironment, attempt: int) -> None:
-    """The drain of a v5 voluntary end asks its pool first. A pool whose budget allows no
+    """The drain of a voluntary end asks its pool first. A pool whose budget allows no
     disruption refuses the first attempt, which touches nothing (the Node stays schedulable).
     A retry of the drain holds its first attempt's grant (it may have cordoned and evicted
     already): it does not ask again, and drains."""
@@ -319,8 +289,6 @@ async def test_a_stuck_release_shows_termination_stuck_and_gives_the_class_its_p
         assert final.phase is NodePhase.TERMINATED and any(r.stage is Stage.TERMINATION_STUCK for r in final.stages), final.stages
         assert world.cloud.live_instances() == []
         assert_nothing_left(world, req.node_name)
-        activities, local, _ = await calls(handle)
-        assert activities.count("release_attempt") == 2 and "release_reservation" not in activities, (activities, local)
         assert req.workflow_id not in (await ledger_of(temporal, req.node_class)).reservations
         await class_run.terminate("test finished")
 
@@ -378,22 +346,3 @@ async def test_a_node_hears_when_its_budgets_can_refuse_again(temporal: Workflow
         await eventually(lambda: sent(3), timeout=60, what="the 10% budget sent again")
         drained = await idle_drain_of(s, node, handle)
         assert drained.ask is not None and drained.holds, f"a budget that can refuse again was not asked: {drained}"
-
-
-async def test_a_pool_run_begun_before_the_patch_gives_its_nodes_no_unlimited_reasons(
-    temporal: WorkflowEnvironment, kube_api: KubeApi, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A pool run begun before `unlimited-reasons-to-nodes` (the patch answers False for the
-    rest of the run) sends its nodes no unlimited reasons: nor does it start them with any, or
-    a later change of its budgets (which its settings could not tell) would leave them
-    draining unasked. Its node's idle drain asks, budget 100% or not."""
-    from temporalio import workflow as temporal_workflow
-
-    from workflows.pool import UNLIMITED_REASONS_PATCH
-
-    patched = temporal_workflow.patched
-    monkeypatch.setattr(temporal_workflow, "patched", lambda patch_id: False if patch_id == UNLIMITED_REASONS_PATCH else patched(patch_id))
-    async with running_stack(temporal, kube_api) as s:
-        node, handle = await a_node_for_a_pod(s, budgets=[{"nodes": "100%"}])
-        drained = await idle_drain_of(s, node, handle)
-        assert drained.ask is not None, f"a node of a pool run without the patch drained unasked: {drained}"
