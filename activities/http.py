@@ -75,6 +75,41 @@ class Fixes:
     not_found: str = ""  # after a 404 nobody expected; "" says to check the base URL
 
 
+@dataclass(frozen=True)
+class Quotable:
+    """What of one API's error answers a message may quote (docs/security.md, "What enters an
+    error"): `codes`, the API's documented error codes, quoted only when a code field holds
+    exactly one of them (a numeric code is read as a gRPC code by name first); `titles`, a
+    problem+json `title` that is a standard HTTP phrase (RunPod v2); `messages`, documented
+    messages that name no part of the request, quoted when the answer's message is exactly one
+    (SAFE_MESSAGES, Headscale's). Everything else of an answer is only read to sort it: a code
+    that merely looks like one may be the request (the API key upper-cased, reversed, in
+    base64) in the code field."""
+
+    codes: frozenset[str] = frozenset()
+    titles: bool = False
+    messages: re.Pattern[str] | None = None
+
+    def code(self, response: httpx.Response) -> str:
+        """The first documented code in the answer's code fields (`error.code`, `code`, a
+        string `error`), or ""."""
+        for value in _code_fields(error_body(response)):
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = GRPC_CODES.get(value)
+            if isinstance(value, str) and value in self.codes:
+                return value
+        return ""
+
+
+# An API whose answers a message quotes nothing of (Tailscale: only the status).
+NOTHING = Quotable()
+
+
+def _code_fields(body: dict[str, Any]) -> list[object]:
+    error = body.get("error")
+    return [error.get("code") if isinstance(error, dict) else None, body.get("code"), error]
+
+
 class HttpAdapter:
     """Base of an adapter that talks to one HTTP API through one httpx.AsyncClient, `_client`.
 
@@ -111,6 +146,8 @@ class HttpAdapter:
     # Twins are looked for, and a 404 is not taken for "gone", until this has passed since
     # the last create of a name (docs/providers.md lists each provider's value).
     consistency_window = CONSISTENCY_WINDOW
+    # What of this API's error answers a message may quote: its documented codes, no more.
+    quotable = NOTHING
 
     def __init__(
         self,
@@ -180,6 +217,7 @@ class HttpAdapter:
             secrets=hidden,
             pace=pace if pace is not None else self._pace,
             timeout=self._timeout,
+            quotable=self.quotable,
             **kwargs,
         )
         if response.status_code < 300 or response.status_code in accepted:
@@ -221,9 +259,13 @@ class HttpAdapter:
         )
 
     def _answer(self, response: httpx.Response) -> str:
-        """What a message quotes of an error answer: `error_message` (a code, never the
-        provider's free text), scrubbed all the same."""
-        return self._scrub(error_message(response))
+        """What a message quotes of an error answer: `error_message` (a documented code, never
+        the provider's free text), scrubbed all the same."""
+        return self._scrub(error_message(response, self.quotable))
+
+    def _shown(self, response: httpx.Response) -> str:
+        """"<status> <documented code>" of an error answer, for an adapter's own wording."""
+        return f"{response.status_code} {self.quotable.code(response) or 'no documented error code'}"
 
     def _gone(self, response: httpx.Response) -> bool:
         """Whether `response` says the object no longer exists: a 404 in the API's own words.
@@ -300,6 +342,7 @@ async def send(
     bearer: SecretStr | None = None,
     secrets: Iterable[str | None] = (),
     pace: Pace | None = None,
+    quotable: Quotable | None = None,
     **kwargs: object,
 ) -> httpx.Response:
     """Send a request, retrying transient failures; return every other answer.
@@ -314,6 +357,7 @@ async def send(
     returned for the adapter to interpret (`HttpAdapter._call` words them all one way).
     `system` names the API in messages ("Tailscale API", "RunPod"). `pace`, a rate limiter, is
     entered before each attempt, so a retry waits its turn like any other request.
+    `quotable` is what of an error answer a message may quote (the API's documented codes).
 
     A request that buys something is not idempotent (`idempotent=False`): it is never
     retried here. A timeout, connection error, 408, 425, 429 or 5xx raises OutcomeUnknown at
@@ -327,7 +371,9 @@ async def send(
     hidden.append(_credential(dict(kwargs.get("headers") or {}).get("Authorization")))  # type: ignore[call-overload]
     secret_registry.register(*hidden)
     try:
-        return await _send(client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, kwargs)
+        return await _send(
+            client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, quotable or NOTHING, kwargs
+        )
     except TgpError as exc:
         raise scrubbed(exc, hidden) from None
 
@@ -350,6 +396,7 @@ async def _send(
     rate_limit_wait: float | None,
     sleep: Callable[[float], object],
     pace: Pace | None,
+    quotable: Quotable,
     kwargs: dict[str, object],
 ) -> httpx.Response:
     last: TransientError | None = None
@@ -373,7 +420,7 @@ async def _send(
             retry_after = retry_after_seconds(response)
             if retry_after is None and status == 429:
                 retry_after = rate_limit_wait
-            message = f"{system}: {method} {_path(url)} answered {status}: {error_message(response)}"
+            message = f"{system}: {method} {_path(url)} answered {status}: {error_message(response, quotable)}"
             if not idempotent:
                 raise OutcomeUnknown(message, retry_after=retry_after)
             last = TransientError(message, retry_after=retry_after)
@@ -455,46 +502,55 @@ GRPC_CODES = {
 # exactly one of them: Headscale's "<object> not found" (which its 0.29 answers with a 500, and
 # which tgp tells from an outage by these words).
 SAFE_MESSAGES = re.compile(r"(?i)(user|node|authkey|pre-?auth ?key|record|machine|instance|pod) not found")
-_PHRASES = frozenset(status.phrase.lower() for status in HTTPStatus)
+_PHRASES = {status.phrase.lower(): status.phrase for status in HTTPStatus}
 
 
 def error_code(response: httpx.Response) -> str:
-    """The machine-readable code of an error answer's documented envelope, or "": `error.code`
-    (Lambda, the simulated cloud), a string `error` shaped like a code (Vast.ai), `code`
-    (Paperspace; a number is a gRPC code, Headscale's grpc-gateway). Anything not shaped like a
-    code is dropped: an API that puts the request in its code field shows none of it."""
-    body = error_body(response)
-    error = body.get("error")
-    for value in (error.get("code") if isinstance(error, dict) else None, body.get("code"), error):
+    """The machine-readable code of an error answer's envelope, or "", for **sorting** the
+    answer and never for quoting (quote `Quotable.code`, which keeps only documented codes):
+    `error.code` (Lambda, the simulated cloud), a string `error` shaped like a code (Vast.ai),
+    `code` (Paperspace; a number is a gRPC code, Headscale's grpc-gateway)."""
+    for value in _code_fields(error_body(response)):
         if isinstance(value, bool) or value is None:
             continue
         if isinstance(value, int):
             return GRPC_CODES.get(value, str(value))
-        if isinstance(value, str) and _CODE.fullmatch(value) and not secret_registry.contains_secret(value):
+        if isinstance(value, str) and _CODE.fullmatch(value):
             return value
     return ""
 
 
-def error_message(response: httpx.Response, limit: int = MESSAGE_LIMIT) -> str:
+def error_message(response: httpx.Response, quotable: Quotable = NOTHING, limit: int = MESSAGE_LIMIT) -> str:
     """What an error message may quote of an error answer, never the provider's free text
-    (which may echo the request in any encoding): its code (`error_code`), a problem+json
-    `title` that is a standard HTTP phrase, a message that is exactly one of SAFE_MESSAGES;
-    when none of these, the standard phrase of its status (not the server's reason line)."""
+    (which may echo the request in any encoding): what `quotable` allows (a documented code, a
+    standard HTTP phrase as a problem+json title, a documented message); when none of these,
+    the standard phrase of its status (not the server's reason line)."""
     body = error_body(response)
-    parts = [error_code(response)]
+    parts = [quotable.code(response)]
     title = body.get("title")
-    if isinstance(title, str) and title.lower() in _PHRASES:
-        parts.append(title)
-    said = error_detail(response).strip()
-    if SAFE_MESSAGES.fullmatch(said):
-        parts.append(said)
+    if quotable.titles and isinstance(title, str) and title.lower() in _PHRASES:
+        parts.append(_standard_phrase(title))
+    if quotable.messages is not None:
+        said = error_detail(response).strip()
+        if quotable.messages.fullmatch(said):
+            parts.append(said)
     text = ": ".join(dict.fromkeys(p for p in parts if p))
     if not text:
-        try:
-            text = HTTPStatus(response.status_code).phrase
-        except ValueError:
-            text = "no standard meaning"
+        text = status_phrase(response.status_code)
     return text[:limit]
+
+
+def status_phrase(status: int) -> str:
+    """The standard phrase of an HTTP status ("Not Found"), never a server's own reason line."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "no standard meaning"
+
+
+def _standard_phrase(title: str) -> str:
+    """`title`, a standard HTTP phrase in any letter case, as the standard spells it."""
+    return _PHRASES[title.lower()]
 
 
 def error_detail(response: httpx.Response) -> str:

@@ -47,7 +47,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_code, error_detail, request_line
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_code, error_detail, request_line
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -58,6 +58,16 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_BASE_URL = "https://cloud.lambda.ai/api/v1"
 SYSTEM = "Lambda Cloud API"
+# Lambda's documented error codes (reference/providers.md 1.5; `provider/internal-unavailable`
+# is its example of an upstream one): the only text of an error answer a message quotes.
+QUOTABLE = Quotable(
+    codes=frozenset({
+        "instance-operations/launch/insufficient-capacity", "instance-operations/launch/file-system-in-wrong-region",
+        "global/quota-exceeded", "global/invalid-parameters", "global/object-does-not-exist", "global/invalid-api-key",
+        "global/account-inactive", "global/invalid-address", "global/duplicate", "global/internal-error",
+        "global/too-many-requests", "filesystems/filesystem-in-use", "provider/internal-unavailable",
+    })
+)  # fmt: skip
 # Lambda's published limits: about one request per second, one launch per 12 s (5 per minute).
 REQUEST_INTERVAL = 1.0
 LAUNCH_INTERVAL = 12.0
@@ -106,6 +116,7 @@ class LambdaProvider(HttpAdapter):
 
     name = "lambdalabs"
     system = SYSTEM
+    quotable = QUOTABLE
     capabilities = ProviderCapabilities(machine="vm", boot_payload="cloud-init", joins_as_node=True, spot=False)
 
     def __init__(
@@ -306,7 +317,7 @@ class LambdaProvider(HttpAdapter):
                 "the quota grows as invoices are paid, or ask Lambda support to raise it"
             )
         if code.startswith("provider/"):
-            return TransientError(f"Lambda's upstream failed the launch of {where} ({code}); try again shortly")
+            return TransientError(f"Lambda's upstream failed the launch of {where} ({self._shown(response)}); try again shortly")
         if code == "global/object-does-not-exist" and any(word in said.lower() for word in _CLASS_OBJECTS):
             return ConfigError(
                 f"Lambda does not know something the launch of {where} names ({code}): check that the SSH key "
@@ -315,11 +326,11 @@ class LambdaProvider(HttpAdapter):
             )
         if code == "global/invalid-parameters" or not code:
             # A body tgp built, or no Lambda envelope at all (a wrong base URL): wrong for every offer.
-            return ConfigError(f"Lambda rejected the launch of {where} ({response.status_code} {code or 'no error code'})")
+            return ConfigError(f"Lambda rejected the launch of {where} ({self._shown(response)})")
         if code == "global/object-does-not-exist":
-            return OfferRefused(f"Lambda refused {where} ({response.status_code} {code}): the instance type or region no longer exists")
+            return OfferRefused(f"Lambda refused {where} ({self._shown(response)}): the instance type or region no longer exists")
         # Another refusal of this one offer.
-        return OfferRefused(f"Lambda refused {where} ({response.status_code} {code})")
+        return OfferRefused(f"Lambda refused {where} ({self._shown(response)})")
 
     # --- requests ---------------------------------------------------------------------
 
@@ -350,5 +361,6 @@ def _dollars(cents: int) -> Decimal:
 
 
 def _code(response: httpx.Response) -> str:
-    """The `error.code` of a Lambda error envelope (when shaped like a code), or ''."""
+    """The `error.code` of a Lambda error envelope (when shaped like a code), or '': for sorting
+    the answer; messages quote only a documented one (QUOTABLE)."""
     return error_code(response)

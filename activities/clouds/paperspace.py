@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_code, error_detail, mentions
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_code, error_detail, mentions
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -64,6 +64,14 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_BASE_URL = "https://api.paperspace.com/v1"
 SYSTEM = "Paperspace"
+# Paperspace's error codes (its `{code, message}` envelope, reference/providers.md 4.5; the
+# codes its API answers with, as sim/paperspace.py reproduces them): the only text of an error
+# answer a message quotes.
+QUOTABLE = Quotable(
+    codes=frozenset({
+        "BAD_REQUEST", "UNAUTHORIZED", "NOT_FOUND", "TOO_MANY_REQUESTS", "INTERNAL_SERVER_ERROR", "SERVICE_UNAVAILABLE",
+    })
+)  # fmt: skip
 CATALOG_PATH = Path(__file__).with_name("paperspace_catalog.json")
 # Paperspace changes list prices a few times a year; older than this deserves a look.
 CATALOG_STALE_AFTER = timedelta(days=120)
@@ -146,6 +154,7 @@ class PaperspaceProvider(HttpAdapter):
 
     name = "paperspace"
     system = SYSTEM
+    quotable = QUOTABLE
     capabilities = CAPABILITIES
 
     def __init__(
@@ -249,7 +258,7 @@ class PaperspaceProvider(HttpAdapter):
             await self._delete_script_quietly(script_id)
             # The message sorts the refusal and is never quoted: it may echo the startup script.
             code, said = _error(response)
-            shown = f"{response.status_code} {code or 'no error code'}"
+            shown = self._shown(response)
             if response.status_code == 402 or mentions(code, said, _BILLING_MARKERS):
                 raise PermissionDenied(f"Paperspace refused to create {offer.offer_id} for billing reasons ({shown}): check the account's billing")
             if mentions(code, said, _CAPACITY_MARKERS):
@@ -314,10 +323,9 @@ class PaperspaceProvider(HttpAdapter):
             if machine.get("name"):
                 await self._delete_scripts_named(str(machine["name"]))
             return
-        code, _ = _error(response)
         # The console deletes only stopped machines; "This machine is currently starting." is known.
         await self._call("PATCH", f"/machines/{instance_id}/stop", ok=(400, 404, 409, 422), json={})
-        shown = f"{response.status_code} {code or 'no error code'}"
+        shown = self._shown(response)
         raise TransientError(f"Paperspace could not delete machine {instance_id} yet ({shown}); asked it to stop, retry shortly")
 
     # --- wire format -------------------------------------------------------------------
@@ -366,7 +374,13 @@ class PaperspaceProvider(HttpAdapter):
         standing = _json(await self._call("GET", "/billing/account-standing"))
         if standing.get("isInGoodStanding", True) and not standing.get("isAdminLocked", False):
             return
-        why = "; ".join(str(m) for m in standing.get("messages") or []) or "the account is not in good standing"
+        # Its `messages` are Paperspace's words, never quoted.
+        if standing.get("isAdminLocked", False):
+            why = "the account is admin-locked"
+        elif standing.get("hasPaymentMethod") is False:
+            why = "the account is not in good standing and has no payment method"
+        else:
+            why = "the account is not in good standing"
         raise PermissionDenied(f"Paperspace will not create machines for this account ({why}): fix its billing in the Paperspace console")
 
     async def _pages(self, path: str, params: Mapping[str, str]) -> AsyncGenerator[dict[str, Any], None]:
@@ -407,8 +421,8 @@ def _json(response: httpx.Response) -> Any:
 
 
 def _error(response: httpx.Response) -> tuple[str, str]:
-    """(code, message) of Paperspace's `{code, message, details?}` errors: the code (when shaped
-    like one) may be quoted, the message (with any `issues`) only read to sort the answer."""
+    """(code, message) of Paperspace's `{code, message, details?}` errors, with any `issues`,
+    both only read to sort the answer: messages quote a documented code (`_shown`)."""
     body = error_body(response)
     issues = "; ".join(str(i.get("message")) for i in body.get("issues") or [] if isinstance(i, dict))
     said = error_detail(response)

@@ -37,6 +37,7 @@ RunPod is known to create the pod and still answer 500, so the caller looks it u
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Sequence
 from decimal import Decimal
@@ -49,7 +50,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_detail, error_message, json_items, json_object
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_detail, error_message, json_items, json_object
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -59,6 +60,9 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_BASE_URL = "https://api.runpod.io/v2"
 SYSTEM = "RunPod API"
+# RunPod v2 answers problem+json with no error code: a message quotes its title when it is a
+# standard HTTP phrase, and (see `_problem_summary`) the JSON paths of fields the request sent.
+QUOTABLE = Quotable(titles=True)
 # The image must read the env payload; Tailscale's reads TS_AUTHKEY, TS_HOSTNAME, TS_EXTRA_ARGS.
 DEFAULT_IMAGE = "docker.io/tailscale/tailscale:stable"
 # RunPod's own default container disk.
@@ -113,6 +117,7 @@ class RunPodProvider(HttpAdapter):
 
     name = "runpod"
     system = SYSTEM
+    quotable = QUOTABLE
     capabilities = ProviderCapabilities(
         machine="container",
         boot_payload="env",
@@ -233,7 +238,7 @@ class RunPodProvider(HttpAdapter):
         response = await self._call("DELETE", f"/pods/{quote(instance_id, safe='')}", ok=(404, 409))
         if response.status_code == 409:
             raise ConfigError(
-                f"RunPod will not delete pod {instance_id} (409: {error_message(response)}); it belongs to a cluster, "
+                f"RunPod will not delete pod {instance_id} (409: {self._answer(response)}); it belongs to a cluster, "
                 "delete it in the RunPod console"
             )
         log.info("runpod.pod_terminated", pod_id=instance_id, already_gone=self._gone(response))
@@ -368,10 +373,38 @@ _FIELD_PATH = re.compile(r"\$(?:\.[A-Za-z_][A-Za-z0-9_]{0,40}|\[[0-9]{1,4}\]){1,
 
 def _problem_summary(response: httpx.Response) -> str:
     """What a message quotes of a problem+json answer: its title (a standard HTTP phrase, see
-    `error_message`) and the JSON paths of the fields its `errors` name, never their text."""
-    paths = [m.group(0) for e in _problem_errors(response) if (m := _FIELD_PATH.match(e))]
+    `error_message`) and the JSON paths its `errors` name that are paths of the request tgp
+    sent (`$.gpu.id`, `$.env`), never their text nor a path the request did not hold: an
+    answer can put anything after `$.`, the API key included."""
+    sent = _sent_paths(response.request)
+    paths = [p for e in _problem_errors(response) if (m := _FIELD_PATH.match(e)) and (p := m.group(0)) in sent]
     fields = f" (fields {', '.join(dict.fromkeys(paths))})" if paths else ""
-    return f"{error_message(response)}{fields}"[:200]
+    return f"{error_message(response, QUOTABLE)}{fields}"[:200]
+
+
+def _sent_paths(request: httpx.Request) -> set[str]:
+    """The JSON paths of the request's body ($.a, $.a.b, $.a[0]) down to the fields tgp names:
+    under `env` only `$.env` itself (its keys are the boot payload's, not RunPod's fields)."""
+    try:
+        body = json.loads(request.content or b"null")
+    except ValueError:
+        return set()
+    paths: set[str] = set()
+
+    def walk(value: object, path: str) -> None:
+        paths.add(path)
+        if path == "$.env":
+            return
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}.{key}")
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, f"{path}[{index}]")
+
+    walk(body, "$")
+    paths.discard("$")
+    return paths
 
 
 def _only_offer_fields(response: httpx.Response) -> bool:

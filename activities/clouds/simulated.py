@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, OfferRefused, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, error_body, error_message
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, error_body
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
 _STATES = {
@@ -35,6 +35,13 @@ class SimulatedProvider(HttpAdapter):
 
     name = "simulated"
     system = "simulated cloud"
+    # The simulated cloud's error codes (sim/cloud.py): the only text of an error answer quoted.
+    quotable = Quotable(
+        codes=frozenset({
+            "insufficient-capacity", "not-found", "unauthorized", "invalid-offer", "invalid-name", "offer-unavailable",
+            "unavailable", "service-unavailable", "internal", "injected",
+        })
+    )  # fmt: skip
     # Simulated machines read the container-style env payload and always "join".
     capabilities = ProviderCapabilities(machine="vm", boot_payload="env", joins_as_node=True, spot=True)
 
@@ -67,10 +74,10 @@ class SimulatedProvider(HttpAdapter):
         body = {"offerId": offer.offer_id, "name": name, "userData": boot.content}
         response = await self._create("POST", "/v1/instances", what=f"instance {name}", ok=_REFUSALS, json=body)
         if response.status_code == 409:
-            raise CapacityError(f"simulated cloud has no capacity for {offer.key} (409: {error_message(response)})")
+            raise CapacityError(f"simulated cloud has no capacity for {offer.key} (409: {self._answer(response)})")
         if response.status_code >= 400:
             # The offer id is unknown or was withdrawn: this offer is refused, the next may work.
-            raise OfferRefused(f"simulated cloud refused the launch of {offer.key} ({response.status_code}: {error_message(response)})")
+            raise OfferRefused(f"simulated cloud refused the launch of {offer.key} ({response.status_code}: {self._answer(response)})")
         return self._instance(response.json())
 
     async def find_by_name(self, name: str) -> Instance | None:
@@ -92,7 +99,7 @@ class SimulatedProvider(HttpAdapter):
     async def terminate(self, instance_id: str) -> None:
         response = await self._call("DELETE", f"/v1/instances/{instance_id}", ok=_REFUSALS)
         if response.status_code >= 400 and not self._gone(response):
-            raise TransientError(f"simulated cloud could not terminate {instance_id} ({response.status_code}: {error_message(response)})")
+            raise TransientError(f"simulated cloud could not terminate {instance_id} ({response.status_code}: {self._answer(response)})")
 
     def _says_missing(self, response: httpx.Response) -> bool:
         """The simulated cloud's own 404 is `{"error": {"code": "not-found"}}`; any other came

@@ -40,7 +40,7 @@ from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Sleep, error_body, error_code, error_detail, mentions, scrub
+from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_code, error_detail, mentions, scrub
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval, Unlimited
 from tgp.types import BootPayload, Instance, InstanceState, Offer
@@ -60,6 +60,14 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_BASE_URL = "https://console.vast.ai/api/v0"
 SYSTEM = "Vast.ai"
+# Vast.ai's documented error codes (reference/providers.md 3.4-3.5, the CLI's and dstack's
+# checks): the only text of an error answer a message quotes.
+QUOTABLE = Quotable(
+    codes=frozenset({
+        "invalid_args", "invalid_price", "no_ssh_key_for_vm", "no_such_ask", "auth_error", "not_found",
+        "no_such_instance", "insufficient_bid", "rate_limited", "server_error",
+    })
+)  # fmt: skip
 DEFAULT_CONTAINER_IMAGE = "nvidia/cuda:12.4.1-base-ubuntu22.04"
 # Vast VMs boot only from its own KVM images (guides/instances/virtual-machines).
 VM_IMAGE_PREFIX = "docker.io/vastai/kvm:"
@@ -157,6 +165,7 @@ class VastProvider(HttpAdapter):
 
     name = "vastai"
     system = SYSTEM
+    quotable = QUOTABLE
     found_by = "label"
 
     def __init__(
@@ -242,7 +251,7 @@ class VastProvider(HttpAdapter):
         # Vast's message sorts the answer and is never quoted (it may echo the onstart script);
         # messages name its error code.
         code, said = _vast_error(response)
-        shown = f"{response.status_code} {code or 'no error code'}"
+        shown = self._shown(response)
         contract = data.get("new_contract") if isinstance(data, dict) else None
         if response.status_code < 300 and isinstance(data, dict) and data.get("success") and contract is not None:
             return Instance(
@@ -325,7 +334,7 @@ class VastProvider(HttpAdapter):
         code, said = _vast_error(response)
         if mentions(code, said, ("no_such_instance", "not_found", "not found")):
             return
-        raise TransientError(f"Vast.ai could not destroy instance {instance_id} ({response.status_code} {code or 'no error code'})")
+        raise TransientError(f"Vast.ai could not destroy instance {instance_id} ({self._shown(response)})")
 
     # --- wire format -------------------------------------------------------------------
 
@@ -416,8 +425,8 @@ def _json(response: httpx.Response) -> Any:
 
 def _vast_error(response: httpx.Response) -> tuple[str, str]:
     """(code, message) of Vast's loosely shaped errors ({success, error, msg} or just
-    msg/message, or text): the code (when shaped like one) may be quoted, the message is only
-    read to sort the answer."""
+    msg/message, or text), both only read to sort the answer: messages quote a documented
+    code (`_shown`)."""
     body = error_body(response)
     said = body.get("msg") or body.get("message") if body else error_detail(response)
     return error_code(response), scrub(str(said or ""))

@@ -42,7 +42,7 @@ from pydantic import SecretStr
 from activities.fresh_reads import FreshReads
 from activities.ports import AuthKey
 from tgp.errors import ConfigError, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, error_message, json_items, json_object
+from activities.http import DEFAULT_TIMEOUT, GRPC_CODES, SAFE_MESSAGES, Fixes, HttpAdapter, Quotable, Sleep, error_detail, json_items, json_object
 from tgp.types import TailnetDevice
 
 __all__ = ["HeadscaleTailnet"]
@@ -50,6 +50,9 @@ __all__ = ["HeadscaleTailnet"]
 log = structlog.get_logger(__name__)
 
 SYSTEM = "Headscale API"
+# What a message quotes of a Headscale error: the gRPC code by name and the documented
+# "<object> not found" messages, never the rest of its message or details.
+QUOTABLE = Quotable(codes=frozenset(GRPC_CODES.values()), messages=SAFE_MESSAGES)
 # Headscale's own rules for an ACL tag (hscontrol validateTag): prefix, lowercase, no spaces.
 _TAG = re.compile(r"^tag:[^\sA-Z]+$")
 # protojson writes up to nine fractional digits; datetime takes six.
@@ -92,6 +95,7 @@ class HeadscaleTailnet(HttpAdapter):
     """
 
     system = SYSTEM
+    quotable = QUOTABLE
 
     def __init__(
         self,
@@ -178,7 +182,7 @@ class HeadscaleTailnet(HttpAdapter):
                 raise self._error(ConfigError, f"Headscale user {self._user!r} does not exist: {exc}") from None
             raise
         if response.status_code == 400:
-            raise self._error(ConfigError, f"Headscale refused the pre-auth key request (400): {error_message(response)}")
+            raise self._error(ConfigError, f"Headscale refused the pre-auth key request (400): {self._answer(response)}")
         key = json_object(response, system=SYSTEM).get("preAuthKey")
         key_id = key.get("id") if isinstance(key, dict) else None
         secret = key.get("key") if isinstance(key, dict) else None
@@ -275,7 +279,7 @@ class HeadscaleTailnet(HttpAdapter):
                 # The server's words sort the answer; only its code is quoted (they may echo).
                 if not any(words in error_detail(response) for words in _KEY_ALREADY_DONE):
                     raise self._error(
-                        TransientError, f"{SYSTEM}: expiring a pre-auth key answered {response.status_code}: {error_message(response)}"
+                        TransientError, f"{SYSTEM}: expiring a pre-auth key answered {response.status_code}: {self._answer(response)}"
                     )
             return False
         try:
@@ -314,7 +318,7 @@ class HeadscaleTailnet(HttpAdapter):
         anything else is not a version answer."""
         if "not found" not in error_detail(response).lower():
             raise self._error(
-                TransientError, f"{SYSTEM}: GET /api/v1/preauthkey answered {response.status_code}: {error_message(response)}"
+                TransientError, f"{SYSTEM}: GET /api/v1/preauthkey answered {response.status_code}: {self._answer(response)}"
             )
 
     async def _key_owner(self, api: str) -> str:

@@ -25,7 +25,7 @@ from pydantic import SecretStr
 from activities.fresh_reads import FreshReads
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, error_message, json_items, json_object
+from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, json_items, json_object
 from tgp.secrets import register_process
 from tgp.types import TailnetDevice
 
@@ -273,12 +273,12 @@ class TailscaleTailnet(HttpAdapter):
             listed = ", ".join(named)
             return self._error(
                 PermissionDenied,
-                f"Tailscale refused to mint a key with tag(s) {listed} ({response.status_code}: {error_message(response)}): "
+                f"Tailscale refused to mint a key with tag(s) {listed} ({response.status_code}: {self._answer(response)}): "
                 f"the OAuth client {self._client_id!r} must own {listed}: in the tailnet policy's tagOwners "
                 f"list the client's tag as an owner of {listed} (or give the client that tag), request all "
                 "of the client's own tags, and give the client write on the `auth_keys` scope",
             )
-        return self._error(ConfigError, f"{SYSTEM} rejected the auth key request ({response.status_code}: {error_message(response)})")
+        return self._error(ConfigError, f"{SYSTEM} rejected the auth key request ({response.status_code}: {self._answer(response)})")
 
     def _secrets(self) -> list[str]:
         """What must never reach a message: the OAuth client secret and the access token."""
