@@ -24,8 +24,11 @@ its environment (activities/clouds/registry.py `providers_from_env`): what `tgp 
 and the demo use.
 
 Tailnets likewise (`TailnetRegistry`): a class's tailscaleConfig.oauthSecretRef (keys client-id
-and client-secret for Tailscale, api-key for Headscale) gets its own adapter, rebuilt when the
-Secret changes; without one, the worker's own tailnet (TS_OAUTH_CLIENT_ID/..., HEADSCALE_...).
+and client-secret for Tailscale, api-key and login-server for Headscale) gets its own adapter,
+rebuilt when the Secret changes; without one, the worker's own tailnet (TS_OAUTH_CLIENT_ID/...,
+HEADSCALE_...). A Headscale key goes only to the server its Secret names, never to an internal
+address unless the operator allows it (activities/tailnets/servers.py). No class reaches tgp's
+own Secrets (`tgp-...`, tgp.secrets.class_reference_problem).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ from activities.name_lists import LookupsByAccount
 from activities.offer_cache import OfferCache
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import AuthError, ConfigError, TgpError, TransientError
-from tgp.secrets import register_process
+from activities.tailnets.servers import GuardedTransport, address_problem, allows_internal, bound_server_problem
+from tgp.secrets import class_reference_problem, register_process
 from tgp.types import CredentialsRef, TailnetRef
 
 __all__ = ["RETIRE_AFTER", "ProviderRegistry", "TailnetRegistry", "VersionedAdapters", "secret_value"]
@@ -133,6 +137,9 @@ class VersionedAdapters:
         self.builds = 0  # adapters built so far (for tests and metrics)
 
     async def get(self, key: Any, namespace: str, name: str, build: Callable[[Mapping[str, bytes]], Any], *, what: str) -> Any:
+        # tgp's own Secrets are never read for a class (tgp.secrets.class_reference_problem).
+        if (problem := class_reference_problem(name, what)) is not None:
+            raise ConfigError(problem)
         secret = await self.cluster.read_secret_versioned(namespace, name)
         if secret is None:
             raise ConfigError(f"Secret {namespace}/{name} does not exist: create it or fix the GPUNodeClass's {what}")
@@ -444,8 +451,8 @@ class TailnetRegistry:
     """The tailnet adapter for (backend, class tailnet Secret): see the module docstring.
 
     `fallback` is the worker's own tailnets by backend name (used as given, not copied); `env`
-    supplies TGP_TAILSCALE_API_URL and HEADSCALE_USER (and HEADSCALE_URL when the class names
-    no login server)."""
+    supplies TGP_TAILSCALE_API_URL, HEADSCALE_USER and TGP_TAILNET_ALLOW_INTERNAL (whether a
+    class's Headscale server may be on an internal address)."""
 
     def __init__(
         self,
@@ -478,11 +485,19 @@ class TailnetRegistry:
 
         def build(data: Mapping[str, bytes]) -> Tailnet:
             if backend == "headscale":
-                url = ref.login_server or self.env.get("HEADSCALE_URL")
+                url = ref.login_server
                 if not url:
                     raise ConfigError("a Headscale tailnet needs tailscaleConfig.loginServer in the GPUNodeClass")
+                internal = allows_internal(self.env)
+                problem = bound_server_problem(data, url, where) or address_problem(url, allow_internal=internal)
+                if problem is not None:
+                    raise ConfigError(f"tailscaleConfig: {problem}")
                 return HeadscaleTailnet(
-                    base_url=url, api_key=secret_value(data, "api-key", where), user=self.env.get("HEADSCALE_USER"), secret_ref=where
+                    base_url=url,
+                    api_key=secret_value(data, "api-key", where),
+                    user=self.env.get("HEADSCALE_USER"),
+                    secret_ref=where,
+                    transport=None if internal else GuardedTransport(),
                 )
             return TailscaleTailnet(
                 base_url=self.env.get("TGP_TAILSCALE_API_URL", TAILSCALE_API_URL),

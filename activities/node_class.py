@@ -4,6 +4,7 @@ workflows make, and the validation of a class (its providers, Secrets and boot t
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Collection, Mapping
 
 from pydantic import BaseModel, ConfigDict
@@ -29,6 +30,8 @@ from tgp.capabilities import capability_problems
 from tgp.crds import GPUNodeClassSpec, login_server_problems
 from tgp.errors import TgpError, TransientError
 from tgp.types import CredentialsRef
+from tgp.secrets import class_reference_problem
+from activities.tailnets.servers import address_problem, allows_internal, bound_server_problem
 
 class ValidateClassInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -168,7 +171,9 @@ class NodeClassActivities(AccountActivities):
                 if p.name not in self.providers and p.credentials_ref is None:
                     problems.append(f"provider {p.name} has no credentialsRef and is not configured on the worker")
                 ref = None
-                if p.credentials_ref is not None:
+                if p.credentials_ref is not None and (own := class_reference_problem(p.credentials_ref.name, f"providers[{p.name}].credentialsRef")):
+                    problems.append(own)
+                elif p.credentials_ref is not None:
                     ns = p.credentials_ref.namespace or inp.operator_namespace
                     found = await self._check_secret_key(ns, p.credentials_ref.name, p.credentials_ref.key, f"providers[{p.name}].credentialsRef")
                     problems += found
@@ -193,11 +198,25 @@ class NodeClassActivities(AccountActivities):
             problems += await boot_problems(inp.spec, payload_kinds, owner=inp.name)
             ts = inp.spec.tailscale_config
             problems += tailnet_problems(inp.spec, self.tailnets)
-            if ts.oauth_secret_ref:
+            if inp.spec.join_secret_ref and (own := class_reference_problem(inp.spec.join_secret_ref, "joinSecretRef")):
+                problems.append(own)
+            if ts.oauth_secret_ref and (own := class_reference_problem(ts.oauth_secret_ref, "tailscaleConfig.oauthSecretRef")):
+                problems.append(own)
+            elif ts.oauth_secret_ref:
                 keys = ("api-key",) if ts.login_server else ("client-id", "client-secret")
                 for key in keys:
                     problems += await self._check_secret_key(inp.operator_namespace, ts.oauth_secret_ref, key, "tailscaleConfig.oauthSecretRef")
+                if ts.login_server:
+                    problems += await self._headscale_server_problems(inp.operator_namespace, ts.oauth_secret_ref, ts.login_server)
         return problems
+
+    async def _headscale_server_problems(self, namespace: str, name: str, login_server: str) -> list[str]:
+        """Whether the class's Headscale API key may go to its loginServer: the Secret names that
+        server, and it is not internal unless the worker allows it (activities/tailnets/servers.py)."""
+        data = await self.cluster.read_secret(namespace, name)
+        bound = bound_server_problem(data, login_server, f"Secret {namespace}/{name}") if data is not None else None
+        where = address_problem(login_server, allow_internal=allows_internal(os.environ))
+        return [f"tailscaleConfig.oauthSecretRef: {bound}"] * (bound is not None) + [f"tailscaleConfig.loginServer: {where}"] * (where is not None)
 
     async def _check_secret_key(self, namespace: str, name: str, key: str, field: str) -> list[str]:
         data = await self.cluster.read_secret(namespace, name)

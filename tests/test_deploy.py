@@ -102,7 +102,7 @@ def test_manifests_parse() -> None:
 
 # What a user applies: the base (through their own overlay), the two example overlays, and the
 # base with every component, so that each component's output is checked too.
-ALL_COMPONENTS = ("monitoring", "temporal-mtls", "temporal-api-key")
+ALL_COMPONENTS = ("monitoring", "temporal-mtls", "temporal-api-key", "worker-egress")
 RENDERS = ("base", "overlays/self-hosted", "overlays/temporal-cloud", "all-components")
 
 
@@ -524,3 +524,43 @@ def test_the_wheel_built_from_the_tree_carries_no_fakes_and_the_templates(tmp_pa
     assert not [n for n in names if n.startswith(("sim/", "tests/")) or "fake" in n], names
     assert {"activities/boot/templates/talos-worker.yaml.j2", "activities/boot/templates/ubuntu-cloud-init.yaml.j2"} <= set(names)
     assert not [r for r in requires if "kmock" in r or "tgp-sim" in r], requires  # no extra names it either
+
+
+def test_the_worker_egress_policy_keeps_it_off_internal_addresses() -> None:
+    """The optional worker-egress component (issue 35, item 12): every worker pod, egress only,
+    to DNS, the API server, Temporal and public addresses; the public rule excepts every
+    private, loopback and link-local range (the metadata service at 169.254.169.254 and
+    fd00:ec2::254 among them), and nothing else reaches the bridge or the pods."""
+    import ipaddress
+
+    policies = objects("all-components", "NetworkPolicy")
+    assert [p["metadata"]["name"] for p in policies] == ["tgp-worker-egress"]
+    assert not [o for o in render("base") if o["kind"] == "NetworkPolicy"], "optional: not in the base"
+    spec = policies[0]["spec"]
+    selector = spec["podSelector"]["matchLabels"]
+    for deployment in objects("all-components", "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        selected = all(labels.get(k) == v for k, v in selector.items())
+        assert selected == (deployment["metadata"]["name"] == "tgp-worker"), deployment["metadata"]["name"]
+    assert spec["policyTypes"] == ["Egress"] and "ingress" not in spec
+
+    def reaches(address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        for rule in spec["egress"]:
+            for peer in rule["to"]:
+                block = peer.get("ipBlock")
+                if block is None or ip.version != ipaddress.ip_network(block["cidr"]).version:
+                    continue
+                if ip in ipaddress.ip_network(block["cidr"]) and not any(
+                    ip in ipaddress.ip_network(e) for e in block.get("except", [])
+                ):
+                    return True
+        return False
+
+    for internal in ("169.254.169.254", "fd00:ec2::254", "127.0.0.1", "10.96.0.10", "192.168.1.1", "172.20.0.1",
+                     "100.100.100.100", "::1", "fe80::1", "::ffff:127.0.0.1"):  # fmt: skip
+        assert not reaches(internal), internal
+    for public in ("93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"):
+        assert reaches(public), public
+    dns = [r for r in spec["egress"] if {p.get("port") for p in r.get("ports", [])} == {53}]
+    assert dns and dns[0]["to"][0]["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}

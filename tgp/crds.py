@@ -253,14 +253,17 @@ class TailscaleConfig(Spec):
         None,
         description="Headscale URL (http:// or https://, a host, an optional port and path; no user, query or fragment); "
         "unset means Tailscale's control plane. The worker needs Headscale credentials for it (HEADSCALE_URL/HEADSCALE_API_KEY) "
-        "unless oauthSecretRef gives the class its own; a class whose nodes could join no tailnet is not Ready.",
+        "unless oauthSecretRef gives the class its own; a class whose nodes could join no tailnet is not Ready. With "
+        "oauthSecretRef, it must be the server that Secret's login-server key names, and not an internal address (loopback, "
+        "private, link-local, a cluster name) unless the worker sets TGP_TAILNET_ALLOW_INTERNAL=true.",
         json_schema_extra={"maxLength": LOGIN_SERVER_MAX_LENGTH, "pattern": LOGIN_SERVER_PATTERN},
     )
     oauth_secret_ref: str | None = Field(
         None,
         description="Secret in the operator's namespace with keys client-id and client-secret (Tailscale OAuth client) or "
-        "api-key (Headscale): this class's nodes join with it, read when used, so a rotated credential is picked up. "
-        "Unset = the worker's own tailnet credentials.",
+        "api-key and login-server (Headscale: the key is sent only to the server login-server names, which must be loginServer): "
+        "this class's nodes join with it, read when used, so a rotated credential is picked up. Not one of tgp's own Secrets "
+        "(named tgp-...). Unset = the worker's own tailnet credentials.",
     )
 
 

@@ -43,7 +43,9 @@ from urllib.parse import quote, quote_plus
 
 __all__ = [
     "MIN_LENGTH",
+    "OWN_SECRET_PREFIX",
     "REDACTED",
+    "class_reference_problem",
     "contains_secret",
     "known_secrets",
     "register",
@@ -168,6 +170,28 @@ def _remember_recent(secrets: Iterable[_Secret]) -> None:
             _recent.move_to_end(secret.value)
         while len(_recent) > RECENT_LIMIT:
             _recent.popitem(last=False)
+
+
+# tgp's own Secrets in its namespace are named with this prefix: the install's
+# tgp-operator-secret (the worker's provider keys and tailnet credentials), tgp-payload-keys,
+# tgp-temporal-tls and tgp-temporal-api-key. No GPUNodeClass may reference one (see
+# `class_reference_problem`; docs/security.md, "Who may write a GPUNodeClass").
+OWN_SECRET_PREFIX = "tgp-"
+
+
+def class_reference_problem(name: str, field: str) -> str | None:
+    """What is wrong with a GPUNodeClass naming Secret `name` in `field`, or None: a class may
+    not reach tgp's own Secrets (the Temporal credentials, the payload keys, the worker's own
+    provider and tailnet keys), which are named `tgp-...`. The rule holds for every reference a
+    class makes, so it needs no list of what each Secret holds; a class that wants the worker's
+    own keys leaves its reference unset."""
+    if not name.startswith(OWN_SECRET_PREFIX):
+        return None
+    return (
+        f"{field}: Secret {name!r} is one of tgp's own (its name starts with {OWN_SECRET_PREFIX!r}: the Temporal "
+        "credentials, the payload keys, the worker's own provider and tailnet keys), which no GPUNodeClass may "
+        f"reference; put the class's credentials in a Secret named otherwise, or leave {field} unset to use the worker's own"
+    )
 
 
 def register_process(*values: object) -> None:
