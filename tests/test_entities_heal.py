@@ -17,7 +17,6 @@ from tests.conftest import eventually, running_world
 from tests.test_pool_accounting import CLASS, pool_spec
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus
 from tgp.messages import ClassInput, ClassUpdate, Ledger, PoolUpdate, class_workflow_id, pool_workflow_id
-from workflows.node import GPUNodeWorkflow
 from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow, PoolInput
 

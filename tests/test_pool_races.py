@@ -312,7 +312,7 @@ def for_pool(name: str) -> Callable[[Any], bool]:
 @pytest.fixture(scope="module")
 async def suggests_early() -> AsyncIterator[WorkflowEnvironment]:
     """A dev server that suggests continue-as-new after SUGGEST_CONTINUE_AS_NEW_AT events. The
-    pool's own limit (2,000 events) is a constant of workflows/pool.py, which the workflow
+    pool's own limit (2,000 events) is a constant of workflows/pool/state.py, which the workflow
     sandbox imports afresh: Temporal's suggestion is what a test can move."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=binary("temporal"),

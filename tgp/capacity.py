@@ -9,7 +9,7 @@ the facts on every pass and are *void* as soon as they are false:
 * the node is gone (ended, draining, forgotten): the pod gets a node again;
 * the node is full: the GPUs the bridge reports free no longer hold the pods nominated to it
   (another pod took them; the scheduler does not know about nominations);
-* a launching node got more nominations than its GPUs (a state from an older release); one
+* a launching node holds more nominations than its GPUs can take; one
   whose GPU count the pool does not know keeps its nominations and gets no new ones.
 
 A pod still pending `bind_grace` after its node became Ready, the node not full, does not fit
@@ -66,8 +66,8 @@ class CapacityNode(Frozen):
     launching: bool = False  # choosing an offer, launching or joining: it will take pods
     free_gpus: int | None = 0  # Ready nodes: free GPUs reported by the bridge; None = not reported
     # Launching nodes: the GPUs it was bought with (at least its offer's count); None = unknown
-    # (a node the pool rebuilt from its running workflow, or recorded by an older release): its
-    # room is unknown, so the nominations it holds are kept and no new one is made to it.
+    # (a node the pool rebuilt from its running workflow): its room is unknown, so the
+    # nominations it holds are kept and no new one is made to it.
     gpus: int | None = 1
 
 
