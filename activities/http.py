@@ -1,8 +1,9 @@
 """One retry discipline and one error wording for every HTTP API tgp calls (clouds, Tailscale,
 Headscale).
 
-`send` makes one request: a timeout (set on the client) and a short, bounded retry on 429 /
-5xx / connection errors that honours `Retry-After`. Past that the caller gets a TransientError
+`send` makes one request: a timeout (set on the client), a deadline for the whole of each
+attempt and a cap on the body it reads (REQUEST_DEADLINE, MAX_RESPONSE_BYTES), and a short,
+bounded retry on 429 / 5xx / connection errors that honours `Retry-After`. Past that the caller gets a TransientError
 and Temporal's activity retry policy takes over, so a long outage never blocks a worker slot.
 A request that buys something is never retried in-call (see `send`).
 
@@ -46,6 +47,13 @@ from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, Trans
 
 # Requests to cloud APIs answer in well under a second; 30 s catches a hung connection.
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+# The whole of one attempt, from sending to the answer's last byte. httpx's timeouts bound each
+# read, so an answer that drips a byte at a time was still being read after 100 s (issue 35);
+# this bounds it. An API answers in seconds; a minute leaves room for a slow list.
+REQUEST_DEADLINE = 60.0
+# The most of an answer's body that is read (decoded). The largest answer tgp reads, a cloud's
+# offer list, is well under 1 MiB; a 100 MB body once raised the worker's memory by ~424 MB.
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 # The consistency window of a real cloud API (HttpAdapter.consistency_window): lists lagging
 # 30-90 s behind a create and creates completing 65-75 s after the client gave up were seen
 # (issue 17); three minutes covers both with room.
@@ -148,6 +156,10 @@ class HttpAdapter:
     consistency_window = CONSISTENCY_WINDOW
     # What of this API's error answers a message may quote: its documented codes, no more.
     quotable = NOTHING
+    # The bounds of one attempt (see REQUEST_DEADLINE, MAX_RESPONSE_BYTES); an instance may
+    # set its own.
+    deadline = REQUEST_DEADLINE
+    max_response_bytes = MAX_RESPONSE_BYTES
 
     def __init__(
         self,
@@ -218,6 +230,8 @@ class HttpAdapter:
             pace=pace if pace is not None else self._pace,
             timeout=self._timeout,
             quotable=self.quotable,
+            deadline=self.deadline,
+            max_bytes=self.max_response_bytes,
             **kwargs,
         )
         if response.status_code < 300 or response.status_code in accepted:
@@ -343,6 +357,8 @@ async def send(
     secrets: Iterable[str | None] = (),
     pace: Pace | None = None,
     quotable: Quotable | None = None,
+    deadline: float = REQUEST_DEADLINE,
+    max_bytes: int = MAX_RESPONSE_BYTES,
     **kwargs: object,
 ) -> httpx.Response:
     """Send a request, retrying transient failures; return every other answer.
@@ -359,6 +375,11 @@ async def send(
     entered before each attempt, so a retry waits its turn like any other request.
     `quotable` is what of an error answer a message may quote (the API's documented codes).
 
+    Each attempt, from sending to the answer's last byte, has `deadline` seconds (after its
+    turn at `pace`): past it the attempt counts as a timeout. At most `max_bytes` of a body are
+    read: a larger answer stops the reading and raises ConfigError (OutcomeUnknown for a
+    request that buys), which names the limit and quotes nothing of the body.
+
     A request that buys something is not idempotent (`idempotent=False`): it is never
     retried here. A timeout, connection error, 408, 425, 429 or 5xx raises OutcomeUnknown at
     once: a gateway may throttle or fail after the backend bought. `rate_limit_wait` is the wait assumed after a 429
@@ -371,8 +392,9 @@ async def send(
     hidden.append(_credential(dict(kwargs.get("headers") or {}).get("Authorization")))  # type: ignore[call-overload]
     secret_registry.register(*hidden)
     try:
+        bounds = _Bounds(deadline, max_bytes)
         return await _send(
-            client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, quotable or NOTHING, kwargs
+            client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, quotable or NOTHING, bounds, kwargs
         )
     except TgpError as exc:
         raise scrubbed(exc, hidden) from None
@@ -397,15 +419,25 @@ async def _send(
     sleep: Callable[[float], object],
     pace: Pace | None,
     quotable: Quotable,
+    bounds: _Bounds,
     kwargs: dict[str, object],
 ) -> httpx.Response:
     last: TransientError | None = None
     for attempt in range(1, attempts + 1):
         try:
             async with pace or nullcontext():
-                response = await client.request(method, url, **kwargs)  # type: ignore[arg-type]
-        except httpx.TransportError as exc:
-            message = f"{system}: {method} {_path(url)} failed: {type(exc).__name__}"
+                response = await _bounded_request(client, method, url, bounds, kwargs)
+        except _TooLarge:
+            message = (
+                f"{system}: {method} {_path(url)} answered with a body over {bounds.max_bytes} bytes, which tgp stopped "
+                "reading; check the API's base URL (a proxy or another service may answer there)"
+            )
+            if not idempotent:
+                raise OutcomeUnknown(message) from None
+            raise ConfigError(message) from None
+        except (httpx.TransportError, _DeadlinePassed) as exc:
+            name = f"no complete answer within {bounds.deadline:g} s" if isinstance(exc, _DeadlinePassed) else type(exc).__name__
+            message = f"{system}: {method} {_path(url)} failed: {name}"
             if not idempotent:
                 raise OutcomeUnknown(message) from None
             last = TransientError(message)
@@ -431,6 +463,46 @@ async def _send(
             await sleep(wait)  # type: ignore[func-returns-value]
     assert last is not None
     raise last
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    deadline: float
+    max_bytes: int
+
+
+class _TooLarge(Exception):
+    """An answer's body passed the size cap."""
+
+
+class _DeadlinePassed(Exception):
+    """An attempt passed its deadline."""
+
+
+async def _bounded_request(
+    client: httpx.AsyncClient, method: str, url: str, bounds: _Bounds, kwargs: dict[str, object]
+) -> httpx.Response:
+    """One attempt within `bounds`: the answer with its whole body read (at most max_bytes,
+    decoded), in at most `deadline` seconds from sending to the last byte."""
+    request = client.build_request(method, url, **kwargs)  # type: ignore[arg-type]
+    try:
+        async with asyncio.timeout(bounds.deadline):
+            response = await client.send(request, stream=True)
+            try:
+                chunks, size = [], 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > bounds.max_bytes:
+                        raise _TooLarge()
+                    chunks.append(chunk)
+            finally:
+                await response.aclose()
+    except TimeoutError:
+        raise _DeadlinePassed() from None
+    # The body as read (decoded): no content-encoding or length of the wire form applies.
+    skip = {"content-length", "content-encoding", "transfer-encoding"}
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in skip]
+    return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks), request=request)
 
 
 def json_object(response: httpx.Response, *, system: str) -> dict[str, Any]:
