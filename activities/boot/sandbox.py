@@ -24,8 +24,9 @@ worker's event loop. Here:
   within the worker's limit). From async code, `bounded(owner, fn, ...)` runs a blocking render
   function on the renders' own thread pool (never the default executor, which DNS resolution
   uses, never the event loop), after waiting in the renders' own queue, where one owner (a
-  GPUNodeClass) holds at most `OWNER_SHARE` slots: a class whose template is slow or hostile
-  waits behind itself, not in front of every other class.
+  GPUNodeClass) holds at most `OWNER_SHARE` slots and has at most `MAX_WAITING_PER_OWNER`
+  renders waiting: a class whose template is slow or hostile, or that launches in a burst,
+  waits behind itself (and is refused past its own cap), not in front of every other class.
 
 The child gets the template and its variables (secrets included) on stdin and answers with JSON
 on stdout: nothing on its command line or in its environment, which holds only what Python
@@ -74,7 +75,13 @@ MAX_CONCURRENT_RENDERS = 2
 # Slots one owner (a GPUNodeClass) may hold at once; its other renders wait in the queue.
 OWNER_SHARE = max(1, MAX_CONCURRENT_RENDERS // 2)
 # Renders waiting at most, all owners together; past that `bounded` refuses (RendersBusy).
+# A bound on the worker's memory (each waiting render holds its template, up to 256 KiB).
 MAX_WAITING_RENDERS = 256
+# Renders one owner (a GPUNodeClass) may have waiting; past that its next render is refused
+# (RendersBusy) while other owners still queue: one class's burst of launches or validations
+# once filled the whole queue and made every other class's fail (issue 35). A burst of a
+# class's launches beyond it is retried by Temporal, its renders coming in as slots free up.
+MAX_WAITING_PER_OWNER = 32
 # Environment variables the child keeps: what finds Python and its packages, nothing else.
 _CHILD_ENVIRONMENT = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "LC_CTYPE", "SYSTEMROOT")
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -100,7 +107,8 @@ class UnsafeValue(Exception):
 
 
 class RendersBusy(Exception):
-    """The renders' queue is full (MAX_WAITING_RENDERS): try again later."""
+    """The renders' queue is full (MAX_WAITING_RENDERS), or this owner already has
+    MAX_WAITING_PER_OWNER renders waiting: try again later."""
 
 
 class RenderFailed(Exception):
@@ -544,9 +552,13 @@ _QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue] = weakref.
 async def bounded(owner: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` (a blocking render, check or inspection) on the renders' own
     threads, once this owner's turn comes (see the module doc); the event loop never waits
-    on it. RendersBusy when MAX_WAITING_RENDERS already wait."""
+    on it. RendersBusy when this owner already has MAX_WAITING_PER_OWNER renders waiting, or
+    MAX_WAITING_RENDERS wait in all."""
     loop = asyncio.get_running_loop()
     queue = _QUEUES.setdefault(loop, _Queue())
+    own = sum(1 for who, future in queue.waiting if who == owner and not future.done())
+    if own >= MAX_WAITING_PER_OWNER:
+        raise RendersBusy(f"{own} template renders of {owner} are already waiting")
     if len(queue.waiting) >= MAX_WAITING_RENDERS:
         raise RendersBusy(f"{len(queue.waiting)} template renders are already waiting")
     turn: asyncio.Future[None] = loop.create_future()
