@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from activities.boot import sandbox as template_sandbox
-from activities.boot.sandbox import RenderFailed
+from activities.boot.sandbox import RenderFailed, RendersBusy
 from tgp.crds import MAX_TEMPLATE_LENGTH
 from tgp.errors import ConfigError
 from tgp.labels import label_problems, taint_problems
@@ -606,8 +606,9 @@ def template_report(text: str, settings: BootSettings | None = None) -> Template
     uses them, so a template needing an unset KubernetesVersion is reported; without, sample
     settings define every optional variable.
 
-    Never raises: whatever goes wrong is a problem of the template, reported as one (a class
-    whose check crashed would get no status at all). Parsing, the name lookup and the trial
+    Never raises but RendersBusy (a machine too loaded to run the child, which is retried):
+    whatever else goes wrong is a problem of the template, reported as one (a class whose check
+    crashed would get no status at all). Parsing, the name lookup and the trial
     render run in one bounded child process (activities/boot/sandbox.py), so this blocks for
     up to a few seconds: from async code, call it through `sandbox.bounded`.
     """
@@ -615,6 +616,8 @@ def template_report(text: str, settings: BootSettings | None = None) -> Template
         return _template_report(text, settings)
     except TemplateError as exc:
         return TemplateReport(problems=[str(exc)])
+    except RendersBusy:
+        raise  # the machine, not the template: the validation is retried (see sandbox.run)
     except Exception as exc:  # noqa: BLE001 - a bug in a check must still give the class a status
         log.warning("bootstrap.check_failed", error_type=type(exc).__name__)
         return TemplateReport(problems=[f"the template could not be checked ({type(exc).__name__}: {str(exc)[:300]})"])

@@ -11,9 +11,11 @@ worker's event loop. Here:
   exponent above `MAX_EXPONENT`.
 * **Output.** The template streams (`generate()`); past `MAX_OUTPUT_BYTES` it stops.
 * **Time and memory.** Every parse, compile and render runs in a fresh child process
-  (`run()`/`render()`/`inspect()` in the worker, `main()` in the child) that the worker kills
-  after `RENDER_TIMEOUT_SECONDS`, with its address space capped at `MEMORY_LIMIT_BYTES` and its
-  CPU time capped by RLIMIT_CPU. The worker never parses a template: Jinja folds constant
+  (`run()`/`render()`/`inspect()` in the worker, `main()` in the child) whose render is stopped
+  after `RENDER_TIMEOUT_SECONDS` of CPU time counted from the render's start (ITIMER_PROF, with
+  RLIMIT_CPU behind it), not wall time, so a loaded machine does not make a template invalid,
+  with its address space capped at `MEMORY_LIMIT_BYTES`; the worker kills a child that has not
+  finished after `RENDER_WALL_SECONDS` of wall time and retries it later (RendersBusy). The worker never parses a template: Jinja folds constant
   expressions while compiling, and even the name-lookup pass compiles, so the one-line
   `{{ '%0999999999d' % 1 }}` once took the worker to 2.9 GB and stalled its event loop for
   12 s. A thread cannot be stopped, and cooperative checks cannot interrupt work inside one C
@@ -46,6 +48,7 @@ import functools
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -67,7 +70,14 @@ MAX_OUTPUT_BYTES = 1024 * 1024  # provider user data is smaller still (Lambda: 1
 MAX_LOOP_ITERATIONS = 100_000  # all loops of one render together
 MAX_RANGE = 10_000
 MAX_EXPONENT = 1024
-RENDER_TIMEOUT_SECONDS = 5.0  # wall clock, interpreter start included (about 0.1-0.5 s)
+# CPU time of one render, from its start in the child (the interpreter's start and imports
+# not counted): a bound on the template's work, the same on an idle and a loaded machine. It
+# was wall time including the child's start, so under load a 256 KiB template validated in
+# 3.9-5.1 s, valid in one run and InvalidSpec in the next (issue 35).
+RENDER_TIMEOUT_SECONDS = 5.0
+# Wall time of one child, its start included: a backstop for a machine so loaded that the
+# child gets no CPU, which is the machine's fault, not the template's (RendersBusy: retried).
+RENDER_WALL_SECONDS = 60.0
 MEMORY_LIMIT_BYTES = 256 * 1024 * 1024
 # Children at once per worker process; more wait. Bounded by memory, not CPUs: each child may
 # use MEMORY_LIMIT_BYTES, and together they stay within half the worker's 1 GiB limit.
@@ -94,6 +104,8 @@ _CHILD_COMMAND = (
     f"import sys; sys.path.insert(0, {_ROOT!r}); from activities.boot.sandbox import main; main()",
 )
 _SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT_RENDERS)
+# What ends a child that used up its CPU: SIGPROF (the timer), SIGXCPU and SIGKILL (RLIMIT_CPU).
+_CPU_SIGNALS = frozenset(getattr(signal, name) for name in ("SIGPROF", "SIGXCPU", "SIGKILL") if hasattr(signal, name))
 _MESSAGE_LIMIT = 2000
 
 
@@ -399,16 +411,24 @@ def _describe(exc: BaseException) -> dict[str, Any]:
 
 
 def _limit_resources() -> None:
+    """The child's bounds, set once the interpreter has started and imported what it needs, so
+    that only the render's own work counts: RENDER_TIMEOUT_SECONDS of CPU from now (ITIMER_PROF,
+    whose SIGPROF ends the process even inside one long C call), RLIMIT_CPU a second or two
+    later as a backstop, and MEMORY_LIMIT_BYTES of address space."""
     try:
         import resource
-    except ImportError:  # not POSIX: the parent's timeout still bounds the render
+        import signal
+    except ImportError:  # not POSIX: the parent's wall-time bound still ends the render
         return
-    cpu = int(RENDER_TIMEOUT_SECONDS) + 1
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = int(usage.ru_utime + usage.ru_stime + RENDER_TIMEOUT_SECONDS) + 2
     for limit, value in ((resource.RLIMIT_AS, MEMORY_LIMIT_BYTES), (resource.RLIMIT_CPU, cpu)):
         try:
             resource.setrlimit(limit, (value, value + (1 if limit == resource.RLIMIT_CPU else 0)))
         except (ValueError, OSError):
             pass  # a lower hard limit is already in force
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)  # the default action ends the process
+    signal.setitimer(signal.ITIMER_PROF, RENDER_TIMEOUT_SECONDS)
 
 
 def inspect_here(source: str) -> dict[str, int]:
@@ -486,17 +506,22 @@ def run(
     with _SLOTS:
         try:
             done = subprocess.run(  # noqa: S603 - our own interpreter and module, no shell
-                _CHILD_COMMAND, input=request, capture_output=True, timeout=RENDER_TIMEOUT_SECONDS, env=env, check=False
+                _CHILD_COMMAND, input=request, capture_output=True, timeout=RENDER_WALL_SECONDS, env=env, check=False
             )
         except subprocess.TimeoutExpired:
-            raise RenderFailed(
-                "limit", f"rendering took longer than {RENDER_TIMEOUT_SECONDS:g} s and was stopped (a loop over too much?)"
+            # Not the template's CPU (that ends the child itself): a machine too loaded to run it.
+            raise RendersBusy(
+                f"the renderer got too little CPU to finish within {RENDER_WALL_SECONDS:g} s (the worker's machine is overloaded)"
             ) from None
     try:
         answer = json.loads(done.stdout) if done.stdout else None
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
+        if -done.returncode in _CPU_SIGNALS:
+            raise RenderFailed(
+                "limit", f"rendering took longer than {RENDER_TIMEOUT_SECONDS:g} s of CPU and was stopped (a loop over too much?)"
+            )
         if done.returncode < 0:
             raise RenderFailed(
                 "limit",
