@@ -29,6 +29,7 @@ from tgp.errors import ConfigError
 from tgp.offers import rank_offers, rejection_reasons
 from tgp.pools import offer_requirements
 from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, LABEL_PROVIDER, NodeStatus, Offer
+from workers import versioning
 from workers.metrics import BILLING_PHASES
 
 # A query is answered by a worker: none running (or all busy) must not hang the CLI.
@@ -250,8 +251,6 @@ async def status(client: Client) -> str:
     """Running nodes by pool: phase, provider, GPU, $/h, age and cost so far (since the node
     workflow started: an upper bound of what its instance billed), and the build each runs on
     (Worker Versioning; "-" unversioned), with how many runs are still on an older build."""
-    from workers import versioning
-
     now = datetime.now(UTC)
     builds = await versioning.node_builds(client)
     rows: dict[str, list[tuple[str, ...]]] = {}

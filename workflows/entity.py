@@ -99,9 +99,3 @@ def describe(exc: ActivityError) -> str:
     if isinstance(cause, TimeoutError):
         return f"activity timed out ({cause.type.name if cause.type else 'timeout'})"
     return str(cause or exc)
-
-
-def history_is_long(limit: int) -> bool:
-    """Time to continue as new: Temporal suggests it, or this run passed `limit` events."""
-    info = workflow.info()
-    return info.is_continue_as_new_suggested() or info.get_current_history_length() > limit

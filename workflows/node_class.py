@@ -35,7 +35,8 @@ with workflow.unsafe.imports_passed_through():
         Reservations,
     )
     from tgp.types import NODE_WORKFLOW_PREFIX
-    from workflows.entity import best_effort, history_is_long, running_nodes_changed, write_status_once
+    from workflows.continuation import continue_as_new, continue_as_new_due
+    from workflows.entity import best_effort, running_nodes_changed, write_status_once
 
 # Continue-as-new well before Temporal's suggestion; the ledger is small, history is not.
 HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW = 2000
@@ -169,7 +170,7 @@ class GPUNodeClassWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     return  # the class is gone and nothing holds its budget
                 # Its nodes may hold their reservations for days: this run must not grow for ever.
-                if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
+                if continue_as_new_due(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                     self._continue_as_new_when_idle()
                 continue
             if self.validate:
@@ -182,7 +183,7 @@ class GPUNodeClassWorkflow:
                 self.validated_at = workflow.now() if checked.ok else None
             await self._see_running_nodes()
             await self._write_status()
-            if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
+            if continue_as_new_due(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                 self._continue_as_new_when_idle()
 
     def _continue_as_new_when_idle(self) -> None:
@@ -194,7 +195,7 @@ class GPUNodeClassWorkflow:
         self.continuing = True
 
     def _continue_as_new(self) -> None:
-        workflow.continue_as_new(
+        continue_as_new(
             self.inp.model_copy(
                 update={
                     "ledger": self.ledger,

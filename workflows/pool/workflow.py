@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.pool_disruption import being_replaced
     from tgp.pool_plan import Wanted, capacity_node, floor_changes, instances_released, pods_fit, ready
     from tgp.types import NodePhase
-    from workflows.entity import history_is_long
+    from workflows.continuation import continue_as_new, continue_as_new_due
     from workflows.pool.disruption import Disruption
     from workflows.pool.publish import Publishing
     from workflows.pool.replacement import Replacements
@@ -120,10 +120,10 @@ class GPUNodePoolWorkflow(Reports, Starts, Replacements, Disruption, Settings, P
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush_events()  # what the last handlers reported
                 return
-            if history_is_long(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
+            if continue_as_new_due(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._flush_events()
-                workflow.continue_as_new(self.inp.model_copy(update={"state": self.state}))
+                continue_as_new(self.inp.model_copy(update={"state": self.state}))
 
     def _next_wake(self) -> timedelta:
         """The next pass without news: a resync, sooner for a start to retry, a launch back-off
