@@ -40,14 +40,16 @@ class ValidateClassInput(BaseModel):
     operator_namespace: str = "tgp-system"
 
 
-async def _template_report(owner: str, field: str, template: str, settings: BootSettings | None = None) -> TemplateReport:
+async def _template_report(
+    owner: str, field: str, template: str, settings: BootSettings | None = None, payload_kinds: Mapping[str, list[str]] | None = None
+) -> TemplateReport:
     """A class template's problems, each naming `field`, and the variables it reads: one
     bounded child process, in the renders' queue under the class's share (sandbox.bounded).
     template_report reports rather than raises; anything that still raises is a problem of the
     class too, never a failed activity (which would leave the class without a status); a full
     queue is a TransientError (the validation is retried)."""
     try:
-        report = await bounded(owner, template_report, template, settings)
+        report = await bounded(owner, template_report, template, settings, payload_kinds)
     except RendersBusy as exc:
         raise TransientError(f"cannot check the template now: {exc}") from None
     except Exception as exc:  # noqa: BLE001
@@ -74,10 +76,13 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
     )
     problems: list[str] = []
     templates: list[tuple[str, str]] = []  # (what, text)
+    # The class's own bootstrapTemplate must be a payload its providers boot (cloud-init, a script, env).
+    own_kinds: Mapping[str, list[str]] | None = None
     if spec.talos_config is not None:
         templates.append(("talosConfig.machineConfigTemplate", spec.talos_config.machine_config_template))
     elif spec.bootstrap_template is not None:
         templates.append(("bootstrapTemplate", spec.bootstrap_template))
+        own_kinds = payload_kinds
     else:
         for kind, names in sorted(payload_kinds.items()):
             default = default_template(kind)
@@ -99,7 +104,7 @@ async def boot_problems(spec: GPUNodeClassSpec, payload_kinds: Mapping[str, list
                 settings = settings.model_copy(update={"kubernetes_version": "1.34.1"})  # check the rest all the same
             templates.append((f"the default boot template {default} (used by {which})", text))
     for what, text in templates:
-        report = await _template_report(owner, what, text, settings)
+        report = await _template_report(owner, what, text, settings, own_kinds if what == "bootstrapTemplate" else None)
         problems += report.problems
         join = report.uses & JOIN_VARIABLES  # none when it does not parse (reported above)
         if join and not spec.join_secret_ref:

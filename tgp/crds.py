@@ -305,7 +305,9 @@ class GPUNodeClassSpec(Spec):
         None,
         json_schema_extra={"maxLength": MAX_TEMPLATE_LENGTH},  # checked again by check_template
         description="A cloud-init / startup-script template for Ubuntu GPU VMs instead of Talos; see docs/bootstrap.md. "
-        f"At most {MAX_TEMPLATE_LENGTH // 1024} KiB; it must render within the bounds in docs/bootstrap.md.",
+        f"At most {MAX_TEMPLATE_LENGTH // 1024} KiB; it must render within the bounds in docs/bootstrap.md, to what each "
+        "provider boots: for cloud-init a first line #cloud-config (or #! for a script, or another cloud-init format), for a "
+        "startup script or onstart #! (e.g. #!/bin/bash), for an env payload KEY=VALUE lines; else the class is not Ready.",
     )
     join_secret_ref: str | None = Field(
         None, description="Secret with the cluster join material (Talos secrets bundle or bootstrap token and CA); see docs/bootstrap.md."

@@ -598,13 +598,55 @@ def check_template(text: str, settings: BootSettings | None = None) -> list[str]
     return template_report(text, settings).problems
 
 
-def template_report(text: str, settings: BootSettings | None = None) -> TemplateReport:
+# The first line of a user-data that cloud-init acts on (its user-data formats): anything else
+# it ignores, so the machine boots and never joins.
+CLOUD_INIT_HEADERS = (
+    "#cloud-config", "#!", "#include", "#cloud-boothook", "#part-handler", "## template: jinja", "Content-Type: multipart/",
+)  # fmt: skip
+# One line of an `env` payload: KEY=VALUE (blank lines and # comments aside).
+_ENV_LINE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
+
+
+def payload_format_problems(rendered: str, payload_kinds: Mapping[str, Iterable[str]]) -> list[str]:
+    """Whether the rendered template is a payload each boot payload kind (kind -> providers)
+    can boot: cloud-init takes a cloud-config, a script or another of its formats (by the first
+    line), a startup script or an onstart is a script (`#!`), an env payload KEY=VALUE lines.
+    Names the line to fix, never quoting the rendered text."""
+    lines = rendered.splitlines()
+    head = next((line.strip() for line in lines if line.strip()), "")
+    problems: list[str] = []
+    for kind, names in sorted(payload_kinds.items()):
+        who = f"provider{'s' if len(list(names)) > 1 else ''} {', '.join(names)} boot{'s' if len(list(names)) == 1 else ''}"
+        if kind == "cloud-init" and not head.startswith(CLOUD_INIT_HEADERS):
+            problems.append(
+                f"the rendered template is neither cloud-init nor a script, and {who} with cloud-init, which would ignore "
+                "it (the machine would boot and never join): begin it with #cloud-config (a cloud-config) or #! (a script, "
+                "e.g. #!/bin/bash)"
+            )
+        elif kind in ("startup-script", "onstart") and not head.startswith("#!"):
+            problems.append(
+                f"the rendered template is not a script, and {who} with a {kind} script: begin it with an interpreter "
+                "line such as #!/bin/bash"
+            )
+        elif kind == "env":
+            bad = next((n for n, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")
+                        and not _ENV_LINE.fullmatch(line.strip())), None)  # fmt: skip
+            if bad is not None or not head:
+                where = f"rendered line {bad}" if bad is not None else "it"
+                problems.append(f"{who} with an env payload, KEY=VALUE lines, and {where} is not one: write one KEY=VALUE per line")
+    return problems
+
+
+def template_report(
+    text: str, settings: BootSettings | None = None, payload_kinds: Mapping[str, Iterable[str]] | None = None
+) -> TemplateReport:
     """A class's template checked: syntax, variables that tgp does not define, a trial render
     with sample values (no real secret is involved), and for YAML templates the YAML itself
     and, in Talos documents, keys the strict Talos parser would reject (such as
     machine.systemd); and the variables it reads. With the class's `settings` the trial render
     uses them, so a template needing an unset KubernetesVersion is reported; without, sample
-    settings define every optional variable.
+    settings define every optional variable. With `payload_kinds` (kind -> providers), the
+    rendered text must also be a payload each kind boots (`payload_format_problems`).
 
     Never raises but RendersBusy (a machine too loaded to run the child, which is retried):
     whatever else goes wrong is a problem of the template, reported as one (a class whose check
@@ -613,7 +655,7 @@ def template_report(text: str, settings: BootSettings | None = None) -> Template
     up to a few seconds: from async code, call it through `sandbox.bounded`.
     """
     try:
-        return _template_report(text, settings)
+        return _template_report(text, settings, payload_kinds or {})
     except TemplateError as exc:
         return TemplateReport(problems=[str(exc)])
     except RendersBusy:
@@ -623,7 +665,7 @@ def template_report(text: str, settings: BootSettings | None = None) -> Template
         return TemplateReport(problems=[f"the template could not be checked ({type(exc).__name__}: {str(exc)[:300]})"])
 
 
-def _template_report(text: str, settings: BootSettings | None) -> TemplateReport:
+def _template_report(text: str, settings: BootSettings | None, payload_kinds: Mapping[str, Iterable[str]]) -> TemplateReport:
     sample = template_variables(
         hostname="gpu-sample-0",
         auth_key=SecretStr("tskey-auth-sample"),
@@ -648,7 +690,8 @@ def _template_report(text: str, settings: BootSettings | None) -> TemplateReport
     ]
     if problems or "output" not in answer:
         return TemplateReport(problems=problems, uses=set(names))
-    return TemplateReport(problems=_yaml_problems(str(answer["output"])), uses=set(names))
+    output = str(answer["output"])
+    return TemplateReport(problems=_yaml_problems(output) + payload_format_problems(output, payload_kinds), uses=set(names))
 
 
 _TALOS_TOP_KEYS = frozenset({"version", "debug", "persist", "machine", "cluster"})
