@@ -4,7 +4,7 @@ talk to the Kubernetes API over plain HTTP (the emulator, for the demo and the t
 Scheduler: binds each pending pod to a Ready, schedulable Node whose labels meet the pod's
 nodeSelector and required node affinity, whose NoSchedule/NoExecute taints the pod tolerates,
 and whose free `nvidia.com/gpu` (allocatable minus what bound, unfinished pods request) covers
-the pod's request. A pod no Node fits is marked `PodScheduled=False, reason=Unschedulable`, as
+the pod's effective request (init containers and sidecars counted as Kubernetes does). A pod no Node fits is marked `PodScheduled=False, reason=Unschedulable`, as
 the real scheduler does, which is what the bridge reads as demand.
 
 Kubelet: a bound pod starts Running at once. A pod annotated `tgp.io/sim-run-seconds: "N"`
@@ -72,15 +72,30 @@ Obj = Mapping[str, Any]
 
 
 def _gpus(pod: Obj) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
+    """The pod's effective GPU request, as kube-scheduler computes it (resourcehelper.PodRequests):
+    the largest of each init container's request plus the sidecars (init containers with
+    `restartPolicy: Always`) started before it, and the containers' sum plus all sidecars; then
+    the pod's overhead. -1: a quantity no node can satisfy."""
+    spec = pod.get("spec") or {}
+
+    def one(c: Obj) -> int:
         res = c.get("resources") or {}
         values = [(res.get(k) or {}).get(GPU_RESOURCE) for k in ("requests", "limits")]
-        try:
-            total += max((int(str(v)) for v in values if v is not None), default=0)
-        except ValueError:
-            return -1  # a quantity no node can satisfy
-    return total
+        return max((int(str(v)) for v in values if v is not None), default=0)
+
+    try:
+        sidecars = init = 0
+        for c in spec.get("initContainers") or []:
+            if c.get("restartPolicy") == "Always":
+                sidecars += one(c)
+                init = max(init, sidecars)
+            else:
+                init = max(init, one(c) + sidecars)
+        overhead = (spec.get("overhead") or {}).get(GPU_RESOURCE)
+        total = max(init, sidecars + sum(one(c) for c in spec.get("containers") or []))
+        return total + (int(str(overhead)) if overhead is not None else 0)
+    except ValueError:
+        return -1
 
 
 def _ready(node: Obj) -> bool:

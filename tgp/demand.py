@@ -130,14 +130,32 @@ def _gpu_quantity(value: object) -> int:
     return int(amount)
 
 
+def _container_gpus(container: Mapping[str, Any]) -> int:
+    """A container's GPU request: its requests, else its limits (the API defaults an extended
+    resource's request to its limit and refuses the two differing); the larger if both."""
+    resources = container.get("resources") or {}
+    values = [(resources.get(kind) or {}).get(GPU_RESOURCE) for kind in ("requests", "limits")]
+    return max((_gpu_quantity(v) for v in values if v is not None), default=0)
+
+
 def gpu_request(pod: Mapping[str, Any]) -> int:
-    """GPUs a pod asks for (the largest of requests/limits per container, summed)."""
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        values = [(resources.get(kind) or {}).get(GPU_RESOURCE) for kind in ("requests", "limits")]
-        total += max((_gpu_quantity(v) for v in values if v is not None), default=0)
-    return total
+    """GPUs the scheduler reserves for a pod: Kubernetes' effective request. Each init container
+    runs alone beside the sidecars (init containers with `restartPolicy: Always`) started before
+    it; then the containers run beside all sidecars. The pod needs the largest of those, plus its
+    overhead (kube-scheduler's resourcehelper.PodRequests; kubernetes.io "Resource sharing
+    within containers")."""
+    spec = pod.get("spec") or {}
+    sidecars = init_peak = 0
+    for container in spec.get("initContainers") or []:
+        own = _container_gpus(container)
+        if container.get("restartPolicy") == "Always":
+            sidecars += own
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, own + sidecars)
+    running = sidecars + sum(_container_gpus(c) for c in spec.get("containers") or [])
+    overhead = (spec.get("overhead") or {}).get(GPU_RESOURCE)
+    return max(init_peak, running) + (_gpu_quantity(overhead) if overhead is not None else 0)
 
 
 def pending_gpu_pod(pod: Mapping[str, Any]) -> PendingPod | None:
