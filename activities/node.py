@@ -557,7 +557,14 @@ class NodeActivities:
         with secret_scope(), heartbeating(memo.details), temporal_errors(), launching:
             provider = await self._provider_for(inp.offer.provider, inp.credentials)
             tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
-            existing = await self._adopt(provider, name, bound, memo)
+            # An earlier attempt may have sent a create whose record died with its worker: the
+            # SDK sends at most one heartbeat per 0.8 x the heartbeat timeout, and a beat made
+            # within that interval of the last (`sent_at`, right before the create) goes only at
+            # its end. So a retried attempt buys nothing until the provider's settle time has
+            # passed since it began (every earlier create was sent before): an earlier create is
+            # adopted, or known absent, first.
+            settled = self.now() + self._settle_for(provider) if activity.info().attempt > 1 else self.now()
+            existing = await self._adopt(provider, name, bound, memo, until=settled)
             if existing is not None:
                 return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
             # Read the join material before minting: a missing Secret must not cost a key.
@@ -590,7 +597,7 @@ class NodeActivities:
                 )
                 # Once more right before buying: an earlier attempt's create may have landed
                 # while this one minted and rendered.
-                existing = await self._adopt(provider, name, bound, memo)
+                existing = await self._adopt(provider, name, bound, memo, until=self.now())
                 if existing is not None:
                     await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
                     return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
@@ -648,13 +655,10 @@ class NodeActivities:
         memo.seen.update(found)
         return list(found.values())
 
-    async def _adopt(self, provider: CloudProvider, name: str, bound: structlog.BoundLogger, memo: LaunchMemo) -> Instance | None:
-        """The live instance an earlier attempt bought under `name`, if any; twins beyond the
-        first are terminated, so at most one instance per name is left running.
-
-        After an earlier attempt sent a create and died or heard nothing clear, its create may
-        still complete: look by name until its settle time has passed before buying again."""
-        until = memo.sent_at + self._settle_for(provider) if memo.sent_at is not None else self.now()
+    async def _adopt(self, provider: CloudProvider, name: str, bound: structlog.BoundLogger, memo: LaunchMemo, *, until: datetime) -> Instance | None:
+        """The live instance an earlier attempt bought under `name`, if any, looked for until
+        `until` (at least once); twins beyond the first are terminated, so at most one instance
+        per name is left running."""
         found = await self._look_until(provider, name, memo, until)
         if not found:
             return None

@@ -30,6 +30,9 @@ from sim.tailscale import FakeTailscale
 from tgp.types import InstanceRef, LaunchInput, LaunchResult, Offer, instance_name
 
 NODE_TAG = "tag:tgp-node"
+# The SDK's heartbeat throttle for the launch's 30 s heartbeat timeout (0.8 x), in fake seconds.
+HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+THROTTLE = 0.8 * HEARTBEAT_TIMEOUT.total_seconds()
 OFFER = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price=Decimal("0.44"))
 
 
@@ -41,7 +44,9 @@ class MoneyEnv:
     provider: SimulatedProvider
     activities: NodeActivities
     window: timedelta
+    # Every beat of every attempt, and those of the attempt running now with the fake clock's time.
     heartbeats: list[tuple[Any, ...]] = field(default_factory=list)
+    beats: list[tuple[float, tuple[Any, ...]]] = field(default_factory=list)
 
     def reset(self, *, list_lag: float = 0.0, describe_lag: float = 0.0, late_create_after: float = 70.0) -> None:
         """The next run on the same servers: a new clock and provider model, no instances (the
@@ -70,32 +75,62 @@ class MoneyEnv:
     def env(self, *, attempt: int = 1, details: tuple[Any, ...] = ()) -> ActivityEnvironment:
         """An activity attempt as Temporal starts it: its number and the last attempt's details."""
         env = ActivityEnvironment()
-        env.info = dataclasses.replace(env.info, attempt=attempt, heartbeat_details=list(details), heartbeat_timeout=timedelta(seconds=30))
-        env.on_heartbeat = lambda *d: self.heartbeats.append(d)
+        env.info = dataclasses.replace(env.info, attempt=attempt, heartbeat_details=list(details), heartbeat_timeout=HEARTBEAT_TIMEOUT)
+        self.beats = []
+
+        def beat(*details: Any) -> None:
+            self.heartbeats.append(details)
+            self.beats.append((self.clock(), details))
+
+        env.on_heartbeat = beat
         return env
 
     def last_details(self) -> tuple[Any, ...]:
-        """The details of the last heartbeat that carried any (what Temporal keeps)."""
+        """The details of the last heartbeat that carried any, as Temporal keeps them when the
+        attempt ended by itself (its last beat is flushed with its failure)."""
         return next((d for d in reversed(self.heartbeats) if d), ())
+
+    def details_after_a_kill(self, at: float) -> tuple[Any, ...]:
+        """What Temporal keeps when the worker dies at `at`: only the beats the SDK sent. It
+        throttles them (THROTTLE, 0.8 x the heartbeat timeout): a beat goes out at once only
+        if none went out within the interval; otherwise the latest waits for the interval's
+        end, and a worker killed before then takes it with it."""
+        sent: tuple[float, tuple[Any, ...]] | None = None
+        pending: tuple[Any, ...] | None = None
+        for when, details in self.beats:
+            if when > at:
+                break
+            if sent is not None and pending is not None and sent[0] + THROTTLE <= when:
+                sent, pending = (sent[0] + THROTTLE, pending), None  # the interval's end sent the latest
+            if sent is None or sent[0] + THROTTLE <= when:
+                sent = (when, details)
+            else:
+                pending = details
+        if sent is not None and pending is not None and sent[0] + THROTTLE <= at:
+            sent = (sent[0] + THROTTLE, pending)
+        return next((d for d in [sent[1] if sent else ()] if d), ())
 
     async def launch(self, node: str, *, attempt: int = 1, details: tuple[Any, ...] = ()) -> LaunchResult:
         return await self.env(attempt=attempt, details=details).run(self.activities.launch_instance, self.launch_input(node))
 
-    async def launch_killed_at_create(self, node: str, *, attempt: int = 1, details: tuple[Any, ...] = ()) -> None:
+    async def launch_killed_at_create(self, node: str, *, attempt: int = 1, details: tuple[Any, ...] = ()) -> tuple[Any, ...]:
         """A launch attempt whose worker dies while its create is in flight (after the backend
-        took it): the answer never reaches anyone."""
+        took it): the answer never reaches anyone. The details Temporal kept of it (the SDK's
+        throttled heartbeats: `details_after_a_kill`)."""
         self.cloud.hold_creates()
         env = self.env(attempt=attempt, details=details)
         task = asyncio.ensure_future(env.run(self.activities.launch_instance, self.launch_input(node)))
         arrived = asyncio.ensure_future(self.cloud.create_arrived.wait())
         await asyncio.wait([task, arrived], return_when=asyncio.FIRST_COMPLETED)
         arrived.cancel()
+        kept = self.details_after_a_kill(self.clock())
         env.cancel()
         try:
             await task
         except BaseException:  # noqa: BLE001 - the dead worker's attempt ends however it ends
             pass
         self.cloud.release_creates()
+        return kept or details
 
     async def terminate(self, ref: InstanceRef, *, tries: int = 50) -> bool:
         """terminate_instance as CLEANUP_RETRY runs it: again after every failure (the clock

@@ -6,12 +6,14 @@ clock) with generated faults:
 * create outcomes: ok, late (bought after the client gave up), 429 / 5xx / reset after buying;
   a timeout differs from a reset only in how long the client waits, so reset stands for both;
 * list and describe lag, chosen per run;
-* worker kills during a create (an activity retry), with or without the last heartbeat;
+* worker kills during a create (an activity retry), with the heartbeats the SDK really sent:
+  it throttles them, so a beat made within the interval of the last one dies with the worker;
 * terminates that answer 200 and do nothing, or act late; instances that vanish;
 * the end (a cancel or an evict) at any point, a launch in flight included.
 
 After every step, judged by the model's truth (what really bills), never by API answers:
-once the node's twin watch has run through the consistency window, at most one instance
+no launch attempt's name ever bills twice (a retried launch buys nothing while an earlier
+attempt's create may still land: it is adopted or known absent first); once the node's twin watch has run through the consistency window, at most one instance
 bills for the node and it is the one recorded; the recorded instance is never ended while
 the node lives; after the node ends, nothing of it bills, then or later.
 """
@@ -138,16 +140,15 @@ class NodeMoney(RuleBasedStateMachine):
     # --- the node ----------------------------------------------------------------------
 
     @precondition(lambda self: self.phase == "launching")
-    @rule(outcome=CREATES, killed=st.booleans(), heartbeat_lost=st.booleans())
-    def launch(self, outcome: CreateOutcome, killed: bool, heartbeat_lost: bool) -> None:
+    @rule(outcome=CREATES, killed=st.booleans())
+    def launch(self, outcome: CreateOutcome, killed: bool) -> None:
         """One attempt of the launch activity: Temporal's retries are further calls of this."""
         e = self.e
         e.model.create_outcomes.clear()
         e.model.next_creates(outcome)
         self.activity_attempts += 1
         if killed:
-            self.run(e.launch_killed_at_create(NODE, attempt=self.activity_attempts, details=self.details))
-            self.details = self.details if heartbeat_lost else e.last_details()
+            self.details = self.run(e.launch_killed_at_create(NODE, attempt=self.activity_attempts, details=self.details))
         else:
             try:
                 result = self.run(e.env(attempt=self.activity_attempts, details=self.details).run(e.activities.launch_instance, e.launch_input(NODE, self.node_attempt)))
@@ -203,6 +204,14 @@ class NodeMoney(RuleBasedStateMachine):
     # --- what must hold -----------------------------------------------------------------
 
     @invariant()
+    def no_name_bills_twice(self) -> None:
+        if self.env is None:
+            return
+        names = [r.name for r in self.e.model.billing() if r.name.startswith(f"tgp-{NODE}-")]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        assert not twice, f"{twice} billing twice: a launch bought again while an earlier create could still land"
+
+    @invariant()
     def one_instance_once_the_window_has_passed(self) -> None:
         if self.env is None or self.phase != "up" or not self.watched:
             return
@@ -246,3 +255,17 @@ def test_money_holds_for_every_fault_sequence(world: World) -> None:
     # About 5 s in the suite's profile (explore's 2,000 runs pass too); HYPOTHESIS_PROFILE=explore runs its own count.
     examples = 40 if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci" else settings().max_examples
     run_state_machine_as_test(lambda: NodeMoney(world), settings=settings(max_examples=examples, stateful_step_count=12))
+
+
+async def test_a_worker_killed_after_its_throttled_beat_buys_nothing_twice() -> None:
+    """Issue 35 item 1: the beat that records the create (`sent_at`) comes within the throttle
+    interval of the attempt's first beat, so the SDK holds it, and the worker dies with it during
+    the create. The retried attempt hears nothing of the create, and the provider's list lags:
+    it must look for the whole settle time, find the instance and adopt it, not buy a second."""
+    async with money_env(list_lag=90, window=WINDOW) as env:
+        kept = await env.launch_killed_at_create(NODE, attempt=1)
+        assert not any(isinstance(d, dict) and d.get("sent_at") for d in kept), "the model lost the throttled beat"
+        bought = env.billing(NODE)
+        result = await env.launch(NODE, attempt=2, details=kept)
+        assert env.billing(NODE) == bought == [result.instance.instance_id], "a retried launch bought again"
+        assert env.cloud.create_requests == 1
