@@ -80,6 +80,10 @@ def account_of(key: SecretStr | str) -> str:
     return "key-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class SecretMissing(ConfigError):
+    """A class's Secret, or its key, is not there (deleted, or the key renamed)."""
+
+
 class AccountUnavailable(TransientError):
     """No key this worker has reaches the account an instance was bought with."""
 
@@ -90,7 +94,7 @@ def secret_value(data: Mapping[str, bytes], key: str, where: str, *, secret: boo
     `secret=False` for a value that is not secret (an OAuth client id): not scrubbed."""
     raw = data.get(key)
     if raw is None:
-        raise ConfigError(f"{where} has no key {key!r} (keys: {', '.join(sorted(data)) or 'none'})")
+        raise SecretMissing(f"{where} has no key {key!r} (keys: {', '.join(sorted(data)) or 'none'})")
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -142,7 +146,7 @@ class VersionedAdapters:
             raise ConfigError(problem)
         secret = await self.cluster.read_secret_versioned(namespace, name)
         if secret is None:
-            raise ConfigError(f"Secret {namespace}/{name} does not exist: create it or fix the GPUNodeClass's {what}")
+            raise SecretMissing(f"Secret {namespace}/{name} does not exist: create it or fix the GPUNodeClass's {what}")
         self.last_data[key] = secret.data
         entry = self._entries.get(key)
         if entry is not None and entry.version == secret.resource_version and secret.resource_version:
@@ -163,6 +167,11 @@ class VersionedAdapters:
             else:
                 self._retire(old.adapter)
         return adapter
+
+    def current(self, key: Any) -> Any | None:
+        """The adapter last built for `key`, whatever its Secret says now."""
+        entry = self._entries.get(key)
+        return entry.adapter if entry is not None else None
 
     def _retire(self, adapter: Any) -> None:
         async def later() -> None:
@@ -286,7 +295,16 @@ class ProviderRegistry:
         """The adapter that bills `credentials`' account, or the worker's own without them.
         `account`: the key fingerprint an instance was bought with; when the Secret holds
         another key now, an adapter that reaches that account (see the module docstring)."""
-        current = await self._current(name, credentials)
+        try:
+            current = await self._current(name, credentials)
+        except SecretMissing:
+            # The Secret went while nodes bought with it run: they stay terminable with the key
+            # this worker kept of their account (in memory only, never in history).
+            kept = self._kept_for(name, credentials, account)
+            if kept is None:
+                raise
+            log.warning("credentials_secret_missing_using_kept_key", provider=name, secret=f"{credentials.namespace}/{credentials.name}", account=account)
+            return kept
         if credentials is None or account is None or self.account(current) == account:
             return current
         bought_with = self._kept.get((name, credentials, account)) or self._from_secret(name, credentials, account)
@@ -305,6 +323,16 @@ class ProviderRegistry:
             )
 
         return _BoughtWith(current, bought_with, elsewhere, unreachable)  # type: ignore[return-value]
+
+    def _kept_for(self, name: str, credentials: CredentialsRef | None, account: str | None) -> CloudProvider | None:
+        """An adapter of `account` this worker still has open: the Secret's last one, or one kept
+        after a rotation. None without credentials or account (nothing was bought with a key)."""
+        if credentials is None or account is None:
+            return None
+        last = self._adapters.current((name, credentials))
+        if last is not None and self.account(last) == account:
+            return last
+        return self._kept.get((name, credentials, account))
 
     def _from_secret(self, name: str, credentials: CredentialsRef, account: str) -> CloudProvider | None:
         """An adapter for the key of `account` if the Secret holds it under any of its keys."""

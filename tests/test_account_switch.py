@@ -29,6 +29,7 @@ from tests.kube_env import KubeApi
 from tests.test_credentials import NS, new_key, put_secret
 from tests.test_template_failures import StubTailnet
 from tgp.crds import GPUNodeClassSpec
+from tgp.errors import ConfigError
 from tgp.types import CredentialsRef, InstanceRef, LaunchInput, ObserveInput, StageCheck, StageLook
 
 REF = CredentialsRef(name="class-cloud", key="apiKey")
@@ -144,5 +145,32 @@ async def test_a_switch_to_another_account_with_the_old_key_revoked_is_unreachab
             with pytest.raises(ApplicationError, match="put it back in the Secret"):
                 await ActivityEnvironment().run(acts.terminate_instance, ref)
             assert cloud.instances[ref.instance_id].status != "terminated", "still billing in team-a: nothing may call it gone"
+        finally:
+            await registry.aclose()
+
+
+@pytest.mark.parametrize("gone", ["secret", "key"])
+async def test_a_node_stays_terminable_when_its_class_secret_goes(kube_api: KubeApi, gone: str) -> None:
+    """Issue 35 item 4: the class's credentials Secret deleted (or its key renamed) while a node
+    bought with it runs. The node's end still reaches its instance with the key this worker
+    kept of that account (in memory only): it is terminated and verified, not left billing
+    until the Secret comes back."""
+    key = new_key("a")
+    async with SimulatedCloud(boot_delay=0.05) as cloud:
+        cloud.add_key(key, "team-a")
+        acts, registry = await setup(kube_api, cloud, key)
+        try:
+            ref = await launch(acts, registry)
+            if gone == "secret":
+                assert (await kube_api.http.delete(f"/api/v1/namespaces/{NS}/secrets/{REF.name}")).status_code in (200, 202)
+            else:  # renamed: the old key removed (a merge patch with null drops it)
+                await put_secret(kube_api.http, REF.name, {"renamed": key})
+                merge = {"Content-Type": "application/merge-patch+json"}
+                patch = await kube_api.http.patch(f"/api/v1/namespaces/{NS}/secrets/{REF.name}", json={"data": {REF.key: None}}, headers=merge)
+                patch.raise_for_status()
+            assert await ActivityEnvironment().run(acts.terminate_instance, ref) is True
+            assert cloud.instances[ref.instance_id or ""].status == "terminated"
+            with pytest.raises(ConfigError, match="does not exist|has no key"):  # a new purchase still says what to fix
+                await registry.get("simulated", REF)
         finally:
             await registry.aclose()
