@@ -73,11 +73,6 @@ REPLACEMENT: dict[str, Mutation] = {
     "login server": lambda c, p, t: c["tailscaleConfig"].update(loginServer=f"https://{t}.example.com"),
     "oauth secret": lambda c, p, t: c["tailscaleConfig"].update(oauthSecretRef=f"oauth-{t}"),
     "credentials": lambda c, p, t: _first_provider(c).update(credentialsRef={"name": f"new-{t}", "key": "k"}),
-    "class gpu types": lambda c, p, t: c["instanceRequirements"]["gpuTypes"].append(f"NEW{t}"),
-    "class regions": lambda c, p, t: c["instanceRequirements"]["regions"].append(f"new-{t}"),
-    "gpu count": lambda c, p, t: c["instanceRequirements"].update(minGpuCount=2),
-    "spot": lambda c, p, t: c["instanceRequirements"].update(spotAllowed=True),
-    "pool requirement": lambda c, p, t: p["template"]["spec"]["requirements"].append({"key": "tgp.io/region", "operator": "In", "values": [f"new-{t}"]}),
     "pool class": lambda c, p, t: p["nodeClassRef"].update(name=f"other-{t}"),
 }
 
@@ -94,6 +89,12 @@ IN_PLACE: dict[str, Mutation] = {
     "tag order": lambda c, p, t: c["tailscaleConfig"]["tags"].reverse(),
     "requirement order": lambda c, p, t: (p["template"]["spec"]["requirements"].reverse(), [r["values"].reverse() for r in p["template"]["spec"]["requirements"]]),
     "gpu type order": lambda c, p, t: c["instanceRequirements"]["gpuTypes"].reverse(),
+    # Requirements are compared with each node (test_drift_by_compatibility.py), not hashed.
+    "class gpu types": lambda c, p, t: c["instanceRequirements"]["gpuTypes"].append(f"NEW{t}"),
+    "class regions": lambda c, p, t: c["instanceRequirements"]["regions"].append(f"new-{t}"),
+    "gpu count": lambda c, p, t: c["instanceRequirements"].update(minGpuCount=2),
+    "spot": lambda c, p, t: c["instanceRequirements"].update(spotAllowed=True),
+    "pool requirement": lambda c, p, t: p["template"]["spec"]["requirements"].append({"key": "tgp.io/region", "operator": "In", "values": [f"new-{t}"]}),
 }
 
 
@@ -147,13 +148,14 @@ def test_the_hash_is_the_same_in_every_process() -> None:
     """A fixed spec's hash, pinned: sha256 over canonical JSON, no Python hash(), no dict order."""
     klass = {"providers": [{"name": "simulated"}], "tailscaleConfig": {"tags": ["tag:b", "tag:a"]}, "bootstrapTemplate": "#cloud-config"}
     pool = {"nodeClassRef": {"name": "c"}, "template": {"spec": {"requirements": [{"key": "tgp.io/gpu-type", "operator": "In", "values": ["RTX4090"]}]}}}
-    assert _hash(klass, pool) == f"{DRIFT_HASH_VERSION}-2b87c0bef914d9a6"
+    assert _hash(klass, pool) == f"{DRIFT_HASH_VERSION}-fea5d7ce4ac88ec0"
     reordered = {**klass, "tailscaleConfig": {"tags": ["tag:a", "tag:b"]}}
     assert _hash(dict(reversed(reordered.items())), pool) == _hash(klass, pool)
 
 
 def test_a_hash_of_another_version_or_none_is_not_drift() -> None:
-    assert not drifted(None, "v1-abc") and not drifted("v0-abc", "v1-def") and drifted("v1-abc", "v1-def") and not drifted("v1-abc", "v1-abc")
+    v = DRIFT_HASH_VERSION
+    assert not drifted(None, f"{v}-abc") and not drifted("v0-abc", f"{v}-def") and drifted(f"{v}-abc", f"{v}-def") and not drifted(f"{v}-abc", f"{v}-abc")
 
 
 def test_a_class_template_change_drifts_a_node_and_a_pool_label_change_does_not() -> None:

@@ -13,6 +13,7 @@ import yaml
 from sim.demo import EXAMPLES, apply
 from sim.world import sim_world
 from tests.test_ops_cli import tgp
+from tgp.drift import DRIFT_HASH_VERSION
 from workers.crdgen import manifests
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -56,7 +57,7 @@ async def test_plan_shows_what_disruption_would_do_its_savings_and_what_holds_ea
         assert response.status_code == 200, response.text
         for n, gpus in (("gpu-a", 2), ("gpu-b", 2), ("gpu-c", 1), ("gpu-d", 1), ("gpu-e", 1)):
             await node(kube, n, gpus)
-        await node(kube, "gpu-f", 1, annotations={"tgp.io/drift-hash": "v1-0000000000000000"})  # made by another class spec
+        await node(kube, "gpu-f", 1, annotations={"tgp.io/drift-hash": f"{DRIFT_HASH_VERSION}-0000000000000000"})  # made by another class spec
         await pod(kube, "a", "gpu-a", 1)
         await pod(kube, "b", "gpu-b", 1)
         await pod(kube, "c", "gpu-c", 1)

@@ -24,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import CLASSES, POOLS, apply, gpu_class, gpu_pool, ready_nodes, running_stack
+from tgp.drift import DRIFT_HASH_VERSION
 from tgp.messages import pool_workflow_id
 
 pytestmark = pytest.mark.timeout(300)
@@ -93,7 +94,7 @@ async def test_a_drifted_node_is_replaced_make_before_break(temporal: WorkflowEn
         await apply(s.kube, gpu_class())
         await apply(s.kube, gpu_pool("rtx", minNodes=1, disruption=KEEP))
         [old] = await ready_nodes(s, "ml", "rtx", 1)
-        assert old.get("driftHash", "").startswith("v1-") and not old.get("drifted"), old
+        assert old.get("driftHash", "").startswith(f"{DRIFT_HASH_VERSION}-") and not old.get("drifted"), old
 
         patch = {"spec": {"kubernetesVersion": "1.34.2"}}
         (await s.kube.patch(f"{CLASSES}/sim", json=patch, headers=MERGE)).raise_for_status()

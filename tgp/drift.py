@@ -1,12 +1,17 @@
-"""Drift (issue 21 item 3): a stable hash of what made a node, like Karpenter's NodePool and
-NodeClass hashes. A node records the hash it was made with; when the hash of its class and
-pool now differs, the node has drifted and is replaced (make-before-break, within the budget).
+"""Drift (issue 21 item 3, issue 35 item 7): a node has drifted when what made it no longer
+matches its class and pool; it is then replaced (make-before-break, within the budget).
 
-What is hashed is what cannot change on a running node: the class's boot (template, Talos
-image, kubelet version, join secret), tailnet (tags, ephemeral, routes, login server, OAuth
-secret), the node's provider's credentials ref and the class's instance requirements, and the
-pool's requirements. What is applied in place is not hashed: the pool's labels and taints,
-its timeouts and budgets, weights, counts, price caps and the class's limits.
+Two checks, as in Karpenter. *Requirements* are compared, not hashed (Karpenter's
+RequirementsDrifted): a node drifts only when its labels no longer satisfy the pool's
+requirements on what a node's offer decides (tgp.io/gpu-type, tgp.io/region), or its offer no
+longer meets the class's instanceRequirements (gpuTypes, regions, minGpuCount, spotAllowed).
+Widening a GPU-type list, or turning `In` into `Exists`, drifts no node. *What cannot be
+compared* is hashed, like Karpenter's NodePool and NodeClass hashes: the class's boot
+(template, Talos image, kubelet version, join secret), tailnet (tags, ephemeral, routes, login
+server, OAuth secret), the node's provider's credentials ref and the pool's class. A node
+records the hash it was made with; a different hash now is drift. What is applied in place is
+neither: the pool's labels and taints, its timeouts and budgets, weights, counts, price caps and
+the class's limits.
 
 The hash is sha256 over canonical JSON (sorted keys, lists that are sets sorted), so it is the
 same in every process and for every dict order. `DRIFT_HASH_VERSION` prefixes it: when what is
@@ -21,10 +26,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.types import Taint
+from pydantic import BaseModel, ConfigDict
 
-DRIFT_HASH_VERSION = "v1"
+from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, NodeSelectorRequirement
+from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, Taint
+
+# v2: the class's and pool's requirements left the hash (they are compared, `unmet_requirements`).
+DRIFT_HASH_VERSION = "v2"
 # Where a node records the hash it was made with (on its Node), like karpenter.sh/nodepool-hash.
 DRIFT_HASH_ANNOTATION = "tgp.io/drift-hash"
 
@@ -35,9 +43,9 @@ def _sorted(values: list[str]) -> list[str]:
 
 def replacement_fields(klass: GPUNodeClassSpec, pool: GPUNodePoolSpec, provider: str | None = None) -> dict[str, Any]:
     """What made a node of `pool` (of class `klass`, bought from `provider`), in canonical form:
-    the fields whose change needs a new node."""
+    the fields whose change needs a new node and that cannot be compared with a running node
+    (requirements are: `unmet_requirements`)."""
     tailnet = klass.tailscale_config
-    requirements = klass.instance_requirements
     providers = [p for p in klass.providers if provider is None or p.name == provider]
     return {
         "class": {
@@ -56,19 +64,8 @@ def replacement_fields(klass: GPUNodeClassSpec, pool: GPUNodePoolSpec, provider:
                 ([p.name, p.credentials_ref.model_dump(mode="json", by_alias=True) if p.credentials_ref else None] for p in providers),
                 key=lambda pair: json.dumps(pair, sort_keys=True),
             ),
-            "requirements": {
-                "gpuTypes": _sorted(requirements.gpu_types),
-                "regions": _sorted(requirements.regions),
-                "minGpuCount": requirements.min_gpu_count,
-                "spotAllowed": requirements.spot_allowed,
-            },
         },
-        "pool": {
-            "nodeClass": pool.node_class_ref.name,
-            "requirements": sorted(
-                {(r.key, r.operator, tuple(_sorted(r.values))) for r in pool.template.spec.requirements}
-            ),
-        },
+        "pool": {"nodeClass": pool.node_class_ref.name},
     }
 
 
@@ -84,6 +81,77 @@ def drifted(recorded: str | None, current: str) -> bool:
     if recorded is None or recorded.partition("-")[0] != current.partition("-")[0]:
         return False
     return recorded != current
+
+
+# --- requirements: compared with each node ------------------------------------------------------
+
+# The labels a node's offer decides and that offer selection honours for a new node
+# (tgp.pools.offer_requirements): the pool's requirements on them are judged against each node.
+# A requirement on another key is met, or not, alike by every node of the pool, a new one too
+# (those labels are the pool's own, applied in place): replacing a node would not change it.
+COMPARED_KEYS = (LABEL_GPU_TYPE, LABEL_REGION)
+
+
+class NodeFacts(BaseModel):
+    """What a running node is, as far as its pool knows: the compared labels it carries, its
+    GPUs and whether it is spot. What is not known (a key absent, None) is never drift."""
+
+    model_config = ConfigDict(frozen=True)
+    labels: dict[str, str] = {}
+    gpus: int | None = None
+    spot: bool | None = None
+
+
+def requirement_met(value: str | None, r: NodeSelectorRequirement) -> bool:
+    """Kubernetes' node-selector semantics: whether a Node whose label `r.key` has `value`
+    (None: it has no such label) satisfies `r`."""
+    if r.operator == "In":
+        return value is not None and value in r.values
+    if r.operator == "NotIn":
+        return value is None or value not in r.values
+    if r.operator == "Exists":
+        return value is not None
+    return value is None  # DoesNotExist
+
+
+def meetable(r: NodeSelectorRequirement) -> bool:
+    """Whether a node bought now could satisfy `r` on a compared key. Every node carries those
+    labels, so `DoesNotExist` (and an `In` of nothing) no node meets: replacing a node for it
+    would buy one that fails it too, again and again."""
+    return r.operator != "DoesNotExist" and not (r.operator == "In" and not r.values)
+
+
+def unmet_requirements(facts: NodeFacts, klass: GPUNodeClassSpec, pool: GPUNodePoolSpec) -> list[str]:
+    """What of its pool's and class's requirements a node no longer meets, in words; empty when
+    it meets them all (or what it would miss is not known). Karpenter's requirement drift: a
+    node drifts when its labels no longer satisfy the requirements, never because they changed."""
+    unmet = []
+    for r in pool.template.spec.requirements:
+        value = facts.labels.get(r.key)
+        if r.key in COMPARED_KEYS and value is not None and meetable(r) and not requirement_met(value, r):
+            shown = f" [{', '.join(r.values)}]" if r.operator in ("In", "NotIn") else ""
+            unmet.append(f"{r.key}={value} does not satisfy the pool's requirement {r.operator}{shown}")
+    ir = klass.instance_requirements
+    for key, allowed, field in ((LABEL_GPU_TYPE, ir.gpu_types, "gpuTypes"), (LABEL_REGION, ir.regions, "regions")):
+        value = facts.labels.get(key)
+        if allowed and value is not None and value not in allowed:
+            unmet.append(f"{key}={value} is not in the class's instanceRequirements.{field} [{', '.join(allowed)}]")
+    if facts.gpus is not None and facts.gpus < ir.min_gpu_count:
+        unmet.append(f"{facts.gpus} GPU(s), fewer than the class's instanceRequirements.minGpuCount {ir.min_gpu_count}")
+    if facts.spot and not ir.spot_allowed:
+        unmet.append("a spot offer, and the class's instanceRequirements.spotAllowed is false")
+    return unmet
+
+
+def requirements_digest(klass: GPUNodeClassSpec, pool: GPUNodePoolSpec) -> str:
+    """A short stable digest of the requirements `unmet_requirements` compares: with the hash,
+    what a requirement-drifted node is replaced for (part of its replacement's id)."""
+    ir = klass.instance_requirements
+    fields = {
+        "pool": sorted({(r.key, r.operator, tuple(_sorted(r.values))) for r in pool.template.spec.requirements if r.key in COMPARED_KEYS}),
+        "class": [_sorted(ir.gpu_types), _sorted(ir.regions), ir.min_gpu_count, ir.spot_allowed],
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:8]
 
 
 IN_PLACE_FIELDS = ("labels", "taints", "timeouts")

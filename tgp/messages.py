@@ -141,6 +141,8 @@ class NodeReport(NodeOverview):
     at: datetime
     stages: list[StageRecord] = Field([], description="The stage records the node entered since its previous report, oldest first.")
     drift_hash: str | None = Field(None, description="The drift hash the node was made with (its request's, for its provider).")
+    region: str | None = Field(None, description="Its offer's region (tgp.io/region): drift compares it with the requirements.")
+    spot: bool | None = Field(None, description="Whether its offer is spot (None: no offer yet, or a sender before it existed).")
 
 
 class PoolNode(NodeOverview):
@@ -160,7 +162,9 @@ class PoolNode(NodeOverview):
     reported_at: datetime | None = Field(None, description="`at` of the newest report taken from the node: an older one arriving later is stale.")
     # Make-before-break replacement (tgp.replace); carried from report to report.
     drift_hash: str | None = Field(None, description="The drift hash it was made with, as it reported it (None: not known, never drifted).")
-    drifted: bool = Field(False, description="Its hash differs from its class and pool's now (a NodeDrifted Event was written).")
+    region: str | None = Field(None, description="Its offer's region, as it reported it (None: not known).")
+    spot: bool | None = Field(None, description="Whether its offer is spot, as it reported it (None: not known).")
+    drifted: bool = Field(False, description="Its hash differs from its class and pool's now, or it no longer meets their requirements (a NodeDrifted Event was written).")
     replace_reason: str = Field("", description="Why it should be replaced (Drifted, Cheaper), '' when it should not.")
     replace_key: str = Field("", description="What it is replaced for (the drift hash, the re-shop's price cap): part of the replacement's id.")
     replaced_by: str | None = Field(None, description="The workflow id of its replacement under way.")

@@ -16,11 +16,11 @@ from tgp.capacity import Nomination, OfferSize
 from tgp.consolidation import Action, ActionKind, PoolMember
 from tgp.crds import Consolidation, GPUNodeClassSpec, GPUNodePoolSpec
 from tgp.disruption import DisruptionReason, cheaper_by, reshop
-from tgp.drift import drift_hash, drifted
+from tgp.drift import NodeFacts, drift_hash, drifted, requirements_digest, unmet_requirements
 from tgp.messages import PoolNode
 from tgp.pool_plan import Note
 from tgp.replace import Slot, first_candidate, in_progress
-from tgp.types import NodePhase
+from tgp.types import LABEL_GPU_TYPE, LABEL_REGION, NodePhase
 
 
 def node_size(n: PoolNode, free_gpus: Mapping[str, int], bound_gpus: Mapping[str, Sequence[int]]) -> int | None:
@@ -89,12 +89,31 @@ def cheaper_since(n: PoolNode, nodes: Mapping[str, PoolNode], policy: Consolidat
     return n.cheaper_since or now
 
 
+def node_facts(n: PoolNode, fleet: Fleet) -> NodeFacts:
+    """What drift compares of `n`: the labels its offer gave it, its GPUs (as the bridge reports
+    its Node, else what it was bought with) and whether it is spot."""
+    labels = {k: v for k, v in ((LABEL_GPU_TYPE, n.gpu_type), (LABEL_REGION, n.region)) if v is not None}
+    return NodeFacts(labels=labels, gpus=fleet.size(n) or n.gpus, spot=n.spot)
+
+
+def drift_of(n: PoolNode, klass: GPUNodeClassSpec, spec: GPUNodePoolSpec, current: str, fleet: Fleet) -> tuple[str, str] | None:
+    """Why `n` has drifted, and what it is replaced for (its replacement's key); None when it
+    has not: the hash of what cannot be compared differs, or it no longer meets the
+    requirements (tgp.drift)."""
+    if drifted(n.drift_hash, current):
+        return f"its class or pool changed what made it (hash {n.drift_hash}, now {current})", current
+    unmet = unmet_requirements(node_facts(n, fleet), klass, spec)
+    if unmet:
+        return f"it no longer meets its pool's and class's requirements: {'; '.join(unmet)}", f"{current}+{requirements_digest(klass, spec)}"
+    return None
+
+
 def mark_replacements(
     nodes: Mapping[str, PoolNode], klass: GPUNodeClassSpec, spec: GPUNodePoolSpec, fleet: Fleet, now: datetime
 ) -> Marks:
-    """Which Ready nodes should be replaced, and why: Drifted (the hash they were made with
-    differs from their class and pool's now: a NodeDrifted Event, once), else Cheaper
-    (consolidation on, an offer that fits them cheaper by cheaperBy for `after`)."""
+    """Which Ready nodes should be replaced, and why: Drifted (`drift_of`: a NodeDrifted Event,
+    once), else Cheaper (consolidation on, an offer that fits them cheaper by cheaperBy for
+    `after`)."""
     updates: dict[str, dict[str, object]] = {}
     notes: list[Note] = []
     hashes: dict[str | None, str] = {}
@@ -105,20 +124,16 @@ def mark_replacements(
             continue
         update: dict[str, object] = {}
         current = hashes.setdefault(n.provider, drift_hash(klass, spec, n.provider))
-        is_drifted = drifted(n.drift_hash, current)
+        drift = drift_of(n, klass, spec, current, fleet)
+        is_drifted = drift is not None
         update["drifted"] = is_drifted
-        if is_drifted and not n.drifted:
+        if drift is not None and not n.drifted:
             notes.append(
-                Note(
-                    "Normal",
-                    "NodeDrifted",
-                    f"node {n.node_name} has drifted: its class or pool changed what made it (hash {n.drift_hash}, now {current}); "
-                    "it is replaced make-before-break within the disruption budget",
-                )
+                Note("Normal", "NodeDrifted", f"node {n.node_name} has drifted: {drift[0]}; it is replaced make-before-break within the disruption budget")
             )
         reason, key = "", ""
-        if is_drifted:
-            reason, key = DisruptionReason.DRIFTED.value, current
+        if drift is not None:
+            reason, key = DisruptionReason.DRIFTED.value, drift[1]
         else:
             since = cheaper_since(n, nodes, policy, fleet.best(n), now)
             update["cheaper_since"] = since

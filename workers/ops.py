@@ -24,7 +24,7 @@ from tgp.consolidation import ConsolidationNode, describe_plan, plan_consolidati
 from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool, GPUNodePoolStatus, format_duration
 from tgp.demand import UnreadablePod, gpu_request
 from tgp.disruption import pod_holds_node
-from tgp.drift import DRIFT_HASH_ANNOTATION, drift_hash, drifted
+from tgp.drift import COMPARED_KEYS, DRIFT_HASH_ANNOTATION, NodeFacts, drift_hash, drifted, unmet_requirements
 from tgp.errors import ConfigError
 from tgp.offers import rank_offers, rejection_reasons
 from tgp.pools import offer_requirements
@@ -176,7 +176,8 @@ async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass:
                 pods=pods,
                 do_not_disrupt=bool(holders),
                 holders=holders,
-                drifted=drifted(recorded_hash, drift_hash(klass.spec, pool.spec, provider) if provider else current_hash),
+                drifted=drifted(recorded_hash, drift_hash(klass.spec, pool.spec, provider) if provider else current_hash)
+                or bool(unmet_requirements(_facts(summary.labels, summary.gpus), klass.spec, pool.spec)),
             )
         )
     sizes: dict[int, OfferSize] = {}
@@ -210,6 +211,11 @@ async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass:
     lines += [f"  {line}" for line in shown] or ["  nothing to do"]
     lines.append(f"  savings found: ${result.savings}/h" + (f" (made so far: ${status.consolidation.savings_made_hourly}/h)" if status.consolidation else ""))
     return lines
+
+
+def _facts(labels: dict[str, str], gpus: int) -> NodeFacts:
+    """What drift compares of a Node, from the Node itself (whether it is spot, a Node does not say)."""
+    return NodeFacts(labels={k: v for k, v in labels.items() if k in COMPARED_KEYS}, gpus=gpus or None)
 
 
 def _timestamp(value: object) -> datetime | None:

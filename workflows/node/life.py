@@ -226,6 +226,8 @@ class Life:
             at=workflow.now(),
             stages=records,
             drift_hash=self.req.drift_hashes.get(offer.provider) if offer else None,
+            region=offer.region if offer else None,
+            spot=offer.spot if offer else None,
         )
 
     def ledger_call(self, offer: Offer | None) -> LedgerCall | None:

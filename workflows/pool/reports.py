@@ -38,6 +38,8 @@ class Reports(PoolBase):
             provider=r.provider,
             gpu_type=r.gpu_type,
             hourly_price=r.hourly_price,
+            region=r.region if r.region is not None or old is None else old.region,
+            spot=r.spot if r.spot is not None or old is None else old.spot,
             created_at=old.created_at if old else r.at,
             phase_at=r.at if old is None or old.phase is not r.phase else old.phase_at,
             reason=r.reason,
