@@ -246,24 +246,35 @@ class SimKubelet:
         # node lifecycle controller would after its grace (the emulator has none).
         self.silent = False
         self._deletions_seen: dict[str, datetime] = {}  # pod uid -> when its deletion was first seen
+        self.registrations = 0  # times its Node was deleted while it ran, and registered again
 
     async def run(self) -> None:
-        """Register, then heartbeat and run pods until cancelled, or until the Node is deleted
-        (a kubelet whose Node is gone only logs errors: nothing it writes would be read)."""
+        """Register, then heartbeat and run pods until cancelled (the machine is gone). A Node
+        deleted while the machine runs is registered again, as a kubelet does once its status
+        updates find no Node (kubernetes/kubernetes#123535): deleting the object alone does not
+        take the machine out of the cluster."""
         async with _kubelet_client(self._client) as http:
-            await register_node(self.api_url, self.name, labels=self.labels, taints=self.taints, gpus=self.gpus, client=http)
+            while True:
+                await self._registered(http)
+                self.registrations += 1
+                log.info("sim_kubelet_node_deleted_registering_again", node=self.name)
+
+    async def _registered(self, http: httpx.AsyncClient) -> None:
+        """Register, then keep the Node alive and run its pods until the Node is deleted."""
+        await register_node(self.api_url, self.name, labels=self.labels, taints=self.taints, gpus=self.gpus, client=http)
+        self._ready_since = now_time()
+        try:
             uid = await self._node_uid(http)
             loops = (
                 self._every(self.lease_renew_interval, lambda: self._renew_lease(http, uid)),
                 self._every(self.status_interval, lambda: self._post_status(http)),
                 self._pods(http),
             )
-            try:
-                async with asyncio.TaskGroup() as group:
-                    for loop in loops:
-                        group.create_task(loop)
-            except* NodeGone:
-                log.info("sim_kubelet_node_deleted", node=self.name)
+            async with asyncio.TaskGroup() as group:
+                for loop in loops:
+                    group.create_task(loop)
+        except* NodeGone:
+            pass
 
     async def _every(self, interval: float, step: Any) -> None:
         while True:
