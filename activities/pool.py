@@ -22,7 +22,7 @@ from activities.offer_cache import Listing
 from tgp.capacity import OfferSize
 from tgp.crds import FINALIZER
 from tgp.errors import TransientError
-from tgp.messages import ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult, StartNodesInput, StartNodesResult
+from tgp.messages import EvictNodesInput, ObjectRef, OfferCheck, Reservation, StartNodeInput, StartNodeResult, StartNodesInput, StartNodesResult
 from tgp.node import NodeWorkflowInput
 from tgp.pools import request_for
 from tgp.offers import offer_satisfies
@@ -82,21 +82,32 @@ class PoolActivities(AccountActivities):
         )
 
     @activity.defn
-    async def evict_nodes(self, workflow_ids: list[str]) -> list[str]:
+    async def evict_nodes(self, inp: EvictNodesInput) -> list[str]:
         """Ask node workflows to drain and terminate (pool deleted). Returns the ids whose
-        workflow is already closed (nothing left to evict)."""
+        workflow is closed (nothing left to evict). A start that may still happen is started
+        with the evict (signal-with-start, the same id): it ends at once, buying nothing, and a
+        late start of it is refused (REJECT_DUPLICATE) instead of buying after the pool is gone."""
         client = activity.client()
+        evict = {"reason": "pool deleted"}
 
-        async def evict(wid: str) -> str | None:
+        async def signal(wid: str) -> str | None:
             try:
-                await client.get_workflow_handle(wid).signal("evict", {"reason": "pool deleted"})
+                await client.get_workflow_handle(wid).signal("evict", evict)
             except RPCError as exc:
                 if exc.status is not RPCStatusCode.NOT_FOUND:
                     raise
                 return wid
             return None
 
-        return [w for w in await asyncio.gather(*(evict(w) for w in workflow_ids)) if w is not None]
+        async def prevent(request: NodeRequest) -> str | None:
+            try:
+                await _start_node_workflow(client, request, start_signal=("evict", evict))
+            except WorkflowAlreadyStartedError:
+                return request.workflow_id  # it ran and closed: nothing left of it
+            return None
+
+        ended = await asyncio.gather(*(signal(w) for w in inp.workflow_ids), *(prevent(r) for r in inp.may_start))
+        return [w for w in ended if w is not None]
 
     @activity.defn
     async def remove_finalizer(self, ref: ObjectRef) -> None:
@@ -156,9 +167,23 @@ class PoolActivities(AccountActivities):
         return [self.reserve_and_start_node, self.reserve_and_start_nodes, self.evict_nodes, self.remove_finalizer, self.check_offers]
 
 
-async def _start_node_workflow(client: Client, request: NodeRequest) -> None:
+async def _start_node_workflow(client: Client, request: NodeRequest, *, start_signal: tuple[str, object] | None = None) -> None:
     """Start the node's workflow on this worker's task queue; one that runs or ran already is
-    left as it is (a retried start after the node lived and ended must not buy it again)."""
+    left as it is (a retried start after the node lived and ended must not buy it again).
+    `start_signal`: sent with the start (to a running one, sent to it)."""
+    if start_signal is not None:
+        await client.start_workflow(
+            "GPUNodeWorkflow",
+            NodeWorkflowInput(request=request),
+            id=request.workflow_id,
+            task_queue=activity.info().task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=start_attributes(request),
+            start_signal=start_signal[0],
+            start_signal_args=[start_signal[1]],
+        )
+        return
     try:
         await client.start_workflow(
             "GPUNodeWorkflow",

@@ -255,6 +255,14 @@ class StartNodesInput(Msg):
     starts: list[NodeStart]
 
 
+class EvictNodesInput(Msg):
+    """A deleted pool's nodes to end: those known started by id, and those whose start may still
+    happen (an unsettled start: the server may take it after its caller gave up) by request."""
+
+    workflow_ids: list[str] = []
+    may_start: list[NodeRequest] = Field([], description="Started with the evict, if not running, so a late start finds it taken.")
+
+
 class StartNodesResult(Msg):
     """One result per start, in order."""
 

@@ -10,7 +10,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.pool import PoolActivities
     from tgp.conditions import condition_list
     from tgp.crds import GPUNodePoolStatus, PoolNodeStatus
-    from tgp.messages import PoolNode
+    from tgp.messages import EvictNodesInput, PoolNode
     from tgp.pool_plan import Note, Wanted
     from tgp.types import NodePhase
     from workflows.entity import best_effort
@@ -90,8 +90,12 @@ class Publishing(PoolBase):
         live = self._live()
         if live:
             # Signalling again is harmless (the first reason wins); a workflow that closed
-            # without reporting (terminated by hand) is counted as gone.
-            evicted = await best_effort(PoolActivities.evict_nodes, [n.workflow_id for n in live], summary="evict nodes")
+            # without reporting (terminated by hand) is counted as gone. A start that may still
+            # happen is started with the evict, so it cannot buy after the finalizer goes.
+            may_start = self._unsettled_requests()
+            known = [n.workflow_id for n in live if n.workflow_id not in {r.workflow_id for r in may_start}]
+            evict = EvictNodesInput(workflow_ids=known, may_start=may_start)
+            evicted = await best_effort(PoolActivities.evict_nodes, evict, summary="evict nodes")
             for wid in evicted.value or []:
                 self._set(self.state.nodes[wid], phase=NodePhase.TERMINATED, reason="its workflow is closed")
             live = self._live()

@@ -224,6 +224,14 @@ class Starts(PoolBase):
             elif not result.unsettled:
                 self._abandon_start(wid, f"the class refused it: {result.reason}")
 
+    def _unsettled_requests(self) -> list[NodeRequest]:
+        """The requests of the starts that may still happen (`state.unsettled`)."""
+        u = self.state.update
+        if u is None or u.node_class is None:  # the class is gone: a bare request takes the same id
+            return [NodeRequest(namespace=self.inp.namespace, pool=self.inp.name, node_name=us.start.node_name) for us in self.state.unsettled.values()]
+        template = self._batch_template(u)
+        return [request_for(template, us.start) for us in self.state.unsettled.values()]
+
     def _abandon_start(self, wid: str, why: str) -> None:
         """Stop starting `wid` again. Its node stays recorded (Pending) until it reports or the
         look at the running workflows finds it closed or never started: it may have started."""
