@@ -31,8 +31,10 @@ from pydantic.alias_generators import to_camel
 
 from tgp.cron import MAX_SCHEDULE_LENGTH, SCHEDULE_MESSAGE, SCHEDULE_PATTERN, schedule_problems
 from tgp.labels import (
+    DNS_SUBDOMAIN_MAX_LENGTH,
     LABEL_VALUE_MAX_LENGTH,
     LABEL_VALUE_PATTERN,
+    QUALIFIED_NAME_MAX_LENGTH,
     TENANT_LABEL_KEY_MESSAGE,
     TENANT_LABEL_KEY_RULE,
     label_problems,
@@ -83,6 +85,15 @@ MAX_DRAIN_TIMEOUT = timedelta(hours=24)
 # before them and carried in a workflow message must still decode.
 MAX_POOL_LABELS = 64
 MAX_POOL_TAINTS = 32
+# A pool's spec is carried in its workflow's state and quoted in its status (Temporal refuses a
+# payload over 2 MiB): every list and string a tenant writes in it is bounded, so the largest spec
+# the schema allows stays far below that (a 508 kB requirement list once made a 1 MB status and
+# a refused continue-as-new). Karpenter bounds a NodePool's requirements at 100; tgp's nodes know
+# a handful of keys (tgp.io/gpu-type, tgp.io/region, tgp.io/provider, the template's labels).
+MAX_POOL_REQUIREMENTS = 16
+MAX_REQUIREMENT_VALUES = 64  # per requirement; a value is a label value (63 characters)
+MAX_CLASS_LIST = 64  # a class's gpuTypes and regions
+MAX_SCALAR_LENGTH = 32  # durations and prices ("1h30m", "2.50")
 # A class's boot template; provider user data is smaller still (Lambda: 1 MB, most: 16-64 KiB).
 MAX_TEMPLATE_LENGTH = 256 * 1024
 
@@ -120,14 +131,14 @@ Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str),
-    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN}),
+    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "maxLength": MAX_SCALAR_LENGTH}),
 ]
 # Prices are decimal strings ("2.0") in YAML so that no float rounding touches money.
 Price = Annotated[
     Decimal,
     BeforeValidator(lambda v: str(v) if isinstance(v, (int, float)) else v),
     PlainSerializer(lambda d: str(d), return_type=str),
-    WithJsonSchema({"type": "string", "pattern": PRICE_PATTERN}),
+    WithJsonSchema({"type": "string", "pattern": PRICE_PATTERN, "maxLength": MAX_SCALAR_LENGTH}),
 ]
 HourlyCostLimit = Annotated[
     Price, AfterValidator(_below_cost_limit), WithJsonSchema({"type": "string", "pattern": HOURLY_COST_LIMIT_PATTERN})
@@ -268,8 +279,16 @@ class TailscaleConfig(Spec):
 
 
 class InstanceRequirements(Spec):
-    gpu_types: list[str] = Field([], description="Allowed tgp.io/gpu-type values, e.g. RTX4090, A100-80GB; empty = any.")
-    regions: list[str] = Field([], description="Allowed tgp.io/region values; empty = any.")
+    gpu_types: list[str] = Field(
+        [],
+        json_schema_extra={"maxItems": MAX_CLASS_LIST, "items": {"type": "string", "maxLength": LABEL_VALUE_MAX_LENGTH}},
+        description=f"Allowed tgp.io/gpu-type values, e.g. RTX4090, A100-80GB; empty = any. At most {MAX_CLASS_LIST}.",
+    )
+    regions: list[str] = Field(
+        [],
+        json_schema_extra={"maxItems": MAX_CLASS_LIST, "items": {"type": "string", "maxLength": LABEL_VALUE_MAX_LENGTH}},
+        description=f"Allowed tgp.io/region values; empty = any. At most {MAX_CLASS_LIST}.",
+    )
     min_gpu_count: int = Field(1, ge=1, le=16, description="GPUs per node.")
     spot_allowed: bool = Field(False, description="Allow interruptible (spot/bid) offers.")
 
@@ -322,17 +341,50 @@ class GPUNodeClassSpec(Spec):
 
 class NodeClassRef(Spec):
     kind: Literal["GPUNodeClass"] = Field("GPUNodeClass", description="Always GPUNodeClass.")
-    name: str = Field(min_length=1, description="Name of the GPUNodeClass.")
+    name: str = Field(min_length=1, json_schema_extra={"maxLength": DNS_SUBDOMAIN_MAX_LENGTH}, description="Name of the GPUNodeClass.")
 
 
 class NodeSelectorRequirement(Spec):
-    key: str = Field(min_length=1, description="Node label key, e.g. tgp.io/gpu-type or tgp.io/region.")
+    # The bounds are the schema's (the API server's) and the bridge's admission, not every decode:
+    # demand builds these from pods' node selectors too, which the API server bounds itself.
+    key: str = Field(
+        min_length=1, json_schema_extra={"maxLength": QUALIFIED_NAME_MAX_LENGTH}, description="Node label key, e.g. tgp.io/gpu-type or tgp.io/region."
+    )
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="How values apply.")
-    values: list[str] = Field([], description="Values for In / NotIn.")
+    values: list[str] = Field(
+        [],
+        json_schema_extra={"maxItems": MAX_REQUIREMENT_VALUES, "items": {"type": "string", "maxLength": LABEL_VALUE_MAX_LENGTH}},
+        description=f"Values for In / NotIn: at most {MAX_REQUIREMENT_VALUES}, each a label value (up to 63 characters).",
+    )
+
+
+def requirement_problems(requirements: list[NodeSelectorRequirement]) -> list[str]:
+    """What a pool's requirements break of the schema's bounds (the bridge's admission)."""
+    problems = [f"{len(requirements)} requirements; at most {MAX_POOL_REQUIREMENTS}"] if len(requirements) > MAX_POOL_REQUIREMENTS else []
+    for i, r in enumerate(requirements):
+        if len(r.key) > QUALIFIED_NAME_MAX_LENGTH:
+            problems.append(f"requirements[{i}].key is {len(r.key)} characters; at most {QUALIFIED_NAME_MAX_LENGTH}")
+        if len(r.values) > MAX_REQUIREMENT_VALUES:
+            problems.append(f"requirements[{i}] has {len(r.values)} values; at most {MAX_REQUIREMENT_VALUES}")
+        if any(len(v) > LABEL_VALUE_MAX_LENGTH for v in r.values):
+            problems.append(f"requirements[{i}] has a value over {LABEL_VALUE_MAX_LENGTH} characters")
+    return problems
 
 
 class PoolTemplateSpec(Spec):
-    requirements: list[NodeSelectorRequirement] = Field([], description="Constraints on the pool's nodes (tgp.io/gpu-type, tgp.io/region).")
+    requirements: list[NodeSelectorRequirement] = Field(
+        [],
+        json_schema_extra={"maxItems": MAX_POOL_REQUIREMENTS},
+        description=f"Constraints on the pool's nodes (tgp.io/gpu-type, tgp.io/region); at most {MAX_POOL_REQUIREMENTS}.",
+    )
+
+    @field_validator("requirements")
+    @classmethod
+    def _bounded_requirements(cls, value: list[NodeSelectorRequirement], info: ValidationInfo) -> list[NodeSelectorRequirement]:
+        if _admitting(info) and (problems := requirement_problems(value)):
+            raise ValueError("; ".join(problems))
+        return value
+
     taints: list[Taint] = Field(
         [],
         json_schema_extra={"maxItems": MAX_POOL_TAINTS},
@@ -451,7 +503,7 @@ Schedule = Annotated[
         }
     ),
 ]
-OptionalDuration = Annotated[Duration | None, WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})]
+OptionalDuration = Annotated[Duration | None, WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "maxLength": MAX_SCALAR_LENGTH})]
 
 
 class DisruptionBudget(Spec):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from tgp.capacity import CapacityNode, NewNode
+from tgp.conditions import quoted
 from tgp.crds import DisruptionBudget, GPUNodePoolSpec
 from tgp.disruption import DisruptionReason, allowed_disruptions
 from tgp.messages import DisruptionAnswer, NodeStart, OfferCheck, PoolNode
@@ -275,7 +276,9 @@ def offers_available(oc: OfferCheck, req: OfferRequirements) -> Wanted:
             f"spec.maxHourlyPrice ${req.max_hourly_price}/h is below every matching offer; the cheapest is "
             f"${oc.cheapest_any_price}/h ({oc.cheapest_description}): raise maxHourlyPrice or relax the requirements",
         )
-    wants = req.model_dump(mode="json", include={"gpu_types", "regions", "providers", "min_gpu_count", "allow_spot"})
+    lists = {"GPU types": req.gpu_types, "regions": req.regions, "providers": req.providers}
+    wants = "; ".join(f"{what} [{quoted(values)}]" for what, values in lists.items() if values)
+    wants += f"{'; ' if wants else ''}{req.min_gpu_count}+ GPUs{', spot allowed' if req.allow_spot else ''}"
     return ("False", "NoMatchingOffers", f"no offer matches {wants}: check the GPU types, regions and providers of the pool and class{unreachable}")
 
 
