@@ -16,6 +16,7 @@ from tgp.lifecycle import WatchState
 from tgp.types import (
     DisruptRequest,
     InstanceRef,
+    NodeStatus,
     InstanceSighting,
     LaunchAttempt,
     LifecycleTimeouts,
@@ -74,3 +75,70 @@ class NodeWorkflowInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     request: NodeRequest
     state: NodeState | None = None
+
+
+def remembered(seen: list[InstanceRef], current: InstanceRef | None, ref: InstanceRef) -> tuple[list[InstanceRef], InstanceRef | None]:
+    """Money by ids: `seen` with `ref` (a launch attempt's name and every id seen under it)
+    merged into its name's one entry, and the current instance with that entry's ids when it is
+    that name's. Ids are only ever added."""
+    known = next((k for k in seen if k.instance_name == ref.instance_name), None)
+    merged = ref
+    if known is not None:
+        update = {
+            "known_ids": sorted(set(known.known_ids) | set(ref.known_ids)),
+            "created_by": ref.created_by or known.created_by,
+            "instance_id": ref.instance_id or known.instance_id,
+        }
+        merged = ref.model_copy(update=update)
+    out = [merged if k is known else k for k in seen] if known is not None else [*seen, ref]
+    if current is not None and current.instance_name == ref.instance_name:
+        current = current.model_copy(update={"known_ids": merged.known_ids, "created_by": merged.created_by, "instance_id": current.instance_id or merged.instance_id})
+    return out, current
+
+
+def node_status(req: NodeRequest, state: NodeState, asking: str = "") -> NodeStatus:
+    """The node's `status` query answer (`tgp status`, the demo)."""
+    offer, inst = state.offer, state.instance
+    return NodeStatus(
+        workflow_id=req.workflow_id,
+        phase=state.phase,
+        node_name=req.node_name,
+        pool=req.pool,
+        provider=offer.provider if offer else None,
+        gpu_type=offer.gpu_type if offer else None,
+        region=offer.region if offer else None,
+        instance_id=inst.instance_id if inst else None,
+        hourly_price=offer.hourly_price if offer else None,
+        stages=state.stages,
+        attempts=state.attempts,
+        last_error=state.last_error,
+        end_reason=state.end_reason,
+        asking=asking,
+    )
+
+
+def node_details(req: NodeRequest, state: NodeState) -> str:
+    """Markdown shown as Current Details in the Web UI, with the command that evicts the node."""
+    offer = state.offer
+    lines = [f"**{req.node_name}** in pool `{req.namespace}/{req.pool}` — **{state.phase.value}**"]
+    if offer:
+        lines.append(f"- offer: {offer.gpu_type} × {offer.gpu_count} on {offer.provider} ({offer.region}) at ${offer.hourly_price}/h")
+    if state.instance and state.instance.instance_id:
+        lines.append(f"- instance: `{state.instance.instance_id}`")
+    if state.end_reason:
+        lines.append(f"- end: {state.end_reason}")
+    if state.watch is not None and state.watch.held:
+        lines.append(f"- held: {state.watch.held}")
+    if state.last_error:
+        lines.append(f"- last error: {state.last_error}")
+    lines.append(f"- evict: `temporal workflow signal --workflow-id {req.workflow_id} --name evict --input '{{\"reason\":\"manual\"}}'`")
+    return "\n".join(lines)
+
+
+def phase_reason(state: NodeState, phase: NodePhase) -> str:
+    """The reason recorded with a phase: why the node drains or ended, or what failed."""
+    if phase in (NodePhase.FAILED, NodePhase.TERMINATION_STUCK):
+        return state.last_error or ""
+    if phase in (NodePhase.DRAINING, NodePhase.TERMINATED, NodePhase.INTERRUPTED, NodePhase.CANCELLED):
+        return state.end_reason or ""
+    return ""

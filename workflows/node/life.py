@@ -30,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
         start_attributes,
     )
     from tgp.messages import NodeReport, PoolReport, Reservation
-    from tgp.node import NodeState, NodeWorkflowInput
+    from tgp.node import NodeState, NodeWorkflowInput, node_details, node_status, phase_reason, remembered
     from tgp.types import (
         LABEL_GPU_TYPE,
         LABEL_MANAGED,
@@ -123,7 +123,7 @@ class Life:
     def enter(self, phase: NodePhase) -> None:
         """Record the phase: state, stage record, search attributes and the Web UI's details."""
         self.state.phase = phase
-        self.stamp(Stage(phase.value), self._why(phase))
+        self.stamp(Stage(phase.value), phase_reason(self.state, phase))
         workflow.set_current_details(self.details())
         if phase is NodePhase.PENDING and self._started_pending():
             return  # the pool started the run with them
@@ -152,27 +152,8 @@ class Life:
         self.state.attempts[i] = current.model_copy(update={"outcome": outcome, "instance_id": instance_id or current.instance_id})
 
     def remember(self, ref: InstanceRef) -> None:
-        """Keep `ref` (a launch attempt's name, with every id seen under it) in the state, and as
-        the current instance when it is the current attempt's (money by ids)."""
-        merged = ref
-        for i, known in enumerate(self.state.seen):
-            if known.instance_name == ref.instance_name:
-                merged = ref.model_copy(
-                    update={
-                        "known_ids": sorted(set(known.known_ids) | set(ref.known_ids)),
-                        "created_by": ref.created_by or known.created_by,
-                        "instance_id": ref.instance_id or known.instance_id,
-                    }
-                )
-                self.state.seen[i] = merged
-                break
-        else:
-            self.state.seen.append(ref)
-        current = self.state.instance
-        if current is not None and current.instance_name == ref.instance_name:
-            self.state.instance = current.model_copy(
-                update={"known_ids": merged.known_ids, "created_by": merged.created_by, "instance_id": current.instance_id or merged.instance_id}
-            )
+        """Keep `ref` in the state's money by ids (tgp.node.remembered)."""
+        self.state.seen, self.state.instance = remembered(self.state.seen, self.state.instance, ref)
 
     def failed(self, exc: Exception) -> NodePhase:
         """A life that ends in failure keeps its cause as the last error, for the status and the
@@ -291,48 +272,10 @@ class Life:
     # --- what it shows ---------------------------------------------------------------------
 
     def status(self) -> NodeStatus:
-        offer, inst = self.state.offer, self.state.instance
-        return NodeStatus(
-            workflow_id=self.req.workflow_id,
-            phase=self.state.phase,
-            node_name=self.req.node_name,
-            pool=self.req.pool,
-            provider=offer.provider if offer else None,
-            gpu_type=offer.gpu_type if offer else None,
-            region=offer.region if offer else None,
-            instance_id=inst.instance_id if inst else None,
-            hourly_price=offer.hourly_price if offer else None,
-            stages=self.state.stages,
-            attempts=self.state.attempts,
-            last_error=self.state.last_error,
-            end_reason=self.state.end_reason,
-            asking=self.asking,
-        )
+        return node_status(self.req, self.state, self.asking)
 
     def details(self) -> str:
-        """Markdown shown as Current Details in the Web UI."""
-        offer, state = self.state.offer, self.state
-        lines = [f"**{self.req.node_name}** in pool `{self.req.namespace}/{self.req.pool}` — **{state.phase.value}**"]
-        if offer:
-            lines.append(f"- offer: {offer.gpu_type} × {offer.gpu_count} on {offer.provider} ({offer.region}) at ${offer.hourly_price}/h")
-        if state.instance and state.instance.instance_id:
-            lines.append(f"- instance: `{state.instance.instance_id}`")
-        if state.end_reason:
-            lines.append(f"- end: {state.end_reason}")
-        if state.watch is not None and state.watch.held:
-            lines.append(f"- held: {state.watch.held}")
-        if state.last_error:
-            lines.append(f"- last error: {state.last_error}")
-        lines.append(f"- evict: `temporal workflow signal --workflow-id {workflow.info().workflow_id} --name evict --input '{{\"reason\":\"manual\"}}'`")
-        return "\n".join(lines)
-
-    def _why(self, phase: NodePhase) -> str:
-        """The reason recorded with a phase: why the node drains or ended, or what failed."""
-        if phase in (NodePhase.FAILED, NodePhase.TERMINATION_STUCK):
-            return self.state.last_error or ""
-        if phase in (NodePhase.DRAINING, NodePhase.TERMINATED, NodePhase.INTERRUPTED, NodePhase.CANCELLED):
-            return self.state.end_reason or ""
-        return ""
+        return node_details(self.req, self.state)
 
     def _started_pending(self) -> bool:
         """Whether the pool started the run with the Pending phase's search attributes."""
