@@ -13,7 +13,8 @@ MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their coun
   (NOT_FOUND) has nobody to tell: dropped.
 * A Node its workflow deleted itself (annotated tgp.types.ANNOTATION_RELEASED just before) is
   forgotten without a word: the workflow is completing, and a signal then would have its last
-  workflow task refused and run again. Any other deletion is told (present False).
+  workflow task refused and run again. Any other deletion is told (present False), and so is a
+  deletion that tgp's finalizer holds (`deleting`: `kubectl delete node`, drained and ended).
 * A joining Node's facts (registered, Ready, GPUs: milliseconds apart) wait up to
   JOINING_FACTS_SETTLE for the next change and go together: one signal, one workflow task.
 * Level-triggered: nothing is sent until both informers have listed (a Node without its pods
@@ -140,7 +141,9 @@ class NodeFactsSender:
             return
         self.gone.discard(name)
         summary = node_summary_of(obj)
-        facts = NodeFacts(node_name=name, present=True, ready=summary.ready, gpus=summary.gpus, do_not_disrupt=summary.do_not_disrupt, at=_now())
+        facts = NodeFacts(
+            node_name=name, present=True, ready=summary.ready, gpus=summary.gpus, do_not_disrupt=summary.do_not_disrupt, deleting=summary.deleting, at=_now()
+        )
         self._update(name, self._with_pods(facts))
 
     def on_listed(self, informer: str) -> None:

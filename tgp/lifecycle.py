@@ -47,6 +47,7 @@ class EndReason(StrEnum):
     CHEAPER = "cheaper"  # replaced (make-before-break) by a cheaper offer that fits its pods
     UNDERUTILIZED = "underutilized"  # replaced (make-before-break): its pods fit on fewer nodes
     NOT_READY = "not-ready"  # node repair: NotReady past NODE_NOT_READY_REPAIR_AFTER, instance running: terminate, no drain
+    DELETED = "deleted"  # its Node was deleted by hand (kubectl delete node; tgp's finalizer holds it): drain and terminate at once
 
 
 def pod_holds_node(pod: PodSummary) -> bool:
@@ -103,6 +104,11 @@ def judge_observation(obs: NodeObservation, state: WatchState, now: datetime, ti
     if instance is None or instance.state is InstanceState.TERMINATED or instance.interrupted:
         what = "no longer exists" if instance is None else ("was interrupted" if instance.interrupted else "is terminated")
         return WatchVerdict(state=state, end=EndReason.INTERRUPTED, detail=f"the provider's instance {what}")
+    if obs.node is not None and obs.node.deleting:
+        # `kubectl delete node` (Karpenter's meaning): drain and terminate now, as an evict.
+        # Neither budgets nor do-not-disrupt hold it: it is an operator's explicit request.
+        detail = f"its Node {obs.node.name} was deleted (kubectl delete node); tgp's finalizer keeps the Node until the instance is terminated"
+        return WatchVerdict(state=state, end=EndReason.DELETED, detail=detail)
 
     healthy = obs.node is not None and obs.node.ready
     provider_trouble = instance.state in (InstanceState.FAILED, InstanceState.STOPPED)
@@ -197,7 +203,11 @@ def backstop_period(timeouts: LifecycleTimeouts) -> timedelta:
 
 def facts_view(facts: NodeFacts, instance: Instance | None) -> NodeObservation:
     """The node as the bridge's facts tell it, with the instance as the node last looked at it."""
-    node = NodeSummary(name=facts.node_name, ready=facts.ready, gpus=facts.gpus, do_not_disrupt=facts.do_not_disrupt) if facts.present else None
+    node = (
+        NodeSummary(name=facts.node_name, ready=facts.ready, gpus=facts.gpus, do_not_disrupt=facts.do_not_disrupt, deleting=facts.deleting)
+        if facts.present
+        else None
+    )
     return NodeObservation(instance=instance, node=node, busy_pods=facts.busy_pods, holders=facts.holders, holding=facts.holding)
 
 
@@ -226,6 +236,8 @@ def next_deadline(state: WatchState, timeouts: LifecycleTimeouts) -> datetime | 
         return None
     instance = view.instance
     if instance is None or instance.state is InstanceState.TERMINATED or instance.interrupted:
+        return state.seen_at or state.ready_at
+    if view.node is not None and view.node.deleting:
         return state.seen_at or state.ready_at
     due: list[datetime] = []
     if state.unhealthy_since is not None:

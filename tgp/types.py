@@ -48,6 +48,11 @@ LABEL_MANAGED = "tgp.io/managed"
 # knows the workflow released its own Node and sends it no `node_facts` about the deletion (a
 # signal that would land as the workflow completes, and have its last task retried).
 ANNOTATION_RELEASED = "tgp.io/released"
+# Put on a Node when tgp labels it (Karpenter's termination finalizer): `kubectl delete node` then
+# only marks it deleting, and its node workflow drains it, terminates the instance and removes
+# the finalizer as it deletes the Node (`delete_node`, on every way out). Without it the Node
+# would go at once while the machine bills on (and a kubelet that re-registers brings it back).
+FINALIZER_TERMINATION = "tgp.io/termination"
 
 
 class Model(BaseModel):
@@ -94,6 +99,7 @@ class Stage(StrEnum):
     DISRUPTION_BLOCKED = "DisruptionBlocked"  # a voluntary end waits for the pool's disruption budget
     DRAIN_TIMED_OUT = "DrainTimedOut"  # pods were still on the node at the drain timeout
     NODE_REPAIR = "NodeRepair"  # repaired: GPUs gone or NotReady too long (the reason says which and for how long)
+    NODE_DELETED = "NodeDeleted"  # its Node was deleted by hand (kubectl delete node): drained and terminated
     TERMINATING = "Terminating"
     TERMINATION_STUCK = "TerminationStuck"
     RELEASED = "Released"  # instance, tailnet device and key, Node object all gone
@@ -105,7 +111,7 @@ class Stage(StrEnum):
     @property
     def warning(self) -> bool:
         """A stage an operator should hear about as a Warning Event."""
-        return self in (Stage.DRAIN_TIMED_OUT, Stage.TERMINATION_STUCK, Stage.INTERRUPTED, Stage.FAILED, Stage.NODE_REPAIR)
+        return self in (Stage.DRAIN_TIMED_OUT, Stage.TERMINATION_STUCK, Stage.INTERRUPTED, Stage.FAILED, Stage.NODE_REPAIR, Stage.NODE_DELETED)
 
 
 class StageRecord(Model):
@@ -475,6 +481,7 @@ class NodeSummary(Model):
     unschedulable: bool = False
     gpus: int = Field(0, description="Allocatable nvidia.com/gpu: what the device plugin has registered.")
     do_not_disrupt: bool = Field(False, description="The Node is annotated tgp.io/do-not-disrupt or karpenter.sh/do-not-disrupt: \"true\".")
+    deleting: bool = Field(False, description="The Node has a deletionTimestamp (`kubectl delete node`): tgp's finalizer holds it until the node is released.")
 
 
 class NodeObservation(Model):
@@ -498,6 +505,7 @@ class NodeFacts(Model):
     gpus: int = Field(0, description="Allocatable nvidia.com/gpu.")
     busy_pods: int = Field(0, description="Pods that keep the node from being idle (tgp.lifecycle.pod_keeps_node_busy).")
     do_not_disrupt: bool = Field(False, description="The Node itself is annotated do-not-disrupt.")
+    deleting: bool = Field(False, description="The Node has a deletionTimestamp: someone deleted it (`kubectl delete node`); tgp's finalizer keeps it until the node is drained and released.")
     holders: list[str] = Field([], description="namespace/name of the first pods that hold the node against voluntary disruption (at most MAX_HOLDERS_NAMED).")
     holding: int = Field(0, description="How many pods hold the node (tgp.lifecycle.pod_holds_node); `holders` names the first.")
     at: datetime = Field(description="When the bridge saw this (its clock).")

@@ -36,7 +36,7 @@ from tgp.crds import GROUP, VERSION
 from tgp.disruption import do_not_disrupt
 from tgp.drift import patch_labels, patch_taints
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from tgp.types import ANNOTATION_RELEASED, GPU_RESOURCE, NodeSummary, PodSummary, Taint
+from tgp.types import ANNOTATION_RELEASED, FINALIZER_TERMINATION, GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
 
 
@@ -222,12 +222,17 @@ class KubernetesCluster:
             current_taints = [_taint_wire(t) for t in (node.spec.taints or [])] if node.spec else []
             new_labels = patch_labels(current_labels, labels, remove_labels or {})
             merged_taints = patch_taints(current_taints, taints, remove_taints)
+            finalizers = list(node.metadata.finalizers or []) if node.metadata else []
+            # The termination finalizer (a Node being deleted takes no new one: its watch ends it).
+            add_finalizer = FINALIZER_TERMINATION not in finalizers and not (node.metadata and node.metadata.deletion_timestamp)
 
-            if not new_labels and merged_taints == current_taints:
+            if not new_labels and merged_taints == current_taints and not add_finalizer:
                 return
             patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version}}
             if new_labels:
                 patch["metadata"]["labels"] = new_labels
+            if add_finalizer:  # a merge patch replaces the list whole: guarded by resourceVersion
+                patch["metadata"]["finalizers"] = [*finalizers, FINALIZER_TERMINATION]
             if merged_taints != current_taints:
                 patch["spec"] = {"taints": merged_taints}  # a merge patch replaces lists whole
             try:
@@ -265,8 +270,10 @@ class KubernetesCluster:
 
     async def delete_node(self, name: str) -> None:
         """Annotate the Node released (ANNOTATION_RELEASED: its deletion is its workflow's own,
-        and the bridge tells the workflow nothing of it), then delete it; one already gone
-        counts as deleted."""
+        and the bridge tells the workflow nothing of it), take tgp's termination finalizer off,
+        then delete it; one already gone counts as deleted. The annotation is a write of its
+        own, before: a Node being deleted (`kubectl delete node`) goes with the finalizer's
+        removal, and its DELETED event carries the state stored before that write."""
         core = await self._client()
         try:
             await self._call(
@@ -278,6 +285,8 @@ class KubernetesCluster:
             )
         except ApiException:
             return  # gone already
+        if not await self._remove_finalizer(name):
+            return  # gone already, or gone with its last finalizer
         try:
             await self._call(
                 f"delete Node {name}",
@@ -286,6 +295,32 @@ class KubernetesCluster:
             )
         except ApiException:
             return
+
+    async def _remove_finalizer(self, name: str) -> bool:
+        """Take FINALIZER_TERMINATION off Node `name` (a write guarded by resourceVersion, redone
+        on conflict: a merge patch replaces the list whole). Whether the Node is still there."""
+        core = await self._client()
+        for _ in range(CONFLICT_ATTEMPTS):
+            node = await self._read_node(name)
+            if node is None or node.metadata is None:
+                return False
+            finalizers = list(node.metadata.finalizers or [])
+            if FINALIZER_TERMINATION not in finalizers:
+                return True
+            kept = [f for f in finalizers if f != FINALIZER_TERMINATION]
+            patch = {"metadata": {"finalizers": kept or None, "resourceVersion": node.metadata.resource_version}}
+            try:
+                await self._call(
+                    f"remove finalizer {FINALIZER_TERMINATION} from Node {name}",
+                    core.patch_node(name, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout),
+                    passthrough={404, 409},
+                )
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                continue  # 409: someone wrote in between; read again
+            return not (node.metadata.deletion_timestamp and not kept)
+        raise TransientError(f"Node {name} kept changing while its finalizer {FINALIZER_TERMINATION} was removed; will retry")
 
     async def _read_node(self, name: str) -> k8s.V1Node | None:
         core = await self._client()
@@ -620,6 +655,7 @@ def _node_summary(node: k8s.V1Node) -> NodeSummary:
         unschedulable=bool(spec.unschedulable) if spec else False,
         gpus=_count(((node.status.allocatable if node.status else None) or {}).get(GPU_RESOURCE)),
         do_not_disrupt=do_not_disrupt(node.metadata.annotations if node.metadata else None),
+        deleting=bool(node.metadata and node.metadata.deletion_timestamp),
     )
 
 
@@ -661,6 +697,7 @@ def node_summary_of(obj: Mapping[str, Any]) -> NodeSummary:
         unschedulable=bool(spec.get("unschedulable")),
         gpus=_count((status.get("allocatable") or {}).get(GPU_RESOURCE)),
         do_not_disrupt=do_not_disrupt(meta.get("annotations")),
+        deleting=bool(meta.get("deletionTimestamp")),
     )
 
 

@@ -99,6 +99,8 @@ async def _judge(life: Life) -> tuple[EndReason | None, bool]:
         state.end_reason = f"{end.value}: {verdict.detail}"
         if end in (EndReason.REPAIR, EndReason.NOT_READY):
             life.stamp(Stage.NODE_REPAIR, verdict.detail)  # the pool's NodeRepair Warning
+        elif end is EndReason.DELETED:
+            life.stamp(Stage.NODE_DELETED, verdict.detail)  # the pool's NodeDeleted Warning
         return end, False
     if verdict.held and verdict.held != verdict.state.held:
         workflow.logger.info("disruption held: %s", verdict.held)  # due but held: said once

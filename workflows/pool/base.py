@@ -86,6 +86,8 @@ class PoolBase:
         for s in stages or []:
             if s.stage is Stage.DRAIN_TIMED_OUT:  # the pods it names were killed, not evicted
                 self._note(Note("Warning", s.stage.value, f"node {n.node_name} drain {s.reason}"))
+            elif s.stage is Stage.NODE_DELETED:  # kubectl delete node: its instance is ended for it
+                self._note(Note("Warning", s.stage.value, f"node {n.node_name} is drained and terminated: {s.reason}"))
         said = {
             NodePhase.READY: ("Normal", "NodeReady", f"node {n.node_name} is Ready ({where})"),
             NodePhase.FAILED: ("Warning", "LaunchFailed", f"node {n.node_name} could not be launched: {n.reason}"),
