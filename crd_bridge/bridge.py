@@ -33,7 +33,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube.cluster import CustomResource, KubernetesCluster
+from activities.kube.cluster import CustomResource, KubernetesCluster, pod_summary_of
 from crd_bridge.informer import Informer, Obj, object_key
 from crd_bridge.metrics import OBJECTS_SKIPPED
 from crd_bridge.node_facts import NodeFactsSender
@@ -41,6 +41,7 @@ from tgp.conditions import condition_list
 from tgp.crds import FINALIZER, GROUP, VERSION, DisruptionBounds, GPUNodeClass, GPUNodePool
 from tgp.errors import TgpError
 from tgp.demand import BATCH_IDLE, BATCH_MAX, Batch, PendingPod, PoolCandidate, UnreadablePod, assign_pods, gpu_request, pending_gpu_pod
+from tgp.disruption import do_not_disrupt_problem
 from tgp.messages import ClassInput, ClassUpdate, Demand, PoolUpdate, class_workflow_id, pool_workflow_id
 from tgp.types import DEFAULT_TASK_QUEUE, GPU_RESOURCE, LABEL_MANAGED, LABEL_POOL, LABEL_POOL_NAMESPACE, node_workflow_id
 from workflows.node_class import GPUNodeClassWorkflow
@@ -94,6 +95,7 @@ class Bridge:
         self._batch_changed = asyncio.Event()
         self.informers: list[Informer] = []
         self.facts = NodeFactsSender(client)  # each managed Node's facts for its workflow
+        self.dnd_warned: dict[str, str] = {}  # pod key -> the do-not-disrupt problem it was told (uid/message)
 
     async def run(self) -> None:
         """Watch until cancelled."""
@@ -314,6 +316,7 @@ class Bridge:
         key = object_key(obj).lstrip("/")
         held_on = self.facts.holding.where.get(key)
         self.facts.on_pod(kind, obj)
+        await self._warn_do_not_disrupt(key, kind, obj)
         try:
             pod = None if kind == "DELETED" else pending_gpu_pod(obj)
         except UnreadablePod as exc:  # not demand; every other pod still is
@@ -330,6 +333,26 @@ class Bridge:
         if changed:
             self._batch = self._batch.add(_now())
             self._batch_changed.set()
+
+    async def _warn_do_not_disrupt(self, key: str, kind: str, obj: Obj) -> None:
+        """A pod on a tgp Node whose do-not-disrupt value tgp reads otherwise than Karpenter
+        would (tgp.disruption.do_not_disrupt_problem: a duration, or a value that holds nothing)
+        gets a Warning Event `DoNotDisruptValue` naming it, once per pod and value: never silently."""
+        meta, node = obj.get("metadata") or {}, (obj.get("spec") or {}).get("nodeName")
+        problem = do_not_disrupt_problem(meta.get("annotations")) if kind != "DELETED" and node in self.facts.workflow_ids else None
+        if problem is None:
+            if kind == "DELETED":
+                self.dnd_warned.pop(key, None)
+            return
+        mark = f"{meta.get('uid')}/{problem}"
+        if self.dnd_warned.get(key) == mark:
+            return
+        try:
+            await self.cluster.record_pod_event(pod_summary_of(obj), type="Warning", reason="DoNotDisruptValue", message=f"on node {node}: {problem}", component="tgp-bridge")
+        except TgpError as error:
+            log.warning("do_not_disrupt_event_failed", pod=key, error=str(error))
+            return  # told on the pod's next event or a re-list
+        self.dnd_warned[key] = mark
 
     def _track_bound(self, key: str, kind: str, obj: Obj) -> bool:
         """Record the GPUs a bound, unfinished pod holds on its node; True when that changed."""

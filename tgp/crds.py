@@ -504,6 +504,22 @@ Schedule = Annotated[
     ),
 ]
 OptionalDuration = Annotated[Duration | None, WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "maxLength": MAX_SCALAR_LENGTH})]
+# Karpenter writes "Never" where a duration may be switched off (expireAfter, consolidateAfter):
+# its manifests apply unchanged. "Never" is kept as written, so the spec reads back the same.
+NEVER = "Never"
+NEVER_OR_DURATION_PATTERN = f"^({DURATION_PATTERN[1:-1]}|{NEVER})$"
+
+
+def _never_or_duration(value: Any) -> Any:
+    return value if value == NEVER else parse_duration(value)
+
+
+NeverOrDuration = Annotated[
+    timedelta | Literal["Never"] | None,
+    BeforeValidator(_never_or_duration),
+    PlainSerializer(lambda v: v if v is None or v == NEVER else format_duration(v), return_type=str | None),
+    WithJsonSchema({"type": "string", "pattern": NEVER_OR_DURATION_PATTERN, "maxLength": MAX_SCALAR_LENGTH}),
+]
 
 
 class DisruptionBudget(Spec):
@@ -589,8 +605,17 @@ class Disruption(Spec):
         timedelta(minutes=10),
         description=f"Drain and terminate a node with no workload pods for this long, e.g. 10m; at least {format_duration(MIN_IDLE_TIMEOUT)} (the bridge refuses less).",
     )
-    expire_after: Duration | None = Field(
-        None, description=f"Replace nodes older than this, e.g. 720h; at least {format_duration(MIN_EXPIRE_AFTER)} (the bridge refuses less); unset = never."
+    expire_after: NeverOrDuration = Field(
+        None,
+        description=f"Replace nodes older than this, e.g. 720h; at least {format_duration(MIN_EXPIRE_AFTER)} (the bridge refuses less); "
+        "unset or Never (Karpenter's spelling) = never.",
+    )
+    consolidate_after: NeverOrDuration = Field(
+        None,
+        description="Karpenter's consolidateAfter, so its manifests apply unchanged. Never: tgp never disrupts a node of this "
+        "pool for being empty or underutilized, nor re-shops it (consolidation and idleTimeout are off). A duration: how long "
+        f"a node must be empty before it goes, in place of idleTimeout (at least {format_duration(MIN_IDLE_TIMEOUT)}, the bridge "
+        "refuses less); underutilized nodes and re-shops keep consolidation.after. Unset: idleTimeout and consolidation as given.",
     )
     drain_timeout: Duration = Field(
         timedelta(minutes=10),
@@ -610,14 +635,48 @@ class Disruption(Spec):
 
     @field_validator("expire_after")
     @classmethod
-    def _expire_after_bound(cls, value: timedelta | None, info: ValidationInfo) -> timedelta | None:
+    def _expire_after_bound(cls, value: timedelta | str | None, info: ValidationInfo) -> timedelta | str | None:
         bounds = _admission_bounds(info)
-        if bounds is not None and value is not None and value < bounds.min_expire_after:
+        if bounds is not None and isinstance(value, timedelta) and value < bounds.min_expire_after:
             raise ValueError(
                 f"{format_duration(value)} is below the minimum of {format_duration(bounds.min_expire_after)}: "
                 "nodes would be replaced about as fast as they boot"
             )
         return value
+
+    @field_validator("consolidate_after")
+    @classmethod
+    def _consolidate_after_bound(cls, value: timedelta | str | None, info: ValidationInfo) -> timedelta | str | None:
+        bounds = _admission_bounds(info)
+        if bounds is not None and isinstance(value, timedelta) and value < bounds.min_idle_timeout:
+            raise ValueError(
+                f"{format_duration(value)} is below the minimum of {format_duration(bounds.min_idle_timeout)}: it is how long a node "
+                "must be empty before it goes, and nodes would be terminated before pods reach them, then bought again"
+            )
+        return value
+
+    @property
+    def expiry(self) -> timedelta | None:
+        """How old a node may get (None: never, for unset and Never alike)."""
+        return self.expire_after if isinstance(self.expire_after, timedelta) else None
+
+    @property
+    def consolidates(self) -> bool:
+        """False under `consolidateAfter: Never`: no node goes for being empty or underutilized, none is re-shopped."""
+        return self.consolidate_after != NEVER
+
+    @property
+    def idle(self) -> timedelta | None:
+        """How long a node may be empty before it goes: consolidateAfter when a duration, else
+        idleTimeout; None under consolidateAfter: Never."""
+        if not self.consolidates:
+            return None
+        return self.consolidate_after if isinstance(self.consolidate_after, timedelta) else self.idle_timeout
+
+    @property
+    def consolidation_policy(self) -> Consolidation | None:
+        """The consolidation in force: spec.disruption.consolidation, None when off or under consolidateAfter: Never."""
+        return self.consolidation if self.consolidates else None
 
     @field_validator("drain_timeout")
     @classmethod

@@ -7,8 +7,10 @@ cheaper offer is worth a replacement. No I/O; the node and pool workflows call t
   active budgets that cover a reason the most restrictive wins; nodes already disrupting count
   against it. A manual evict, an interruption and a lost node are never limited.
 * **do-not-disrupt** (`do_not_disrupt`, `pod_holds_node`, `blocks`): `tgp.io/do-not-disrupt:
-  "true"` or Karpenter's `karpenter.sh/do-not-disrupt: "true"` on a running pod or on a Node
-  stops voluntary reasons; a manual evict, an interruption, a lost node and a repair go ahead.
+  "true"` or Karpenter's `karpenter.sh/do-not-disrupt: "true"` (or a duration, `holds`) on a
+  running pod or on a Node stops voluntary reasons; a manual evict, an interruption, a lost node
+  and a repair go ahead. A value read otherwise than Karpenter reads it is told to the pod
+  (`do_not_disrupt_problem`).
 * **terminationGracePeriod** (`termination_deadline`, `pod_delete_at`): the longest a node may
   take to leave once its disruption began, over PDBs and do-not-disrupt.
 * **Re-shopping** (`reshop`): replace a node when the best current offer that fits its pods is
@@ -17,6 +19,7 @@ cheaper offer is worth a replacement. No I/O; the node and pool workflows call t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -157,10 +160,44 @@ def unlimited_reasons(budgets: Sequence[DisruptionBudget]) -> list[str]:
 # --- do-not-disrupt -------------------------------------------------------------------------
 
 
+# A Go duration (time.ParseDuration), as Karpenter reads a do-not-disrupt value that is not "true".
+_GO_DURATION = re.compile(r"^(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|ms|s|m|h)(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|ms|s|m|h))*$")
+
+
+def _positive_duration(value: str) -> bool:
+    return _GO_DURATION.match(value) is not None and any(c in "123456789" for c in value)
+
+
+def holds(value: str | None) -> bool:
+    """Whether a do-not-disrupt annotation's value holds: "true", or a positive duration
+    (Karpenter's grace period, e.g. "4h": tgp holds for as long as the pod runs, more than that,
+    and says so: `do_not_disrupt_problem`)."""
+    return value == "true" or (value is not None and _positive_duration(value))
+
+
 def do_not_disrupt(annotations: Mapping[str, str] | None) -> bool:
     """Whether a pod's or a Node's annotations ask that it not be disrupted
-    (`tgp.io/do-not-disrupt: "true"`, or Karpenter's `karpenter.sh/do-not-disrupt: "true"`)."""
-    return any((annotations or {}).get(key) == "true" for key in DO_NOT_DISRUPT_ANNOTATIONS)
+    (`tgp.io/do-not-disrupt` or Karpenter's `karpenter.sh/do-not-disrupt`, `holds`)."""
+    return any(holds((annotations or {}).get(key)) for key in DO_NOT_DISRUPT_ANNOTATIONS)
+
+
+def do_not_disrupt_problem(annotations: Mapping[str, str] | None) -> str | None:
+    """What a pod is told (a Warning Event) when tgp reads its do-not-disrupt value otherwise
+    than Karpenter would, or not at all; None for "true", "false" and no annotation. Never
+    silently: a duration holds for as long as the pod runs (Karpenter: for that long from the
+    pod's start); any other value does not hold, as in Karpenter, which ignores it too."""
+    for key in DO_NOT_DISRUPT_ANNOTATIONS:
+        value = (annotations or {}).get(key)
+        if value is None or value in ("true", "false"):
+            continue
+        shown = repr(value[:40])
+        if _positive_duration(value):
+            return (
+                f"{key}: {shown} holds its node for as long as the pod runs, not only {value} from its start as in Karpenter "
+                "(tgp does not time the hold); remove the annotation once the pod may be disrupted"
+            )
+        return f'{key}: {shown} is neither "true" nor a positive duration (e.g. 4h): it does not hold the node, as in Karpenter'
+    return None
 
 
 def pod_holds_node(annotations: Mapping[str, str] | None, phase: str = "Running", deleting: bool = False) -> bool:

@@ -168,7 +168,7 @@ def in_place_changes(old: GPUNodePoolSpec, new: GPUNodePoolSpec) -> frozenset[st
         changed.add("labels")
     if _taints(old) != _taints(new):
         changed.add("taints")
-    timeouts = ("idle_timeout", "expire_after", "drain_timeout", "termination_grace_period")
+    timeouts = ("idle_timeout", "expire_after", "consolidate_after", "drain_timeout", "termination_grace_period")
     if any(getattr(old.disruption, t) != getattr(new.disruption, t) for t in timeouts):
         changed.add("timeouts")
     return frozenset(changed)

@@ -117,7 +117,7 @@ def mark_replacements(
     updates: dict[str, dict[str, object]] = {}
     notes: list[Note] = []
     hashes: dict[str | None, str] = {}
-    policy = spec.disruption.consolidation
+    policy = spec.disruption.consolidation_policy
     for wid in sorted(nodes):
         n = nodes[wid]
         if n.phase is not NodePhase.READY:

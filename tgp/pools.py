@@ -95,7 +95,7 @@ def node_timeouts(pool: GPUNodePoolSpec, *, floor: bool) -> TimeoutsUpdate:
     """The pool's disruption settings for one node. A `floor` node keeps the pool at its
     minNodes and never idles out (it would only be replaced at once)."""
     d = pool.disruption
-    return TimeoutsUpdate(idle=None if floor else d.idle_timeout, drain=d.drain_timeout, expire_after=d.expire_after)
+    return TimeoutsUpdate(idle=None if floor else d.idle, drain=d.drain_timeout, expire_after=d.expiry)
 
 
 def node_request(

@@ -184,7 +184,7 @@ async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass:
     for o in sorted(ranked, key=lambda o: o.hourly_price):
         sizes.setdefault(o.gpu_count, OfferSize(gpu_count=o.gpu_count, hourly_price=o.hourly_price))
     disruption = pool.spec.disruption
-    policy = disruption.consolidation
+    policy = disruption.consolidation_policy
     req = offer_requirements(pool.spec, klass.spec)
     result = plan_consolidation(
         nodes,

@@ -58,14 +58,14 @@ class Disruption(PoolBase):
         """Consolidation is on and was not planned this resync (planning is O(nodes²) at worst:
         not on every pass of a burst)."""
         looked = self.state.consolidation_looked_at
-        return u.spec.disruption.consolidation is not None and (looked is None or workflow.now() - looked >= self.inp.resync_interval)
+        return u.spec.disruption.consolidation_policy is not None and (looked is None or workflow.now() - looked >= self.inp.resync_interval)
 
     async def _consolidation(self, u: PoolUpdate, ok: bool) -> None:
         """The pass's consolidation: planned and carried out when due, its findings cleared when
         it was turned off (what was made stays)."""
         if ok and self._consolidation_due(u):
             await self._consolidate(self._look_for_consolidation(u))
-        elif u.spec.disruption.consolidation is None and self.state.consolidation is not None and self.state.consolidation.candidates:
+        elif u.spec.disruption.consolidation_policy is None and self.state.consolidation is not None and self.state.consolidation.candidates:
             self.state.consolidation = self.state.consolidation.model_copy(update={"savings_found_hourly": Decimal(0), "candidates": 0})
 
     def _look_for_consolidation(self, u: PoolUpdate) -> ConsolidationPlan:
@@ -82,7 +82,7 @@ class Disruption(PoolBase):
         plan = plan_consolidation(
             nodes,
             oc.sizes if oc is not None and oc.sizes else None,
-            u.spec.disruption.consolidation,
+            u.spec.disruption.consolidation_policy,
             u.spec.disruption.budgets,
             now,
             pool_nodes=initialized(live),

@@ -120,7 +120,7 @@ class Replacements(PoolBase):
         no reason), its replacement is evicted, and it is not re-shopped again for
         RESHOP_HELD_WAIT or consolidation's `after`, the longer."""
         now = workflow.now()
-        policy = u.spec.disruption.consolidation
+        policy = u.spec.disruption.consolidation_policy
         wait = max(policy.after, RESHOP_HELD_WAIT) if policy is not None else RESHOP_HELD_WAIT
         for wid in sorted(w for w, n in self.state.nodes.items() if n.held):
             old = self.state.nodes[wid]
