@@ -225,4 +225,6 @@ async def _clean_real_cluster(api: KubeApi) -> None:
         )
     await api.http.delete(f"/api/v1/namespaces/{api.namespace}")
     for node in api._nodes:
+        # tgp's termination finalizer (put on by label_and_taint) would keep a deleted Node.
+        await api.http.patch(f"/api/v1/nodes/{node}", json={"metadata": {"finalizers": None}}, headers={"Content-Type": "application/merge-patch+json"})
         await api.http.delete(f"/api/v1/nodes/{node}")
