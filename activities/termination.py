@@ -79,15 +79,22 @@ async def end_for_good(
     confirmed: set[str] = set()
     deadline = now() + budget
     names = list(names)
+    # An instance found by name that was not known: a late create. Its reads lag behind its own
+    # create, not the caller's: its 404 counts as gone only a window after it was first listed.
+    window, listed_at = consistency_window(provider), dict[str, datetime]()
     while True:
         heartbeat()
         for name in names:
-            seen |= {i.instance_id for i in await provider.find_all_by_name(name)}
+            for found in await provider.find_all_by_name(name):
+                if found.instance_id not in seen:
+                    listed_at[found.instance_id] = now()
+                seen.add(found.instance_id)
         settled = settle is None or now() >= settle
         running: list[str] = []
         for instance_id in sorted(seen - confirmed - {keep}):
             inst = await provider.describe(instance_id)
-            if (inst is None and settled) or (inst is not None and inst.state is InstanceState.TERMINATED):
+            gone = inst is None and settled and (instance_id not in listed_at or now() >= listed_at[instance_id] + window)
+            if gone or (inst is not None and inst.state is InstanceState.TERMINATED):
                 confirmed.add(instance_id)
                 log.info("instance_terminated", provider=provider.name, instance_id=instance_id, verified="gone" if inst is None else "terminated")
                 continue

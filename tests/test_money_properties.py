@@ -269,3 +269,16 @@ async def test_a_worker_killed_after_its_throttled_beat_buys_nothing_twice() -> 
         result = await env.launch(NODE, attempt=2, details=kept)
         assert env.billing(NODE) == bought == [result.instance.instance_id], "a retried launch bought again"
         assert env.cloud.create_requests == 1
+
+
+async def test_a_late_create_whose_reads_lag_is_ended_not_taken_for_gone() -> None:
+    """Found by HYPOTHESIS_PROFILE=explore: a create that lands late (150 s after a killed
+    attempt sent it) on a provider whose reads lag 90 s behind a create. The node's end looked by
+    name, saw it, and once the window after the node's own create time had passed took its 404
+    for gone: it billed on. Its 404 counts only a window after it was first listed."""
+    async with money_env(late_create_after=150.0, describe_lag=90.0, window=WINDOW) as env:
+        env.model.next_creates(CreateOutcome.LATE)
+        await env.launch_killed_at_create(NODE, attempt=1)
+        assert await env.terminate(InstanceRef(provider="simulated", instance_name=instance_name(NODE, 1), created_by=env.now()))
+        env.clock.advance(3600)
+        assert env.billing(NODE) == [], "a late create outlived the node's end"
