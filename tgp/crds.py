@@ -705,7 +705,8 @@ class Disruption(Spec):
         "cannot evict is deleted at the deadline minus its own terminationGracePeriodSeconds, so it gets its grace first. "
         "drainTimeout bounds the drain too, and the shorter wins. With expireAfter it bounds a node's life: do-not-disrupt "
         "holds an expired node at most this long past its expiry, drain included (expireAfter + terminationGracePeriod, as in "
-        "Karpenter v1). It does not bound how long do-not-disrupt holds an idle node (a manual evict does not wait).",
+        "Karpenter v1). It makes drift eventual: do-not-disrupt holds a drifted node whose replacement is Ready at most this long. "
+        "It does not bound how long do-not-disrupt holds an idle node (a manual evict does not wait).",
     )
 
 

@@ -243,6 +243,21 @@ def termination_deadline(began: datetime, grace: timedelta | None) -> datetime |
     return None if grace is None else began + grace
 
 
+# The reasons a terminationGracePeriod makes eventual (Karpenter v1): do-not-disrupt holds a node
+# for them at most that long. Expiry has its own bound (tgp.lifecycle.longest_life).
+EVENTUAL = frozenset({DisruptionReason.DRIFTED})
+
+
+def eventual_end(reason: str, since: datetime | None, grace: timedelta | None) -> datetime | None:
+    """When a node that do-not-disrupt holds against `reason`, asked to go at `since`, goes
+    anyway: `since + terminationGracePeriod` for an eventual reason (drift), as in Karpenter v1
+    where a drifted node's pods get the grace period and no more; None: held for as long as the
+    pods ask (no grace period, another reason, or not known since when)."""
+    if grace is None or since is None or reason not in {r.value for r in EVENTUAL}:
+        return None
+    return since + grace
+
+
 def pod_delete_at(deadline: datetime, pod_grace: timedelta, began: datetime) -> datetime:
     """When to delete a pod that still blocks the drain so that it gets its whole
     terminationGracePeriodSeconds before the node's deadline (Karpenter: deadline - the pod's

@@ -405,6 +405,11 @@ class DisruptRequest(Model):
     reason: str = Field(description="The voluntary reason (tgp.disruption.DisruptionReason): Drifted or Cheaper.")
     replacement: str = Field("", description="The replacement's Node name.")
     detail: str = ""
+    at: datetime | None = Field(
+        None,
+        description="When the pool asked (its workflow time): a drifted node that do-not-disrupt holds goes at this plus the "
+        "pool's terminationGracePeriod at the latest (tgp.disruption.eventual_end). None: senders before it existed, no bound.",
+    )
 
 
 class LaunchAttempt(Model):

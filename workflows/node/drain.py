@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.types import DrainInput, DrainResult, NodePhase, Stage
     from workflows.entity import describe
     from workflows.node.life import Life, human
-    from workflows.node.watch import BUDGETED_ENDS, take_answer
+    from workflows.node.watch import BUDGETED_ENDS, disrupt_bound, take_answer
     from workflows.retries import API_RETRY
 
 
@@ -78,6 +78,8 @@ def _drain_input(life: Life, end: EndReason) -> DrainInput:
     timeout, bound = t.drain, ""
     deadline = termination_deadline(began, t.termination_grace)
     lifetime = longest_life(life.state.watch, t) if end is EndReason.EXPIRED and life.state.watch is not None else None
+    if end is EndReason.DRIFTED:
+        lifetime = disrupt_bound(life)  # a held drift's drain ends with its terminationGracePeriod too
     if deadline is not None and lifetime is not None:
         deadline = max(began, min(deadline, lifetime))
     if deadline is not None and deadline - began < timeout:

@@ -18,13 +18,13 @@ from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities.node import POOL_ANSWER_TIMEOUT, NodeActivities
-    from tgp.disruption import DisruptionReason, held_message
+    from tgp.disruption import DisruptionReason, eventual_end, held_message
     from tgp.lifecycle import EndReason, apply_view, backstop_period, facts_view, held_by, judge_view, next_deadline
     from tgp.messages import DisruptionAnswer, DisruptionAsk, PoolAsk
     from tgp.types import Instance, InstanceState, NodeObservation, ObserveInput, Stage
     from workflows.entity import describe
     from workflows.node.labels import apply_template, template_due
-    from workflows.node.life import Life, describe_failure
+    from workflows.node.life import Life, describe_failure, human
     from workflows.retries import API_RETRY
 
 # A node a budget holds asks its pool again this often.
@@ -122,6 +122,8 @@ async def _sleep(life: Life) -> None:
         due = [d for d in due if d > now] + [watch.blocked_until]  # a budget holds an end already due
     if state.template_retry_at is not None and state.template_retry_at > now:
         due.append(state.template_retry_at)
+    if (bound := disrupt_bound(life)) is not None and bound > now:
+        due.append(bound)  # a held drift goes at its terminationGracePeriod
     wake_at = now + max(min(due) - now, timedelta(milliseconds=1))
     facts, disrupt, template = state.facts, state.disrupt, state.template
     await _sleep_until(
@@ -173,8 +175,13 @@ async def _disrupt_due(life: Life) -> EndReason | None:
     assert d is not None and view is not None
     end = DISRUPT_ENDS[d.reason]
     holders, holding = held_by(view)
+    bound = disrupt_bound(life)
+    overridden = ""
+    if holders and bound is not None and workflow.now() >= bound:  # terminationGracePeriod: drift is eventual (Karpenter v1)
+        overridden = f"; do-not-disrupt held it for its terminationGracePeriod ({human(life.timeouts.termination_grace)}): {', '.join(holders[:3])}"
+        holders, holding = [], 0
     if holders:
-        held = held_message(DisruptionReason(d.reason), holders, total=holding)
+        held = held_message(DisruptionReason(d.reason), holders, life.timeouts.termination_grace if bound else None, total=holding)
         if held != state.disrupt_held:
             state.disrupt_held = held
             workflow.logger.info("disruption held: %s", held)
@@ -188,13 +195,19 @@ async def _disrupt_due(life: Life) -> EndReason | None:
     if state.facts is not facts:  # a do-not-disrupt pod that started during the ask holds it
         _apply_facts(life)
         after = _watch(life).view
-        if after is not None and held_by(after)[0]:
+        if after is not None and held_by(after)[0] and (bound is None or workflow.now() < bound):
             return None
     if d.replacement:
-        state.end_reason = f"{end.value}: replaced by {d.replacement} (make-before-break){': ' + d.detail if d.detail else ''}"
+        state.end_reason = f"{end.value}: replaced by {d.replacement} (make-before-break){': ' + d.detail if d.detail else ''}{overridden}"
     else:  # a consolidation removal: its pods fit on the nodes that stay
         state.end_reason = f"{end.value}: {d.detail or 'consolidated'}"
     return end
+
+
+def disrupt_bound(life: Life) -> datetime | None:
+    """When the pool's `disrupt` goes over do-not-disrupt (tgp.disruption.eventual_end), if ever."""
+    d = life.state.disrupt
+    return eventual_end(d.reason, d.at, life.timeouts.termination_grace) if d is not None else None
 
 
 async def _budget_allows(life: Life, end: EndReason) -> bool:

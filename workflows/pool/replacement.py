@@ -71,7 +71,7 @@ class Replacements(PoolBase):
             self._set(old, replaced_by=None, disrupt_sent=False, replace_attempts=old.replace_attempts + 1, replace_after=now + REPLACEMENT_BACKOFF)
         elif step.kind is StepKind.DISRUPT:
             new_name = step.new.removeprefix(prefix)
-            request = DisruptRequest(reason=step.reason, replacement=new_name, detail=f"{new_name} is Ready")
+            request = DisruptRequest(reason=step.reason, replacement=new_name, detail=f"{new_name} is Ready", at=workflow.now())
             try:
                 await workflow.get_external_workflow_handle(step.old).signal("disrupt", request)
             except Exception as exc:  # noqa: BLE001 - told again next pass (the node keeps the first)
