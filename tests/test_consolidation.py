@@ -234,3 +234,29 @@ def test_a_look_leaves_out_leaving_nodes_and_counts_nominated_pending_pods_as_th
 
     # Without the nomination, b's pod fits on a: b goes (the rules take away only what is taken).
     assert removed(look_at(members, free, bound, [], {})) in (["a"], ["b"])
+
+
+# --- destinations respect `after` (issue 35 item 9) -------------------------------------------
+
+
+@settings(max_examples=300)
+@given(pools(), OFFERS, POLICIES, BUDGETS)
+def test_no_pod_moves_onto_a_node_inside_its_own_after_window(
+    nodes: list[ConsolidationNode], offers: list[OfferSize] | None, policy: Consolidation | None, budgets: list[DisruptionBudget]
+) -> None:
+    """Karpenter's consolidateAfter: a node that is itself too young to be consolidated is no
+    destination either (its pods have not settled; it may be the next to go)."""
+    plan = _plan(nodes, offers, policy, budgets)
+    by_name = {n.name: n for n in nodes}
+    for a in plan.actions:
+        for pod, target in a.moves.items():
+            assert policy is not None and by_name[target].running_for >= policy.after, f"{pod} moved onto {target}, inside its after window"
+
+
+def test_a_young_node_with_room_takes_no_pods() -> None:
+    old = node("old", 1, "1.00", {"ns/a": 1}, age=3 * HOUR)
+    young = node("young", 2, "1.00", {}, age=timedelta(minutes=5))
+    plan = _plan([old, young], None, ON, [])
+    assert not [a for a in plan.actions if a.kind is ActionKind.REMOVE], plan.actions
+    plan = _plan([old, young.model_copy(update={"running_for": HOUR})], None, ON, [])
+    assert [(a.node, a.moves) for a in plan.actions if a.kind is ActionKind.REMOVE] == [("old", {"ns/a": "young"})]

@@ -77,8 +77,9 @@ async def test_plan_shows_what_disruption_would_do_its_savings_and_what_holds_ea
         rows = {line.split()[1]: line for line in section if line.strip().split()[0] in ("remove", "replace", "held")}
         assert rows["gpu-f"].split()[:3] == ["replace", "gpu-f", "Drifted"], rows
         assert rows["gpu-a"].split()[:3] == ["remove", "gpu-a", "Underutilized"] and "saves $0.95/h" in rows["gpu-a"] and "gpu-b" in rows["gpu-a"]
-        # gpu-c's pod would fit on gpu-e's free GPU, and a cheaper offer fits it, but the budget of 2 is spent.
-        assert rows["gpu-c"].split()[:3] == ["held", "gpu-c", "Underutilized"] and "[budget]" in rows["gpu-c"] and "budgets[0] (nodes: 2)" in rows["gpu-c"]
+        # gpu-c's pod would fit on gpu-e's free GPU, but gpu-e is inside its own after window (no destination);
+        # a cheaper offer fits gpu-c, but the budget of 2 is spent.
+        assert rows["gpu-c"].split()[:3] == ["held", "gpu-c", "Cheaper"] and "[budget]" in rows["gpu-c"] and "budgets[0] (nodes: 2)" in rows["gpu-c"]
         assert sum(1 for line in section if " gpu-c " in line) == 1, "one line per node"
         assert "[do-not-disrupt]" in rows["gpu-d"] and "ml/d" in rows["gpu-d"]
         assert "[after]" in rows["gpu-e"] and "less than after (30m)" in rows["gpu-e"]

@@ -215,7 +215,11 @@ def plan_consolidation(
         )
 
     # 2. Underutilized: remove nodes whose pods fit on the free GPUs of the nodes that stay.
-    free = {n.name: n.free for n in by_name if n.name not in touched}
+    # A node still inside its own `after` window takes no pods (Karpenter's consolidateAfter: a
+    # node that changed lately is not a destination either): they would move onto a node that
+    # may itself go, or whose pods have not settled.
+    after = policy.after if policy is not None else timedelta(0)
+    free = {n.name: n.free for n in by_name if n.name not in touched and n.running_for >= after}
     receivers: set[str] = set()
     removed: set[str] = set()
     if policy is not None and policy.policy == "WhenEmptyOrUnderutilized":  # WhenEmpty: nodes that run pods are only re-shopped
