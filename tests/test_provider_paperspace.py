@@ -371,3 +371,15 @@ async def test_list_instances_by_name_prefix(provider: PaperspaceProvider, ps: F
     ours = await provider.launch(a4000(), name="tgp-gpu-a-1", boot=BOOT)
     await provider.launch(a4000(), name="someone-elses", boot=BOOT)
     assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]
+
+
+@pytest.mark.parametrize("path", ["/v1/startup-scripts", "/v1/machines"])
+async def test_a_payload_too_large_is_the_classs_config_error_naming_its_size(provider: PaperspaceProvider, ps: FakePaperspace, path: str) -> None:
+    """A 413 is the startup script the class's template made, too large for every offer: a
+    ConfigError naming its size, not the offer's refusal (before: OfferRefused on /machines,
+    so the node failed over and the offer was hidden)."""
+    ps.fail(path, 413, method="POST", message="request entity too large")
+    with pytest.raises(ConfigError) as err:
+        await provider.launch(a4000(), name=NAME, boot=BOOT)
+    assert f"{len(BOOT.content.encode())} bytes" in str(err.value) and "413" in str(err.value)
+    assert ps.live_machines() == [] and ps.scripts == {}

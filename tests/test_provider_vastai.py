@@ -426,3 +426,14 @@ async def test_list_instances_by_label_prefix(provider: VastProvider, vast: Fake
     ours = await provider.launch(offer(101, "0.31"), name="tgp-gpu-a-1", boot=BOOT)
     await provider.launch(offer(102, "0.21"), name="someone-elses", boot=BOOT)
     assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]
+
+
+async def test_a_payload_too_large_is_the_classs_config_error_naming_its_size(provider: VastProvider, vast: FakeVast) -> None:
+    """A 413 is the onstart script the class's template made, too large for every ask: a
+    ConfigError naming its size, not the ask's refusal (before: OfferRefused, so the node failed
+    over and the ask was hidden)."""
+    vast.fail("/api/v0/asks/*", 413, method="PUT", message="request entity too large")
+    with pytest.raises(ConfigError) as err:
+        await provider.launch(offer(101, "0.31"), name=NAME, boot=BOOT)
+    assert f"{len(BOOT.content.encode())} bytes" in str(err.value) and "413" in str(err.value)
+    assert vast.live_instances() == []

@@ -236,7 +236,10 @@ class PaperspaceProvider(HttpAdapter):
             raise ConfigError(f"Paperspace boots machines with a startup script, not a {boot.kind!r} payload")
         region = self._region_name(offer)
         await self._check_account_standing()
-        script = _json(await self._call("POST", "/startup-scripts", json={"name": name, "script": boot.content, "isRunOnce": True}))
+        answer = await self._call("POST", "/startup-scripts", ok=(413,), json={"name": name, "script": boot.content, "isRunOnce": True})
+        if answer.status_code == 413:
+            raise _too_large(name, boot)
+        script = _json(answer)
         script_id = str(script.get("id") or "")
         if not script_id:
             raise TransientError("Paperspace created a startup script but returned no id")
@@ -259,6 +262,8 @@ class PaperspaceProvider(HttpAdapter):
             # The message sorts the refusal and is never quoted: it may echo the startup script.
             code, said = _error(response)
             shown = self._shown(response)
+            if response.status_code == 413:
+                raise _too_large(name, boot)
             if response.status_code == 402 or mentions(code, said, _BILLING_MARKERS):
                 raise PermissionDenied(f"Paperspace refused to create {offer.offer_id} for billing reasons ({shown}): check the account's billing")
             if mentions(code, said, _CAPACITY_MARKERS):
@@ -427,3 +432,11 @@ def _error(response: httpx.Response) -> tuple[str, str]:
     issues = "; ".join(str(i.get("message")) for i in body.get("issues") or [] if isinstance(i, dict))
     said = error_detail(response)
     return error_code(response), (f"{said} ({issues})" if issues else said)
+
+
+def _too_large(name: str, boot: BootPayload) -> ConfigError:
+    """A 413: the startup script the class's template made is too large for every offer."""
+    return ConfigError(
+        f"the startup script for {name} is {len(boot.content.encode())} bytes, more than Paperspace accepts (413): "
+        "shorten the class's bootstrapTemplate"
+    )

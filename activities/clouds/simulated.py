@@ -15,7 +15,7 @@ import httpx
 from pydantic import SecretStr
 
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import CapacityError, OfferRefused, TransientError
+from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, error_body
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
@@ -73,6 +73,12 @@ class SimulatedProvider(HttpAdapter):
     async def launch(self, offer: Offer, *, name: str, boot: BootPayload) -> Instance:
         body = {"offerId": offer.offer_id, "name": name, "userData": boot.content}
         response = await self._create("POST", "/v1/instances", what=f"instance {name}", ok=_REFUSALS, json=body)
+        if response.status_code == 413:
+            # The boot payload the class's template made: too large for every offer.
+            raise ConfigError(
+                f"the boot payload for {name} is {len(boot.content.encode())} bytes, more than the simulated cloud accepts (413): "
+                "shorten the class's bootstrapTemplate"
+            )
         if response.status_code == 409:
             raise CapacityError(f"simulated cloud has no capacity for {offer.key} (409: {self._answer(response)})")
         if response.status_code >= 400:

@@ -262,6 +262,12 @@ class VastProvider(HttpAdapter):
                 offer_id=offer.offer_id,
                 hourly_price=offer.hourly_price,
             )
+        if response.status_code == 413:
+            # The onstart script the class's template made: too large for every ask.
+            raise ConfigError(
+                f"the boot payload for {name} is {len(boot.content.encode())} bytes, more than Vast.ai accepts (413): "
+                "shorten the class's bootstrapTemplate"
+            )
         if contract is not None:
             # Vast created the instance (stopped) and still reported an error: a bid below the market.
             destroyed = await self._destroy_quietly(str(contract))
