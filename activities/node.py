@@ -43,11 +43,11 @@ from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import VERIFY_FOR, consistency_window, end_for_good, settled_at
 from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities import metrics
-from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
+from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, QuotaExceeded, TransientError
 from tgp.secrets import known_secrets, register, register_model, secret_scope
 from tgp.lifecycle import holders_of, pod_keeps_node_busy
 from tgp.messages import DisruptionAnswer, DisruptionAnswers, DisruptionAsks, NodeReports, PoolAsk, PoolReport
-from tgp.offers import UnavailableOffers, choose_offer
+from tgp.offers import UnavailableOffers, block_for, choose_offer
 from tgp.types import (
     LABEL_PROVIDER,
     BootPayload,
@@ -61,7 +61,9 @@ from tgp.types import (
     LabelInput,
     LaunchInput,
     LaunchResult,
+    BlockScope,
     MarkUnavailableInput,
+    OfferBlock,
     NodeObservation,
     Offer,
     ObserveInput,
@@ -414,7 +416,10 @@ class NodeActivities:
 
     async def _tell_class(self, inp: LaunchInput, reason: str, message: str) -> None:
         """A Warning Event on the node's GPUNodeClass, for its admin (best effort)."""
-        owner = inp.boot.node_class
+        await self._warn_class(inp.boot.node_class, reason, message)
+
+    async def _warn_class(self, owner: str, reason: str, message: str) -> None:
+        """A Warning Event on GPUNodeClass `owner`, for its admin (best effort)."""
         try:
             if owner:
                 await self.cluster.record_class_event(owner, type="Warning", reason=reason, message=message)
@@ -475,8 +480,9 @@ class NodeActivities:
         if not offers and any(isinstance(r, BaseException) for r in listed):
             with temporal_errors():
                 raise TransientError(f"no provider could list offers ({', '.join(names)}); retrying")
-        excluded = set(inp.exclude) | self.unavailable.keys()
-        choice = choose_offer(offers, inp.requirements, exclude=excluded)
+        # What this node's own attempts failed on, and what failed on this worker lately, each
+        # for the account that failed: another class's account is not hidden.
+        choice = choose_offer(offers, inp.requirements, exclude=inp.exclude, blocks=[*inp.blocked, *self.unavailable.blocks()])
         return OfferChoice(
             offer=choice.offer,
             seen=len(offers),
@@ -487,8 +493,21 @@ class NodeActivities:
 
     @activity.defn
     async def mark_offer_unavailable(self, inp: MarkUnavailableInput) -> None:
-        """Take an offer out of rotation on this worker (it failed to launch or to join)."""
-        self.unavailable.mark(inp.offer_key, inp.ttl)
+        """Take what a failed launch or join blocks out of rotation on this worker: the offer,
+        its GPU type on its provider, or the provider account (`tgp.offers.block_for`), for the
+        account that failed. A blocked account is told to the class's admin as a Warning Event
+        (reason ProviderAccountBlocked): its credentials need fixing."""
+        # Without a block (a workflow of an earlier build): the offer, as then.
+        block = inp.block or OfferBlock(scope=BlockScope.OFFER, provider=inp.offer_key.split("/", 1)[0], offer_key=inp.offer_key)
+        self.unavailable.mark(block, inp.ttl)
+        log.info("offers_blocked", block=block.describe(), cause=block.cause, ttl_seconds=inp.ttl.total_seconds(), node=inp.node_name)
+        if block.scope is BlockScope.ACCOUNT and inp.node_class:
+            await self._warn_class(
+                inp.node_class,
+                "ProviderAccountBlocked",
+                f"{block.describe()} is skipped by new nodes for {inp.ttl}, and by node {inp.node_name} for its whole life: "
+                f"the launch failed with {block.cause} ({inp.error[:300]}); fix the credentials or the account's standing",
+            )
 
     # --- launch ----------------------------------------------------------------------------
 
@@ -606,8 +625,9 @@ class NodeActivities:
                 activity.heartbeat(*memo.details())  # at once: a worker killed from here on leaves this behind
                 instance = await self._create_or_find(provider, inp, name, boot, memo)
             except BaseException as exc:
-                if isinstance(exc, (CapacityError, OfferRefused)):
-                    self.unavailable.mark(inp.offer.key, inp.unavailable_offer_ttl)
+                if isinstance(exc, (CapacityError, OfferRefused, QuotaExceeded, AuthError, PermissionDenied)):
+                    # At once, for the other nodes on this worker; the workflow marks it too.
+                    self.unavailable.mark(block_for(type(exc).__name__, inp.offer, inp.credentials), inp.unavailable_offer_ttl)
                 if not (sent and isinstance(exc, TransientError)):
                     # The key was never handed to a machine: revoke it now rather than let it
                     # age out. After an unanswered create it may be in one: keep it, so the

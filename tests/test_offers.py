@@ -6,7 +6,7 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tgp.offers import UnavailableOffers, choose_offer, offer_satisfies, rank_offers, rejection_reasons
+from tgp.offers import UnavailableOffers, block_for, choose_offer, offer_satisfies, rank_offers, rejection_reasons
 from tgp.types import Offer, OfferRequirements
 
 
@@ -38,12 +38,14 @@ def test_excluded_offers_are_skipped() -> None:
 def test_unavailable_entries_expire() -> None:
     now = [100.0]
     cache = UnavailableOffers(clock=lambda: now[0])
-    cache.mark("a/1/us", timedelta(minutes=3))
-    assert cache.keys() == {"a/1/us"}
+    block = block_for("CapacityError", offer("a", "1", "0.3", region="us"), None)
+    assert cache.mark(block, timedelta(minutes=3))
+    assert cache.blocks() == [block] and cache.keys() == {"offer a/1/us (the worker's own account)"}
     now[0] += 179
-    assert cache.keys() == {"a/1/us"}
+    assert not cache.mark(block, timedelta(seconds=1)), "still blocked: not new, and not shortened"
+    assert cache.blocks() == [block]
     now[0] += 2
-    assert cache.keys() == set()
+    assert cache.blocks() == [] and cache.keys() == set()
 
 
 def test_the_requirements_carry_the_tie_break() -> None:

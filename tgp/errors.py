@@ -46,6 +46,14 @@ class OfferRefused(TgpError):
     retryable = False
 
 
+class QuotaExceeded(TgpError):
+    """The account may launch no more of this GPU type on this provider (a per-type quota or
+    limit, in any region): fail over to another GPU type or provider. Distinct from
+    PermissionDenied, which stops the whole account."""
+
+    retryable = False
+
+
 class LaunchFailed(TgpError):
     """The instance could not be started (it failed or vanished while booting)."""
 

@@ -24,6 +24,7 @@ from tgp.types import (
     NodePhase,
     NodeRequest,
     Offer,
+    OfferBlock,
     StageRecord,
     TemplateUpdate,
 )
@@ -50,6 +51,9 @@ class NodeState(BaseModel):
     evict_reason: str | None = None
     last_error: str | None = None
     end_reason: str | None = None
+    blocked: list[OfferBlock] = Field(
+        [], description="What the node's failed launch attempts blocked, by cause (an offer, a GPU type, an account): never tried again by this node."
+    )
     # Signals not yet acted on live here, so continue-as-new carries one received just before it.
     sighting: InstanceSighting | None = Field(None, description="The provider's listing asks for a look (signal `instance_seen`).")
     budget_freed: bool = Field(False, description="The pool says a held node may ask its budget again (signal `budget_freed`).")

@@ -1,13 +1,62 @@
-"""Offer choice: pure ranking plus the per-worker cache of offers that recently failed."""
+"""Offer choice: pure ranking plus the per-worker cache of what recently failed, blocked by
+cause (SkyPilot's failover): an offer, a GPU type of a provider, or a provider account, always
+for the account that failed (the class's CredentialsRef for that provider, None: the worker's
+own key), so one class's failures never hide another account's offers."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from tgp.types import Offer, OfferRequirements
+from tgp.types import BlockScope, CredentialsRef, Offer, OfferBlock, OfferRequirements
+
+# What a launch failure's error type blocks; any other failure (capacity, a refusal of the
+# offer, a boot or join that failed) blocks the offer alone.
+SCOPE_OF_CAUSE = {
+    "QuotaExceeded": BlockScope.GPU_TYPE,
+    "AuthError": BlockScope.ACCOUNT,
+    "PermissionDenied": BlockScope.ACCOUNT,
+}
+
+
+def block_for(cause: str, offer: Offer, account: CredentialsRef | None) -> OfferBlock:
+    """What a launch of `offer` with `account` that failed with error type `cause` blocks."""
+    scope = SCOPE_OF_CAUSE.get(cause, BlockScope.OFFER)
+    return OfferBlock(
+        scope=scope,
+        provider=offer.provider,
+        account=account,
+        gpu_type=offer.gpu_type if scope is BlockScope.GPU_TYPE else "",
+        offer_key=offer.key if scope is BlockScope.OFFER else "",
+        cause=cause,
+    )
+
+
+class Blocked:
+    """The blocks that apply to one class's accounts, as sets: one offer is tested in three
+    look-ups (a node tests up to 10,000 offers, issue 20)."""
+
+    def __init__(self, blocks: Iterable[OfferBlock], credentials: Mapping[str, CredentialsRef]) -> None:
+        self.accounts: set[str] = set()
+        self.gpu_types: set[tuple[str, str]] = set()
+        self.offers: set[str] = set()
+        for b in blocks:
+            if b.account != credentials.get(b.provider):
+                continue  # another account's failure
+            if b.scope is BlockScope.ACCOUNT:
+                self.accounts.add(b.provider)
+            elif b.scope is BlockScope.GPU_TYPE:
+                self.gpu_types.add((b.provider, b.gpu_type))
+            else:
+                self.offers.add(b.offer_key)
+
+    def __bool__(self) -> bool:
+        return bool(self.accounts or self.gpu_types or self.offers)
+
+    def __call__(self, offer: Offer) -> bool:
+        return offer.provider in self.accounts or (offer.provider, offer.gpu_type) in self.gpu_types or offer.key in self.offers
 
 
 def offer_satisfies(offer: Offer, req: OfferRequirements) -> bool:
@@ -74,18 +123,22 @@ class Choice:
     eligible: int  # matching and not excluded: what `rank_offers` would list
 
 
-def choose_offer(offers: Iterable[Offer], req: OfferRequirements, *, exclude: Iterable[str] = ()) -> Choice:
-    """What a node needs of the ranking, in one pass: the first offer `rank_offers` lists and
-    the counts beside it. No sort: a node takes one offer from up to 10,000 (Vast), and sorting
-    them all by their tie-break tuples cost it more than testing them (issue 20)."""
+def choose_offer(
+    offers: Iterable[Offer], req: OfferRequirements, *, exclude: Iterable[str] = (), blocks: Iterable[OfferBlock] = ()
+) -> Choice:
+    """What a node needs of the ranking, in one pass: the first offer `rank_offers` lists that
+    no block covers for the class's accounts (`req.credentials`), and the counts beside it. No
+    sort: a node takes one offer from up to 10,000 (Vast), and sorting them all by their
+    tie-break tuples cost it more than testing them (issue 20)."""
     excluded = set(exclude)
+    blocked = Blocked(blocks, req.credentials)
     priority = req.provider_priority
     best, best_order, matching, eligible = None, None, 0, 0
     for o in offers:
         if not offer_satisfies(o, req):
             continue
         matching += 1
-        if o.key in excluded:
+        if o.key in excluded or (blocked and blocked(o)):
             continue
         eligible += 1
         # The tuple only for a price that can win: most offers lose on price alone.
@@ -97,18 +150,27 @@ def choose_offer(offers: Iterable[Offer], req: OfferRequirements, *, exclude: It
 
 
 class UnavailableOffers:
-    """Offers that just failed (capacity error, launch or join failure), skipped by every
-    node on this worker until their entry expires. Like Karpenter's unavailable-offerings cache."""
+    """What just failed to launch or join, blocked by cause (`block_for`: an offer, a GPU type
+    of a provider, or a provider account, each for the account that failed) and skipped by
+    every node on this worker until the block expires. Like Karpenter's unavailable-offerings
+    cache, scoped like SkyPilot's failover."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._until: dict[str, float] = {}
+        self._until: dict[OfferBlock, float] = {}
 
-    def mark(self, offer_key: str, ttl: timedelta) -> None:
-        self._until[offer_key] = self._clock() + ttl.total_seconds()
+    def mark(self, block: OfferBlock, ttl: timedelta) -> bool:
+        """Block `block` for `ttl` from now; whether it was not blocked already."""
+        live = block in self._until and self._until[block] > self._clock()
+        self._until[block] = max(self._until.get(block, 0.0), self._clock() + ttl.total_seconds())
+        return not live
+
+    def blocks(self) -> list[OfferBlock]:
+        """The blocks still in force now; expired ones are dropped."""
+        now = self._clock()
+        self._until = {b: t for b, t in self._until.items() if t > now}
+        return list(self._until)
 
     def keys(self) -> set[str]:
-        """Keys still unavailable now; expired entries are dropped."""
-        now = self._clock()
-        self._until = {k: t for k, t in self._until.items() if t > now}
-        return set(self._until)
+        """The blocks in force now, in words (their number is a metric)."""
+        return {b.describe() for b in self.blocks()}

@@ -575,9 +575,52 @@ class DrainResult(Model):
 # --- Activity inputs and results ----------------------------------------------------------
 
 
+class BlockScope(StrEnum):
+    """What a launch failure takes out of rotation (SkyPilot's failover by cause)."""
+
+    OFFER = "offer"  # capacity, a refusal of this one offer, a failed boot or join
+    GPU_TYPE = "gpu_type"  # a quota for the GPU type: every region of the provider
+    ACCOUNT = "account"  # credentials rejected or not allowed: the provider account
+
+
+class OfferBlock(Model):
+    """Offers taken out of rotation for one account: one offer, one GPU type of a provider, or
+    a whole provider account. `account` is the class's CredentialsRef for the provider (None:
+    the worker's own key); a block never covers an offer bought with another account."""
+
+    scope: BlockScope
+    provider: str
+    account: CredentialsRef | None = None
+    gpu_type: str = Field("", description="With scope gpu_type: the GPU type blocked in every region of the provider.")
+    offer_key: str = Field("", description="With scope offer: the Offer.key blocked.")
+    cause: str = Field("", description="The error type that blocked it (CapacityError, QuotaExceeded, AuthError, ...).")
+
+    def covers(self, offer: Offer, account: CredentialsRef | None) -> bool:
+        """Whether `offer`, bought with `account`, is taken out of rotation by this block."""
+        if offer.provider != self.provider or account != self.account:
+            return False
+        if self.scope is BlockScope.OFFER:
+            return offer.key == self.offer_key
+        if self.scope is BlockScope.GPU_TYPE:
+            return offer.gpu_type == self.gpu_type
+        return True
+
+    def describe(self) -> str:
+        """The block in words, for logs, Events and the node's last error."""
+        whose = f"account {self.account}" if self.account is not None else "the worker's own account"
+        if self.scope is BlockScope.OFFER:
+            return f"offer {self.offer_key} ({whose})"
+        if self.scope is BlockScope.GPU_TYPE:
+            return f"{self.gpu_type} in every region of {self.provider} ({whose})"
+        return f"{self.provider} with {whose}"
+
+
 class SelectOfferInput(Model):
     requirements: OfferRequirements
     exclude: list[str] = Field([], description="Offer keys this node already tried.")
+    blocked: list[OfferBlock] = Field(
+        [], description="What this node's failed attempts blocked (their causes): excluded for the node's whole life, whatever the cache's TTL."
+    )
 
 
 class OfferChoice(Model):
@@ -734,3 +777,9 @@ class TailnetCleanupResult(Model):
 class MarkUnavailableInput(Model):
     offer_key: str
     ttl: timedelta
+    block: OfferBlock | None = Field(
+        None, description="What the failure blocks (offer, GPU type or account, for the class's account); None: the offer, for the worker's own key."
+    )
+    node_class: str = Field("", description="The node's GPUNodeClass: told by a Warning Event when its provider account is blocked.")
+    node_name: str = ""
+    error: str = Field("", description="What failed, for the class's Event.")

@@ -15,7 +15,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities.node import NodeActivities
     from activities.node_class import LedgerCall
-    from tgp.types import TAINT_JOINING, InstanceRef, LaunchAttempt, LaunchInput, LaunchResult, MarkUnavailableInput, NodePhase, Offer, SelectOfferInput, instance_name
+    from tgp.offers import block_for
+    from tgp.types import TAINT_JOINING, InstanceRef, LaunchAttempt, LaunchInput, LaunchResult, MarkUnavailableInput, NodePhase, Offer, OfferBlock, SelectOfferInput, instance_name
     from workflows.entity import describe
     from workflows.node.join import join
     from workflows.node.labels import label_and_taint
@@ -25,13 +26,26 @@ with workflow.unsafe.imports_passed_through():
 
 # A launch that failed with one of these was refused before anything was bought: no create of
 # it can still be landing, so its release need not wait out the consistency window.
-CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "ConfigError", "TemplateError", "AuthError", "PermissionDenied", "ClassBudgetRefused")
+CLEAR_REFUSALS = ("CapacityError", "OfferRefused", "QuotaExceeded", "ConfigError", "TemplateError", "AuthError", "PermissionDenied", "ClassBudgetRefused")
 # The launch's settle with the class ledger stopped it: no other offer is tried.
 NOT_SETTLED = ("ClassBudgetRefused", "ClassBudgetRefusedOnRetry", "LedgerUnavailable")
 
 
+class OfferFailed(LaunchAttemptFailed):
+    """The launch failed with the provider's error `cause` (its type: CapacityError,
+    QuotaExceeded, AuthError, ...), which says what to block (`tgp.offers.block_for`)."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 async def bring_up(life: Life) -> None:
-    """Select, launch, join and label, failing over to the next offer until one works."""
+    """Select, launch, join and label, failing over until one works: by cause, like SkyPilot.
+    A failed attempt blocks what its cause covers (the offer; for a quota, its GPU type in every
+    region of the provider; for rejected credentials, the provider account), for the class's
+    account: no later attempt of this node is spent on it, and other nodes on the worker skip it
+    for a while (`unavailable_offer_ttl`)."""
     life.enter(NodePhase.PENDING)
     life.tell_pool()
     tried = [a.offer.key for a in life.state.attempts]
@@ -57,7 +71,10 @@ async def bring_up(life: Life) -> None:
             life.state.last_error = f"attempt {attempt.attempt} on {offer.key}: {exc}"
             workflow.logger.warning("launch attempt failed, trying the next offer: %s", life.state.last_error)
             await release_attempt(life)
-            await mark_unavailable(life, offer)
+            block = block_for(getattr(exc, "cause", ""), offer, life.req.requirements.credentials.get(offer.provider))
+            if block not in life.state.blocked:
+                life.state.blocked.append(block)
+            await mark_unavailable(life, block, str(exc))
     raise LaunchAttemptFailed(f"gave up after {life.req.max_launch_attempts} launch attempts; last error: {life.state.last_error}")
 
 
@@ -65,7 +82,7 @@ async def select_offer(life: Life, tried: list[str]) -> Offer:
     """The best offer not yet tried. None left ends the node Failed, saying why."""
     choice = await life.call(
         NodeActivities.select_offer,
-        SelectOfferInput(requirements=life.req.requirements, exclude=tried),
+        SelectOfferInput(requirements=life.req.requirements, exclude=tried, blocked=life.state.blocked),
         timeout=life.timeouts.api_call,
         retry=API_RETRY,
         summary="select offer",
@@ -75,6 +92,8 @@ async def select_offer(life: Life, tried: list[str]) -> Offer:
             why = f"no offer among {choice.seen} satisfies the requirements {life.req.requirements.model_dump(mode='json', exclude_defaults=True)}"
         else:
             why = f"all {choice.matching} matching offers were tried or recently failed"
+            if life.state.blocked:
+                why += f" (blocked: {'; '.join(b.describe() for b in life.state.blocked)})"
         raise LaunchAttemptFailed(why if not life.state.last_error else f"{why}; last error: {life.state.last_error}")
     return choice.offer
 
@@ -148,7 +167,7 @@ def _raise_for(life: Life, attempt: LaunchAttempt, exc: ActivityError) -> None:
         raise NotSettled(cause.message) from None
     if isinstance(cause, ApplicationError) and cause.type in ("ConfigError", "TemplateError"):
         raise exc
-    raise LaunchAttemptFailed(describe(exc)) from None
+    raise OfferFailed(describe(exc), cause.type if isinstance(cause, ApplicationError) and cause.type else "") from None
 
 
 def _launched(life: Life, result: LaunchResult) -> None:
@@ -183,11 +202,19 @@ def settle_call(life: Life, offer: Offer) -> LedgerCall | None:
     return life.ledger_call(offer)
 
 
-async def mark_unavailable(life: Life, offer: Offer) -> None:
-    """Take the offer out of rotation for a while (Karpenter's unavailable-offerings cache)."""
+async def mark_unavailable(life: Life, block: OfferBlock, error: str) -> None:
+    """Take what failed out of rotation on the worker for a while (Karpenter's
+    unavailable-offerings cache, by cause)."""
     await life.call(
         NodeActivities.mark_offer_unavailable,
-        MarkUnavailableInput(offer_key=offer.key, ttl=life.req.unavailable_offer_ttl),
+        MarkUnavailableInput(
+            offer_key=block.offer_key or f"{block.provider}/",
+            ttl=life.req.unavailable_offer_ttl,
+            block=block,
+            node_class=life.req.boot.node_class,
+            node_name=life.req.node_name,
+            error=error,
+        ),
         timeout=life.timeouts.api_call,
         retry=API_RETRY,
     )
