@@ -18,7 +18,7 @@ from activities.errors import temporal_errors
 from activities.visibility import Listed, list_workflows
 from tgp.crds import GROUP, VERSION, GPUNodePoolStatus
 from tgp.messages import NodeSighting, ObjectRef, RunningNodesChanges, RunningNodesQuery
-from tgp.types import NodePhase
+from tgp.types import NodePhase, PodSummary
 
 log = structlog.get_logger("tgp.entity")
 
@@ -156,10 +156,26 @@ class EntityActivities:
 
         async def emit(e: EventSpec) -> None:
             async with gate:
-                await self.cluster.create_event(resource(e.ref), type=e.type, reason=e.reason, message=e.message)
+                if e.ref.kind == "Pod":
+                    await self._pod_event(e)
+                else:
+                    await self.cluster.create_event(resource(e.ref), type=e.type, reason=e.reason, message=e.message)
 
         with temporal_errors():
             await asyncio.gather(*(emit(e) for e in events))
+
+    async def _pod_event(self, e: EventSpec) -> None:
+        """An Event on a pending pod, found by its uid (`kubectl describe pod` looks by uid): a
+        ref without one is read first; a pod gone meanwhile needs no Event."""
+        uid = e.ref.uid
+        if not uid:
+            selector = f"metadata.namespace={e.ref.namespace},metadata.name={e.ref.name}"
+            found = await self.cluster.list_objects("pods", field_selector=selector)
+            uid = ((found[0].get("metadata") or {}).get("uid") if found else None) or ""
+            if not uid:
+                return
+        pod = PodSummary(namespace=e.ref.namespace or "default", name=e.ref.name, uid=uid)
+        await self.cluster.record_pod_event(pod, type=e.type, reason=e.reason, message=e.message)
 
     def all(self) -> list[object]:
         return [self.running_nodes, self.running_nodes_changed, self.closed_workflows, self.write_status, self.write_pool_status, self.emit_events]

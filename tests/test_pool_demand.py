@@ -119,6 +119,33 @@ async def test_item6_a_pod_no_offer_fits_is_reported_and_the_pool_serves_the_oth
         await settle_and_end(time_skipping, pool, class_name, 1)
 
 
+async def test_a_pod_no_offer_fits_learns_it_on_its_own_events_once(time_skipping: WorkflowEnvironment) -> None:
+    """Issue 35: `kubectl describe pod` shows tgp's NoOfferFits Warning (an Event on the pod, by
+    its uid), written once although the pod stays pending pass after pass."""
+    async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
+        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "absurd", "namespace": "ml"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+            created = await kube.post("/api/v1/namespaces/ml/pods", json=pod)
+            created.raise_for_status()
+        uid = created.json()["metadata"]["uid"]
+        class_name = f"fit-{uuid.uuid4().hex[:6]}"
+        pool = await start_pool(time_skipping, queue, pool_spec(class_name))
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/absurd": 2048}))
+
+        async def on_the_pod() -> list[dict[str, Any]]:
+            return [e for e in await events(world, "NoOfferFits") if e["involvedObject"]["kind"] == "Pod"]
+
+        [warning] = await eventually(on_the_pod, what="a NoOfferFits Warning on the pod")
+        assert warning["type"] == "Warning" and warning["involvedObject"]["uid"] == uid and warning["involvedObject"]["name"] == "absurd"
+        assert "2048" in warning["message"] and " 8" in warning["message"]
+        await skip_time(time_skipping, RESYNC_INTERVAL * 3, step=RESYNC_INTERVAL)
+        await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/absurd": 2048}))  # the bridge sends it again
+        await skip_time(time_skipping, RESYNC_INTERVAL, step=RESYNC_INTERVAL)
+        assert len(await on_the_pod()) == 1, "once per pod, not once per pass"
+        assert not bought(world)
+        await end_entities(time_skipping, pool, class_name)
+
+
 async def test_item7_a_pod_is_not_nominated_to_a_floor_node_too_small_for_it(time_skipping: WorkflowEnvironment) -> None:
     async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
         class_name = f"fit-{uuid.uuid4().hex[:6]}"

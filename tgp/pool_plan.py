@@ -19,7 +19,7 @@ from tgp.capacity import CapacityNode, NewNode
 from tgp.conditions import quoted
 from tgp.crds import DisruptionBudget, GPUNodePoolSpec
 from tgp.disruption import DisruptionReason, allowed_disruptions
-from tgp.messages import DisruptionAnswer, NodeStart, OfferCheck, PoolNode
+from tgp.messages import DisruptionAnswer, NodeStart, ObjectRef, OfferCheck, PoolNode
 from tgp.pools import node_timeouts
 from tgp.types import NodePhase, OfferRequirements, TemplateUpdate, TimeoutsUpdate
 
@@ -37,11 +37,19 @@ Wanted = tuple[str, str, str]
 
 
 class Note(NamedTuple):
-    """An Event the pool is to write about itself."""
+    """An Event the pool is to write about itself, or (`pod`, a pod key) about one of its pending
+    pods, where `kubectl describe pod` shows it."""
 
     type: str
     reason: str
     message: str
+    pod: str = ""
+
+
+def pod_ref(pod: str) -> ObjectRef:
+    """A pending pod (key namespace/name) as an Event's object; its uid is read when written."""
+    namespace, name = pod.split("/", 1)
+    return ObjectRef(kind="Pod", name=name, namespace=namespace)
 
 
 class ClassRefusal(BaseModel):
@@ -282,13 +290,44 @@ def offers_available(oc: OfferCheck, req: OfferRequirements) -> Wanted:
     return ("False", "NoMatchingOffers", f"no offer matches {wants}: check the GPU types, regions and providers of the pool and class{unreachable}")
 
 
-def pods_fit(unfit: Sequence[str], too_big: Sequence[str]) -> Wanted:
-    """The PodsFit condition: pods that did not fit the nodes bought for them, or any offer."""
+_UNFIT = (
+    "stayed pending on the Ready node bought for it, which had room for its GPUs: it asks for something the pool's nodes do not "
+    "have (memory, CPU, a volume's zone, anti-affinity...); no more nodes are bought for it until it changes or the pool does"
+)
+
+
+def unfit_notes(pods: Sequence[str]) -> list[Note]:
+    """The PodDoesNotFit Warnings, on the pool and on each pod (once: an unfit pod stays so)."""
+    return [note for pod in pods for note in (Note("Warning", "PodDoesNotFit", f"pod {pod} {_UNFIT}"), Note("Warning", "PodDoesNotFit", _UNFIT, pod))]
+
+
+def no_offer_fits_notes(pods: Sequence[str], pod_gpus: Mapping[str, int], largest: int) -> list[Note]:
+    """The NoOfferFits Warnings, on the pool and on each pod (once per pod while it stays unfittable)."""
+    notes = []
+    for pod in pods:
+        why = f"asks for {pod_gpus.get(pod, 1)} nvidia.com/gpu; the largest offer matching the pool has {largest}: no node is bought for it"
+        notes += [Note("Warning", "NoOfferFits", f"pod {pod} {why} (the pool's other pods are served)"), Note("Warning", "NoOfferFits", why, pod)]
+    return notes
+
+
+def pods_fit(unfit: Sequence[str], too_big: Sequence[str], unsold: Mapping[str, int] | None = None) -> Wanted:
+    """The PodsFit condition: pods that did not fit the nodes bought for them, or any offer, or
+    that ask for GPU resources tgp does not sell (`unsold`: resource -> pods, from the bridge)."""
     if unfit:
-        return ("False", "PodDoesNotFit", f"{named(unfit)} stayed pending on nodes bought for them; see the pool's Events for what does not fit")
+        return ("False", "PodDoesNotFit", f"{named(unfit)} stayed pending on nodes bought for them; see the pods' Events for what does not fit")
     if too_big:
-        return ("False", "NoOfferFits", f"{named(too_big)} ask(s) for more GPUs than any offer of the pool has; see the pool's Events")
+        return ("False", "NoOfferFits", f"{named(too_big)} ask(s) for more GPUs than any offer of the pool has; see the pods' Events")
+    if unsold:
+        asked = quoted([f"{resource} ({count} pod(s))" for resource, count in unsold.items()])
+        return ("False", "GPUResourceNotSold", f"pending pods ask for GPU resources tgp does not sell: {asked}; tgp buys nodes with nvidia.com/gpu only (see the pods' Events)")
     return ("True", "AllPodsFit", "")
+
+
+def pods_tracked(untracked: int, limit: int) -> Wanted:
+    """The PodsTracked condition: pending pods beyond the `limit` the pool plans for at a time."""
+    if untracked:
+        return ("False", "TooManyPending", f"{untracked} pending pod(s) wait beyond the {limit} the pool plans for at a time (oldest first): planned as those bind or go")
+    return ("True", "AllPodsTracked", "")
 
 
 def instances_released(live: Iterable[PoolNode]) -> Wanted:

@@ -13,7 +13,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.crds import ConsolidationStatus
     from tgp.disruption import unlimited_reasons
     from tgp.messages import ObjectRef, PoolNode, PoolUpdate
-    from tgp.pool_plan import Note, disrupting, live_grants, timeouts_for
+    from tgp.pool_plan import Note, disrupting, live_grants, pod_ref, timeouts_for
     from tgp.types import NodePhase, Stage, StageRecord, TimeoutsUpdate
     from workflows.pool.state import ENDED_REMEMBERED, GRANT_COUNTS_FOR, PoolInput, PoolState
 
@@ -38,12 +38,9 @@ class PoolBase:
         uid = self.state.update.uid if self.state.update else None
         return ObjectRef(kind="GPUNodePool", name=self.inp.name, namespace=self.inp.namespace, uid=uid)
 
-    def _event(self, type: str, reason: str, message: str) -> EventSpec:
-        return EventSpec(ref=self._ref(), type=type, reason=reason, message=message)
-
     def _note(self, *notes: Note) -> None:
-        """Write these Events about the pool with the next pass's."""
-        self.events.extend(self._event(n.type, n.reason, n.message) for n in notes)
+        """Write these Events about the pool (or a pod of its demand) with the next pass's."""
+        self.events.extend(EventSpec(ref=pod_ref(n.pod) if n.pod else self._ref(), type=n.type, reason=n.reason, message=n.message) for n in notes)
 
     def _set(self, n: PoolNode, **update: object) -> None:
         self.state.nodes[n.workflow_id] = self.state.nodes[n.workflow_id].model_copy(update=update)

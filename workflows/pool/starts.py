@@ -19,24 +19,20 @@ with workflow.unsafe.imports_passed_through():
         Wanted,
         capacity_node,
         launched_why,
+        no_offer_fits_notes,
         offers_available,
         plan_starts,
         settings_fingerprint,
         starts_to_abandon,
         template_fingerprint,
         template_of,
+        unfit_notes,
     )
     from tgp.pools import node_request, offer_requirements, request_for
     from tgp.types import NodeRequest
     from workflows.entity import best_effort
     from workflows.pool.base import PoolBase
     from workflows.pool.state import MAX_STARTS_PER_BATCH, START_NODES_TIMEOUT
-
-_UNFIT = (
-    "stayed pending on the Ready node bought for it, which had room for its GPUs: it asks for something the pool's nodes do not "
-    "have (memory, CPU, a volume's zone, anti-affinity...); no more nodes are bought for it until it changes or the pool does"
-)
-
 
 class Starts(PoolBase):
     """The demand's side of a pass."""
@@ -107,15 +103,10 @@ class Starts(PoolBase):
         self.state.nominations = dict(plan.nominations)
         self.state.no_borrow = sorted(no_borrow | set(plan.borrow_failed))
         self.state.unfit = sorted(unfit | set(plan.newly_unfit))
-        self._note(*(Note("Warning", "PodDoesNotFit", f"pod {pod} {_UNFIT}") for pod in plan.newly_unfit))
+        self._note(*unfit_notes(plan.newly_unfit))
         largest = max((s.gpu_count for s in sizes or []), default=0)
         warn, self.state.no_offer_fits = no_offer_fits_to_warn(self.state.no_offer_fits, plan.no_offer_fits, self.state.demand, sizes_known=sizes is not None)
-        for pod in warn:
-            message = (
-                f"pod {pod} asks for {self.state.pod_gpus.get(pod, 1)} nvidia.com/gpu; the largest offer matching the pool has {largest}: "
-                "no node is bought for it (the pool's other pods are served)"
-            )
-            self._note(Note("Warning", "NoOfferFits", message))
+        self._note(*no_offer_fits_notes(warn, self.state.pod_gpus, largest))
         return plan
 
     def _class_refusal(self, u: PoolUpdate) -> ClassRefusal | None:
