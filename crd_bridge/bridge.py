@@ -40,7 +40,7 @@ from crd_bridge.node_facts import NodeFactsSender
 from tgp.conditions import condition_list
 from tgp.crds import FINALIZER, GROUP, VERSION, DisruptionBounds, GPUNodeClass, GPUNodePool
 from tgp.errors import TgpError
-from tgp.demand import BATCH_IDLE, BATCH_MAX, Batch, PendingPod, PoolCandidate, UnreadablePod, assign_pods, gpu_request, pending_gpu_pod
+from tgp.demand import BATCH_IDLE, BATCH_MAX, Batch, PendingPod, PoolCandidate, UnreadablePod, assign_pods, gpu_request, pending_gpu_pod, tracked, unsold_counts
 from tgp.disruption import do_not_disrupt_problem
 from tgp.messages import ClassInput, ClassUpdate, Demand, PoolUpdate, class_workflow_id, pool_workflow_id
 from tgp.types import DEFAULT_TASK_QUEUE, GPU_RESOURCE, LABEL_MANAGED, LABEL_POOL, LABEL_POOL_NAMESPACE, node_workflow_id
@@ -96,6 +96,7 @@ class Bridge:
         self.informers: list[Informer] = []
         self.facts = NodeFactsSender(client)  # each managed Node's facts for its workflow
         self.dnd_warned: dict[str, str] = {}  # pod key -> the do-not-disrupt problem it was told (uid/message)
+        self.unsold_warned: dict[str, str] = {}  # pending pod key -> the unsold GPU resources it was told of (uid/names)
 
     async def run(self) -> None:
         """Watch until cancelled."""
@@ -323,7 +324,8 @@ class Bridge:
             log.warning("pod_skipped", pod=key, reason=exc.reason, detail=exc.detail[:500])
             OBJECTS_SKIPPED.labels("Pod", exc.reason).inc()
             pod = None
-        changed = (key in self.pending) != (pod is not None)
+        await self._warn_unsold(key, obj, pod)
+        changed = (key in self.pending) != (pod is not None) or (pod is not None and pod.unsold != self.pending[key].unsold)
         if pod is None:
             self.pending.pop(key, None)
         else:
@@ -353,6 +355,24 @@ class Bridge:
             log.warning("do_not_disrupt_event_failed", pod=key, error=str(error))
             return  # told on the pod's next event or a re-list
         self.dnd_warned[key] = mark
+
+    async def _warn_unsold(self, key: str, obj: Obj, pod: PendingPod | None) -> None:
+        """A pending pod asking for a GPU resource tgp does not sell gets a Warning Event
+        `GPUResourceNotSold` naming it (the resource name, cut, is the only text of the pod's
+        quoted), once per pod and resource: no node is bought for it, and it is told so."""
+        if pod is None or not pod.unsold:
+            self.unsold_warned.pop(key, None)
+            return
+        mark = f"{(obj.get('metadata') or {}).get('uid')}/{','.join(pod.unsold)}"
+        if self.unsold_warned.get(key) == mark:
+            return
+        message = f"asks for {', '.join(pod.unsold)}, which tgp does not sell: no node is bought for it (tgp buys nodes with {GPU_RESOURCE})"
+        try:
+            await self.cluster.record_pod_event(pod_summary_of(obj), type="Warning", reason="GPUResourceNotSold", message=message, component="tgp-bridge")
+        except TgpError as error:
+            log.warning("unsold_event_failed", pod=key, error=str(error))
+            return  # told on the pod's next event or a re-list
+        self.unsold_warned[key] = mark
 
     def _track_bound(self, key: str, kind: str, obj: Obj) -> bool:
         """Record the GPUs a bound, unfinished pod holds on its node; True when that changed."""
@@ -452,7 +472,9 @@ class Bridge:
             if p.metadata.deletionTimestamp is None
         ]
         assigned = assign_pods(self.pending.values(), candidates)
-        for key, pods in assigned.items():
+        for key, fitting in assigned.items():
+            # A pod asking for a GPU resource tgp does not sell is no demand: its pool only counts it.
+            pods, untracked = tracked(p for p in fitting if not p.unsold)
             demand = Demand(
                 pods=sorted(p.key for p in pods),
                 observed_at=_now(),
@@ -461,6 +483,8 @@ class Bridge:
                 free_gpus=self.free_gpus(key),
                 bound_gpus=self.bound_gpus(key),
                 held_nodes=self.held_nodes(key),
+                unsold=unsold_counts(fitting),
+                untracked=untracked,
             )
             fingerprint = demand.model_dump_json(exclude={"observed_at"})
             if self.sent_demand.get(key) == fingerprint:

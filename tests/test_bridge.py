@@ -722,3 +722,47 @@ async def test_a_bridge_cancelled_as_a_pod_change_wakes_it_stops() -> None:
     demand_loop.cancel()
     done, _ = await asyncio.wait([demand_loop], timeout=10)
     assert done and demand_loop.cancelled(), "the demand loop went on after its cancellation"
+
+
+async def test_a_pod_asking_for_a_gpu_resource_tgp_does_not_sell_is_told_once_and_its_pool_says_so(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """Issue 35: a pending pod asking for a MIG slice or another vendor's GPUs gets no node and,
+    before, no word. Now a Warning Event `GPUResourceNotSold` on the pod names the resource (once,
+    however often the pod changes), and its pool's PodsFit condition counts it."""
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    long_name = "nvidia.com/mig-" + "x" * 200  # a tenant's text: quoted cut
+    asks = {"mig": {"nvidia.com/mig-1g.10gb": "1"}, "amd": {"amd.com/gpu": "1"}, "long": {long_name: "1"}}
+    merge = {"Content-Type": "application/merge-patch+json"}
+    unschedulable = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+    async with running_stack(temporal, kube_api) as s:
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", disruption=NO_IDLING))
+        ns = kube_api.namespace
+        uids = {}
+        for name, limits in asks.items():
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}], "tolerations": [toleration]}}
+            uids[name] = (await kube_api.create(f"/api/v1/namespaces/{ns}/pods", pod))["metadata"]["uid"]
+            (await s.kube.patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", json=unschedulable, headers=merge)).raise_for_status()
+
+        async def warnings() -> list[dict[str, Any]] | None:
+            items = (await s.kube.get(f"/api/v1/namespaces/{ns}/events")).json()["items"]
+            found = [e for e in items if e.get("reason") == "GPUResourceNotSold" and e["involvedObject"].get("kind") == "Pod"]
+            return found if len(found) >= 3 else None
+
+        found = {e["involvedObject"]["name"]: e for e in await eventually(warnings, what="a GPUResourceNotSold Warning on each pod")}
+        assert {n: e["involvedObject"]["uid"] for n, e in found.items()} == uids and all(e["type"] == "Warning" for e in found.values())
+        assert "nvidia.com/mig-1g.10gb" in found["mig"]["message"] and "amd.com/gpu" in found["amd"]["message"]
+        assert long_name not in found["long"]["message"] and len(found["long"]["message"]) < 300
+
+        async def pods_fit() -> dict[str, Any] | None:
+            conditions = {c["type"]: c for c in (await s.pool_status("ml", "rtx")).get("conditions") or []}
+            fit = conditions.get("PodsFit")
+            return fit if fit and fit["reason"] == "GPUResourceNotSold" else None
+
+        fit = await eventually(pods_fit, what="the pool's PodsFit=False GPUResourceNotSold")
+        assert fit["status"] == "False" and "nvidia.com/mig-1g.10gb (1 pod(s))" in fit["message"] and "amd.com/gpu" in fit["message"]
+        assert long_name not in fit["message"]
+        labelled = {"metadata": {"labels": {"touched": "yes"}}}
+        (await s.kube.patch(f"/api/v1/namespaces/{ns}/pods/mig", json=labelled, headers=merge)).raise_for_status()
+        await asyncio.sleep(1)
+        assert len(await warnings() or []) == 3, "once per pod and resource, not on each change"
+        assert not s.world.cloud.instances and not await s.node_workflows(), "nothing is bought for them"

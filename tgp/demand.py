@@ -5,18 +5,26 @@ selector and required node affinity can be met by the labels the pool's nodes wi
 it tolerates the pool's taints. Among several fitting pools the highest `weight` wins (then the
 name, so the choice is stable). Pods are batched like Karpenter does: a short idle window after
 the last new pod, and a maximum window after the first.
+
+A pending pod that asks for a GPU resource tgp does not sell (a MIG slice, another vendor's GPUs)
+is no demand: no node tgp buys would have it. It is read all the same (`PendingPod.unsold`) so
+that it and its pool are told. A pool plans for at most MAX_PODS_TRACKED of its pending pods at a
+time, oldest first (`tracked`): what a pool carries across continue-as-new and what one demand
+signal holds stay far below Temporal's 2 MiB payload limit whatever a tenant creates; the rest
+wait for a later batch.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from tgp.conditions import MAX_QUOTED, bounded
 from tgp.crds import GPUNodePoolSpec, NodeSelectorRequirement
 from tgp.types import GPU_RESOURCE, LABEL_GPU_TYPE, LABEL_POOL, LABEL_PROVIDER, LABEL_REGION, Taint
 
@@ -24,8 +32,20 @@ from tgp.types import GPU_RESOURCE, LABEL_GPU_TYPE, LABEL_POOL, LABEL_PROVIDER, 
 BATCH_IDLE = timedelta(seconds=1)
 BATCH_MAX = timedelta(seconds=10)
 
+# A pool plans for at most this many pending pods at a time, and their keys (namespace/name, up
+# to 317 characters each) total at most MAX_TRACKED_KEY_CHARS: ~260 bytes of carried state per pod
+# (demand, pending_since, nominations), ~0.3 MB at the cap, under 2 MiB at the longest names.
+# 1,000 pods keep a pass's 500 starts busy; the rest are planned as these bind or go.
+MAX_PODS_TRACKED = 1000
+MAX_TRACKED_KEY_CHARS = 100_000
+# Resource name prefixes of GPUs (and accelerators) that a pod may ask for; tgp sells only
+# GPU_RESOURCE. A resource name is a tenant's text: it is quoted cut to MAX_RESOURCE_NAME_QUOTED.
+_GPU_VENDORS = ("nvidia.com/", "amd.com/", "gpu.intel.com/", "intel.com/gpu", "habana.ai/", "aws.amazon.com/neuron")
+MAX_RESOURCE_NAME_QUOTED = 80
+
 # Labels whose value is decided per node at launch (any value a requirement allows).
 _CHOSEN_AT_LAUNCH = (LABEL_GPU_TYPE, LABEL_REGION, LABEL_PROVIDER)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class Frozen(BaseModel):
@@ -85,6 +105,7 @@ class PendingPod(Frozen):
     affinity_terms: list[list[PodRequirement]] = []
     tolerations: list[Toleration] = []
     created: datetime | None = None
+    unsold: list[str] = []  # GPU resources it asks for that tgp does not sell (names cut): no demand
 
     @property
     def key(self) -> str:
@@ -158,6 +179,42 @@ def gpu_request(pod: Mapping[str, Any]) -> int:
     return max(init_peak, running) + (_gpu_quantity(overhead) if overhead is not None else 0)
 
 
+def unsold_gpu_resources(pod: Mapping[str, Any]) -> list[str]:
+    """The GPU resources (by vendor prefix) other than GPU_RESOURCE that the pod's containers,
+    init containers or overhead ask for, sorted, each cut to MAX_RESOURCE_NAME_QUOTED characters."""
+    spec = pod.get("spec") or {}
+    asked: set[str] = set((spec.get("overhead") or {}).keys())
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for kind in ("requests", "limits"):
+            asked.update((resources.get(kind) or {}).keys())
+    unsold = {str(r) for r in asked if str(r) != GPU_RESOURCE and str(r).startswith(_GPU_VENDORS)}
+    return sorted({bounded(r, MAX_RESOURCE_NAME_QUOTED) for r in unsold})
+
+
+def tracked(pods: Iterable[PendingPod], limit: int = MAX_PODS_TRACKED, chars: int = MAX_TRACKED_KEY_CHARS) -> tuple[list[PendingPod], int]:
+    """The pods a pool plans for now, oldest first (then by key: stable from batch to batch),
+    at most `limit` whose keys total at most `chars`; and how many wait beyond them."""
+    chosen: list[PendingPod] = []
+    left = chars
+    ordered = sorted(pods, key=lambda p: (p.created or _EPOCH, p.key))
+    for pod in ordered:
+        if len(chosen) >= limit or len(pod.key) > left:
+            break
+        chosen.append(pod)
+        left -= len(pod.key)
+    return chosen, len(ordered) - len(chosen)
+
+
+def unsold_counts(pods: Iterable[PendingPod], limit: int = MAX_QUOTED) -> dict[str, int]:
+    """How many of `pods` ask for each GPU resource tgp does not sell: the `limit` most asked-for."""
+    counts: dict[str, int] = {}
+    for pod in pods:
+        for resource in pod.unsold:
+            counts[resource] = counts.get(resource, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:limit])
+
+
 def pending_gpu_pod(pod: Mapping[str, Any]) -> PendingPod | None:
     """The pod as demand, if it is an unschedulable, unbound pod asking for GPUs. Raises
     UnreadablePod (only) for a pod it cannot use: an odd pod must not stop the bridge."""
@@ -200,8 +257,8 @@ def _pending_gpu_pod(pod: Mapping[str, Any]) -> PendingPod | None:
     )
     if not unschedulable:
         return None
-    gpus = gpu_request(pod)
-    if gpus == 0:
+    gpus, unsold = gpu_request(pod), unsold_gpu_resources(pod)
+    if gpus == 0 and not unsold:
         return None
     terms = _affinity_terms(spec)
     return PendingPod(
@@ -212,6 +269,7 @@ def _pending_gpu_pod(pod: Mapping[str, Any]) -> PendingPod | None:
         affinity_terms=terms,
         tolerations=[Toleration.model_validate(t) for t in spec.get("tolerations") or []],
         created=meta.get("creationTimestamp"),
+        unsold=unsold,
     )
 
 

@@ -132,6 +132,10 @@ class Demand(Msg):
         {}, description="The GPU requests of the pods bound to each node of free_gpus, largest first (consolidation: where they would fit)."
     )
     held_nodes: list[str] = Field([], description="The nodes of free_gpus that do-not-disrupt holds (the Node or a pod on it): consolidation leaves them.")
+    unsold: dict[str, int] = Field(
+        {}, description="GPU resources tgp does not sell that pending pods fitting the pool ask for, with how many pods ask (at most MAX_QUOTED names; the pods are not in `pods`)."
+    )
+    untracked: int = Field(0, description="Pending pods of the pool beyond the MAX_PODS_TRACKED in `pods` (oldest first): planned in a later batch.")
 
 
 class NodeReport(NodeOverview):

@@ -95,6 +95,8 @@ class PoolState(BaseModel):
     consolidation: ConsolidationStatus | None = Field(None, description="The savings consolidation found and made (status.consolidation).")
     consolidation_looked_at: datetime | None = Field(None, description="When consolidation was last planned (once a resync).")
     unsettled: dict[str, UnsettledStart] = Field({}, description="Node starts that failed and may have happened, by workflow id: started again with the same id.")
+    unsold: dict[str, int] = Field({}, description="GPU resources tgp does not sell that pending pods of the pool ask for, with how many pods (from the demand).")
+    untracked: int = Field(0, description="Pending pods beyond the MAX_PODS_TRACKED of the demand, planned in a later batch (from the demand).")
 
 
 class PoolInput(BaseModel):

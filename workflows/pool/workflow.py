@@ -19,9 +19,10 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from tgp.capacity import note_ready
     from tgp.crds import GPUNodePoolStatus
+    from tgp.demand import MAX_PODS_TRACKED
     from tgp.messages import Demand, DisruptionAnswer, DisruptionAnswers, DisruptionAsk, DisruptionAsks, NodeReport, NodeReports, PoolUpdate
     from tgp.pool_disruption import being_replaced
-    from tgp.pool_plan import Wanted, capacity_node, floor_changes, instances_released, pods_fit, ready
+    from tgp.pool_plan import Wanted, capacity_node, floor_changes, instances_released, pods_fit, pods_tracked, ready
     from tgp.types import NodePhase
     from workflows.continuation import continue_as_new, continue_as_new_due
     from workflows.pool.disruption import Disruption
@@ -70,6 +71,7 @@ class GPUNodePoolWorkflow(Reports, Starts, Replacements, Disruption, Settings, P
         self.state.free_gpus = dict(d.free_gpus)
         self.state.bound_gpus = dict(d.bound_gpus)
         self.state.held_nodes = list(d.held_nodes)
+        self.state.unsold, self.state.untracked = dict(d.unsold), d.untracked
         self.dirty = True
 
     @workflow.signal
@@ -157,7 +159,8 @@ class GPUNodePoolWorkflow(Reports, Starts, Replacements, Disruption, Settings, P
         if u.deleting:
             return await self._tear_down()
         wanted, ok = await self._serve(u)
-        wanted["PodsFit"] = pods_fit(self.state.unfit, self.state.no_offer_fits)
+        wanted["PodsFit"] = pods_fit(self.state.unfit, self.state.no_offer_fits, self.state.unsold)
+        wanted["PodsTracked"] = pods_tracked(self.state.untracked, MAX_PODS_TRACKED)
         wanted["InstancesReleased"] = instances_released(self._live())
         await self._consolidation(u, ok)
         if u.node_class is not None:
