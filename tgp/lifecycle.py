@@ -50,6 +50,25 @@ class EndReason(StrEnum):
     DELETED = "deleted"  # its Node was deleted by hand (kubectl delete node; tgp's finalizer holds it): drain and terminate at once
 
 
+# The ends a pool's budgets count (repair too: Karpenter caps concurrent repairs, and a device
+# plugin rollout that takes every node's GPUs away must not end the whole pool at once).
+BUDGETED_ENDS = {
+    EndReason.IDLE: DisruptionReason.EMPTY,
+    EndReason.EXPIRED: DisruptionReason.EXPIRED,
+    EndReason.REPAIR: DisruptionReason.REPAIR,
+    EndReason.NOT_READY: DisruptionReason.REPAIR,
+    EndReason.DRIFTED: DisruptionReason.DRIFTED,
+    EndReason.CHEAPER: DisruptionReason.CHEAPER,
+    EndReason.UNDERUTILIZED: DisruptionReason.UNDERUTILIZED,
+}
+# The ends a pool's `disrupt` asks for, by its reason (make-before-break, consolidation).
+DISRUPT_ENDS = {
+    DisruptionReason.DRIFTED.value: EndReason.DRIFTED,
+    DisruptionReason.CHEAPER.value: EndReason.CHEAPER,
+    DisruptionReason.UNDERUTILIZED.value: EndReason.UNDERUTILIZED,
+}
+
+
 def pod_holds_node(pod: PodSummary) -> bool:
     """A pod holds its node against voluntary disruption (expiry, idle) while it asks not to be
     disrupted and is still active: tgp.disruption.pod_holds_node of the pod as read."""

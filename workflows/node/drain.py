@@ -15,12 +15,12 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from activities.node import POOL_ANSWER_TIMEOUT, NodeActivities
     from tgp.disruption import termination_deadline
-    from tgp.lifecycle import EndReason, apply_view, longest_life
+    from tgp.lifecycle import BUDGETED_ENDS, EndReason, apply_view, longest_life
     from tgp.messages import DisruptionAsk, PoolAsk
     from tgp.types import DrainInput, DrainResult, NodePhase, Stage
     from workflows.entity import describe
     from workflows.node.life import Life, human
-    from workflows.node.watch import BUDGETED_ENDS, disrupt_bound, take_answer
+    from workflows.node.watch import disrupt_bound, take_answer
     from workflows.retries import API_RETRY
 
 

@@ -19,7 +19,7 @@ from temporalio.exceptions import ActivityError, FailureError
 with workflow.unsafe.imports_passed_through():
     from activities.node import POOL_ANSWER_TIMEOUT, NodeActivities
     from tgp.disruption import DisruptionReason, eventual_end, held_message
-    from tgp.lifecycle import EndReason, apply_view, backstop_period, facts_view, held_by, judge_view, next_deadline
+    from tgp.lifecycle import BUDGETED_ENDS, DISRUPT_ENDS, EndReason, apply_view, backstop_period, facts_view, held_by, judge_view, next_deadline
     from tgp.messages import DisruptionAnswer, DisruptionAsk, PoolAsk
     from tgp.types import Instance, InstanceState, NodeObservation, ObserveInput, Stage
     from workflows.entity import describe
@@ -32,23 +32,7 @@ BUDGET_ASK_AGAIN = timedelta(minutes=1)
 # An ask the pool could not take (Temporal's in-flight update limit) is no refusal: asked again
 # after this, plus up to as much again at random (nodes that asked together do not again).
 BUDGET_ASK_SOON = timedelta(seconds=5)
-# The ends a pool's budgets count (repair too: Karpenter caps concurrent repairs, and a device
-# plugin rollout that takes every node's GPUs away must not end the whole pool at once).
-BUDGETED_ENDS = {
-    EndReason.IDLE: DisruptionReason.EMPTY,
-    EndReason.EXPIRED: DisruptionReason.EXPIRED,
-    EndReason.REPAIR: DisruptionReason.REPAIR,
-    EndReason.NOT_READY: DisruptionReason.REPAIR,
-    EndReason.DRIFTED: DisruptionReason.DRIFTED,
-    EndReason.CHEAPER: DisruptionReason.CHEAPER,
-    EndReason.UNDERUTILIZED: DisruptionReason.UNDERUTILIZED,
-}
-# The ends a pool's `disrupt` asks for, by its reason (make-before-break, consolidation).
-DISRUPT_ENDS = {
-    DisruptionReason.DRIFTED.value: EndReason.DRIFTED,
-    DisruptionReason.CHEAPER.value: EndReason.CHEAPER,
-    DisruptionReason.UNDERUTILIZED.value: EndReason.UNDERUTILIZED,
-}
+
 
 
 async def watch(life: Life) -> EndReason:

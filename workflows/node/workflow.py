@@ -21,14 +21,14 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from tgp.facts_order import take_facts
-    from tgp.lifecycle import EndReason
+    from tgp.lifecycle import DISRUPT_ENDS, EndReason
     from tgp.node import NodeWorkflowInput
     from tgp.types import DisruptRequest, EvictRequest, InstanceSighting, NodeFacts, NodePhase, NodeStatus, TemplateUpdate, TimeoutsUpdate
     from workflows.node.drain import drain, drain_before_ready
     from workflows.node.launch import bring_up
     from workflows.node.life import LaunchAttemptFailed, Life, NodeEvicted
     from workflows.node.release import finish
-    from workflows.node.watch import DISRUPT_ENDS, watch
+    from workflows.node.watch import watch
 
 
 @workflow.defn(name="GPUNodeWorkflow")
