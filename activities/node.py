@@ -135,6 +135,17 @@ HEARTBEAT_EVERY = timedelta(seconds=5)
 CREATE_SETTLE = timedelta(seconds=30)
 
 
+async def _not_the_providers(step: Awaitable[T], system: str) -> T:
+    """`step`'s result. Its auth or permission error is not the provider account's (which would
+    block that account, tgp.offers.block_for): a ConfigError naming the system that refused,
+    which ends the node (no other offer would get past it)."""
+    try:
+        return await step
+    except (AuthError, PermissionDenied) as exc:
+        kind = type(exc).__name__
+    raise ConfigError(f"{system} refused tgp's credentials ({kind}): fix its credentials or their scopes; no offer was blocked")
+
+
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -587,7 +598,7 @@ class NodeActivities:
             if existing is not None:
                 return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
             # Read the join material before minting: a missing Secret must not cost a key.
-            join = await self._class_template(inp, self._join_secrets(inp))
+            join = await _not_the_providers(self._class_template(inp, self._join_secrets(inp)), "the Kubernetes API (reading the class's join Secret)")
             if join is not None:
                 register_model(join)
             settings = BootSettings(
@@ -600,7 +611,8 @@ class NodeActivities:
                 tailscale_accept_routes=inp.boot.accept_routes,
                 talos_install_image=inp.boot.talos_image,
             )
-            key = await tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry, ephemeral=inp.boot.ephemeral)
+            mint = tailnet.mint_auth_key(hostname=inp.node_name, tags=inp.tailnet_tags, expiry=inp.key_expiry, ephemeral=inp.boot.ephemeral)
+            key = await _not_the_providers(mint, f"the tailnet ({inp.tailnet}, minting the node's key)")
             register(key.secret)
             sent = False
             try:

@@ -282,3 +282,18 @@ async def test_a_late_create_whose_reads_lag_is_ended_not_taken_for_gone() -> No
         assert await env.terminate(InstanceRef(provider="simulated", instance_name=instance_name(NODE, 1), created_by=env.now()))
         env.clock.advance(3600)
         assert env.billing(NODE) == [], "a late create outlived the node's end"
+
+
+async def test_a_tailnet_refusal_is_a_config_error_not_the_provider_accounts() -> None:
+    """Review finding: the tailnet's PermissionDenied (an OAuth client minting a key for a tag it
+    does not own) came out of the launch as PermissionDenied, which blocks the provider account
+    (tgp.offers.block_for) though the provider refused nothing. It is the tailnet's: a ConfigError
+    naming it, and nothing is bought."""
+    from temporalio.testing import ActivityEnvironment
+
+    async with money_env(window=WINDOW) as env:
+        inp = env.launch_input(NODE).model_copy(update={"tailnet_tags": ["tag:not-owned"]})
+        with pytest.raises(ApplicationError) as raised:
+            await ActivityEnvironment().run(env.activities.launch_instance, inp)
+        assert raised.value.type == "ConfigError" and "the tailnet" in raised.value.message, raised.value
+        assert env.cloud.create_requests == 0

@@ -43,7 +43,7 @@ from tests.upgrade_builds import (
 )
 from tgp.errors import ConfigError
 from tgp.types import NodePhase, NodeStatus
-from workers import ops, versioning
+from workers import ops, rollout, versioning
 from workers.main import WORKFLOWS, WorkerConfig, build_activities, make_worker, worker_options
 from workflows.node import GPUNodeWorkflow
 
@@ -63,8 +63,8 @@ async def test_a_rollout_moves_every_node_to_the_new_build_at_a_safe_point_and_d
         v1_running = asyncio.create_task(v1.run())
         # The first build of a deployment becomes current by itself (the worker does this at start).
         await wait_registered(client, "v1")
-        assert await versioning.become_current_if_first(client, "v1")
-        assert not await versioning.become_current_if_first(client, "v1"), "only while no build is current"
+        assert await rollout.become_current_if_first(client, "v1")
+        assert not await rollout.become_current_if_first(client, "v1"), "only while no build is current"
 
         # v1: a node Ready at rest, and one held in bring-up (its instance bought, not booting).
         rest = await start(env, queue, request(timeouts=FAST.model_copy(update={"watch_interval": BACKSTOP})))
@@ -82,7 +82,7 @@ async def test_a_rollout_moves_every_node_to_the_new_build_at_a_safe_point_and_d
         stack.push_async_callback(v2.shutdown)
         asyncio.create_task(v2.run())
         await wait_registered(client, "v2")
-        said = await versioning.promote(client, "v2")
+        said = await rollout.promote(client, "v2")
         assert said.startswith("build v2 is current") and "tgp rollout status --build v1" in said, said
         fresh = await start(env, queue, request())  # a node started now starts on v2
 
@@ -114,14 +114,14 @@ async def test_a_rollout_moves_every_node_to_the_new_build_at_a_safe_point_and_d
         code, out, err = await tgp("rollout", "status", "--build", "v1", env=cli)
         assert code == 3, err
         assert out.startswith("build v1: draining: 1 run(s) still pinned to it (1 node(s) (1 "), out
-        assert "next safe point within 1h45m" in out, out
+        assert "next safe point within 2h15m" in out, out
 
         # Released, the node joins, reaches its watch and moves too; then v1 drains.
         world.cloud.release_boots()
         await eventually(lambda: moved(joining, joining_v1), timeout=WAIT, what="the joined node continued as new onto v2")
 
         async def v1_drained() -> str | None:
-            text, drained = await versioning.rollout_status(client, "v1")
+            text, drained = await rollout.rollout_status(client, "v1")
             return text if drained else None
 
         text = await eventually(v1_drained, timeout=WAIT, what="the server reporting v1 drained")
@@ -176,7 +176,7 @@ def test_the_build_id_is_the_version_and_the_workflow_source() -> None:
     for bad in ({"TGP_BUILD_ID": "a b"}, {"TGP_WORKER_VERSIONING": "maybe"}):
         with pytest.raises(ConfigError):
             versioning.deployment_config({"TGP_WORKER_VERSIONING": "on", **bad})
-    assert versioning.drain_bound() == timedelta(minutes=105)  # 3 x (10 + 5 + 10 + 10) minutes
+    assert versioning.drain_bound() == timedelta(minutes=135)  # 3 x (10 + 10 + 5 + 10 + 10) minutes
 
 
 async def _true(value: bool) -> bool:

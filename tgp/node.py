@@ -31,9 +31,10 @@ from tgp.types import (
 
 
 class NodeState(BaseModel):
-    """Everything a node's life knows; one object, carried across continue-as-new."""
+    """Everything a node's life knows; one object, carried across continue-as-new. Fields it does
+    not know are ignored: a build rolled back to reads what a newer one carried."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     phase: NodePhase = NodePhase.PENDING
     attempts: list[LaunchAttempt] = []
     offer: Offer | None = None
@@ -76,7 +77,7 @@ class NodeState(BaseModel):
 
 
 class NodeWorkflowInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
     request: NodeRequest
     state: NodeState | None = None
 

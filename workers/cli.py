@@ -84,7 +84,7 @@ async def run_worker(args: argparse.Namespace) -> None:
     client = await connect(settings, runtime=sdk.runtime if sdk else None)
     await ensure_search_attributes(client)
     await ensure_sweeper_schedule(client, args.task_queue)
-    from workers import versioning
+    from workers import rollout, versioning
 
     version = versioning.deployment_config()  # a bad TGP_WORKER_VERSIONING or TGP_BUILD_ID stops the start here
     async with AsyncExitStack() as stack:
@@ -106,7 +106,7 @@ async def run_worker(args: argparse.Namespace) -> None:
         if version is not None:
             build = f" as build {version.version.build_id} of worker deployment {versioning.DEPLOYMENT_NAME!r}"
             # A new installation's first build becomes current by itself; later ones by promote.
-            first = asyncio.create_task(versioning.become_current_if_first(client, version.version.build_id))
+            first = asyncio.create_task(rollout.become_current_if_first(client, version.version.build_id))
             stack.callback(first.cancel)
         print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}{build}", file=sys.stderr)
         await worker.run()
@@ -148,12 +148,12 @@ async def run_ops(args: argparse.Namespace) -> int:
     if args.command == "status":
         print(await (ops.node_status(client, args.node) if args.node else ops.status(client)))
     elif args.command == "rollout":
-        from workers import versioning
+        from workers import rollout, versioning
 
         if args.rollout_command == "promote":
-            print(await versioning.promote(client, args.build))
+            print(await rollout.promote(client, args.build))
         else:
-            text, drained = await versioning.rollout_status(client, args.build)
+            text, drained = await rollout.rollout_status(client, args.build)
             print(text)
             return 0 if drained or args.build is None else NOT_DRAINED
     elif args.command == "evict":

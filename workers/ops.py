@@ -29,7 +29,7 @@ from tgp.errors import ConfigError
 from tgp.offers import rank_offers, rejection_reasons
 from tgp.pools import offer_requirements
 from tgp.types import LABEL_POOL, LABEL_POOL_NAMESPACE, LABEL_PROVIDER, NodeStatus, Offer
-from workers import versioning
+from workers import rollout, versioning
 from workers.metrics import BILLING_PHASES
 
 # A query is answered by a worker: none running (or all busy) must not hang the CLI.
@@ -282,7 +282,7 @@ async def status(client: Client) -> str:
         widths = [max(len(r[i]) for r in table) for i in range(len(header))]
         out += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table]
     if builds:
-        out.append(await versioning.builds_line(client))
+        out.append(await rollout.builds_line(client))
     return "\n".join(out)
 
 

@@ -262,9 +262,13 @@ class Life:
     async def continue_as_new_if_due(self) -> None:
         """A safe point: nothing in flight but what the state records. Continue as new when the
         worker deployment's current build changed (Worker Versioning: the new run starts on it)
-        or the history grew long. Reports in flight and handlers finish first."""
-        if not continue_as_new_due(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
+        or the history grew long. Not while the twin watch runs (its window is not over: the next
+        wake is a safe point too). Records not yet reported go first, and reports in flight and
+        handlers finish."""
+        if (self.twin_watch is not None and not self.twin_watch.done()) or not continue_as_new_due(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
             return
+        if self.unreported:
+            self.tell_pool()
         await workflow.wait_condition(workflow.all_handlers_finished)
         await asyncio.gather(*self.reports)
         continue_as_new(NodeWorkflowInput(request=self.req, state=self.state))

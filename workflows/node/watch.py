@@ -68,6 +68,8 @@ async def _judge(life: Life) -> tuple[EndReason | None, bool]:
     """The verdict now: an end to take, or none (and whether to judge again at once: facts came
     while the pool was asked)."""
     state, now = life.state, workflow.now()
+    if _watch(life).view is None:
+        return None, False  # no facts yet and the first look failed: look again at the backstop
     verdict = judge_view(_watch(life), now, life.timeouts)
     state.watch = verdict.state.model_copy(update={"held": verdict.held})
     facts, end = state.facts, verdict.end
