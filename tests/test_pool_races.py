@@ -37,6 +37,7 @@ from activities.entity import EventSpec
 from tests.conftest import binary, eventually
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus
 from tgp.messages import (
+    EvictNodesInput,
     ClassInput,
     ClassUpdate,
     Demand,
@@ -156,9 +157,9 @@ def gate_activities(activities: Activities, gates: Gates) -> Activities:
         await entity.emit_events(events)
 
     @activity.defn(name="evict_nodes")
-    async def evict_nodes(workflow_ids: list[str]) -> list[str]:
-        await gates.evict_nodes.passing(workflow_ids)
-        return await pool.evict_nodes(workflow_ids)
+    async def evict_nodes(inp: EvictNodesInput) -> list[str]:
+        await gates.evict_nodes.passing([*inp.workflow_ids, *(r.workflow_id for r in inp.may_start)])
+        return await pool.evict_nodes(inp)
 
     @activity.defn(name="reserve_and_start_node")
     async def reserve_and_start_node(inp: StartNodeInput) -> StartNodeResult:
