@@ -46,7 +46,7 @@ clean:
 histories: $(STAMP)
 	rm -f tests/histories/*.json.gz
 	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q -n 2 tests/test_node_lifecycle.py tests/test_node_cancel.py tests/test_node_drain.py \
-		tests/test_fleet_look.py tests/test_whole_life.py
+		tests/test_node_long_lived.py tests/test_node_join_gpus.py tests/test_watch_events.py tests/test_fleet_look.py tests/test_whole_life.py
 
 # Issue 20's benchmarks (bench/run.py): bursts of 100 and 500 pending pods through the bridge, the
 # idle reaction, 1,000 nodes at rest on one worker, history per life and per node-hour, offer
