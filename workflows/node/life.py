@@ -94,8 +94,6 @@ class Life:
         self.watch_timer: tuple[datetime, asyncio.Future[None]] | None = None
         self.asking = ""  # the budget asked for, while the ask is in flight
 
-    # --- settings now --------------------------------------------------------------------
-
     @property
     def timeouts(self) -> LifecycleTimeouts:
         assert self.state.timeouts is not None
@@ -218,8 +216,6 @@ class Life:
         reservation = Reservation(node_id=self.req.workflow_id, pool=f"{self.req.namespace}/{self.req.pool}", hourly_price=offer.hourly_price if offer else None)
         return LedgerCall(class_workflow_id=self.req.class_workflow_id, reservation=reservation)
 
-    # --- calls -----------------------------------------------------------------------------
-
     async def call(
         self, activity: Any, arg: Any, *, timeout: timedelta, retry: RetryPolicy, summary: str | None = None, local: bool = True, more: tuple[Any, ...] = ()
     ) -> Any:
@@ -272,8 +268,6 @@ class Life:
         await workflow.wait_condition(workflow.all_handlers_finished)
         await asyncio.gather(*self.reports)
         continue_as_new(NodeWorkflowInput(request=self.req, state=self.state))
-
-    # --- what it shows ---------------------------------------------------------------------
 
     def status(self) -> NodeStatus:
         return node_status(self.req, self.state, self.asking)
