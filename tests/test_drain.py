@@ -201,13 +201,35 @@ async def test_evicting_an_unmanaged_pod_records_a_warning_event_on_it(kube_api:
     assert node in event["message"] and "will not be recreated" in event["message"]
 
 
+async def _real_owner(kube_api: KubeApi, kind: str, name: str, node_selector: dict[str, str]) -> dict[str, str]:
+    """A real ReplicaSet (1 replica) or DaemonSet (OnDelete: it never replaces a pod by itself)
+    whose selector matches the pod made for it, so the garbage collector keeps that pod and the
+    controller adopts it; `node_selector` keeps any pod it makes off other nodes."""
+    labels = {"app": name}
+    template = {"metadata": {"labels": labels}, "spec": {"nodeSelector": node_selector, "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}]}}
+    spec: dict[str, object] = {"selector": {"matchLabels": labels}, "template": template}
+    if kind == "DaemonSet":
+        spec["updateStrategy"] = {"type": "OnDelete"}
+    else:
+        spec["replicas"] = 1
+    plural = "daemonsets" if kind == "DaemonSet" else "replicasets"
+    made = await kube_api.create(f"/apis/apps/v1/namespaces/{kube_api.namespace}/{plural}", {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name}, "spec": spec})
+    return {"owner_kind": kind, "owner_name": name, "owner_uid": made["metadata"]["uid"], "labels": labels}
+
+
 async def test_drain_leaves_daemonset_pods_and_records_no_event_for_managed_pods(kube_api: KubeApi) -> None:
-    if kube_api.real:
-        pytest.skip("a real garbage collector deletes pods whose made-up owner does not exist")
     node = kube_api.unique("managed")
-    await kube_api.create_node(node)
-    await kube_api.create_pod("web", node=node, owner_kind="ReplicaSet")
-    await kube_api.create_pod("agent", node=node, owner_kind="DaemonSet")
+    if kube_api.real:  # real owners: a real garbage collector deletes a pod whose owner does not exist
+        await kube_api.create_node(node, labels={"tgp.io/test-daemons": node})
+        web = await _real_owner(kube_api, "ReplicaSet", "web-rs", {"tgp.io/test-nowhere": "x"})
+        agent = await _real_owner(kube_api, "DaemonSet", "agent-ds", {"tgp.io/test-daemons": node})
+        labels = {"web": web.pop("labels"), "agent": agent.pop("labels")}
+        await kube_api.create_pod("web", node=node, labels=labels["web"], **web)
+        await kube_api.create_pod("agent", node=node, labels=labels["agent"], **agent)
+    else:
+        await kube_api.create_node(node)
+        await kube_api.create_pod("web", node=node, owner_kind="ReplicaSet")
+        await kube_api.create_pod("agent", node=node, owner_kind="DaemonSet")
 
     assert await run_drain(kube_api, node) == DrainResult(evicted=1)
     assert [p.name for p in await kube_api.cluster.list_pods_on_node(node)] == ["agent"]
