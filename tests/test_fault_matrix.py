@@ -747,7 +747,9 @@ async def replacement_life(lane: Lane, names: CellNames, strike: Strike, notes: 
     its replacement launches. Exactly one replacement; Ready before the old node drains; the old
     node ends drifted; then the replacement is evicted and the pool deleted as in every cell."""
     cloud, ns = lane.cloud, names.ns
-    drift = {"spec": {"template": {"spec": {"requirements": [{"key": "tgp.io/gpu-type", "operator": "In", "values": ["RTX4090", "L40S"]}]}}}}
+    # A type list the node's type is no longer in: it drifts (drift is by compatibility since
+    # issue 35 item 7: a list widened to RTX4090 and L40S would leave the RTX4090 node alone).
+    drift = {"spec": {"template": {"spec": {"requirements": [{"key": "tgp.io/gpu-type", "operator": "In", "values": ["L40S"]}]}}}}
     (await lane.kube.patch(f"{POOLS.format(ns=ns)}/{names.pool}", json=drift, headers=MERGE)).raise_for_status()
 
     def replacement() -> str | None:
