@@ -4,6 +4,7 @@ ledger grants the slot), evicting them, checking offers, and letting the pool go
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import structlog
 from temporalio import activity
@@ -170,20 +171,9 @@ class PoolActivities(AccountActivities):
 async def _start_node_workflow(client: Client, request: NodeRequest, *, start_signal: tuple[str, object] | None = None) -> None:
     """Start the node's workflow on this worker's task queue; one that runs or ran already is
     left as it is (a retried start after the node lived and ended must not buy it again).
-    `start_signal`: sent with the start (to a running one, sent to it)."""
-    if start_signal is not None:
-        await client.start_workflow(
-            "GPUNodeWorkflow",
-            NodeWorkflowInput(request=request),
-            id=request.workflow_id,
-            task_queue=activity.info().task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=start_attributes(request),
-            start_signal=start_signal[0],
-            start_signal_args=[start_signal[1]],
-        )
-        return
+    `start_signal`: sent with the start (to a running one, sent to it); then a run that ran
+    already raises WorkflowAlreadyStartedError, for the caller to count it closed."""
+    signal: dict[str, Any] = {"start_signal": start_signal[0], "start_signal_args": [start_signal[1]]} if start_signal else {}
     try:
         await client.start_workflow(
             "GPUNodeWorkflow",
@@ -194,6 +184,9 @@ async def _start_node_workflow(client: Client, request: NodeRequest, *, start_si
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             static_summary=f"GPU node {request.node_name} (pool {request.namespace}/{request.pool})",
             search_attributes=start_attributes(request),
+            **signal,
         )
     except WorkflowAlreadyStartedError:
-        pass  # it ran (and reported to the pool) already
+        if start_signal is not None:
+            raise
+        # it ran (and reported to the pool) already
