@@ -176,7 +176,8 @@ async def clean_real_cluster(kube_api: KubeApi) -> None:
     for pod in (await http.get(f"/api/v1/namespaces/{NS}/pods")).json().get("items") or []:
         await http.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}", json={"gracePeriodSeconds": 0})
     nodes = (await http.get("/api/v1/nodes", params={"labelSelector": f"tgp.io/pool-namespace={NS}"})).json().get("items") or []
-    for node in nodes:
+    for node in nodes:  # tgp's termination finalizer would keep them (Ready, for the next test's pods)
+        await http.patch(f"/api/v1/nodes/{node['metadata']['name']}", json={"metadata": {"finalizers": None}}, headers=merge)
         await http.delete(f"/api/v1/nodes/{node['metadata']['name']}")
 
 
@@ -731,6 +732,8 @@ async def test_a_pod_asking_for_a_gpu_resource_tgp_does_not_sell_is_told_once_an
     toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     long_name = "nvidia.com/mig-" + "x" * 200  # a tenant's text: quoted cut
     asks = {"mig": {"nvidia.com/mig-1g.10gb": "1"}, "amd": {"amd.com/gpu": "1"}, "long": {long_name: "1"}}
+    if kube_api.real:  # a real API refuses a resource name past 63 characters: the cut is the emulator's to show
+        del asks["long"]
     merge = {"Content-Type": "application/merge-patch+json"}
     unschedulable = {"status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
     async with running_stack(temporal, kube_api) as s:
@@ -746,12 +749,12 @@ async def test_a_pod_asking_for_a_gpu_resource_tgp_does_not_sell_is_told_once_an
         async def warnings() -> list[dict[str, Any]] | None:
             items = (await s.kube.get(f"/api/v1/namespaces/{ns}/events")).json()["items"]
             found = [e for e in items if e.get("reason") == "GPUResourceNotSold" and e["involvedObject"].get("kind") == "Pod"]
-            return found if len(found) >= 3 else None
+            return found if len(found) >= len(asks) else None
 
         found = {e["involvedObject"]["name"]: e for e in await eventually(warnings, what="a GPUResourceNotSold Warning on each pod")}
         assert {n: e["involvedObject"]["uid"] for n, e in found.items()} == uids and all(e["type"] == "Warning" for e in found.values())
         assert "nvidia.com/mig-1g.10gb" in found["mig"]["message"] and "amd.com/gpu" in found["amd"]["message"]
-        assert long_name not in found["long"]["message"] and len(found["long"]["message"]) < 300
+        assert "long" not in asks or (long_name not in found["long"]["message"] and len(found["long"]["message"]) < 300)
 
         async def pods_fit() -> dict[str, Any] | None:
             conditions = {c["type"]: c for c in (await s.pool_status("ml", "rtx")).get("conditions") or []}
@@ -764,5 +767,5 @@ async def test_a_pod_asking_for_a_gpu_resource_tgp_does_not_sell_is_told_once_an
         labelled = {"metadata": {"labels": {"touched": "yes"}}}
         (await s.kube.patch(f"/api/v1/namespaces/{ns}/pods/mig", json=labelled, headers=merge)).raise_for_status()
         await asyncio.sleep(1)
-        assert len(await warnings() or []) == 3, "once per pod and resource, not on each change"
+        assert len(await warnings() or []) == len(asks), "once per pod and resource, not on each change"
         assert not s.world.cloud.instances and not await s.node_workflows(), "nothing is bought for them"
