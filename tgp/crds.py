@@ -161,6 +161,12 @@ class DisruptionBounds:
 ADMISSION = "tgp.admission"
 
 
+def _at_least(value: timedelta, minimum: timedelta, why: str) -> None:
+    """An admission bound on a duration: below `minimum`, an error saying the minimum and `why`."""
+    if value < minimum:
+        raise ValueError(f"{format_duration(value)} is below the minimum of {format_duration(minimum)}: {why}")
+
+
 def _admission_bounds(info: ValidationInfo) -> DisruptionBounds | None:
     bounds = info.context.get(ADMISSION) if isinstance(info.context, dict) else None
     return bounds if isinstance(bounds, DisruptionBounds) else None
@@ -626,33 +632,25 @@ class Disruption(Spec):
     @classmethod
     def _idle_timeout_bound(cls, value: timedelta, info: ValidationInfo) -> timedelta:
         bounds = _admission_bounds(info)
-        if bounds is not None and value < bounds.min_idle_timeout:
-            raise ValueError(
-                f"{format_duration(value)} is below the minimum of {format_duration(bounds.min_idle_timeout)}: "
-                "nodes would be terminated before pods reach them, then bought again"
-            )
+        if bounds is not None:
+            _at_least(value, bounds.min_idle_timeout, "nodes would be terminated before pods reach them, then bought again")
         return value
 
     @field_validator("expire_after")
     @classmethod
     def _expire_after_bound(cls, value: timedelta | str | None, info: ValidationInfo) -> timedelta | str | None:
         bounds = _admission_bounds(info)
-        if bounds is not None and isinstance(value, timedelta) and value < bounds.min_expire_after:
-            raise ValueError(
-                f"{format_duration(value)} is below the minimum of {format_duration(bounds.min_expire_after)}: "
-                "nodes would be replaced about as fast as they boot"
-            )
+        if bounds is not None and isinstance(value, timedelta):
+            _at_least(value, bounds.min_expire_after, "nodes would be replaced about as fast as they boot")
         return value
 
     @field_validator("consolidate_after")
     @classmethod
     def _consolidate_after_bound(cls, value: timedelta | str | None, info: ValidationInfo) -> timedelta | str | None:
         bounds = _admission_bounds(info)
-        if bounds is not None and isinstance(value, timedelta) and value < bounds.min_idle_timeout:
-            raise ValueError(
-                f"{format_duration(value)} is below the minimum of {format_duration(bounds.min_idle_timeout)}: it is how long a node "
-                "must be empty before it goes, and nodes would be terminated before pods reach them, then bought again"
-            )
+        if bounds is not None and isinstance(value, timedelta):
+            why = "it is how long a node must be empty before it goes, and nodes would be terminated before pods reach them, then bought again"
+            _at_least(value, bounds.min_idle_timeout, why)
         return value
 
     @property
