@@ -76,6 +76,18 @@ kube:
 	@command -v go >/dev/null || { echo "make kube: no Go toolchain on PATH: the control plane is built from the Go module proxy"; exit 3; }
 	hack/kube/build.sh
 
+# The helm binary (hack/helm): built from the Go module proxy at the pinned release into
+# ${XDG_CACHE_HOME:-~/.cache}/tgp/helm/<version>-<go.sum hash>/, as `make kube` builds the control
+# plane; tests/test_helm.py lints and renders the chart with it (a failure under CI=true without it).
+.PHONY: helm chart
+helm:
+	@command -v go >/dev/null || { echo "make helm: no Go toolchain on PATH: helm is built from the Go module proxy"; exit 3; }
+	hack/helm/build.sh
+
+# The chart as an archive, build/chart/tgp-<version>.tgz, for `helm push` (docs/install.md).
+chart: helm
+	"$$(hack/helm/build.sh --path)" package deploy/helm/tgp --destination build/chart
+
 # The real-cluster lane: the tests that ask for kube_api, against that control plane (with its
 # scheduler and controller-manager). Skipped in one line without Go; a failure under CI=true.
 # CI (.ci/run) runs it after `make test` and `make fault-matrix`.
