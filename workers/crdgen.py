@@ -1,7 +1,8 @@
-"""Generate the CRD manifests in deploy/crds/ from the pydantic models in tgp.crds.
+"""Generate the CRD manifests in deploy/crds/ and in the Helm chart's crds/ from the pydantic
+models in tgp.crds.
 
-    python -m workers.crdgen            # rewrite deploy/crds/*.yaml
-    python -m workers.crdgen --check    # exit 1 when the committed files are stale
+    python -m workers.crdgen            # rewrite deploy/crds/*.yaml and deploy/helm/tgp/crds/*.yaml
+    python -m workers.crdgen --check    # exit 1 when a committed file is stale
 
 Pydantic's JSON Schema is turned into a Kubernetes structural schema: $refs inlined, titles
 and `additionalProperties: false` dropped, `X | None` as `nullable: true`, constants as one-value enums,
@@ -32,7 +33,11 @@ from tgp.crds import (
     GPUNodePoolStatus,
 )
 
-OUT_DIR = Path(__file__).resolve().parent.parent / "deploy" / "crds"
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+OUT_DIR = DEPLOY / "crds"
+# Helm installs what a chart's crds/ holds before its templates, and reads only files inside
+# the chart: a copy, written from the same models, which --check keeps equal.
+CHART_CRDS_DIR = DEPLOY / "helm" / "tgp" / "crds"
 
 
 class _SerializedDefaults(GenerateJsonSchema):
@@ -216,20 +221,21 @@ def render(manifest: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="fail if deploy/crds is not up to date")
+    parser.add_argument("--check", action="store_true", help="fail if deploy/crds or the chart's crds/ is not up to date")
     args = parser.parse_args(argv)
     stale = []
     for name, manifest in manifests().items():
-        path = OUT_DIR / name
         text = render(manifest)
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            OUT_DIR.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        for folder in (OUT_DIR, CHART_CRDS_DIR):
+            path = folder / name
+            if args.check:
+                if not path.exists() or path.read_text() != text:
+                    stale.append(str(path.relative_to(DEPLOY.parent)))
+            else:
+                folder.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
     if stale:
-        print(f"stale CRDs in deploy/crds: {', '.join(stale)}; run `make crds`", file=sys.stderr)
+        print(f"stale CRDs: {', '.join(stale)}; run `make crds`", file=sys.stderr)
         return 1
     return 0
 
