@@ -316,6 +316,7 @@ REFUSED = [
     ({"temporal": {"address": "https://temporal.example.com"}}, "/temporal/address"),
     ({"worker": {"buildId": "Build_1"}}, "/worker/buildId"),
     ({"worker": {"previousBuilds": [{"build": "0.2.0-1a2b3c4d5e"}]}}, "/worker/previousBuilds/0"),
+    ({"worker": {"buildId": "0.2.1-6f7a8b9c0d", "previousBuilds": [{"buildId": "0.2.0-1a2b3c4d5e"}]}}, "/worker/previousBuilds/0"),
     ({"log": {"level": "LOUD"}}, "/log/level"),
     ({"image": {"repository": ""}}, "/image/repository"),
     ({"codecServer": {"corsOrigins": ["cloud.temporal.io"]}}, "/codecServer/corsOrigins/0"),
@@ -330,7 +331,8 @@ def test_the_schema_refuses_bad_values_naming_the_field(values: dict[str, Any], 
 def test_the_chart_refuses_what_the_schema_cannot_see() -> None:
     assert "install tgp into namespace tgp-system" in refusal({}, namespace="default")
     assert "tailnet.headscale.url" in refusal({"tailnet": {"backend": "headscale"}})
-    assert "worker.previousBuilds needs worker.buildId" in refusal({"worker": {"previousBuilds": [{"buildId": "0.2.0-1a2b3c4d5e"}]}})
-    same = {"worker": {"buildId": "0.2.1-6f7a8b9c0d", "previousBuilds": [{"buildId": "0.2.1-6f7a8b9c0d"}]}}
+    old = {"buildId": "0.2.0-1a2b3c4d5e", "tag": "0.2.0"}
+    assert "worker.previousBuilds needs worker.buildId" in refusal({"worker": {"previousBuilds": [old]}})
+    same = {"worker": {"buildId": "0.2.1-6f7a8b9c0d", "previousBuilds": [{"buildId": "0.2.1-6f7a8b9c0d", "tag": "0.2.1"}]}}
     assert "is worker.buildId, the current build" in refusal(same)
     assert "metrics.serviceMonitor.enabled needs metrics.service" in refusal({"metrics": {"service": False, "serviceMonitor": {"enabled": True}}})

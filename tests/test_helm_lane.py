@@ -128,7 +128,7 @@ async def _a_life_across_an_upgrade(
 
             # Upgrade with the node running: the new build's Deployment beside the old one's.
             helm(admin, "upgrade", "tgp", str(CHART), "--reuse-values", "--set", f"worker.buildId={BUILD_2}",
-                 "--set-json", f'worker.previousBuilds=[{{"buildId":"{BUILD_1}"}}]', *OFF_EVERY_NODE)
+                 "--set-json", f'worker.previousBuilds=[{{"buildId":"{BUILD_1}","tag":"0.2.0"}}]', *OFF_EVERY_NODE)
             assert {f"tgp-worker-{BUILD_1}", f"tgp-worker-{BUILD_2}"} <= await deployments(kube_api)
             [still] = await ready_nodes(s, NS, "rtx", 1)
             assert still["name"] == node["name"] and len(world.cloud.live_instances()) == 1, "the upgrade touched the node"
