@@ -10,11 +10,14 @@ venv: $(STAMP)
 
 # tgp and, beside it, the simulated world (sim/, its own distribution tgp-sim: never in the
 # runtime wheel or image) that `make demo` and the tests run on.
+# One line says what the silent minutes are; pip (25+) relays setuptools' "Editable installation"
+# notice as a warning even under --quiet, and it reads like a fault, so -W drops that one notice.
 $(STAMP): pyproject.toml sim/pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./sim -e '.[dev]'
-	touch $(STAMP)
+	@echo "Installing tgp and its dependencies into $(VENV) (3 to 5 minutes on 2 cores, once)..."
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(BIN)/python -W 'ignore:Editable installation:UserWarning' -m pip install --quiet -e ./sim -e '.[dev]'
+	@touch $(STAMP)
 
 # The demo's Temporal server takes PORT and its Web UI PORT+1000 (`make demo PORT=8233` runs a
 # second one beside the first; TGP_DEMO_PORT does the same for `tgp demo`).
