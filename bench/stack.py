@@ -1,11 +1,12 @@
-"""The stack `make bench` measures: a Temporal dev server, `tgp worker` and `tgp bridge` as
-processes of their own (bench/proc.py), and the simulated world in this process (the Kubernetes
-emulator with tgp's CRDs, the simulated scheduler and kubelets, Tailscale, the simulated cloud).
+"""The stack `make bench` measures, every part a process of its own so that no part of the
+harness is the bottleneck (issue 37): a Temporal dev server; `tgp worker` (BENCH_WORKERS of them,
+on one task queue) and `tgp bridge` (bench/proc.py); and the simulated world (bench/world.py):
+the Kubernetes API with tgp's CRDs and the scheduler, the machines' kubelets, the simulated cloud
+with the tailnet. This process only creates pods, watches them and reads Temporal.
 
-Each process's CPU time and RSS are read from /proc; the emulator counts every request by who
-sent it (tgp's processes use the official Kubernetes client, the simulated kubelets, scheduler
-and this harness use httpx) and by verb; the simulated cloud records when each instance's first
-terminate call arrived.
+Each process's CPU time and RSS are read from /proc; the API counts every request by who sent it
+and by verb, and the cloud records when each instance's first terminate call arrived (read over
+their GET /stats).
 """
 
 from __future__ import annotations
@@ -18,29 +19,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections import Counter, deque
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import attrs
 import httpx
-import kmock
-import yaml
-from aiohttp import web
 from temporalio.client import Client
 
-from sim.cloud import SimulatedCloud, boot_env
 from sim.demo import temporal_binary
-from sim.kube import KubeEmulator
-from sim.kube_kubelet import register_node
-from sim.scheduler import SimScheduler
-from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, dev_server_args
 
 ROOT = Path(__file__).resolve().parent.parent
-CRDS = ROOT / "deploy" / "crds"
 CLASSES = "/apis/tgp.io/v1/gpunodeclasses"
 POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
 NS = "ml"
@@ -48,12 +38,8 @@ TASK_QUEUE = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # How long a process may take to start serving on a loaded machine.
 START_TIMEOUT = 120.0
-# The simulated kubelets' heartbeats, longer than a real kubelet's (a Lease every 10 s, a pod
-# resync every 10 s: three requests per node every 10 s). Nothing in the stack reads a Lease (the
-# emulator has no node lifecycle controller, tgp reads none), a kubelet's watch still starts a
-# bound pod at once, and at the defaults 500 kubelets kept the one process that serves the API
-# (and the scheduler, the cloud, the tailnet) saturated: a bind took 8-12 s in a burst of 500.
-BENCH_KUBELET_INTERVALS = {"lease_renew_interval": 60.0, "status_interval": 300.0, "pod_sync_interval": 120.0}
+# The harness's own process, in usage() and the saturation table.
+HARNESS = "harness (pods, Temporal reads)"
 
 
 def free_port() -> int:
@@ -83,65 +69,6 @@ def usage(pid: int | None) -> Usage:
         status = Path(f"/proc/{pid}/status").read_text()
     kb = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines() if line.startswith(("VmRSS", "VmHWM"))}
     return Usage(cpu_s=cpu, rss_mb=kb.get("VmRSS", 0) / 1024, peak_rss_mb=kb.get("VmHWM", 0) / 1024)
-
-
-def agent(request: kmock.Request) -> str:
-    ua = request.headers.get("User-Agent", "")
-    return "tgp" if ua.startswith("OpenAPI-Generator") or "kubernetes" in ua.lower() else "sim"
-
-
-def verb(request: kmock.Request) -> str:
-    method = request.method.upper() if isinstance(request.method, str) else str(request.method).upper()
-    method = method.rsplit(".", 1)[-1]
-    if method == "GET":
-        if str(request.params.get("watch", "")).lower() in ("1", "true"):
-            return "watch"
-        return "get" if request.name else "list"
-    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
-
-
-@attrs.define(kw_only=True)
-class CountingEmulator(KubeEmulator):
-    """The emulator, counting requests by (agent, verb, resource[/subresource])."""
-
-    counts: Counter[tuple[str, str, str]] = attrs.field(factory=Counter)
-    user_agents: Counter[str] = attrs.field(factory=Counter)
-
-    async def _handle(self, request: kmock.Request) -> Any:  # type: ignore[override]
-        try:
-            what = (request.resource.plural if request.resource is not None else "-") + (f"/{request.subresource}" if request.subresource else "")
-            self.counts[(agent(request), verb(request), what)] += 1
-            self.user_agents[request.headers.get("User-Agent", "")] += 1
-        except Exception:  # noqa: BLE001 - counting never breaks a request
-            self.counts[("?", "?", "?")] += 1
-        return await super()._handle(request)
-
-
-class TimedCloud(SimulatedCloud):
-    """The simulated cloud, noting when the first terminate call for each machine arrived
-    (by its hostname, the Kubernetes Node's name)."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.first_delete: dict[str, float] = {}
-        # Every request by (method, route, whole listing or by name): what a launch costs the provider.
-        self.requests: Counter[str] = Counter()
-
-    @web.middleware
-    async def _auth(self, request, handler):  # type: ignore[no-untyped-def,override]
-        route = request.match_info.route.resource
-        what = route.canonical if route is not None else request.path
-        if request.method == "GET" and what == "/v1/instances":
-            what += "?name" if "name" in request.query else " (whole listing)"
-        self.requests[f"{request.method} {what}"] += 1
-        return await super()._auth(request, handler)
-
-    async def _delete(self, request):  # type: ignore[no-untyped-def,override]
-        inst = self.instances.get(request.match_info["id"])
-        if inst is not None:
-            host = boot_env(inst.user_data).get("TS_HOSTNAME", inst.name)
-            self.first_delete.setdefault(host, time.time())
-        return await super()._delete(request)
 
 
 def dev_server(port: int, log: Path) -> Proc:
@@ -200,6 +127,21 @@ class Proc:
             return ""
 
 
+async def world_part(s: AsyncExitStack, name: str, logs: Path, *args: str) -> tuple[Proc, dict[str, Any]]:
+    """Start `python -m bench.world <name> ...` and return it with what it wrote once serving."""
+    ready = logs / f"{name}.ready.json"
+    ready.unlink(missing_ok=True)
+    proc = Proc(name, [sys.executable, "-m", "bench.world", name, str(ready), *args], {**os.environ}, logs / f"{name}.log")
+    proc.start()
+    s.callback(proc.stop)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not ready.exists():
+        if time.monotonic() > deadline or not proc.alive():
+            raise RuntimeError(f"bench.world {name} did not start:\n{proc.tail()}")
+        await asyncio.sleep(0.1)
+    return proc, json.loads(ready.read_text())
+
+
 @dataclass
 class Stack:
     """One fresh stack; `async with Stack(...)`."""
@@ -207,51 +149,35 @@ class Stack:
     boot_delay: float
     logs: Path
     kubelets: bool = True  # False: a machine registers its Node once and runs no kubelet loop
-    scheduler: bool = True
-    world: SimWorld = field(init=False)
-    emulator: CountingEmulator = field(init=False)
-    cloud: TimedCloud = field(init=False)
+    workers: int = 1  # `tgp worker` processes on the one task queue
     client: Client = field(init=False)
     kube: httpx.AsyncClient = field(init=False)
     server: Proc = field(init=False)
-    worker: Proc = field(init=False)
+    worker_procs: list[Proc] = field(init=False)
     bridge: Proc = field(init=False)
+    world: dict[str, tuple[Proc, dict[str, Any]]] = field(init=False)  # kube, kubelets, cloud
     _stack: AsyncExitStack = field(default_factory=AsyncExitStack)
+
+    @property
+    def worker(self) -> Proc:
+        """The first worker (the one profiled)."""
+        return self.worker_procs[0]
 
     async def __aenter__(self) -> Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         s = self._stack
-        self.emulator = await s.enter_async_context(CountingEmulator())
-        # kmock scans its request log for each new request; nothing here reads past requests
-        # (the fault matrix does the same, tests/test_fault_matrix.py).
-        self.emulator._requests = deque(maxlen=8)
-        for path in sorted(CRDS.glob("*.yaml")):
-            self.emulator.install_crd(yaml.safe_load(path.read_text()))
-        self._patch_cloud()
-        self.world = await s.enter_async_context(sim_world(boot_delay=self.boot_delay, kube_url=self.emulator.url, kubelet_intervals=BENCH_KUBELET_INTERVALS))
-        self.world.kube = self.emulator
-        self.cloud = self.world.cloud  # type: ignore[assignment]
-        if not self.kubelets:
-            url = self.emulator.url
-
-            async def register(name: str, labels: dict[str, str], gpus: int, taints: list[dict[str, str]]) -> None:
-                await register_node(url, name, labels=labels, taints=taints, gpus=gpus)
-
-            self.cloud._node_register = register
-        if self.scheduler:
-            # kube-scheduler's queue as v1.34 has it (sim.scheduler; its backoff does not delay a
-            # pod when a Node fits it and nothing else waits), on watches like its informers: a
-            # pass follows a change within `interval`. A pending pod is marked Unschedulable once,
-            # not again on every attempt as its message's node count changes (tgp reads the
-            # reason only).
-            await s.enter_async_context(SimScheduler(self.emulator.url, interval=0.05, refresh_unschedulable=False))
-        self.kube = await s.enter_async_context(httpx.AsyncClient(base_url=self.emulator.url, timeout=30))
+        kube = await world_part(s, "kube", self.logs)
+        kubelets = await world_part(s, "kubelets", self.logs, kube[1]["url"], *([] if self.kubelets else ["--no-loop"]))
+        cloud = await world_part(s, "cloud", self.logs, kubelets[1]["url"], str(self.boot_delay))
+        self.world = {"kube": kube, "kubelets": kubelets, "cloud": cloud}
+        self.kube = await s.enter_async_context(httpx.AsyncClient(base_url=kube[1]["url"], timeout=30))
+        self._stats = await s.enter_async_context(httpx.AsyncClient(timeout=30))
         port = free_port()
         self.server = dev_server(port, self.logs / "temporal.log")
         self.server.start()
         s.callback(self.server.stop)
         self.client = await connect(self.server, port)
-        env = {**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{port}", "TGP_TASK_QUEUE": TASK_QUEUE, "TGP_LOG_LEVEL": "WARNING"}
+        env = {**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{port}", "TGP_TASK_QUEUE": TASK_QUEUE, "TGP_LOG_LEVEL": "WARNING", "TGP_KUBE_URL": kube[1]["url"]}
         env.pop("TEMPORAL_API_KEY", None)
         # As installed (pip compiles bytecode at install, the image then reads it): with
         # PYTHONDONTWRITEBYTECODE and no .pyc beside the sources, Temporal's workflow sandbox
@@ -263,33 +189,36 @@ class Stack:
         run = [sys.executable, "-m", "bench.proc"]
         self.worker_profile = self.logs / "worker-profile.json"
         self.worker_profile.unlink(missing_ok=True)
-        worker_env = {**env, **self.world.worker_env(), "TGP_METRICS_PORT": str(free_port()), "BENCH_PROFILE": str(self.worker_profile)}
-        self.worker = Proc("worker", [*run, "worker"], worker_env, self.logs / "worker.log")
-        self.bridge = Proc("bridge", [*run, "bridge"], {**env, "TGP_KUBE_URL": self.emulator.url, "TGP_METRICS_PORT": str(free_port())}, self.logs / "bridge.log")
-        for p in (self.worker, self.bridge):
+        self.worker_procs = [
+            Proc(f"worker{i + 1}" if self.workers > 1 else "worker", [*run, "worker"],
+                 {**env, **cloud[1]["worker_env"], "TGP_METRICS_PORT": str(free_port()), **({"BENCH_PROFILE": str(self.worker_profile)} if i == 0 else {})},
+                 self.logs / f"worker{i + 1}.log")
+            for i in range(self.workers)
+        ]  # fmt: skip
+        self.bridge = Proc("bridge", [*run, "bridge"], {**env, "TGP_METRICS_PORT": str(free_port())}, self.logs / "bridge.log")
+        for p in (*self.worker_procs, self.bridge):
             p.start()
             s.callback(p.stop)
         return self
 
-    def _patch_cloud(self) -> None:
-        import sim.world
-
-        sim.world.SimulatedCloud = TimedCloud  # type: ignore[misc]
-
     async def __aexit__(self, *exc: object) -> None:
-        import sim.world
-
-        sim.world.SimulatedCloud = SimulatedCloud  # type: ignore[misc]
         await self._stack.aclose()
 
+    async def stats(self, part: str) -> dict[str, Any]:
+        """What a part of the simulated world counted (bench/world.py): kube, kubelets or cloud."""
+        r = await self._stats.get(self.world[part][1]["stats"] + "/stats")
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
+
     def pids(self) -> dict[str, int | None]:
-        return {"worker": self.worker.pid, "bridge": self.bridge.pid, "temporal": self.server.pid, "sim (this process)": None}
+        world = {f"sim {name}": p.pid for name, (p, _) in self.world.items()}
+        return {**{p.name: p.pid for p in self.worker_procs}, "bridge": self.bridge.pid, "temporal": self.server.pid, **world, HARNESS: None}
 
     def usage(self) -> dict[str, Usage]:
         return {name: usage(pid) for name, pid in self.pids().items()}
 
     def check_alive(self) -> None:
-        for p in (self.server, self.worker, self.bridge):
+        for p in (self.server, *self.worker_procs, self.bridge, *(p for p, _ in self.world.values())):
             if not p.alive():
                 raise RuntimeError(f"{p.name} exited:\n{p.tail()}")
 

@@ -1,0 +1,99 @@
+"""The arithmetic of `make bench`'s page (bench/report.py), pure: each target's ratio from the
+figures one run recorded (bench/run.py's JSON), so the page holds on any machine."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# A process is saturated when it used this share of one core over a phase: tgp's processes and
+# the simulated world's are Python (one core at most, the GIL), and the dev server serialises on
+# its one SQLite store (issue 37: pinned at 91-99% of a core on 16 cores).
+SATURATED_PCT = 85.0
+# The machine is saturated when all processes together used this share of all its cores.
+MACHINE_SATURATED = 0.9
+# tgp's own processes in a phase's usage (the rest is Temporal and the simulated world).
+TGP = ("worker", "bridge")
+# Targets (issue 37), each a ratio measured in one run.
+SUM_VS_FLOOR = 1.5  # worker + bridge + server CPU per node, at most this x the two-step floor
+WORKER_VS_FLOOR = 2.0  # worker CPU per node, at most this x the floor's worker share
+LIFE_EVENTS = 40  # history events of one short life, at most
+SCALING_2_VS_1 = 1.7  # nodes Ready per second, 2 workers against 1, at least
+P99_VS_FLOOR_WALL = 2.0  # burst 500 overhead p99, at most this x the floor's wall for 500 two-step lives (8+ cores)
+# The scale model's assumptions (bench/report.py prints them): Temporal commits a workflow's
+# events in one transaction per state transition (a task's completion with its commands, an
+# activity's result, a signal), about two events each; a history shard serialises its
+# transactions, and at ~5 ms a write on a SQL store one shard commits ~200 a second.
+EVENTS_PER_TRANSITION = 2.0
+TRANSITIONS_PER_SHARD_S = 200.0
+
+
+def worker_cpu(usage: dict[str, Any]) -> float:
+    """CPU seconds of every `tgp worker` process (worker, or worker1..n)."""
+    return sum(u["cpu_s"] for name, u in usage.items() if name.startswith("worker"))
+
+
+def per_node(burst: dict[str, Any]) -> dict[str, float] | None:
+    """CPU milliseconds per node brought up in a burst: worker(s), bridge, Temporal server, their sum."""
+    nodes, usage = burst.get("instances_bought"), burst.get("usage")
+    if not nodes or not usage:
+        return None
+    worker = 1000 * worker_cpu(usage) / nodes
+    bridge = 1000 * usage["bridge"]["cpu_s"] / nodes
+    server = 1000 * usage["temporal"]["cpu_s"] / nodes
+    return {"worker": worker, "bridge": bridge, "temporal": server, "sum": worker + bridge + server}
+
+
+def floor_ratios(cost: dict[str, float], floor: dict[str, Any]) -> dict[str, float]:
+    """Each per-node figure against the two-step floor of the same run: the sum against the
+    floor's total, the worker against its worker share, the server against its server share."""
+    return {
+        "sum": cost["sum"] / floor["two_steps_ms"],
+        "worker": cost["worker"] / floor["two_steps_worker_ms"],
+        "temporal": cost["temporal"] / floor["two_steps_server_ms"],
+    }
+
+
+def saturation(usage: dict[str, Any], cores: int) -> dict[str, Any]:
+    """The busiest process of a phase, whether it was saturated, and whether the machine was."""
+    name, u = max(usage.items(), key=lambda kv: kv[1]["cpu_pct_of_core"])
+    total = sum(v["cpu_pct_of_core"] for v in usage.values())
+    return {
+        "busiest": name,
+        "pct": u["cpu_pct_of_core"],
+        "saturated": u["cpu_pct_of_core"] >= SATURATED_PCT,
+        "machine_pct": total / cores,
+        "machine_saturated": total >= MACHINE_SATURATED * 100 * cores,
+    }
+
+
+def scaling(workers: dict[str, Any], cores: int) -> dict[str, Any] | None:
+    """Nodes Ready per second by number of workers, 2 against 1, and whether the 2-worker run
+    had a Temporal server (or a machine) that was not saturated, which the target needs."""
+    rates = {int(n): w.get("nodes_ready_per_s") for n, w in workers.items() if "error" not in w}
+    if not rates.get(1) or not rates.get(2):
+        return None
+    two = workers["2"]
+    sat = saturation(two["usage"], cores)
+    return {
+        "rates": rates,
+        "ratio": rates[2] / rates[1],
+        "server_pct": two["usage"]["temporal"]["cpu_pct_of_core"],
+        "server_saturated": two["usage"]["temporal"]["cpu_pct_of_core"] >= SATURATED_PCT,
+        "machine_saturated": sat["machine_saturated"],
+        "machine_pct": sat["machine_pct"],
+    }
+
+
+def scale_model(nodes: int, seconds: float, events: float, actions: float, upserts: float) -> dict[str, float]:
+    """What bringing `nodes` up in `seconds` asks of a Temporal cluster, from one life's history
+    events, actions and search-attribute upserts (visibility writes: its start, each upsert, its close)."""
+    transitions = events / EVENTS_PER_TRANSITION
+    rate = nodes * transitions / seconds
+    return {
+        "actions_per_s": nodes * actions / seconds,
+        "history_writes_per_life": transitions,
+        "history_writes_per_s": rate,
+        "visibility_writes_per_s": nodes * (2 + upserts) / seconds,
+        "shards_at_least": max(1, math.ceil(rate / TRANSITIONS_PER_SHARD_S)),
+    }
