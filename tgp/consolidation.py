@@ -3,7 +3,7 @@ saves, and what holds the others back. Pure, no I/O: the pool's look records the
 finds (status.consolidation) and `tgp plan` prints the whole plan; a replacement or removal
 itself is carried out make-before-break by the node's disruption path.
 
-Three kinds of action, in this order (Karpenter's: drift before consolidation):
+Four kinds of action, in this order (Karpenter's: drift before consolidation):
 
 * **Drifted**: a node whose class or pool changed what made it (`tgp.drift`) is replaced. It
   saves nothing by itself (saving 0); budgets and do-not-disrupt limit it, `after` does not.
@@ -14,6 +14,12 @@ Three kinds of action, in this order (Karpenter's: drift before consolidation):
   dearer first among equals. A node that takes pods of a removed node stays (so no pod moves
   twice), and the pool keeps minNodes. An empty node is left to its idleTimeout (reason Empty).
   Saves the node's whole price.
+* **Several into one** (policy WhenEmptyOrUnderutilized; Karpenter's multi-node consolidation):
+  of the nodes that stay and took no pods, the largest set (fewest GPUs in use first) whose pods
+  fit one new node cheaper than the set by `cheaperBy` is merged into it (`tgp.merge`): bought
+  first, the set drained once it is Ready. Each node must have run `after`; the set counts
+  against the budgets as a whole, and the new node toward minNodes. Saves the set's price less
+  the new node's.
 * **Cheaper** (re-shopping, either policy): a node is replaced by the cheapest current offer
   that holds its pods' GPUs (at least the class's minimum) when that is `cheaperBy` cheaper and
   the node has run `after` (`tgp.disruption.reshop`). Saves the price difference.
@@ -40,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tgp.capacity import OfferSize, cheapest_holding
 from tgp.crds import Consolidation, DisruptionBudget, format_duration
 from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop
+from tgp.merge import Merge, plan_merge
 
 
 class Frozen(BaseModel):
@@ -107,12 +114,18 @@ class Blocked(Frozen):
 
 class ConsolidationPlan(Frozen):
     actions: list[Action] = []
+    merge: Merge | None = None  # several nodes into one (tgp.merge)
     blocked: list[Blocked] = []
 
     @property
     def savings(self) -> Decimal:
-        """US$/h the actions save together."""
-        return sum((a.saving for a in self.actions), start=Decimal(0))
+        """US$/h the actions and the merge save together."""
+        return sum((a.saving for a in self.actions), start=self.merge.saving if self.merge else Decimal(0))
+
+    @property
+    def candidates(self) -> int:
+        """The nodes the plan disrupts."""
+        return len(self.actions) + (len(self.merge.nodes) if self.merge else 0)
 
 
 class PoolMember(Frozen):
@@ -182,8 +195,10 @@ def plan_consolidation(
     actions: list[Action] = []
     blocked: list[Blocked] = []
 
+    merged: list[str] = []
+
     def budget_allows(reason: DisruptionReason) -> str:
-        verdict = allowed_disruptions(budgets, now, reason, pool, disrupting + len(actions))
+        verdict = allowed_disruptions(budgets, now, reason, pool, disrupting + len(actions) + len(merged))
         return "" if verdict.permits() else verdict.message
 
     def held(node: ConsolidationNode, reason: DisruptionReason, saving: Decimal = Decimal(0)) -> bool:
@@ -271,10 +286,24 @@ def plan_consolidation(
                 )
             )
 
-    # 3. Cheaper: re-shop the nodes that stay and took no pods.
+    # 3. Several into one: the pods of nodes that stay (and took none) fit one cheaper new node.
+    merge = None
+    if policy is not None and policy.policy == "WhenEmptyOrUnderutilized" and offers is not None:
+        verdict = allowed_disruptions(budgets, now, DisruptionReason.UNDERUTILIZED, pool, disrupting + len(actions))
+        most = len(by_name) - len(removed) + 1 - min_nodes  # the new node counts toward minNodes
+        movable = [
+            n
+            for n in by_name
+            if n.name not in touched | removed | receivers and n.pods and not n.nominated and not n.do_not_disrupt and n.running_for >= policy.after
+        ]
+        movable.sort(key=lambda n: (n.used, -(n.hourly_price or 0), n.name))
+        merge = plan_merge(movable, offers, policy, most if verdict.allowed is None else min(most, verdict.allowed), min_gpus)
+        merged.extend(merge.nodes if merge else [])
+
+    # 4. Cheaper: re-shop the nodes that stay and took no pods.
     held_already = {b.node for b in blocked if b.cause is Cause.DO_NOT_DISRUPT}
     for node in by_name:
-        if node.name in touched or node.name in removed or node.name in receivers or node.name in held_already or node.nominated:
+        if node.name in touched or node.name in removed or node.name in receivers or node.name in held_already or node.nominated or node.name in merged:
             continue
         reason = DisruptionReason.CHEAPER
         need = max(node.used, min_gpus)
@@ -313,12 +342,12 @@ def plan_consolidation(
             )
         )
     # One line per node: what it will do, else the first thing that holds it back.
-    acted = {a.node for a in actions}
+    acted = {a.node for a in actions} | set(merged)
     first: dict[str, Blocked] = {}
     for b in blocked:
         if b.node not in acted:
             first.setdefault(b.node, b)
-    return ConsolidationPlan(actions=actions, blocked=list(first.values()))
+    return ConsolidationPlan(actions=actions, merge=merge, blocked=list(first.values()))
 
 
 def _place(node: ConsolidationNode, free: Mapping[str, int], leaving: set[str]) -> dict[str, str] | None:
@@ -338,7 +367,7 @@ def _place(node: ConsolidationNode, free: Mapping[str, int], leaving: set[str]) 
 def describe_plan(plan: ConsolidationPlan) -> list[str]:
     """The plan in lines, for `tgp plan` and Events: each action and what it saves, then each
     candidate held back and why."""
-    lines = []
+    lines = [f"merge    {', '.join(plan.merge.nodes):<24} {DisruptionReason.UNDERUTILIZED.value:<14} saves ${plan.merge.saving}/h  {plan.merge.message}"] if plan.merge else []
     for a in plan.actions:
         lines.append(f"{a.kind.value:<8} {a.node:<24} {a.reason.value:<14} saves ${a.saving}/h  {a.message}")
     for b in plan.blocked:

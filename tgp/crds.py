@@ -793,6 +793,11 @@ class ConsolidationStatus(Spec):
     )
     candidates: int = Field(0, description="Nodes consolidation would remove or replace now (within the budgets).")
     last_action: str = Field("", description="The last consolidation done: which node, why and what it saved.")
+    consolidating: str = Field(
+        "",
+        description="The merge under way, if any: several nodes whose pods fit one cheaper new node, which is bought first; "
+        "they are drained and terminated once it is Ready (e.g. 'Consolidating 3 nodes into 1, saving $0.22/h: ...').",
+    )
 
 
 class GPUNodePoolStatus(Spec):
