@@ -168,6 +168,14 @@ def test_rbac_is_exactly_what_the_processes_call(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", RENDERS)
+def test_every_object_but_the_crds_carries_the_release_label(name: str) -> None:
+    """What `helm uninstall` removes, and what the lane checks is gone afterwards."""
+    for obj in template(RENDERS[name]):
+        if obj["kind"] != "CustomResourceDefinition":
+            assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "tgp", _label(obj)
+
+
+@pytest.mark.parametrize("name", RENDERS)
 def test_deployments_are_hardened_probed_and_bounded(name: str) -> None:
     for deployment in objects(RENDERS[name], "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
@@ -276,22 +284,27 @@ EQUIVALENTS = {
         "worker": {"buildId": "0.2.1-6f7a8b9c0d", "previousBuilds": [{"buildId": "0.2.0-1a2b3c4d5e", "tag": "0.2.0"}]},
     },
 }
-HELM_ONLY_LABELS = {"app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/version", "helm.sh/chart"}
+# The labels the chart puts on every object's metadata (Helm's own, and the two the kustomize
+# manifests carry on some objects only); pod templates and selectors are compared whole.
+COMMON_LABELS = {
+    "app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/version", "helm.sh/chart",
+    "app.kubernetes.io/name", "app.kubernetes.io/part-of",
+}
 
 
 def _normalized(objs: tuple[dict[str, Any], ...]) -> list[str]:
-    """What may differ between the two ways and nothing else: Helm's own labels and the pods'
-    settings checksum (Helm's way to roll them), kustomize's hashed ConfigMap name (its way), the
-    Namespace (`--create-namespace`), and the base's untagged placeholder image."""
+    """What may differ between the two ways and nothing else: the objects' common labels and the
+    pods' settings checksum (Helm's way to roll them), kustomize's hashed ConfigMap name (its
+    way), the Namespace (`--create-namespace`), and the base's untagged placeholder image."""
     out = []
     for obj in objs:
         if obj["kind"] == "Namespace":
             continue
         obj = json.loads(re.sub(r'"tgp-settings-[a-z0-9]{10}"', '"tgp-settings"', json.dumps(obj)))
-        for labels in (obj["metadata"].get("labels") or {},):
-            for key in HELM_ONLY_LABELS:
-                labels.pop(key, None)
-        if not obj["metadata"].get("labels"):
+        labels = obj["metadata"].get("labels") or {}
+        for key in COMMON_LABELS:
+            labels.pop(key, None)
+        if not labels:
             obj["metadata"].pop("labels", None)
         if obj["kind"] == "Deployment":
             obj["spec"]["template"]["metadata"].pop("annotations", None)
