@@ -49,7 +49,8 @@ import kmock
 from typing_extensions import override
 
 from sim import kube_discovery, kube_openapi, kube_openapi_v2, kube_tables
-from sim.kube_eviction import KubeEviction, grace_seconds
+from sim.kube_eviction import grace_seconds
+from sim.kube_controllers import KubeControllers
 from sim.kube_machinery import (
     APPLY_PATCH,
     CRDS,
@@ -74,7 +75,7 @@ _OPENAPI_V3_PATH = re.compile(r"/openapi/v3(?:/(?P<path>.+))?")
 
 
 @attrs.define(kw_only=True)
-class KubeEmulator(KubeEviction):
+class KubeEmulator(KubeControllers):
     """kmock's Kubernetes emulator plus the API-server behaviours tgp depends on.
 
     `async with KubeEmulator() as kube:` starts it on 127.0.0.1 and `kube.url` is its base URL.
