@@ -51,12 +51,13 @@ histories: $(STAMP)
 	TGP_RECORD_HISTORIES=1 $(BIN)/python -m pytest -q -n 2 tests/test_node_lifecycle.py tests/test_node_cancel.py tests/test_node_drain.py \
 		tests/test_node_long_lived.py tests/test_node_join_gpus.py tests/test_watch_events.py tests/test_fleet_look.py tests/test_whole_life.py
 
-# Issue 20's benchmarks (bench/run.py): bursts of 100 and 500 pending pods through the bridge, the
-# idle reaction, 1,000 nodes at rest on one worker, history per life and per node-hour, offer
-# selection and listings, and the floor (what one Temporal workflow per node costs with nothing
-# of tgp in it, against what the burst targets allow); writes bench/results/latest.json and docs/benchmarks.md. Under 10
-# minutes on 2 cores; `make bench BENCH_QUICK=1` is a 2-3 minute run for development (its JSON
-# goes to bench/results/quick.json, the page is left alone). Not part of the test suite.
+# The benchmarks (bench/run.py, issues 20 and 37): bursts of pending pods through the bridge, the
+# idle reaction, the same burst with 1, 2 and 4 workers (BENCH_WORKERS), 1,000 nodes at rest, history
+# events and Temporal Cloud actions per life, and Temporal's floor, each process's CPU per phase
+# (the simulated world in processes of its own); writes bench/results/latest.json and
+# docs/benchmarks.md. `make bench BENCH_QUICK=1` is a 2-3 minute run for development (its JSON goes
+# to bench/results/quick.json, the page is left alone); bench/device.sh runs it on a many-core
+# machine (BENCH_DEVICE_JSON puts that run's figures on the page). Not part of the test suite.
 BENCH_QUICK ?=
 bench: $(STAMP)
 	BENCH_QUICK=$(BENCH_QUICK) PYTHONPATH=. $(BIN)/python bench/run.py
