@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 
 from bench.history import PHASES_EVERY, breakdown, describe_all, entity_histories, launch_durations, life_actions, node_phases, node_workflows
 from bench.knobs import BOOT, CLOSE_DEADLINE, IDLE, IDLE_DEADLINE, RUN_BEFORE_IDLE, burst_deadline, fmt, pct, say, summary, usage_delta
-from bench.stack import NS, ROOT, Stack, gpu_class, gpu_pod, gpu_pool
+from bench.stack import NS, ROOT, Stack, busy_pct, gpu_class, gpu_pod, gpu_pool, machine_jiffies
 from tgp.types import node_workflow_id
 
 # Short lives whose actions are counted from their histories (each a whole history read).
@@ -98,7 +98,7 @@ async def burst(n: int, *, idle: bool, workers: int = 1, name: str = "") -> dict
         await s.class_ready("sim")
         clock = PodClock(s.kube)
         clock.start()
-        u0, w0 = s.usage(), time.monotonic()
+        u0, w0, m0 = s.usage(), time.monotonic(), machine_jiffies()
         say(f"{name}: creating {n} pending GPU pods")
         started = time.time()
         await create_pods(s, "p", n, clock)
@@ -107,9 +107,9 @@ async def burst(n: int, *, idle: bool, workers: int = 1, name: str = "") -> dict
         profiling = asyncio.ensure_future(s.profile_worker(profile_s)) if profile_s else None
         timeline = await wait_bound(s, clock, n, name, w0)
         wall = time.monotonic() - w0
-        u1 = s.usage()
+        u1, m1 = s.usage(), machine_jiffies()
         result = await burst_result(s, clock, n, wall, usage_delta(u0, u1, wall), started)
-        result["workers"], result["timeline"] = workers, timeline
+        result["workers"], result["timeline"], result["machine_busy_pct"] = workers, timeline, busy_pct(m0, m1)
         if profiling is not None:
             result["worker_profile"] = await profiling
         say(f"{name}: served {len(clock.bound)}/{n} in {wall:.0f} s; overhead p99 {fmt(result['overhead_s']['p99'])} s; "
@@ -204,7 +204,7 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
             await s.kube.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod}")
             deleted[node] = max(deleted.get(node, 0.0), time.time())
 
-    u0, w0 = s.usage(), time.monotonic()
+    u0, w0, m0 = s.usage(), time.monotonic(), machine_jiffies()
     await asyncio.gather(*(delete(p) for p in list(clock.bound)))
 
     first_delete: dict[str, float] = {}
@@ -227,6 +227,7 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
         "reaction_s": summary(reactions),
         "wall_s": round(wall, 1),
         "usage": usage_delta(u0, u1, wall),
+        "machine_busy_pct": busy_pct(m0, machine_jiffies()),
     }
     say(f"idle: terminate call after the idle timeout p50 {fmt(result['reaction_s']['p50'])} s, p99 {fmt(result['reaction_s']['p99'])} s")
 

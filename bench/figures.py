@@ -54,16 +54,17 @@ def floor_ratios(cost: dict[str, float], floor: dict[str, Any]) -> dict[str, flo
     }
 
 
-def saturation(usage: dict[str, Any], cores: int) -> dict[str, Any]:
-    """The busiest process of a phase, whether it was saturated, and whether the machine was."""
+def saturation(usage: dict[str, Any], cores: int, machine_busy_pct: float | None = None) -> dict[str, Any]:
+    """The busiest process of a phase, whether it was saturated, and whether the machine was:
+    by `machine_busy_pct` (every process on it, /proc/stat) where recorded, else the stack's own."""
     name, u = max(usage.items(), key=lambda kv: kv[1]["cpu_pct_of_core"])
-    total = sum(v["cpu_pct_of_core"] for v in usage.values())
+    machine = machine_busy_pct if machine_busy_pct is not None else sum(v["cpu_pct_of_core"] for v in usage.values()) / cores
     return {
         "busiest": name,
         "pct": u["cpu_pct_of_core"],
         "saturated": u["cpu_pct_of_core"] >= SATURATED_PCT,
-        "machine_pct": total / cores,
-        "machine_saturated": total >= MACHINE_SATURATED * 100 * cores,
+        "machine_pct": machine,
+        "machine_saturated": machine >= MACHINE_SATURATED * 100,
     }
 
 
@@ -74,7 +75,7 @@ def scaling(workers: dict[str, Any], cores: int) -> dict[str, Any] | None:
     if not rates.get(1) or not rates.get(2):
         return None
     two = workers["2"]
-    sat = saturation(two["usage"], cores)
+    sat = saturation(two["usage"], cores, two.get("machine_busy_pct"))
     return {
         "rates": rates,
         "ratio": rates[2] / rates[1],

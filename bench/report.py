@@ -172,8 +172,8 @@ def saturation_table(r: dict[str, Any]) -> list[str]:
     cores = _get(r, "machine", "nproc") or 1
     lines = ["| phase | wall | busiest process | its share of a core | saturated | every process (% of a core) |", "|---|---|---|---|---|---|"]
     for name, p in phases(r).items():
-        s = fig.saturation(p["usage"], cores)
-        flag = ("**yes**" if s["saturated"] else "no") + (f"; the machine too ({s['machine_pct']:.0f}% of {cores} cores)" if s["machine_saturated"] else "")
+        s = fig.saturation(p["usage"], cores, p.get("machine_busy_pct"))
+        flag = ("**yes**" if s["saturated"] else "no") + (f"; the machine was ({s['machine_pct']:.0f}% of {cores} cores busy, every process on it)" if s["machine_saturated"] else "")
         each = ", ".join(f"{k} {u['cpu_pct_of_core']}" for k, u in sorted(p["usage"].items(), key=lambda kv: -kv[1]["cpu_pct_of_core"]))
         lines.append(f"| {name} | {_f(p.get('wall_s'), ' s', 0)} | {s['busiest']} | {s['pct']}% | {flag} | {each} |")
     return lines
@@ -202,7 +202,7 @@ def workers_table(r: dict[str, Any]) -> list[str]:
     one = (runs.get(1) or {}).get("nodes_ready_per_s")
     for n, w in sorted(runs.items()):
         rate = w.get("nodes_ready_per_s")
-        s = fig.saturation(w["usage"], _get(r, "machine", "nproc") or 1)
+        s = fig.saturation(w["usage"], _get(r, "machine", "nproc") or 1, w.get("machine_busy_pct"))
         lines.append(f"| {n} | {w['pods']} | {_f(rate)} | {f'{rate / one:.2f}×' if rate and one else '—'} | {w['usage']['temporal']['cpu_pct_of_core']} | {s['busiest']} {s['pct']}% | {_f(_get(w, 'overhead_s', 'p99'), ' s')} |")
     return lines if runs else ["Not measured in this run (BENCH_PHASES without workers)."]
 

@@ -57,6 +57,20 @@ class Usage:
     peak_rss_mb: float
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far, every process's (/proc/stat): on a
+    shared machine the others' load is no process of the stack's, yet it takes their cores."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def busy_pct(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """How busy all the machine's cores were between two readings, in percent."""
+    total = after[1] - before[1]
+    return round(100 * (after[0] - before[0]) / total, 1) if total else 0.0
+
+
 def usage(pid: int | None) -> Usage:
     """From /proc; this process when `pid` is None."""
     if pid is None:

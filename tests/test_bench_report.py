@@ -105,3 +105,13 @@ def test_the_page_says_how_to_run_the_8_core_figures_or_shows_them() -> None:
     device = {**run(nproc=16), "file": "bench/results/device-16core.json"}
     page = render(run(), device)
     assert "From `bench/results/device-16core.json`: 16 × X" in page
+
+
+def test_a_machine_busy_with_other_work_is_saturated_though_the_stack_is_not() -> None:
+    """On a shared machine the others' load takes the stack's cores: /proc/stat's share decides."""
+    quiet = usage(worker=2.0, temporal=2.0)
+    assert not fig.saturation(quiet, cores=2)["machine_saturated"]
+    assert fig.saturation(quiet, cores=2, machine_busy_pct=97.0)["machine_saturated"]
+    runs = {"1": {"nodes_ready_per_s": 4.0, "usage": quiet}, "2": {"nodes_ready_per_s": 5.0, "usage": quiet, "machine_busy_pct": 97.0}}
+    s = fig.scaling(runs, cores=2)
+    assert s is not None and s["machine_saturated"] and not s["server_saturated"]
