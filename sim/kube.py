@@ -51,6 +51,7 @@ from typing_extensions import override
 from sim import kube_discovery, kube_openapi, kube_openapi_v2, kube_tables
 from sim.kube_eviction import grace_seconds
 from sim.kube_controllers import KubeControllers
+from sim.kube_namespaces import PROTOBUF, namespace_from_protobuf
 from sim.kube_machinery import (
     APPLY_PATCH,
     CRDS,
@@ -171,10 +172,11 @@ class KubeEmulator(KubeControllers):
     @override
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
         resource = self._served(request)
-        warning = self._field_validation(request, resource, request.data)
+        body = namespace_from_protobuf(request.body) if media_type(request) == PROTOBUF else request.data
+        warning = self._field_validation(request, resource, body)
         # Always 201 (and the Warning header, None for none): kmock keeps the status and headers
         # of a Response returned from a reaction.
-        created = self._create(resource, request.namespace, request.data)
+        created = self._create(resource, request.namespace, body)
         return kmock.Response(status=201, headers={"Warning": warning}, payload=created)
 
     @override

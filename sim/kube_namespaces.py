@@ -7,6 +7,8 @@ its NamespaceLifecycle admission plugin and kube-controller-manager's namespace 
   resource and fails (`kubectl get ns` answered `ValueError('not enough values to unpack')`);
 * `default`, `kube-system`, `kube-public` and `kube-node-lease` exist from the start;
 * a new Namespace is `Active` with the `kubernetes` finalizer in `spec.finalizers`;
+* `kubectl create namespace` sends the Namespace as protobuf (`namespace_from_protobuf` reads
+  its name, labels and annotations); other protobuf bodies are refused with 415;
 * deleting one makes it `Terminating`: what is in it is deleted (pods gracefully), new content is
   refused (403), and the Namespace goes with the last object in it.
 
@@ -45,6 +47,64 @@ def _parse_path(path: str) -> parsing.ParsedPath:
 
 # kmock parses every request (and every DSL pattern) through this module attribute.
 parsing.parse_path = _parse_path
+
+
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+# The envelope of a protobuf body (k8s.io/apimachinery/pkg/runtime/serializer/protobuf).
+_PROTOBUF_MAGIC = b"k8s\x00"
+
+
+def namespace_from_protobuf(body: bytes) -> Obj:
+    """The Namespace in a protobuf body (a runtime.Unknown whose `raw` is a v1.Namespace): its
+    metadata's name, generateName, labels and annotations, which is all `kubectl create
+    namespace` sets. ApiStatus 415 for any other kind."""
+    if not body.startswith(_PROTOBUF_MAGIC):
+        raise ApiStatus(400, "BadRequest", "a protobuf body must start with the k8s\\x00 envelope")
+    unknown = _fields(body[len(_PROTOBUF_MAGIC):])
+    type_meta = _fields(_one(unknown, 1))
+    if _one(type_meta, 2) != b"Namespace":
+        raise ApiStatus(415, "UnsupportedMediaType", (
+            f"the emulator reads only a Namespace as protobuf ({PROTOBUF}); send this object as JSON "
+            "(kubectl apply -f <file> does)"
+        ))
+    meta = _fields(_one(_fields(_one(unknown, 2)), 1))
+    metadata: Obj = {"name": _one(meta, 1).decode(), "generateName": _one(meta, 2).decode()}
+    for field, name in ((11, "labels"), (12, "annotations")):
+        entries = [_fields(entry) for entry in meta.get(field, [])]
+        metadata[name] = {_one(e, 1).decode(): _one(e, 2).decode() for e in entries}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {k: v for k, v in metadata.items() if v}}
+
+
+def _fields(data: bytes) -> dict[int, list[bytes]]:
+    """A protobuf message's length-delimited fields by number (varints are skipped: none is read)."""
+    fields: dict[int, list[bytes]] = {}
+    at = 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        if key & 7 == 0:
+            _, at = _varint(data, at)
+        elif key & 7 == 2:
+            size, at = _varint(data, at)
+            fields.setdefault(key >> 3, []).append(data[at:at + size])
+            at += size
+        else:
+            raise ApiStatus(400, "BadRequest", f"unexpected protobuf wire type {key & 7}")
+    return fields
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data):
+            raise ApiStatus(400, "BadRequest", "a truncated protobuf body")
+        byte = data[at]
+        value, shift, at = value | (byte & 0x7F) << shift, shift + 7, at + 1
+        if not byte & 0x80:
+            return value, at
+
+
+def _one(fields: dict[int, list[bytes]], number: int) -> bytes:
+    return (fields.get(number) or [b""])[0]
 
 
 @attrs.define(kw_only=True)

@@ -52,6 +52,7 @@ from typing import Any
 import httpx
 import structlog
 
+from sim.kube_scheduler_events import failed_scheduling_note, scheduled_note, scheduling_event
 from tgp.types import GPU_RESOURCE
 
 log = structlog.get_logger("sim.scheduler")
@@ -139,6 +140,10 @@ def fits(pod: Obj, node: Obj, free_gpus: int) -> str | None:
     spec, labels = pod.get("spec") or {}, (node.get("metadata") or {}).get("labels") or {}
     if not _ready(node) or (node.get("spec") or {}).get("unschedulable"):
         return "node not ready or cordoned"
+    # kube-scheduler's Filter order: NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit.
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(spec.get("tolerations") or [], taint):
+            return f"untolerated taint {taint.get('key')}"
     for key, value in (spec.get("nodeSelector") or {}).items():
         if labels.get(key) != value:
             return "node selector"
@@ -146,9 +151,6 @@ def fits(pod: Obj, node: Obj, free_gpus: int) -> str | None:
     terms = required.get("nodeSelectorTerms") or []
     if terms and not any(all(_requirement(labels, r) for r in t.get("matchExpressions") or []) for t in terms):
         return "node affinity"
-    for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(spec.get("tolerations") or [], taint):
-            return f"untolerated taint {taint.get('key')}"
     wanted = _gpus(pod)
     if wanted < 0 or wanted > free_gpus:
         return "insufficient nvidia.com/gpu"
@@ -350,7 +352,7 @@ class SimScheduler:
                 q.attempts, q.since, q.unschedulable, q.shape = q.attempts + 1, tick, snapshot, shape
                 marks.append((pod, reasons))
         await self._all([self._bind(pod, node, now) for pod, node in binds])
-        await self._all([*kubelets, *(self._unschedulable(pod, reasons) for pod, reasons in marks)])
+        await self._all([*kubelets, *(self._unschedulable(pod, reasons, by_name) for pod, reasons in marks)])
 
     def _backoff(self, attempts: int) -> float:
         """The backoff after `attempts` failures: none before the first."""
@@ -381,8 +383,12 @@ class SimScheduler:
         status = {"phase": "Running", "startTime": _ts(now), "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
         await self._http.patch(f"{path}/status", json={"status": status}, headers=MERGE)
         log.info("sim_pod_bound", pod=f"{meta['namespace']}/{meta['name']}", node=node)
+        await self._event(pod, "Scheduled", scheduled_note(pod, node))
 
-    async def _unschedulable(self, pod: Obj, reasons: Mapping[str, str | None]) -> None:
+    async def _unschedulable(self, pod: Obj, reasons: Mapping[str, str | None], nodes: Mapping[str, Obj]) -> None:
+        """Mark `pod` Unschedulable with why no Node fits, and record a FailedScheduling Event
+        when that changed: one per distinct message, not one per retry (kube-scheduler's events
+        recorder folds repeats of one message into a series)."""
         meta, status = pod["metadata"], pod.get("status") or {}
         counts: dict[str, int] = {}
         for why in reasons.values():
@@ -395,6 +401,15 @@ class SimScheduler:
         condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
         await self._http.patch(path, json={"status": {"phase": "Pending", "conditions": [condition]}}, headers=MERGE)
+        note, queued = failed_scheduling_note(reasons, nodes), self._queue.get(_uid(pod))
+        if queued is not None and queued.noted != note:
+            queued.noted = note
+            await self._event(pod, "FailedScheduling", note, warning=True)
+
+    async def _event(self, pod: Obj, reason: str, note: str, *, warning: bool = False) -> None:
+        event = scheduling_event(pod, reason=reason, note=note, warning=warning)
+        path = f"/apis/events.k8s.io/v1/namespaces/{pod['metadata']['namespace']}/events"
+        (await self._http.post(path, json=event)).raise_for_status()
 
     async def _kubelet(self, pod: Obj, now: datetime) -> None:
         meta, status = pod["metadata"], pod.get("status") or {}
@@ -434,6 +449,7 @@ class Queued:
     attempts: int = 0
     unschedulable: Snapshot | None = None
     shape: str = ""
+    noted: str = ""  # the note of its last FailedScheduling Event
 
 
 def _static(nodes: list[Obj]) -> dict[str, tuple[Any, ...]]:
