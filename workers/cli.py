@@ -182,7 +182,8 @@ async def run_codec_server(args: argparse.Namespace) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every subcommand, each --help opening with what it does."""
     parser = argparse.ArgumentParser(prog="tgp", description="Ephemeral GPU nodes for Kubernetes, run as Temporal workflows.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -195,10 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     _temporal_flags(worker)
 
-    bridge = sub.add_parser("bridge", help="watch GPUNodeClass/GPUNodePool/pods/nodes and drive the workflows")
+    bridge = sub.add_parser(
+        "bridge",
+        help="watch GPUNodeClass/GPUNodePool/pods/nodes and drive the workflows",
+        description="Run the CRD bridge: watch GPUNodeClasses, GPUNodePools, pods and nodes in the cluster of "
+        "KUBECONFIG (or TGP_KUBE_URL) and turn what changes into signals to the pool and node workflows.",
+    )
     _temporal_flags(bridge)
 
-    offers = sub.add_parser("offers", help="live, price-sorted offers across the configured providers")
+    offers = sub.add_parser(
+        "offers",
+        help="live, price-sorted offers across the configured providers",
+        description="List the GPU offers the configured providers sell now, cheapest first, filtered by GPU type, "
+        "region, price and provider. API keys come from the environment or from a Kubernetes Secret (--secret).",
+    )
     from workers.offers_cli import add_arguments
 
     add_arguments(offers)
@@ -207,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         "plan",
         help="dry run for a GPUNodePool (or all): the offer a new node would get and why each other was not chosen, "
         "and what disruption would do now (drift, underutilized, cheaper offers), the savings and what holds each back",
+        description="Show, without buying anything, what tgp would do for a GPUNodePool (or every pool) now: the "
+        "offer a new node would get and why each other offer was not chosen, and what disruption would do (drift, "
+        "underutilized, cheaper offers), with the savings and what holds each back. Reads the cluster of KUBECONFIG.",
     )
     plan.add_argument("pool", nargs="?", help="the GPUNodePool, NAMESPACE/NAME (or NAME in default); unset = every pool")
     plan.add_argument("--limit", type=int, default=20, help="offers to list besides the chosen one")
@@ -220,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("node", nargs="?", help="a Node name: its stages, when and why")
     _temporal_flags(status)
 
-    evict = sub.add_parser("evict", help="drain and terminate a GPU node now (the `evict` signal)")
+    evict = sub.add_parser(
+        "evict",
+        help="drain and terminate a GPU node now (the `evict` signal)",
+        description="Drain a GPU node now and terminate it (the node workflow's `evict` signal): its pods are "
+        "evicted through the Eviction API, then its instance, tailnet device and Node are removed.",
+    )
     evict.add_argument("node", help="the Node name")
     evict.add_argument("--reason", default="manual", help="recorded as the node's end reason")
     _temporal_flags(evict)
@@ -255,16 +274,26 @@ def main(argv: list[str] | None = None) -> int:
         "version and a hash of the workflow source (what names the image's worker Deployment).",
     )
 
-    temporal = sub.add_parser("temporal", help="Temporal housekeeping")
+    temporal = sub.add_parser(
+        "temporal", help="Temporal housekeeping", description="Prepare a Temporal namespace for tgp (`tgp temporal setup`)."
+    )
     temporal_sub = temporal.add_subparsers(dest="temporal_command", required=True)
-    setup = temporal_sub.add_parser("setup", help="register tgp's search attributes on the namespace (once per namespace)")
+    setup = temporal_sub.add_parser(
+        "setup",
+        help="register tgp's search attributes on the namespace (once per namespace)",
+        description="Register tgp's search attributes (TgpPool, TgpPhase and the others the Web UI filters and "
+        "`tgp status` read) on the Temporal namespace. Once per namespace; running it again changes nothing.",
+    )
     _temporal_flags(setup)
 
     for command in entry_points(group=COMMANDS_GROUP):
         command.load()(sub)
 
     codec = sub.add_parser(
-        "codec-server", help="decrypt payloads for the Web UI and `temporal --codec-endpoint` (keys: TGP_PAYLOAD_KEYS)"
+        "codec-server",
+        help="decrypt payloads for the Web UI and `temporal --codec-endpoint` (keys: TGP_PAYLOAD_KEYS)",
+        description="Serve the Temporal codec endpoint that decrypts tgp's encrypted payloads (keys from "
+        "TGP_PAYLOAD_KEYS) for the Web UI and `temporal --codec-endpoint` (docs/security.md).",
     )
     codec.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback only with TGP_CODEC_TOKEN)")
     codec.add_argument("--port", type=int, default=8081, help="port to listen on")
@@ -282,7 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a host name clients use to reach it (the Host header), repeatable; loopback names and --host always "
         "work, others are refused (DNS rebinding); needs TGP_CODEC_TOKEN",
     )
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `tgp` command line; returns the exit status (module docstring)."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("demo", "dev") and argv[0] not in sub.choices:
         print(
