@@ -64,7 +64,10 @@ def cost_rows(r: dict[str, Any]) -> list[Row]:
     """Per node brought up against the two-step floor: the sum and the worker."""
     big, floor = largest_burst(r), r.get("temporal_floor") or {}
     if big is None or "two_steps_ms" not in floor:
-        return [("CPU per node brought up, against the two-step floor", f"≤ {fig.SUM_VS_FLOOR}× (sum), ≤ {fig.WORKER_VS_FLOOR}× (worker)", "not measured (a burst or the floor is missing)", None)]
+        failed = [f"burst {n} failed: {b['error'][:160]}" for n, b in (r.get("bursts") or {}).items() if "error" in b]
+        failed += [f"the floor failed: {floor['error'][:160]}"] if "error" in floor else []
+        shown = "; ".join(failed) or "not measured (a burst or the floor is missing)"
+        return [("CPU per node brought up, against the two-step floor", f"≤ {fig.SUM_VS_FLOOR}× (sum), ≤ {fig.WORKER_VS_FLOOR}× (worker)", shown, False if failed else None)]
     cost = fig.per_node(big[1])
     assert cost is not None
     ratio = fig.floor_ratios(cost, floor)
