@@ -46,6 +46,11 @@ def _f(v: Any, unit: str = "", digits: int = 2) -> str:
     return f"{v}{unit}"
 
 
+def _err(error: str) -> str:
+    """A phase's error on one table line: its end, where a traceback says what broke."""
+    return " ".join(error.replace("\\n", " ").split())[-160:].replace("|", "/")
+
+
 def _met(ok: bool | None) -> str:
     return "—" if ok is None else ("met" if ok else "**not met**")
 
@@ -64,8 +69,8 @@ def cost_rows(r: dict[str, Any]) -> list[Row]:
     """Per node brought up against the two-step floor: the sum and the worker."""
     big, floor = largest_burst(r), r.get("temporal_floor") or {}
     if big is None or "two_steps_ms" not in floor:
-        failed = [f"burst {n} failed: {b['error'][:160]}" for n, b in (r.get("bursts") or {}).items() if "error" in b]
-        failed += [f"the floor failed: {floor['error'][:160]}"] if "error" in floor else []
+        failed = [f"burst {n} failed: {_err(b['error'])}" for n, b in (r.get("bursts") or {}).items() if "error" in b]
+        failed += [f"the floor failed: {_err(floor['error'])}"] if "error" in floor else []
         shown = "; ".join(failed) or "not measured (a burst or the floor is missing)"
         return [("CPU per node brought up, against the two-step floor", f"≤ {fig.SUM_VS_FLOOR}× (sum), ≤ {fig.WORKER_VS_FLOOR}× (worker)", shown, False if failed else None)]
     cost = fig.per_node(big[1])

@@ -80,7 +80,7 @@ async def phase(work: Any, name: str) -> dict[str, Any]:
         return await work  # type: ignore[no-any-return]
     except Exception as exc:  # noqa: BLE001
         say(f"{name} failed: {exc!r}")
-        return {"error": repr(exc)[:500]}
+        return {"error": repr(exc)[-500:]}  # the end: where a traceback says what broke
 
 
 async def measure(results: dict[str, Any]) -> None:
