@@ -127,7 +127,9 @@ async def main() -> int:
     if doc and doc != "-":
         Path(doc).write_text(page)
         say(f"wrote {doc}")
-    print(page.split("## Targets", 1)[-1].split("\n## ", 1)[0])
+    # The targets with their ratios, and the saturated process of each phase, on the terminal too.
+    for section in ("## Targets", "## Which process was saturated"):
+        print(section + page.split(section, 1)[-1].split("\n## ", 1)[0])
     return 0
 
 
