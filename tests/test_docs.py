@@ -451,6 +451,9 @@ def command_problems(cmd: Command) -> list[str]:
         return pytest_problems(cmd)
     elif program == "temporal" and args[:1] == ["workflow"]:
         return temporal_problems(cmd)
+    elif "/" in cmd.words[0] and not cmd.words[0].startswith((".venv/", "$")):
+        script = ROOT / cmd.words[0]  # a script of the repository: it exists and may be run
+        return [] if script.is_file() and script.stat().st_mode & 0o111 else [f"{cmd.words[0]} is not an executable file of the repository"]
     verb, _ = _verb_and_args(cmd.words, _KUBECTL_GLOBAL_WITH_VALUE)
     if (program, verb) in ALLOWED or (program, None) in ALLOWED:
         return []
@@ -482,6 +485,7 @@ def test_every_command_in_the_docs_is_checked_or_allowed_with_a_reason() -> None
         "temporal workflow signal --workflow-id gpunode/a/b/c --name no_such_signal",
         "temporal workflow list --query \"TgpNoSuchAttribute = 'x'\"",
         "python -m no_such_module_of_tgp",
+        "hack/no-such-script.sh",
         "frobnicate --all",
     ],
 )
@@ -788,3 +792,27 @@ def test_the_cli_page_lists_every_environment_variable_the_code_reads() -> None:
     assert {"TGP_WORKFLOW_CACHE", "TEMPORAL_API_KEY"} <= names
     page = (DOCS / "cli.md").read_text()
     assert sorted(n for n in names if f"`{n}`" not in page) == []
+
+
+# --- the CRD page and the models -------------------------------------------------------------
+
+
+def _field_names(schema: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
+    props = schema.get("properties") or (schema.get("items") or {}).get("properties") or {}
+    for name, sub in props.items():
+        yield f"{path}.{name}", name
+        yield from _field_names(sub, f"{path}.{name}")
+
+
+def test_the_crd_page_names_every_field_of_the_generated_crds() -> None:
+    """docs/crds.md describes the CRDs generated from tgp/crds.py: each spec and status field is
+    named on it (as `field`, or inside a dotted `a.b.field`), so a field added to a model needs
+    its line there."""
+    page = _prose((DOCS / "crds.md").read_text(), inline_code=True)
+    shown = {part for code in re.findall(r"`([^`]+)`", page) for part in re.split(r"[.\[\]{}, :=]+", code) if part}
+    missing = []
+    for crd in {id(c): c for c in _crds().values()}.values():
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+        kind = crd["spec"]["names"]["kind"]
+        missing += [f"{kind} {path}" for part in ("spec", "status") for path, name in _field_names(schema[part], part) if name not in shown]
+    assert missing == [], "docs/crds.md does not name:\n" + "\n".join(missing)
