@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict
 from tgp.capacity import Nomination, OfferSize
 from tgp.consolidation import Action, ActionKind, PoolMember
 from tgp.crds import Consolidation, GPUNodeClassSpec, GPUNodePoolSpec
-from tgp.disruption import DisruptionReason, cheaper_by, reshop
+from tgp.disruption import DisruptionReason, allowed_disruptions, cheaper_by, reshop
 from tgp.drift import NodeFacts, drift_hash, drifted, requirements_digest, unmet_requirements
+from tgp.merge import Merging, wants_merge
 from tgp.messages import PoolNode
 from tgp.pool_plan import Note
 from tgp.replace import Slot, first_candidate, in_progress
@@ -158,23 +159,24 @@ def held_from_replacement(n: PoolNode, held_nodes: Iterable[str]) -> bool:
     return bool(n.replace_reason) and n.replaced_by is None and n.phase is NodePhase.READY and n.node_name in held_nodes
 
 
-def replacement_slots(nodes: Mapping[str, PoolNode], held_nodes: Iterable[str], now: datetime) -> dict[str, Slot]:
+def replacement_slots(nodes: Mapping[str, PoolNode], held_nodes: Iterable[str], now: datetime, merging: Merging | None = None) -> dict[str, Slot]:
     """The pool's nodes as tgp.replace reads them. A node consolidation told to go wants no
-    replacement, nor one do-not-disrupt holds, nor one whose last replacement failed lately."""
+    replacement, nor one do-not-disrupt holds, nor one whose last replacement failed lately. The
+    lead of a merge not yet started wants the merge's new node; the others of it, nothing yet."""
     held = set(held_nodes)
 
-    def want(n: PoolNode) -> str | None:
+    def want(n: PoolNode) -> tuple[str | None, str]:
         if n.removing is not None or (n.replace_after is not None and now < n.replace_after) or held_from_replacement(n, held):
-            return None
-        return n.replace_reason or None
+            return None, n.replace_key
+        return wants_merge(n.workflow_id, n, merging) or (n.replace_reason or None, n.replace_key)
 
     return {
         wid: Slot(
             workflow_id=wid,
             node_name=n.node_name,
             phase=n.phase,
-            want=want(n),
-            key=n.replace_key,
+            want=want(n)[0],
+            key=want(n)[1],
             replaced_by=n.replaced_by,
             disrupt_sent=n.disrupt_sent,
             attempts=n.replace_attempts,
@@ -198,6 +200,24 @@ def past_max_nodes(slots: Mapping[str, Slot], live: int, max_nodes: int | None) 
         f"{slots[candidate].want}: its replacement would be node {live + 1} of spec.maxNodes {max_nodes} "
         "(make-before-break buys it before the old node goes); raise maxNodes by one to let it through"
     )
+
+
+def may_replace(
+    slots: Mapping[str, Slot], live: int, spec: GPUNodePoolSpec, now: datetime, disrupting: tuple[int, int], merging: Merging | None
+) -> tuple[str | None, str]:
+    """The node the next replacement is for, and why it may not start now ('' when it may):
+    under spec.maxNodes beside every live node (the old node bills until its replacement is
+    Ready), and within the budgets (it counts as disrupting from its start; a merge's lead
+    counts its whole set). `disrupting`: the pool's initialized nodes and those disrupting."""
+    candidate = next_candidate(slots)
+    if candidate is None:
+        return None, ""
+    too_many = past_max_nodes(slots, live, spec.max_nodes)
+    if too_many is not None:
+        return candidate, too_many
+    reason = DisruptionReason(slots[candidate].want or DisruptionReason.DRIFTED.value)
+    verdict = allowed_disruptions(spec.disruption.budgets, now, reason, *disrupting)
+    return candidate, "" if verdict.permits(len(merging.nodes) if merging and candidate == merging.lead else 1) else verdict.message
 
 
 def called_off(old: PoolNode, now: datetime, wait: timedelta) -> dict[str, object]:

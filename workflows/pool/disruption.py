@@ -13,6 +13,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.consolidation import ConsolidationPlan, look_at, plan_consolidation
     from tgp.crds import ConsolidationStatus
     from tgp.disruption import DisruptionReason
+    from tgp.merge import start_merge
     from tgp.messages import DisruptionAnswer, DisruptionAsk, PoolUpdate
     from tgp.pool_disruption import consolidation_view, removals
     from tgp.pool_plan import Note, answer_ask, initialized
@@ -91,7 +92,7 @@ class Disruption(PoolBase):
             min_gpus=offer_requirements(u.spec, u.node_class).min_gpu_count,
         )
         old = self.state.consolidation or ConsolidationStatus()
-        self.state.consolidation = old.model_copy(update={"savings_found_hourly": plan.savings, "candidates": len(plan.actions)})
+        self.state.consolidation = old.model_copy(update={"savings_found_hourly": plan.savings, "candidates": plan.candidates})
         return plan
 
     async def _consolidate(self, plan: ConsolidationPlan) -> None:
@@ -109,3 +110,6 @@ class Disruption(PoolBase):
                 continue
             self._set(n, removing=action.saving)
             self._note(Note("Normal", "NodeConsolidating", f"node {n.node_name}: {action.message}"))
+        if self.state.merging is None and (merging := start_merge(plan.merge, self.state.nodes)) is not None:
+            self.state.merging = merging  # the replacement step buys the new node, then drains the set
+            self._note(Note("Normal", "NodesConsolidating", f"{merging.message}; the nodes are drained once the new node is Ready"))

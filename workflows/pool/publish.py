@@ -10,6 +10,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.pool import PoolActivities
     from tgp.conditions import condition_list
     from tgp.crds import GPUNodePoolStatus, PoolNodeStatus
+    from tgp.merge import with_merging
     from tgp.messages import EvictNodesInput, PoolNode
     from tgp.pool_plan import Note, Wanted
     from tgp.types import NodePhase
@@ -33,7 +34,7 @@ class Publishing(PoolBase):
             ready_nodes=sum(1 for n in live if n.phase is NodePhase.READY),
             desired_nodes=len(live),
             disrupting=self._disrupting(),
-            consolidation=self.state.consolidation,
+            consolidation=with_merging(self.state.consolidation, self.state.merging),
             hourly_cost=sum((n.hourly_price or 0 for n in live if n.phase is not NodePhase.PENDING), start=0),  # type: ignore[arg-type]
             nodes=[self._node_status(n) for n in sorted(live, key=lambda n: n.created_at)],
         )

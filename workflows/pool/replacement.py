@@ -10,9 +10,10 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.pool import PoolActivities
-    from tgp.disruption import DisruptionReason, allowed_disruptions
+    from tgp.disruption import DisruptionReason
+    from tgp.merge import followers, merge_in_force, replacement_size, saving_made
     from tgp.messages import PoolNode, PoolUpdate, Reservation, StartNodeInput
-    from tgp.pool_disruption import Fleet, called_off, held_from_replacement, mark_replacements, next_candidate, past_max_nodes, replacement_cap, replacement_slots
+    from tgp.pool_disruption import Fleet, best_price, called_off, held_from_replacement, mark_replacements, may_replace, replacement_cap, replacement_slots
     from tgp.pool_plan import Note, initialized, settings_fingerprint
     from tgp.pools import node_request
     from tgp.replace import Slot, Step, StepKind, first_candidate, in_progress, replacement_name, replacement_steps
@@ -39,7 +40,8 @@ class Replacements(PoolBase):
         marks = mark_replacements(self.state.nodes, u.node_class, u.spec, self._fleet(), now)
         for wid, update in marks.updates.items():
             self._set(self.state.nodes[wid], **update)
-        slots = replacement_slots(self.state.nodes, self.state.held_nodes, now)
+        self.state.merging = merge_in_force(self.state.merging, self.state.nodes, self.state.held_nodes)
+        slots = replacement_slots(self.state.nodes, self.state.held_nodes, now, self.state.merging)
         for wid, n in sorted(self.state.nodes.items()):
             waiting = n.removing is None and (n.replace_after is None or now >= n.replace_after)
             if waiting and held_from_replacement(n, self.state.held_nodes):
@@ -78,11 +80,9 @@ class Replacements(PoolBase):
                 workflow.logger.info("could not tell %s to end: %s", step.old, exc)
                 return
             self._set(old, disrupt_sent=True)
-            new_node = self.state.nodes.get(step.new)
-            if step.reason == DisruptionReason.CHEAPER.value and old.hourly_price is not None and new_node is not None and new_node.hourly_price is not None:
-                self._consolidated(old.node_name, step.reason, old.hourly_price - new_node.hourly_price)
-            message = f"node {new_name} is Ready in place of {old.node_name} ({step.reason}): {old.node_name} is drained and terminated"
-            self._note(Note("Normal", "NodeReplaced", message))
+            if (made := saving_made(old, step.reason, self.state.nodes.get(step.new), self.state.merging)) is not None:
+                self._consolidated(made[0], step.reason, made[1])
+            self._note(Note("Normal", "NodeReplaced", f"node {new_name} is Ready in place of {old.node_name} ({step.reason}): {old.node_name} is drained and terminated"))
         elif step.kind is StepKind.ADOPT:
             self._set(old, replaced_by=step.new, disrupt_sent=False)
             self._set(self.state.nodes[step.new], replaces=step.old, floor=old.floor)
@@ -96,23 +96,14 @@ class Replacements(PoolBase):
         message."""
         if in_progress(slots):
             return True  # nothing is started this pass anyway
-        candidate = next_candidate(slots)
-        if candidate is None:
-            return False
-        n = self.state.nodes[candidate]
-        too_many = past_max_nodes(slots, len(self._live()), u.spec.max_nodes)
-        if too_many is not None:
-            self._blocked(candidate, n.node_name, too_many)
-            return False
-        now = workflow.now()
-        self._forget_grants(now)
-        reason = DisruptionReason(slots[candidate].want or DisruptionReason.DRIFTED.value)
-        verdict = allowed_disruptions(u.spec.disruption.budgets, now, reason, initialized(self.state.nodes.values()), self._disrupting())
-        if verdict.permits():
+        self._forget_grants(workflow.now())
+        counts = (initialized(self.state.nodes.values()), self._disrupting())
+        candidate, why = may_replace(slots, len(self._live()), u.spec, workflow.now(), counts, self.state.merging)
+        if candidate is not None and why:
+            self._blocked(candidate, self.state.nodes[candidate].node_name, why)
+        elif candidate is not None:
             self.state.blocked.pop(candidate, None)
-            return True
-        self._blocked(candidate, n.node_name, verdict.message)
-        return False
+        return candidate is not None and not why
 
     async def _call_off_held_reshops(self, u: PoolUpdate) -> None:
         """A node told to end for a re-shop (or a removal) reported that do-not-disrupt holds it:
@@ -161,6 +152,7 @@ class Replacements(PoolBase):
         now = workflow.now()
         node_name = name or replacement_name(self.inp.name, old.workflow_id, old.replace_key or reason.value, old.replace_attempts)
         fleet = self._fleet()
+        min_gpus, cap = replacement_size(old, fleet.size(old), replacement_cap(old, None), self.state.merging)
         req = node_request(
             namespace=self.inp.namespace,
             pool_name=self.inp.name,
@@ -170,14 +162,13 @@ class Replacements(PoolBase):
             klass=u.node_class,
             watch_interval=self.inp.watch_interval,
             floor=True,  # no idling out while the old node lives (the pool sends its own settings after)
-            min_gpus=fleet.size(old) or old.gpus or 1,
+            min_gpus=min_gpus,
             unlimited=self._unlimited(u),
         )
-        cap = replacement_cap(old, None)
         if cap is not None:
             limit = cap if req.requirements.max_hourly_price is None else min(cap, req.requirements.max_hourly_price)
             req = req.model_copy(update={"requirements": req.requirements.model_copy(update={"max_hourly_price": limit})})
-        price = fleet.best(old) if cap is not None else (self.state.offer_check.cheapest if self.state.offer_check else None)
+        price = best_price(min_gpus, fleet.sizes) if cap is not None else (self.state.offer_check.cheapest if self.state.offer_check else None)
         started = await best_effort(
             PoolActivities.reserve_and_start_node,
             StartNodeInput(
@@ -203,5 +194,7 @@ class Replacements(PoolBase):
         self.state.nodes[wid] = new.model_copy(update={"floor": old.floor, "timeouts_sent": sent, "gpus": gpus, "replaces": old.workflow_id})
         key = old.replace_key if old.replace_reason == reason.value else (f"under {cap}" if cap is not None else "")
         self._set(old, replaced_by=wid, disrupt_sent=False, replace_reason=reason.value, replace_key=key)
+        for other, update in followers(self.state.merging, old.workflow_id, wid).items():
+            self._set(self.state.nodes[other], **update)
         message = f"launching node {node_name} to replace {old.node_name} ({reason.value}); {old.node_name} is drained only once {node_name} is Ready"
         self._note(Note("Normal", "NodeReplacing", message))

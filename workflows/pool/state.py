@@ -12,6 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.entity import EventSpec
     from tgp.capacity import POD_BIND_GRACE, Nomination
     from tgp.crds import Condition, ConsolidationStatus
+    from tgp.merge import Merging
     from tgp.messages import OfferCheck, PoolNode, PoolUpdate
     from tgp.pool_plan import ClassRefusal, UnsettledStart
 
@@ -97,6 +98,7 @@ class PoolState(BaseModel):
     unsettled: dict[str, UnsettledStart] = Field({}, description="Node starts that failed and may have happened, by workflow id: started again with the same id.")
     unsold: dict[str, int] = Field({}, description="GPU resources tgp does not sell that pending pods of the pool ask for, with how many pods (from the demand).")
     untracked: int = Field(0, description="Pending pods beyond the MAX_PODS_TRACKED of the demand, planned in a later batch (from the demand).")
+    merging: Merging | None = Field(None, description="The merge of several nodes into one under way (tgp.merge).")
 
 
 class PoolInput(BaseModel):
