@@ -19,12 +19,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DEVICE_COMMAND = "OUT=bench/results bench/device.sh   # then: BENCH_DEVICE_JSON=bench/results/device-<nproc>core.json make bench"
 # What the time-boxed build of a Temporal server that is not the dev server found (issue 37, item 4).
 SERVER_BUILD = (
-    "go.temporal.io/server is served by the Go module proxy (v1.32.2 newest); building its `cmd/server` here was tried "
-    "with a 20-minute bound (`go install go.temporal.io/server/cmd/server@v1.32.2`, niced, on this 2-core machine shared with "
-    "other sessions): see bench/results/HISTORY.md for what it gave. No run against it is on this page: its only embedded "
-    "store is the same SQLite the dev server uses (one writer), so a run would measure the same bottleneck; a production "
-    "cluster needs PostgreSQL, MySQL or Cassandra, which no registry this project reaches serves as a server. The figures "
-    "below model it from each life's counted events and actions instead."
+    "No run against a Temporal server that is not the dev server is on this page. go.temporal.io/server is served by the Go "
+    "module proxy (v1.32.2 newest), but it needs Go ≥ 1.26.10 (this machine has 1.26.8); with the approved GOTOOLCHAIN=go1.27.3, "
+    "`go install go.temporal.io/server/cmd/server@v1.32.2` (niced, on this 2-core machine shared with other sessions at load 20-30) "
+    "had not finished after its 20-minute bound: 1.7 GB of modules downloaded, 0.3 GB of build cache, no binary. Its embedded store "
+    "would anyway be the dev server's SQLite (one writer); a production-like cluster needs PostgreSQL (Debian's packages) beside it. "
+    "The figures below model it from each life's counted events and actions instead."
 )
 
 Row = tuple[str, str, str, "bool | None"]  # (scenario, target, measured, met)
@@ -229,7 +229,7 @@ def scale_section(r: dict[str, Any]) -> list[str]:
     for nodes, seconds in ((500, 10.0), (500, 60.0), (5000, 60.0)):
         m = fig.scale_model(nodes, seconds, events, float(acts["p50"]), float(upserts))
         out.append(f"| {nodes:,} nodes in {seconds:.0f} s | {m['actions_per_s']:,.0f} | {m['history_writes_per_life']:.0f} | {m['history_writes_per_s']:,.0f} | {m['visibility_writes_per_s']:,.0f} | {m['shards_at_least']} |")
-    out += ["", "A production cluster's default of 512 history shards is far above these; what bounds a burst there is the store's write rate "
+    out += ["", "The Helm chart's default of 512 history shards is far above these; what bounds a burst there is the store's write rate "
             "and, on Temporal Cloud, the namespace's actions-per-second limit (compare the first column)."]  # fmt: skip
     return out
 
