@@ -656,64 +656,67 @@ def _stage_value(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[str] | 
     return None
 
 
+@functools.cache
+def parsed_code() -> tuple[tuple[str, ast.Module], ...]:
+    """Every module of the packages that emit, parsed once."""
+    return tuple((str(path.relative_to(ROOT)), ast.parse(path.read_text())) for package in EMITTING for path in sorted((ROOT / package).rglob("*.py")))
+
+
 def scan_emitted() -> Emitted:
     found = Emitted({}, {}, {}, [])
-    for package in EMITTING:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            rel = str(path.relative_to(ROOT))
-            tree = ast.parse(path.read_text())
-            parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-            constants = {
-                t.id: v.value
-                for node in tree.body
-                if isinstance(node, ast.Assign) and isinstance((v := node.value), ast.Constant) and isinstance(v.value, str)
-                for t in node.targets
-                if isinstance(t, ast.Name)
-            }
+    for rel, tree in parsed_code():
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        constants = {
+            t.id: v.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance((v := node.value), ast.Constant) and isinstance(v.value, str)
+            for t in node.targets
+            if isinstance(t, ast.Name)
+        }
 
-            def function_of(node: ast.AST) -> str:
-                while node in parents:
-                    node = parents[node]
-                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        return node.name
-                return ""
+        def function_of(node: ast.AST) -> str:
+            while node in parents:
+                node = parents[node]
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    return node.name
+            return ""
 
-            def event(reason: ast.AST, node: ast.AST) -> None:
-                where = f"{rel}:{node.lineno}"  # type: ignore[attr-defined]
-                values = _str(reason) or _stage_value(reason, parents)
-                if values is None and isinstance(reason, ast.Name) and reason.id in constants:
-                    values = [constants[reason.id]]
-                if values is None:
-                    if (rel, function_of(node)) not in FORWARDERS:
-                        found.unknown.append(f"{where}: {ast.unparse(reason)}")
-                    return
-                for v in values:
-                    found.events.setdefault(v, where)
+        def event(reason: ast.AST, node: ast.AST) -> None:
+            where = f"{rel}:{node.lineno}"  # type: ignore[attr-defined]
+            values = _str(reason) or _stage_value(reason, parents)
+            if values is None and isinstance(reason, ast.Name) and reason.id in constants:
+                values = [constants[reason.id]]
+            if values is None:
+                if (rel, function_of(node)) not in FORWARDERS:
+                    found.unknown.append(f"{where}: {ast.unparse(reason)}")
+                return
+            for v in values:
+                found.events.setdefault(v, where)
 
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Call):
-                    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-                    reason_kw = next((k.value for k in node.keywords if k.arg == "reason"), None)
-                    if "event" in name.lower() and reason_kw is not None:
-                        event(reason_kw, node)
-                    elif name == "Note" and len(node.args) >= 2:
-                        event(node.args[1], node)
-                    elif name in ("_tell_class", "_warn_class") and len(node.args) >= 2:
-                        event(node.args[1], node)
-                    elif name == "condition_list" or name == "_publish":
-                        if node.args and isinstance(node.args[0], ast.Dict):
-                            for k in node.args[0].keys:
-                                if k is not None and (s := _str(k)):
-                                    found.condition_types.update(dict.fromkeys(s, f"{rel}:{node.lineno}"))
-                elif isinstance(node, ast.Tuple) and len(node.elts) >= 2 and not isinstance(parents.get(node), ast.Subscript):
-                    kind, reason = _str(node.elts[0]), _str(node.elts[1])
-                    if kind in (["Normal"], ["Warning"]) and reason:
-                        found.events.update({r: f"{rel}:{node.lineno}" for r in reason if r not in found.events})
-                    elif kind in (["True"], ["False"], ["Unknown"]) and reason and len(node.elts) == 3:
-                        found.condition_reasons.update({r: f"{rel}:{node.lineno}" for r in reason if r not in found.condition_reasons})
-                elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
-                    if isinstance(node.value, ast.Name) and node.value.id == "wanted" and (s := _str(node.slice)):
-                        found.condition_types.update(dict.fromkeys(s, f"{rel}:{node.lineno}"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                reason_kw = next((k.value for k in node.keywords if k.arg == "reason"), None)
+                if "event" in name.lower() and reason_kw is not None:
+                    event(reason_kw, node)
+                elif name == "Note" and len(node.args) >= 2:
+                    event(node.args[1], node)
+                elif name in ("_tell_class", "_warn_class") and len(node.args) >= 2:
+                    event(node.args[1], node)
+                elif name == "condition_list" or name == "_publish":
+                    if node.args and isinstance(node.args[0], ast.Dict):
+                        for k in node.args[0].keys:
+                            if k is not None and (s := _str(k)):
+                                found.condition_types.update(dict.fromkeys(s, f"{rel}:{node.lineno}"))
+            elif isinstance(node, ast.Tuple) and len(node.elts) >= 2 and not isinstance(parents.get(node), ast.Subscript):
+                kind, reason = _str(node.elts[0]), _str(node.elts[1])
+                if kind in (["Normal"], ["Warning"]) and reason:
+                    found.events.update({r: f"{rel}:{node.lineno}" for r in reason if r not in found.events})
+                elif kind in (["True"], ["False"], ["Unknown"]) and reason and len(node.elts) == 3:
+                    found.condition_reasons.update({r: f"{rel}:{node.lineno}" for r in reason if r not in found.condition_reasons})
+            elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id == "wanted" and (s := _str(node.slice)):
+                    found.condition_types.update(dict.fromkeys(s, f"{rel}:{node.lineno}"))
     return found
 
 
@@ -784,9 +787,8 @@ _ENV = re.compile(r"^(?:TGP|TEMPORAL|TS|HEADSCALE|VAST|LAMBDA|RUNPOD|PAPERSPACE)
 def test_the_cli_page_lists_every_environment_variable_the_code_reads() -> None:
     names = {
         node.value
-        for package in EMITTING
-        for path in (ROOT / package).rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
+        for _, tree in parsed_code()
+        for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _ENV.match(node.value)
     }
     assert {"TGP_WORKFLOW_CACHE", "TEMPORAL_API_KEY"} <= names
