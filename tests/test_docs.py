@@ -414,7 +414,9 @@ def python_problems(cmd: Command) -> list[str] | None:
     args = list(cmd.words[1:])
     if args[:1] == ["-m"] and len(args) > 1:
         module = args[1]
-        return [] if importlib.util.find_spec(module) is not None else [f"no module {module}"]
+        if importlib.util.find_spec(module) is None:
+            return [f"no module {module}"]
+        return pytest_problems(cmd)  # test files it names (python -m pytest, a lane's command)
     if args[:1] == ["-c"] and len(args) > 1:
         run = subprocess.run([sys.executable, "-c", args[1]], capture_output=True, text=True, timeout=30, cwd=ROOT)
         return [] if run.returncode == 0 else [f"exit {run.returncode}: {run.stderr.strip()[-300:]}"]
@@ -486,6 +488,7 @@ def test_every_command_in_the_docs_is_checked_or_allowed_with_a_reason() -> None
         "temporal workflow list --query \"TgpNoSuchAttribute = 'x'\"",
         "python -m no_such_module_of_tgp",
         "hack/no-such-script.sh",
+        "python -m pytest -q tests/test_no_such_file.py",
         "frobnicate --all",
     ],
 )
