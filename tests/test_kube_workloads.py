@@ -9,7 +9,7 @@ in both. Assertions hold for both; deadlines are generous (a real pod GC waits 4
 every 20 s), and a pass returns as soon as its check holds.
 
 The last test is the demo's world end to end: a Deployment asking for a GPU makes tgp buy a
-node, and its pod runs there.
+node, and its pod runs there (a node's idling out and termination are tests/test_whole_life.py's).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from temporalio.testing import WorkflowEnvironment
 from sim.kube_kubelet import RUN_SECONDS_ANNOTATION, SimKubelet
 from tests.conftest import binary, eventually
 from tests.kube_env import KUBECONFIG_ENV, KubeApi
-from tests.test_bridge import apply, gpu_class, gpu_pool, ready_nodes, running_stack
+from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, ready_nodes, running_stack
 from tests.test_whole_life import scheduler
 
 # A real pod GC deletes a pod 40-60 s after its Node went; the rest converges in seconds.
@@ -219,7 +219,7 @@ async def test_kubectl_shows_namespaces_and_scheduler_events(kube_api: KubeApi, 
 async def test_a_gpu_deployment_in_the_demo_world_buys_a_node_and_runs_there(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
     async with running_stack(temporal, kube_api) as s, scheduler(kube_api):
         assert (await apply(s.kube, gpu_class())).status_code == 201
-        assert (await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s"}))).status_code == 201
+        assert (await apply(s.kube, gpu_pool("rtx", disruption=NO_IDLING))).status_code == 201
         template = {"metadata": {"labels": {"app": "serve"}}, "spec": {
             "containers": [{"name": "serve", "image": "vllm", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -240,10 +240,3 @@ async def test_a_gpu_deployment_in_the_demo_world_buys_a_node_and_runs_there(tem
             return any(p["spec"].get("nodeName") == node["name"] and p["status"].get("phase") == "Running" for p in pods)
 
         await eventually(serving, timeout=CONVERGE, what=f"the Deployment's pod running on {node['name']}")
-        assert (await s.kube.delete("/apis/apps/v1/namespaces/ml/deployments/serve")).status_code == 200
-
-        async def back_to_zero() -> bool:
-            status = await s.pool_status("ml", "rtx")
-            return status.get("readyNodes") == 0 and not status.get("nodes") and not s.world.cloud.live_instances()
-
-        await eventually(back_to_zero, timeout=CONVERGE, what="the node idled out and terminated")
