@@ -231,6 +231,14 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
     }
     say(f"idle: terminate call after the idle timeout p50 {fmt(result['reaction_s']['p50'])} s, p99 {fmt(result['reaction_s']['p99'])} s")
 
+    result["short_life"] = await short_lives(s)
+    return result
+
+
+async def short_lives(s: Stack) -> dict[str, Any]:
+    """Once the idle nodes' workflows closed: each one short life's history events, and the
+    Temporal Cloud actions of a sample of them (bench/actions.py)."""
+
     async def closed() -> bool:
         return not await node_workflows(s.client, "ExecutionStatus = 'Running'")
 
@@ -242,16 +250,16 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
     lengths = await describe_all(s.client, [w.id for w in lives])
     durations = [(w.close_time - w.start_time).total_seconds() for w in lives if w.close_time]
     events = [n for _, n in lengths.values()]
-    result["short_life"] = {
+    life: dict[str, Any] = {
         "workflows": len(events),
         "history_events": summary([float(e) for e in events]),
         "life_s": summary(durations),
     }
     if lives:
-        result["short_life"]["breakdown"] = await breakdown(s.client, lives[0].id, None)
+        life["breakdown"] = await breakdown(s.client, lives[0].id, None)
         counted = [await life_actions(s.client, w.id, w.run_id) for w in lives[:ACTIONS_SAMPLE]]
         totals = sorted(sum(c.values()) for c in counted)
-        result["short_life"]["actions"] = {"sampled": len(counted), "p50": totals[len(totals) // 2], "max": totals[-1], "by_kind": counted[0]}
+        life["actions"] = {"sampled": len(counted), "p50": totals[len(totals) // 2], "max": totals[-1], "by_kind": counted[0]}
     say(f"idle: one short life ({fmt(pct(durations, 50))} s) = {fmt(pct([float(e) for e in events], 50))} history events (median of {len(events)})")
-    return result
+    return life
 
