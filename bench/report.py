@@ -7,6 +7,7 @@ arithmetic is bench/figures.py; earlier runs are bench/results/HISTORY.md."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,27 @@ def workers_table(r: dict[str, Any]) -> list[str]:
     return lines if runs else ["Not measured in this run (BENCH_PHASES without workers)."]
 
 
+# A worker's share of a core at rest that leaves it room for bursts (launches, drains).
+WORKER_CORE_BUDGET = 0.5
+
+
+def fleet_section(r: dict[str, Any]) -> list[str]:
+    """How many workers a fleet needs at rest, from the hold's worker (docs/install.md links here)."""
+    h = r.get("hold") or {}
+    if "usage" not in h:
+        return ["Not measured in this run (no hold)."]
+    w = h["usage"]["worker"]
+    per_1000 = w["cpu_pct_of_core"] / 100 * 1000 / h["nodes"]
+    need = {f: max(1, math.ceil(per_1000 * f / 1000 / WORKER_CORE_BUDGET)) for f in (1000, 5000, 10000)}
+    return [
+        f"At rest a worker spent {per_1000 * 100:.1f}% of a core per 1,000 nodes (RSS {w['rss_mb']:.0f} MB, workflow cache "
+        f"{_get(r, 'knobs', 'workflow_cache')}, `TGP_WORKFLOW_CACHE`; {h['nodes']:,} nodes held). Keeping each worker under "
+        f"{WORKER_CORE_BUDGET:.0%} of a core at rest, so that it has room for a burst, a fleet needs: "
+        + ", ".join(f"{f:,} nodes → {k} worker(s)" for f, k in need.items())
+        + ". Its memory at rest is bounded by its workflow cache, not by the fleet; for bursts, see the workers table above."
+    ]
+
+
 def scale_section(r: dict[str, Any]) -> list[str]:
     life = short_life(r)
     acts = (life or {}).get("actions") or {}
@@ -277,6 +299,7 @@ def render(r: dict[str, Any], device: dict[str, Any] | None = None) -> str:
         *saturation_table(r), "",
         "## Workers: nodes Ready per second", "", "The same burst with 1, 2 and 4 `tgp worker` processes on one task queue (BENCH_WORKERS); "
         "first pod created → last node Ready.", "", *workers_table(r), "",
+        "## Workers per fleet", "", *fleet_section(r), "",
         "## Past one server: what a burst asks of a production Temporal", "", *scale_section(r), "",
         "## On 8 or more cores", "", *device_section(device), "",
     ]  # fmt: skip

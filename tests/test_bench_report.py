@@ -115,3 +115,12 @@ def test_a_machine_busy_with_other_work_is_saturated_though_the_stack_is_not() -
     runs = {"1": {"nodes_ready_per_s": 4.0, "usage": quiet}, "2": {"nodes_ready_per_s": 5.0, "usage": quiet, "machine_busy_pct": 97.0}}
     s = fig.scaling(runs, cores=2)
     assert s is not None and s["machine_saturated"] and not s["server_saturated"]
+
+
+def test_workers_per_fleet_keep_each_worker_under_half_a_core_at_rest() -> None:
+    """30% of a core for 1,000 nodes: 10,000 nodes are 300%, six workers at 50% each."""
+    from bench.report import fleet_section
+
+    r = {"knobs": {"workflow_cache": 300}, "hold": {"nodes": 1000, "usage": {"worker": {"cpu_pct_of_core": 30.0, "rss_mb": 280.0}}}}
+    line = fleet_section(r)[0]
+    assert "1,000 nodes → 1 worker(s), 5,000 nodes → 3 worker(s), 10,000 nodes → 6 worker(s)" in line
