@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime, timedelta
@@ -57,6 +58,30 @@ settings.register_profile("explore", parent=settings.get_profile("ci"), derandom
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 T = TypeVar("T")
+
+# The files that take longest (end-to-end lives on the dev server, real processes), heaviest
+# first, from `--durations` of `make test` on 2 cores. `make test` runs each file whole in one
+# of three processes (--dist loadfile) and hands files out in collection order
+# (--no-loadscope-reorder, pyproject.toml): xdist's own order (most tests first) started these
+# last, so the run ended with one process on an 80 s file and two idle. Heaviest first, the
+# short files fill in around them. The rest keep xdist's order. Refresh with `--durations=0`.
+HEAVIEST_FIRST = (
+    "test_demo_path.py", "test_watch_honesty.py", "test_node_carry.py", "test_pool_changes.py",
+    "test_upgrade.py", "test_replacement.py", "test_node_lifecycle.py", "test_budget_asks_busy.py",
+    "test_ops_cli.py", "test_failover_and_crash.py", "test_bridge_quiet.py", "test_node_cancel.py",
+    "test_looks_without_queries.py", "test_plan_cli.py", "test_burst_batch.py", "test_unsettled_starts.py",
+    "test_money_workflow.py", "test_node_long_lived.py", "test_sweeper.py", "test_node_disruption.py",
+    "test_pool_demand.py", "test_pool_history_size.py", "test_metrics.py", "test_entities_heal.py",
+    "test_bridge.py", "test_watch_events.py", "test_dev_command.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files in HEAVIEST_FIRST's order, then the others by their number of tests, most first
+    (xdist's order); each file's tests in their own order."""
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    count = Counter(item.path.name for item in items)
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path.name], item.path.name))
 
 BIN = Path(sys.executable).parent
 
