@@ -89,14 +89,18 @@ async def test_the_demo_path_with_kubectl_and_temporal(tmp_path: Path) -> None:
 
 
 async def burst_nodes(env: dict[str, str]) -> tuple[str, str] | None:
-    """The workflow ids of the Ready nodes running burst-3 and burst-2 (the longest runs), once both run."""
+    """Once the three burst pods are bound, each to a node of its own, and burst-3 and burst-2
+    (the longest runs) run on Ready nodes: those nodes' workflow ids."""
     kubectl = binary("kubectl")
     pods = json.loads(await run(kubectl, "get", "pods", "-o", "json", env=env))["items"]
-    running = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods if p["status"].get("phase") == "Running"}
+    bound = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods if p["metadata"]["name"].startswith("burst-")}
+    running = {p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"}
     pool = json.loads(await run(kubectl, "get", "gnp", "ml-workload-pool", "-o", "json", env=env))
     ready = {n["name"]: n["workflowId"] for n in (pool.get("status") or {}).get("nodes") or [] if n["phase"] == "Ready"}
-    longest = [ready.get(running.get(name) or "") for name in ("burst-3", "burst-2")]
-    return (longest[0], longest[1]) if longest[0] and longest[1] and longest[0] != longest[1] else None
+    if len(set(bound.values()) - {None}) < 3 or not {"burst-3", "burst-2"} <= running:
+        return None
+    longest = (ready.get(bound["burst-3"] or ""), ready.get(bound["burst-2"] or ""))
+    return (longest[0], longest[1]) if longest[0] and longest[1] else None
 
 
 async def _said(output: list[str], words: str) -> bool:
