@@ -5,11 +5,13 @@ emulator and the simulated cloud's HTTP API: which nodes tgp would replace (drif
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import httpx
 import yaml
 
+from sim.cloud import SimOffer
 from sim.demo import EXAMPLES, apply
 from sim.world import sim_world
 from tests.test_ops_cli import tgp
@@ -91,3 +93,38 @@ async def test_plan_shows_what_disruption_would_do_its_savings_and_what_holds_ea
         code, out, err = await tgp("plan", env=env)
         assert code == 0, err
         assert out.startswith("Plan for GPUNodePool default/ml-workload-pool") and "savings found: $0.95/h" in out
+
+
+async def test_plan_shows_several_nodes_merged_into_one_cheaper_node_and_what_it_saves() -> None:
+    """Three 1-GPU RTX4090 nodes ($0.44/h each), one pod each, and a 4-GPU offer at $0.99/h (under
+    the example pool's maxHourlyPrice): the plan merges the three into one new node (issue 35
+    item 9) and counts the $0.33/h it saves."""
+    catalog = (SimOffer("rtx4090-1x", "RTX4090", "us-east", Decimal("0.44")), SimOffer("rtx4090-4x", "RTX4090", "us-east", Decimal("0.99"), gpu_count=4))
+    async with sim_world(catalog=catalog) as world, httpx.AsyncClient(base_url=world.kube_url) as kube:
+        assert world.kube is not None
+        for crd in manifests().values():
+            world.kube.install_crd(crd)
+        for name in ("gpunodeclass.yaml", "gpunodepool.yaml"):
+            for obj in yaml.safe_load_all((EXAMPLES / name).read_text()):
+                await apply(kube, obj)
+        env = {"TGP_KUBE_URL": world.kube_url, "TGP_SIMULATED_CLOUD_URL": world.cloud.url, "TGP_SIMULATED_CLOUD_API_KEY": world.cloud_api_key}
+        disruption = {"consolidation": {"cheaperBy": "10%", "after": "30m"}, "budgets": [{"nodes": "3"}]}
+        response = await kube.patch(POOL, json={"spec": {"disruption": disruption}}, headers={"Content-Type": MERGE_PATCH})
+        assert response.status_code == 200, response.text
+        old = datetime.now(UTC) - timedelta(hours=2)
+        for n in ("gpu-a", "gpu-b", "gpu-c"):
+            await node(kube, n, 1)
+            await pod(kube, f"p-{n}", n, 1)
+        nodes = [{"name": n, "phase": "Ready", "hourlyPrice": "0.44", "createdAt": old.isoformat(), "workflowId": f"w-{n}"} for n in ("gpu-a", "gpu-b", "gpu-c")]
+        response = await kube.patch(f"{POOL}/status", json={"status": {"nodes": nodes}}, headers={"Content-Type": MERGE_PATCH})
+        assert response.status_code == 200, response.text
+
+        code, out, err = await tgp("plan", "default/ml-workload-pool", env=env)
+        assert code == 0, err
+        section = out[out.index("DISRUPTION now") :].splitlines()
+        merges = [line for line in section if line.strip().startswith("merge")]
+        assert len(merges) == 1, out
+        merge = merges[0]
+        assert "gpu-a, gpu-b, gpu-c" in merge and "Consolidating 3 nodes into 1, saving $0.33/h" in merge and "4-GPU node ($0.99/h)" in merge, merge
+        assert section[-1].strip() == "savings found: $0.33/h"
+        assert world.cloud.create_requests == 0, "a plan buys nothing"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,8 +24,16 @@ from tgp.disruption import DisruptionReason, cheaper_by
 from tgp.messages import PoolNode
 from tgp.types import NodePhase
 
-if TYPE_CHECKING:
-    from tgp.consolidation import ConsolidationNode
+
+class Candidate(Protocol):
+    """What a merge reads of a node (tgp.consolidation.ConsolidationNode)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def used(self) -> int: ...
+    @property
+    def hourly_price(self) -> Decimal | None: ...
 
 # Karpenter's multi-node consolidation looks at 100 candidates at most: it bounds the search
 # (each set size tried costs one pass over the offers) whatever the pool's size.
@@ -51,7 +59,7 @@ class Merge(BaseModel):
         return f"Consolidating {len(self.nodes)} nodes into 1, saving ${self.saving}/h: {', '.join(self.nodes)} (${self.hourly_price}/h) into a {self.replacement_gpus}-GPU node (${self.replacement_price}/h)"
 
 
-def plan_merge(candidates: Sequence[ConsolidationNode], offers: Sequence[OfferSize], policy: Consolidation, most: int, min_gpus: int = 1) -> Merge | None:
+def plan_merge(candidates: Sequence[Candidate], offers: Sequence[OfferSize], policy: Consolidation, most: int, min_gpus: int = 1) -> Merge | None:
     """The largest set of two or more of `candidates` (in their order, at most `most`) whose pods
     fit one offer (of at least `min_gpus` GPUs) cheaper than the set's nodes together by the
     pool's cheaperBy; None when there is none. Candidates need known prices; a pod's GPUs sit on

@@ -209,6 +209,8 @@ async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass:
     ]
     shown = describe_plan(result)
     lines += [f"  {line}" for line in shown] or ["  nothing to do"]
+    if status.consolidation and status.consolidation.consolidating:
+        lines.append(f"  under way: {status.consolidation.consolidating}")
     lines.append(f"  savings found: ${result.savings}/h" + (f" (made so far: ${status.consolidation.savings_made_hourly}/h)" if status.consolidation else ""))
     return lines
 
