@@ -34,6 +34,8 @@ Like kube-scheduler, it lists Nodes and pods once and keeps them from watches (i
 binds on that cache and counts a pod it bound as bound until the watch shows it (assumed pods);
 a pass runs when something changed, at most every `interval`, and every RESYNC regardless.
 
+The fit checks and the queueing hints, with no I/O, are sim.scheduler_fit.
+
 Simplifications, on purpose: no CPU/memory accounting, no preferred affinity or pod
 (anti-)affinity, no preemption, no scoring (the first fitting node by name).
 """
@@ -45,7 +47,6 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -53,7 +54,9 @@ import httpx
 import structlog
 
 from sim.kube_scheduler_events import failed_scheduling_note, scheduled_note, scheduling_event
-from tgp.types import GPU_RESOURCE
+from sim.scheduler_fit import Queued, Requeue, Snapshot, allocatable_gpus, fits, pod_gpus, pod_shape, static_view
+
+__all__ = ["RUN_SECONDS_ANNOTATION", "UNSCHEDULABLE_LEFTOVER", "SimScheduler", "fits"]
 
 log = structlog.get_logger("sim.scheduler")
 
@@ -70,91 +73,6 @@ WRITES_AT_ONCE = 16
 RESYNC = 1.0
 
 Obj = Mapping[str, Any]
-
-
-def _gpus(pod: Obj) -> int:
-    """The pod's effective GPU request, as kube-scheduler computes it (resourcehelper.PodRequests):
-    the largest of each init container's request plus the sidecars (init containers with
-    `restartPolicy: Always`) started before it, and the containers' sum plus all sidecars; then
-    the pod's overhead. -1: a quantity no node can satisfy."""
-    spec = pod.get("spec") or {}
-
-    def one(c: Obj) -> int:
-        res = c.get("resources") or {}
-        values = [(res.get(k) or {}).get(GPU_RESOURCE) for k in ("requests", "limits")]
-        return max((int(str(v)) for v in values if v is not None), default=0)
-
-    try:
-        sidecars = init = 0
-        for c in spec.get("initContainers") or []:
-            if c.get("restartPolicy") == "Always":
-                sidecars += one(c)
-                init = max(init, sidecars)
-            else:
-                init = max(init, one(c) + sidecars)
-        overhead = (spec.get("overhead") or {}).get(GPU_RESOURCE)
-        total = max(init, sidecars + sum(one(c) for c in spec.get("containers") or []))
-        return total + (int(str(overhead)) if overhead is not None else 0)
-    except ValueError:
-        return -1
-
-
-def _ready(node: Obj) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _requirement(labels: Mapping[str, str], req: Obj) -> bool:
-    key, op, values = req.get("key"), req.get("operator"), [str(v) for v in req.get("values") or []]
-    value = labels.get(str(key))
-    if op == "In":
-        return value in values
-    if op == "NotIn":
-        return value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt") and value is not None and values:
-        try:
-            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
-        except ValueError:
-            return False
-    return False
-
-
-def _tolerates(tolerations: list[Obj], taint: Obj) -> bool:
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t.get("key") == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
-
-
-def fits(pod: Obj, node: Obj, free_gpus: int) -> str | None:
-    """Why `pod` cannot run on `node` now, or None when it can."""
-    spec, labels = pod.get("spec") or {}, (node.get("metadata") or {}).get("labels") or {}
-    if not _ready(node) or (node.get("spec") or {}).get("unschedulable"):
-        return "node not ready or cordoned"
-    # kube-scheduler's Filter order: NodeUnschedulable, TaintToleration, NodeAffinity, NodeResourcesFit.
-    for taint in (node.get("spec") or {}).get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(spec.get("tolerations") or [], taint):
-            return f"untolerated taint {taint.get('key')}"
-    for key, value in (spec.get("nodeSelector") or {}).items():
-        if labels.get(key) != value:
-            return "node selector"
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = required.get("nodeSelectorTerms") or []
-    if terms and not any(all(_requirement(labels, r) for r in t.get("matchExpressions") or []) for t in terms):
-        return "node affinity"
-    wanted = _gpus(pod)
-    if wanted < 0 or wanted > free_gpus:
-        return "insufficient nvidia.com/gpu"
-    return None
 
 
 class SimScheduler:
@@ -281,21 +199,37 @@ class SimScheduler:
         pods: a pass on a cache the bind has not reached yet must not bind it again)."""
         present = {_uid(p) for p in pods}
         self._assumed = {uid: node for uid, node in self._assumed.items() if uid in present}
-        used: dict[str, int] = {}
+        now, tick = datetime.now(timezone.utc), self._clock()
+        free = self._free(nodes, pods)
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        static = static_view(nodes)
+        order, kubelets = self._queue_order(pods, tick, Requeue(static, free, by_name), now)
+        self._queue = {uid: q for uid, q in self._queue.items() if uid in present}
+        binds, marks = self._decide(order, nodes, free, static, tick)
+        # Written after the whole pass is decided: binds first, then the Unschedulable marks,
+        # each kind concurrently. Written one by one, a pass of 500 pending pods took minutes
+        # against a loaded API server (each bind behind 500 marks), and one failed write ended
+        # the pass.
+        await self._all([self._bind(pod, node, now) for pod, node in binds])
+        await self._all([*kubelets, *(self._unschedulable(pod, reasons, by_name) for pod, reasons in marks)])
+
+    def _free(self, nodes: list[Obj], pods: list[Obj]) -> dict[str, int]:
+        """Each Node's free GPUs: allocatable minus what the unfinished pods bound (or assumed
+        bound) to it request."""
+        free = {n["metadata"]["name"]: allocatable_gpus(n) for n in nodes}
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName") or self._assumed.get(_uid(pod))
-            if node and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                used[node] = used.get(node, 0) + max(_gpus(pod), 0)
-        now = datetime.now(timezone.utc)
-        tick = self._clock()
-        free = {n["metadata"]["name"]: _allocatable(n) for n in nodes}
-        for name, n in used.items():
-            if name in free:
-                free[name] -= n
-        by_name = {n["metadata"]["name"]: n for n in nodes}
-        static = _static(nodes)
-        requeue = Requeue(static, free, by_name)
-        kubelets: list[Coroutine[Any, Any, None]] = []  # each kubelet reports on its own
+            if node in free and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                free[node] -= max(pod_gpus(pod), 0)
+        return free
+
+    def _queue_order(
+        self, pods: list[Obj], tick: float, requeue: Requeue, now: datetime,
+    ) -> tuple[list[Obj], list[Coroutine[Any, Any, None]]]:
+        """The pending pods to try this pass, in the queue's order: the active queue first,
+        oldest first; then, the active queue empty, the backoff queue by expiry
+        (SchedulerPopFromBackoffQ). Also the kubelet's report for each bound pod (each on its own)."""
+        kubelets: list[Coroutine[Any, Any, None]] = []
         active, backing_off = [], []
         for pod in pods:
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -317,23 +251,23 @@ class SimScheduler:
                 backing_off.append((expiry, _uid(pod), pod))
             else:
                 active.append((q.since, str(meta.get("creationTimestamp") or ""), _uid(pod), pod))
-        self._queue = {uid: q for uid, q in self._queue.items() if uid in present}
-        # Decide the whole pass in memory (what each pod gets, as kube-scheduler's cycles do one
-        # pod after the other on its cache), then write: binds first, then the Unschedulable
-        # marks, each kind concurrently. Written one by one, a pass of 500 pending pods took
-        # minutes against a loaded API server (each bind behind 500 marks), and one failed write
-        # ended the pass.
+        order = [e[-1] for e in sorted(active, key=lambda e: e[:3])] + [e[-1] for e in sorted(backing_off, key=lambda e: e[:2])]
+        return order, kubelets
+
+    def _decide(
+        self, order: list[Obj], nodes: list[Obj], free: dict[str, int], static: Mapping[str, tuple[Any, ...]], tick: float,
+    ) -> tuple[list[tuple[Obj, str]], list[tuple[Obj, Mapping[str, str | None]]]]:
+        """What each pod in `order` gets, in memory, as kube-scheduler's cycles do one pod after
+        the other on its cache: the binds (taking their GPUs from `free`) and the pods that fit
+        nowhere, with each Node's reason."""
         binds: list[tuple[Obj, str]] = []
         marks: list[tuple[Obj, Mapping[str, str | None]]] = []
         # Pods that fit no node this pass, by what the nodes answer depends on: binding only
         # takes GPUs away, so another pod asking the same fits nowhere either.
         fit_nowhere: dict[str, dict[str, str | None]] = {}
-        # The active queue first, oldest first; then, the active queue empty, the backoff queue
-        # by expiry (SchedulerPopFromBackoffQ).
-        order = [e[-1] for e in sorted(active, key=lambda e: e[:3])] + [e[-1] for e in sorted(backing_off, key=lambda e: e[:2])]
         snapshot: Snapshot | None = None  # the cluster as the pods failing now see it (until a bind)
         for pod in order:
-            uid, shape = _uid(pod), _shape(pod)
+            uid, shape = _uid(pod), pod_shape(pod)
             reasons = fit_nowhere.get(shape)
             fitting: str | None = None
             if reasons is None:
@@ -342,7 +276,7 @@ class SimScheduler:
             if fitting is not None:
                 binds.append((pod, fitting))
                 self._assumed[uid] = fitting
-                free[fitting] -= max(_gpus(pod), 0)
+                free[fitting] -= max(pod_gpus(pod), 0)
                 self._queue.pop(uid, None)
                 snapshot = None
             else:
@@ -351,8 +285,7 @@ class SimScheduler:
                 q = self._queue[uid]
                 q.attempts, q.since, q.unschedulable, q.shape = q.attempts + 1, tick, snapshot, shape
                 marks.append((pod, reasons))
-        await self._all([self._bind(pod, node, now) for pod, node in binds])
-        await self._all([*kubelets, *(self._unschedulable(pod, reasons, by_name) for pod, reasons in marks)])
+        return binds, marks
 
     def _backoff(self, attempts: int) -> float:
         """The backoff after `attempts` failures: none before the first."""
@@ -431,73 +364,6 @@ class SimScheduler:
             log.info("sim_pod_completed", pod=f"{meta['namespace']}/{meta['name']}")
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """The cluster as a pod failed in it: each Node's static part (`_static`) and its free GPUs."""
-
-    static: Mapping[str, tuple[Any, ...]]
-    free: Mapping[str, int]
-
-
-@dataclass
-class Queued:
-    """A pending pod's place in the queue: its failures, when it entered the queue (refreshed at
-    each failure: its backoff runs from there), and while it waits for an event, the cluster it
-    failed in and its own shape then."""
-
-    since: float
-    attempts: int = 0
-    unschedulable: Snapshot | None = None
-    shape: str = ""
-    noted: str = ""  # the note of its last FailedScheduling Event
-
-
-def _static(nodes: list[Obj]) -> dict[str, tuple[Any, ...]]:
-    """What of each Node can make a pod fit, besides its free GPUs: readiness, cordon, labels,
-    taints, allocatable GPUs."""
-    view = {}
-    for n in nodes:
-        meta, spec, name = n.get("metadata") or {}, n.get("spec") or {}, n["metadata"]["name"]
-        taints = tuple(sorted((str(t.get("key")), str(t.get("value")), str(t.get("effect"))) for t in spec.get("taints") or []))
-        labels = tuple(sorted((meta.get("labels") or {}).items()))
-        view[name] = (_ready(n), bool(spec.get("unschedulable")), labels, taints, _allocatable(n))
-    return view
-
-
-class Requeue:
-    """kube-scheduler's queueing hints, for one pass: a waiting pod is tried again when a Node
-    added or changed since it failed (its static part, or more GPUs free) now fits it, or when
-    the pod itself changed; a Node deleted or taken fits nothing new. The Nodes that changed
-    since a snapshot, and whether one fits a shape, are worked out once per pass."""
-
-    def __init__(self, static: Mapping[str, tuple[Any, ...]], free: Mapping[str, int], nodes: Mapping[str, Obj]) -> None:
-        self.static, self.free, self.nodes = static, dict(free), nodes
-        self._changed: dict[int, list[str]] = {}
-        self._fits: dict[tuple[int, str], bool] = {}
-
-    def worth_it(self, q: Queued, pod: Obj) -> bool:
-        shape = _shape(pod)
-        if shape != q.shape:
-            return True
-        before = q.unschedulable
-        assert before is not None
-        key = (id(before), shape)
-        if key not in self._fits:
-            if id(before) not in self._changed:
-                self._changed[id(before)] = [
-                    name for name, state in self.static.items()
-                    if before.static.get(name) != state or self.free.get(name, 0) > before.free.get(name, 0)
-                ]  # fmt: skip
-            self._fits[key] = any(fits(pod, self.nodes[name], self.free.get(name, 0)) is None for name in self._changed[id(before)])
-        return self._fits[key]
-
-
-def _shape(pod: Obj) -> str:
-    """What `fits` reads of a pod: pods of one shape fit the same nodes."""
-    spec = pod.get("spec") or {}
-    return json.dumps([spec.get("nodeSelector"), spec.get("affinity"), spec.get("tolerations"), _gpus(pod)], sort_keys=True)
-
-
 class WatchEnded(Exception):
     """A watch the API ended with an error (410 Gone: too old a resourceVersion): list again."""
 
@@ -509,15 +375,6 @@ def _version(listing: Obj) -> str:
 def _uid(pod: Obj) -> str:
     meta = pod.get("metadata") or {}
     return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-
-
-def _allocatable(node: Obj) -> int:
-    status = node.get("status") or {}
-    value = (status.get("allocatable") or {}).get(GPU_RESOURCE) or (status.get("capacity") or {}).get(GPU_RESOURCE) or 0
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
 
 
 def _ts(when: datetime) -> str:
