@@ -330,6 +330,16 @@ def pods_tracked(untracked: int, limit: int) -> Wanted:
     return ("True", "AllPodsTracked", "")
 
 
+def max_nodes_reached(waiting: int, live: Sequence[PoolNode], max_nodes: int | None) -> Wanted:
+    """The BudgetAvailable condition of a pool whose `waiting` pending pods its spec.maxNodes
+    keeps from a node: counting every live node, the ones starting too (the pass that started
+    one says so)."""
+    starting = sum(1 for n in live if n.phase in (NodePhase.PENDING, NodePhase.LAUNCHING, NodePhase.JOINING))
+    has = f"{len(live)} node(s)" + (f" ({starting} starting)" if starting else "")
+    message = f"{waiting} pending pod(s) wait for a node: the pool has {has} and its spec.maxNodes is {max_nodes}; raise maxNodes, or they run when a node frees up"
+    return ("False", "MaxNodesReached", message)
+
+
 def instances_released(live: Iterable[PoolNode]) -> Wanted:
     """The InstancesReleased condition: nodes still billing while tgp retries termination."""
     stuck = [n for n in live if n.phase is NodePhase.TERMINATION_STUCK]

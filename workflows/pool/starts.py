@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         Wanted,
         capacity_node,
         launched_why,
+        max_nodes_reached,
         no_offer_fits_notes,
         offers_available,
         plan_starts,
@@ -83,11 +84,7 @@ class Starts(PoolBase):
             if failed:
                 return ("False", "BudgetExhausted", f"not launching more nodes: {failed}")
         if launches.waiting:
-            message = (
-                f"{launches.waiting} pending pod(s) wait for a node: the pool has {len(live)} node(s) and its spec.maxNodes is "
-                f"{u.spec.max_nodes}; raise maxNodes, or they run when a node frees up"
-            )
-            return ("False", "MaxNodesReached", message)
+            return max_nodes_reached(launches.waiting, self._live(), u.spec.max_nodes)  # the nodes just started count
         return ("True", "WithinBudget", "")
 
     def _account(self, live: list[PoolNode], oc: OfferCheck | None) -> CapacityPlan:
