@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -49,20 +50,16 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm_binary(), *args], capture_output=True, text=True, timeout=120, check=False)
 
 
-def flatten(values: dict[str, Any], prefix: str = "") -> list[str]:
-    """--set-json arguments, one per leaf, so a test's values read as a dict."""
-    out: list[str] = []
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            out += flatten(value, f"{prefix}{key}.")
-        else:
-            out += ["--set-json", f"{prefix}{key}={json.dumps(value)}"]
-    return out
+def values_file(values: dict[str, Any]) -> list[str]:
+    """`--values <file>` holding `values` (a file, not --set, whose paths split keys at dots)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
+        yaml.safe_dump(values, file)
+    return ["--values", file.name]
 
 
 @functools.cache
 def _template(values_json: str, namespace: str = NAMESPACE) -> tuple[dict[str, Any], ...]:
-    done = helm("template", "tgp", str(CHART), "--namespace", namespace, "--include-crds", *flatten(json.loads(values_json)))
+    done = helm("template", "tgp", str(CHART), "--namespace", namespace, "--include-crds", *values_file(json.loads(values_json)))
     assert done.returncode == 0, done.stderr
     return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
 
@@ -73,7 +70,7 @@ def template(values: dict[str, Any]) -> tuple[dict[str, Any], ...]:
 
 def refusal(values: dict[str, Any], namespace: str = NAMESPACE) -> str:
     """helm template's error for values it must refuse."""
-    done = helm("template", "tgp", str(CHART), "--namespace", namespace, *flatten(values))
+    done = helm("template", "tgp", str(CHART), "--namespace", namespace, *values_file(values))
     assert done.returncode != 0, f"accepted {values}"
     return done.stderr
 
@@ -113,7 +110,7 @@ def _label(obj: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("name", RENDERS)
 def test_helm_lint_strict(name: str) -> None:
-    done = helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *flatten(RENDERS[name]))
+    done = helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, *values_file(RENDERS[name]))
     assert done.returncode == 0, done.stdout + done.stderr
 
 
