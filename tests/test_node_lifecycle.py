@@ -220,7 +220,8 @@ async def test_capacity_error_fails_over_to_the_next_offer(temporal: WorkflowEnv
 async def test_join_timeout_terminates_the_instance_and_tries_the_next_offer(temporal: WorkflowEnvironment) -> None:
     async with running_world(temporal) as (world, _, queue):
         world.cloud.fail_boot("rtx4090-us-east", "never_joins")
-        req = request(timeouts=FAST.model_copy(update={"tailnet_join": timedelta(seconds=2)}))
+        # The join's deadline counts from the launch's start: launch + tailnet_join (10 s).
+        req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=8), "tailnet_join": timedelta(seconds=2)}))
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY)
 
