@@ -122,7 +122,7 @@ def p99_row(r: dict[str, Any]) -> Row:
     if p99 is None or not wall or floor.get("n") != 500:
         return ("burst 500: overhead p99", target, "not measured (needs the full run's burst 500 and floor of 500)", None)
     ratio = p99 / wall
-    shown = f"**{ratio:.2f}×**: p99 {_f(p99, ' s')} against {_f(wall, ' s')}; never served {b.get('never_served')}"
+    shown = f"**{ratio:.2f}×**: p99 {_f(p99, ' s')} (of the pods served) against {_f(wall, ' s')}; never served {b.get('never_served')}"
     judged = (_get(r, "machine", "nproc") or 1) >= 8
     return ("burst 500: overhead p99 (bound − created − boot)", target, shown if judged else f"{shown}; judged on 8+ cores only", (ratio <= fig.P99_VS_FLOOR_WALL and b.get("never_served") == 0) if judged else None)
 
@@ -138,11 +138,13 @@ def kept_rows(r: dict[str, Any]) -> list[Row]:
     h = r.get("hold") or {}
     if "usage" in h:
         w = h["usage"]["worker"]
-        full = h["nodes"] >= 1000 and h.get("ready") == h["nodes"]
+        full = h["nodes"] >= 1000 and h.get("ready") == h["nodes"] and _get(h, "settle", "quiet") is not False
         note = "" if _get(h, "settle", "quiet") is not False else " (the settle ran out: not quiet)"
         rows.append((f"{h['nodes']:,} nodes at rest: worker CPU and RSS", "< 5% of a core, < 300 MB",
                      f"{w['cpu_pct_of_core']}%, {_f(w['rss_mb'], ' MB', 0)}; {h.get('ready')} Ready{note}", (w["cpu_pct_of_core"] < 5 and w["rss_mb"] < 300) if full else None))  # fmt: skip
-        rows.append(("same: history events per node-hour at rest", "< 10", _f(h.get("history_events_per_node_hour"), "", 1), None if h.get("history_events_per_node_hour") is None else h["history_events_per_node_hour"] < 10))
+        # A stack still bringing nodes up or adopting them is not at rest: shown, not judged.
+        at_rest = full and _get(h, "settle", "quiet") is not False and h.get("history_events_per_node_hour") is not None
+        rows.append(("same: history events per node-hour at rest", "< 10", _f(h.get("history_events_per_node_hour"), "", 1) + note, h["history_events_per_node_hour"] < 10 if at_rest else None))
     elif h:
         rows.append(("1,000 nodes at rest", "< 5% of a core, < 300 MB", f"failed: {str(h.get('error'))[:120]}", False))
     per_node = [b["offer_listings_per_node"] for b in (r.get("bursts") or {}).values() if b.get("offer_listings_per_node") is not None]
