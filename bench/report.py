@@ -57,9 +57,16 @@ def _met(ok: bool | None) -> str:
 
 
 def largest_burst(r: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-    """The biggest burst that ran: the per-node figures come from it."""
-    done = [(n, b) for n, b in (r.get("bursts") or {}).items() if "error" not in b and b.get("instances_bought")]
-    return max(done, key=lambda nb: int(nb[0])) if done else None
+    """The burst the per-node figures come from: the biggest whose every pod was served (a burst
+    cut off by its deadline has spent CPU on nodes not yet up), the 1-worker run of the workers
+    phase among them; else the biggest that bought any."""
+    runs = {n: b for n, b in (r.get("bursts") or {}).items()}
+    if "1" in (r.get("workers") or {}):
+        w = r["workers"]["1"]
+        runs[f"{w.get('pods', '?')}, 1 worker"] = w
+    done = [(n, b) for n, b in runs.items() if "error" not in b and b.get("instances_bought")]
+    whole = [(n, b) for n, b in done if b.get("never_served") == 0]
+    return max(whole or done, key=lambda nb: nb[1]["instances_bought"]) if done else None
 
 
 def short_life(r: dict[str, Any]) -> dict[str, Any] | None:

@@ -124,3 +124,16 @@ def test_workers_per_fleet_keep_each_worker_under_half_a_core_at_rest() -> None:
     r = {"knobs": {"workflow_cache": 300}, "hold": {"nodes": 1000, "usage": {"worker": {"cpu_pct_of_core": 30.0, "rss_mb": 280.0}}}}
     line = fleet_section(r)[0]
     assert "1,000 nodes → 1 worker(s), 5,000 nodes → 3 worker(s), 10,000 nodes → 6 worker(s)" in line
+
+
+def test_per_node_figures_come_from_a_burst_whose_every_pod_was_served() -> None:
+    """A burst cut off by its deadline spent CPU on nodes not yet up: the 1-worker run that
+    served all its pods is taken instead, though it bought more or fewer nodes."""
+    from bench.report import largest_burst
+
+    r = run()
+    r["bursts"]["500"].update(instances_bought=185, never_served=315)
+    r["workers"]["1"].update(instances_bought=150, never_served=0)
+    assert largest_burst(r) == ("200, 1 worker", r["workers"]["1"])
+    r["workers"]["1"]["never_served"] = 3
+    assert largest_burst(r) == ("500", r["bursts"]["500"])  # none whole: the biggest that bought any
