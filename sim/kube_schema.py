@@ -59,10 +59,14 @@ class CustomVersion:
         """What the API server stores for `obj`: unknown fields pruned, non-nullable nulls
         dropped, defaults applied (structural schema semantics)."""
         shaped = copy.deepcopy(obj)
-        prune(shaped, self.schema, root=True)
-        _drop_nulls(shaped, self.schema)
-        _apply_defaults(shaped, self.schema)
+        self.shape_in_place(shaped)
         return shaped
+
+    def shape_in_place(self, obj: Obj) -> None:
+        """`shape`, on an object the caller owns (no copy: the store's writes already made one)."""
+        prune(obj, self.schema, root=True)
+        _drop_nulls(obj, self.schema)
+        _apply_defaults(obj, self.schema)
 
     def validate(self, obj: Obj) -> list[FieldError]:
         errors: list[FieldError] = []
