@@ -68,14 +68,14 @@ bench-extra: $(STAMP)
 	PYTHONPATH=. $(BIN)/python bench/template_bounds.py
 	$(BIN)/python bench/emulator_at_rest.py
 
-# Regenerate deploy/crds from tgp/crds.py (a test fails while they are stale).
+# Regenerate deploy/crds and deploy/helm/tgp/crds from tgp/crds.py (a test fails while they are stale).
 crds: $(STAMP)
 	$(BIN)/python -m workers.crdgen
 
 # The test control plane (hack/kube): kube-apiserver, kube-scheduler, kube-controller-manager and
 # etcd built from the Go module proxy at the pinned release into
 # ${XDG_CACHE_HOME:-~/.cache}/tgp/kube/<version>-<go.sum hash>/; a rebuild happens only when the
-# pin changes. The first build takes long (README "A real control plane"); later ones are instant.
+# pin changes. The first build takes long (CONTRIBUTING.md "The real-cluster lane"); later ones are instant.
 kube:
 	@command -v go >/dev/null || { echo "make kube: no Go toolchain on PATH: the control plane is built from the Go module proxy"; exit 3; }
 	hack/kube/build.sh
