@@ -27,9 +27,11 @@ from activities.errors import temporal_errors
 from activities.ledger import LedgerBatcher, LedgerCall
 from tgp.messages import Grant
 from tgp.capabilities import capability_problems
+from tgp.class_status import AccountProblem, account_blocked, credentials_missing
 from tgp.crds import GPUNodeClassSpec, login_server_problems
 from tgp.errors import TgpError, TransientError
-from tgp.types import CredentialsRef
+from tgp.pools import provider_credentials
+from tgp.types import BlockScope, CredentialsRef
 from tgp.secrets import class_reference_problem
 from activities.tailnets.servers import address_problem, allows_internal, bound_server_problem
 
@@ -215,6 +217,26 @@ class NodeClassActivities(AccountActivities):
                     problems += await self._headscale_server_problems(inp.operator_namespace, ts.oauth_secret_ref, ts.login_server)
         return problems
 
+    @activity.defn
+    async def account_problems(self, inp: ValidateClassInput) -> list[AccountProblem]:
+        """Each pass's look at the class's provider accounts (cheap, unlike `validate_class`):
+        a `credentialsRef` Secret, or its key, gone; an account this worker has blocked for an
+        authentication or permission error (tgp.offers.block_for), until the block lifts.
+        Secrets are named by namespace/name; a block is quoted by its error type only."""
+        refs = provider_credentials(inp.spec)
+        blocks = [b for b in self.registry.offers.unavailable.blocks() if b.scope is BlockScope.ACCOUNT]
+        found: list[AccountProblem] = []
+        with temporal_errors():
+            for p in inp.spec.providers:
+                ref = refs.get(p.name)
+                if not p.enabled or (ref is not None and class_reference_problem(ref.name, "credentialsRef")):
+                    continue  # tgp's own Secrets are never read for a class (validate_class says so)
+                data = await self.cluster.read_secret(ref.namespace, ref.name) if ref is not None else {}
+                if ref is not None and (data is None or ref.key not in data):
+                    found.append(credentials_missing(p.name, ref, key_only=data is not None))
+                found += [account_blocked(p.name, ref, b.cause) for b in blocks if b.provider == p.name and b.account == ref]
+        return found
+
     async def _headscale_server_problems(self, namespace: str, name: str, login_server: str) -> list[str]:
         """Whether the class's Headscale API key may go to its loginServer: the Secret names that
         server, and it is not internal unless the worker allows it (activities/tailnets/servers.py)."""
@@ -232,4 +254,4 @@ class NodeClassActivities(AccountActivities):
         return []
 
     def all(self) -> list[object]:
-        return [self.settle_reservation, self.release_reservation, self.validate_class]
+        return [self.settle_reservation, self.release_reservation, self.validate_class, self.account_problems]

@@ -158,7 +158,8 @@ async def test_a_reserve_waiting_for_the_first_listing_does_not_stop_the_ledger(
         # The next run knows what this one had done: it neither lists nor validates again at
         # once, and writes no status it already wrote.
         assert carried.seen_at is not None and carried.validated_at is not None
-        assert [c.type for c in carried.conditions] == ["Ready"] and carried.conditions[0].status == "True"
+        assert [c.type for c in carried.conditions] == ["Ready", "CredentialsAvailable", "ProviderAccountsAvailable"]
+        assert all(c.status == "True" for c in carried.conditions)
         assert carried.written and carried.problems == []
 
 

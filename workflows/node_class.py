@@ -17,18 +17,18 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EntityActivities, StatusWrite
+    from activities.entity import EntityActivities, EventSpec, StatusWrite
     from activities.node_class import NodeClassActivities, ValidateClassInput
     from tgp.budget import admit, admit_many, hold
-    from tgp.conditions import condition_list
-    from tgp.crds import Condition, GPUNodeClassStatus
+    from tgp.class_ledger import sighted
+    from tgp.class_status import AccountProblem, class_status
+    from tgp.crds import Condition, GPUNodeClassSpec
     from tgp.messages import (
         ClassInput,
         ClassUpdate,
         Grant,
         Grants,
         Ledger,
-        NodeSighting,
         ObjectRef,
         Releases,
         Reservation,
@@ -61,6 +61,9 @@ class GPUNodeClassWorkflow:
         self.seen_at: datetime | None = inp.seen_at
         self.validated_at: datetime | None = inp.validated_at
         self.conditions: dict[str, Condition] = {c.type: c for c in inp.conditions}
+        # Each resync's look at the provider accounts (a new run looks at its first pass).
+        self.accounts: list[AccountProblem] = []
+        self.accounts_at: datetime | None = None
         # Due to continue as new, once the handlers still running have finished.
         self.continuing = False
 
@@ -173,6 +176,7 @@ class GPUNodeClassWorkflow:
                 if continue_as_new_due(HISTORY_EVENTS_BEFORE_CONTINUE_AS_NEW):
                     self._continue_as_new_when_idle()
                 continue
+            await self._check_accounts(self.inp.spec)
             if self.validate:
                 self.validate = False
                 checked = await best_effort(
@@ -195,18 +199,8 @@ class GPUNodeClassWorkflow:
         self.continuing = True
 
     def _continue_as_new(self) -> None:
-        continue_as_new(
-            self.inp.model_copy(
-                update={
-                    "ledger": self.ledger,
-                    "problems": self.problems,
-                    "conditions": list(self.conditions.values()),
-                    "written": self.written,
-                    "seen_at": self.seen_at,
-                    "validated_at": self.validated_at,
-                }
-            )
-        )
+        carried = {"ledger": self.ledger, "problems": self.problems, "conditions": list(self.conditions.values()), "written": self.written}
+        continue_as_new(self.inp.model_copy(update={**carried, "seen_at": self.seen_at, "validated_at": self.validated_at}))
 
     async def _see_running_nodes(self) -> None:
         """Reality check, once per resync: a node workflow of this class that runs without a
@@ -224,40 +218,37 @@ class GPUNodeClassWorkflow:
         self.seen_at = now
         if changed.value is None:
             return  # a server without visibility: nothing to rebuild from
-        unknown: list[NodeSighting] = changed.value.unknown
-        gone = changed.value.gone
-        for s in unknown:
-            wid = s.workflow_id
-            if wid not in self.ledger.reservations and wid not in self.ledger.released:
-                pool = "/".join(wid.split("/")[1:3])
-                self._hold(Reservation(node_id=wid, pool=pool, hourly_price=s.hourly_price))
-        stale = [
-            wid
-            for wid, r in self.ledger.reservations.items()
-            if wid in gone and (r.reserved_at is None or now - r.reserved_at >= self.inp.reservation_grace)
-        ]
+        holds, stale = sighted(self.ledger, changed.value.unknown, changed.value.gone, now=now, grace=self.inp.reservation_grace)
+        for r in holds:
+            self._hold(r)
         if stale:
             closed = await best_effort(EntityActivities.closed_workflows, stale, summary="check closed nodes")
             for wid in closed.value or []:
                 workflow.logger.info("releasing the reservation of %s: its workflow closed without releasing it", wid)
                 self.release(wid)
 
+    async def _check_accounts(self, spec: GPUNodeClassSpec) -> None:
+        """Once a resync: a credentials Secret gone, an account blocked (tgp.class_status). A
+        change validates the class again now (a Secret back clears InvalidSpec at once too)."""
+        if self.accounts_at is not None and workflow.now() - self.accounts_at < self.inp.resync_interval:
+            return
+        found = await best_effort(NodeClassActivities.account_problems, ValidateClassInput(name=self.inp.name, spec=spec), summary="check the accounts")
+        if found.ok:
+            self.validate |= found.value != self.accounts
+            self.accounts, self.accounts_at = found.value, workflow.now()
+
     async def _write_status(self) -> None:
-        if self.problems:
-            ready = ("False", "InvalidSpec", "; ".join(self.problems))
-        else:
-            ready = ("True", "Valid", f"{len(self.ledger.reservations)} nodes hold ${self.ledger.hourly_cost}/h of the budget")
-        status = GPUNodeClassStatus(
-            observed_generation=self.inp.generation,
-            conditions=condition_list({"Ready": ready}, self.inp.generation, workflow.now(), self.conditions),
-            nodes=len(self.ledger.reservations),
-            hourly_cost=self.ledger.hourly_cost,
+        status, warning = class_status(
+            generation=self.inp.generation, problems=self.problems, accounts=self.accounts, ledger=self.ledger, now=workflow.now(), previous=self.conditions
         )
         self.conditions = {c.type: c for c in status.conditions}
+        ref = ObjectRef(kind="GPUNodeClass", name=self.inp.name, uid=self.inp.uid)
+        if warning is not None:  # once, when it appears or changes
+            await best_effort(EntityActivities.emit_events, [EventSpec(ref=ref, type="Warning", reason="CredentialsMissing", message=warning)], summary="write Events")
         # Transition times alone do not make a new status worth writing.
         unchanged = status.model_dump(mode="json", by_alias=True, exclude={"conditions": {"__all__": {"last_transition_time"}}})
         self.written = await write_status_once(
-            StatusWrite(ref=ObjectRef(kind="GPUNodeClass", name=self.inp.name, uid=self.inp.uid), status=status.model_dump(mode="json", by_alias=True)),
+            StatusWrite(ref=ref, status=status.model_dump(mode="json", by_alias=True)),
             fingerprint=repr(unchanged),
             written=self.written,
             summary="write the class status",

@@ -12,7 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.crds import GPUNodePoolStatus, PoolNodeStatus
     from tgp.merge import with_merging
     from tgp.messages import EvictNodesInput, PoolNode
-    from tgp.pool_plan import Note, Wanted
+    from tgp.pool_plan import Note, Wanted, instances_released
     from tgp.types import NodePhase
     from workflows.entity import best_effort
     from workflows.pool.base import PoolBase
@@ -101,7 +101,9 @@ class Publishing(PoolBase):
                 self._set(self.state.nodes[wid], phase=NodePhase.TERMINATED, reason="its workflow is closed")
             live = self._live()
         if live:
-            await self._publish({"Ready": ("False", "Deleting", f"draining and terminating {len(live)} node(s) before the pool is deleted")})
+            # A release the provider (or a missing Secret) holds up shows while the pool waits.
+            deleting = f"draining and terminating {len(live)} node(s) before the pool is deleted"
+            await self._publish({"Ready": ("False", "Deleting", deleting), "InstancesReleased": instances_released(live)})
             self._forget_ended()
             return False
         await self._flush_events()
