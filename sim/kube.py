@@ -49,6 +49,7 @@ import kmock
 from typing_extensions import override
 
 from sim import kube_discovery, kube_openapi, kube_openapi_v2, kube_tables
+from sim.kube_dispatch import by_priority, criteria_hold
 from sim.kube_eviction import grace_seconds
 from sim.kube_controllers import KubeControllers
 from sim.kube_namespaces import PROTOBUF, namespace_from_protobuf
@@ -173,12 +174,12 @@ class KubeEmulator(KubeControllers):
         raise NotImplementedError(f"no reaction matches {request.method} {request.url}")
 
     def _reactions(self) -> list[Any]:
-        """The reactions by priority (`_by_priority`), sorted again only when the list changed (a
+        """The reactions by priority (`by_priority`), sorted again only when the list changed (a
         test added one, or `<<` replaced one): a reaction's priority is fixed once it exists
         (kmock's views are frozen), and sorting them for every request cost a tenth of it."""
         ids = tuple(map(id, self._payloads))
         if self._reaction_order is None or self._reaction_order[0] != ids:
-            self._reaction_order = (ids, _by_priority(self._payloads))
+            self._reaction_order = (ids, by_priority(self._payloads))
         return self._reaction_order[1]
 
     @override
@@ -489,15 +490,6 @@ def _include_object(request: kmock.Request) -> str:
         raise ApiStatus(400, "BadRequest", str(exc)) from None
 
 
-def _by_priority(payloads: list[Any]) -> list[Any]:
-    """kmock's order of reactions: by priority, highest first, priorities of unequal length
-    padded with zeros (so `fallback ** N` sorts within the fallbacks); among equal priorities the
-    order of registration (`sorted` is stable)."""
-    keys = {id(p): tuple(-x for x in p.priorities) for p in payloads}
-    depth = max((len(k) for k in keys.values()), default=0)
-    return sorted(payloads, key=lambda p: keys[id(p)] + (0,) * (depth - len(keys[id(p)])))
-
-
 def _sees(view: kmock.View, request: kmock.Request, root: kmock.Root) -> bool:
     """Whether `request` (the newest of `root`'s log) is among `view`'s requests, as
     `request in view` says, without filtering the whole log: filters and priorities run on
@@ -508,7 +500,7 @@ def _sees(view: kmock.View, request: kmock.Request, root: kmock.Root) -> bool:
     if view is root:
         return True
     if type(view) is kmock.Filter:
-        return _sees(view._source, request, root) and bool(view.criteria(request))
+        return _sees(view._source, request, root) and criteria_hold(view.criteria, request)
     if type(view) is kmock.Priority:
         return _sees(view._source, request, root)
     return request in view
