@@ -124,9 +124,10 @@ SETTLE_TRIES = 3
 # is tried once within this; one that fails or takes longer is left to the workflow,
 # which makes it as a call of its own with its retries.
 RELEASE_STEP_TIMEOUT = timedelta(seconds=20)
-# The one terminate call a drain makes for a node that goes (`drain_node`'s `terminate`): at most
-# this long; past it, or failed, the release's terminate (retried until confirmed) is the one.
-TERMINATE_ONCE_TIMEOUT = timedelta(seconds=10)
+# A drain whose node goes releases it (`drain_node`'s `then`): its terminate, until the provider
+# confirms, at most this long; past it, or failed, the workflow's release (retried until confirmed,
+# TerminationStuck shown) is the one. Clouds that honour a terminate show it within seconds.
+TERMINATE_ONCE_TIMEOUT = timedelta(seconds=30)
 # Long calls (a create behind a provider's pacer) heartbeat at least this often.
 HEARTBEAT_EVERY = timedelta(seconds=5)
 # After a create that answered nothing clear (timeout, reset, 429, 5xx), the least time to look
@@ -182,6 +183,8 @@ REPORT_RPC_TIMEOUT = timedelta(seconds=5)
 # for the send (`carrying`).
 REPORT_ATTEMPTS = 2
 REPORT_WAIT = timedelta(seconds=2)
+# What a drain that releases its node (`then`) may take beyond the drain: terminate, steps, report.
+DRAIN_RELEASE_BOUND = TERMINATE_ONCE_TIMEOUT + 3 * RELEASE_STEP_TIMEOUT + REPORT_WAIT
 
 
 # Reports to one pool sent as one signal (`node_phases`); more wait for the next.
@@ -307,6 +310,23 @@ class ReleaseResult(BaseModel):
     node_deleted: bool = False
     released: bool = False
     stuck: bool = Field(False, description="The provider had not confirmed the terminate by `stuck_at`: nothing after it was done.")
+
+
+class DrainRelease(BaseModel):
+    """What a drain whose node goes does next, in the same activity: the release of the current
+    attempt (`release_attempt`'s input, without `stuck_at`) and its Terminating report."""
+
+    model_config = ConfigDict(extra="forbid")
+    release: ReleaseInput
+    report: PoolReport | None = None
+    at: datetime = Field(description="The workflow's time at the drain's start: the release begins no earlier.")
+
+
+class DrainOutcome(DrainResult):
+    """The drain's result and, when the node went and the drain released it, the release's."""
+
+    released: ReleaseResult | None = Field(None, description="The release made by the drain (its terminate confirmed); None: the workflow releases.")
+    released_at: datetime | None = Field(None, description="When the drain's release began: the node's Terminating, as its pool was told.")
 
 
 class PoolAskBatcher(UpdateBatcher):
@@ -913,46 +933,49 @@ class NodeActivities:
     # --- drain -----------------------------------------------------------------------------
 
     @activity.defn
-    async def drain_node(self, inp: DrainInput, report: PoolReport | None = None) -> DrainResult:
+    async def drain_node(self, inp: DrainInput, report: PoolReport | None = None, then: DrainRelease | None = None) -> DrainOutcome:
         """Cordon, evict the workload pods and wait until they are gone, as `kubectl drain`
         does (activities.drain). Never fails for a stuck pod: the result says which pods were
-        not evicted or still shutting down, and the workflow terminates anyway. `report`
-        (Draining) goes to the pool meanwhile (`carrying`).
+        not evicted or still shutting down, and the node goes anyway. `report` (Draining) goes to
+        the pool meanwhile (`carrying`).
 
         With `inp.ask` (a voluntary end) the pool's budgets are asked first, as
         `ask_pool_to_disrupt` asks them: refused, the result carries the answer and nothing is
-        touched (nor reported); the node stays Ready."""
+        touched (nor reported); the node stays Ready.
+
+        With `then`, a node that goes is released here (`release_attempt` without its own
+        activity and workflow task), carrying the Terminating report: billing stops at the
+        drain's end. A terminate the provider does not confirm within TERMINATE_ONCE_TIMEOUT is
+        left to the workflow's release."""
         if inp.ask is not None and activity.info().attempt == 1:  # a retry holds the first attempt's grant
             answer = await self._ask_pool(inp.ask)
             if not answer.allowed:
-                return DrainResult(evicted=0, answer=answer)
+                return DrainOutcome(evicted=0, answer=answer)
         started = time.monotonic()
         async with carrying(report, self.reports):
             with temporal_errors():
                 result = await drain(
                     self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
                 )
-            if inp.terminate is not None and not result.called_off and not result.held:
-                await self._terminate_once(inp.terminate)  # the node goes: the workflow's release follows
         outcome = "timed_out" if result.remaining or result.terminating else "drained"
         metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
-        return result
+        if then is None or result.called_off or result.held:
+            return DrainOutcome(**dict(result))
+        at = max(then.at, datetime.now(timezone.utc))  # never before the workflow's time (a test server's runs ahead)
+        async with carrying(_dated(then.report, at), self.reports):
+            released = await self._release_after_drain(then.release)
+        return DrainOutcome(**dict(result), released=released, released_at=at)
 
-    async def _terminate_once(self, ref: InstanceRef) -> None:
-        """A drained node's instance, terminated at the drain's end: billing stops a workflow
-        task sooner. One call, bounded, never raised: the release that follows terminates until
-        the provider confirms (every instance of the name) and does the rest."""
-        if not ref.instance_id:
-            return  # the release finds it by its name
+    async def _release_after_drain(self, inp: ReleaseInput) -> ReleaseResult | None:
+        """A drained node's release. Its terminate is bounded and never raised (None: the
+        workflow's release makes it, with its retries and TerminationStuck)."""
         try:
-            with heartbeating():
-                async with asyncio.timeout(self.terminate_once_timeout.total_seconds()):
-                    provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
-                    await provider.terminate(ref.instance_id)
-            metrics.TERMINATIONS.labels(provider.name).inc()  # the release may then find it ended: counted here
-            log.info("instance_terminate_sent", provider=provider.name, instance_id=ref.instance_id)
-        except Exception as exc:  # noqa: BLE001 - the release makes it, with its retries
-            log.warning("terminate_after_drain_failed", provider=ref.provider, instance_name=ref.instance_name, error=type(exc).__name__)
+            async with asyncio.timeout(self.terminate_once_timeout.total_seconds()):
+                seen = await self._terminate_instance(inp.instance)
+        except Exception as exc:  # noqa: BLE001 - the workflow's release makes it
+            log.warning("release_after_drain_left_to_the_workflow", instance_name=inp.instance.instance_name, error=type(exc).__name__)
+            return None
+        return await self._release_rest(inp, seen)
 
     # --- terminate -------------------------------------------------------------------------
 
@@ -1004,10 +1027,14 @@ class NodeActivities:
                     raise  # retried by Temporal (CLEANUP_RETRY)
                 log.warning("termination_stuck", provider=inp.instance.provider, instance_name=inp.instance.instance_name)
                 return ReleaseResult(anything_seen=True, stuck=True)
-            with heartbeating():
-                tailnet = await _step("remove_from_tailnet", self.remove_from_tailnet(inp.tailnet))
-                node = await _step("delete_node", self.delete_node(inp.node_name))
-                released = inp.ledger is not None and await _step("release_reservation", self.ledger.release(inp.ledger))
+            return await self._release_rest(inp, seen)
+
+    async def _release_rest(self, inp: ReleaseInput, seen: bool) -> ReleaseResult:
+        """The steps after a confirmed terminate, each tried once (`_step`)."""
+        with heartbeating():
+            tailnet = await _step("remove_from_tailnet", self.remove_from_tailnet(inp.tailnet))
+            node = await _step("delete_node", self.delete_node(inp.node_name))
+            released = inp.ledger is not None and await _step("release_reservation", self.ledger.release(inp.ledger))
         return ReleaseResult(anything_seen=seen, tailnet_cleaned=tailnet, node_deleted=node, released=released)
 
     @activity.defn
@@ -1082,6 +1109,14 @@ class NodeActivities:
             self.remove_from_tailnet,
             self.delete_node,
         ]
+
+
+def _dated(report: PoolReport | None, at: datetime) -> PoolReport | None:
+    """A report the workflow made ahead (the Terminating a drain may begin), dated when it began."""
+    if report is None:
+        return None
+    stages = [s.model_copy(update={"at": at}) for s in report.report.stages]
+    return report.model_copy(update={"report": report.report.model_copy(update={"at": at, "stages": stages})})
 
 
 async def _step(name: str, call: Awaitable[object]) -> bool:

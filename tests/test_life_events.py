@@ -24,6 +24,8 @@ from tests.conftest import running_world
 from tests.test_node_lifecycle import assert_nothing_left, request, start, wait_phase
 from tests.test_node_long_lived import put_pod, remove_pod
 from tests.test_watch_events import bridge_running, facts_received, local_activity, told
+from activities.search_attributes import start_attributes
+from tgp.node import NodeWorkflowInput
 from tgp.types import LifecycleTimeouts, NodePhase
 from workflows.node import GPUNodeWorkflow
 
@@ -39,9 +41,11 @@ SHORT = LifecycleTimeouts(
     drain=timedelta(seconds=10),
     idle=timedelta(seconds=2),
 )
-# A generous bound, room for a loaded machine (its join may take another backstop look); the
-# figure that counts is `make bench`'s (57 on ab2d753).
-SHORT_LIFE_EVENTS = 80
+# The count on an idle machine: 56 (the drain releases the node: no release activity and task,
+# no upsert for a Terminating nothing waits in), and room for a loaded one: a join whose Ready
+# comes after the wait ends takes a backstop timer (2 events), a slow first task a second one (3).
+# The figure that counts is `make bench`'s.
+SHORT_LIFE_EVENTS = 62
 
 
 async def event_types(handle: WorkflowHandle) -> tuple[Counter[str], list[str]]:
@@ -63,7 +67,10 @@ async def event_types(handle: WorkflowHandle) -> tuple[Counter[str], list[str]]:
 async def test_one_short_life_takes_few_history_events_and_joins_by_facts(temporal: WorkflowEnvironment) -> None:
     async with running_world(temporal) as (world, _, queue), bridge_running(temporal, world, queue):
         req = request(timeouts=SHORT, pool_workflow_id="gpupool/ml/no-such-pool")
-        handle = await start(temporal, queue, req)
+        # Started as the pool starts it, with its Pending search attributes.
+        handle = await temporal.client.start_workflow(
+            GPUNodeWorkflow.run, NodeWorkflowInput(request=req), id=req.workflow_id, task_queue=queue, search_attributes=start_attributes(req)
+        )
         await wait_phase(handle, NodePhase.READY, timeout=90)
         await put_pod(world, req.node_name, "job")
         await told(handle, busy_pods=1)
@@ -77,7 +84,7 @@ async def test_one_short_life_takes_few_history_events_and_joins_by_facts(tempor
         tally, order = await event_types(handle)
         total = sum(tally.values())
         print(f"one short life: {total} events: {dict(tally.most_common())}")
-        assert total < SHORT_LIFE_EVENTS, f"{total} events: {dict(tally.most_common())}; in order: {order}"
+        assert total <= SHORT_LIFE_EVENTS, f"{total} events: {dict(tally.most_common())}; in order: {order}"
         facts = await facts_received(handle)
         # Joined by the bridge's facts: it told the node its Node was Ready with its GPUs.
         assert any(f.present and f.ready and f.gpus >= 1 for f in facts), facts

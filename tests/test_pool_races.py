@@ -34,6 +34,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.entity import EventSpec
+from activities.node import DrainRelease
 from tests.conftest import binary, eventually
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus
 from tgp.messages import (
@@ -181,7 +182,7 @@ def gate_activities(activities: Activities, gates: Gates) -> Activities:
     node = activities.node
 
     @activity.defn(name="drain_node")
-    async def drain_node(inp: DrainInput, report: PoolReport | None = None) -> DrainResult:
+    async def drain_node(inp: DrainInput, report: PoolReport | None = None, then: DrainRelease | None = None) -> DrainResult:
         if inp.ask is not None:  # a v5 drain asks the budgets first: held once allowed, as before
             answer = await node._ask_pool(inp.ask)
             if not answer.allowed:
@@ -191,7 +192,7 @@ def gate_activities(activities: Activities, gates: Gates) -> Activities:
         while not waiting.done():
             activity.heartbeat()  # a held drain is alive: no heartbeat timeout retries it
             await asyncio.wait([waiting], timeout=1)
-        return await node.drain_node(inp, report)
+        return await node.drain_node(inp, report, then)
 
     return dataclasses.replace(
         activities,

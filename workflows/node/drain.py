@@ -1,8 +1,8 @@
 """Drain: cordon and evict the node's pods (Eviction API, PDB-aware), bounded by the drain
 timeout and the pool's terminationGracePeriod. A voluntary end's drain asks the pool's budgets
 first and looks again for do-not-disrupt after its cordon; it may be refused or called off, and
-the node is Ready again. A drain that goes ends with one terminate call, so billing stops at the
-drain's end (the release still terminates until confirmed)."""
+the node is Ready again. A drain that goes ends with the current attempt's release, so billing
+stops at the drain's end (a terminate not confirmed there is left to the workflow's release)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.node import POOL_ANSWER_TIMEOUT, NodeActivities
+    from activities.node import DRAIN_RELEASE_BOUND, POOL_ANSWER_TIMEOUT, DrainOutcome, DrainRelease, NodeActivities
     from tgp.disruption import termination_deadline
     from tgp.lifecycle import BUDGETED_ENDS, EndReason, apply_view, longest_life
     from tgp.messages import DisruptionAsk, PoolAsk
     from tgp.types import DrainInput, DrainResult, NodePhase, Stage
     from workflows.entity import describe
     from workflows.node.life import Life, human
+    from workflows.node.release import release_input
     from workflows.node.watch import disrupt_bound, take_answer
     from workflows.retries import API_RETRY
 
@@ -29,13 +30,16 @@ async def drain(life: Life, end: EndReason) -> bool:
     pod arrived, or do-not-disrupt came): the node is Ready again."""
     life.enter(NodePhase.DRAINING)
     report = life.tell_pool(carry=True)
-    inp = _drain_input(life, end)
-    result: DrainResult = await workflow.execute_activity_method(
+    inp, release = _drain_input(life, end), release_input(life)
+    # A node that goes is released by its drain (one activity and task fewer), Terminating reported.
+    then = DrainRelease(release=release, report=life.report_ahead(NodePhase.TERMINATING), at=workflow.now()) if release is not None else None
+    result: DrainOutcome = await workflow.execute_activity_method(
         NodeActivities.drain_node,
-        args=[inp, report],
+        args=[inp, report, then],
         # An activity: it may wait on pods (heartbeating), and the window between its schedule
         # and its end is the Draining that the pool's budgets count.
-        start_to_close_timeout=inp.timeout + life.timeouts.api_call + (POOL_ANSWER_TIMEOUT if inp.ask is not None else timedelta(0)),
+        start_to_close_timeout=inp.timeout + life.timeouts.api_call
+        + (POOL_ANSWER_TIMEOUT if inp.ask else timedelta(0)) + (DRAIN_RELEASE_BOUND if then else timedelta(0)),
         heartbeat_timeout=life.timeouts.api_call,
         retry_policy=API_RETRY,
         summary="drain",
@@ -54,6 +58,7 @@ async def drain(life: Life, end: EndReason) -> bool:
         _ready_again(life)
         return False
     _say_what_stayed(life, result, inp)
+    life.drained = result if result.released is not None else None
     if result.called_off:
         arrived = ", ".join(result.called_off)
         workflow.logger.info("drain called off, %s arrived after the idle verdict: watching again", arrived)
@@ -101,7 +106,6 @@ def _drain_input(life: Life, end: EndReason) -> DrainInput:
         delete_at_deadline=bool(bound),
         ask=ask,
         holds=holds,
-        terminate=life.state.instance,
     )
 
 

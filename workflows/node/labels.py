@@ -32,20 +32,10 @@ async def label_and_taint(life: Life) -> None:
     (sent once they are on), and the watch begins."""
     life.enter(NodePhase.READY)
     report = life.tell_pool(carry=True)
-    await life.call(
-        NodeActivities.label_and_taint_node,
-        LabelInput(
-            node_name=life.req.node_name,
-            labels={**life.template.labels, **life.own_labels()},  # tgp's own labels win (tgp.io/managed stays "true")
-            taints=life.template.taints,
-            launched_at=life.state.attempts[-1].started_at,
-            remove_taints=[TAINT_JOINING],
-        ),
-        timeout=life.timeouts.api_call,
-        retry=API_RETRY,
-        summary="label and taint",
-        more=(report,),
-    )
+    labels = {**life.template.labels, **life.own_labels()}  # tgp's own labels win (tgp.io/managed stays "true")
+    launched_at = life.state.attempts[-1].started_at
+    inp = LabelInput(node_name=life.req.node_name, labels=labels, taints=life.template.taints, launched_at=launched_at, remove_taints=[TAINT_JOINING])
+    await life.call(NodeActivities.label_and_taint_node, inp, timeout=life.timeouts.api_call, retry=API_RETRY, summary="label and taint", more=(report,))
     life.state.watch = WatchState(ready_at=workflow.now())
 
 
@@ -66,19 +56,13 @@ async def apply_template(life: Life) -> None:
     assert applied is not None
     own = life.own_labels()
     change = LabelInput(
-        node_name=life.req.node_name,
-        labels={**wanted.labels, **own},
-        taints=wanted.taints,
-        remove_labels=label_removals(applied.labels, wanted.labels, own),
-        remove_taints=taint_removals(applied.taints, wanted.taints),
+        node_name=life.req.node_name, labels={**wanted.labels, **own}, taints=wanted.taints,
+        remove_labels=label_removals(applied.labels, wanted.labels, own), remove_taints=taint_removals(applied.taints, wanted.taints),
     )
     try:
         await workflow.execute_activity_method(
-            NodeActivities.label_and_taint_node,
-            args=[change, None],
-            start_to_close_timeout=life.timeouts.api_call,
-            retry_policy=TEMPLATE_RETRY,
-            summary="apply the pool's new labels and taints",
+            NodeActivities.label_and_taint_node, args=[change, None], start_to_close_timeout=life.timeouts.api_call,
+            retry_policy=TEMPLATE_RETRY, summary="apply the pool's new labels and taints",
         )
     except ActivityError as exc:
         if life.cancel_requested():

@@ -109,21 +109,12 @@ async def launch(life: Life, attempt: LaunchAttempt) -> None:
     report = life.tell_pool(carry=True)
     life.remember(life.state.instance)
     launch_input = LaunchInput(
-        node_name=req.node_name,
-        attempt=attempt.attempt,
-        offer=offer,
-        credentials=credentials,
-        tailnet_tags=req.tailnet_tags,
-        tailnet=req.tailnet,
-        tailnet_ref=req.tailnet_ref,
-        boot=req.boot,
-        pool=req.pool,
+        node_name=req.node_name, attempt=attempt.attempt, offer=offer, credentials=credentials, boot=req.boot, pool=req.pool,
+        tailnet_tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref,
         # The Node registers with the labels that name its workflow, so the bridge's facts reach
         # the join (Ready, GPUs) before tgp labels it; the joining taint keeps pods off until then.
-        labels={**life.template.labels, **life.own_labels(pool_only=True)},
-        taints=[*life.template.taints, TAINT_JOINING],
-        unavailable_offer_ttl=req.unavailable_offer_ttl,
-        demand_since=req.demand_since,
+        labels={**life.template.labels, **life.own_labels(pool_only=True)}, taints=[*life.template.taints, TAINT_JOINING],
+        unavailable_offer_ttl=req.unavailable_offer_ttl, demand_since=req.demand_since,
     )
     handle = workflow.start_activity_method(
         NodeActivities.launch_instance,
@@ -131,10 +122,8 @@ async def launch(life: Life, attempt: LaunchAttempt) -> None:
         # The whole stage budget, not one API call's: a create may wait behind a provider's
         # pacer. The heartbeat notices a dead worker; a live attempt is never retried beside
         # itself (that is how twins get bought).
-        start_to_close_timeout=life.timeouts.launch,
-        schedule_to_close_timeout=life.timeouts.launch,
-        heartbeat_timeout=life.heartbeat(),
-        retry_policy=LAUNCH_RETRY,
+        start_to_close_timeout=life.timeouts.launch, schedule_to_close_timeout=life.timeouts.launch,
+        heartbeat_timeout=life.heartbeat(), retry_policy=LAUNCH_RETRY,
         summary=f"launch {offer.gpu_type} on {offer.provider} ({offer.region}, ${offer.hourly_price}/h)",
     )
     try:
@@ -205,16 +194,8 @@ def settle_call(life: Life, offer: Offer) -> LedgerCall | None:
 async def mark_unavailable(life: Life, block: OfferBlock, error: str) -> None:
     """Take what failed out of rotation on the worker for a while (Karpenter's
     unavailable-offerings cache, by cause)."""
-    await life.call(
-        NodeActivities.mark_offer_unavailable,
-        MarkUnavailableInput(
-            offer_key=block.offer_key or f"{block.provider}/",
-            ttl=life.req.unavailable_offer_ttl,
-            block=block,
-            node_class=life.req.boot.node_class,
-            node_name=life.req.node_name,
-            error=error,
-        ),
-        timeout=life.timeouts.api_call,
-        retry=API_RETRY,
+    inp = MarkUnavailableInput(
+        offer_key=block.offer_key or f"{block.provider}/", ttl=life.req.unavailable_offer_ttl, block=block,
+        node_class=life.req.boot.node_class, node_name=life.req.node_name, error=error,
     )
+    await life.call(NodeActivities.mark_offer_unavailable, inp, timeout=life.timeouts.api_call, retry=API_RETRY)

@@ -15,7 +15,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.node import NodeActivities
+    from activities.node import DrainOutcome, NodeActivities
     from activities.node_class import LedgerCall
     from activities.search_attributes import (
         SA_CLASS,
@@ -93,6 +93,7 @@ class Life:
         self.twin_watch: asyncio.Future[None] | None = None
         self.watch_timer: tuple[datetime, asyncio.Future[None]] | None = None
         self.asking = ""  # the budget asked for, while the ask is in flight
+        self.drained: DrainOutcome | None = None  # a drain that released the current attempt
 
     @property
     def timeouts(self) -> LifecycleTimeouts:
@@ -118,13 +119,14 @@ class Life:
 
     # --- phases and records ----------------------------------------------------------------
 
-    def enter(self, phase: NodePhase) -> None:
-        """Record the phase: state, stage record, search attributes and the Web UI's details."""
+    def enter(self, phase: NodePhase, *, upsert: bool = True, at: datetime | None = None) -> None:
+        """Record the phase: state, stage record, search attributes and the Web UI's details.
+        Not `upsert`: a phase nothing waits in (the next one's upsert, in the same task, says it)."""
         self.state.phase = phase
-        self.stamp(Stage(phase.value), phase_reason(self.state, phase))
+        self.stamp(Stage(phase.value), phase_reason(self.state, phase), at=at)
         workflow.set_current_details(self.details())
-        if phase is NodePhase.PENDING and self._started_pending():
-            return  # the pool started the run with them
+        if not upsert or (phase is NodePhase.PENDING and self._started_pending()):
+            return  # not waited in, or the pool started the run with them
         offer = self.state.offer
         workflow.upsert_search_attributes(
             [
@@ -137,10 +139,10 @@ class Life:
             ]
         )
 
-    def stamp(self, stage: Stage, reason: str = "") -> None:
-        """Record that the node entered `stage` now, and why: for the status query, for the pool
-        (with the next report) and for `tgp status NODE`."""
-        record = StageRecord(stage=stage, at=workflow.now(), reason=reason)
+    def stamp(self, stage: Stage, reason: str = "", at: datetime | None = None) -> None:
+        """Record that the node entered `stage` now (or `at`, when an activity began it), and why:
+        for the status query, for the pool (with the next report) and for `tgp status NODE`."""
+        record = StageRecord(stage=stage, at=at or workflow.now(), reason=reason)
         self.state.stages = upsert_stage(self.state.stages, record)
         self.unreported.append(record)
 
@@ -184,6 +186,12 @@ class Life:
             return report
         self.reports.append(asyncio.ensure_future(self._send(report)))
         return None
+
+    def report_ahead(self, phase: NodePhase) -> PoolReport | None:
+        """The report of `phase`, for an activity that may begin it (it dates the report)."""
+        record = StageRecord(stage=Stage(phase.value), at=workflow.now(), reason=phase_reason(self.state, phase))
+        report = self._node_report([record]).model_copy(update={"phase": phase})
+        return PoolReport(pool_workflow_id=self.req.pool_workflow_id, report=report) if self.req.pool_workflow_id else None
 
     async def _send(self, report: PoolReport) -> None:
         try:

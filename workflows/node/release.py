@@ -38,42 +38,56 @@ async def finish(life: Life, final: NodePhase) -> NodePhase:
 
 
 async def release_all(life: Life) -> None:
-    """Terminate what every attempt may have bought, and give the class its place back."""
-    state = life.state
-    life.enter(NodePhase.TERMINATING)
-    report = life.tell_pool(carry=bool(state.attempts) and state.instance is not None)
+    """Terminate what every attempt may have bought (the current one's already, if its drain
+    released it), and give the class its place back."""
+    state, drained, earlier = life.state, life.drained, _earlier(life)
+    done = drained.released if drained is not None else None
+    class_waits = bool(life.req.class_workflow_id) and not (done is not None and done.released)
+    # Upserted only if waited in: else the end phase, in this same task, is the one to find.
+    waits = bool(earlier) or class_waits or (bool(state.attempts) and done is None)
+    life.enter(NodePhase.TERMINATING, upsert=waits, at=drained.released_at if drained is not None else None)
+    # A drain that released carried its Terminating report; this stamp goes with the end's.
+    report = life.tell_pool(carry=bool(state.attempts) and state.instance is not None) if done is None else None
     released = False
     if state.attempts:
-        current = state.instance.instance_name if state.instance else None
         # The ledger's release goes with the life's last terminate (never before one).
-        last = all(ref.instance_name == current for ref in state.seen)
-        released = await release_attempt(life, report, ledger=life.ledger_call(state.offer) if last else None)
-        for ref in list(state.seen):  # every earlier attempt's name too: a late create may have landed
-            if ref.instance_name != current:
-                await _terminate(life, ref)
+        released = await release_attempt(life, report, ledger=None if earlier else life.ledger_call(state.offer), done=done)
+        for ref in earlier:  # every earlier attempt's name too: a late create may have landed
+            await _terminate(life, ref)
         life.stamp(Stage.RELEASED)
     if life.req.class_workflow_id and not released:
-        await life.call(
-            NodeClassActivities.release_reservation,
-            life.ledger_call(state.offer),
-            timeout=life.timeouts.api_call,
-            retry=CLEANUP_RETRY,
-            summary="release class budget",
-            local=False,
-        )
+        ledger = life.ledger_call(state.offer)
+        await life.call(NodeClassActivities.release_reservation, ledger, timeout=life.timeouts.api_call, retry=CLEANUP_RETRY, local=False, summary="release class budget")
 
 
-async def release_attempt(life: Life, report: PoolReport | None = None, ledger: LedgerCall | None = None) -> bool:
+def _earlier(life: Life) -> list[InstanceRef]:
+    current = life.state.instance.instance_name if life.state.instance else None
+    return [ref for ref in life.state.seen if ref.instance_name != current]
+
+
+def _tailnet(life: Life) -> TailnetCleanupInput:
+    req = life.req
+    return TailnetCleanupInput(hostname=req.node_name, tags=req.tailnet_tags, key_ids=life.state.key_ids, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref)
+
+
+def release_input(life: Life) -> ReleaseInput | None:
+    """The current attempt's release, for its drain (with the class ledger's, if the life's last)."""
+    if life.state.instance is None:
+        return None
+    ledger = None if _earlier(life) else life.ledger_call(life.state.offer)
+    return ReleaseInput(instance=life.state.instance, tailnet=_tailnet(life), node_name=life.req.node_name, ledger=ledger)
+
+
+async def release_attempt(life: Life, report: PoolReport | None = None, ledger: LedgerCall | None = None, done: ReleaseResult | None = None) -> bool:
     """Give back everything the current attempt bought: instance, tailnet key and device, Node.
-    One activity (`release_attempt`) does every step it can; what it could not, is done here.
-    `report` goes with the terminate, `ledger` (the life's last release) too. Whether the
-    ledger's release was made."""
+    One activity (`release_attempt`, or the drain's: `done`) does every step it can; what it
+    could not, is done here. `report` goes with the terminate, `ledger` (the life's last
+    release) too. Whether the ledger's release was made."""
     life.stop_twin_watch()
-    state, req = life.state, life.req
-    tailnet = TailnetCleanupInput(hostname=req.node_name, tags=req.tailnet_tags, key_ids=state.key_ids, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref)
-    done = ReleaseResult(anything_seen=False)
-    if state.instance is not None:
+    state, req, tailnet = life.state, life.req, _tailnet(life)
+    if done is None and state.instance is not None:
         done = await _release(life, ReleaseInput(instance=state.instance, tailnet=tailnet, node_name=req.node_name, ledger=ledger), report)
+    done = done or ReleaseResult(anything_seen=False)
     if not done.tailnet_cleaned:
         await life.call(NodeActivities.remove_from_tailnet, tailnet, timeout=life.timeouts.api_call, retry=CLEANUP_RETRY, summary="remove from tailnet")
     if not done.node_deleted:
