@@ -6,6 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test fault-matrix venv clean histories bench bench-extra crds kube test-real-cluster dev-real-cluster
 
+# Python may write bytecode here (__pycache__/ is ignored), whatever the shell says: the suite
+# and the demo start many Python processes, and Temporal's workflow sandbox imports the workflow
+# modules afresh for every workflow run; without .pyc files each of those compiled them from
+# source (20-30% of a worker's CPU in a burst). The image compiles at install (pip), as here.
+unexport PYTHONDONTWRITEBYTECODE
+
 venv: $(STAMP)
 
 # tgp and, beside it, the simulated world (sim/, its own distribution tgp-sim: never in the
