@@ -107,6 +107,9 @@ def _whose(inp: LaunchInput) -> str:
 POLL_INTERVAL = timedelta(seconds=5)
 # `wait_for_join` looks for the device this often (the tailnet's API, not a provider's).
 JOIN_LOOK_EVERY = timedelta(seconds=1)
+# Once the device joined, `wait_for_join` looks at the Node (Ready, its GPUs) for this long: the
+# join's first look, which spares the workflow a timer where the Node registers with its device.
+JOIN_NODE_LOOK = timedelta(seconds=2)
 # How long a node waits for its pool's answer to "may I be disrupted now?" (budgets). A pool that
 # is deleted, stuck or replaying a long history must not hold its nodes for ever: past this the
 # node goes ahead as it would without budgets.
@@ -298,6 +301,7 @@ class JoinResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: TailnetDevice
     twins: list[InstanceRef] | None = None
+    node: StageLook | None = Field(None, description="With the check's node_name: the look at the Node after the device joined.")
 
 
 class ReleaseResult(BaseModel):
@@ -768,6 +772,7 @@ class NodeActivities:
         watch = asyncio.ensure_future(self._watch_for_twins(twins)) if twins is not None else None
         try:
             device = await self._wait_for_tailnet_join(q)
+            node = await self._look_at_node(q) if q.node_name is not None else None
         finally:
             if watch is not None:
                 if not watch.done():
@@ -775,11 +780,25 @@ class NodeActivities:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watch  # its end taken, whatever it was (an error is logged below)
         if watch is None or watch.cancelled():
-            return JoinResult(device=device)
+            return JoinResult(device=device, node=node)
         if (error := watch.exception()) is not None:
             log.info("twin_watch_left_to_the_workflow", error=type(error).__name__)
-            return JoinResult(device=device)
-        return JoinResult(device=device, twins=watch.result())
+            return JoinResult(device=device, node=node)
+        return JoinResult(device=device, twins=watch.result(), node=node)
+
+    async def _look_at_node(self, q: StageCheck) -> StageLook | None:
+        """The Node Ready with its GPUs (`q.gpus`), looked for JOIN_NODE_LOOK after the device
+        joined; what the last look saw (None: it failed, the workflow waits for the facts)."""
+        until = time.monotonic() + JOIN_NODE_LOOK.total_seconds()
+        while True:
+            try:
+                look = await self.check_stage(StageCheck(node_name=q.node_name, gpus=q.gpus))
+            except Exception as exc:  # noqa: BLE001 - the workflow waits for the facts instead
+                log.info("node_look_failed", error=type(exc).__name__)
+                return None
+            if look.up or time.monotonic() >= until:
+                return look
+            await asyncio.sleep(JOIN_LOOK_EVERY.total_seconds())
 
     async def _wait_for_tailnet_join(self, q: StageCheck) -> TailnetDevice:
         assert q.instance is not None and q.device is not None

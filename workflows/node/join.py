@@ -39,8 +39,10 @@ async def join(life: Life) -> None:
     life.enter(NodePhase.JOINING)
     life.tell_pool()
     t, req = life.timeouts, life.req
+    gpus = life.state.offer.gpu_count if life.state.offer else 1
     device = DeviceQuery(hostname=req.node_name, tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref)
-    check = StageCheck(instance=life.state.instance, device=device)
+    # The wait's last step is the first look at the Node: Ready with its GPUs, no timer is needed.
+    check = StageCheck(instance=life.state.instance, device=device, node_name=req.node_name, gpus=gpus)
     joined = await wait_for(
         life,
         NodeActivities.wait_for_join,
@@ -56,6 +58,11 @@ async def join(life: Life) -> None:
     else:  # the window is not over: the rest of it in the background
         life.twin_watch = asyncio.ensure_future(watch_for_twins(life))
     life.stamp(Stage.TAILNET_JOINED)
+    if isinstance(joined, JoinResult) and joined.node is not None and joined.node.up:
+        life.check_evicted()
+        life.stamp(Stage.NODE_READY)
+        life.stamp(Stage.GPUS_REGISTERED)
+        return
     await wait_for_facts(
         life,
         lambda f: f.present and f.ready,
@@ -65,7 +72,6 @@ async def join(life: Life) -> None:
         recheck=StageCheck(instance=life.state.instance, node_name=req.node_name),
     )
     life.stamp(Stage.NODE_READY)
-    gpus = life.state.offer.gpu_count if life.state.offer else 1
     await wait_for_facts(
         life,
         lambda f: f.present and f.ready and f.gpus >= gpus,
