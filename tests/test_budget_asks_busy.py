@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client, Interceptor, OutboundInterceptor, StartWorkflowUpdateInput, WorkflowUpdateHandle
@@ -129,6 +130,7 @@ async def test_an_ask_a_pool_never_answers_leaves_no_update_open(temporal: Workf
     async with AsyncExitStack() as stack:
         world = await stack.enter_async_context(sim_world(boot_delay=0.05))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.pool_answer_timeout = timedelta(seconds=1)  # the ask and its update: waited out sooner
         queue = f"silent-{uuid.uuid4().hex[:8]}"
         pool = await temporal.client.start_workflow(SilentPool.run, id=queue, task_queue=queue)  # no worker polls it
         stack.push_async_callback(pool.terminate, "test over")

@@ -88,7 +88,7 @@ async def test_the_first_attempts_send_the_report_and_a_retry_past_them_does_not
 
 
 async def test_a_report_that_does_not_go_through_never_holds_or_fails_its_activity(temporal: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("activities.node.REPORT_WAIT", timedelta(milliseconds=50))
+    monkeypatch.setattr("activities.node.reports.REPORT_WAIT", timedelta(milliseconds=50))
     hanging = SignalsSent(gate=asyncio.Event())  # never set: the pool never answers
     assert await asyncio.wait_for(carried_by(temporal, hanging), 5) == "done"  # not held by a pool that does not answer
     assert signals(hanging) == ["node_phase"]
@@ -167,7 +167,7 @@ async def test_reports_made_together_reach_the_pool_together_and_each_is_taken(t
 async def test_a_report_whose_signal_hangs_is_tried_again(temporal: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch's signal that outlasts the batcher's timeout (the client's own retries included)
     is given up, and the report is tried again, as one the server refused: each try a signal."""
-    monkeypatch.setattr("activities.node.REPORT_PAUSE", 0.01)
+    monkeypatch.setattr("activities.node.reports.REPORT_PAUSE", 0.01)
     hanging = SignalsSent(gate=asyncio.Event())  # never set: the pool never answers
     env = ActivityEnvironment(client=Client(**{**temporal.client.config(), "interceptors": [hanging]}))
     batcher = ReportBatcher()

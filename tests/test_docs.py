@@ -621,8 +621,8 @@ class Emitted:
 FORWARDERS = {
     ("activities/entity.py", "emit"): "EventSpec reasons, chosen by the pool (Note)",
     ("activities/entity.py", "_pod_event"): "EventSpec reasons, chosen by the pool (Note)",
-    ("activities/node.py", "_warn_class"): "the literal of each _tell_class/_warn_class call",
-    ("activities/node.py", "_tell_class"): "the literal of each _tell_class call",
+    ("activities/node/base.py", "_warn_class"): "the literal of each _tell_class/_warn_class call",
+    ("activities/node/boot.py", "_tell_class"): "the literal of each _tell_class call",
     ("activities/kube/cluster.py", "create_event"): "its callers' literals",
     ("activities/kube/cluster.py", "record_pod_event"): "its callers' literals",
     ("activities/kube/cluster.py", "record_class_event"): "its callers' literals",
