@@ -81,6 +81,8 @@ async def deployments(kube_api: KubeApi) -> set[str]:
     return {d["metadata"]["name"] for d in (listed or {}).get("items", [])}
 
 
+# 39 s alone; past the suite's 120 s per test at load 5 (a helm install, a life, two upgrades).
+@pytest.mark.timeout(360)
 async def test_helm_install_runs_a_life_on_its_own_accounts_upgrades_and_uninstalls(
     temporal: WorkflowEnvironment, kube_api: KubeApi, tmp_path: Path,
 ) -> None:

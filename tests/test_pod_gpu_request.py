@@ -134,7 +134,7 @@ async def test_the_scheduler_reserves_the_effective_request(kube_api: KubeApi) -
             }  # fmt: skip
             return seen if bound["init-one-main-one"] == node and refused == {"init-two", "sidecar-and-main"} else None
 
-        seen = await eventually(settled, timeout=60, what="the 1-GPU pod bound, the 2-GPU pods Unschedulable")
+        seen = await eventually(settled, timeout=120, what="the 1-GPU pod bound, the 2-GPU pods Unschedulable")
         assert seen is not None
         assert not (seen["init-two"]["spec"].get("nodeName") or seen["sidecar-and-main"]["spec"].get("nodeName"))
         for name, (_, wanted) in pods.items():
