@@ -37,6 +37,7 @@ buys for it again, which is why a node must have run `after` before it is remove
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
@@ -190,36 +191,80 @@ def plan_consolidation(
     minNodes, which removals keep; `min_gpus`: the fewest GPUs a replacement may have.
 
     The same input in any order gives the same plan (nodes are taken by name)."""
-    by_name = sorted(nodes, key=lambda n: n.name)
-    pool = len(by_name) if pool_nodes is None else pool_nodes
-    actions: list[Action] = []
-    blocked: list[Blocked] = []
+    planning = _Planning(
+        nodes=sorted(nodes, key=lambda n: n.name),
+        offers=offers,
+        policy=policy,
+        budgets=budgets,
+        now=now,
+        pool=len(nodes) if pool_nodes is None else pool_nodes,
+        disrupting=disrupting,
+        min_nodes=min_nodes,
+        min_gpus=min_gpus,
+    )
+    _replace_drifted(planning)
+    _remove_underutilized(planning)
+    _merge_several(planning)
+    _reshop(planning)
+    return _plan_of(planning)
 
-    merged: list[str] = []
 
-    def budget_allows(reason: DisruptionReason) -> str:
-        verdict = allowed_disruptions(budgets, now, reason, pool, disrupting + len(actions) + len(merged))
+@dataclass
+class _Planning:
+    """What the steps of `plan_consolidation` share: its input (nodes by name) and what the
+    steps before decided. Each action, and the merge, counts against the budgets of the next."""
+
+    nodes: list[ConsolidationNode]
+    offers: Sequence[OfferSize] | None
+    policy: Consolidation | None
+    budgets: Sequence[DisruptionBudget]
+    now: datetime
+    pool: int  # the nodes a percentage budget is of
+    disrupting: int
+    min_nodes: int
+    min_gpus: int
+    actions: list[Action] = field(default_factory=list)
+    blocked: list[Blocked] = field(default_factory=list)
+    touched: set[str] = field(default_factory=set)  # drifted: going away either way, neither a target nor a candidate
+    removed: set[str] = field(default_factory=set)
+    receivers: set[str] = field(default_factory=set)  # took pods of a removed node: they stay
+    merge: Merge | None = None
+
+    @property
+    def merged(self) -> list[str]:
+        return self.merge.nodes if self.merge else []
+
+    @property
+    def removes_underutilized(self) -> bool:
+        """WhenEmpty only re-shops nodes that run pods."""
+        return self.policy is not None and self.policy.policy == "WhenEmptyOrUnderutilized"
+
+    def budget_refusal(self, reason: DisruptionReason) -> str:
+        """Why the budgets allow no more disruption for `reason` now; "" when they do."""
+        verdict = allowed_disruptions(self.budgets, self.now, reason, self.pool, self.disrupting + len(self.actions) + len(self.merged))
         return "" if verdict.permits() else verdict.message
 
-    def held(node: ConsolidationNode, reason: DisruptionReason, saving: Decimal = Decimal(0)) -> bool:
+    def held(self, node: ConsolidationNode, reason: DisruptionReason, saving: Decimal = Decimal(0)) -> bool:
+        """Whether do-not-disrupt holds `node` (recorded as blocked if it does)."""
         if not node.do_not_disrupt:
             return False
         shown = ", ".join(node.holders[:3]) or "the Node"
-        blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.DO_NOT_DISRUPT, saving=saving, message=f"do-not-disrupt holds it: {shown}"))
+        self.blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.DO_NOT_DISRUPT, saving=saving, message=f"do-not-disrupt holds it: {shown}"))
         return True
 
-    # 1. Drift: replaced like for like.
-    touched: set[str] = set()
-    for node in by_name:
+
+def _replace_drifted(s: _Planning) -> None:
+    """1. Drift: replaced like for like."""
+    for node in s.nodes:
         if not node.drifted:
             continue
-        touched.add(node.name)  # going away either way: neither a target nor a candidate
-        if held(node, DisruptionReason.DRIFTED):
+        s.touched.add(node.name)
+        if s.held(node, DisruptionReason.DRIFTED):
             continue
-        if why := budget_allows(DisruptionReason.DRIFTED):
-            blocked.append(Blocked(node=node.name, reason=DisruptionReason.DRIFTED, cause=Cause.BUDGET, message=why))
+        if why := s.budget_refusal(DisruptionReason.DRIFTED):
+            s.blocked.append(Blocked(node=node.name, reason=DisruptionReason.DRIFTED, cause=Cause.BUDGET, message=why))
             continue
-        actions.append(
+        s.actions.append(
             Action(
                 node=node.name,
                 kind=ActionKind.REPLACE,
@@ -229,125 +274,135 @@ def plan_consolidation(
             )
         )
 
-    # 2. Underutilized: remove nodes whose pods fit on the free GPUs of the nodes that stay.
-    # A node still inside its own `after` window takes no pods (Karpenter's consolidateAfter: a
-    # node that changed lately is not a destination either): they would move onto a node that
-    # may itself go, or whose pods have not settled.
-    after = policy.after if policy is not None else timedelta(0)
-    free = {n.name: n.free for n in by_name if n.name not in touched and n.running_for >= after}
-    receivers: set[str] = set()
-    removed: set[str] = set()
-    if policy is not None and policy.policy == "WhenEmptyOrUnderutilized":  # WhenEmpty: nodes that run pods are only re-shopped
-        candidates = sorted((n for n in by_name if n.name not in touched and n.pods and not n.nominated), key=lambda n: (n.used, -(n.hourly_price or 0), n.name))
-        for node in candidates:
-            if node.name in receivers:
-                continue  # took pods of a removed node: it stays, so no pod moves twice
-            if node.hourly_price is None:
-                continue  # reported below, as re-shopping cannot price it either
-            reason = DisruptionReason.UNDERUTILIZED
-            saving = node.hourly_price
-            moves = _place(node, free, removed | {node.name})
-            if moves is None:
-                continue  # its pods fit nowhere else: not underutilized
-            if held(node, reason, saving):
-                continue
-            if node.running_for < policy.after:
-                blocked.append(
-                    Blocked(
-                        node=node.name,
-                        reason=reason,
-                        cause=Cause.AFTER,
-                        saving=saving,
-                        message=f"its pods fit on other nodes, but it has run {format_duration(node.running_for)}, less than after ({format_duration(policy.after)})",
-                    )
-                )
-                continue
-            if len(by_name) - len(removed) - 1 < min_nodes:  # a drifted node is replaced: it still counts
-                blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.MIN_NODES, saving=saving, message=f"the pool keeps minNodes ({min_nodes})"))
-                continue
-            if why := budget_allows(reason):
-                blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.BUDGET, saving=saving, message=why))
-                continue
-            for pod, target in moves.items():
-                free[target] -= node.pods[pod]
-                receivers.add(target)
-            removed.add(node.name)
-            free.pop(node.name, None)
-            targets = sorted(set(moves.values()))
-            actions.append(
-                Action(
-                    node=node.name,
-                    kind=ActionKind.REMOVE,
-                    reason=reason,
-                    hourly_price=node.hourly_price,
-                    saving=saving,
-                    moves=moves,
-                    message=f"its {len(node.pods)} pod(s) fit on the free GPUs of {', '.join(targets)}: removing it saves ${saving}/h",
-                )
-            )
 
-    # 3. Several into one: the pods of nodes that stay (and took none) fit one cheaper new node.
-    merge = None
-    if policy is not None and policy.policy == "WhenEmptyOrUnderutilized" and offers is not None:
-        verdict = allowed_disruptions(budgets, now, DisruptionReason.UNDERUTILIZED, pool, disrupting + len(actions))
-        most = len(by_name) - len(removed) + 1 - min_nodes  # the new node counts toward minNodes
-        movable = [
-            n
-            for n in by_name
-            if n.name not in touched | removed | receivers and n.pods and not n.nominated and not n.do_not_disrupt and n.running_for >= policy.after
-        ]
-        movable.sort(key=lambda n: (n.used, -(n.hourly_price or 0), n.name))
-        merge = plan_merge(movable, offers, policy, most if verdict.allowed is None else min(most, verdict.allowed), min_gpus)
-        merged.extend(merge.nodes if merge else [])
-
-    # 4. Cheaper: re-shop the nodes that stay and took no pods.
-    held_already = {b.node for b in blocked if b.cause is Cause.DO_NOT_DISRUPT}
-    for node in by_name:
-        if node.name in touched or node.name in removed or node.name in receivers or node.name in held_already or node.nominated or node.name in merged:
+def _remove_underutilized(s: _Planning) -> None:
+    """2. Underutilized: remove nodes whose pods fit on the free GPUs of the nodes that stay.
+    A node still inside its own `after` window takes no pods (Karpenter's consolidateAfter: a
+    node that changed lately is not a destination either): they would move onto a node that
+    may itself go, or whose pods have not settled."""
+    if s.policy is None or not s.removes_underutilized:
+        return
+    free = {n.name: n.free for n in s.nodes if n.name not in s.touched and n.running_for >= s.policy.after}
+    candidates = sorted((n for n in s.nodes if n.name not in s.touched and n.pods and not n.nominated), key=lambda n: (n.used, -(n.hourly_price or 0), n.name))
+    for node in candidates:
+        if node.name in s.receivers:
+            continue  # took pods of a removed node: it stays, so no pod moves twice
+        if node.hourly_price is None:
+            continue  # reported by the re-shop, as it cannot price it either
+        moves = _place(node, free, s.removed | {node.name})
+        if moves is None:
+            continue  # its pods fit nowhere else: not underutilized
+        if s.held(node, DisruptionReason.UNDERUTILIZED, node.hourly_price):
             continue
-        reason = DisruptionReason.CHEAPER
-        need = max(node.used, min_gpus)
-        best = cheapest_holding(offers, need) if offers is not None else None
-        if node.hourly_price is None or offers is None:
-            if policy is not None:
-                blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.NO_PRICE, message="its price or the current offers are unknown"))
+        if hold := _removal_hold(s, s.policy, node, node.hourly_price):
+            s.blocked.append(hold)
             continue
-        verdict = reshop(node.hourly_price, node.running_for, best.hourly_price if best else None, policy)
-        if policy is None:
-            if verdict.saving > 0:
-                blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.OFF, saving=verdict.saving, message="consolidation is off (spec.disruption.consolidation)"))
-            continue
-        if best is None or verdict.saving <= 0:
-            continue  # nothing cheaper: not a candidate
-        if not verdict.replace:
-            cheap_enough = verdict.saving >= node.hourly_price * cheaper_by(policy)
-            cause = Cause.AFTER if cheap_enough else Cause.THRESHOLD
-            blocked.append(Blocked(node=node.name, reason=reason, cause=cause, saving=verdict.saving, message=verdict.message))
-            continue
-        if held(node, reason, verdict.saving):
-            continue
-        if why := budget_allows(reason):
-            blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.BUDGET, saving=verdict.saving, message=why))
-            continue
-        actions.append(
+        for pod, target in moves.items():
+            free[target] -= node.pods[pod]
+            s.receivers.add(target)
+        s.removed.add(node.name)
+        free.pop(node.name, None)
+        targets = sorted(set(moves.values()))
+        s.actions.append(
             Action(
                 node=node.name,
-                kind=ActionKind.REPLACE,
-                reason=reason,
+                kind=ActionKind.REMOVE,
+                reason=DisruptionReason.UNDERUTILIZED,
                 hourly_price=node.hourly_price,
-                replacement_price=best.hourly_price,
-                replacement_gpus=best.gpu_count,
-                saving=verdict.saving,
-                message=f"{verdict.message}: replaced by a {best.gpu_count}-GPU node, Ready before it drains",
+                saving=node.hourly_price,
+                moves=moves,
+                message=f"its {len(node.pods)} pod(s) fit on the free GPUs of {', '.join(targets)}: removing it saves ${node.hourly_price}/h",
             )
         )
-    # One line per node: what it will do, else the first thing that holds it back.
-    acted = {a.node for a in actions} | set(merged)
+
+
+def _removal_hold(s: _Planning, policy: Consolidation, node: ConsolidationNode, saving: Decimal) -> Blocked | None:
+    """What holds back removing `node`, whose pods fit elsewhere: its `after`, minNodes, a budget."""
+    reason = DisruptionReason.UNDERUTILIZED
+    if node.running_for < policy.after:
+        return Blocked(
+            node=node.name,
+            reason=reason,
+            cause=Cause.AFTER,
+            saving=saving,
+            message=f"its pods fit on other nodes, but it has run {format_duration(node.running_for)}, less than after ({format_duration(policy.after)})",
+        )
+    if len(s.nodes) - len(s.removed) - 1 < s.min_nodes:  # a drifted node is replaced: it still counts
+        return Blocked(node=node.name, reason=reason, cause=Cause.MIN_NODES, saving=saving, message=f"the pool keeps minNodes ({s.min_nodes})")
+    if why := s.budget_refusal(reason):
+        return Blocked(node=node.name, reason=reason, cause=Cause.BUDGET, saving=saving, message=why)
+    return None
+
+
+def _merge_several(s: _Planning) -> None:
+    """3. Several into one: the pods of nodes that stay (and took none) fit one cheaper new node."""
+    if s.policy is None or not s.removes_underutilized or s.offers is None:
+        return
+    verdict = allowed_disruptions(s.budgets, s.now, DisruptionReason.UNDERUTILIZED, s.pool, s.disrupting + len(s.actions))
+    most = len(s.nodes) - len(s.removed) + 1 - s.min_nodes  # the new node counts toward minNodes
+    decided = s.touched | s.removed | s.receivers  # going, or took pods: not merged
+    movable = [n for n in s.nodes if n.name not in decided and n.pods and not n.nominated and not n.do_not_disrupt and n.running_for >= s.policy.after]
+    movable.sort(key=lambda n: (n.used, -(n.hourly_price or 0), n.name))
+    s.merge = plan_merge(movable, s.offers, s.policy, most if verdict.allowed is None else min(most, verdict.allowed), s.min_gpus)
+
+
+def _reshop(s: _Planning) -> None:
+    """4. Cheaper: re-shop the nodes that stay and took no pods (and that nothing above holds)."""
+    held_already = {b.node for b in s.blocked if b.cause is Cause.DO_NOT_DISRUPT}
+    for node in s.nodes:
+        if node.name in s.touched or node.name in s.removed or node.name in s.receivers or node.name in held_already or node.nominated or node.name in s.merged:
+            continue
+        _reshop_node(s, node)
+
+
+def _reshop_node(s: _Planning, node: ConsolidationNode) -> None:
+    """Replace `node` by the cheapest offer that holds its pods, or record what holds it back."""
+    reason = DisruptionReason.CHEAPER
+    best = cheapest_holding(s.offers, max(node.used, s.min_gpus)) if s.offers is not None else None
+    if node.hourly_price is None or s.offers is None:
+        if s.policy is not None:
+            s.blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.NO_PRICE, message="its price or the current offers are unknown"))
+        return
+    verdict = reshop(node.hourly_price, node.running_for, best.hourly_price if best else None, s.policy)
+    if s.policy is None:
+        if verdict.saving > 0:
+            s.blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.OFF, saving=verdict.saving, message="consolidation is off (spec.disruption.consolidation)"))
+        return
+    if best is None or verdict.saving <= 0:
+        return  # nothing cheaper: not a candidate
+    if not verdict.replace:
+        cheap_enough = verdict.saving >= node.hourly_price * cheaper_by(s.policy)
+        cause = Cause.AFTER if cheap_enough else Cause.THRESHOLD
+        s.blocked.append(Blocked(node=node.name, reason=reason, cause=cause, saving=verdict.saving, message=verdict.message))
+        return
+    if s.held(node, reason, verdict.saving):
+        return
+    if why := s.budget_refusal(reason):
+        s.blocked.append(Blocked(node=node.name, reason=reason, cause=Cause.BUDGET, saving=verdict.saving, message=why))
+        return
+    s.actions.append(
+        Action(
+            node=node.name,
+            kind=ActionKind.REPLACE,
+            reason=reason,
+            hourly_price=node.hourly_price,
+            replacement_price=best.hourly_price,
+            replacement_gpus=best.gpu_count,
+            saving=verdict.saving,
+            message=f"{verdict.message}: replaced by a {best.gpu_count}-GPU node, Ready before it drains",
+        )
+    )
+
+
+def _plan_of(s: _Planning) -> ConsolidationPlan:
+    """The plan: the actions, the merge, and one line per node held back (the first thing that
+    holds it; none for a node an action or the merge takes)."""
+    acted = {a.node for a in s.actions} | set(s.merged)
     first: dict[str, Blocked] = {}
-    for b in blocked:
+    for b in s.blocked:
         if b.node not in acted:
             first.setdefault(b.node, b)
-    return ConsolidationPlan(actions=actions, merge=merge, blocked=list(first.values()))
+    return ConsolidationPlan(actions=s.actions, merge=s.merge, blocked=list(first.values()))
 
 
 def _place(node: ConsolidationNode, free: Mapping[str, int], leaving: set[str]) -> dict[str, str] | None:

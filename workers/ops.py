@@ -20,7 +20,7 @@ from activities.accounts import ProviderRegistry
 from activities.clouds.registry import providers_from_env
 from activities.kube.cluster import node_summary_of
 from tgp.capacity import OfferSize
-from tgp.consolidation import ConsolidationNode, describe_plan, plan_consolidation
+from tgp.consolidation import ConsolidationNode, ConsolidationPlan, describe_plan, plan_consolidation
 from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool, GPUNodePoolStatus, format_duration
 from tgp.demand import UnreadablePod, gpu_request
 from tgp.disruption import pod_holds_node
@@ -134,12 +134,30 @@ async def _plan_pool(pool_ref: str, *, limit: int) -> str:
 async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass: GPUNodeClass, ranked: list[Offer]) -> list[str]:
     """What disruption would do to the pool's Ready nodes now (tgp.consolidation over the
     cluster as it is and the offers just listed), and what holds each candidate back."""
+    status = pool.status or GPUNodePoolStatus()
+    now = datetime.now(UTC)
+    nodes = await _consolidation_nodes(cluster, pool, klass, now)
+    disruption = pool.spec.disruption
+    result = plan_consolidation(
+        nodes,
+        _cheapest_sizes(ranked),
+        disruption.consolidation_policy,
+        disruption.budgets,
+        now,
+        disrupting=status.disrupting,
+        min_nodes=pool.spec.min_nodes,
+        min_gpus=offer_requirements(pool.spec, klass.spec).min_gpu_count,
+    )
+    return _disruption_lines(pool, status, len(nodes), result)
+
+
+async def _consolidation_nodes(cluster: KubernetesCluster, pool: GPUNodePool, klass: GPUNodeClass, now: datetime) -> list[ConsolidationNode]:
+    """The pool's Ready, schedulable Nodes as consolidation sees them, by name: price and age
+    from the pool's status, pods and do-not-disrupt holders from the cluster, and drift."""
     namespace = pool.metadata.namespace or "default"
     selector = f"{LABEL_POOL}={pool.metadata.name},{LABEL_POOL_NAMESPACE}={namespace}"
-    status = pool.status or GPUNodePoolStatus()
-    recorded = {n.name: n for n in status.nodes}
+    recorded = {n.name: n for n in (pool.status or GPUNodePoolStatus()).nodes}
     current_hash = drift_hash(klass.spec, pool.spec)
-    now = datetime.now(UTC)
     nodes: list[ConsolidationNode] = []
     for obj in sorted(await cluster.list_objects("nodes", label_selector=selector), key=lambda o: (o.get("metadata") or {}).get("name") or ""):
         summary = node_summary_of(obj)
@@ -148,21 +166,8 @@ async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass:
         meta = obj.get("metadata") or {}
         mine = recorded.get(summary.name)
         since = (mine.created_at if mine else None) or _timestamp(meta.get("creationTimestamp")) or now
-        pods: dict[str, int] = {}
-        holders = ["the Node"] if summary.do_not_disrupt else []
-        for pod in await cluster.list_objects("pods", field_selector=f"spec.nodeName={summary.name}"):
-            pmeta, phase = pod.get("metadata") or {}, (pod.get("status") or {}).get("phase") or "Pending"
-            if phase in ("Succeeded", "Failed"):
-                continue
-            key = f"{pmeta.get('namespace')}/{pmeta.get('name')}"
-            if pod_holds_node(pmeta.get("annotations"), phase, bool(pmeta.get("deletionTimestamp"))):
-                holders.append(key)
-            try:
-                gpus = gpu_request(pod)
-            except (UnreadablePod, ValueError, TypeError):
-                gpus = 0
-            if gpus:
-                pods[key] = gpus
+        pods, pod_holders = await _pods_on(cluster, summary.name)
+        holders = (["the Node"] if summary.do_not_disrupt else []) + pod_holders
         # The hash the node was made with, as its pool's status lists it (an annotation, if a
         # Node carries one, for Nodes the status does not list).
         recorded_hash = (mine.drift_hash if mine else None) or (meta.get("annotations") or {}).get(DRIFT_HASH_ANNOTATION)
@@ -180,22 +185,42 @@ async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass:
                 or bool(unmet_requirements(_facts(summary.labels, summary.gpus), klass.spec, pool.spec)),
             )
         )
+    return nodes
+
+
+async def _pods_on(cluster: KubernetesCluster, node: str) -> tuple[dict[str, int], list[str]]:
+    """The GPUs each unfinished pod on `node` requests (namespace/name -> GPUs; pods with none
+    left out), and the pods that hold the node (do-not-disrupt)."""
+    pods: dict[str, int] = {}
+    holders: list[str] = []
+    for pod in await cluster.list_objects("pods", field_selector=f"spec.nodeName={node}"):
+        pmeta, phase = pod.get("metadata") or {}, (pod.get("status") or {}).get("phase") or "Pending"
+        if phase in ("Succeeded", "Failed"):
+            continue
+        key = f"{pmeta.get('namespace')}/{pmeta.get('name')}"
+        if pod_holds_node(pmeta.get("annotations"), phase, bool(pmeta.get("deletionTimestamp"))):
+            holders.append(key)
+        try:
+            gpus = gpu_request(pod)
+        except (UnreadablePod, ValueError, TypeError):
+            gpus = 0
+        if gpus:
+            pods[key] = gpus
+    return pods, holders
+
+
+def _cheapest_sizes(ranked: list[Offer]) -> list[OfferSize] | None:
+    """The cheapest offer of each GPU count, fewest GPUs first; None when there are no offers."""
     sizes: dict[int, OfferSize] = {}
     for o in sorted(ranked, key=lambda o: o.hourly_price):
         sizes.setdefault(o.gpu_count, OfferSize(gpu_count=o.gpu_count, hourly_price=o.hourly_price))
+    return [sizes[c] for c in sorted(sizes)] if sizes else None
+
+
+def _disruption_lines(pool: GPUNodePool, status: GPUNodePoolStatus, ready: int, result: ConsolidationPlan) -> list[str]:
+    """The plan's section of `tgp plan`: the pool's consolidation and budgets, then the plan."""
     disruption = pool.spec.disruption
     policy = disruption.consolidation_policy
-    req = offer_requirements(pool.spec, klass.spec)
-    result = plan_consolidation(
-        nodes,
-        [sizes[c] for c in sorted(sizes)] if sizes else None,
-        policy,
-        disruption.budgets,
-        now,
-        disrupting=status.disrupting,
-        min_nodes=pool.spec.min_nodes,
-        min_gpus=req.min_gpu_count,
-    )
     how = (
         f"{policy.policy}, cheaperBy {policy.cheaper_by}, after {format_duration(policy.after)}"
         if policy is not None
@@ -203,7 +228,7 @@ async def _disruption_plan(cluster: KubernetesCluster, pool: GPUNodePool, klass:
     )
     budgets = "; ".join(b.describe() for b in disruption.budgets) or "none (no limit)"
     lines = [
-        f"DISRUPTION now ({len(nodes)} Ready node(s), {status.disrupting} disrupting; this command disrupts nothing)",
+        f"DISRUPTION now ({ready} Ready node(s), {status.disrupting} disrupting; this command disrupts nothing)",
         f"  consolidation: {how}",
         f"  budgets: {budgets}",
     ]
