@@ -129,7 +129,8 @@ async def wait_for(life: Life, activity: Any, check: StageCheck, *, more: tuple[
     finally:
         if not evicted.done():
             evicted.cancel()
-    await _last_look(life, check, summary=summary, failure=failure)
+    # The stage is the instance and its device: a Node still coming up is the next stage's (keep what is up).
+    await _last_look(life, check.model_copy(update={"node_name": None, "gpus": None}), summary=summary, failure=failure)
     return None
 
 

@@ -44,7 +44,8 @@ async def release_all(life: Life) -> None:
     done = drained.released if drained is not None else None
     class_waits = bool(life.req.class_workflow_id) and not (done is not None and done.released)
     # Upserted only if waited in: else the end phase, in this same task, is the one to find.
-    waits = bool(earlier) or class_waits or (bool(state.attempts) and done is None)
+    cleanup_waits = done is not None and not (done.tailnet_cleaned and done.node_deleted)
+    waits = bool(earlier) or class_waits or cleanup_waits or (bool(state.attempts) and done is None)
     life.enter(NodePhase.TERMINATING, upsert=waits, at=drained.released_at if drained is not None else None)
     # A drain that released carried its Terminating report; this stamp goes with the end's.
     report = life.tell_pool(carry=bool(state.attempts) and state.instance is not None) if done is None else None
