@@ -233,10 +233,15 @@ async def test_a_gpu_deployment_in_the_demo_world_buys_a_node_and_runs_there(tem
             return response.status_code != 403
 
         await eventually(created, timeout=CONVERGE, what="the Deployment created")
-        [node] = await ready_nodes(s, "ml", "rtx", 1)
+        try:
+            [node] = await ready_nodes(s, "ml", "rtx", 1)
 
-        async def serving() -> bool:
-            pods = (await s.kube.get("/api/v1/namespaces/ml/pods", params={"labelSelector": "app=serve"})).json()["items"]
-            return any(p["spec"].get("nodeName") == node["name"] and p["status"].get("phase") == "Running" for p in pods)
+            async def serving() -> bool:
+                pods = (await s.kube.get("/api/v1/namespaces/ml/pods", params={"labelSelector": "app=serve"})).json()["items"]
+                return any(p["spec"].get("nodeName") == node["name"] and p["status"].get("phase") == "Running" for p in pods)
 
-        await eventually(serving, timeout=CONVERGE, what=f"the Deployment's pod running on {node['name']}")
+            await eventually(serving, timeout=CONVERGE, what=f"the Deployment's pod running on {node['name']}")
+        finally:
+            # Namespace ml outlives the test on a real cluster: a Deployment left there has its
+            # controller make pods for ever, and the next tests' pools buy nodes for them.
+            await s.kube.delete("/apis/apps/v1/namespaces/ml/deployments/serve", params={"propagationPolicy": "Background"})
