@@ -21,7 +21,7 @@ import sys
 import tempfile
 import tomllib
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,10 +155,18 @@ def _label(obj: dict[str, Any]) -> str:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_rendered_object_is_valid_for_kubernetes(name: str, version: str) -> None:
     """Strict schema validation: wrong types, missing required fields and unknown fields fail."""
+    checked = validate_strictly(render(name), name, version)
+    assert checked >= 14, [_label(o) for o in render(name)]
+
+
+def validate_strictly(objects: Iterable[dict[str, Any]], name: str, version: str) -> int:
+    """Validate each object against Kubernetes `version`'s schema, strictly (the ServiceMonitor,
+    not a Kubernetes type, aside: its own tests check it); fail naming the object and field.
+    Returns how many were checked. The overlays and the Helm chart share it."""
     checked = 0
-    for obj in render(name):
+    for obj in objects:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # not a Kubernetes type: test_service_monitor_scrapes_both_processes
+            continue
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -166,7 +174,7 @@ def test_every_rendered_object_is_valid_for_kubernetes(name: str, version: str) 
         except kubernetes_validate.SchemaNotFoundError as exc:
             pytest.fail(f"{name}: {_label(obj)}: {exc.message}")
         checked += 1
-    assert checked >= 14, [_label(o) for o in render(name)]
+    return checked
 
 
 def test_the_validation_is_not_vacuous() -> None:

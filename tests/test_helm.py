@@ -19,11 +19,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
-from tests.test_deploy import BRIDGE_USES, KUBERNETES_VERSIONS, RBAC_KINDS, WORKER_USES, dockerfile_uid
+from tests.test_deploy import BRIDGE_USES, KUBERNETES_VERSIONS, RBAC_KINDS, WORKER_USES, dockerfile_uid, validate_strictly
 from tests.test_deploy import render as kustomize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,15 +122,7 @@ def test_chart_version_is_tgps() -> None:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_rendered_object_is_valid_for_kubernetes(name: str, version: str) -> None:
     """Strict schema validation: wrong types, missing required fields and unknown fields fail."""
-    checked = 0
-    for obj in template(RENDERS[name]):
-        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # not a Kubernetes type: test_the_service_monitor_selects_the_metrics_services
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{name}: {_label(obj)} at {'.'.join(map(str, exc.path))}: {exc.message}")
-        checked += 1
+    checked = validate_strictly(template(RENDERS[name]), name, version)
     assert checked >= 13, [_label(o) for o in template(RENDERS[name])]
 
 
