@@ -97,6 +97,17 @@ class VersionedSecret:
     resource_version: str
 
 
+@dataclass(frozen=True)
+class ListedSecret:
+    """One Secret of a labelled listing: its name, decoded data, resourceVersion and
+    annotations. Never log `data`."""
+
+    name: str
+    data: dict[str, bytes] = field(repr=False)
+    resource_version: str
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
 class EvictionBlocked(Exception):
     """A PodDisruptionBudget forbids this eviction right now (HTTP 429)."""
 
@@ -149,4 +160,25 @@ class Cluster(Protocol):
 
     async def read_secret_versioned(self, namespace: str, name: str) -> VersionedSecret | None:
         """The Secret's data with its resourceVersion, or None when it does not exist."""
+        ...
+
+    # tgp's own Secrets in its namespace (activities/kept_accounts.py): the keys that bought nodes.
+
+    async def create_secret(
+        self, namespace: str, name: str, data: Mapping[str, bytes], *, labels: Mapping[str, str], annotations: Mapping[str, str]
+    ) -> bool:
+        """Create the Secret; False when one of that name exists already (left as it is)."""
+        ...
+
+    async def annotate_secret(self, namespace: str, name: str, annotations: Mapping[str, str]) -> bool:
+        """Merge `annotations` into the Secret's; False when it does not exist."""
+        ...
+
+    async def list_secrets(self, namespace: str, label_selector: str) -> list[ListedSecret]:
+        """The Secrets of `namespace` that `label_selector` selects."""
+        ...
+
+    async def delete_secret(self, namespace: str, name: str, *, resource_version: str) -> bool:
+        """Delete the Secret if it is still at `resource_version`; False when it is gone or has
+        changed since (a writer got there first)."""
         ...

@@ -31,7 +31,7 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
-from activities.ports import EvictionBlocked, VersionedSecret
+from activities.ports import EvictionBlocked, ListedSecret, VersionedSecret
 from tgp.crds import GROUP, VERSION
 from tgp.disruption import do_not_disrupt
 from tgp.drift import patch_labels, patch_taints
@@ -521,6 +521,74 @@ class KubernetesCluster:
             return None
         data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
         return VersionedSecret(data=data, resource_version=(secret.metadata.resource_version if secret.metadata else None) or "")
+
+    async def create_secret(
+        self, namespace: str, name: str, data: Mapping[str, bytes], *, labels: Mapping[str, str], annotations: Mapping[str, str]
+    ) -> bool:
+        """Create an Opaque Secret; False when one of that name exists already (409, left as it
+        is). Callers must never log `data`."""
+        core = await self._client()
+        body = k8s.V1Secret(
+            metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=dict(labels), annotations=dict(annotations)),
+            type="Opaque",
+            data={k: base64.b64encode(v).decode() for k, v in data.items()},
+        )
+        try:
+            await self._call(f"create Secret {namespace}/{name}", core.create_namespaced_secret(namespace, body, _request_timeout=self._timeout), passthrough={409})
+        except ApiException:
+            return False
+        return True
+
+    async def annotate_secret(self, namespace: str, name: str, annotations: Mapping[str, str]) -> bool:
+        """Merge `annotations` into the Secret's (a merge patch of its metadata only); False when
+        it does not exist."""
+        core = await self._client()
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        try:
+            await self._call(
+                f"annotate Secret {namespace}/{name}",
+                core.patch_namespaced_secret(name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=self._timeout),
+                passthrough={404},
+            )
+        except ApiException:
+            return False
+        return True
+
+    async def list_secrets(self, namespace: str, label_selector: str) -> list[ListedSecret]:
+        """The Secrets of `namespace` that `label_selector` selects, decoded. Callers must never
+        log the data."""
+        core = await self._client()
+        found: list[ListedSecret] = []
+        token: str | None = None
+        while True:
+            page = await self._call(
+                f"list Secrets in {namespace} ({label_selector})",
+                core.list_namespaced_secret(
+                    namespace, label_selector=label_selector, limit=LIST_PAGE_SIZE, _continue=token, _request_timeout=self._timeout
+                ),
+            )
+            for secret in page.items or []:
+                meta = secret.metadata or k8s.V1ObjectMeta()
+                data = {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+                found.append(ListedSecret(name=meta.name or "", data=data, resource_version=meta.resource_version or "", annotations=dict(meta.annotations or {})))
+            token = page.metadata.var_continue if page.metadata else None
+            if not token:
+                return found
+
+    async def delete_secret(self, namespace: str, name: str, *, resource_version: str) -> bool:
+        """Delete the Secret if it is still at `resource_version` (a precondition the API server
+        checks); False when it is gone (404) or has changed since (409)."""
+        core = await self._client()
+        options = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(resource_version=resource_version))
+        try:
+            await self._call(
+                f"delete Secret {namespace}/{name}",
+                core.delete_namespaced_secret(name, namespace, body=options, _request_timeout=self._timeout),
+                passthrough={404, 409},
+            )
+        except ApiException:
+            return False
+        return True
 
     async def create_event(self, ref: CustomResource, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
         """Record a core/v1 Event about `ref` (shown by `kubectl describe`)."""
