@@ -13,11 +13,21 @@ the fingerprint of the key that bought it (`account_of`); when the Secret holds 
 since, the registry looks the node's instance up with the Secret's current key first (a
 rotation: the same account) and, when that key does not see it, with the key it was bought with
 (a switch to another account): kept open in this process (an adapter replaced by a new key is
-not closed but kept, bounded, `MAX_KEPT_ACCOUNTS`), or found under any key of the Secret (keep
-the old key there until the old nodes end). A key that answers 401 (revoked) sees nothing. An
-instance no key can reach is an error that says what to do, never "gone" (which would abandon a
-billing instance), and the class's validation says that its Secret names another account than
-running nodes were bought with (`account_problems`).
+not closed but kept, bounded, `MAX_KEPT_ACCOUNTS`), found under any key of the Secret, or kept
+for every worker (below). A key that answers 401 (revoked) sees nothing. An instance no key can
+reach is an error that says what to do, never "gone" (which would abandon a billing instance),
+and the class's validation says that its Secret names another account than running nodes were
+bought with (`account_problems`).
+
+What a worker needs to end what it bought is kept durably and for every replica, never in
+workflow history: before a launch buys with a class's key (`for_purchase`), the key is kept in a
+Secret of tgp's own, `tgp-system/tgp-kept-<provider>-<account>` (activities/kept_accounts.py).
+With the class's Secret deleted or its key removed, any worker (this one, a restarted one, the
+other replica) reaches a node's instance with the key of its recorded account: the adapter it
+still has open, else the kept one. Never to buy: a purchase needs the class's Secret, and its
+absence is an error that names it (and the class says CredentialsMissing, naming it). A node
+bought before keys were kept has its key kept at its first look with the Secret's key. The
+sweeper forgets a kept key once its account holds no tgp instance (`KeptAccounts.forget_unused`).
 
 A provider the class gives no credentialsRef for uses the worker's own adapter, built from
 its environment (activities/clouds/registry.py `providers_from_env`): what `tgp offers`
@@ -50,15 +60,17 @@ from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.tailnets.tailscale import DEFAULT_BASE_URL as TAILSCALE_API_URL
 from activities.tailnets.tailscale import TailscaleTailnet
 from activities.clouds.registry import build_provider, static_capabilities
+from activities.kept_accounts import Build, KeptAccounts, account_of
+from activities.account_reach import AccountUnavailable, BoughtWith, SharedLookups
 from activities.name_lists import LookupsByAccount
 from activities.offer_cache import OfferCache
 from tgp.capabilities import ProviderCapabilities
-from tgp.errors import AuthError, ConfigError, TgpError, TransientError
+from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError
 from activities.tailnets.servers import GuardedTransport, address_problem, allows_internal, bound_server_problem
 from tgp.secrets import class_reference_problem, register_process
 from tgp.types import CredentialsRef, TailnetRef
 
-__all__ = ["RETIRE_AFTER", "ProviderRegistry", "TailnetRegistry", "VersionedAdapters", "secret_value"]
+__all__ = ["RETIRE_AFTER", "ProviderRegistry", "TailnetRegistry", "VersionedAdapters", "account_of", "secret_value"]
 
 log = structlog.get_logger("tgp.credentials")
 
@@ -66,26 +78,14 @@ log = structlog.get_logger("tgp.credentials")
 # hold it (a launch waiting behind a provider's pacer) ends within the launch stage budget.
 RETIRE_AFTER = timedelta(minutes=15)
 
-Build = Callable[[str, SecretStr | None, Mapping[str, str]], CloudProvider | None]
 # Adapters of keys a Secret no longer holds, kept open for the nodes bought with them.
 MAX_KEPT_ACCOUNTS = 32
 # How long a node reached with another key than its Secret's counts as running, for the class.
 ACCOUNT_SEEN_FOR = timedelta(hours=1)
 
 
-def account_of(key: SecretStr | str) -> str:
-    """A key's fingerprint: which key (so which account) bought an instance. 64 bits of its
-    SHA-256, which tells keys apart and gives nothing of a high-entropy key away."""
-    text = key.get_secret_value() if isinstance(key, SecretStr) else key
-    return "key-" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 class SecretMissing(ConfigError):
     """A class's Secret, or its key, is not there (deleted, or the key renamed)."""
-
-
-class AccountUnavailable(TransientError):
-    """No key this worker has reaches the account an instance was bought with."""
 
 
 def secret_value(data: Mapping[str, bytes], key: str, where: str, *, secret: bool = True) -> SecretStr:
@@ -219,18 +219,23 @@ class ProviderRegistry:
         build: Build = build_provider,
         retire_after: timedelta = RETIRE_AFTER,
         offers: OfferCache | None = None,
+        kept: KeptAccounts | None = None,
     ) -> None:
+        """`kept`: where the keys bought with are kept for every worker (default: tgp-system,
+        through `cluster`; activities.kept_accounts)."""
         self.env = dict(env or {})
         self.fallback = fallback if fallback is not None else {}
         self._build = build
+        self.kept = kept if kept is not None or cluster is None else KeptAccounts(cluster, build=build, env=self.env)
         # The pricing cache, keyed like the adapters by account: shared by whoever shares this
         # registry (the worker's node, pool and class activities).
         self.offers = offers or OfferCache()
         # Launches' look-ups by name, one listing in flight per account (activities.name_lists).
         self.lookups = LookupsByAccount()
-        self._adapters = VersionedAdapters(cluster, retire_after=retire_after, on_replaced=self._keep)
-        # Which account (key fingerprint) and Secret each adapter built here bills.
+        self._adapters = VersionedAdapters(cluster, retire_after=retire_after, on_replaced=self._keep_open)
+        # Which account (key fingerprint) and Secret each adapter built here bills, and its key.
         self._accounts: dict[int, tuple[tuple[str, CredentialsRef], str]] = {}
+        self._keys: dict[int, SecretStr] = {}
         # Adapters of keys their Secret no longer holds: (provider, ref, account) -> adapter.
         self._kept: OrderedDict[tuple[str, CredentialsRef, str], CloudProvider] = OrderedDict()
         # Accounts other than their Secret's current key that nodes were reached on, and when.
@@ -253,13 +258,13 @@ class ProviderRegistry:
     def sharing_lookups(self, adapter: CloudProvider) -> CloudProvider:
         """`adapter` whose look-ups by name share listings with its account's other look-ups
         (activities.name_lists: never an older view than the caller's own). Not for an
-        instance reached across an account switch (`_BoughtWith`): its look-up by name falls
+        instance reached across an account switch (`BoughtWith`): its look-up by name falls
         back to the key the instance was bought with, which a shared listing would skip."""
-        if isinstance(adapter, _BoughtWith):
+        if isinstance(adapter, BoughtWith):
             return adapter
-        return _SharedLookups(adapter, self.lookups)  # type: ignore[return-value]
+        return SharedLookups(adapter, self.lookups)  # type: ignore[return-value]
 
-    def _keep(self, adapter: Any) -> None:
+    def _keep_open(self, adapter: Any) -> None:
         """An adapter whose Secret now holds another key: kept open for the nodes it bought."""
         found = self._accounts.get(id(adapter))
         if found is None:
@@ -271,6 +276,7 @@ class ProviderRegistry:
         while len(self._kept) > MAX_KEPT_ACCOUNTS:
             _, evicted = self._kept.popitem(last=False)
             self._accounts.pop(id(evicted), None)
+            self._keys.pop(id(evicted), None)
             self._adapters._retire(evicted)
 
     def account_problems(self, name: str, credentials: CredentialsRef, current: str | None) -> list[str]:
@@ -299,15 +305,23 @@ class ProviderRegistry:
             current = await self._current(name, credentials)
         except SecretMissing:
             # The Secret went while nodes bought with it run: they stay terminable with the key
-            # this worker kept of their account (in memory only, never in history).
-            kept = self._kept_for(name, credentials, account)
+            # of their account this worker has open, or the one kept for every worker
+            # (activities.kept_accounts; never in history). Never for a purchase (no account).
+            kept = self._kept_for(name, credentials, account) or await self._kept_durably(name, credentials, account)
             if kept is None:
                 raise
             log.warning("credentials_secret_missing_using_kept_key", provider=name, secret=f"{credentials.namespace}/{credentials.name}", account=account)
             return kept
-        if credentials is None or account is None or self.account(current) == account:
+        if credentials is None or account is None:
             return current
-        bought_with = self._kept.get((name, credentials, account)) or self._from_secret(name, credentials, account)
+        if self.account(current) == account:
+            await self._keep_key(current, strict=False)  # a node bought before keys were kept: from now on
+            return current
+        bought_with = (
+            self._kept.get((name, credentials, account))
+            or self._from_secret(name, credentials, account)
+            or await self._kept_durably(name, credentials, account)
+        )
 
         def elsewhere() -> None:
             # The Secret's key does not see the instance, the key that bought it does: the
@@ -322,7 +336,7 @@ class ProviderRegistry:
                 "the Secret (under any key name) so tgp can reach the instance and end it"
             )
 
-        return _BoughtWith(current, bought_with, elsewhere, unreachable)  # type: ignore[return-value]
+        return BoughtWith(current, bought_with, elsewhere, unreachable)  # type: ignore[return-value]
 
     def _kept_for(self, name: str, credentials: CredentialsRef | None, account: str | None) -> CloudProvider | None:
         """An adapter of `account` this worker still has open: the Secret's last one, or one kept
@@ -333,6 +347,43 @@ class ProviderRegistry:
         if last is not None and self.account(last) == account:
             return last
         return self._kept.get((name, credentials, account))
+
+    async def _kept_durably(self, name: str, credentials: CredentialsRef | None, account: str | None) -> CloudProvider | None:
+        """An adapter with the key of `account` kept for every worker (activities.kept_accounts),
+        held open here like a rotated one. None without credentials or account, or none kept."""
+        if credentials is None or account is None or self.kept is None:
+            return None
+        adapter = await self.kept.adapter(name, account)
+        if adapter is None:
+            return None
+        self._accounts[id(adapter)] = ((name, credentials), account)
+        self._keep_open(adapter)
+        return adapter
+
+    async def for_purchase(self, name: str, credentials: CredentialsRef | None) -> CloudProvider:
+        """The adapter a launch buys with (`get`'s), its class key kept for every worker first
+        (activities.kept_accounts): whatever it buys stays terminable by any worker, after a
+        restart and with its Secret gone. Raises when the key cannot be kept."""
+        adapter = await self.get(name, credentials)
+        if credentials is not None:
+            try:
+                await self._keep_key(adapter, strict=True)
+            except (AuthError, PermissionDenied) as exc:
+                # The Kubernetes API's refusal, not the provider account's (tgp.offers.block_for).
+                raise ConfigError(
+                    f"cannot keep the key of {credentials} for the nodes it buys ({type(exc).__name__}): grant the worker "
+                    "get, create and patch on Secrets in its namespace (deploy/, docs/security.md); nothing was bought"
+                ) from None
+        return adapter
+
+    async def _keep_key(self, adapter: CloudProvider, *, strict: bool) -> None:
+        """Keep the key `adapter` was built with from a class Secret, or refresh it (at most
+        every REFRESH_EVERY): raising when `strict` (before a purchase), else logging."""
+        found, key = self._accounts.get(id(adapter)), self._keys.get(id(adapter))
+        if self.kept is None or found is None or key is None:
+            return
+        (name, ref), account = found
+        await (self.kept.keep if strict else self.kept.keep_quietly)(name, key, account, ref)
 
     def _from_secret(self, name: str, credentials: CredentialsRef, account: str) -> CloudProvider | None:
         """An adapter for the key of `account` if the Secret holds it under any of its keys."""
@@ -348,7 +399,7 @@ class ProviderRegistry:
                 if adapter is None:
                     return None
                 self._accounts[id(adapter)] = ((name, credentials), account)
-                self._keep(adapter)
+                self._keep_open(adapter)
                 return adapter
         return None
 
@@ -368,6 +419,7 @@ class ProviderRegistry:
             if adapter is None:
                 raise ConfigError(f"provider {name!r} cannot be configured on this worker (for {name}, set TGP_SIMULATED_CLOUD_URL)")
             self._accounts[id(adapter)] = ((name, credentials), account_of(key))
+            self._keys[id(adapter)] = key
             return adapter
 
         return await self._adapters.get((name, credentials), credentials.namespace, credentials.name, build, what=f"providers[{name}].credentialsRef")
@@ -386,93 +438,6 @@ class ProviderRegistry:
         for adapter in kept:
             await _close(adapter)
         await self._adapters.aclose()
-
-
-class _SharedLookups:
-    """An adapter whose `find_all_by_name` goes through its account's shared listings."""
-
-    def __init__(self, adapter: CloudProvider, lookups: LookupsByAccount) -> None:
-        self._adapter = adapter
-        self._lookups = lookups
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._adapter, attr)  # name, capabilities, describe, terminate, ...
-
-    async def find_all_by_name(self, name: str) -> list[Any]:
-        return await self._lookups.find_all_by_name(self._adapter, name)
-
-    async def find_by_name(self, name: str) -> Any:
-        found = await self.find_all_by_name(name)
-        return found[0] if found else None
-
-
-class _BoughtWith:
-    """An instance's adapter when its Secret holds another key than the one that bought it:
-    the Secret's current key first (a rotation: the same account, the new key works), then,
-    for an instance or name the current key does not see, the key it was bought with (a
-    switch to another account). Whichever key found an instance terminates it. Without the
-    bought-with key, or when it answers 401 (revoked), an instance the current key does not see
-    is `unreachable()`, never "gone": after a switch of account it still bills there, and
-    "gone" would mark the node Interrupted, replace it and leave it billing. The price: after a
-    rotation within one account whose old key was revoked, an instance that really is gone
-    reads as unreachable too (TerminationStuck, with a message saying what to do) until the
-    operator confirms it and ends the node."""
-
-    def __init__(
-        self,
-        current: CloudProvider,
-        bought_with: CloudProvider | None,
-        elsewhere: Callable[[], None],
-        unreachable: Callable[[], AccountUnavailable],
-    ) -> None:
-        self._current = current
-        self._bought_with = bought_with
-        self._elsewhere = elsewhere
-        self._unreachable = unreachable
-        self._found_by: dict[str, CloudProvider] = {}
-        # What the current key has seen (ids, names): its 404 or empty list then means gone.
-        self._current_saw: set[str] = set()
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._current, attr)  # name, capabilities, list_offers, launch, ...
-
-    async def _other(self, call: Callable[[CloudProvider], Any], empty: Any) -> Any:
-        if self._bought_with is None:
-            raise self._unreachable()
-        try:
-            found = await call(self._bought_with)
-        except AuthError:
-            raise self._unreachable() from None  # revoked: what it bought is out of sight, not gone
-        if found:
-            self._elsewhere()
-        return found
-
-    async def describe(self, instance_id: str) -> Any:
-        found = await self._current.describe(instance_id)
-        if found is not None and instance_id not in self._found_by:
-            self._current_saw.add(instance_id)
-        if found is None and instance_id not in self._current_saw:
-            found = await self._other(lambda p: p.describe(instance_id), None)
-            if found is not None:
-                self._found_by[instance_id] = self._bought_with  # type: ignore[assignment]
-        return found
-
-    async def find_all_by_name(self, name: str) -> list[Any]:
-        found = await self._current.find_all_by_name(name)
-        if found:
-            self._current_saw.add(name)
-        if not found and name not in self._current_saw:
-            found = await self._other(lambda p: p.find_all_by_name(name), [])
-            for instance in found:
-                self._found_by[instance.instance_id] = self._bought_with  # type: ignore[assignment]
-        return list(found)
-
-    async def find_by_name(self, name: str) -> Any:
-        found = await self.find_all_by_name(name)
-        return found[0] if found else None
-
-    async def terminate(self, instance_id: str) -> None:
-        await self._found_by.get(instance_id, self._current).terminate(instance_id)
 
 
 class TailnetRegistry:

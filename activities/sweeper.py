@@ -26,12 +26,13 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import temporal_errors
 from activities.fleet import INSTANCE_KEYS, recorded_instance
+from activities.kept_accounts import KeptAccounts
 from activities.listing import list_account
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import consistency_window, end_for_good
 from activities.visibility import list_workflows
 from activities import metrics
-from tgp.errors import TransientError
+from tgp.errors import TgpError, TransientError
 from tgp.messages import class_workflow_id
 from tgp.types import LABEL_MANAGED
 
@@ -81,10 +82,14 @@ class SweeperActivities:
         cluster: Cluster | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        kept: KeptAccounts | None = None,
     ) -> None:
+        """`kept`: the keys that bought nodes, kept for every worker (the registry's,
+        activities.kept_accounts); the sweep forgets those nothing needs any more."""
         self.providers = dict(providers)
         self.tailnets = dict(tailnets)
         self.cluster = cluster
+        self.kept = kept
         self.now = now
         self.sleep = sleep
 
@@ -212,5 +217,18 @@ class SweeperActivities:
                         raise
                     # The class is gone: nothing holds the budget.
 
+    @activity.defn
+    async def forget_kept_accounts(self) -> list[str]:
+        """Delete the kept account keys no node can need any more (KeptAccounts.forget_unused):
+        the names of the Secrets deleted. A failure is logged, never raised: it must not hold
+        up the sweep, and a kept key left for the next one costs nothing."""
+        if self.kept is None:
+            return []
+        try:
+            return await self.kept.forget_unused()
+        except TgpError as exc:
+            log.error("kept_accounts_not_swept", error=str(exc), error_type=type(exc).__name__)
+            return []
+
     def all(self) -> list[object]:
-        return [self.find_orphans, self.remove_orphans]
+        return [self.find_orphans, self.remove_orphans, self.forget_kept_accounts]

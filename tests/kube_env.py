@@ -20,8 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
+from activities.kept_accounts import LABEL_KEPT
 from activities.kube.cluster import MERGE_PATCH, KubernetesCluster, authenticated_http
 from sim.kube import KubeEmulator
+from tgp.types import OPERATOR_NAMESPACE
 
 KUBECONFIG_ENV = "TGP_TEST_KUBECONFIG"
 # Set by `python -m sim.kube_control_plane run`: the cluster is the lane's own, thrown away after.
@@ -224,6 +226,9 @@ async def _clean_real_cluster(api: KubeApi) -> None:
             json={"gracePeriodSeconds": 0},
         )
     await api.http.delete(f"/api/v1/namespaces/{api.namespace}")
+    # The keys the test's workers kept for what they bought (activities/kept_accounts.py), in
+    # tgp-system, which outlives a test.
+    await api.http.delete(f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/secrets", params={"labelSelector": LABEL_KEPT})
     for node in api._nodes:
         # tgp's termination finalizer (put on by label_and_taint) would keep a deleted Node.
         await api.http.patch(f"/api/v1/nodes/{node}", json={"metadata": {"finalizers": None}}, headers={"Content-Type": "application/merge-patch+json"})

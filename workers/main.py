@@ -213,7 +213,7 @@ async def build_activities(config: WorkerConfig, stack: AsyncExitStack) -> Activ
         pool=PoolActivities(cluster=cluster, providers=providers, registry=registry),
         node_class=NodeClassActivities(cluster=cluster, providers=providers, registry=registry, tailnets=sorted(tailnets), ledger=ledger),
         entity=EntityActivities(cluster=cluster),
-        sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster),
+        sweeper=SweeperActivities(providers=providers, tailnets=tailnets, cluster=cluster, kept=registry.kept),
         fleet=FleetActivities(registry=registry, cluster=cluster),
     )
 

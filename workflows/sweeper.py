@@ -1,7 +1,8 @@
 """SweeperWorkflow: on a Temporal Schedule, remove instances and tailnet devices that carry
 tgp's marks but belong to no running node workflow (or are not the instance a running node
 recorded), after a grace period (so a node that is just starting is never swept); each
-termination is verified by reading the instance."""
+termination is verified by reading the instance. Then the account keys kept for nodes that have
+all ended are forgotten (activities.kept_accounts)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,17 @@ class SweeperWorkflow:
         suspects = await workflow.execute_activity_method(
             SweeperActivities.find_orphans, req.sweep, start_to_close_timeout=SWEEP_CALL_TIMEOUT, retry_policy=SWEEP_RETRY
         )
-        if not suspects:
-            return []
-        await workflow.sleep(req.grace, summary="grace before removing orphans")
-        return await workflow.execute_activity_method(
-            SweeperActivities.remove_orphans,
-            args=[req.sweep, suspects],
-            start_to_close_timeout=SWEEP_CALL_TIMEOUT,
-            retry_policy=SWEEP_RETRY,
+        removed: list[Orphan] = []
+        if suspects:
+            await workflow.sleep(req.grace, summary="grace before removing orphans")
+            removed = await workflow.execute_activity_method(
+                SweeperActivities.remove_orphans,
+                args=[req.sweep, suspects],
+                start_to_close_timeout=SWEEP_CALL_TIMEOUT,
+                retry_policy=SWEEP_RETRY,
+            )
+        # The account keys kept for nodes that have all ended (activities.kept_accounts).
+        await workflow.execute_activity_method(
+            SweeperActivities.forget_kept_accounts, start_to_close_timeout=SWEEP_CALL_TIMEOUT, retry_policy=SWEEP_RETRY
         )
+        return removed

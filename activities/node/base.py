@@ -107,6 +107,13 @@ class NodeBase:
             return self._provider(name)
         return await self.registry.get(name, credentials, account)
 
+    async def _provider_to_buy(self, name: str, credentials: CredentialsRef | None) -> CloudProvider:
+        """`_provider_for` a launch: a class's key is kept for every worker before it buys
+        (activities.kept_accounts), so any worker can end what it buys."""
+        if credentials is None:
+            return self._provider(name)
+        return await self.registry.for_purchase(name, credentials)
+
     async def _tailnet_for(self, name: str, ref: TailnetRef | None) -> Tailnet:
         """The class's own tailnet (its Secret, read now), or the worker's."""
         return self._tailnet(name) if ref is None else await self.tailnet_registry.get(name, ref)

@@ -108,7 +108,7 @@ class Launch(Boot):
         # error message and log line of this activity is scrubbed of them.
         launching = metrics.counting_launch(inp.offer.provider, demand_since=inp.demand_since)
         with secret_scope(), heartbeating(memo.details), temporal_errors(), launching:
-            provider = await self._provider_for(inp.offer.provider, inp.credentials)
+            provider = await self._provider_to_buy(inp.offer.provider, inp.credentials)
             tailnet = await self._tailnet_for(inp.tailnet, inp.tailnet_ref)
             # An earlier attempt may have sent a create whose record died with its worker: the
             # SDK sends at most one heartbeat per 0.8 x the heartbeat timeout, and a beat made
