@@ -49,7 +49,7 @@ OVERLAY_IMAGE = f"<your-registry>/tgp:{PYPROJECT['project']['version']}"
 USER_SECRETS = {"tgp-operator-secret", "tgp-payload-keys", "tgp-temporal-tls", "tgp-temporal-api-key"}
 
 # (group, resource, verb) each process uses; keep in step with activities/kube/cluster.py,
-# activities/{pool,node_class,entity}.py and crd_bridge/bridge.py.
+# activities/{pool,node_class,entity,kept_accounts}.py and crd_bridge/bridge.py.
 BRIDGE_USES = {("tgp.io", r, v) for r in ("gpunodeclasses", "gpunodepools") for v in ("get", "list", "watch")} | {
     ("tgp.io", "gpunodepools", "patch"),
     ("tgp.io", "gpunodepools/status", "patch"),
@@ -64,6 +64,11 @@ WORKER_USES = {
     ("", "pods/eviction", "create"),
     ("", "events", "create"),
     ("", "secrets", "get"),
+    # tgp-kept-... Secrets (activities/kept_accounts.py): keep, refresh, find and forget them.
+    ("", "secrets", "create"),
+    ("", "secrets", "patch"),
+    ("", "secrets", "list"),
+    ("", "secrets", "delete"),
     ("tgp.io", "gpunodeclasses", "get"),
     ("tgp.io", "gpunodepools", "get"),
     ("tgp.io", "gpunodeclasses", "patch"),
