@@ -41,8 +41,8 @@ def credentials_missing(provider: str, ref: CredentialsRef, *, key_only: bool) -
     return AccountProblem(
         reason="CredentialsMissing",
         provider=provider,
-        message=f"providers[{provider}].credentialsRef: {gone}; re-create it: running nodes stay terminable with the key this "
-        "worker kept, but no node can be bought, and a restarted worker cannot end them",
+        message=f"providers[{provider}].credentialsRef: {gone}; re-create it: no node can be bought; running nodes stay "
+        "terminable by any worker with the key tgp kept of their account (Secrets tgp-kept-..., docs/security.md)",
     )
 
 

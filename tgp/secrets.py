@@ -182,14 +182,15 @@ OWN_SECRET_PREFIX = "tgp-"
 def class_reference_problem(name: str, field: str) -> str | None:
     """What is wrong with a GPUNodeClass naming Secret `name` in `field`, or None: a class may
     not reach tgp's own Secrets (the Temporal credentials, the payload keys, the worker's own
-    provider and tailnet keys), which are named `tgp-...`. The rule holds for every reference a
+    provider and tailnet keys, the class keys kept for the nodes they bought,
+    activities/kept_accounts.py), which are named `tgp-...`. The rule holds for every reference a
     class makes, so it needs no list of what each Secret holds; a class that wants the worker's
     own keys leaves its reference unset."""
     if not name.startswith(OWN_SECRET_PREFIX):
         return None
     return (
         f"{field}: Secret {name!r} is one of tgp's own (its name starts with {OWN_SECRET_PREFIX!r}: the Temporal "
-        "credentials, the payload keys, the worker's own provider and tailnet keys), which no GPUNodeClass may "
+        "credentials, the payload keys, the worker's own provider and tailnet keys, the keys it kept), which no GPUNodeClass may "
         f"reference; put the class's credentials in a Secret named otherwise, or leave {field} unset to use the worker's own"
     )
 
