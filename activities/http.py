@@ -28,8 +28,10 @@ in depth (docs/security.md, "What enters an error").
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
+import ssl
 from http import HTTPStatus
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -118,6 +120,15 @@ def _code_fields(body: dict[str, Any]) -> list[object]:
     return [error.get("code") if isinstance(error, dict) else None, body.get("code"), error]
 
 
+
+@functools.cache
+def default_tls() -> ssl.SSLContext:
+    """The one verifying TLS context (httpx's default: certifi's CAs) that every client of ours
+    shares. Building one loads and parses the whole CA bundle, ~60-120 ms of CPU, which each new
+    client paid again: an adapter per class account and per tailnet, a client per metrics
+    endpoint. A context is safe to share once configured (nothing here changes it after)."""
+    return httpx.create_ssl_context()
+
 class HttpAdapter:
     """Base of an adapter that talks to one HTTP API through one httpx.AsyncClient, `_client`.
 
@@ -185,7 +196,7 @@ class HttpAdapter:
         self._sleep = sleep
         self._pace = pace
         self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(timeout=timeout, transport=transport, headers={"User-Agent": "tgp"})
+        self._client = client or httpx.AsyncClient(timeout=timeout, transport=transport, headers={"User-Agent": "tgp"}, verify=default_tls())
 
     async def __aenter__(self) -> Self:
         return self

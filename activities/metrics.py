@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from temporalio.exceptions import ApplicationError
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from activities.http import default_tls
 from tgp.errors import ConfigError
 
 log = structlog.get_logger("tgp.metrics")
@@ -249,7 +250,7 @@ async def serve_metrics(
 ) -> tuple[web.AppRunner, int]:
     """Serve `registry` (and the text of `forward`, the SDK's endpoint) at /metrics. Returns the
     runner (clean it up to stop) and the port bound (`port` 0: any free one)."""
-    client = httpx.AsyncClient(timeout=SDK_SCRAPE_TIMEOUT.total_seconds())
+    client = httpx.AsyncClient(timeout=SDK_SCRAPE_TIMEOUT.total_seconds(), verify=default_tls())
 
     async def metrics(request: web.Request) -> web.Response:
         body = generate_latest(registry)

@@ -284,3 +284,36 @@ async def test_both_context_hops_answer_as_the_sdks_for_a_run(hops_probe: Module
     for info in (None, CommandInfo(CommandType.COMMAND_TYPE_SCHEDULE_ACTIVITY_TASK, 1)):
         assert ours.get_serialization_context(info) == theirs.get_serialization_context(info)
         assert ours.get_external_store_context(info) == theirs.get_external_store_context(info)
+
+
+async def test_a_workflow_the_sandbox_refuses_is_refused_by_every_worker(temporal: WorkflowEnvironment, tmp_path: Path) -> None:
+    """Validation is once per process for a definition that passed (workers.sandbox_code
+    `SandboxRunner.prepare_workflow`); one that failed is validated, and refused, again."""
+    package = tmp_path / "sandboxrefusedprobe"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "wf.py").write_text(textwrap.dedent(
+        """
+        import datetime
+        from temporalio import workflow
+
+        STARTED = datetime.datetime.now()  # the sandbox refuses the clock at import
+
+
+        @workflow.defn(name="SandboxRefusedProbe")
+        class Refused:
+            @workflow.run
+            async def run(self) -> None:
+                pass
+        """
+    ))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        refused = importlib.import_module("sandboxrefusedprobe.wf").Refused
+        for _ in range(2):
+            with pytest.raises(Exception, match="Failed validating workflow SandboxRefusedProbe"):
+                Worker(temporal.client, task_queue="never", workflows=[refused], workflow_runner=workflow_runner({}))
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [n for n in sys.modules if n.startswith("sandboxrefusedprobe")]:
+            del sys.modules[name]

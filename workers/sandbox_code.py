@@ -130,3 +130,18 @@ class SandboxRunner(SandboxedWorkflowRunner):
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         return _Run(det, self.runner_class, self.restrictions)
+
+    def prepare_workflow(self, defn: Any) -> None:
+        """Validate a workflow definition in the sandbox once per process: the SDK creates a
+        run of it (its module imported afresh, ~40 ms of CPU) for every Worker it is given to.
+        A definition (its class) validated under the same restrictions and runner validates
+        the same again, so a process that makes several workers (each test; `tgp dev` and the
+        demo after a restart of their worker) pays it once. A failed validation is not kept."""
+        key = (defn.cls, id(self.restrictions), self.runner_class)
+        if key not in _VALIDATED:
+            super().prepare_workflow(defn)
+            _VALIDATED.add(key)
+
+
+# The (workflow class, restrictions, runner class) whose validation passed in this process.
+_VALIDATED: set[tuple[type, int, type]] = set()

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from activities.http import default_tls
 from tgp.errors import ConfigError
 
 __all__ = [
@@ -149,7 +150,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
     when any address it resolves to is internal (see the module docstring); `inner` sends."""
 
     def __init__(self, inner: httpx.AsyncBaseTransport | None = None) -> None:
-        self._inner = inner or httpx.AsyncHTTPTransport()
+        self._inner = inner or httpx.AsyncHTTPTransport(verify=default_tls())
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
