@@ -32,6 +32,7 @@ from sim.dev_server import (
 )
 from sim.scheduler import SimScheduler
 from sim.story import Story
+from sim.terminal import terminal_foreground
 from sim.world import SimWorld, sim_world
 from tgp.errors import ConfigError
 from workers.crdgen import manifests
@@ -81,6 +82,7 @@ async def run_demo(args: argparse.Namespace) -> int:
     check_ports_free(args.port, args.port + 1000)
     load_client_classes()
     async with AsyncExitStack() as stack:
+        stack.enter_context(terminal_foreground())  # Ctrl-C reaches this command, not make (sim.terminal)
         print("Starting the Temporal dev server (Web UI), the simulated cloud, tailnet and cluster, a worker and the bridge ...")
         server = await start_dev_server(args.port, stack)
         client = server.client

@@ -21,6 +21,7 @@ from activities.kube.cluster import KubernetesCluster, authenticated_http, load_
 from crd_bridge.bridge import Bridge
 from sim.dev_server import TASK_QUEUE, cancel, check_ports_free, interrupt_event, start_dev_server
 from sim.story import Story
+from sim.terminal import terminal_foreground
 from sim.world import sim_world
 from tgp.errors import ConfigError
 from workers.main import WorkerConfig, build_activities, ensure_fleet_look, make_worker
@@ -90,6 +91,7 @@ async def run_dev(args: argparse.Namespace) -> int:
     check_ports_free(args.port, args.port + 1000)
     load_client_classes()
     async with AsyncExitStack() as stack:
+        stack.enter_context(terminal_foreground())  # Ctrl-C reaches this command, not make (sim.terminal)
         cluster = await stack.enter_async_context(KubernetesCluster.from_kubeconfig(kubeconfig))
         http = await stack.enter_async_context(authenticated_http(kubeconfig))
         await wait_for_api(http, kubeconfig)

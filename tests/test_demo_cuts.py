@@ -7,10 +7,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import io
 import os
+import pty
 import re
-import signal
+import subprocess
+import termios
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -100,21 +103,22 @@ async def _told(story: Story) -> str:
 
 
 @pytest.mark.timeout(300)  # a node's life and teardown on a loaded 2-core machine
-async def test_ctrl_c_stops_the_demo_with_status_0_after_every_end_line_and_serves_sdk_metrics(tmp_path: Path) -> None:
+async def test_ctrl_c_under_make_stops_the_demo_with_status_0_after_every_end_line_and_serves_sdk_metrics(tmp_path: Path) -> None:
+    """As a user runs it: `make demo` in a terminal, then Ctrl-C typed into that terminal (SIGINT
+    to its foreground process group). make says nothing of its own (no `*** [...] Interrupt`,
+    no `Error 130`) and exits 0: the demo held the foreground alone (sim.terminal)."""
     port = free_port_pair()
-    demo = await asyncio.create_subprocess_exec(
-        binary("tgp"), "demo", "--port", str(port), "--boot-delay", "0.5", "--state-dir", str(tmp_path / "state"),
-        env={**os.environ, "HOME": str(tmp_path)}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        start_new_session=True,
+    makefile = tmp_path / "Makefile"
+    makefile.write_text(f"demo:\n\t{binary('tgp')} demo --port {port} --boot-delay 0.5 --state-dir {tmp_path / 'state'}\n")
+    terminal, demo_side = pty.openpty()
+    make = await asyncio.create_subprocess_exec(
+        "make", "--no-print-directory", "-f", str(makefile), stdin=demo_side, stdout=demo_side, stderr=demo_side,
+        env={**os.environ, "HOME": str(tmp_path)}, start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the pty becomes make's controlling terminal
     )
+    os.close(demo_side)
     output: list[str] = []
-
-    async def read() -> None:
-        assert demo.stdout is not None
-        async for line in demo.stdout:
-            output.append(line.decode())
-
-    reader = asyncio.create_task(read())
+    reader = asyncio.create_task(asyncio.to_thread(_read_terminal, terminal, output))
     try:
         ready = await eventually(lambda: _line(output, r"node (\S+) +Ready\b"), timeout=120, what="the demo's node to be Ready")
         url = (await _line(output, r"metrics: (http://\S+)")) or ""
@@ -123,18 +127,36 @@ async def test_ctrl_c_stops_the_demo_with_status_0_after_every_end_line_and_serv
         assert re.search(r'^temporal_\w+\{[^}]*service="tgp-worker"', body, re.M), body[-2000:]
         assert "tgp_nodes" in body
     finally:
-        demo.send_signal(signal.SIGINT)
-        await asyncio.wait_for(demo.wait(), 200)
-        await asyncio.wait_for(reader, 10)
+        os.write(terminal, b"\x03")  # Ctrl-C, typed
+        try:
+            await asyncio.wait_for(make.wait(), 200)
+        finally:
+            subprocess.run(["pkill", "-KILL", "-s", str(make.pid)], check=False)  # nothing outlives a failed test
+            await asyncio.wait_for(reader, 10)
+            os.close(terminal)
     text = "".join(output)
-    assert demo.returncode == 0, text[-3000:]
+    assert make.returncode == 0, text[-3000:]
+    assert "make:" not in text and "Interrupt" not in text, text[-3000:]
     assert re.search(rf"node {ready} +Terminated", text), text[-3000:]
     assert "Left behind: 0 instance(s), 0 tailnet device(s), 0 usable tailnet key(s)" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
 
 
+def _read_terminal(terminal: int, output: list[str]) -> None:
+    """What the terminal shows, until every process that wrote to it has gone (EIO)."""
+    while True:
+        try:
+            chunk = os.read(terminal, 65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        output.append(chunk.decode(errors="replace"))
+
+
 async def _line(output: list[str], pattern: str) -> str | None:
-    return next((m.group(1) for line in output if (m := re.search(pattern, line))), None)
+    found = re.search(pattern, "".join(output))
+    return found.group(1) if found else None
 
 
 async def test_tgp_dev_waits_quietly_while_the_api_server_is_starting_and_says_when_it_never_is() -> None:
