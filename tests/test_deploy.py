@@ -32,6 +32,7 @@ import yaml
 
 from tests.conftest import binary
 from sim.kube import KubeEmulator
+from tgp.secrets import OWN_SECRET_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -284,6 +285,8 @@ def test_references_resolve_and_no_secret_is_shipped(name: str) -> None:
             if "secret" in volume:
                 secrets.add(volume["secret"]["secretName"])
     assert secrets <= USER_SECRETS, secrets - USER_SECRETS
+    # Each out of every GPUNodeClass's reach (tgp.secrets.class_reference_problem), as the chart's schema requires.
+    assert all(s.startswith(OWN_SECRET_PREFIX) for s in secrets), secrets
     for secret in secrets:
         assert f"`{secret}`" in doc, f"docs/install.md does not say how to create Secret {secret}"
 

@@ -321,6 +321,14 @@ REFUSED = [
     ({"log": {"level": "LOUD"}}, "/log/level"),
     ({"image": {"repository": ""}}, "/image/repository"),
     ({"codecServer": {"corsOrigins": ["cloud.temporal.io"]}}, "/codecServer/corsOrigins/0"),
+    # tgp's own Secrets are named tgp-...: the prefix no GPUNodeClass may reference (issue 35 item 12).
+    ({"providerSecret": "operator-keys"}, "/providerSecret"),
+    ({"payloadKeysSecret": "payload-keys"}, "/payloadKeysSecret"),
+    ({"temporal": {"tls": {"secretName": "temporal-tls"}}}, "/temporal/tls/secretName"),
+    ({"temporal": {"apiKey": {"secretName": "temporal-api-key"}}}, "/temporal/apiKey/secretName"),
+    ({"tailnet": {"tailscale": {"oauthSecret": {"name": "ts-oauth"}}}}, "/tailnet/tailscale/oauthSecret/name"),
+    ({"tailnet": {"headscale": {"apiKeySecret": {"name": "headscale", "key": "api-key"}}}}, "/tailnet/headscale/apiKeySecret/name"),
+    ({"codecServer": {"tokenSecret": {"name": "codec-token", "key": "token"}}}, "/codecServer/tokenSecret/name"),
 ]
 
 

@@ -164,3 +164,30 @@ async def test_a_bad_join_secret_is_named_to_the_class_admin_not_the_tenant(
     events = (await http.get("/api/v1/events")).json()["items"]
     [event] = [e for e in events if e["involvedObject"]["kind"] == "GPUNodeClass"]
     assert event["reason"] == "JoinSecretInvalid" and "tgp-system/cluster-join" in event["message"], event["message"]
+
+
+async def test_the_launch_refuses_to_read_one_of_tgps_own_secrets_as_a_join_secret(world: tuple[NodeActivities, httpx.AsyncClient]) -> None:
+    """Issue 35 item 12: the read itself refuses, not only the class's validation. The Secret
+    holds valid join material (copied from cluster-join): without the refusal the launch reads
+    it and buys a node booting with it."""
+    acts, http = world
+    join = (await http.get("/api/v1/namespaces/tgp-system/secrets/cluster-join")).json()
+    own = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tgp-payload-keys", "namespace": "tgp-system"}, "data": join["data"]}
+    (await http.post("/api/v1/namespaces/tgp-system/secrets", json=own)).raise_for_status()
+    offer = (await acts.providers["simulated"].list_offers())[0]
+    inp = LaunchInput(
+        node_name="gpu-node-1",
+        attempt=1,
+        offer=offer,
+        tailnet_tags=["tag:tgp-node"],
+        tailnet="stub",
+        boot=BootConfig(template=None, join_secret="tgp-system/tgp-payload-keys", node_class=CLASS, kubernetes_version="1.34.1"),
+    )
+    with pytest.raises(ApplicationError) as raised:
+        await ActivityEnvironment().run(acts.launch_instance, inp)
+    text = shown(raised.value)
+    assert raised.value.type == "ConfigError" and "tgp-payload-keys" not in text, text
+    assert await acts.providers["simulated"].list_instances("") == []
+    events = (await http.get("/api/v1/events")).json()["items"]
+    [event] = [e for e in events if e["involvedObject"]["kind"] == "GPUNodeClass"]
+    assert event["reason"] == "JoinSecretInvalid" and "'tgp-payload-keys' is one of tgp's own" in event["message"], event["message"]

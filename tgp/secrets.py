@@ -175,7 +175,9 @@ def _remember_recent(secrets: Iterable[_Secret]) -> None:
 # tgp's own Secrets in its namespace are named with this prefix: the install's
 # tgp-operator-secret (the worker's provider keys and tailnet credentials), tgp-payload-keys,
 # tgp-temporal-tls and tgp-temporal-api-key. No GPUNodeClass may reference one (see
-# `class_reference_problem`; docs/security.md, "Who may write a GPUNodeClass").
+# `class_reference_problem`; docs/security.md, "Who may write a GPUNodeClass"). The chart's
+# values.schema.json refuses any other name for the Secrets it hands tgp's processes, so the rule
+# holds whatever the operator names them.
 OWN_SECRET_PREFIX = "tgp-"
 
 

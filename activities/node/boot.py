@@ -18,7 +18,7 @@ from activities.boot.render import (
 from activities.boot.sandbox import RendersBusy, bounded
 from activities.node.base import NodeBase, T
 from tgp.errors import ConfigError, TransientError
-from tgp.secrets import known_secrets
+from tgp.secrets import class_reference_problem, known_secrets
 from tgp.types import BootPayload, LaunchInput
 
 
@@ -46,7 +46,8 @@ class Boot(NodeBase):
     async def _join_secrets(self, inp: LaunchInput) -> JoinSecrets | None:
         """The cluster join material from the class's join Secret, read now and kept in memory
         (None: the class references none). Which keys it must hold comes from the template,
-        inspected in a bounded child process (the worker never parses a template)."""
+        inspected in a bounded child process (the worker never parses a template). One of tgp's own
+        Secrets (tgp.secrets.class_reference_problem) is refused unread."""
         ref, template = inp.boot.join_secret, inp.boot.template
         if not ref:
             return None
@@ -54,6 +55,9 @@ class Boot(NodeBase):
         namespace, _, name = ref.partition("/")
         failed: ConfigError | None = None
         try:
+            # The read itself refuses tgp's own Secrets, whatever validated the class before.
+            if (own := class_reference_problem(name, "joinSecretRef")) is not None:
+                raise ConfigError(own)
             data = await self.cluster.read_secret(namespace, name)
             if data is None:
                 raise ConfigError(f"join Secret {ref} does not exist: create it or fix the GPUNodeClass's joinSecretRef (see docs/bootstrap.md)")
