@@ -26,9 +26,8 @@ import yaml
 
 from activities.kube.cluster import KubernetesCluster, load_client_classes
 from crd_bridge.bridge import Bridge
-from sim.dev import run_dev
 from sim.dev_server import (
-    PORT_ENV, TASK_QUEUE, cancel, check_ports_free, default_port, interrupt_event, start_dev_server, temporal_binary,
+    TASK_QUEUE, cancel, check_ports_free, interrupt_event, start_dev_server, temporal_binary,
 )
 from sim.scheduler import SimScheduler
 from sim.story import Story
@@ -176,36 +175,3 @@ def report(world: SimWorld) -> None:
     live = world.cloud.live_instances()
     devices = len(world.tailscale.devices)
     print(f"\nLeft behind: {len(live)} instance(s), {devices} tailnet device(s), {len(world.usable_keys())} usable tailnet key(s)")
-
-
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """`tgp demo` and `tgp dev` (the `tgp.commands` entry point of tgp-sim)."""
-    demo = sub.add_parser(
-        "demo", help="the whole system on a simulated cloud and cluster: kubectl apply -> a GPU node -> scale to zero, with the Web UI",
-        description="Run the whole system on this machine without a cloud account: the Temporal dev server (Web UI), "
-        "a simulated GPU cloud, tailnet and Kubernetes cluster, a worker and the bridge. It applies examples/ and "
-        "tells the story: a pod pending, a node bought and joined, the pod run, the node drained and terminated, "
-        "the pool back to zero. Ctrl-C deletes the pool and stops everything.",
-    )
-    demo.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
-    demo.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
-    demo.add_argument("--state-dir", default=".demo", help="where the demo writes its kubeconfig and env (in a folder per port)")
-    demo.add_argument("--exit-when-done", action="store_true", help="stop once the pool is back to zero instead of keeping everything up")
-
-    demo.set_defaults(run=run_demo)
-
-    dev = sub.add_parser(
-        "dev", help="the demo's processes (Temporal dev server, worker, bridge) against your current kube context",
-        description="Run the demo's processes (the Temporal dev server with its Web UI, a worker and the bridge) "
-        "against the cluster of your current kube context, and tell the story of its pools, nodes and GPU pods. "
-        "Machines come from the simulated cloud unless a provider API key is set. The workflows are kept on disk "
-        "and resume with the next `tgp dev`.",
-    )
-    dev.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
-    dev.add_argument(
-        "--simulated-cloud", action=argparse.BooleanOptionalAction, default=None,
-        help="buy from the simulated cloud (KWOK-style Nodes in your cluster); default: on unless a provider API key is set",
-    )
-    dev.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
-    dev.add_argument("--state-dir", default=".tgp-dev", help="where the dev server keeps its database (workflows survive a restart)")
-    dev.set_defaults(run=run_dev)

