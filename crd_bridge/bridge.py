@@ -76,7 +76,7 @@ class Bridge:
         self.pool_watch_interval = pool_watch_interval
         self.disruption_bounds = disruption_bounds
         self.entity_resync = entity_resync
-        self.refused: dict[str, str] = {}  # pool key -> what was last reported about its invalid spec
+        self.refused: dict[str, str] = {}  # pool key or class name -> what was last reported about its invalid spec
         self.classes: dict[str, GPUNodeClass] = {}
         self.pools: dict[str, GPUNodePool] = {}
         self.pending: dict[str, PendingPod] = {}
@@ -136,14 +136,16 @@ class Bridge:
         if kind == "DELETED":
             self.classes.pop(name, None)
             self.sent_class.pop(name, None)
+            self.refused.pop(name, None)
             update = ClassUpdate(spec=None)
         else:
             try:
-                klass = GPUNodeClass.model_validate(obj)
+                klass = GPUNodeClass.admit(obj)
             except ValidationError as exc:
-                log.warning("class_invalid", name=name, error=str(exc)[:500])
                 OBJECTS_SKIPPED.labels("GPUNodeClass", "invalid").inc()
+                await self._refuse(name, obj, exc, "gpunodeclasses", "GPUNodeClass")
                 return
+            self.refused.pop(name, None)
             self.classes[name] = klass
             update = ClassUpdate(spec=klass.spec, generation=klass.metadata.generation, uid=klass.metadata.uid)
         if not await self._send_class(name, update):
@@ -186,7 +188,7 @@ class Bridge:
                 pool = GPUNodePool.admit(obj, self.disruption_bounds)
         except ValidationError as exc:
             OBJECTS_SKIPPED.labels("GPUNodePool", "invalid").inc()
-            await self._refuse_pool(key, obj, exc)
+            await self._refuse(key, obj, exc, "gpunodepools", "GPUNodePool")
             return
         self.refused.pop(key, None)
         self.pools[key] = pool
@@ -197,19 +199,19 @@ class Bridge:
             self._batch = self._batch.add(_now())  # pools changed: demand may go elsewhere
             self._batch_changed.set()
 
-    async def _refuse_pool(self, key: str, obj: Obj, exc: ValidationError) -> None:
-        """Say on the pool, once per generation, why tgp does not act on it (a log line alone
-        left users with a pool that silently did nothing)."""
+    async def _refuse(self, key: str, obj: Obj, exc: ValidationError, plural: str, kind: str) -> None:
+        """Say on the pool or class, once per generation, why tgp does not act on it (a log line
+        alone left users with a pool that silently did nothing)."""
         meta = obj.get("metadata") or {}
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        message = f"tgp does not act on this pool: {problems}"
+        what = "pool" if kind == "GPUNodePool" else "class"
+        message = f"tgp does not act on this {what}: {problems}"
         fingerprint = f"{meta.get('uid')}/{meta.get('generation')}/{message}"
         if self.refused.get(key) == fingerprint:
             return  # our own status write (or a resync) brought it back
-        log.warning("pool_invalid", pool=key, error=message[:500])
-        ref = CustomResource(
-            GROUP, VERSION, "gpunodepools", "GPUNodePool", meta.get("name", ""), meta.get("namespace") or "default", meta.get("uid")
-        )
+        log.warning(f"{what}_invalid", **{what: key}, error=message[:500])
+        namespace = (meta.get("namespace") or "default") if kind == "GPUNodePool" else None
+        ref = CustomResource(GROUP, VERSION, plural, kind, meta.get("name", ""), namespace, meta.get("uid"))
         generation = meta.get("generation")
         conditions = condition_list({"Ready": ("False", "InvalidSpec", message)}, generation, _now())
         status = {"observedGeneration": generation, "conditions": [c.model_dump(mode="json", by_alias=True) for c in conditions]}
@@ -217,7 +219,7 @@ class Bridge:
             await self.cluster.patch_custom_status(ref, status)
             await self.cluster.create_event(ref, type="Warning", reason="InvalidSpec", message=message, component="tgp-bridge")
         except TgpError as error:
-            log.warning("pool_invalid_not_reported", pool=key, error=str(error))
+            log.warning(f"{what}_invalid_not_reported", **{what: key}, error=str(error))
             return  # reported on the next event or resync
         self.refused[key] = fingerprint
 

@@ -43,7 +43,7 @@ from workers.main import WorkerConfig, build_activities, make_worker
 # scheduler binds, and what only an emulator can do (compacting history, cutting streams) skips.
 NS = "ml"
 # Cluster-scoped names the tests create (deleted after each test on a real cluster).
-TEST_CLASSES = ("sim", "tpl", "creds", "y", "standard-gpu-class", "team-a", "team-b")
+TEST_CLASSES = ("sim", "tpl", "creds", "y", "standard-gpu-class", "team-a", "team-b", "wide")
 
 CRDS = Path(__file__).resolve().parent.parent / "deploy" / "crds"
 POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
@@ -420,6 +420,41 @@ async def test_schema_violations_are_rejected_at_apply_time(temporal: WorkflowEn
         seed = list(yaml.safe_load_all((Path(__file__).parent / "data" / "seed_examples.yaml").read_text()))
         assert (await apply(s.kube, seed[0])).status_code == 201, "the original README's class applies unchanged"
         assert (await apply(s.kube, seed[1])).status_code == 201, "the original README's pool applies unchanged"
+
+
+async def test_a_class_over_a_bound_is_refused_at_apply_or_by_the_bridge_naming_the_field(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
+    """A class is carried in its own workflow's state and in each of its pools' (issue 35): the API
+    server refuses a list or string over its bound (422 naming the field); what only bytes show
+    (templates of 4-byte characters, within maxLength) the bridge refuses on the class, as a pool."""
+    await install_crds(kube_api)
+    for field, change in {
+        "spec.providers": lambda spec: spec.__setitem__("providers", [{"name": "simulated"}] * 17),
+        "spec.tailscaleConfig.tags": lambda spec: spec["tailscaleConfig"].__setitem__("tags", [f"tag:t{i}" for i in range(33)]),
+        "spec.joinSecretRef": lambda spec: spec.__setitem__("joinSecretRef", "s" * 254),
+        "spec.providers[0].credentialsRef.namespace": lambda spec: spec.__setitem__(
+            "providers", [{"name": "simulated", "credentialsRef": {"name": "k", "key": "k", "namespace": "n" * 64}}]
+        ),
+    }.items():
+        klass = gpu_class("y")
+        change(klass["spec"])
+        r = await apply(kube_api.http, klass)
+        assert r.status_code == 422 and field in r.text, (field, r.text[:500])
+
+    wide = gpu_class("wide")
+    wide["spec"]["bootstrapTemplate"] = "#!/bin/sh\n# " + "\U0001f600" * 70_000  # 70,000 characters, 280 kB
+    r = await apply(kube_api.http, wide)
+    assert r.status_code == 201, r.text[:500]
+    bridge = new_bridge(temporal, kube_api.cluster, f"bridge-{uuid.uuid4().hex[:8]}")
+    await bridge.on_class("ADDED", r.json())
+    got = (await kube_api.http.get(f"{CLASSES}/wide")).json()
+    ready = {c["type"]: c for c in (got.get("status") or {}).get("conditions") or []}["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "spec.bootstrapTemplate weighs 280012 bytes (UTF-8); at most 262144" in ready["message"], ready["message"]
+    events = (await kube_api.http.get("/api/v1/namespaces/default/events")).json()["items"]
+    assert any(e["involvedObject"]["name"] == "wide" and e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in events)
+    assert "wide" not in bridge.classes, "not acted on: no class workflow gets it"
+    with pytest.raises(RPCError):
+        await temporal.client.get_workflow_handle(class_workflow_id("wide")).describe()
 
 
 async def test_evict_annotation_on_a_node_drains_and_terminates_it(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:

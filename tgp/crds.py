@@ -96,6 +96,14 @@ MAX_CLASS_LIST = 64  # a class's gpuTypes and regions
 MAX_SCALAR_LENGTH = 32  # durations and prices ("1h30m", "2.50")
 # A class's boot template; provider user data is smaller still (Lambda: 1 MB, most: 16-64 KiB).
 MAX_TEMPLATE_LENGTH = 256 * 1024
+# A class's spec is carried in its own workflow's state and in each of its pools' (PoolUpdate.
+# node_class): every other list and string of it is bounded too, at what real use needs, so its
+# templates are nearly all a class can weigh (tests/test_spec_bounds.py adds up the worst case).
+MAX_CLASS_PROVIDERS = 16  # five providers, each perhaps with a few accounts
+MAX_TAILSCALE_TAGS = 32
+MAX_TAG_LENGTH = 4 + LABEL_VALUE_MAX_LENGTH  # "tag:" and a name
+MAX_SECRET_KEY_LENGTH = DNS_SUBDOMAIN_MAX_LENGTH  # a Secret's data key (Kubernetes: 253)
+MAX_IMAGE_LENGTH = 1024  # an image reference: registry, repository, tag and digest
 
 
 def parse_duration(value: Any) -> Any:
@@ -141,7 +149,9 @@ Price = Annotated[
     WithJsonSchema({"type": "string", "pattern": PRICE_PATTERN, "maxLength": MAX_SCALAR_LENGTH}),
 ]
 HourlyCostLimit = Annotated[
-    Price, AfterValidator(_below_cost_limit), WithJsonSchema({"type": "string", "pattern": HOURLY_COST_LIMIT_PATTERN})
+    Price,
+    AfterValidator(_below_cost_limit),
+    WithJsonSchema({"type": "string", "pattern": HOURLY_COST_LIMIT_PATTERN, "maxLength": MAX_SCALAR_LENGTH}),
 ]
 
 
@@ -227,10 +237,19 @@ class Spec(BaseModel):
 # --- GPUNodeClass ---------------------------------------------------------------------------
 
 
+# The class's bounds are the schema's (the API server's) and the bridge's admission
+# (`class_problems`), not every decode: a spec admitted before them and carried in a workflow
+# message must still decode.
+def _max_length(n: int) -> dict[str, Any]:
+    return {"maxLength": n}
+
+
 class SecretKeyRef(Spec):
-    name: str = Field(description="Name of the Secret.", min_length=1)
-    key: str = Field(description="Key inside the Secret.", min_length=1)
-    namespace: str | None = Field(None, description="Namespace of the Secret; defaults to the operator's namespace.")
+    name: str = Field(description="Name of the Secret.", min_length=1, json_schema_extra=_max_length(DNS_SUBDOMAIN_MAX_LENGTH))
+    key: str = Field(description="Key inside the Secret.", min_length=1, json_schema_extra=_max_length(MAX_SECRET_KEY_LENGTH))
+    namespace: str | None = Field(
+        None, description="Namespace of the Secret; defaults to the operator's namespace.", json_schema_extra=_max_length(LABEL_VALUE_MAX_LENGTH)
+    )
 
 
 class ProviderSpec(Spec):
@@ -245,20 +264,21 @@ class ProviderSpec(Spec):
 
 
 class TalosConfig(Spec):
-    image: str = Field(description="Talos installer image, e.g. ghcr.io/siderolabs/talos:v1.10.5 (or an Image Factory image with the tailscale and NVIDIA extensions).")
+    image: str = Field(json_schema_extra=_max_length(MAX_IMAGE_LENGTH), description="Talos installer image, e.g. ghcr.io/siderolabs/talos:v1.10.5 (or an Image Factory image with the tailscale and NVIDIA extensions).")
     machine_config_template: str = Field(
         json_schema_extra={"maxLength": MAX_TEMPLATE_LENGTH},  # checked again by check_template
         description="Talos machine config template (Jinja2, or Go-template placeholders like {{.MachineToken}}); see docs/bootstrap.md "
-        f"for the variables. At most {MAX_TEMPLATE_LENGTH // 1024} KiB; it must render within the bounds in docs/bootstrap.md.",
+        f"for the variables. At most {MAX_TEMPLATE_LENGTH // 1024} KiB (UTF-8, with bootstrapTemplate); it must render within the bounds in docs/bootstrap.md.",
     )
 
 
 class TailscaleConfig(Spec):
-    tags: list[Annotated[str, Field(pattern=r"^tag:[A-Za-z0-9][A-Za-z0-9-]*$")]] = Field(
+    tags: list[Annotated[str, Field(pattern=r"^tag:[A-Za-z0-9][A-Za-z0-9-]*$", json_schema_extra=_max_length(MAX_TAG_LENGTH))]] = Field(
         ["tag:tgp-node"],
         min_length=1,
+        json_schema_extra={"maxItems": MAX_TAILSCALE_TAGS},
         description="ACL tags for node auth keys, at least one (untagged nodes would belong to the OAuth client's owner); "
-        "the OAuth client must own them (tagOwners).",
+        f"the OAuth client must own them (tagOwners). At most {MAX_TAILSCALE_TAGS}, each tag: and up to {LABEL_VALUE_MAX_LENGTH} characters.",
     )
     ephemeral: bool = Field(
         True, description="Auth keys register ephemeral devices: nodes leave the tailnet automatically once offline."
@@ -277,6 +297,7 @@ class TailscaleConfig(Spec):
     )
     oauth_secret_ref: str | None = Field(
         None,
+        json_schema_extra=_max_length(DNS_SUBDOMAIN_MAX_LENGTH),
         description="Secret in the operator's namespace with keys client-id and client-secret (Tailscale OAuth client) or "
         "api-key and login-server (Headscale: the key is sent only to the server login-server names, which must be loginServer): "
         "this class's nodes join with it, read when used, so a rotated credential is picked up. Not one of tgp's own Secrets "
@@ -318,10 +339,15 @@ KUBERNETES_VERSION_PATTERN = r"^v?[0-9]+\.[0-9]+\.[0-9]+$"
 
 
 class GPUNodeClassSpec(Spec):
-    providers: list[ProviderSpec] = Field(min_length=1, description="Providers to buy from, with credentials.")
+    providers: list[ProviderSpec] = Field(
+        min_length=1,
+        json_schema_extra={"maxItems": MAX_CLASS_PROVIDERS},
+        description=f"Providers to buy from, with credentials; at most {MAX_CLASS_PROVIDERS}.",
+    )
     kubernetes_version: str | None = Field(
         None,
         pattern=KUBERNETES_VERSION_PATTERN,
+        json_schema_extra=_max_length(MAX_SCALAR_LENGTH),
         description="Kubelet version x.y.z (e.g. 1.34.1), matching the control plane: the KubernetesVersion template "
         "variable. The default Ubuntu cloud-init template (providers booting cloud-init without a bootstrapTemplate) needs it.",
     )
@@ -330,12 +356,15 @@ class GPUNodeClassSpec(Spec):
         None,
         json_schema_extra={"maxLength": MAX_TEMPLATE_LENGTH},  # checked again by check_template
         description="A cloud-init / startup-script template for Ubuntu GPU VMs instead of Talos; see docs/bootstrap.md. "
-        f"At most {MAX_TEMPLATE_LENGTH // 1024} KiB; it must render within the bounds in docs/bootstrap.md, to what each "
+        f"At most {MAX_TEMPLATE_LENGTH // 1024} KiB (UTF-8, with talosConfig.machineConfigTemplate); it must render within the "
+        "bounds in docs/bootstrap.md, to what each "
         "provider boots: for cloud-init a first line #cloud-config (or #! for a script, or another cloud-init format), for a "
         "startup script or onstart #! (e.g. #!/bin/bash), for an env payload KEY=VALUE lines; else the class is not Ready.",
     )
     join_secret_ref: str | None = Field(
-        None, description="Secret with the cluster join material (Talos secrets bundle or bootstrap token and CA); see docs/bootstrap.md."
+        None,
+        json_schema_extra=_max_length(DNS_SUBDOMAIN_MAX_LENGTH),
+        description="Secret with the cluster join material (Talos secrets bundle or bootstrap token and CA); see docs/bootstrap.md."
     )
     tailscale_config: TailscaleConfig = Field(TailscaleConfig(), description="How nodes join the tailnet.")
     instance_requirements: InstanceRequirements = Field(InstanceRequirements(), description="What every node of this class needs.")
@@ -831,6 +860,53 @@ class ObjectMeta(BaseModel):
     finalizers: list[str] = []
 
 
+def class_problems(spec: GPUNodeClassSpec) -> list[str]:
+    """What a class's spec breaks of the schema's length bounds (the bridge's admission), each
+    naming its field as the API server would."""
+    problems = []
+
+    def longer(path: str, value: str | None, most: int) -> None:
+        if value is not None and len(value) > most:
+            problems.append(f"{path} is {len(value)} characters; at most {most}")
+
+    def more(path: str, items: list[Any], most: int) -> None:
+        if len(items) > most:
+            problems.append(f"{path} has {len(items)} items; at most {most}")
+
+    more("spec.providers", spec.providers, MAX_CLASS_PROVIDERS)
+    for i, provider in enumerate(spec.providers):
+        if ref := provider.credentials_ref:
+            longer(f"spec.providers[{i}].credentialsRef.name", ref.name, DNS_SUBDOMAIN_MAX_LENGTH)
+            longer(f"spec.providers[{i}].credentialsRef.key", ref.key, MAX_SECRET_KEY_LENGTH)
+            longer(f"spec.providers[{i}].credentialsRef.namespace", ref.namespace, LABEL_VALUE_MAX_LENGTH)
+    longer("spec.kubernetesVersion", spec.kubernetes_version, MAX_SCALAR_LENGTH)
+    templates = {"spec.bootstrapTemplate": spec.bootstrap_template}
+    if talos := spec.talos_config:
+        longer("spec.talosConfig.image", talos.image, MAX_IMAGE_LENGTH)
+        templates["spec.talosConfig.machineConfigTemplate"] = talos.machine_config_template
+    for path, template in templates.items():
+        longer(path, template, MAX_TEMPLATE_LENGTH)
+    # The schema counts characters, a payload bytes: 256 Ki 4-byte characters in each template
+    # would carry 2 MiB. Together, in UTF-8, they weigh at most what one template may.
+    given = {path: len(template.encode()) for path, template in templates.items() if template}
+    if sum(given.values()) > MAX_TEMPLATE_LENGTH:
+        weigh = "weigh" if len(given) > 1 else "weighs"
+        problems.append(f"{' and '.join(given)} {weigh} {sum(given.values())} bytes (UTF-8); at most {MAX_TEMPLATE_LENGTH} together")
+    longer("spec.joinSecretRef", spec.join_secret_ref, DNS_SUBDOMAIN_MAX_LENGTH)
+    tailnet = spec.tailscale_config
+    more("spec.tailscaleConfig.tags", tailnet.tags, MAX_TAILSCALE_TAGS)
+    for i, tag in enumerate(tailnet.tags):
+        longer(f"spec.tailscaleConfig.tags[{i}]", tag, MAX_TAG_LENGTH)
+    longer("spec.tailscaleConfig.loginServer", tailnet.login_server, LOGIN_SERVER_MAX_LENGTH)
+    longer("spec.tailscaleConfig.oauthSecretRef", tailnet.oauth_secret_ref, DNS_SUBDOMAIN_MAX_LENGTH)
+    wanted = spec.instance_requirements
+    for path, values in (("spec.instanceRequirements.gpuTypes", wanted.gpu_types), ("spec.instanceRequirements.regions", wanted.regions)):
+        more(path, values, MAX_CLASS_LIST)
+        for i, value in enumerate(values):
+            longer(f"{path}[{i}]", value, LABEL_VALUE_MAX_LENGTH)
+    return problems
+
+
 class GPUNodeClass(BaseModel):
     """Cluster-scoped infrastructure template: providers, boot config, tailnet, budget."""
 
@@ -840,6 +916,19 @@ class GPUNodeClass(BaseModel):
     metadata: ObjectMeta
     spec: GPUNodeClassSpec
     status: GPUNodeClassStatus | None = None
+
+    @field_validator("spec")
+    @classmethod
+    def _bounded(cls, value: GPUNodeClassSpec, info: ValidationInfo) -> GPUNodeClassSpec:
+        if _admitting(info) and (problems := class_problems(value)):
+            raise ValueError("; ".join(problems))
+        return value
+
+    @classmethod
+    def admit(cls, obj: Any) -> GPUNodeClass:
+        """Validate a class as the bridge admits it: the schema's model plus its length bounds
+        (which an API server that skipped them, or a class stored before them, may hold)."""
+        return cls.model_validate(obj, context={ADMISSION: DisruptionBounds()})
 
 
 class GPUNodePool(BaseModel):
