@@ -17,8 +17,8 @@ user-data, a startup script) in their error bodies, truncated, wrapped, escaped 
 ways no scrubber can list. So no provider text enters an error: a message names the status,
 the request's method and path (never its query string), and only what `error_message` keeps of
 the API's error envelope that its adapter's `Quotable` allows: a code from the API's documented
-list (never one merely shaped like a code), a standard HTTP phrase, or one of a few documented
-short messages that cannot echo (SAFE_MESSAGES), capped in length. An adapter
+list (never one merely shaped like a code) or a standard HTTP phrase, capped in length; of a
+tailnet's answers (Tailscale, Headscale) nothing but the status. An adapter
 may read the provider's words to sort an answer (`error_detail`), never to quote them. The
 scrubbing that `send` also does (it registers the credentials it sends with `tgp.secrets`,
 scrubs every error body it receives and the message of every error it raises) stays as defence
@@ -89,29 +89,25 @@ class Fixes:
 class Quotable:
     """What of one API's error answers a message may quote (docs/security.md, "What enters an
     error"): `codes`, the API's documented error codes, quoted only when a code field holds
-    exactly one of them (a numeric code is read as a gRPC code by name first); `titles`, a
-    problem+json `title` that is a standard HTTP phrase (RunPod v2); `messages`, documented
-    messages that name no part of the request, quoted when the answer's message is exactly one
-    (SAFE_MESSAGES, Headscale's). Everything else of an answer is only read to sort it: a code
-    that merely looks like one may be the request (the API key upper-cased, reversed, in
-    base64) in the code field."""
+    exactly one of them; `titles`, a problem+json `title` that is a standard HTTP phrase
+    (RunPod v2). Everything else of an answer is only read to sort it: a code that merely
+    looks like one may be the request (the API key upper-cased, reversed, in base64) in the
+    code field."""
 
     codes: frozenset[str] = frozenset()
     titles: bool = False
-    messages: re.Pattern[str] | None = None
 
     def code(self, response: httpx.Response) -> str:
         """The first documented code in the answer's code fields (`error.code`, `code`, a
         string `error`), or ""."""
         for value in _code_fields(error_body(response)):
-            if isinstance(value, int) and not isinstance(value, bool):
-                value = GRPC_CODES.get(value)
             if isinstance(value, str) and value in self.codes:
                 return value
         return ""
 
 
-# An API whose answers a message quotes nothing of (Tailscale: only the status).
+# An API whose answers a message quotes nothing of, only the status (the tailnets: Tailscale,
+# Headscale; issue 35 item 13).
 NOTHING = Quotable()
 
 
@@ -220,13 +216,14 @@ class HttpAdapter:
         bearer: SecretStr | None = None,
         secrets: Iterable[str] = (),
         pace: Pace | None = None,
+        settles: Callable[[httpx.Response], bool] | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """Send one request to `path` (under the base URL, or a whole URL) and return the answer
-        when it is 2xx or listed in `ok`; raise the error of any other (see the class docstring).
-        `bearer` and `pace` replace the adapter's API key and pacing for this request; `secrets`
-        (values in the request body) are kept out of messages too; the rest goes to `send`
-        (json, params, idempotent, ...)."""
+        when it is 2xx, listed in `ok` or one `settles` (see `send`); raise the error of any other
+        (see the class docstring). `bearer` and `pace` replace the adapter's API key and pacing
+        for this request; `secrets` (values in the request body) are kept out of messages too;
+        the rest goes to `send` (json, params, idempotent, ...)."""
         accepted = set(ok)
         hidden = [*self._secrets(), *secrets]
         response = await send(
@@ -243,9 +240,10 @@ class HttpAdapter:
             quotable=self.quotable,
             deadline=self.deadline,
             max_bytes=self.max_response_bytes,
+            settles=settles,
             **kwargs,
         )
-        if response.status_code < 300 or response.status_code in accepted:
+        if response.status_code < 300 or response.status_code in accepted or (settles is not None and settles(response)):
             return response
         raise scrubbed(self._refusal(response), hidden)
 
@@ -370,6 +368,7 @@ async def send(
     quotable: Quotable | None = None,
     deadline: float = REQUEST_DEADLINE,
     max_bytes: int = MAX_RESPONSE_BYTES,
+    settles: Callable[[httpx.Response], bool] | None = None,
     **kwargs: object,
 ) -> httpx.Response:
     """Send a request, retrying transient failures; return every other answer.
@@ -381,7 +380,9 @@ async def send(
 
     429/5xx/network -> retried, then TransientError; a status listed in `ok` is returned at
     once instead (a probe that expects a 500). Every other answer, 401 and 403 included, is
-    returned for the adapter to interpret (`HttpAdapter._call` words them all one way).
+    returned for the adapter to interpret (`HttpAdapter._call` words them all one way). A
+    retryable answer that `settles` (scrubbed) is returned at once too: an API that reports a
+    missing object as a 500 (Headscale 0.29), which no retry changes.
     `system` names the API in messages ("Tailscale API", "RunPod"). `pace`, a rate limiter, is
     entered before each attempt, so a retry waits its turn like any other request.
     `quotable` is what of an error answer a message may quote (the API's documented codes).
@@ -405,7 +406,7 @@ async def send(
     try:
         bounds = _Bounds(deadline, max_bytes)
         return await _send(
-            client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, quotable or NOTHING, bounds, kwargs
+            client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, quotable or NOTHING, bounds, settles, kwargs
         )
     except TgpError as exc:
         raise scrubbed(exc, hidden) from None
@@ -431,6 +432,7 @@ async def _send(
     pace: Pace | None,
     quotable: Quotable,
     bounds: _Bounds,
+    settles: Callable[[httpx.Response], bool] | None,
     kwargs: dict[str, object],
 ) -> httpx.Response:
     last: TransientError | None = None
@@ -458,7 +460,7 @@ async def _send(
             if status >= 400:
                 # Many APIs quote the request (credentials, user-data) in their errors.
                 response = scrubbed_response(response)
-            if status in ok or status not in RETRYABLE_STATUSES:
+            if status in ok or status not in RETRYABLE_STATUSES or (settles is not None and settles(response)):
                 return response
             retry_after = retry_after_seconds(response)
             if retry_after is None and status == 429:
@@ -581,10 +583,6 @@ GRPC_CODES = {
     6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION", 10: "ABORTED",
     11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
 }  # fmt: skip
-# Documented messages that name no part of the request, quoted whole when an answer's message is
-# exactly one of them: Headscale's "<object> not found" (which its 0.29 answers with a 500, and
-# which tgp tells from an outage by these words).
-SAFE_MESSAGES = re.compile(r"(?i)(user|node|authkey|pre-?auth ?key|record|machine|instance|pod) not found")
 _PHRASES = {status.phrase.lower(): status.phrase for status in HTTPStatus}
 
 
@@ -606,17 +604,13 @@ def error_code(response: httpx.Response) -> str:
 def error_message(response: httpx.Response, quotable: Quotable = NOTHING, limit: int = MESSAGE_LIMIT) -> str:
     """What an error message may quote of an error answer, never the provider's free text
     (which may echo the request in any encoding): what `quotable` allows (a documented code, a
-    standard HTTP phrase as a problem+json title, a documented message); when none of these,
+    standard HTTP phrase as a problem+json title); when neither,
     the standard phrase of its status (not the server's reason line)."""
     body = error_body(response)
     parts = [quotable.code(response)]
     title = body.get("title")
     if quotable.titles and isinstance(title, str) and title.lower() in _PHRASES:
         parts.append(_standard_phrase(title))
-    if quotable.messages is not None:
-        said = error_detail(response).strip()
-        if quotable.messages.fullmatch(said):
-            parts.append(said)
     text = ": ".join(dict.fromkeys(p for p in parts if p))
     if not text:
         text = status_phrase(response.status_code)

@@ -4,7 +4,8 @@ A code field is request-derived text like any other: an API (or whatever answers
 can put the API key there, and not verbatim but in a code-shaped transform (a prefix, a suffix,
 upper-cased, reversed, base64) that no scrubber recognises. So a message quotes a code only
 when it is in the adapter's documented list (`activities.http.Quotable`), a RunPod field path
-only when the request sent that path, and Tailscale's answers not at all.
+only when the request sent that path, and the tailnets' answers (Tailscale, Headscale) not at all:
+nothing but the status.
 
 The property: for any secret and any code-shaped transform of the adapter's credential, an
 error body holding that transform in every field (`code`, `error`, `error.code`, `title`,
@@ -213,12 +214,59 @@ def test_a_documented_code_is_quoted_and_an_undocumented_one_is_not() -> None:
     assert error_message(answer(403, {"message": "tags [tag:x] invalid", "code": "FORBIDDEN"})) == "Forbidden"
 
 
-def test_headscale_quotes_the_grpc_code_by_name_and_its_documented_message() -> None:
+def test_headscale_quotes_nothing_but_the_status() -> None:
+    """Issue 35 item 13: of a tailnet's answers, "nothing but the status" (gRPC code names and
+    "<object> not found" were quoted before)."""
     from activities.tailnets.headscale import QUOTABLE
 
-    assert error_message(answer(404, {"code": 5, "message": "node not found", "details": []}), QUOTABLE) == "NOT_FOUND: node not found"
-    assert error_message(answer(500, {"code": 2, "message": "user abc not found"}), QUOTABLE) == "UNKNOWN"
-    assert error_message(answer(500, {"code": 99, "message": "x"}), QUOTABLE) == "Internal Server Error"
+    assert error_message(answer(404, {"code": 5, "message": "node not found", "details": []}), QUOTABLE) == "Not Found"
+    assert error_message(answer(500, {"code": 2, "message": "user abc not found"}), QUOTABLE) == "Internal Server Error"
+    assert error_message(answer(400, {"code": 3, "message": "invalid tag"}), QUOTABLE) == "Bad Request"
+
+
+# What a tailnet's answers hold that looks harmless, and that its errors must quote none of all the same.
+TAILNET_ANSWERS = (
+    {"code": 5, "message": "node not found", "details": []},
+    {"code": 2, "message": "user not found"},
+    {"code": 3, "message": "preauthkey not found"},
+    {"code": "NOT_FOUND", "message": "record not found"},
+    {"message": "authkey not found", "errors": ["machine not found"]},
+)
+GRPC_NAMES = tuple(activities.http.GRPC_CODES.values())
+
+
+@pytest.mark.parametrize("name", ["tailscale", "headscale"])
+def test_tailnet_errors_quote_only_the_status(name: str) -> None:
+    """Every operation of either tailnet adapter, answered with any error status and a body of
+    documented-looking codes and messages: what it raises quotes none of them."""
+    raised = 0
+    for status in STATUSES:
+        for body in TAILNET_ANSWERS:
+            for op in TAILNET_OPS:
+
+                def handler(request: httpx.Request, body: dict[str, Any] = body, status: int = status) -> httpx.Response:
+                    if request.url.path == "/api/v2/oauth/token":
+                        return httpx.Response(200, json={"access_token": "tok-0123456789abcdef", "expires_in": 3600})
+                    return httpx.Response(status, json=body)
+
+                async def run(op: str = op) -> BaseException | None:
+                    target = build(name, key_of(name, "KeyKeyKeyKeyKeyKeyKeyKey"), httpx.MockTransport(handler))
+                    try:
+                        await operation(name, op, target)()
+                    except Exception as exc:  # noqa: BLE001 - whatever it is, what it shows is checked
+                        return exc
+                    finally:
+                        await target.aclose()
+                    return None
+
+                exc = asyncio.run(run())
+                if exc is None:
+                    continue
+                raised += 1
+                shown = everything_shown(exc)
+                quoted = [g for g in GRPC_NAMES if g in shown] + [str(m) for m in (body["message"], *body.get("errors", [])) if str(m) in shown]
+                assert not quoted, f"{name} {op} {status}: quotes {quoted} in {shown}"
+    assert raised > len(STATUSES), "the answers raised errors to look at"
 
 
 def test_runpod_quotes_the_title_and_only_the_paths_the_request_sent() -> None:

@@ -41,8 +41,8 @@ from pydantic import SecretStr
 
 from activities.fresh_reads import FreshReads
 from activities.ports import AuthKey
-from tgp.errors import ConfigError, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, GRPC_CODES, SAFE_MESSAGES, Fixes, HttpAdapter, Quotable, Sleep, error_detail, json_items, json_object
+from tgp.errors import ConfigError, TransientError
+from activities.http import DEFAULT_TIMEOUT, NOTHING, Fixes, HttpAdapter, Sleep, error_detail, json_items, json_object
 from tgp.types import TailnetDevice
 
 __all__ = ["HeadscaleTailnet"]
@@ -50,9 +50,9 @@ __all__ = ["HeadscaleTailnet"]
 log = structlog.get_logger(__name__)
 
 SYSTEM = "Headscale API"
-# What a message quotes of a Headscale error: the gRPC code by name and the documented
-# "<object> not found" messages, never the rest of its message or details.
-QUOTABLE = Quotable(codes=frozenset(GRPC_CODES.values()), messages=SAFE_MESSAGES)
+# What a message quotes of a Headscale error: nothing but the HTTP status (issue 35 item 13);
+# its gRPC code and message are read to sort the answer ("user not found"), never quoted.
+QUOTABLE = NOTHING
 # Headscale's own rules for an ACL tag (hscontrol validateTag): prefix, lowercase, no spaces.
 _TAG = re.compile(r"^tag:[^\sA-Z]+$")
 # protojson writes up to nine fractional digits; datetime takes six.
@@ -174,13 +174,17 @@ class HeadscaleTailnet(HttpAdapter):
         api = await self._keys_api()
         if self._user:
             body["user"] = await self._key_owner(api)
-        try:
+        if self._user:
+            response = await self._call_unless_not_found("POST", "/api/v1/preauthkey", json=body, ok=(400,))
+        else:
             response = await self._call("POST", "/api/v1/preauthkey", json=body, ok=(400,))
-        except TransientError as exc:
+        if response is None:
             # 0.29 reports a missing user as an unmapped error (HTTP 500), which retrying cannot fix.
-            if self._user and _says_not_found(exc):
-                raise self._error(ConfigError, f"Headscale user {self._user!r} does not exist: {exc}") from None
-            raise
+            raise self._error(
+                ConfigError,
+                f"Headscale user {self._user!r} does not exist (POST /api/v1/preauthkey answered 500): "
+                f"create it with `headscale users create {self._user}`",
+            )
         if response.status_code == 400:
             raise self._error(ConfigError, f"Headscale refused the pre-auth key request (400): {self._answer(response)}")
         key = json_object(response, system=SYSTEM).get("preAuthKey")
@@ -245,13 +249,8 @@ class HeadscaleTailnet(HttpAdapter):
 
     async def delete_device(self, device_id: str) -> None:
         """Delete the node; one already gone (404) counts as deleted."""
-        try:
-            response = await self._call("DELETE", f"/api/v1/node/{quote(device_id, safe='')}", ok=(404,))
-            gone = response.status_code == 404
-        except TransientError as exc:
-            if not _says_not_found(exc):
-                raise
-            gone = True
+        response = await self._call_unless_not_found("DELETE", f"/api/v1/node/{quote(device_id, safe='')}", ok=(404,))
+        gone = response is None or response.status_code == 404
         log.info("tailnet.device_deleted", device_id=device_id, already_gone=gone)
 
     # --- requests ---------------------------------------------------------------------
@@ -282,13 +281,15 @@ class HeadscaleTailnet(HttpAdapter):
                         TransientError, f"{SYSTEM}: expiring a pre-auth key answered {response.status_code}: {self._answer(response)}"
                     )
             return False
-        try:
-            response = await self._call("POST", "/api/v1/preauthkey/expire", json={"id": key_id}, ok=(404,))
-        except TransientError as exc:
-            if _says_not_found(exc):
-                return True
-            raise
-        return response.status_code == 404
+        response = await self._call_unless_not_found("POST", "/api/v1/preauthkey/expire", json={"id": key_id}, ok=(404,))
+        return response is None or response.status_code == 404
+
+    async def _call_unless_not_found(self, method: str, path: str, *, ok: tuple[int, ...], **kwargs: Any) -> httpx.Response | None:
+        """`_call`, but None for a 500 whose words say "not found" (how 0.29 reports a missing
+        user, node or key: an unmapped error, which retrying cannot change). The words only sort
+        the answer; no error quotes them. Any other 500 is retried as `_call` retries one."""
+        response = await self._call(method, path, ok=ok, settles=_says_not_found, **kwargs)
+        return None if response.status_code not in ok and _says_not_found(response) else response
 
     async def _keys_api(self) -> str:
         """Which pre-auth key API the server speaks (KEYS_BY_*), found once by what it accepts.
@@ -357,10 +358,6 @@ class HeadscaleTailnet(HttpAdapter):
         )
 
 
-def _says_not_found(exc: TgpError) -> bool:
-    return "not found" in str(exc).lower()
-
-
 def _node_tags(node: dict[str, Any]) -> set[str]:
     """0.28+ has `tags`; older servers split them into forced/valid tags."""
     tags = node.get("tags")
@@ -386,3 +383,9 @@ def _device(raw: dict[str, Any], hostname: str) -> TailnetDevice:
         tags=sorted(_node_tags(raw)),
         connected=bool(raw.get("online")),
     )
+
+
+def _says_not_found(response: httpx.Response) -> bool:
+    """Whether a 500 is Headscale 0.29's "<object> not found" (its words sort, never quoted)."""
+    return response.status_code == 500 and "not found" in error_detail(response).lower()
+
