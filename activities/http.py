@@ -2,8 +2,9 @@
 Headscale).
 
 `send` makes one request: a timeout (set on the client), a deadline for the whole of each
-attempt and a cap on the body it reads (REQUEST_DEADLINE, MAX_RESPONSE_BYTES), and a short,
-bounded retry on 429 / 5xx / connection errors that honours `Retry-After`. Past that the caller gets a TransientError
+attempt and a cap on the body it reads (REQUEST_DEADLINE, MAX_RESPONSE_BYTES), a short,
+bounded retry on 429 / 5xx / connection errors that honours `Retry-After`, and one deadline for
+the whole call, its attempts, waits and turns at the pacing included (CALL_DEADLINE). Past that the caller gets a TransientError
 and Temporal's activity retry policy takes over, so a long outage never blocks a worker slot.
 A request that buys something is never retried in-call (see `send`).
 
@@ -53,6 +54,13 @@ DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 # read, so an answer that drips a byte at a time was still being read after 100 s (issue 35);
 # this bounds it. An API answers in seconds; a minute leaves room for a slow list.
 REQUEST_DEADLINE = 60.0
+# The whole of one call: every attempt, the waits between them and each turn at the adapter's
+# pacing (a rate limiter's queue). Three attempts of REQUEST_DEADLINE and their waits came to
+# over three minutes, longer than the two minutes (tgp.types.API_CALL_TIMEOUT) Temporal gives the
+# shortest activities that make these calls (describe, terminate, a tailnet's cleanup, a label),
+# which then timed out saying nothing; 90 s ends the call first, with a TransientError that says
+# why, and leaves the activity 30 s for its own reads and writes.
+CALL_DEADLINE = 90.0
 # The most of an answer's body that is read (decoded). The largest answer tgp reads, a cloud's
 # offer list, is well under 1 MiB; a 100 MB body once raised the worker's memory by ~424 MB.
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
@@ -163,10 +171,11 @@ class HttpAdapter:
     consistency_window = CONSISTENCY_WINDOW
     # What of this API's error answers a message may quote: its documented codes, no more.
     quotable = NOTHING
-    # The bounds of one attempt (see REQUEST_DEADLINE, MAX_RESPONSE_BYTES); an instance may
-    # set its own.
+    # The bounds of one attempt and of one call (see REQUEST_DEADLINE, MAX_RESPONSE_BYTES,
+    # CALL_DEADLINE); an instance may set its own.
     deadline = REQUEST_DEADLINE
     max_response_bytes = MAX_RESPONSE_BYTES
+    call_deadline = CALL_DEADLINE
 
     def __init__(
         self,
@@ -240,6 +249,7 @@ class HttpAdapter:
             quotable=self.quotable,
             deadline=self.deadline,
             max_bytes=self.max_response_bytes,
+            call_deadline=self.call_deadline,
             settles=settles,
             **kwargs,
         )
@@ -369,6 +379,7 @@ async def send(
     deadline: float = REQUEST_DEADLINE,
     max_bytes: int = MAX_RESPONSE_BYTES,
     settles: Callable[[httpx.Response], bool] | None = None,
+    call_deadline: float = CALL_DEADLINE,
     **kwargs: object,
 ) -> httpx.Response:
     """Send a request, retrying transient failures; return every other answer.
@@ -390,7 +401,10 @@ async def send(
     Each attempt, from sending to the answer's last byte, has `deadline` seconds (after its
     turn at `pace`): past it the attempt counts as a timeout. At most `max_bytes` of a body are
     read: a larger answer stops the reading and raises ConfigError (OutcomeUnknown for a
-    request that buys), which names the limit and quotes nothing of the body.
+    request that buys), which names the limit and quotes nothing of the body. The whole call,
+    every attempt, every wait between them and every turn at `pace`, has `call_deadline`
+    seconds: past it, a TransientError that says so (OutcomeUnknown for a request that buys); a
+    wait that would end past it is not begun, and the last answer's error is raised instead.
 
     A request that buys something is not idempotent (`idempotent=False`): it is never
     retried here. A timeout, connection error, 408, 425, 429 or 5xx raises OutcomeUnknown at
@@ -404,10 +418,19 @@ async def send(
     hidden.append(_credential(dict(kwargs.get("headers") or {}).get("Authorization")))  # type: ignore[call-overload]
     secret_registry.register(*hidden)
     try:
-        bounds = _Bounds(deadline, max_bytes)
-        return await _send(
-            client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, quotable or NOTHING, bounds, settles, kwargs
-        )
+        ends = asyncio.get_running_loop().time() + call_deadline
+        bounds = _Bounds(deadline, max_bytes, ends)
+        try:
+            async with asyncio.timeout_at(ends):
+                return await _send(
+                    client, method, url, system, set(ok), attempts, idempotent, rate_limit_wait, sleep, pace, quotable or NOTHING, bounds, settles, kwargs
+                )
+        except TimeoutError:
+            message = (
+                f"{system}: {method} {_path(url)} got no answer within {call_deadline:g} s, the whole call's deadline "
+                "(its attempts, the waits between them and its turns at the rate limit)"
+            )
+            raise (OutcomeUnknown if not idempotent else TransientError)(message) from None
     except TgpError as exc:
         raise scrubbed(exc, hidden) from None
 
@@ -473,6 +496,8 @@ async def _send(
             if wait > MAX_IN_CALL_WAIT:
                 break
         if attempt < attempts:
+            if asyncio.get_running_loop().time() + wait >= bounds.ends:
+                break  # the call's deadline would pass during the wait: say what the last attempt got
             await sleep(wait)  # type: ignore[func-returns-value]
     assert last is not None
     raise last
@@ -480,8 +505,9 @@ async def _send(
 
 @dataclass(frozen=True)
 class _Bounds:
-    deadline: float
+    deadline: float  # of each attempt, seconds
     max_bytes: int
+    ends: float  # the whole call's deadline, on the event loop's clock
 
 
 class _TooLarge(Exception):

@@ -5,7 +5,8 @@ time was still being read after 100 s, and a 100 MB body raised the worker's mem
 Now each attempt, from sending to the last byte, has `deadline` seconds (activities.http), and
 at most `max_response_bytes` of a body are read; the error names the limit and quotes nothing
 of the body. Each adapter talks, over real HTTP on loopback, to a local server that answers
-every request by dripping or by sending 100 MB.
+every request by dripping or by sending 100 MB. The whole call (attempts, waits, turns at the
+rate limit) has `call_deadline` seconds (CALL_DEADLINE).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp import web
 from pydantic import SecretStr
@@ -28,7 +30,7 @@ from activities.clouds.paperspace import PaperspaceProvider
 from activities.clouds.runpod import RunPodProvider
 from activities.clouds.simulated import SimulatedProvider
 from activities.clouds.vastai import VastProvider
-from activities.http import MAX_RESPONSE_BYTES, OutcomeUnknown
+from activities.http import MAX_RESPONSE_BYTES, OutcomeUnknown, send
 from activities.tailnets.headscale import HeadscaleTailnet
 from activities.tailnets.tailscale import TailscaleTailnet
 from tgp.errors import ConfigError, TgpError, TransientError
@@ -180,3 +182,73 @@ async def test_the_bounds_hold_for_a_minting_call_too() -> None:
         error = await call(target, lambda: target.mint_auth_key(hostname="gpu-abc", tags=["tag:tgp-node"], expiry=timedelta(hours=1)))
     assert f"no complete answer within {DEADLINE:g} s" in str(error), str(error)
 
+
+
+# --- one deadline for the whole call (issue 35, load and size L4) ------------------------------
+# Each attempt had its deadline, but a call of three attempts, their waits and its turns at the
+# rate limiter took over three minutes: past the activity's own start-to-close timeout, which
+# ended it saying nothing. Now the whole call has `call_deadline` seconds.
+
+
+class HeldPace:
+    """A rate limiter whose turn never comes (a queue behind a stuck burst)."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+
+    async def __aenter__(self) -> None:
+        self.entered += 1
+        await asyncio.Event().wait()
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("name", ["runpod", "headscale"])
+async def test_a_call_whose_every_attempt_drips_ends_at_the_calls_deadline(name: str) -> None:
+    async with Server("drip") as server:
+        target = adapter(name, server.url)
+        target.deadline, target.call_deadline = DEADLINE, 1.2 * DEADLINE
+        started = time.monotonic()
+        error = await call(target, listing(name, target))
+        took = time.monotonic() - started
+    assert isinstance(error, TransientError), repr(error)
+    assert f"no answer within {1.2 * DEADLINE:g} s, the whole call's deadline" in str(error), str(error)
+    assert took < 1.2 * DEADLINE + 0.5, took
+
+
+async def test_a_turn_at_the_rate_limit_counts_against_the_calls_deadline() -> None:
+    answered: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answered.append(request)
+        return httpx.Response(200, json={})
+
+    pace = HeldPace()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        for idempotent, kind in ((True, TransientError), (False, OutcomeUnknown)):
+            with pytest.raises(kind, match="the whole call's deadline") as raised:
+                # wait_for: without the call's deadline the held turn would wait for ever.
+                await asyncio.wait_for(
+                    send(client, "POST", "http://x.test/v1/pods", system="RunPod", pace=pace, idempotent=idempotent, call_deadline=0.2), 5
+                )
+            assert type(raised.value) is kind
+    assert pace.entered == 2 and answered == []
+
+
+async def test_a_wait_that_would_pass_the_calls_deadline_is_not_begun() -> None:
+    """A 503 asking for 3 s, in a call with 1 s left: the call ends now with the answer's error
+    (its Retry-After handed to Temporal), rather than sleeping into its deadline."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, headers={"Retry-After": "3"}, json={"message": "busy"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(TransientError) as raised:
+            await send(client, "GET", "http://x.test/v1/pods", system="RunPod", sleep=sleep, call_deadline=1.0)
+    assert "answered 503" in str(raised.value) and raised.value.retry_after == 3.0, str(raised.value)
+    assert slept == []
