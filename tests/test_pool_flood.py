@@ -6,11 +6,19 @@ continue-as-new was refused."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from temporalio.testing import WorkflowEnvironment
 
+from tests.conftest import eventually, running_world
+from tests.test_entities_heal import start_class, start_pool
+from tests.test_pool_accounting import pool_spec
 from tgp.capacity import CapacityNode, plan_capacity
+from tgp.crds import GPUNodePoolStatus
 from tgp.demand import MAX_PODS_TRACKED, PendingPod, tracked, unsold_counts, unsold_gpu_resources
 from tgp.messages import Demand
 from tgp.pool_plan import pods_tracked
@@ -77,3 +85,66 @@ def test_gpu_resources_tgp_does_not_sell_are_named_and_cut() -> None:
     assert len(cut) <= 80
     init = {"spec": {"initContainers": [{"resources": {"requests": {"gpu.intel.com/i915": "1"}}}]}}
     assert unsold_gpu_resources(init) == ["gpu.intel.com/i915"]
+
+
+# What a flood may cost another pool: its first node started within this, on a loaded 2-core
+# machine. Far below the 101 s one pool's flood once stalled its pool; B alone takes ~1 s.
+OTHER_POOL_BOUND = timedelta(seconds=30)
+
+
+async def first_node_started(env: WorkflowEnvironment, queue: str, name: str, flooding: asyncio.Task[None] | None = None) -> timedelta:
+    """Start pool `name` (its own class) with one pending pod; how long until its pool recorded its
+    node's workflow started."""
+    await start_class(env, queue, f"c-{name}")
+    pool = await start_pool(env, queue, name, pool_spec(f"c-{name}", disruption={"idleTimeout": "1h", "drainTimeout": "10s"}))
+    began = time.monotonic()
+    await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=[f"ml/{name}-pod"], observed_at=datetime.now(timezone.utc)))
+
+    async def started() -> bool:
+        assert flooding is None or not flooding.done(), "the flood stopped early"
+        status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
+        return bool(status.nodes)
+
+    await eventually(started, timeout=OTHER_POOL_BOUND.total_seconds() * 3, what=f"pool {name}'s node to start")
+    return timedelta(seconds=time.monotonic() - began)
+
+
+@pytest.mark.timeout(300)
+async def test_one_pools_flood_does_not_slow_another_pool(temporal: WorkflowEnvironment) -> None:
+    """Pool A gets 5,000 pending pods (the bridge's demand of them, again every half second as the
+    bridge re-sends it); pool B, on the same worker, one pod. B's node starts within a bound close
+    to B alone (measured here first), and A's workflow has no workflow task failure."""
+    async with running_world(temporal, boot_delay=0.05) as (_, _, queue):
+        alone = await first_node_started(temporal, queue, f"b-{uuid.uuid4().hex[:6]}")
+
+        a = f"a-{uuid.uuid4().hex[:6]}"
+        await start_class(temporal, queue, f"c-{a}")
+        flooded = await start_pool(temporal, queue, a, pool_spec(f"c-{a}", disruption={"idleTimeout": "1h", "drainTimeout": "10s"}))
+        pods = flood(5_000)
+
+        async def flood_a() -> None:
+            while True:
+                d = bridge_demand(pods).model_copy(update={"observed_at": datetime.now(timezone.utc)})
+                await flooded.signal(GPUNodePoolWorkflow.demand, d)
+                await asyncio.sleep(0.5)
+
+        flooding = asyncio.create_task(flood_a())
+        try:
+            async def planning() -> bool:
+                status: GPUNodePoolStatus = await flooded.query(GPUNodePoolWorkflow.status)
+                return bool(status.nodes)
+
+            await eventually(planning, timeout=120, what="pool A to plan its flood")
+            beside = await first_node_started(temporal, queue, f"b-{uuid.uuid4().hex[:6]}", flooding)
+        finally:
+            flooding.cancel()
+        assert beside < OTHER_POOL_BOUND, f"B's node started {beside.total_seconds():.1f} s after its pod beside A's flood ({alone.total_seconds():.1f} s alone)"
+        status: GPUNodePoolStatus = await flooded.query(GPUNodePoolWorkflow.status)
+        tracking = next(c for c in status.conditions if c.type == "PodsTracked")
+        assert (tracking.status, tracking.reason) == ("False", "TooManyPending"), "A took the flood in"
+        events = (await flooded.fetch_history()).events
+        failed = [e for e in events if e.HasField("workflow_task_failed_event_attributes") or e.HasField("workflow_task_timed_out_event_attributes")]
+        assert failed == [], f"pool A's workflow tasks failed: {failed[:2]}"
+        print(f"B's first node started {alone.total_seconds():.2f} s alone, {beside.total_seconds():.2f} s beside A's flood")
+        for wid in [w.id async for w in temporal.client.list_workflows(f"TaskQueue = '{queue}' AND ExecutionStatus = 'Running'")]:
+            await temporal.client.get_workflow_handle(wid).terminate("test over")
