@@ -403,7 +403,8 @@ async def send(
     read: a larger answer stops the reading and raises ConfigError (OutcomeUnknown for a
     request that buys), which names the limit and quotes nothing of the body. The whole call,
     every attempt, every wait between them and every turn at `pace`, has `call_deadline`
-    seconds: past it, a TransientError that says so (OutcomeUnknown for a request that buys); a
+    seconds: past it, a TransientError that says so (OutcomeUnknown for a request that buys, once
+    sent; one still waiting for its turn at `pace` sent nothing); a
     wait that would end past it is not begun, and the last answer's error is raised instead.
 
     A request that buys something is not idempotent (`idempotent=False`): it is never
@@ -430,7 +431,10 @@ async def send(
                 f"{system}: {method} {_path(url)} got no answer within {call_deadline:g} s, the whole call's deadline "
                 "(its attempts, the waits between them and its turns at the rate limit)"
             )
-            raise (OutcomeUnknown if not idempotent else TransientError)(message) from None
+            if not idempotent and bounds.sent:
+                raise OutcomeUnknown(message) from None
+            # Still waiting for its turn: nothing was sent, so nothing was bought.
+            raise TransientError(message if bounds.sent else f"{message}; nothing was sent") from None
     except TgpError as exc:
         raise scrubbed(exc, hidden) from None
 
@@ -462,6 +466,7 @@ async def _send(
     for attempt in range(1, attempts + 1):
         try:
             async with pace or nullcontext():
+                bounds.sent = True
                 response = await _bounded_request(client, method, url, bounds, kwargs)
         except _TooLarge:
             message = (
@@ -503,11 +508,12 @@ async def _send(
     raise last
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Bounds:
     deadline: float  # of each attempt, seconds
     max_bytes: int
     ends: float  # the whole call's deadline, on the event loop's clock
+    sent: bool = False  # whether an attempt got past the pacing (a request that buys may have)
 
 
 class _TooLarge(Exception):

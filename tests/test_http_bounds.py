@@ -226,14 +226,25 @@ async def test_a_turn_at_the_rate_limit_counts_against_the_calls_deadline() -> N
 
     pace = HeldPace()
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        for idempotent, kind in ((True, TransientError), (False, OutcomeUnknown)):
-            with pytest.raises(kind, match="the whole call's deadline") as raised:
+        for idempotent in (True, False):
+            with pytest.raises(TransientError, match="the whole call's deadline .*; nothing was sent") as raised:
                 # wait_for: without the call's deadline the held turn would wait for ever.
                 await asyncio.wait_for(
                     send(client, "POST", "http://x.test/v1/pods", system="RunPod", pace=pace, idempotent=idempotent, call_deadline=0.2), 5
                 )
-            assert type(raised.value) is kind
+            # A create still waiting for its turn bought nothing: not OutcomeUnknown.
+            assert type(raised.value) is TransientError
     assert pace.entered == 2 and answered == []
+
+
+async def test_a_create_past_the_calls_deadline_may_have_bought() -> None:
+    async with Server("drip") as server:
+        target = SimulatedProvider(server.url, api_key=SecretStr("sim-key-0123456789"))
+        target.call_deadline = 0.3
+        offer = Offer(provider="simulated", offer_id="o1", gpu_type="RTX4090", region="r", hourly_price=Decimal("0.5"))
+        boot = BootPayload(kind="env", content="TS_AUTHKEY=x\n", hostname="gpu-abc")
+        error = await call(target, lambda: target.launch(offer, name="gpu-abc", boot=boot))
+    assert isinstance(error, OutcomeUnknown) and "the whole call's deadline" in str(error), repr(error)
 
 
 async def test_a_wait_that_would_pass_the_calls_deadline_is_not_begun() -> None:
