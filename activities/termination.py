@@ -65,11 +65,15 @@ async def end_for_good(
     heartbeat: Callable[[], object] = lambda: None,
     budget: timedelta = VERIFY_FOR,
     every: timedelta = VERIFY_EVERY,
+    first: Iterable[str] = (),
 ) -> set[str]:
     """Terminate every instance in `ids` and every live one carrying one of `names`, except
     `keep`, and read each until it shows terminated or gone; a 404 counts as gone, and names
     stop being looked up, only once `settle` has passed. Returns every id seen (`keep`
-    included if it was seen).
+    included if it was seen). The ids in `first` (of `ids`) are terminated before anything is
+    looked up or read, and the first pass comes `every` later: the bill of the instance a
+    caller knows stops at its first call, not after a listing and a read, and a read at once
+    would show what the cloud has not applied yet.
 
     Raises TerminationStuck when an instance still runs after `budget` of terminating and
     reading, and TransientError when only the window is left to wait out: Temporal's retry
@@ -78,6 +82,11 @@ async def end_for_good(
     seen = set(wanted)
     confirmed: set[str] = set()
     deadline = now() + budget
+    fresh = sorted((set(first) & wanted) - {keep})
+    for instance_id in fresh:
+        await _terminate(provider, instance_id)
+    if fresh:
+        await sleep(every.total_seconds())
     names = list(names)
     # An instance found by name that was not known: a late create. Its reads lag behind its own
     # create, not the caller's: its 404 counts as gone only a window after it was first listed.
@@ -99,9 +108,7 @@ async def end_for_good(
                 log.info("instance_terminated", provider=provider.name, instance_id=instance_id, verified="gone" if inst is None else "terminated")
                 continue
             # Running, or a 404 that may be a lagging read: (again) terminate, then read again.
-            await provider.terminate(instance_id)
-            metrics.TERMINATIONS.labels(provider.name).inc()
-            log.info("instance_terminate_sent", provider=provider.name, instance_id=instance_id)
+            await _terminate(provider, instance_id)
             if inst is not None:
                 running.append(instance_id)
         unconfirmed = seen - confirmed - {keep}
@@ -120,3 +127,9 @@ async def end_for_good(
                 retry_after=min(max(left, 1.0), 30.0),
             )
         await sleep(every.total_seconds())
+
+
+async def _terminate(provider: CloudProvider, instance_id: str) -> None:
+    await provider.terminate(instance_id)
+    metrics.TERMINATIONS.labels(provider.name).inc()
+    log.info("instance_terminate_sent", provider=provider.name, instance_id=instance_id)

@@ -23,10 +23,13 @@ from sim.world import sim_world
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import apply, bind, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
+from tests.test_launch_settles import quick_world
+from tests.test_node_lifecycle import FAST, request, start, wait_phase
 from tests.test_watch_events import SignalsSent, signals_received
 from tgp.messages import NodeReport, NodeReports, PoolReport, pool_workflow_id
 from tgp.types import NodePhase, NodeStatus
-from workers.main import WorkerConfig, build_activities
+from workers.main import WorkerConfig, build_activities, make_worker
+from workflows.node import GPUNodeWorkflow
 
 # The phases a pool hears about from the activity that begins each.
 CARRIED = [NodePhase.LAUNCHING, NodePhase.DRAINING, NodePhase.TERMINATING]
@@ -100,6 +103,41 @@ async def test_a_report_that_does_not_go_through_never_holds_or_fails_its_activi
         await asyncio.wait_for(asyncio.gather(*_reports_in_flight, return_exceptions=True), 10)
     assert signals(broken) == ["node_phase"]  # not tried again: only RPC errors are
     assert [(e["event"], e["status"]) for e in logs if e["event"] == "report_not_sent"] == [("report_not_sent", "RuntimeError")]  # logged, not raised
+
+
+async def test_a_drain_that_goes_terminates_its_node_without_waiting_for_its_draining_report(
+    temporal: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Draining report a drain carries is waited for at the activity's end, not before the
+    release it goes on to: a pool slow to take the report does not hold the node's terminate (100
+    nodes idle at once: 0.3-1 s of each terminate call, the pool's reports queued behind each
+    other). Here the pool never takes it while the test looks, and the wait could last a minute."""
+    monkeypatch.setattr("activities.node.reports.REPORT_WAIT", timedelta(seconds=60))
+    signalling = SignalsSent()
+    async with AsyncExitStack() as stack:
+        world, activities = await quick_world(stack)
+        client = Client(**{**temporal.client.config(), "interceptors": [signalling]})
+        queue = f"test-{uuid.uuid4().hex[:8]}"
+        await stack.enter_async_context(make_worker(client, activities, task_queue=queue))
+        req = request(timeouts=FAST, pool_workflow_id=pool_workflow_id("ml", "no-such-pool"))
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+
+        def reported(phase: NodePhase) -> bool:
+            sent = [r for _, name, arg in signalling.sent for r in (arg.reports if name == "node_phases" else [arg])]
+            return any(r.phase is phase for r in sent)
+
+        async def ready_reported() -> bool | None:
+            return reported(NodePhase.READY) or None
+
+        await eventually(ready_reported, what="the Ready report")
+        signalling.gate = asyncio.Event()  # from now on no report goes through
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        await asyncio.wait_for(world.cloud.delete_arrived.wait(), 30)
+        assert reported(NodePhase.DRAINING), "the drain's report was sent (and is still waiting for the pool)"
+        signalling.gate.set()
+        final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
+        assert final.phase is NodePhase.TERMINATED, final
 
 
 # --- reports to one pool go together ------------------------------------------------------------

@@ -137,7 +137,8 @@ async def test_the_pool_raises_a_warning_for_a_node_whose_drain_timed_out(tempor
 
 async def test_a_drained_node_stops_billing_at_the_drains_end_before_its_release(temporal: WorkflowEnvironment) -> None:
     """A node that goes: its drain ends with one terminate call for its instance, so billing stops
-    a workflow task before the release (which still terminates until confirmed and cleans up).
+    a workflow task before the release (which still terminates until confirmed and cleans up),
+    and its terminate is its release's first call (the look-ups by name and reads come after).
     Terminates are held at the cloud: the first one arrives while the drain runs and before the
     workflow has scheduled its release."""
     async with AsyncExitStack() as stack:
@@ -150,10 +151,13 @@ async def test_a_drained_node_stops_billing_at_the_drains_end_before_its_release
         await wait_phase(handle, NodePhase.READY)
         terminations = REGISTRY.get_sample_value("tgp_terminations_total", {"provider": "simulated"}) or 0.0
         world.cloud.hold_deletes()
+        looks = world.cloud.name_lookups + world.cloud.instance_lists + world.cloud.describe_requests
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         await asyncio.wait_for(world.cloud.delete_arrived.wait(), 60)
         draining: NodeStatus = await handle.query(GPUNodeWorkflow.status)
         assert draining.phase is NodePhase.DRAINING, f"the terminate came from the release, not the drain: {draining.phase}"
+        after_looks = world.cloud.name_lookups + world.cloud.instance_lists + world.cloud.describe_requests
+        assert after_looks == looks, "the drain's release looked up or read the instance before it terminated it"
         world.cloud.release_deletes()
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.TERMINATED, final

@@ -70,18 +70,20 @@ class Drain(Release, Watch):
             if not answer.allowed:
                 return DrainOutcome(evicted=0, answer=answer)
         started = time.monotonic()
+        # The Draining report's send is waited for at the activity's end, not before the release:
+        # the terminate does not wait on the pool (the Terminating report queues behind it).
         async with carrying(report, self.reports):
             with temporal_errors():
                 result = await drain(
                     self.cluster, inp, poll_interval=self.poll_interval, heartbeat=activity.heartbeat, retry=activity.info().attempt > 1
                 )
-        outcome = "timed_out" if result.remaining or result.terminating else "drained"
-        metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
-        if then is None or result.called_off or result.held:
-            return DrainOutcome(**dict(result))
-        at = max(then.at, datetime.now(timezone.utc))  # never before the workflow's time (a test server's runs ahead)
-        async with carrying(_dated(then.report, at), self.reports):
-            released = await self._release_after_drain(then.release)
+            outcome = "timed_out" if result.remaining or result.terminating else "drained"
+            metrics.DRAIN_DURATION.labels(outcome).observe(time.monotonic() - started)
+            if then is None or result.called_off or result.held:
+                return DrainOutcome(**dict(result))
+            at = max(then.at, datetime.now(timezone.utc))  # never before the workflow's time (a test server's runs ahead)
+            async with carrying(_dated(then.report, at), self.reports):
+                released = await self._release_after_drain(then.release)
         return DrainOutcome(**dict(result), released=released, released_at=at)
 
     async def _release_after_drain(self, inp: ReleaseInput) -> ReleaseResult | None:
@@ -89,7 +91,7 @@ class Drain(Release, Watch):
         workflow's release makes it, with its retries and TerminationStuck)."""
         try:
             async with asyncio.timeout(self.terminate_once_timeout.total_seconds()):
-                seen = await self._terminate_instance(inp.instance)
+                seen = await self._terminate_instance(inp.instance, running=True)
         except Exception as exc:  # noqa: BLE001 - the workflow's release makes it
             log.warning("release_after_drain_left_to_the_workflow", instance_name=inp.instance.instance_name, error=type(exc).__name__)
             return None

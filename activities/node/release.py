@@ -72,7 +72,9 @@ class Release(NodeBase):
         async with carrying(report, self.reports):
             return await self._terminate_instance(ref)
 
-    async def _terminate_instance(self, ref: InstanceRef) -> bool:
+    async def _terminate_instance(self, ref: InstanceRef, *, running: bool = False) -> bool:
+        """`running`: the caller knows the recorded instance runs (a node just drained): it is
+        terminated first, looked up and read a pass later (end_for_good's `first`)."""
         with heartbeating(), temporal_errors(always_retry=True), metrics.counting_failures(metrics.TERMINATION_FAILURES, ref.provider):
             # Its look-ups by name share the account's listings (never older than its own).
             provider = self.registry.sharing_lookups(await self._provider_for(ref.provider, ref.credentials, ref.account))
@@ -84,6 +86,7 @@ class Release(NodeBase):
                 now=self.now,
                 sleep=self.sleep,
                 every=self.poll_interval,
+                first=[ref.instance_id or ""] if running else (),
             )
             log.info("instances_terminated", provider=ref.provider, instance_name=ref.instance_name, instance_ids=sorted(seen))
         return bool(seen)
