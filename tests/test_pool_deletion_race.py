@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import uuid
 from contextlib import AsyncExitStack
 from datetime import timedelta
@@ -32,8 +33,8 @@ from activities.pool import PoolActivities, _start_node_workflow
 from crd_bridge.bridge import Bridge
 from sim.world import sim_world
 from tests.conftest import eventually, running_world
-from tests.kube_env import KubeApi
-from tests.test_bridge import POOLS, apply, gpu_class, gpu_pool, install_crds, new_bridge
+from tests.kube_env import KUBECONFIG_ENV, KubeApi
+from tests.test_bridge import POOLS, apply, clean_real_cluster, gpu_class, gpu_pool, install_crds, new_bridge
 from tests.test_node_lifecycle import request
 from tgp.messages import EvictNodesInput, class_workflow_id, pool_workflow_id
 from tgp.types import NodePhase
@@ -107,9 +108,14 @@ async def test_a_deleted_pool_keeps_its_finalizer_while_a_start_it_made_may_stil
     for a pool that was gone."""
     late = LateStart()
     async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=0.2, kube_url=kube_api.url, kube_client=kube_api.http))
+        # The worker reaches a real API server with its kubeconfig (the lane's), as running_stack's does.
+        world = await stack.enter_async_context(
+            sim_world(boot_delay=0.2, kube_url=kube_api.url, kube_client=kube_api.http, kubeconfig=os.environ.get(KUBECONFIG_ENV))
+        )
         world.kube = kube_api.emulator
         await install_crds(kube_api)
+        if kube_api.real:  # a real cluster outlives the test: its class and pool go with it
+            stack.push_async_callback(clean_real_cluster, kube_api)
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=0.1)
         queue = f"late-{uuid.uuid4().hex[:8]}"
