@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import re
 import socket
@@ -23,18 +24,19 @@ from sim.scheduler import SimScheduler
 
 
 def free_port_pair() -> int:
-    """A port p with p and p+1000 free (the dev server and its Web UI)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 1000 < 65535:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port + 1000))
-                except OSError:
-                    continue
-            return port
+    """A port p with p and p+1000 free (the dev server and its Web UI), both below the kernel's
+    ephemeral range (32768 and up): a port the kernel hands out for `bind(port 0)` or an outgoing
+    connection, as every other test's servers and clients get theirs, could be taken again
+    between this check and the command's own bind (a suite run failed so: "port ... is in use")."""
+    for _ in range(200):
+        port = random.randrange(20000, 32768 - 1000)
+        try:
+            for p in (port, port + 1000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
     raise RuntimeError("no free port pair")
 
 
