@@ -60,7 +60,7 @@ from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.tailnets.tailscale import DEFAULT_BASE_URL as TAILSCALE_API_URL
 from activities.tailnets.tailscale import TailscaleTailnet
 from activities.clouds.registry import build_provider, static_capabilities
-from activities.kept_accounts import Build, KeptAccounts, account_of
+from activities.kept_accounts import Build, KeptAccounts, account_of, close_adapter
 from activities.account_reach import AccountUnavailable, BoughtWith, SharedLookups
 from activities.name_lists import LookupsByAccount
 from activities.offer_cache import OfferCache
@@ -176,7 +176,7 @@ class VersionedAdapters:
     def _retire(self, adapter: Any) -> None:
         async def later() -> None:
             await asyncio.sleep(self.retire_after.total_seconds())
-            await _close(adapter)
+            await close_adapter(adapter)
 
         task = asyncio.get_running_loop().create_task(later())
         self._retiring[task] = adapter
@@ -187,20 +187,10 @@ class VersionedAdapters:
         self._retiring.clear()
         for task, adapter in retiring:
             task.cancel()
-            await _close(adapter)
+            await close_adapter(adapter)
         entries, self._entries = list(self._entries.values()), {}
         for entry in entries:
-            await _close(entry.adapter)
-
-
-async def _close(adapter: Any) -> None:
-    close = getattr(adapter, "aclose", None)
-    if close is None:
-        return
-    try:
-        await close()
-    except Exception as exc:  # noqa: BLE001 - a failed close leaks a connection pool, nothing more
-        log.warning("adapter_close_failed", adapter=type(adapter).__name__, error=str(exc))
+            await close_adapter(entry.adapter)
 
 
 class ProviderRegistry:
@@ -436,7 +426,7 @@ class ProviderRegistry:
         """Close the adapters built from class credentials (not the worker's own)."""
         kept, self._kept = list(self._kept.values()), OrderedDict()
         for adapter in kept:
-            await _close(adapter)
+            await close_adapter(adapter)
         await self._adapters.aclose()
 
 

@@ -49,7 +49,7 @@ from tgp.errors import ConfigError, TgpError
 from tgp.secrets import OWN_SECRET_PREFIX, register_process
 from tgp.types import LAUNCH_TIMEOUT, OPERATOR_NAMESPACE, CredentialsRef
 
-__all__ = ["KEPT_PREFIX", "LABEL_KEPT", "REFRESH_EVERY", "UNUSED_FOR", "KeptAccounts", "account_of", "kept_name"]
+__all__ = ["KEPT_PREFIX", "LABEL_KEPT", "REFRESH_EVERY", "UNUSED_FOR", "KeptAccounts", "account_of", "close_adapter", "kept_name"]
 
 log = structlog.get_logger("tgp.credentials")
 
@@ -165,7 +165,7 @@ class KeptAccounts:
                 log.warning("kept_account_unchecked", provider=provider, account=account, secret=secret.name, error_type=type(exc).__name__)
                 continue
             finally:
-                await _close(adapter)
+                await close_adapter(adapter)
             if live:
                 continue
             if await self.cluster.delete_secret(self.namespace, secret.name, resource_version=secret.resource_version):
@@ -198,7 +198,8 @@ def _when(text: str | None) -> datetime | None:
     return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
 
 
-async def _close(adapter: object) -> None:
+async def close_adapter(adapter: object) -> None:
+    """Close an adapter that has `aclose` (every HTTP one); a failure is logged, never raised."""
     close = getattr(adapter, "aclose", None)
     if close is not None:
         try:

@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "tells the story: a pod pending, a node bought and joined, the pod run, the node drained and terminated, "
         "the pool back to zero. Ctrl-C deletes the pool and stops everything.",
     )
-    demo.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
-    demo.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
+    add_port(demo)
+    add_boot_delay(demo)
     demo.add_argument("--state-dir", default=".demo", help="where the demo writes its kubeconfig and env (in a folder per port)")
     demo.add_argument("--exit-when-done", action="store_true", help="stop once the pool is back to zero instead of keeping everything up")
 
@@ -42,11 +42,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "Machines come from the simulated cloud unless a provider API key is set. The workflows are kept on disk "
         "and resume with the next `tgp dev`.",
     )
-    dev.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
+    add_port(dev)
     dev.add_argument(
         "--simulated-cloud", action=argparse.BooleanOptionalAction, default=None,
         help="buy from the simulated cloud (KWOK-style Nodes in your cluster); default: on unless a provider API key is set",
     )
-    dev.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
+    add_boot_delay(dev)
     dev.add_argument("--state-dir", default=".tgp-dev", help="where the dev server keeps its database (workflows survive a restart)")
     dev.set_defaults(run="sim.dev:run_dev")
+
+
+def add_port(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=default_port(), help=f"Temporal dev server port (Web UI on port+1000; env {PORT_ENV})")
+
+
+def add_boot_delay(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--boot-delay", type=float, default=3.0, help="seconds a simulated instance takes to boot")
