@@ -17,6 +17,14 @@ from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Imported now, in the main thread before any test starts a worker: Hypothesis imports it lazily
+# at a property's first target pass, and pytest rewrites (ast.parse) every Hypothesis module as it
+# is imported. CPython before 3.11.8/3.12 keeps the AST builder's recursion depth per interpreter,
+# not per thread (gh-106905), so that parse mid-test, beside a worker thread compiling workflow
+# code for the sandbox, failed with "AST constructor recursion depth mismatch" (a clean clone's
+# make test, tests/test_node_cancel.py, once).
+import hypothesis.internal.conjecture.optimiser  # noqa: F401, E402
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
