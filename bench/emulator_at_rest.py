@@ -17,7 +17,7 @@ import resource
 import time
 
 import httpx
-
+from activities.http import default_tls
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import SimKubelet, register_node
 
@@ -46,7 +46,7 @@ async def one_second(second: int, kubelet: SimKubelet, http: httpx.AsyncClient, 
 
 
 async def main() -> None:
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url, timeout=10) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url, timeout=10) as http:
         await register_node(kube.url, "gpu-1", client=http)
         uid = (await http.get("/api/v1/nodes/gpu-1")).json()["metadata"]["uid"]
         kubelet = SimKubelet(kube.url, "gpu-1", client=http)

@@ -30,6 +30,7 @@ import kmock
 import yaml
 from aiohttp import web
 
+from activities.http import default_tls
 from sim.cloud import SimulatedCloud, boot_env
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import SimKubelet, register_node
@@ -167,7 +168,7 @@ async def cloud(stack: AsyncExitStack, args: list[str]) -> dict[str, Any]:
     client_id = "k" + secrets.token_hex(6) + "CNTRL"
     client_secret = f"tskey-client-{client_id}-{secrets.token_hex(16)}"
     tailscale = await stack.enter_async_context(FakeTailscale(clients={client_id: (client_secret, [NODE_TAG])}))
-    http = await stack.enter_async_context(httpx.AsyncClient(base_url=kubelets_url, timeout=30))
+    http = await stack.enter_async_context(httpx.AsyncClient(verify=default_tls(), base_url=kubelets_url, timeout=30))
     leaving: set[asyncio.Task[Any]] = set()
 
     async def join_tailnet(auth_key: str, hostname: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
+from activities.http import default_tls
 from activities.kube.cluster import KubernetesCluster, load_client_classes
 from crd_bridge.bridge import Bridge
 from sim.dev_server import (
@@ -98,7 +99,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         stack.push_async_callback(cluster.close)
         bridge = asyncio.create_task(Bridge(client, cluster, task_queue=TASK_QUEUE).run())
         stack.push_async_callback(cancel, bridge)
-        kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url, timeout=10))
+        kube = await stack.enter_async_context(httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url, timeout=10))
         # Per port: a second demo on other ports does not overwrite the first one's files.
         state = Path(args.state_dir) / str(args.port)
         kubeconfig = world.kube.write_kubeconfig(state / "kubeconfig", context="tgp-demo").resolve()

@@ -40,6 +40,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
+from activities.http import default_tls
+
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "hack" / "kube" / "build.sh"
 CRD_DIR = REPO / "deploy" / "crds"
@@ -202,7 +204,7 @@ async def control_plane(
             "--unsafe-no-fsync",  # a throwaway store: no fsync keeps a loaded disk out of the timings
             "--log-level=warn",
         ])
-        async with httpx.AsyncClient(timeout=5.0) as probe:
+        async with httpx.AsyncClient(verify=default_tls(), timeout=5.0) as probe:
             await _until(lambda: _ok(probe, f"http://127.0.0.1:{etcd_port}/health"), START_TIMEOUT, "etcd healthy",
                          plane.processes["etcd"], work)
         plane.processes["kube-apiserver"] = await _spawn(work, bins / "kube-apiserver", [

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from activities.http import default_tls
 from activities.kept_accounts import LABEL_KEPT
 from activities.kube.cluster import MERGE_PATCH, KubernetesCluster, authenticated_http
 from sim.kube import KubeEmulator
@@ -192,7 +193,7 @@ async def kube_api() -> AsyncIterator[KubeApi]:
     kubeconfig = os.environ.get(KUBECONFIG_ENV)
     namespace = f"tgp-test-{secrets.token_hex(4)}"
     if not kubeconfig:
-        async with KubeEmulator() as emulator, httpx.AsyncClient(base_url=emulator.url, timeout=10.0) as http:
+        async with KubeEmulator() as emulator, httpx.AsyncClient(verify=default_tls(), base_url=emulator.url, timeout=10.0) as http:
             async with KubernetesCluster.from_url(emulator.url) as cluster:
                 # No Namespace object: kmock 0.8 cannot parse /api/v1/namespaces and needs none.
                 yield KubeApi(url=emulator.url, cluster=cluster, http=http, namespace=namespace, emulator=emulator)

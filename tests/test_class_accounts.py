@@ -18,6 +18,7 @@ import httpx
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
 from tests.test_credentials import NS, new_key, put_secret
@@ -79,7 +80,7 @@ async def test_a_deleted_credentials_secret_is_told_at_once_naming_it_and_clears
     next resync (not its 10-minute validation) the class says CredentialsMissing naming
     namespace/name, Ready False, one Warning Event; the node still ends (the worker's kept key);
     re-created, the condition clears and the class is Ready again."""
-    async with running_world(temporal) as (world, _, queue), httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with running_world(temporal) as (world, _, queue), httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         key, klass = await team_class(temporal, world, queue, kube)
         name = klass.id.split("/")[-1]
         node = await start(temporal, queue, team_node(name))
@@ -118,7 +119,7 @@ async def test_a_blocked_provider_account_is_a_condition_naming_provider_secret_
     the class (the worker's account-wide block). The class's condition says so, naming the
     provider, the Secret and the error type, until the block lifts; the one Warning Event is the
     launch's."""
-    async with running_world(temporal) as (world, _, queue), httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with running_world(temporal) as (world, _, queue), httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         key, klass = await team_class(temporal, world, queue, kube)
         name = klass.id.split("/")[-1]
         await eventually(lambda: condition(kube, name, "ProviderAccountsAvailable", "True"), what="the accounts usable")

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from temporalio.testing import ActivityEnvironment
 
+from activities.http import default_tls
 from activities.node import NodeActivities
 from activities.node_class import NodeClassActivities, ValidateClassInput
 from sim.kube import KubeEmulator
@@ -66,7 +67,7 @@ def test_the_schema_and_the_class_check_agree_on_login_servers() -> None:
 
 
 async def test_the_api_server_refuses_a_login_server_that_is_not_a_url() -> None:
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         kube.install_crd(yaml.safe_load((CRDS / "gpunodeclasses.tgp.io.yaml").read_text()))
         body = {"apiVersion": "tgp.io/v1", "kind": "GPUNodeClass", "metadata": {"name": "c"},
                 "spec": {"providers": [{"name": "runpod"}], "tailscaleConfig": {"loginServer": "hs.example.com\nx"}}}  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import kmock
 import pytest
+from activities.http import default_tls
 from tests.kube_env import KubeApi
 
 from activities.kube.cluster import MERGE_PATCH, KubernetesCluster
@@ -349,7 +350,7 @@ async def test_label_and_taint_retries_after_a_conflict() -> None:
 
         async def read_then_someone_else_writes(request: kmock.Request) -> dict[str, Any]:
             snapshot = copy.deepcopy(kube.objects[NODES, None, "n1"].raw)
-            async with httpx.AsyncClient() as other:
+            async with httpx.AsyncClient(verify=default_tls()) as other:
                 await other.patch(f"{kube.url}/api/v1/nodes/n1", json={"metadata": {"labels": {"other": "writer"}}},
                                   headers={"Content-Type": MERGE_PATCH})
             return snapshot
@@ -384,7 +385,7 @@ async def test_emulated_budget_counts_max_unavailable_against_replicas(kube_api:
 
 async def test_eviction_falls_back_to_policy_v1beta1_on_an_old_server() -> None:
     async with KubeEmulator(eviction_versions=frozenset({"policy/v1beta1"})) as kube, \
-            KubernetesCluster.from_url(kube.url) as cluster, httpx.AsyncClient(base_url=kube.url) as http:
+            KubernetesCluster.from_url(kube.url) as cluster, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         await http.post("/api/v1/namespaces/ns/pods", json={"metadata": {"name": "p"}, "spec": {"nodeName": "n"}})
         await cluster.evict_pod("ns", "p")
         sent = [r.data["apiVersion"] for r in kube["post /api/v1/namespaces/ns/pods/p/eviction"]]

@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.http import default_tls
 from tests.test_node_lifecycle import readable, temporal_cli
 from workers.codec import (
     ENCODING,
@@ -234,7 +235,7 @@ def _payloads(node: object) -> list[dict[str, dict[str, str]]]:
 @asynccontextmanager
 async def codec_server(c: EncryptionCodec, token: str | None) -> AsyncIterator[httpx.AsyncClient]:
     # As the Web UI and the temporal CLI send them (the codec server protocol): JSON bodies.
-    async with TestServer(build_codec_server(c, token=token), host="127.0.0.1") as server, httpx.AsyncClient(
+    async with TestServer(build_codec_server(c, token=token), host="127.0.0.1") as server, httpx.AsyncClient(verify=default_tls(), 
         base_url=str(server.make_url("")), headers={"Content-Type": "application/json"}
     ) as http:
         yield http
@@ -345,7 +346,7 @@ async def test_codec_server_refuses_a_host_it_does_not_serve() -> None:
             r = await http.post("/decode", content=encrypted, headers={"Host": host})
             assert r.status_code == 200, (host, r.text)
     async with TestServer(build_codec_server(c, token="t", allowed_hosts=["codec.example"]), host="127.0.0.1") as server:
-        async with httpx.AsyncClient(base_url=str(server.make_url(""))) as http:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=str(server.make_url(""))) as http:
             ok = {"Authorization": "Bearer t", "Content-Type": "application/json"}
             assert (await http.post("/decode", content=encrypted, headers={**ok, "Host": "codec.example:443"})).status_code == 200
             assert (await http.post("/decode", content=encrypted, headers={**ok, "Host": "localhost"})).status_code == 421

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from activities.accounts import ProviderRegistry
 from activities.clouds.registry import CAPABILITIES
 from activities.clouds.simulated import SimulatedProvider
@@ -194,7 +195,7 @@ async def test_a_class_with_its_own_tailscale_oauth_client_mints_with_it_and_pic
         clients = {name: (f"k{secrets.token_hex(6)}CNTRL", f"tskey-client-{secrets.token_hex(16)}") for name in ("first", "second")}
         for client_id, client_secret in clients.values():
             world.tailscale.clients[client_id] = (client_secret, [NODE_TAG])
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             client_id, client_secret = clients["first"]
             await put_secret(kube, "team-tailnet", {"client-id": client_id, "client-secret": client_secret})
             klass = GPUNodeClassSpec.model_validate(

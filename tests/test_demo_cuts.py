@@ -25,6 +25,7 @@ from temporalio import workflow
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities.http import default_tls
 from sim.demo import EXAMPLES, apply
 from sim.dev import wait_for_api
 from sim.kube import KubeEmulator
@@ -66,7 +67,7 @@ class StoryNode:
 
 async def test_a_node_that_leaves_the_pool_between_two_looks_still_tells_its_end(temporal: WorkflowEnvironment) -> None:
     queue, workflow_id = f"story-{uuid.uuid4().hex[:8]}", f"gpunode/default/ml-workload-pool/story-{uuid.uuid4().hex[:8]}"
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url, timeout=10) as http, Worker(
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url, timeout=10) as http, Worker(
         temporal.client, task_queue=queue, workflows=[StoryNode], workflow_runner=UnsandboxedWorkflowRunner()
     ):
         for crd in manifests().values():
@@ -122,7 +123,7 @@ async def test_ctrl_c_under_make_stops_the_demo_with_status_0_after_every_end_li
     try:
         ready = await eventually(lambda: _line(output, r"node (\S+) +Ready\b"), timeout=120, what="the demo's node to be Ready")
         url = (await _line(output, r"metrics: (http://\S+)")) or ""
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with httpx.AsyncClient(verify=default_tls(), timeout=10) as http:
             body = (await http.get(url)).text
         assert re.search(r'^temporal_\w+\{[^}]*service="tgp-worker"', body, re.M), body[-2000:]
         assert "tgp_nodes" in body
@@ -171,7 +172,7 @@ async def test_tgp_dev_waits_quietly_while_the_api_server_is_starting_and_says_w
             kube.install_crd(crd)
         body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "storage is (re)initializing", "reason": "TooManyRequests", "code": 429}
         kube[initializing] << 429 << body
-        async with httpx.AsyncClient(base_url=kube.url, timeout=10) as http:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=kube.url, timeout=10) as http:
             await wait_for_api(http, "kubeconfig")  # returns once ready, after the refusals
             assert starting["refusals"] > 3
             kube[lambda _: True] << 429 << body  # one that never becomes ready

@@ -15,6 +15,7 @@ import httpx
 import kmock
 import yaml
 
+from activities.http import default_tls
 from tests.conftest import binary, eventually
 from workers.crdgen import manifests
 from sim.demo import EXAMPLES, apply
@@ -58,7 +59,7 @@ async def test_tgp_dev_runs_the_product_against_the_current_kube_context(tmp_pat
 
     async with (
         KubeEmulator() as kube,
-        httpx.AsyncClient(base_url=kube.url, timeout=10, headers={"User-Agent": "test"}) as http,
+        httpx.AsyncClient(verify=default_tls(), base_url=kube.url, timeout=10, headers={"User-Agent": "test"}) as http,
         SimScheduler(kube.url, interval=0.2),
     ):
         for crd in manifests().values():

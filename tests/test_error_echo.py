@@ -35,6 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from activities.http import default_tls
 import activities.http
 from activities.clouds.lambdalabs import LambdaProvider
 from activities.clouds.paperspace import PaperspaceProvider
@@ -223,7 +224,7 @@ async def test_the_echo_forms_do_carry_the_secret_to_the_answer() -> None:
         for name, form in ECHO_FORMS.items():
             c.fake.echo = form
             c.fake.fail("/v1/instances", 400, method="POST")
-            async with httpx.AsyncClient(base_url=c.fake.url) as client:
+            async with httpx.AsyncClient(verify=default_tls(), base_url=c.fake.url) as client:
                 body = {"offerId": "x", "name": "x", "userData": f"TS_AUTHKEY={secret}"}
                 answer = await client.post("/v1/instances", json=body, headers={"Authorization": "Bearer sim_" + secret})
             assert answer.status_code == 400

@@ -88,6 +88,7 @@ import yaml
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
+from activities.http import default_tls
 from tests.conftest import binary
 from tests.fault_matrix_proc import ENTITY_ACTIVITY
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
@@ -333,7 +334,7 @@ class Lane:
         for path in sorted(CRDS.glob("*.yaml")):
             self.emulator.install_crd(yaml.safe_load(path.read_text()))
         self.burst = KubeBurst(self.emulator)
-        self.kube = await self.stack.enter_async_context(httpx.AsyncClient(base_url=self.world.kube_url, timeout=30))
+        self.kube = await self.stack.enter_async_context(httpx.AsyncClient(verify=default_tls(), base_url=self.world.kube_url, timeout=30))
         return self
 
     async def start(self) -> None:

@@ -15,6 +15,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.http import default_tls
 from activities.accounts import ProviderRegistry
 from activities.clouds.registry import providers_from_env
 from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult
@@ -212,7 +213,7 @@ async def test_each_account_is_listed_once_per_look_whatever_its_nodes(temporal:
             world.kube.install_crd(crd)
         team_key, ref = new_key("team"), CredentialsRef(namespace=NS, name="team-cloud", key="apiKey")
         world.cloud.add_key(team_key, "team")
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             await kube.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
             await put_secret(kube, ref.name, {ref.key: team_key})
             klass = {"providers": [{"name": "simulated", "credentialsRef": {"namespace": NS, "name": ref.name, "key": ref.key}}]}
@@ -255,7 +256,7 @@ async def test_each_account_is_listed_once_per_look_whatever_its_nodes(temporal:
             finally:
                 world.cloud.clear_faults()
             assert {(a.account, a.failure, a.sent) for a in failed.accounts} >= {(team_account, "TransientError", 0)}
-            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
                 events = (await kube.get("/api/v1/events")).json()["items"]
             [event] = [e for e in events if e["reason"] == "InstanceListFailed"]
             assert (event["type"], event["involvedObject"]["kind"], event["involvedObject"]["name"]) == ("Warning", "GPUNodeClass", "team")

@@ -17,6 +17,7 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
+from activities.http import default_tls
 from activities.tailnets.headscale import HeadscaleTailnet
 from activities.ports import Tailnet
 from tgp.errors import AuthError, ConfigError, TransientError
@@ -328,7 +329,7 @@ async def test_an_outage_while_probing_is_not_taken_for_an_old_server(tailnet: H
 async def test_an_old_server_refuses_to_expire_a_spent_or_expired_key_with_a_500(clock: Clock, version: str) -> None:
     # What the fake answers, as 0.23/0.24 do (ValidatePreAuthKey before the expiry); 0.25 expires it.
     async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version=version) as hs:
-        async with httpx.AsyncClient(base_url=hs.url, headers={"Authorization": f"Bearer {API_KEY}"}) as api:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=hs.url, headers={"Authorization": f"Bearer {API_KEY}"}) as api:
             made = [(await api.post("/api/v1/preauthkey", json={"user": "tgp", "expiration": "2099-01-01T00:00:00Z"})).json()["preAuthKey"] for _ in range(2)]
             hs.register(made[0]["key"], "gpu-1")
             hs.keys[made[1]["id"]].expiration = clock.now()
@@ -340,7 +341,7 @@ async def test_an_old_server_refuses_to_expire_a_spent_or_expired_key_with_a_500
 
 async def test_0_25_expires_a_spent_key(clock: Clock) -> None:
     async with FakeHeadscale(api_keys=[API_KEY], users=["tgp"], now=clock.now, version="0.25") as hs:
-        async with httpx.AsyncClient(base_url=hs.url, headers={"Authorization": f"Bearer {API_KEY}"}) as api:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=hs.url, headers={"Authorization": f"Bearer {API_KEY}"}) as api:
             key = (await api.post("/api/v1/preauthkey", json={"user": "tgp"})).json()["preAuthKey"]
             hs.register(key["key"], "gpu-1")
             assert (await api.post("/api/v1/preauthkey/expire", json={"user": "tgp", "key": key["key"]})).status_code == 200

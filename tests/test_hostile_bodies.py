@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from activities.http import default_tls
 from sim.kube import KubeEmulator
 from tests.hostile import HOSTILE_KEYS, HOSTILE_VALUES
 from tests.kube_env import KubeApi
@@ -98,7 +99,7 @@ async def test_hostile_bodies_get_the_same_verdict_and_stored_object_on_the_emul
         pytest.skip("compares the emulator with a real API server: runs in `make test-real-cluster`")
     bodies = hostile_bodies()
     differences: dict[str, str] = {}
-    async with KubeEmulator() as emulator, httpx.AsyncClient(base_url=emulator.url, timeout=10.0) as fake:
+    async with KubeEmulator() as emulator, httpx.AsyncClient(verify=default_tls(), base_url=emulator.url, timeout=10.0) as fake:
         for path in sorted(CRDS.glob("*.yaml")):
             emulator.install_crd(yaml.safe_load(path.read_text()))
         for index, (case, kind, body) in enumerate(bodies):

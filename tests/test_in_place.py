@@ -157,6 +157,8 @@ async def test_a_label_change_that_fails_is_tried_again_later_and_never_ends_the
 
     import httpx
 
+    from activities.http import default_tls
+
     from tests.conftest import eventually, running_world, skip_time
     from tests.test_node_lifecycle import replay, request, start, wait_phase
     from tests.test_watch_events import AT_REST
@@ -185,7 +187,7 @@ async def test_a_label_change_that_fails_is_tried_again_later_and_never_ends_the
         await skip_time(time_skipping, TEMPLATE_RETRY_AFTER, step=timedelta(seconds=30))
 
         async def applied() -> dict[str, Any] | None:
-            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
                 node = (await kube.get(path)).json()
             labels = node["metadata"].get("labels") or {}
             return node if labels.get("team") == "vision" and "tier" not in labels else None

@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 
+from activities.http import default_tls
 from activities.kube.cluster import KubernetesCluster
 from crd_bridge.informer import Informer
 from tests.conftest import eventually
@@ -30,7 +31,7 @@ async def test_an_event_whose_handler_failed_is_delivered_again() -> None:
         try:
             await asyncio.wait_for(informer.synced.wait(), 30)
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "ml"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
-            async with httpx.AsyncClient(base_url=kube.url) as http:
+            async with httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
                 (await http.post("/api/v1/namespaces/ml/pods", json=pod)).raise_for_status()
 
             async def delivered() -> bool:
@@ -44,7 +45,7 @@ async def test_an_event_whose_handler_failed_is_delivered_again() -> None:
 
 async def test_an_object_whose_handler_always_fails_holds_up_no_other() -> None:
     """The informer lists past it, syncs, keeps watching, and retries it with backoff."""
-    async with KubeEmulator() as kube, KubernetesCluster.from_url(kube.url) as cluster, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, KubernetesCluster.from_url(kube.url) as cluster, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         core = await cluster._client()
         seen: list[str] = []
         attempts = {"bad": 0}

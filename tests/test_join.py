@@ -10,6 +10,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from activities.boot.render import UBUNTU_CLOUD_INIT_TEMPLATE, shipped_template
 from tests.conftest import running_world
 from tests.test_node_lifecycle import assert_nothing_left, readable, request, start, temporal_cli, wait_phase
@@ -31,7 +32,7 @@ async def put_secret(kube_url: str, name: str, data: dict[str, str]) -> None:
         "metadata": {"name": name, "namespace": "tgp-system"},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
     }
-    async with httpx.AsyncClient(base_url=kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=kube_url) as kube:
         (await kube.post("/api/v1/namespaces/tgp-system/secrets", json=secret)).raise_for_status()
 
 

@@ -27,6 +27,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.http import default_tls
 from activities.accounts import ProviderRegistry
 from activities.kept_accounts import LABEL_KEPT, UNUSED_FOR, KeptAccounts, account_of, kept_name
 from activities.node import NodeActivities
@@ -222,7 +223,7 @@ async def test_a_restarted_worker_ends_a_node_whose_class_secret_went_and_the_ke
     nowhere else: not in either workflow's history, the logs, the Events or the class status."""
     async with AsyncExitStack() as stack:
         world = await stack.enter_async_context(sim_world(boot_delay=0.2))
-        kube = await stack.enter_async_context(httpx.AsyncClient(base_url=world.kube_url))
+        kube = await stack.enter_async_context(httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url))
         queue = f"test-{uuid.uuid4().hex[:8]}"
         async with AsyncExitStack() as first:
             await _worker(first, temporal, world, queue)

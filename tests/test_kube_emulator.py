@@ -27,6 +27,7 @@ import pytest
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio import watch as k8s_watch
+from activities.http import default_tls
 from tests.kube_env import KUBECONFIG_ENV, KubeApi
 
 from workers import crdgen
@@ -752,7 +753,7 @@ def _emulator(kube_api: KubeApi) -> KubeEmulator:
 async def test_the_emulator_remembers_a_bounded_number_of_requests_and_versions() -> None:
     """A demo left up for an hour must not slow down: kmock matches every request against its
     whole request log, and kept every version of every object (issue 19)."""
-    async with KubeEmulator(request_log=20) as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator(request_log=20) as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         await http.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
         for beat in range(60):
             response = await http.patch("/api/v1/nodes/n1", json={"metadata": {"labels": {"beat": str(beat)}}},
@@ -783,7 +784,7 @@ async def test_the_emulator_answers_each_request_with_the_reaction_kmock_would_c
         return seen
 
     monkeypatch.setattr(emulator_module, "_sees", both)
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         await http.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
         kube["get /api/v1/nodes/n1"][:2] << 503  # the first two reads only
         kube["get /api/v1/nodes/n1"][{"pretty": "1"}] << 400

@@ -30,6 +30,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.http import default_tls
 from activities.search_attributes import SA_PHASE, start_attributes
 from tests.conftest import eventually, running_world
 from tests.test_entities_heal import start_class
@@ -199,7 +200,7 @@ async def test_a_twin_is_ended_by_the_joins_watch_or_after_it(temporal: Workflow
             await wait_phase(handle, NodePhase.JOINING, timeout=60)
         else:
             await eventually(joined, timeout=60, what="the device joined")
-        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
             twin = (await cloud.post("/v1/instances", json={"offerId": "rtx4090-us-east", "name": instance_name(req.node_name, 1)})).json()
         ready = await wait_phase(handle, NodePhase.READY, timeout=60)
 

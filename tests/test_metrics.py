@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from tests.conftest import binary, eventually, running_world
 from tests.kube_env import KubeApi
 from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack
@@ -65,7 +66,7 @@ class Scrape:
 
 
 async def scrape(port: int) -> Scrape:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(verify=default_tls()) as http:
         response = await http.get(f"http://127.0.0.1:{port}/metrics")
     response.raise_for_status()
     assert response.headers["content-type"].startswith("text/plain")

@@ -15,6 +15,7 @@ from datetime import timedelta
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from sim.provider_model import CreateOutcome
 from sim.world import SimWorld, sim_world
 from tests.conftest import eventually
@@ -72,7 +73,7 @@ async def test_a_twin_landing_under_a_live_node_is_ended_and_the_recorded_one_ke
         req = request(timeouts=FAST)
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY, timeout=60)
-        async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
             twin = (await cloud.post("/v1/instances", json={"offerId": "rtx4090-us-east", "name": instance_name(req.node_name, 1)})).json()
 
         async def only_the_recorded_one() -> bool:

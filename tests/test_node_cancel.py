@@ -15,6 +15,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, Wor
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, node_exists, replay, request, start, wait_phase
@@ -98,7 +99,7 @@ async def world_pod(world: SimWorld, node: str, *, grace: int) -> None:
         ]},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pytorch"}], "terminationGracePeriodSeconds": grace},
     }
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         (await kube.post("/api/v1/namespaces/ml/pods", json=pod)).raise_for_status()
         running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         path = "/api/v1/namespaces/ml/pods/trainer/status"

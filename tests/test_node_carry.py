@@ -12,6 +12,7 @@ import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from tests.conftest import eventually, running_world
 from tests.test_node_lifecycle import assert_nothing_left, request, start, wait_phase
 from tests.test_watch_events import AT_REST
@@ -33,7 +34,7 @@ async def guarded_pod(kube_url: str, node: str, name: str) -> None:
     """A Running pod on `node` annotated do-not-disrupt (the emulator has no scheduler or kubelet)."""
     meta = {"name": name, "namespace": "default", "annotations": {"karpenter.sh/do-not-disrupt": "true"}}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}}
-    async with httpx.AsyncClient(base_url=kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=kube_url) as kube:
         (await kube.post("/api/v1/namespaces/default/pods", json=pod)).raise_for_status()
         running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         patched = await kube.patch(f"/api/v1/namespaces/default/pods/{name}/status", json=running, headers={"Content-Type": "application/merge-patch+json"})
@@ -48,7 +49,7 @@ async def guarded_pod_while_asking(kube_url: str, handle: WorkflowHandle, node: 
 
 
 async def pod_of(kube_url: str, name: str) -> dict[str, object] | None:
-    async with httpx.AsyncClient(base_url=kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=kube_url) as kube:
         response = await kube.get(f"/api/v1/namespaces/default/pods/{name}")
         return response.json() if response.status_code == 200 else None
 
@@ -102,7 +103,7 @@ async def test_a_do_not_disrupt_pod_that_starts_while_the_pool_is_asked_holds_th
                 )
 
             await eventually(held, timeout=60, what="the node to be held by the do-not-disrupt pod")
-            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
                 assert not (await kube.get(f"/api/v1/nodes/{req.node_name}")).json()["spec"].get("unschedulable"), "left cordoned"
             await asyncio.sleep(0)  # nothing else: evict ends it
             await handle.signal("evict", {"reason": "test over"})
@@ -133,7 +134,7 @@ async def test_an_expired_node_whose_drain_finds_do_not_disrupt_after_its_cordon
                 return status.phase is NodePhase.READY and any(r.stage is Stage.DISRUPTION_HELD and "default/train" in r.reason for r in status.stages)
 
             await eventually(held, timeout=60, what="the expired node to be held by the do-not-disrupt pod its drain found")
-            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
                 assert not (await kube.get(f"/api/v1/nodes/{req.node_name}")).json()["spec"].get("unschedulable"), "left cordoned"
             drains = [e async for e in handle.fetch_history_events() if e.activity_task_scheduled_event_attributes.activity_type.name == "drain_node"]
             assert len(drains) == 1, f"drained again while held: {len(drains)} drains"

@@ -17,6 +17,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from sim.kube_machinery import MERGE_PATCH
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
@@ -30,13 +31,13 @@ ENDS_WITHIN = 30.0
 
 
 async def node_object(world: SimWorld, name: str) -> dict[str, Any] | None:
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         response = await kube.get(f"/api/v1/nodes/{name}")
     return response.json() if response.status_code == 200 else None
 
 
 async def kubectl_delete_node(world: SimWorld, name: str) -> None:
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         (await kube.delete(f"/api/v1/nodes/{name}")).raise_for_status()
 
 
@@ -83,7 +84,7 @@ async def test_a_deleted_pool_node_is_draining_not_ready_and_the_pool_warns(temp
         s.workflow_ids.add(handle.id)
         await wait_phase(handle, NodePhase.READY)
         # A workload pod that takes a few seconds to stop: the drain lasts that long.
-        async with httpx.AsyncClient(base_url=s.world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=s.world.kube_url) as kube:
             meta = {"name": "train", "namespace": "default", "annotations": {"tgp.io/sim-stop-seconds": "4"}}
             spec = {"nodeName": req.node_name, "containers": [{"name": "c", "image": "busybox"}], "terminationGracePeriodSeconds": 30}
             (await kube.post("/api/v1/namespaces/default/pods", json={"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})).raise_for_status()

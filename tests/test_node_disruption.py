@@ -14,6 +14,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase
@@ -28,7 +29,7 @@ MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 
 async def put_held_pod(world: SimWorld, node: str, name: str, annotation: str = "tgp.io/do-not-disrupt") -> None:
     """A Running pod bound to `node` that asks not to be disrupted."""
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         await put_held_pod_through(kube, node, name, annotation)
 
 
@@ -42,7 +43,7 @@ async def put_held_pod_through(kube: httpx.AsyncClient, node: str, name: str, an
 
 async def annotate_node(world: SimWorld, node: str, value: str | None) -> None:
     """Set (or, with None, remove) the Node's tgp.io/do-not-disrupt annotation."""
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         patch = {"metadata": {"annotations": {"tgp.io/do-not-disrupt": value}}}
         (await kube.patch(f"/api/v1/nodes/{node}", json=patch, headers=MERGE_PATCH)).raise_for_status()
 
@@ -240,7 +241,7 @@ async def test_a_node_whose_gpus_drop_to_zero_is_repaired_even_when_held(time_sk
         await told(handle, holding=1, gpus=1)
 
         world.kubelets[req.node_name].gpus = 0  # what it reports from now on
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             zero = {"status": {"capacity": {"nvidia.com/gpu": "0"}, "allocatable": {"nvidia.com/gpu": "0"}}}
             (await kube.patch(f"/api/v1/nodes/{req.node_name}/status", json=zero, headers=MERGE_PATCH)).raise_for_status()
         lost = await told(handle, gpus=0, ready=True)

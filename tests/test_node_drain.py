@@ -14,6 +14,7 @@ import httpx
 from prometheus_client import REGISTRY
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
 from tests.test_launch_settles import quick_world
@@ -37,7 +38,7 @@ async def bind_pod(world: SimWorld, node: str, name: str, *, labels: dict[str, s
         ]},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pytorch"}], "terminationGracePeriodSeconds": grace},
     }
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         (await kube.post("/api/v1/namespaces/ml/pods", json=pod)).raise_for_status()
         running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
         (await kube.patch(f"/api/v1/namespaces/ml/pods/{name}/status", json=running, headers=MERGE)).raise_for_status()
@@ -48,12 +49,12 @@ async def refuse_evictions(world: SimWorld, app: str) -> None:
     every eviction of it is refused."""
     pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": app},
            "spec": {"selector": {"matchLabels": {"app": app}}, "minAvailable": 1}}
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         (await kube.post("/apis/policy/v1/namespaces/ml/poddisruptionbudgets", json=pdb)).raise_for_status()
 
 
 async def kube_get(world: SimWorld, path: str) -> dict[str, Any] | None:
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         response = await kube.get(path)
     return response.json() if response.status_code == 200 else None
 
@@ -83,7 +84,7 @@ async def test_a_pod_bound_just_before_the_cordon_calls_the_idle_drain_off(tempo
         assert node is not None and not node["spec"].get("unschedulable"), "the node takes pods again"
         assert world.cloud.live_instances(), "the drain that was called off terminated the instance of a node that stays"
 
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:  # the job ends; the node idles out for real
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:  # the job ends; the node idles out for real
             (await kube.delete("/api/v1/namespaces/ml/pods/late")).raise_for_status()
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("idle")

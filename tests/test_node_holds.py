@@ -27,6 +27,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.http import default_tls
 from sim.cloud import SimOffer
 from sim.world import sim_world
 
@@ -226,7 +227,7 @@ async def test_a_drain_asks_the_budget_on_its_first_attempt_only(temporal: Workf
         pool = await start_pool(temporal, queue, name, pool_spec("cls", disruption={"idleTimeout": "1h", "budgets": [{"nodes": "0"}]}))
         stack.push_async_callback(pool.terminate, "test over")
         node = f"gpu-{uuid.uuid4().hex[:6]}"
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             (await kube.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})).raise_for_status()
             ask = PoolAsk(pool_workflow_id=pool.id, ask=DisruptionAsk(workflow_id=f"gpunode/ml/{name}/{node}", node_name=node, reason="Empty"))
             env = ActivityEnvironment(client=temporal.client)

@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from activities.http import default_tls
 from sim.kube import KubeEmulator
 from tgp.crds import GPUNodePool
 from tgp.labels import label_problems, qualified_name_problems
@@ -94,7 +95,7 @@ def test_the_crd_rule_and_admission_give_the_same_verdict_for_any_key(parts: tup
 async def test_the_api_server_refuses_each_at_apply_naming_the_rule() -> None:
     async with KubeEmulator() as kube:
         kube.install_crd(yaml.safe_load((CRDS / "gpunodepools.tgp.io.yaml").read_text()))
-        async with httpx.AsyncClient(base_url=kube.url) as http:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
             path = "/apis/tgp.io/v1/namespaces/default/gpunodepools"
             for key in IDENTITY:
                 answer = await http.post(path, json=pool({"example.com/team": "ml", key: "victim-node"}))
@@ -112,7 +113,7 @@ async def test_a_pool_stored_before_the_rule_can_still_lose_its_finalizer() -> N
     labels = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["template"]
     labels = labels["properties"]["metadata"]["properties"]["labels"]
     rule = labels.pop("x-kubernetes-validations")
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         kube.install_crd(crd)
         path = "/apis/tgp.io/v1/namespaces/default/gpunodepools"
         body = pool({"kubernetes.io/hostname": "victim-node"})

@@ -10,6 +10,7 @@ from datetime import timedelta
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from tests.conftest import running_world
 from sim.kube_kubelet import register_node
 from tests.kube_env import KubeApi
@@ -30,7 +31,7 @@ async def test_a_node_whose_gpus_never_register_fails_its_join_and_fails_over(te
         assert "join timeout" in first.outcome and GPU_RESOURCE in first.outcome and "0 of 1 GPUs" in first.outcome, first.outcome
         assert world.cloud.instances[first.instance_id or ""].status == "terminated"
         assert second.offer.offer_id == "rtx4090-eu-west" and [i.id for i in world.cloud.live_instances()] == [second.instance_id]
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             node = (await kube.get(f"/api/v1/nodes/{req.node_name}")).json()
         assert node["status"]["allocatable"][GPU_RESOURCE] == "1", "the node that is Ready has its GPU"
 

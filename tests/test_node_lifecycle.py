@@ -18,6 +18,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, Wor
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
+from activities.http import default_tls
 from tests.conftest import binary, eventually, running_world
 from tests.histories_io import save_history
 from sim.world import NODE_TAG, SimWorld
@@ -86,7 +87,7 @@ def assert_nothing_left(world: SimWorld, node_name: str) -> None:
 
 
 async def node_exists(world: SimWorld, name: str) -> bool:
-    async with httpx.AsyncClient(base_url=world.kube_url) as client:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as client:
         return (await client.get(f"/api/v1/nodes/{name}")).status_code == 200
 
 
@@ -146,7 +147,7 @@ async def test_happy_path_evicted_with_the_temporal_cli(temporal: WorkflowEnviro
         assert ready.provider == "simulated" and ready.gpu_type == "RTX4090"
         assert ready.hourly_price == Decimal("0.44"), "the cheapest matching on-demand offer"
         assert [s for s in ("Pending", "Launching", "Joining", "TailnetJoined", "Ready") if s not in ready.stage_times] == []
-        async with httpx.AsyncClient(base_url=world.kube_url) as client:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as client:
             node = (await client.get(f"/api/v1/nodes/{req.node_name}")).json()
         assert node["metadata"]["labels"][LABEL_POOL] == "rtx"
         assert node["metadata"]["labels"][LABEL_GPU_TYPE] == "RTX4090"
@@ -337,7 +338,7 @@ async def test_eviction_waits_for_pods_to_shut_down_before_terminating_the_insta
             "spec": {"nodeName": req.node_name, "containers": [{"name": "c", "image": "pytorch"}], "terminationGracePeriodSeconds": 4},
         }
         path = "/api/v1/namespaces/ml/pods/trainer"
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             (await kube.post("/api/v1/namespaces/ml/pods", json=pod)).raise_for_status()
             running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
             (await kube.patch(f"{path}/status", json=running, headers={"Content-Type": "application/merge-patch+json"})).raise_for_status()
@@ -362,7 +363,7 @@ async def test_tgp_labels_win_over_the_pool_labels_on_the_node(temporal: Workflo
         req = request(labels={"team": "research", "tgp.io/managed": "false", LABEL_POOL: "someone-else"})
         handle = await start(temporal, queue, req)
         await wait_phase(handle, NodePhase.READY)
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             labels = (await kube.get(f"/api/v1/nodes/{req.node_name}")).json()["metadata"]["labels"]
         assert labels["tgp.io/managed"] == "true" and labels[LABEL_POOL] == "rtx" and labels["team"] == "research"
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})

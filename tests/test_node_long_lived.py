@@ -9,6 +9,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from tests.conftest import running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, node_exists, replay, request, start, wait_phase
 from sim.world import SimWorld
@@ -30,7 +31,7 @@ async def put_pod(world: SimWorld, node: str, name: str, owner_kind: str | None 
     # It shuts down within a second of being deleted: the drain waits for that in real time.
     spec = {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}], "terminationGracePeriodSeconds": 1}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         (await kube.post("/api/v1/namespaces/default/pods", json=pod)).raise_for_status()
         (
             await kube.patch(
@@ -42,12 +43,12 @@ async def put_pod(world: SimWorld, node: str, name: str, owner_kind: str | None 
 
 
 async def remove_pod(world: SimWorld, name: str) -> None:
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         (await kube.delete(f"/api/v1/namespaces/default/pods/{name}")).raise_for_status()
 
 
 async def pod_exists(world: SimWorld, name: str) -> bool:
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         return (await kube.get(f"/api/v1/namespaces/default/pods/{name}")).status_code == 200
 
 

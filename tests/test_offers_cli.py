@@ -77,12 +77,14 @@ async def test_keys_from_a_kubernetes_secret(fakes: dict[str, str], monkeypatch:
 
     import httpx
 
+    from activities.http import default_tls
+
     from sim.kube import KubeEmulator
 
     async with KubeEmulator() as kube:
         data = {"VAST_API_KEY": base64.b64encode(fakes["VAST_API_KEY"].encode()).decode()}
         secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": "tgp-system"}, "data": data}
-        async with httpx.AsyncClient(base_url=kube.url) as http:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
             (await http.post("/api/v1/namespaces/tgp-system/secrets", json=secret)).raise_for_status()
         for k, v in fakes.items():
             if k.startswith("TGP_"):

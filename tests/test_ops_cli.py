@@ -9,6 +9,7 @@ import os
 import yaml
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from tests.conftest import binary, running_world
 from tests.test_node_lifecycle import request, start, wait_phase
 from workers.crdgen import manifests
@@ -28,7 +29,7 @@ async def tgp(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
 
 
 async def test_plan_prints_the_chosen_offer_and_why_the_others_were_not() -> None:
-    async with sim_world() as world, httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with sim_world() as world, httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         assert world.kube is not None
         for crd in manifests().values():
             world.kube.install_crd(crd)

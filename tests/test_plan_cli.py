@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import yaml
 
+from activities.http import default_tls
 from sim.cloud import SimOffer
 from sim.demo import EXAMPLES, apply
 from sim.world import sim_world
@@ -40,7 +41,7 @@ async def pod(kube: httpx.AsyncClient, name: str, on: str, gpus: int, *, annotat
 
 
 async def test_plan_shows_what_disruption_would_do_its_savings_and_what_holds_each_node_back() -> None:
-    async with sim_world() as world, httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with sim_world() as world, httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         assert world.kube is not None
         for crd in manifests().values():
             world.kube.install_crd(crd)
@@ -100,7 +101,7 @@ async def test_plan_shows_several_nodes_merged_into_one_cheaper_node_and_what_it
     the example pool's maxHourlyPrice): the plan merges the three into one new node (issue 35
     item 9) and counts the $0.33/h it saves."""
     catalog = (SimOffer("rtx4090-1x", "RTX4090", "us-east", Decimal("0.44")), SimOffer("rtx4090-4x", "RTX4090", "us-east", Decimal("0.99"), gpu_count=4))
-    async with sim_world(catalog=catalog) as world, httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with sim_world(catalog=catalog) as world, httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         assert world.kube is not None
         for crd in manifests().values():
             world.kube.install_crd(crd)

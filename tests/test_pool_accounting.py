@@ -16,6 +16,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from tests.conftest import eventually, running_world, skip_time
 from tests.test_node_lifecycle import FAST, request, start, wait_phase
 from tgp.capacity import POD_BIND_GRACE
@@ -111,7 +112,7 @@ async def test_a_terminate_the_provider_refuses_for_a_while_shows_termination_st
         assert world.cloud.live_instances() == [], "termination never gave up"
 
         async def warned() -> list[dict[str, object]] | None:
-            async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+            async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
                 items = (await kube.get(f"/api/v1/namespaces/{namespace}/events")).json()["items"]
             return [e for e in items if e.get("reason") == "TerminationStuck"] or None
 

@@ -15,6 +15,7 @@ import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from sim.cloud import SimOffer
 from sim.world import SimWorld
 from tests.conftest import binary, eventually, running_world, skip_time
@@ -80,7 +81,7 @@ async def condition(pool: WorkflowHandle, kind: str) -> Condition:
 
 
 async def events(world: SimWorld, reason: str) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
         items = (await kube.get("/api/v1/namespaces/ml/events")).json()["items"]
     return [e for e in items if e.get("reason") == reason]
 
@@ -123,7 +124,7 @@ async def test_a_pod_no_offer_fits_learns_it_on_its_own_events_once(time_skippin
     """Issue 35: `kubectl describe pod` shows tgp's NoOfferFits Warning (an Event on the pod, by
     its uid), written once although the pod stays pending pass after pass."""
     async with running_world(time_skipping, catalog=CATALOG) as (world, _, queue):
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "absurd", "namespace": "ml"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
             created = await kube.post("/api/v1/namespaces/ml/pods", json=pod)
             created.raise_for_status()

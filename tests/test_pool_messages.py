@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from tests.conftest import eventually, running_world
 from tests.test_entities_heal import CLASS, start_class, start_pool
 from tests.test_pool_accounting import pool_spec
@@ -18,7 +19,7 @@ from workflows.pool import GPUNodePoolWorkflow
 
 
 async def events(world_kube_url: str, reason: str) -> list[dict[str, object]]:
-    async with httpx.AsyncClient(base_url=world_kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world_kube_url) as kube:
         items = (await kube.get("/api/v1/namespaces/ml/events")).json()["items"]
     return [e for e in items if e.get("reason") == reason]
 
@@ -57,7 +58,7 @@ async def test_a_broken_class_is_named_on_the_pool_without_its_secrets(temporal:
             return status if ready is not None and ready.status == "False" else None
 
         status = await eventually(refused, timeout=60, what="the pool to report the class as not valid")
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             all_events = (await kube.get("/api/v1/namespaces/ml/events")).json()["items"]
         tenant_view = json.dumps(status.model_dump(mode="json")) + json.dumps(all_events)
         assert klass in tenant_view

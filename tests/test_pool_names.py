@@ -17,6 +17,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from activities.http import default_tls
 from sim.kube import KubeEmulator
 from tgp.crds import GPUNodePool
 
@@ -36,7 +37,7 @@ def test_admission_refuses_a_pool_name_its_nodes_could_not_carry() -> None:
 
 
 async def test_the_api_server_refuses_it_at_apply_and_a_node_named_past_63() -> None:
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         kube.install_crd(yaml.safe_load((CRDS / "gpunodepools.tgp.io.yaml").read_text()))
         path = "/apis/tgp.io/v1/namespaces/default/gpunodepools"
         answer = await http.post(path, json=pool("p" * 58))

@@ -33,6 +33,7 @@ from temporalio.client import WorkflowContinuedAsNewError, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from activities.entity import EventSpec
 from activities.node import DrainRelease
 from tests.conftest import binary, eventually
@@ -285,7 +286,7 @@ class Reports:
 
 async def pool_events(s: Setup, pool: str) -> list[tuple[str, str]]:
     """(reason, message) of the Kubernetes Events about the pool, as `kubectl describe` lists them."""
-    async with httpx.AsyncClient(base_url=s.world.kube_url) as kube:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=s.world.kube_url) as kube:
         items = (await kube.get("/api/v1/namespaces/ml/events")).json()["items"]
     return [(e["reason"], e["message"]) for e in items if e["involvedObject"]["name"] == pool]
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from activities.http import default_tls
 from activities.ports import CloudProvider
 from activities.clouds.lambdalabs import LambdaProvider, wire_name
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError
@@ -279,7 +280,7 @@ async def test_wrong_key_is_auth_error_naming_the_secret(lam: FakeLambda, clock:
 
 async def test_fake_accepts_basic_auth_too(lam: FakeLambda) -> None:
     basic = base64.b64encode(f"{API_KEY}:".encode()).decode()
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(verify=default_tls()) as client:
         ok = await client.get(f"{lam.url}/instances", headers={"Authorization": f"Basic {basic}"})
         bad = await client.get(f"{lam.url}/instances")
     assert ok.status_code == 200 and ok.json() == {"data": []}

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
 from tests.test_bridge import CLASSES, POOLS, apply, gpu_class, gpu_pool, ready_nodes, running_stack
@@ -457,7 +458,7 @@ async def test_a_node_told_to_end_for_drift_waits_for_its_do_not_disrupt_pod(tim
         held = [r for r in status.stages if r.stage is Stage.DISRUPTION_HELD]
         assert held and "has drifted" in held[-1].reason and "default/train" in held[-1].reason, status.stages
 
-        async with httpx.AsyncClient(base_url=world.kube_url) as kube:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
             (await kube.delete("/api/v1/namespaces/default/pods/train", params={"gracePeriodSeconds": "0"})).raise_for_status()
         final = await asyncio.wait_for(handle.result(), 120)
         assert final.phase is NodePhase.TERMINATED and final.end_reason == "drifted: replaced by rtx-rabcde (make-before-break): rtx-rabcde is Ready", final

@@ -42,6 +42,7 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.http import default_tls
 import activities.http
 from activities.errors import temporal_errors
 from activities.node import NodeActivities
@@ -347,14 +348,14 @@ async def test_an_echoing_fake_does_quote_the_secrets() -> None:
     async with provider_case("simulated") as case:
         case.fake.echo = "json"
         case.fault("launch", 400)
-        async with httpx.AsyncClient(base_url=case.fake.url) as client:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=case.fake.url) as client:
             body = {"offerId": "rtx4090-us-east", "name": "x", "userData": f"TS_AUTHKEY={case.secrets[1]}\nK3S_TOKEN={case.secrets[2]}\n"}
             answer = await client.post("/v1/instances", json=body, headers={"Authorization": f"Bearer {case.secrets[0]}"})
         assert answer.status_code == 400
         assert leaks(answer.text, case.secrets) == case.secrets
         case.fake.echo = "base64"
         case.fault("describe", 500)
-        async with httpx.AsyncClient(base_url=case.fake.url) as client:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=case.fake.url) as client:
             answer = await client.get("/v1/instances/x", headers={"Authorization": f"Bearer {case.secrets[0]}"})
         assert case.secrets[0] not in answer.text and leaks(answer.text, case.secrets[:1]) == case.secrets[:1]
 

@@ -19,6 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 # The harmless join material that template checks render with (no real secret).
+from activities.http import default_tls
 from activities.boot.render import _SAMPLE_JOIN, BootSettings, render_boot_payload, shipped_template
 from sim.cloud import SimulatedCloud
 from sim.kube_kubelet import (
@@ -207,7 +208,7 @@ async def test_a_simulated_machine_registers_with_its_payload_taints() -> None:
 
     payload = f"TS_HOSTNAME=blue-1\nnodeLabels: {json.dumps(POOL_LABELS)}\nregisterWithTaints: {json.dumps(POOL_TAINTS)}\n"
     async with SimulatedCloud(boot_delay=0.0, node_register=register, api_key="k") as cloud:
-        async with httpx.AsyncClient(base_url=cloud.url, headers={"Authorization": "Bearer k"}) as http:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=cloud.url, headers={"Authorization": "Bearer k"}) as http:
             offer = (await http.get("/v1/offers")).json()["offers"][0]["id"]
             response = await http.post("/v1/instances", json={"offerId": offer, "name": "blue-1", "userData": payload})
             assert response.status_code == 201, response.text

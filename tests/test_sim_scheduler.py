@@ -11,6 +11,7 @@ import httpx
 import kmock
 import pytest
 
+from activities.http import default_tls
 from tests.conftest import eventually
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import register_node
@@ -45,7 +46,7 @@ def test_what_fits_a_node(spec: dict[str, Any], free: int, why: str | None) -> N
 
 
 async def test_pods_are_bound_run_for_their_declared_time_and_complete() -> None:
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         await register_node(kube.url, "gpu-1", labels={"tgp.io/gpu-type": "RTX4090"}, gpus=1)
         merge = {"Content-Type": "application/merge-patch+json"}
         await http.patch("/api/v1/nodes/gpu-1", json={"spec": {"taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]}}, headers=merge)
@@ -111,7 +112,7 @@ async def test_a_pod_that_did_not_fit_waits_for_a_change_and_its_backoff_doubles
     """kube-scheduler v1.34: a pod that did not fit is not tried again while nothing changes,
     nor for a Node that cannot fit it (queueing hints); a Node that fits it tries it again, and
     each failure doubles its backoff, 1 s to 10 s (podInitialBackoff, podMaxBackoff)."""
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         clock = Clock()
         scheduler = SimScheduler(kube.url, clock=clock)
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("waits"))).raise_for_status()
@@ -137,7 +138,7 @@ async def test_a_node_that_appears_while_the_pod_backs_off_is_taken_at_once() ->
     """Since v1.33 (SchedulerPopFromBackoffQ) a pod still backing off is tried when no other pod
     waits in the active queue: the node it waited for is taken on the next pass, not after its
     backoff (up to 10 s later, as the simulated scheduler had it before)."""
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         clock = Clock()
         scheduler = SimScheduler(kube.url, clock=clock)
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("waits"))).raise_for_status()
@@ -156,7 +157,7 @@ async def test_a_node_that_appears_while_the_pod_backs_off_is_taken_at_once() ->
 async def test_a_pod_out_of_backoff_takes_the_node_another_pod_waited_for() -> None:
     """The pod first in line is backing off when the node it waited for appears; a newer pod
     takes it (what exposes a pool that remembers which node was bought for which pod)."""
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         clock = Clock()
         scheduler = SimScheduler(kube.url, clock=clock)
         (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod("first"))).raise_for_status()
@@ -170,7 +171,7 @@ async def test_a_pod_out_of_backoff_takes_the_node_another_pod_waited_for() -> N
 
 
 async def test_no_pod_is_bound_to_a_node_with_the_not_ready_taint_or_without_free_gpus() -> None:
-    async with KubeEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         scheduler = SimScheduler(kube.url, clock=Clock())
         # The emulator taints a Node not-ready until its Ready condition is True, as
         # TaintNodesByCondition does.
@@ -211,7 +212,7 @@ async def test_the_running_scheduler_binds_from_its_watches_without_listing_each
     """Like kube-scheduler's informers: Nodes and pods are listed once and kept from watches, so
     a running scheduler binds pods as they and their Nodes come (one pass per change) without
     listing the whole cluster again for each pass, and binds no pod twice."""
-    async with ListCountingEmulator() as kube, httpx.AsyncClient(base_url=kube.url) as http:
+    async with ListCountingEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
         async with SimScheduler(kube.url, interval=0.02):
             for i in range(5):  # a pod, then its Node: each bound as its Node registers
                 (await http.post("/api/v1/namespaces/default/pods", json=gpu_pod(f"p{i}"))).raise_for_status()

@@ -10,6 +10,7 @@ import httpx
 from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
+from activities.http import default_tls
 from activities.sweeper import Orphan, SweepInput, node_of_instance
 from activities.tailnets.tailscale import TailscaleTailnet
 from tests.conftest import running_world
@@ -32,7 +33,7 @@ def test_node_names_are_read_from_instance_names() -> None:
 
 async def buy(world: SimWorld, *names: str) -> list[dict[str, Any]]:
     """Instances bought behind tgp's back, as the simulated cloud answers their creates."""
-    async with httpx.AsyncClient(base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:
         return [(await cloud.post("/v1/instances", json={"offerId": "l40s-us-east", "name": name})).json() for name in names]
 
 

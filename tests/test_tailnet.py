@@ -16,6 +16,7 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
+from activities.http import default_tls
 from activities.ports import Tailnet
 from activities.tailnets.tailscale import TailscaleTailnet, key_description
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TransientError
@@ -116,7 +117,7 @@ async def test_mint_sends_single_use_ephemeral_preauthorized_tagged_key(
     assert key.secret.get_secret_value() == stored.secret
     assert stored.secret not in repr(key)
     # The secret is only ever returned by the create call.
-    async with httpx.AsyncClient(base_url=ts.url) as raw:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=ts.url) as raw:
         token = next(iter(ts.tokens))
         got = await raw.get(f"/api/v2/tailnet/-/keys/{key.key_id}", headers={"Authorization": f"Bearer {token}"})
     assert got.status_code == 200 and "key" not in got.json()
@@ -157,7 +158,7 @@ async def test_untagged_key_is_refused_before_calling(tailnet: TailscaleTailnet,
 async def test_fake_rejects_untagged_key_from_oauth_client(ts: FakeTailscale, tailnet: TailscaleTailnet) -> None:
     await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)  # obtains a token
     token = next(iter(ts.tokens))
-    async with httpx.AsyncClient(base_url=ts.url) as raw:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=ts.url) as raw:
         answer = await raw.post(
             "/api/v2/tailnet/-/keys",
             json={"capabilities": {"devices": {}}},
@@ -319,7 +320,7 @@ async def test_registered_device_is_found_by_hostname_and_tags(
     tailnet: TailscaleTailnet, ts: FakeTailscale
 ) -> None:
     key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
-    async with httpx.AsyncClient(base_url=ts.url) as raw:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=ts.url) as raw:
         joined = await raw.post(
             "/_fake/register", json={"authKey": key.secret.get_secret_value(), "hostname": "gpu-1"}
         )
@@ -362,7 +363,7 @@ async def test_delete_device_twice_is_fine(tailnet: TailscaleTailnet, ts: FakeTa
 async def test_used_single_use_key_cannot_register_twice(tailnet: TailscaleTailnet, ts: FakeTailscale) -> None:
     key = await tailnet.mint_auth_key(hostname="gpu-1", tags=TAGS, expiry=HOUR)
     secret = key.secret.get_secret_value()
-    async with httpx.AsyncClient(base_url=ts.url) as raw:
+    async with httpx.AsyncClient(verify=default_tls(), base_url=ts.url) as raw:
         assert (await raw.post("/_fake/register", json={"authKey": secret, "hostname": "gpu-1"})).status_code == 200
         again = await raw.post("/_fake/register", json={"authKey": secret, "hostname": "gpu-1"})
     assert again.status_code == 400 and "already been used" in again.json()["message"]

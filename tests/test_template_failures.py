@@ -28,6 +28,7 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities.http import default_tls
 from activities.clouds.simulated import SimulatedProvider
 from activities.kube.cluster import KubernetesCluster
 from activities.node import NodeActivities
@@ -83,7 +84,7 @@ def leaked(text: str) -> set[str]:
 async def world() -> AsyncIterator[tuple[NodeActivities, httpx.AsyncClient]]:
     async with KubeEmulator() as kube, SimulatedCloud(boot_delay=60) as cloud, KubernetesCluster.from_url(kube.url) as cluster:
         kube.install_crd(yaml.safe_load((CRDS / "gpunodeclasses.tgp.io.yaml").read_text()))
-        async with httpx.AsyncClient(base_url=kube.url) as http:
+        async with httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
             klass = {"apiVersion": "tgp.io/v1", "kind": "GPUNodeClass", "metadata": {"name": CLASS}, "spec": {"providers": [{"name": "simulated"}]}}
             (await http.post("/apis/tgp.io/v1/gpunodeclasses", json=klass)).raise_for_status()
             await http.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tgp-system"}})
