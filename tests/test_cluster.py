@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -58,6 +60,18 @@ async def test_kubernetes_cluster_is_a_cluster() -> None:
     async with KubernetesCluster.from_url("http://127.0.0.1:1") as adapter:
         cluster: Cluster = adapter  # checked by mypy against the Protocol
         assert cluster is adapter
+
+
+def test_a_process_that_talks_to_kubernetes_never_loads_core_v1_api() -> None:
+    """kubernetes.aio's CoreV1Api costs 1.3 s of CPU to load (618 generated methods): the worker,
+    the bridge and every `tgp plan` make their core/v1 calls without it (core_calls.py)."""
+    probe = (
+        "import sys, workers.main, crd_bridge.bridge, workers.ops; "
+        "from activities.kube.cluster import load_client_classes; load_client_classes(); "
+        "print('kubernetes.aio.client.api.core_v1_api' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr[-2000:]
 
 
 # --- the API-server contract the adapter relies on ------------------------------------

@@ -31,6 +31,7 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
+from activities.kube.core_calls import CoreCalls
 from activities.ports import EvictionBlocked, ListedSecret, VersionedSecret
 from tgp.crds import GROUP, VERSION
 from tgp.disruption import do_not_disrupt
@@ -41,11 +42,12 @@ from tgp.types import ANNOTATION_RELEASED, FINALIZER_TERMINATION, GPU_RESOURCE, 
 
 
 def load_client_classes() -> None:
-    """Load kubernetes.aio's API classes now. It loads them on first use (1-2 s of CPU, 8 s on a
-    loaded machine): inside a running worker or bridge that first call would stall every
+    """Load kubernetes.aio's client classes now. It loads them on first use (~1 s of CPU, several
+    on a loaded machine): inside a running worker or bridge that first call would stall every
     heartbeat, query and workflow task meanwhile. Processes call this as they start; short
-    commands that never talk to Kubernetes do not pay for it."""
-    for name in ("ApiClient", "CoreV1Api", "CustomObjectsApi"):
+    commands that never talk to Kubernetes do not pay for it. (Its CoreV1Api, 1.3 s more, is
+    never loaded: activities/kube/core_calls.py makes the few core/v1 calls tgp needs.)"""
+    for name in ("ApiClient", "CustomObjectsApi"):
         getattr(k8s, name)
 
 # API server calls answer in milliseconds; 30 s catches a hung connection or an overloaded
@@ -122,7 +124,7 @@ class KubernetesCluster:
         self._configure = configure
         self._timeout = float(request_timeout.total_seconds())
         self._api: k8s.ApiClient | None = None
-        self._core: k8s.CoreV1Api | None = None
+        self._core: CoreCalls | None = None
         self._connecting = asyncio.Lock()
 
     @classmethod
@@ -187,12 +189,12 @@ class KubernetesCluster:
     ) -> None:
         await self.close()
 
-    async def _client(self) -> k8s.CoreV1Api:
+    async def _client(self) -> CoreCalls:
         if self._core is None:
             async with self._connecting:
                 if self._core is None:
                     self._api = k8s.ApiClient(environment_read_once(await self._configure()))
-                    self._core = k8s.CoreV1Api(self._api)
+                    self._core = CoreCalls(self._api)
         return self._core
 
     # --- Nodes -----------------------------------------------------------------------
