@@ -124,7 +124,7 @@ async def kube(stack: AsyncExitStack, _: list[str]) -> dict[str, Any]:
     # kmock scans its request log for each new request; nothing here reads past requests.
     emulator._requests = deque(maxlen=8)
     for path in sorted(CRDS.glob("*.yaml")):
-        emulator.install_crd(yaml.safe_load(path.read_text()))
+        emulator.install_crd(yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # noqa: S506 - libyaml where present
     # kube-scheduler's queue as v1.34 has it; a pending pod is marked Unschedulable once, not on
     # every attempt as its message's node count changes (tgp reads the reason only).
     await stack.enter_async_context(SimScheduler(emulator.url, interval=SCHEDULER_INTERVAL, refresh_unschedulable=False))

@@ -27,7 +27,7 @@ from activities.kube.cluster import KubernetesCluster
 from crd_bridge.bridge import Bridge
 from tests.conftest import eventually
 from tests.hostile import HOSTILE_KEYS, HOSTILE_VALUES
-from tests.kube_env import KUBECONFIG_ENV, KubeApi
+from tests.kube_env import KUBECONFIG_ENV, KubeApi, load_crd
 from tgp.crds import DEFAULT_CLASS_MAX_NODES, DisruptionBounds
 from tgp.demand import Batch
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id
@@ -142,7 +142,7 @@ async def install_crds(kube_api: KubeApi) -> None:
     """The generated CRDs, as `kubectl apply -f deploy/crds/` would install them."""
     crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     for path in sorted(CRDS.glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
+        crd = load_crd(path)
         if kube_api.emulator is not None:
             kube_api.emulator.install_crd(crd)
             continue

@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from temporalio.testing import ActivityEnvironment
 
+from tests.kube_env import load_crd
 from activities.http import default_tls
 from activities.node import NodeActivities
 from activities.node_class import NodeClassActivities, ValidateClassInput
@@ -58,7 +58,7 @@ async def test_a_login_server_that_is_not_a_url_is_a_problem_of_the_class(url: s
 
 
 def test_the_schema_and_the_class_check_agree_on_login_servers() -> None:
-    crd = yaml.safe_load((CRDS / "gpunodeclasses.tgp.io.yaml").read_text())
+    crd = load_crd(CRDS / "gpunodeclasses.tgp.io.yaml")
     field = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["tailscaleConfig"]
     schema = field["properties"]["loginServer"]
     for url in GOOD_URLS + BAD_URLS:
@@ -68,7 +68,7 @@ def test_the_schema_and_the_class_check_agree_on_login_servers() -> None:
 
 async def test_the_api_server_refuses_a_login_server_that_is_not_a_url() -> None:
     async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
-        kube.install_crd(yaml.safe_load((CRDS / "gpunodeclasses.tgp.io.yaml").read_text()))
+        kube.install_crd(load_crd(CRDS / "gpunodeclasses.tgp.io.yaml"))
         body = {"apiVersion": "tgp.io/v1", "kind": "GPUNodeClass", "metadata": {"name": "c"},
                 "spec": {"providers": [{"name": "runpod"}], "tailscaleConfig": {"loginServer": "hs.example.com\nx"}}}  # fmt: skip
         answer = await http.post("/apis/tgp.io/v1/gpunodeclasses", json=body)

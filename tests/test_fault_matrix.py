@@ -84,10 +84,10 @@ from typing import Any
 import httpx
 import kmock
 import pytest
-import yaml
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
+from tests.kube_env import load_crd
 from activities.http import default_tls
 from tests.conftest import binary
 from tests.fault_matrix_proc import ENTITY_ACTIVITY
@@ -332,7 +332,7 @@ class Lane:
         # on past requests; a request is matched right as it arrives (no await in between), so a short window is enough.
         self.emulator._requests = deque(maxlen=8)
         for path in sorted(CRDS.glob("*.yaml")):
-            self.emulator.install_crd(yaml.safe_load(path.read_text()))
+            self.emulator.install_crd(load_crd(path))
         self.burst = KubeBurst(self.emulator)
         self.kube = await self.stack.enter_async_context(httpx.AsyncClient(verify=default_tls(), base_url=self.world.kube_url, timeout=30))
         return self

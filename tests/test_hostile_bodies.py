@@ -15,12 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from activities.http import default_tls
 from sim.kube import KubeEmulator
 from tests.hostile import HOSTILE_KEYS, HOSTILE_VALUES
-from tests.kube_env import KubeApi
+from tests.kube_env import KubeApi, load_crd
 
 CRDS = Path(__file__).parent.parent / "deploy" / "crds"
 POOLS = "/apis/tgp.io/v1/namespaces/{ns}/gpunodepools"
@@ -101,7 +100,7 @@ async def test_hostile_bodies_get_the_same_verdict_and_stored_object_on_the_emul
     differences: dict[str, str] = {}
     async with KubeEmulator() as emulator, httpx.AsyncClient(verify=default_tls(), base_url=emulator.url, timeout=10.0) as fake:
         for path in sorted(CRDS.glob("*.yaml")):
-            emulator.install_crd(yaml.safe_load(path.read_text()))
+            emulator.install_crd(load_crd(path))
         for index, (case, kind, body) in enumerate(bodies):
             name = f"tgp-test-hostile-{index}"
             real = await _submit(kube_api.http, kind, body, kube_api.namespace, name)

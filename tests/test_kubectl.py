@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from tests.conftest import binary
-from tests.kube_env import KUBECONFIG_ENV, KubeApi, eventually
+from tests.kube_env import KUBECONFIG_ENV, KubeApi, eventually, load_crd
 from sim import kube_patch, kube_tables
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import SimKubelet, register_node
@@ -114,7 +114,7 @@ async def install_crds(kube_api: KubeApi) -> None:
     """deploy/crds as `kubectl apply -f deploy/crds/` installs them (tests/test_bridge.py does
     the same; it is not imported here, it pulls in Temporal)."""
     for path in sorted(CRDS.glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
+        crd = load_crd(path)
         if kube_api.emulator is not None:
             kube_api.emulator.install_crd(crd)
             continue
@@ -255,7 +255,7 @@ async def test_apply_validates_on_the_client_when_the_server_does_not(tmp_path: 
     itself against OpenAPI v2, which it reads as protobuf."""
     async with KubeEmulator(field_validation=False) as emulator:
         for path in sorted(CRDS.glob("*.yaml")):
-            emulator.install_crd(yaml.safe_load(path.read_text()))
+            emulator.install_crd(load_crd(path))
         kubectl = Kubectl("default", emulator.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path)
         node_class, pool = seed(kubectl)
         pool["spec"]["maxHourlyPrise"] = "2.0"

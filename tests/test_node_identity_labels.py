@@ -19,11 +19,11 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from tests.kube_env import load_crd
 from activities.http import default_tls
 from sim.kube import KubeEmulator
 from tgp.crds import GPUNodePool
@@ -49,7 +49,7 @@ def pool(labels: dict[str, str]) -> dict[str, Any]:
 
 @functools.cache
 def schema_rule() -> dict[str, Any]:
-    crd = yaml.safe_load((CRDS / "gpunodepools.tgp.io.yaml").read_text())
+    crd = load_crd(CRDS / "gpunodepools.tgp.io.yaml")
     labels = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["template"]
     [rule] = labels["properties"]["metadata"]["properties"]["labels"]["x-kubernetes-validations"]
     return dict(rule)
@@ -94,7 +94,7 @@ def test_the_crd_rule_and_admission_give_the_same_verdict_for_any_key(parts: tup
 
 async def test_the_api_server_refuses_each_at_apply_naming_the_rule() -> None:
     async with KubeEmulator() as kube:
-        kube.install_crd(yaml.safe_load((CRDS / "gpunodepools.tgp.io.yaml").read_text()))
+        kube.install_crd(load_crd(CRDS / "gpunodepools.tgp.io.yaml"))
         async with httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
             path = "/apis/tgp.io/v1/namespaces/default/gpunodepools"
             for key in IDENTITY:
@@ -109,7 +109,7 @@ async def test_the_api_server_refuses_each_at_apply_naming_the_rule() -> None:
 async def test_a_pool_stored_before_the_rule_can_still_lose_its_finalizer() -> None:
     """As a real API server ratchets (1.30+): an update that leaves the refused label as it was
     (the worker removing the pool's finalizer) passes; adding one does not."""
-    crd = yaml.safe_load((CRDS / "gpunodepools.tgp.io.yaml").read_text())
+    crd = load_crd(CRDS / "gpunodepools.tgp.io.yaml")
     labels = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["template"]
     labels = labels["properties"]["metadata"]["properties"]["labels"]
     rule = labels.pop("x-kubernetes-validations")

@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from pydantic import ValidationError
 
+from tests.kube_env import load_crd
 from activities.http import default_tls
 from sim.kube import KubeEmulator
 from tgp.crds import GPUNodePool
@@ -38,7 +38,7 @@ def test_admission_refuses_a_pool_name_its_nodes_could_not_carry() -> None:
 
 async def test_the_api_server_refuses_it_at_apply_and_a_node_named_past_63() -> None:
     async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
-        kube.install_crd(yaml.safe_load((CRDS / "gpunodepools.tgp.io.yaml").read_text()))
+        kube.install_crd(load_crd(CRDS / "gpunodepools.tgp.io.yaml"))
         path = "/apis/tgp.io/v1/namespaces/default/gpunodepools"
         answer = await http.post(path, json=pool("p" * 58))
         assert answer.status_code == 422 and "at most 57" in answer.text, answer.text

@@ -23,11 +23,11 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from tests.kube_env import load_crd
 from activities.http import default_tls
 from activities.clouds.simulated import SimulatedProvider
 from activities.kube.cluster import KubernetesCluster
@@ -83,7 +83,7 @@ def leaked(text: str) -> set[str]:
 @pytest.fixture
 async def world() -> AsyncIterator[tuple[NodeActivities, httpx.AsyncClient]]:
     async with KubeEmulator() as kube, SimulatedCloud(boot_delay=60) as cloud, KubernetesCluster.from_url(kube.url) as cluster:
-        kube.install_crd(yaml.safe_load((CRDS / "gpunodeclasses.tgp.io.yaml").read_text()))
+        kube.install_crd(load_crd(CRDS / "gpunodeclasses.tgp.io.yaml"))
         async with httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
             klass = {"apiVersion": "tgp.io/v1", "kind": "GPUNodeClass", "metadata": {"name": CLASS}, "spec": {"providers": [{"name": "simulated"}]}}
             (await http.post("/apis/tgp.io/v1/gpunodeclasses", json=klass)).raise_for_status()
