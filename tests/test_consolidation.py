@@ -22,13 +22,21 @@ def node(name: str, gpus: int, price: str, pods: dict[str, int] | None = None, *
     return ConsolidationNode(name=name, gpus=gpus, hourly_price=Decimal(price), running_for=age, pods=pods or {}, **kw)  # type: ignore[arg-type]
 
 
+# Each strategy built once (Hypothesis builds, validates and labels every strategy object it is
+# given: built per node drawn, they were most of this file's CPU).
+_GPUS = st.sampled_from([1, 2, 4, 8])
+_SIZES = {gpus: st.lists(st.integers(1, gpus), max_size=3) for gpus in (1, 2, 4, 8)}
+_TENTH, _CENTS = st.integers(0, 9), st.integers(1, 400)
+_AGES = st.sampled_from([timedelta(minutes=5), timedelta(minutes=30), timedelta(hours=3)])
+
+
 @st.composite
 def pools(draw: st.DrawFn) -> list[ConsolidationNode]:
     count = draw(st.integers(1, 7))
     nodes = []
     for i in range(count):
-        gpus = draw(st.sampled_from([1, 2, 4, 8]))
-        sizes = draw(st.lists(st.integers(1, gpus), max_size=3))
+        gpus = draw(_GPUS)
+        sizes = draw(_SIZES[gpus])
         pods: dict[str, int] = {}
         for j, size in enumerate(sizes):
             if sum(pods.values()) + size <= gpus:
@@ -37,11 +45,11 @@ def pools(draw: st.DrawFn) -> list[ConsolidationNode]:
             ConsolidationNode(
                 name=f"n{i}",
                 gpus=gpus,
-                hourly_price=None if draw(st.integers(0, 9)) == 0 else Decimal(draw(st.integers(1, 400))) / 100,
-                running_for=draw(st.sampled_from([timedelta(minutes=5), timedelta(minutes=30), timedelta(hours=3)])),
+                hourly_price=None if draw(_TENTH) == 0 else Decimal(draw(_CENTS)) / 100,
+                running_for=draw(_AGES),
                 pods=pods,
                 do_not_disrupt=draw(st.booleans()) and draw(st.booleans()),
-                drifted=draw(st.integers(0, 9)) == 0,
+                drifted=draw(_TENTH) == 0,
             )
         )
     return nodes
