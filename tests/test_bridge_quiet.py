@@ -73,10 +73,16 @@ async def test_status_writes_send_nothing_and_spec_changes_send_once(temporal: W
         # The class's spec reaches the class and each pool of it (the pool reads its class).
         (await s.kube.patch(class_path, json={"spec": {"limits": {"maxNodes": 4}}}, headers=MERGE)).raise_for_status()
 
-        async def class_told() -> bool:
-            return await signals(s, class_wf, "update_class") == class_updates + 1 and await signals(s, pool_wf, "update") == pool_updates + 2
+        sent: list[int] = []
 
-        await eventually(class_told, what="the class's spec change to reach the class and its pool")
+        async def class_told() -> bool:
+            sent[:] = [await signals(s, class_wf, "update_class") - class_updates, await signals(s, pool_wf, "update") - pool_updates]
+            return sent == [1, 2]
+
+        try:
+            await eventually(class_told, what="the class's spec change to reach the class and its pool")
+        except AssertionError as exc:  # fewer than sent is slow, more is sent twice: say which
+            raise AssertionError(f"{exc}: the class was sent {sent[0]} update(s), the pool {sent[1]} (want 1 and 2)") from None
         await bridge_saw(s, pool_path, lambda: s.bridge.pools.get("ml/quiet"))
         assert await signals(s, pool_wf, "update") == pool_updates + 2
         assert await signals(s, class_wf, "update_class") == class_updates + 1
