@@ -32,11 +32,13 @@ demo: $(STAMP)
 	$(BIN)/tgp demo --port $(PORT)
 
 # The suite, without the fault matrix: the suite alone takes most of its 10-minute budget on
-# 2 cores, so the matrix is a target of its own. Three workers on 2 cores: the tests wait on
-# their servers (Temporal, the emulator, the simulated clouds) more than they compute; with two,
-# the cores were 47% busy and the run took 9 min 41 s, with three 8 min 5 s. Every machine here
-# (a developer's, CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
-TEST_WORKERS ?= 3
+# 2 cores, so the matrix is a target of its own. Five workers on 2 cores: the tests wait on their
+# servers (Temporal, the emulator, the simulated clouds) as much as they compute. On 2 cores
+# (2026-11-29): three workers 8 min 33 s with the cores 77% busy; five 6 min 43 s, six 6 min 37 s
+# (90% busy: the suite's ~700 CPU-seconds are now the bound). Five, not six: each worker adds a
+# dev server and its share of the load, and the waits of the slowest tests grow with the load.
+# Every machine here (a developer's, CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
+TEST_WORKERS ?= 5
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not fault_matrix" -n $(TEST_WORKERS) --dist loadfile --durations=30
 
