@@ -44,8 +44,11 @@ SHORT = LifecycleTimeouts(
 # The count on an idle machine: 50 (the drain releases the node: no release activity and task,
 # no upsert for a Terminating nothing waits in; the join's wait looks at the Node itself: no
 # first-look timer), and room for a loaded one: a Node Ready after the wait's look takes a
-# backstop timer (2 events), a slow first task a second one (3). `make bench` has the figure.
-SHORT_LIFE_EVENTS = 56
+# backstop timer (2 events), a slow first task a second one (3), and the bridge's facts in three
+# signals rather than one, each in a workflow task of its own, with the watch's timer kept from
+# before them firing once early (7: 57 events seen once in `make test` at 5 workers on 2 cores).
+# Generous, as the one bound kept as a test; `make bench` has the figure (median 48 of 100 lives).
+SHORT_LIFE_EVENTS = 60
 
 
 async def event_types(handle: WorkflowHandle) -> tuple[Counter[str], list[str]]:

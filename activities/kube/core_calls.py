@@ -72,12 +72,9 @@ class CoreCalls:
     async def delete_node(self, name: str, *, _request_timeout: float | None = None) -> Any:
         return await self._request("DELETE", "/api/v1/nodes/{name}", {"200": "object", "202": "object"}, path_params={"name": name}, timeout=_request_timeout)
 
-    async def list_node(
-        self, *, label_selector: str | None = None, field_selector: str | None = None, limit: int | None = None,
-        _continue: str | None = None, _request_timeout: float | None = None,
-    ) -> Any:
-        query = {"fieldSelector": field_selector, "labelSelector": label_selector, "limit": limit, "continue": _continue}
-        return await self._request("GET", "/api/v1/nodes", {"200": "V1NodeList"}, query=query, timeout=_request_timeout)
+    async def list_node(self, **params: Any) -> Any:
+        """A page of Nodes (`_list_query` names the parameters)."""
+        return await self._request("GET", "/api/v1/nodes", {"200": "V1NodeList"}, query=_list_query(params), timeout=params.get("_request_timeout"))
 
     async def list_node_without_preload_content(self, **params: Any) -> Any:
         """The raw aiohttp response of a Node list or watch (`_list_query` names the parameters)."""
@@ -85,12 +82,9 @@ class CoreCalls:
 
     # --- Pods ----------------------------------------------------------------------------
 
-    async def list_pod_for_all_namespaces(
-        self, *, label_selector: str | None = None, field_selector: str | None = None, limit: int | None = None,
-        _continue: str | None = None, _request_timeout: float | None = None,
-    ) -> Any:
-        query = {"fieldSelector": field_selector, "labelSelector": label_selector, "limit": limit, "continue": _continue}
-        return await self._request("GET", "/api/v1/pods", {"200": "V1PodList"}, query=query, timeout=_request_timeout)
+    async def list_pod_for_all_namespaces(self, **params: Any) -> Any:
+        """A page of pods, all namespaces."""
+        return await self._request("GET", "/api/v1/pods", {"200": "V1PodList"}, query=_list_query(params), timeout=params.get("_request_timeout"))
 
     async def list_pod_for_all_namespaces_without_preload_content(self, **params: Any) -> Any:
         """The raw aiohttp response of a pod list or watch, all namespaces."""
