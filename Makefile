@@ -32,13 +32,14 @@ demo: $(STAMP)
 	$(BIN)/tgp demo --port $(PORT)
 
 # The suite, without the fault matrix: the suite alone takes most of its 10-minute budget on
-# 2 cores, so the matrix is a target of its own. Five workers on 2 cores: the tests wait on their
-# servers (Temporal, the emulator, the simulated clouds) as much as they compute. On 2 cores
-# (2026-11-29): three workers 8 min 33 s with the cores 77% busy; five 6 min 43 s, six 6 min 37 s
-# (90% busy: the suite's ~700 CPU-seconds are now the bound). Five, not six: each worker adds a
-# dev server and its share of the load, and the waits of the slowest tests grow with the load.
-# Every machine here (a developer's, CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
-TEST_WORKERS ?= 5
+# 2 cores, so the matrix is a target of its own. Three workers on 2 cores. Measured 2026-11-29
+# (~700 CPU-seconds in all): three took 8 min 33 s before that day's cuts; five 6 min 43 s and
+# six 6 min 33 s, but at five and six 6 of 7 runs had a test stall or fail on the load (the
+# time-skipping test server strands a run whose workflow task cancels a timer that fired while
+# the task was with the worker, sdk-java#3088, and slow tasks make that likelier; the merge
+# test's skipped minutes took 158 s instead of 36). CI runs on a loaded machine: no flakes
+# first. Every machine here (a developer's, CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not fault_matrix" -n $(TEST_WORKERS) --dist loadfile --durations=30
 
