@@ -97,16 +97,17 @@ async def test_a_pool_change_two_informers_see_at_once_is_sent_once(temporal: Wo
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class(maxNodes=3))
         await apply(s.kube, gpu_pool("twice", disruption=NO_IDLING))
-        pool_path, pool_wf = f"{POOLS.format(ns='ml')}/twice", pool_workflow_id("ml", "twice")
+        pool_path = f"{POOLS.format(ns='ml')}/twice"
         await bridge_saw(s, pool_path, lambda: s.bridge.pools.get("ml/twice"))
 
         async def wrote_status() -> bool:
             return bool(((await s.kube.get(pool_path)).json().get("status") or {}).get("conditions"))
 
         await eventually(wrote_status, what="the pool workflow to write its status")
-        before = await signals(s, pool_wf, "update")
         pool = s.bridge.pools["ml/twice"]
         changed = pool.model_copy(update={"spec": pool.spec.model_copy(update={"weight": 9})})
+        # Each call says whether it signalled (counting the workflow's signals instead is not
+        # sound here: the pool may continue as new in between, and a new run's history starts
+        # empty).
         sent = await asyncio.gather(s.bridge._send_pool(changed), s.bridge._send_pool(changed))
         assert sorted(sent) == [False, True], sent
-        assert await signals(s, pool_wf, "update") == before + 1
