@@ -17,6 +17,7 @@ import resource
 import time
 
 import httpx
+
 from activities.http import default_tls
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import SimKubelet, register_node

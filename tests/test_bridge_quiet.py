@@ -5,6 +5,7 @@ histories: a status write sends nothing, a spec change sends once."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
@@ -92,8 +93,6 @@ async def test_a_pool_change_two_informers_see_at_once_is_sent_once(temporal: Wo
     """The class's informer (its pools' new class spec) and the pool's own informer handle events
     side by side: the same new update, found unsent by both while the first send is in flight,
     went to the pool twice (seen as 4 updates for 3 in the test above on a loaded machine)."""
-    import asyncio
-
     async with running_stack(temporal, kube_api) as s:
         await apply(s.kube, gpu_class(maxNodes=3))
         await apply(s.kube, gpu_pool("twice", disruption=NO_IDLING))

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from tests.kube_env import load_crd
 from activities.http import default_tls
 from activities.node import NodeActivities
 from activities.node_class import NodeClassActivities, ValidateClassInput
+from tests.kube_env import load_crd
 from sim.kube import KubeEmulator
 from sim.kube_schema import go_regexp
 from tgp.crds import GPUNodeClassSpec

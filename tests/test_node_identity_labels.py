@@ -23,8 +23,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tests.kube_env import load_crd
 from activities.http import default_tls
+from tests.kube_env import load_crd
 from sim.kube import KubeEmulator
 from tgp.crds import GPUNodePool
 from tgp.labels import label_problems, qualified_name_problems

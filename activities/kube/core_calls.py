@@ -121,12 +121,11 @@ class CoreCalls:
             path_params={"name": name, "namespace": namespace}, body=body, content_type=_content_type, timeout=_request_timeout,
         )
 
-    async def list_namespaced_secret(
-        self, namespace: str, *, label_selector: str | None = None, limit: int | None = None, _continue: str | None = None, _request_timeout: float | None = None
-    ) -> Any:
-        query = {"labelSelector": label_selector, "limit": limit, "continue": _continue}
+    async def list_namespaced_secret(self, namespace: str, **params: Any) -> Any:
+        """A page of `namespace`'s Secrets (`_list_query` names the parameters)."""
         return await self._request(
-            "GET", "/api/v1/namespaces/{namespace}/secrets", {"200": "V1SecretList"}, path_params={"namespace": namespace}, query=query, timeout=_request_timeout
+            "GET", "/api/v1/namespaces/{namespace}/secrets", {"200": "V1SecretList"},
+            path_params={"namespace": namespace}, query=_list_query(params), timeout=params.get("_request_timeout"),
         )
 
     async def delete_namespaced_secret(self, name: str, namespace: str, *, body: object = None, _request_timeout: float | None = None) -> Any:
