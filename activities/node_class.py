@@ -22,7 +22,7 @@ from activities.boot.render import (
     template_report,
     template_uses,
 )
-from activities.boot.sandbox import RendersBusy, bounded
+from activities.boot.renders import RendersBusy, bounded
 from activities.errors import temporal_errors
 from activities.ledger import LedgerBatcher, LedgerCall
 from tgp.messages import Grant
@@ -46,7 +46,7 @@ async def _template_report(
     owner: str, field: str, template: str, settings: BootSettings | None = None, payload_kinds: Mapping[str, list[str]] | None = None
 ) -> TemplateReport:
     """A class template's problems, each naming `field`, and the variables it reads: one
-    bounded child process, in the renders' queue under the class's share (sandbox.bounded).
+    bounded child process, in the renders' queue under the class's share (renders.bounded).
     template_report reports rather than raises; anything that still raises is a problem of the
     class too, never a failed activity (which would leave the class without a status); a full
     queue is a TransientError (the validation is retried)."""

@@ -28,7 +28,7 @@ from activities.boot.render import (
     render_template,
     shipped_template,
 )
-from activities.boot.sandbox import MAX_CONCURRENT_RENDERS, bounded
+from activities.boot.renders import MAX_CONCURRENT_RENDERS, bounded
 from activities.node import NodeActivities
 from tests.hostile import HOSTILE_VALUES
 from tests.money_env import OFFER

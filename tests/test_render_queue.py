@@ -1,6 +1,6 @@
 """One class's renders cannot starve every other class (issue 35, item 14).
 
-The renders' queue (activities/boot/sandbox.py) had one waiting cap for all classes: a class
+The renders' queue (activities/boot/renders.py) had one waiting cap for all classes: a class
 with MAX_WAITING_RENDERS renders waiting (a burst of launches, validations retried) made every
 other class's launches and validations fail with RendersBusy. Now each class has at most
 MAX_WAITING_PER_OWNER renders waiting; past that only its own are refused. The renders here are
@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from activities.boot.sandbox import MAX_CONCURRENT_RENDERS, MAX_WAITING_PER_OWNER, MAX_WAITING_RENDERS, RendersBusy, bounded
+from activities.boot.renders import MAX_CONCURRENT_RENDERS, MAX_WAITING_PER_OWNER, MAX_WAITING_RENDERS, RendersBusy, bounded
 
 
 async def test_a_class_with_its_renders_waiting_leaves_room_for_every_other_class() -> None:

@@ -6,7 +6,7 @@ event loop for 12 s at every class validation and launch, a 256 KiB template pau
 for about a second, and sixteen bad renders waiting for the two render slots held the default
 thread pool that DNS resolution uses. Now every parse, compile and render runs in a bounded
 child process, waited for on the renders' own threads and queue, where one class holds at most
-its share of the slots (activities/boot/sandbox.py).
+its share of the slots (activities/boot/renders.py).
 
 One test, one event loop (as in the worker): a loop-lag probe runs throughout; a hostile class
 validates its constant-folding template sixteen times at once, plus a 256 KiB template; in the

@@ -33,8 +33,10 @@ import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from activities.boot import renders
 from activities.boot import sandbox as template_sandbox
-from activities.boot.sandbox import RenderFailed, RendersBusy
+from activities.boot.renders import RendersBusy
+from activities.boot.sandbox import RenderFailed
 from tgp.crds import MAX_TEMPLATE_LENGTH
 from tgp.errors import ConfigError
 from tgp.labels import label_problems, taint_problems
@@ -459,13 +461,13 @@ def render_template(text: str, variables: Mapping[str, Any]) -> str:
 
     Rendering runs in a child process with bounded time, memory, output and loop work
     (activities/boot/sandbox.py), so this blocks for up to a few seconds: from async code,
-    call it through `sandbox.bounded`. Raises TemplateError for syntax errors, undefined
+    call it through `renders.bounded`. Raises TemplateError for syntax errors, undefined
     variables, sandbox violations, values a filter refuses and exceeded bounds, with the line
     number; values of SECRET_VARIABLES are scrubbed from every message.
     """
     secrets = [str(variables[name]) for name in SECRET_VARIABLES if variables.get(name)]
     try:
-        return template_sandbox.render(_prepare(text), variables)
+        return renders.render(_prepare(text), variables)
     except TemplateError as exc:
         exc.args = (_scrub(str(exc), secrets),)
         raise
@@ -543,7 +545,7 @@ def _scrub(text: str, secrets: Iterable[str]) -> str:
 def template_join_keys(text: str) -> list[str]:
     """The join Secret keys a template uses, plus the ones every join needs: what to pass as
     `required` to join_secrets_from_secret. Raises TemplateError if the template does not
-    parse. Blocks (a bounded child process): from async code, through `sandbox.bounded`."""
+    parse. Blocks (a bounded child process): from async code, through `renders.bounded`."""
     return join_keys_of(template_uses(text))
 
 
@@ -559,13 +561,13 @@ def join_keys_of(names: Iterable[str]) -> list[str]:
 
 def template_uses(text: str) -> set[str]:
     """The variables a template reads. Raises TemplateError if it does not parse. Blocks (a
-    bounded child process parses it): from async code, through `sandbox.bounded`."""
+    bounded child process parses it): from async code, through `renders.bounded`."""
     return set(_inspect(text))
 
 
 def _inspect(text: str) -> dict[str, int]:
     try:
-        return template_sandbox.inspect(_prepare(text))
+        return renders.inspect(_prepare(text))
     except RenderFailed as exc:
         raise _render_error(exc, {}, []) from None
 
@@ -652,14 +654,14 @@ def template_report(
     whatever else goes wrong is a problem of the template, reported as one (a class whose check
     crashed would get no status at all). Parsing, the name lookup and the trial
     render run in one bounded child process (activities/boot/sandbox.py), so this blocks for
-    up to a few seconds: from async code, call it through `sandbox.bounded`.
+    up to a few seconds: from async code, call it through `renders.bounded`.
     """
     try:
         return _template_report(text, settings, payload_kinds or {})
     except TemplateError as exc:
         return TemplateReport(problems=[str(exc)])
     except RendersBusy:
-        raise  # the machine, not the template: the validation is retried (see sandbox.run)
+        raise  # the machine, not the template: the validation is retried (see renders.run)
     except Exception as exc:  # noqa: BLE001 - a bug in a check must still give the class a status
         log.warning("bootstrap.check_failed", error_type=type(exc).__name__)
         return TemplateReport(problems=[f"the template could not be checked ({type(exc).__name__}: {str(exc)[:300]})"])
@@ -674,7 +676,7 @@ def _template_report(text: str, settings: BootSettings | None, payload_kinds: Ma
     )
     known = set(TEMPLATE_VARIABLES) | _GLOBALS
     try:
-        answer = template_sandbox.run(_prepare(text), variables=sample, inspect=True, known=known)
+        answer = renders.run(_prepare(text), variables=sample, inspect=True, known=known)
     except RenderFailed as exc:
         raise _render_error(exc, sample, []) from None
     names: dict[str, int] = {str(k): int(v) for k, v in answer["names"].items()}
@@ -866,7 +868,7 @@ def render_boot_payload(
     Labels and taints not in Kubernetes syntax are refused (ConfigError) before anything is
     rendered: the bridge admits no such pool, but a spec admitted before that check may still
     be in flight. A class template's render blocks for up to a few seconds (bounded child
-    process): from async code, call this through `sandbox.bounded` when `template` is given.
+    process): from async code, call this through `renders.bounded` when `template` is given.
     """
     s = settings or BootSettings()
     problems = label_problems(s.node_labels, tenant=False) + taint_problems([t.model_dump() for t in s.node_taints], tenant=False)

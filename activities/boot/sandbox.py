@@ -10,30 +10,23 @@ worker's event loop. Here:
   `*` may not build a string or list longer than `MAX_OUTPUT_BYTES` and `**` takes no
   exponent above `MAX_EXPONENT`.
 * **Output.** The template streams (`generate()`); past `MAX_OUTPUT_BYTES` it stops.
-* **Time and memory.** Every parse, compile and render runs in a fresh child process
-  (`run()`/`render()`/`inspect()` in the worker, `main()` in the child) whose render is stopped
-  after `RENDER_TIMEOUT_SECONDS` of CPU time counted from the render's start (ITIMER_PROF, with
-  RLIMIT_CPU behind it), not wall time, so a loaded machine does not make a template invalid,
-  with its address space capped at `MEMORY_LIMIT_BYTES`; the worker kills a child that has not
-  finished after `RENDER_WALL_SECONDS` of wall time and retries it later (RendersBusy). The worker never parses a template: Jinja folds constant
+* **Time and memory.** Every parse, compile and render of a class's template runs in a fresh
+  child process (`main()` here; the worker's side, which starts, bounds and queues the children,
+  is activities/boot/renders.py) whose render is stopped after `RENDER_TIMEOUT_SECONDS` of CPU
+  time counted from the render's start (ITIMER_PROF, with RLIMIT_CPU behind it), not wall time,
+  so a loaded machine does not make a template invalid, with its address space capped at
+  `MEMORY_LIMIT_BYTES`. The worker never parses a template: Jinja folds constant
   expressions while compiling, and even the name-lookup pass compiles, so the one-line
   `{{ '%0999999999d' % 1 }}` once took the worker to 2.9 GB and stalled its event loop for
   12 s. A thread cannot be stopped, and cooperative checks cannot interrupt work inside one C
   call (a huge `%` format, a big sort); a process can be killed, so the bound holds for
   whatever the sandbox did not foresee. Starting it costs about a tenth of a second, paid at
-  class validation and once per launch.
-* **Slots.** At most `MAX_CONCURRENT_RENDERS` children run at once (their memory together stays
-  within the worker's limit). From async code, `bounded(owner, fn, ...)` runs a blocking render
-  function on the renders' own thread pool (never the default executor, which DNS resolution
-  uses, never the event loop), after waiting in the renders' own queue, where one owner (a
-  GPUNodeClass) holds at most `OWNER_SHARE` slots and has at most `MAX_WAITING_PER_OWNER`
-  renders waiting: a class whose template is slow or hostile, or that launches in a burst,
-  waits behind itself (and is refused past its own cap), not in front of every other class.
+  class validation and once per launch: so this module imports only the standard library,
+  jinja2 and tgp.labels (asyncio alone was 70 ms of every child's start).
 
 The child gets the template and its variables (secrets included) on stdin and answers with JSON
 on stdout: nothing on its command line or in its environment, which holds only what Python
-needs (not the worker's credentials). It imports only the standard library, jinja2 and
-tgp.labels.
+needs (not the worker's credentials).
 
 Filters for putting values into each context of a boot payload (see docs/bootstrap.md):
 `quote` (YAML/JSON string), `to_json` (YAML flow collection), `shell_quote` (one shell word),
@@ -43,23 +36,14 @@ Filters for putting values into each context of a boot payload (see docs/bootstr
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
-import os
 import shlex
-import signal
-import subprocess
 import sys
 import threading
 import time
 import traceback
-import weakref
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, UndefinedError, meta, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
@@ -75,37 +59,7 @@ MAX_EXPONENT = 1024
 # was wall time including the child's start, so under load a 256 KiB template validated in
 # 3.9-5.1 s, valid in one run and InvalidSpec in the next (issue 35).
 RENDER_TIMEOUT_SECONDS = 5.0
-# Wall time of one child, its start included: a backstop for a machine so loaded that the
-# child gets no CPU, which is the machine's fault, not the template's (RendersBusy: retried).
-RENDER_WALL_SECONDS = 60.0
 MEMORY_LIMIT_BYTES = 256 * 1024 * 1024
-# Children at once per worker process; more wait. Bounded by memory, not CPUs: each child may
-# use MEMORY_LIMIT_BYTES, and together they stay within half the worker's 1 GiB limit.
-MAX_CONCURRENT_RENDERS = 2
-# Slots one owner (a GPUNodeClass) may hold at once; its other renders wait in the queue.
-OWNER_SHARE = max(1, MAX_CONCURRENT_RENDERS // 2)
-# Renders waiting at most, all owners together; past that `bounded` refuses (RendersBusy).
-# A bound on the worker's memory (each waiting render holds its template, up to 256 KiB).
-MAX_WAITING_RENDERS = 256
-# Renders one owner (a GPUNodeClass) may have waiting; past that its next render is refused
-# (RendersBusy) while other owners still queue: one class's burst of launches or validations
-# once filled the whole queue and made every other class's fail (issue 35). A burst of a
-# class's launches beyond it is retried by Temporal, its renders coming in as slots free up.
-MAX_WAITING_PER_OWNER = 32
-# Environment variables the child keeps: what finds Python and its packages, nothing else.
-_CHILD_ENVIRONMENT = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "LC_ALL", "LC_CTYPE", "SYSTEMROOT")
-_ROOT = str(Path(__file__).resolve().parents[2])
-# -s: no user site-packages; -P: no cwd on sys.path (the project root is put there instead).
-_CHILD_COMMAND = (
-    sys.executable,
-    "-s",
-    "-P",
-    "-c",
-    f"import sys; sys.path.insert(0, {_ROOT!r}); from activities.boot.sandbox import main; main()",
-)
-_SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT_RENDERS)
-# What ends a child that used up its CPU: SIGPROF (the timer), SIGXCPU and SIGKILL (RLIMIT_CPU).
-_CPU_SIGNALS = frozenset(getattr(signal, name) for name in ("SIGPROF", "SIGXCPU", "SIGKILL") if hasattr(signal, name))
 _MESSAGE_LIMIT = 2000
 
 
@@ -116,11 +70,6 @@ class RenderLimit(Exception):
 class UnsafeValue(Exception):
     """A filter was given a value it cannot put into its context without changing the
     meaning of the surrounding text (a line break into a shell line, a bad label)."""
-
-
-class RendersBusy(Exception):
-    """The renders' queue is full (MAX_WAITING_RENDERS), or this owner already has
-    MAX_WAITING_PER_OWNER renders waiting: try again later."""
 
 
 class RenderFailed(Exception):
@@ -469,143 +418,3 @@ def main() -> None:
     data = json.dumps(answer).encode()
     sys.stdout.buffer.write(data)
     sys.stdout.flush()
-
-
-# --- the worker's side ----------------------------------------------------------------------
-
-
-def render(source: str, variables: Mapping[str, Any]) -> str:
-    """Render `source` (Jinja) with `variables` in a bounded child process. Blocks for up to
-    RENDER_TIMEOUT_SECONDS: from async code call it through `bounded`, never on an event loop.
-    Raises RenderFailed."""
-    return str(run(source, variables=variables)["output"])
-
-
-def inspect(source: str) -> dict[str, int]:
-    """The variables `source` reads without defining them, with the first line naming each,
-    found in a bounded child process (see `render`). Raises RenderFailed (a syntax error)."""
-    names = run(source, inspect=True)["names"]
-    return {str(k): int(v) for k, v in names.items()}
-
-
-def run(
-    source: str, *, variables: Mapping[str, Any] | None = None, inspect: bool = False, known: Iterable[str] | None = None
-) -> dict[str, Any]:
-    """One request to a bounded child (see `serve`): {"names": ..., "output": ...}, each when
-    asked for and done. Blocks for up to RENDER_TIMEOUT_SECONDS. Raises RenderFailed."""
-    request = json.dumps(
-        {
-            "source": source,
-            "variables": dict(variables) if variables is not None else None,
-            "inspect": inspect,
-            "known": sorted(known) if known is not None else None,
-        },
-        default=str,
-    ).encode()
-    env = {k: os.environ[k] for k in _CHILD_ENVIRONMENT if k in os.environ}
-    with _SLOTS:
-        try:
-            done = subprocess.run(  # noqa: S603 - our own interpreter and module, no shell
-                _CHILD_COMMAND, input=request, capture_output=True, timeout=RENDER_WALL_SECONDS, env=env, check=False
-            )
-        except subprocess.TimeoutExpired:
-            # Not the template's CPU (that ends the child itself): a machine too loaded to run it.
-            raise RendersBusy(
-                f"the renderer got too little CPU to finish within {RENDER_WALL_SECONDS:g} s (the worker's machine is overloaded)"
-            ) from None
-    try:
-        answer = json.loads(done.stdout) if done.stdout else None
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        if -done.returncode in _CPU_SIGNALS:
-            raise RenderFailed(
-                "limit", f"rendering took longer than {RENDER_TIMEOUT_SECONDS:g} s of CPU and was stopped (a loop over too much?)"
-            )
-        if done.returncode < 0:
-            raise RenderFailed(
-                "limit",
-                f"the renderer was stopped by signal {-done.returncode} (more than {RENDER_TIMEOUT_SECONDS:g} s of CPU "
-                f"or {MEMORY_LIMIT_BYTES // 2**20} MiB of memory?)",
-            )
-        detail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        raise RenderFailed("error", f"the renderer failed (exit code {done.returncode}): {detail[0][:300]}")
-    if "error" in answer:
-        error = answer["error"]
-        raise RenderFailed(str(error.get("kind", "error")), str(error.get("message", "")), error.get("line"))
-    return answer
-
-
-# --- from async code: the renders' own pool and queue ---------------------------------------
-
-T = TypeVar("T")
-_EXECUTOR = ThreadPoolExecutor(max_workers=MAX_CONCURRENT_RENDERS, thread_name_prefix="tgp-render")
-
-
-class _Queue:
-    """The renders of one event loop: how many run, per owner, and who waits (in order)."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self.by_owner: Counter[str] = Counter()
-        self.waiting: deque[tuple[str, asyncio.Future[None]]] = deque()
-
-    def grant(self) -> None:
-        """Start the first waiters whose owner is under its share, while slots are free."""
-        for owner, future in list(self.waiting):
-            if self.running >= MAX_CONCURRENT_RENDERS:
-                return
-            if future.done():
-                self.waiting.remove((owner, future))
-            elif self.by_owner[owner] < OWNER_SHARE:
-                self.waiting.remove((owner, future))
-                self.running += 1
-                self.by_owner[owner] += 1
-                future.set_result(None)
-
-    def release(self, owner: str) -> None:
-        self.running -= 1
-        self.by_owner[owner] -= 1
-        if not self.by_owner[owner]:
-            del self.by_owner[owner]
-        self.grant()
-
-
-_QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue] = weakref.WeakKeyDictionary()
-
-
-async def bounded(owner: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)` (a blocking render, check or inspection) on the renders' own
-    threads, once this owner's turn comes (see the module doc); the event loop never waits
-    on it. RendersBusy when this owner already has MAX_WAITING_PER_OWNER renders waiting, or
-    MAX_WAITING_RENDERS wait in all."""
-    loop = asyncio.get_running_loop()
-    queue = _QUEUES.setdefault(loop, _Queue())
-    own = sum(1 for who, future in queue.waiting if who == owner and not future.done())
-    if own >= MAX_WAITING_PER_OWNER:
-        raise RendersBusy(f"{own} template renders of {owner} are already waiting")
-    if len(queue.waiting) >= MAX_WAITING_RENDERS:
-        raise RendersBusy(f"{len(queue.waiting)} template renders are already waiting")
-    turn: asyncio.Future[None] = loop.create_future()
-    queue.waiting.append((owner, turn))
-    queue.grant()
-    try:
-        await turn
-    except asyncio.CancelledError:
-        if turn.done() and not turn.cancelled():
-            queue.release(owner)  # granted as the wait was cancelled
-        else:
-            turn.cancel()
-            queue.grant()
-        raise
-    work = _EXECUTOR.submit(functools.partial(fn, *args, **kwargs))
-
-    def done(_: object) -> None:
-        # The slot is free when the thread is, not when a cancelled caller stops waiting.
-        try:
-            loop.call_soon_threadsafe(queue.release, owner)
-        except RuntimeError:  # the loop is closed: nothing waits on it any more
-            pass
-
-    work.add_done_callback(done)
-    return await asyncio.wrap_future(work)

@@ -15,7 +15,7 @@ from activities.boot.render import (
     template_error_for_admin,
     template_join_keys,
 )
-from activities.boot.sandbox import RendersBusy, bounded
+from activities.boot.renders import RendersBusy, bounded
 from activities.node.base import NodeBase, T
 from tgp.errors import ConfigError, TransientError
 from tgp.secrets import class_reference_problem, known_secrets
@@ -24,7 +24,7 @@ from tgp.types import BootPayload, LaunchInput
 
 async def _bounded(inp: LaunchInput, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn` (a blocking template inspection or render) in the renders' queue, under the share
-    of the node's class (sandbox.bounded); a full queue is a TransientError (retried)."""
+    of the node's class (renders.bounded); a full queue is a TransientError (retried)."""
     try:
         return await bounded(inp.boot.node_class or inp.pool, fn, *args, **kwargs)
     except RendersBusy as exc:
@@ -78,7 +78,7 @@ class Boot(NodeBase):
 
     async def _render_boot(self, inp: LaunchInput, kind: str, **kwargs: Any) -> BootPayload:
         """The boot payload. The class's own template renders in a bounded child process waited
-        for off the event loop, in the renders' queue under the class's share (sandbox.bounded);
+        for off the event loop, in the renders' queue under the class's share (renders.bounded);
         without one (env, or tgp's shipped cloud-init/Talos template) it renders here, in
         microseconds, with no queue: a burst's launches no longer wait one by one per class. A
         template that fails is the class's fault, reported as `_class_template` says."""
