@@ -13,7 +13,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from crd_bridge.bridge import Bridge
-from tests.conftest import eventually, running_world, skip_time
+from tests.conftest import SKIP_STEP, eventually, running_world, skip_time, skip_until
 from tests.test_pool_accounting import CLASS, end_entities, pool_spec, start_pool
 from tests.test_pool_demand import CATALOG, time_skipping  # noqa: F401 - the fixture
 from tgp.crds import GPUNodePoolStatus
@@ -35,13 +35,12 @@ def demand(pods: dict[str, int], free: dict[str, int], bound: dict[str, list[int
 
 async def found(env: WorkflowEnvironment, pool: WorkflowHandle, savings: str, candidates: int) -> GPUNodePoolStatus:
     """The pool's status once its next look found `savings` $/h in `candidates` node(s)."""
-    await skip_time(env, timedelta(minutes=2), step=timedelta(minutes=1))  # a look is once a resync
-
     async def shown() -> GPUNodePoolStatus | None:
         status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
         c = status.consolidation
         return status if c is not None and c.savings_found_hourly == Decimal(savings) and c.candidates == candidates else None
 
+    await skip_time(env, timedelta(minutes=2), step=SKIP_STEP)  # a look is once a resync (what it found may be what it showed)
     return await eventually(shown, timeout=60, what=f"${savings}/h found in {candidates} node(s) in status.consolidation")
 
 
@@ -74,13 +73,13 @@ async def test_the_pool_removes_a_node_whose_pods_fit_on_the_other_and_shows_the
 
         # Only a held: b goes, its pod fits on a.
         await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {a: 1, b: 1}, {a: [1], b: [1]}, held=[a]))
-        await skip_time(time_skipping, timedelta(minutes=2), step=timedelta(minutes=1))
 
         async def removed() -> GPUNodePoolStatus | None:
             status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
             c = status.consolidation
             return status if c is not None and c.savings_made_hourly == Decimal("0.95") else None
 
+        await skip_until(time_skipping, removed, most=timedelta(minutes=4), what="$0.95/h made in status.consolidation")
         status = await eventually(removed, timeout=60, what="$0.95/h made in status.consolidation")
         assert status.consolidation is not None and b in status.consolidation.last_action
         alive = [i.name for i in world.cloud.live_instances()]
@@ -114,7 +113,7 @@ async def test_a_free_gpu_a_pending_pod_is_nominated_to_is_no_room_for_consolida
         await pool.signal(GPUNodePoolWorkflow.demand, demand({"ml/c": 1}, {a: 1, b: 1}, {a: [1], b: [1]}))
         # Looks past `after`, within the pod's bind grace (3 minutes: then its nomination lapses
         # and it gets a node of its own).
-        await skip_time(time_skipping, timedelta(minutes=2, seconds=30), step=timedelta(seconds=30))
+        await skip_time(time_skipping, timedelta(minutes=2, seconds=30), step=SKIP_STEP)
         status: GPUNodePoolStatus = await pool.query(GPUNodePoolWorkflow.status)
         assert status.consolidation is not None and status.consolidation.savings_made_hourly == 0, status.consolidation
         assert sorted(n.name for n in status.nodes if n.phase == "Ready") == [a, b] and len(world.cloud.live_instances()) == 2, (

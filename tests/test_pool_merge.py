@@ -15,7 +15,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from sim.cloud import SimOffer
-from tests.conftest import eventually, running_world, skip_time
+from tests.conftest import eventually, running_world, skip_until
 from tests.test_pool_accounting import end_entities, pool_spec, start_pool
 from tests.test_pool_consolidation import demand, ready_nodes
 from tests.test_pool_demand import time_skipping  # noqa: F401 - the fixture
@@ -71,7 +71,6 @@ async def test_three_one_gpu_nodes_are_merged_into_one_cheaper_four_gpu_node_mak
         # does, and nothing of the three is touched.
         world.cloud.hold_boots()
         await pool.signal(GPUNodePoolWorkflow.demand, demand({}, dict.fromkeys(old, 0), {n: [1] for n in old}))
-        await skip_time(time_skipping, timedelta(minutes=3), step=timedelta(minutes=1))  # past `after`
 
         async def merging() -> GPUNodePoolStatus | None:
             status = await status_of(pool)
@@ -79,7 +78,9 @@ async def test_three_one_gpu_nodes_are_merged_into_one_cheaper_four_gpu_node_mak
             bought = [i.offer.id for i in world.cloud.live_instances()]
             return status if c is not None and c.consolidating.startswith("Consolidating 3 nodes into 1, saving $0.22/h") and "rtx4090-4x" in bought else None
 
-        status = await eventually(merging, timeout=90, what="status.consolidation.consolidating names the merge of 3 nodes, its new node bought")
+        what = "status.consolidation.consolidating names the merge of 3 nodes, its new node bought"
+        await skip_until(time_skipping, merging, most=timedelta(minutes=3), what=what)  # past `after`
+        status = await eventually(merging, timeout=90, what=what)
         assert sorted(n.name for n in status.nodes if n.phase == "Ready") == sorted(old), "the three stay Ready while the new node boots"
         assert sorted(i.offer.id for i in world.cloud.live_instances()) == ["rtx4090-1x"] * 3 + ["rtx4090-4x"]
         pool_name = pool.id.rsplit("/", 1)[-1]
@@ -93,8 +94,9 @@ async def test_three_one_gpu_nodes_are_merged_into_one_cheaper_four_gpu_node_mak
             ready = [n.name for n in status.nodes if n.phase == "Ready"]
             return ready if [i.offer.id for i in alive] == ["rtx4090-4x"] and len(ready) == 1 else None
 
-        await skip_time(time_skipping, timedelta(minutes=2), step=timedelta(seconds=30))
-        (new,) = await eventually(merged, timeout=120, what="only the 4-GPU node left, Ready, and the three 1-GPU instances terminated")
+        what = "only the 4-GPU node left, Ready, and the three 1-GPU instances terminated"
+        await skip_until(time_skipping, merged, most=timedelta(minutes=2), what=what)
+        (new,) = await eventually(merged, timeout=120, what=what)
         assert new not in old
         became_ready = await entered(time_skipping, node_workflow_id("ml", pool_name, new), "Ready")
         for name in old:
