@@ -139,13 +139,22 @@ async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
 
 @asynccontextmanager
 async def running_world(
-    env: WorkflowEnvironment, *, boot_delay: float = 0.2, headscale: bool = False, catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG
+    env: WorkflowEnvironment,
+    *,
+    boot_delay: float = 0.2,
+    headscale: bool = False,
+    catalog: tuple[SimOffer, ...] = DEFAULT_CATALOG,
+    pool_answer_timeout: timedelta | None = None,
 ) -> AsyncIterator[tuple[SimWorld, Worker, str]]:
-    """The simulated world (selling `catalog`) plus a worker on a fresh task queue, all stopped on exit."""
+    """The simulated world (selling `catalog`) plus a worker on a fresh task queue, all stopped
+    on exit; `pool_answer_timeout`: how long a node's ask waits for its pool (else
+    POOL_ANSWER_TIMEOUT)."""
     async with AsyncExitStack() as stack:
         world = await stack.enter_async_context(sim_world(boot_delay=boot_delay, headscale=headscale, catalog=catalog))
         activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
         activities.node.poll_interval = timedelta(seconds=0.1)
+        if pool_answer_timeout is not None:
+            activities.node.pool_answer_timeout = pool_answer_timeout
         task_queue = f"test-{uuid.uuid4().hex[:8]}"
         worker = make_worker(env.client, activities, task_queue=task_queue)
         await stack.enter_async_context(worker)

@@ -22,6 +22,12 @@ from workflows.node import GPUNodeWorkflow
 from workflows.pool import PoolInput
 
 pytestmark = pytest.mark.timeout(300)
+# The evict at each test's end drains the do-not-disrupt pod, which the emulator (no kubelet)
+# never finishes deleting: the drain waits its timeout out, so it is short.
+EVICT_DRAIN = timedelta(seconds=2)
+# How long a node waits for its silent pool before that counts as a grant (POOL_ANSWER_TIMEOUT,
+# 10 s): time enough for the test to start its pod while the node asks.
+POOL_SILENT = timedelta(seconds=5)
 
 
 async def unanswering_pool(temporal: WorkflowEnvironment) -> WorkflowHandle:
@@ -78,13 +84,13 @@ async def ask_in_flight(handle: WorkflowHandle) -> bool:
 
 async def test_a_do_not_disrupt_pod_that_starts_while_the_pool_is_asked_holds_the_granted_node(temporal: WorkflowEnvironment) -> None:
     """An idle node asks its pool; the pool's workflow has no worker and does not answer, which
-    grants (after POOL_ANSWER_TIMEOUT). Meanwhile a do-not-disrupt pod starts on the node (and
+    grants (after POOL_SILENT here). Meanwhile a do-not-disrupt pod starts on the node (and
     the bridge says so): the node does not drain on that grant, it is held (DisruptionHeld).
     A v5 life asks inside its drain, which finds the pod right after its cordon: the drain is
     called off (DrainCalledOff), nothing is evicted, the Node is uncordoned."""
-    async with running_world(temporal) as (world, _, queue):
+    async with running_world(temporal, pool_answer_timeout=POOL_SILENT) as (world, _, queue):
         pool = await unanswering_pool(temporal)
-        req = request(timeouts=AT_REST.model_copy(update={"idle": timedelta(seconds=2)}), pool_workflow_id=pool.id)
+        req = request(timeouts=AT_REST.model_copy(update={"idle": timedelta(seconds=2), "drain": EVICT_DRAIN}), pool_workflow_id=pool.id)
         handle = await start(temporal, queue, req)
         try:
             await guarded_pod_while_asking(world.kube_url, handle, req.node_name)
@@ -120,9 +126,9 @@ async def test_an_expired_node_whose_drain_finds_do_not_disrupt_after_its_cordon
     pool's silence, the drain finds the pod right after its cordon: it is called off, the Node
     uncordoned, the pod never evicted, and the node, Ready again, is held (DisruptionHeld)
     rather than drained again and again. An eviction still ends it."""
-    async with running_world(temporal) as (world, _, queue):
+    async with running_world(temporal, pool_answer_timeout=POOL_SILENT) as (world, _, queue):
         pool = await unanswering_pool(temporal)
-        req = request(timeouts=AT_REST.model_copy(update={"expire_after": timedelta(seconds=2)}), pool_workflow_id=pool.id)
+        req = request(timeouts=AT_REST.model_copy(update={"expire_after": timedelta(seconds=2), "drain": EVICT_DRAIN}), pool_workflow_id=pool.id)
         handle = await start(temporal, queue, req)
         try:
             await guarded_pod_while_asking(world.kube_url, handle, req.node_name)
