@@ -125,7 +125,7 @@ async def test_a_failovers_next_launch_does_not_name_the_released_instance(tempo
     a join timeout, the phase's upsert unsets it (it named the released one before)."""
     async with running_world(temporal) as (world, _, queue):
         world.cloud.fail_boot("rtx4090-us-east", "never_joins")
-        req = request(timeouts=FAST.model_copy(update={"tailnet_join": timedelta(seconds=2)}))
+        req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=6), "tailnet_join": timedelta(seconds=2)}))  # the join waits both out
         handle = await start(temporal, queue, req)
         first, second = (await wait_phase(handle, NodePhase.READY)).attempts
         named: list[tuple[str, str]] = []  # (phase, TgpInstanceId) of each upsert with a phase
