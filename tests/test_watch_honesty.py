@@ -127,8 +127,10 @@ async def test_an_instance_up_when_the_stage_deadline_passes_is_kept(temporal: W
     """The instance runs within a second, but the look at it takes longer than the whole stage
     budget: at the deadline one more look finds it running, and it is kept, not blamed."""
     async with running_world(temporal) as (world, _, queue):
-        world.cloud.slow_describes(15.0, count=1)  # the first look outlasts the 6 s stage
-        req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=6), "api_call": timedelta(seconds=3)}))
+        # The first look outlasts the stage: its deadline is the launch's and the tailnet join's together (8 s).
+        world.cloud.slow_describes(12.0, count=1)
+        timeouts = {"launch": timedelta(seconds=5), "tailnet_join": timedelta(seconds=3), "api_call": timedelta(seconds=3)}
+        req = request(timeouts=FAST.model_copy(update=timeouts))
         handle = await start(temporal, queue, req)
         ready = await wait_phase(handle, NodePhase.READY, timeout=60)
 
@@ -179,7 +181,9 @@ async def test_a_worker_dead_past_the_stage_deadline_does_not_get_the_instance_b
         stack.callback(lambda: doomed.poll() is None and doomed.kill())
 
         world.cloud.slow_describes(60.0)  # the wait's first look hangs ...
-        req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=8), "api_call": timedelta(seconds=3)}))
+        # The wait's deadline is the launch's and the tailnet join's together (11 s).
+        timeouts = {"launch": timedelta(seconds=8), "tailnet_join": timedelta(seconds=3), "api_call": timedelta(seconds=3)}
+        req = request(timeouts=FAST.model_copy(update=timeouts))
         handle = await start(temporal, queue, req)
         await eventually(lambda: _true(world.cloud.describe_requests > 0), timeout=60, what="the wait's first look")
         doomed.send_signal(signal.SIGKILL)  # ... and the worker dies in it
