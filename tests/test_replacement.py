@@ -287,8 +287,8 @@ async def test_a_node_is_re_shopped_when_the_market_drops_and_not_within_the_thr
             return await _timers(pool) if offers is not None and f"from ${price}/h" in offers.message else None
 
         seen_at = await eventually(lambda: offers_at("0.35"), timeout=60, what="the pool to see the $0.35/h offer")
-        # Passes go by (the pool wakes each second), well past `after`: nothing is replaced.
-        await eventually(lambda: _more(pool, seen_at + 6), timeout=60, what="six more passes")
+        # Passes go by (the pool wakes each second), past `after`: nothing is replaced.
+        await eventually(lambda: _more(pool, seen_at + 4), timeout=60, what="four more passes (twice `after`)")
         assert [n.name for n in (await pool_status(pool)).nodes] == [old.name], "re-shopped within the threshold"
         assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, s.world.cloud.log
 
@@ -301,7 +301,7 @@ async def test_a_node_is_re_shopped_when_the_market_drops_and_not_within_the_thr
         await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {old.name: 1}, {old.name: [1]}))
         s.world.cloud.set_price("rtx4090-us-east", Decimal("0.20"))
         seen_at = await eventually(lambda: offers_at("0.20"), timeout=60, what="the pool to see the $0.20/h offer")
-        await eventually(lambda: _more(pool, seen_at + 6), timeout=60, what="six more passes")
+        await eventually(lambda: _more(pool, seen_at + 4), timeout=60, what="four more passes (twice `after`)")
         assert [n.name for n in (await pool_status(pool)).nodes] == [old.name], "a 2-GPU node re-shopped to a 1-GPU offer"
         assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, s.world.cloud.log
 
