@@ -14,15 +14,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from kubernetes.aio import client as k8s
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, Interceptor, OutboundInterceptor, SignalWorkflowInput, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
-from activities.kube.cluster import KubernetesCluster, _pod_summary, pod_summary_of
+from activities.kube.cluster import KubernetesCluster
 from crd_bridge.bridge import Bridge
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world, skip_time
@@ -192,45 +189,6 @@ async def test_a_node_that_went_idle_while_the_bridge_was_down_still_ends(tempor
             status = await asyncio.wait_for(handle.result(), 60)
         assert status.phase is NodePhase.TERMINATED and (status.end_reason or "").startswith("idle"), status
         assert_nothing_left(world, req.node_name)
-
-
-# --- the bridge reads pods as the activities do ---------------------------------------------
-
-_POD_WIRE = st.fixed_dictionaries(
-    {
-        "metadata": st.fixed_dictionaries(
-            {"name": st.just("p"), "namespace": st.just("ml")},
-            optional={
-                "ownerReferences": st.lists(
-                    st.fixed_dictionaries(
-                        {"apiVersion": st.just("apps/v1"), "kind": st.sampled_from(["DaemonSet", "ReplicaSet", "Job"]), "name": st.just("o"), "uid": st.just("u")},
-                        optional={"controller": st.booleans()},
-                    ),
-                    max_size=2,
-                ),
-                "annotations": st.sampled_from(
-                    [{}, {"kubernetes.io/config.mirror": "x"}, {"other": "y"}, {"tgp.io/do-not-disrupt": "true"}, {"karpenter.sh/do-not-disrupt": "true"}, {"tgp.io/do-not-disrupt": "false"}]
-                ),
-                "deletionTimestamp": st.just("2026-01-01T00:00:00Z"),
-            },
-        ),
-        "spec": st.fixed_dictionaries(
-            {"containers": st.lists(st.fixed_dictionaries({"name": st.just("c")}, optional={"resources": st.fixed_dictionaries({}, optional={"requests": st.sampled_from([{}, {"nvidia.com/gpu": "1"}, {"nvidia.com/gpu": "0"}]), "limits": st.sampled_from([{}, {"nvidia.com/gpu": "2"}])})}), max_size=2)},
-        ),
-    },
-    optional={"status": st.fixed_dictionaries({}, optional={"phase": st.sampled_from(["Pending", "Running", "Succeeded", "Failed"])})},
-)
-
-
-@settings(max_examples=60)
-@given(pod=_POD_WIRE)
-def test_the_bridge_reads_a_pod_as_the_activities_do(pod: dict[str, Any]) -> None:
-    """The same Pod, as the informer holds it (JSON) and as the Kubernetes client decodes it
-    (V1Pod), reads the same: the bridge and the backstop look agree on which pods keep a node
-    busy."""
-    decoded = k8s.ApiClient.__new__(k8s.ApiClient)
-    v1 = decoded._ApiClient__deserialize({"apiVersion": "v1", "kind": "Pod", **pod}, "V1Pod")  # type: ignore[attr-defined]
-    assert pod_summary_of(pod) == _pod_summary(v1)
 
 
 # --- the sender -------------------------------------------------------------------------------

@@ -216,7 +216,7 @@ class KubernetesCluster:
     async def get_node(self, name: str) -> NodeSummary | None:
         """The Node called `name`, or None when there is none."""
         node = await self._read_node(name)
-        return None if node is None else _node_summary(node)
+        return None if node is None else node_summary_of(node)
 
     async def label_and_taint(
         self, name: str, labels: dict[str, str], taints: list[Taint], *, remove_labels: Mapping[str, str] | None = None, remove_taints: Sequence[Taint] = ()
@@ -234,17 +234,18 @@ class KubernetesCluster:
             node = await self._read_node(name)
             if node is None:
                 raise TransientError(f"Node {name} does not exist (yet or any more); cannot label and taint it")
-            current_labels = dict(node.metadata.labels or {}) if node.metadata else {}
-            current_taints = [_taint_wire(t) for t in (node.spec.taints or [])] if node.spec else []
+            meta = node.get("metadata") or {}
+            current_labels = dict(meta.get("labels") or {})
+            current_taints = [_taint_wire(t) for t in (node.get("spec") or {}).get("taints") or []]
             new_labels = patch_labels(current_labels, labels, remove_labels or {})
             merged_taints = patch_taints(current_taints, taints, remove_taints)
-            finalizers = list(node.metadata.finalizers or []) if node.metadata else []
+            finalizers = list(meta.get("finalizers") or [])
             # The termination finalizer (a Node being deleted takes no new one: its watch ends it).
-            add_finalizer = FINALIZER_TERMINATION not in finalizers and not (node.metadata and node.metadata.deletion_timestamp)
+            add_finalizer = FINALIZER_TERMINATION not in finalizers and not meta.get("deletionTimestamp")
 
             if not new_labels and merged_taints == current_taints and not add_finalizer:
                 return
-            patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version}}
+            patch: dict[str, Any] = {"metadata": {"resourceVersion": meta.get("resourceVersion")}}
             if new_labels:
                 patch["metadata"]["labels"] = new_labels
             if add_finalizer:  # a merge patch replaces the list whole: guarded by resourceVersion
@@ -318,13 +319,14 @@ class KubernetesCluster:
         core = await self._client()
         for _ in range(CONFLICT_ATTEMPTS):
             node = await self._read_node(name)
-            if node is None or node.metadata is None:
+            meta = (node or {}).get("metadata")
+            if meta is None:
                 return False
-            finalizers = list(node.metadata.finalizers or [])
+            finalizers = list(meta.get("finalizers") or [])
             if FINALIZER_TERMINATION not in finalizers:
                 return True
             kept = [f for f in finalizers if f != FINALIZER_TERMINATION]
-            patch = {"metadata": {"finalizers": kept or None, "resourceVersion": node.metadata.resource_version}}
+            patch = {"metadata": {"finalizers": kept or None, "resourceVersion": meta.get("resourceVersion")}}
             try:
                 await self._call(
                     f"remove finalizer {FINALIZER_TERMINATION} from Node {name}",
@@ -335,10 +337,11 @@ class KubernetesCluster:
                 if exc.status == 404:
                     return False
                 continue  # 409: someone wrote in between; read again
-            return not (node.metadata.deletion_timestamp and not kept)
+            return not (meta.get("deletionTimestamp") and not kept)
         raise TransientError(f"Node {name} kept changing while its finalizer {FINALIZER_TERMINATION} was removed; will retry")
 
-    async def _read_node(self, name: str) -> k8s.V1Node | None:
+    async def _read_node(self, name: str) -> dict[str, Any] | None:
+        """Node `name` as the API serves it (camelCase JSON), or None when there is none."""
         core = await self._client()
         try:
             return await self._call(
@@ -366,8 +369,8 @@ class KubernetesCluster:
                     _request_timeout=self._timeout,
                 ),
             )
-            pods.extend(_pod_summary(pod) for pod in page.items or [])
-            token = page.metadata.var_continue if page.metadata else None
+            pods.extend(pod_summary_of(pod) for pod in page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return pods
 
@@ -384,9 +387,8 @@ class KubernetesCluster:
                 f"list {kind}",
                 listing(label_selector=label_selector, field_selector=field_selector, limit=LIST_PAGE_SIZE, _continue=token, _request_timeout=self._timeout),
             )
-            assert self._api is not None
-            found.extend(self._api.sanitize_for_serialization(item) for item in page.items or [])
-            token = page.metadata.var_continue if page.metadata else None
+            found.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return found
 
@@ -728,21 +730,6 @@ def _retry_after(exc: ApiException) -> float | None:
 # --- translation to tgp's types ------------------------------------------------------
 
 
-def _node_summary(node: k8s.V1Node) -> NodeSummary:
-    conditions = (node.status.conditions or []) if node.status else []
-    spec = node.spec
-    return NodeSummary(
-        name=node.metadata.name if node.metadata else "",
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-        labels=dict(node.metadata.labels or {}) if node.metadata else {},
-        taints=[Taint(key=t.key, value=t.value or "", effect=t.effect) for t in (spec.taints or [])] if spec else [],
-        unschedulable=bool(spec.unschedulable) if spec else False,
-        gpus=_count(((node.status.allocatable if node.status else None) or {}).get(GPU_RESOURCE)),
-        do_not_disrupt=do_not_disrupt(node.metadata.annotations if node.metadata else None),
-        deleting=bool(node.metadata and node.metadata.deletion_timestamp),
-    )
-
-
 def _count(quantity: str | None) -> int:
     """A whole-number extended resource (`nvidia.com/gpu: "8"`); 0 when absent or unreadable."""
     try:
@@ -751,27 +738,9 @@ def _count(quantity: str | None) -> int:
         return 0
 
 
-def _pod_summary(pod: k8s.V1Pod) -> PodSummary:
-    meta = pod.metadata
-    controller = next((ref for ref in (meta.owner_references or []) if ref.controller), None) if meta else None
-    spec = pod.spec
-    containers = [*(spec.containers or []), *(spec.init_containers or [])] if spec else []
-    return PodSummary(
-        namespace=(meta.namespace if meta else None) or "",
-        name=(meta.name if meta else None) or "",
-        uid=(meta.uid if meta else None) or "",
-        phase=(pod.status.phase if pod.status else None) or "Pending",
-        owner_kind=controller.kind if controller else None,
-        is_mirror=bool(meta and MIRROR_ANNOTATION in (meta.annotations or {})),
-        requests_gpu=any(_wants_gpu(c) for c in containers),
-        deleting=bool(meta and meta.deletion_timestamp),
-        do_not_disrupt=do_not_disrupt(meta.annotations if meta else None),
-        **_grace(spec.termination_grace_period_seconds if spec else None),
-    )
-
-
 def node_summary_of(obj: Mapping[str, Any]) -> NodeSummary:
-    """`_node_summary` of a Node as the API serves it (camelCase JSON), by the same rules."""
+    """What tgp reads of a Node as the API serves it (camelCase JSON): a read's answer or an
+    informer's object, read by the same rules."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     return NodeSummary(
         name=meta.get("name") or "",
@@ -786,9 +755,9 @@ def node_summary_of(obj: Mapping[str, Any]) -> NodeSummary:
 
 
 def pod_summary_of(obj: Mapping[str, Any]) -> PodSummary:
-    """`_pod_summary` of a Pod as the API serves it (a watch event's object, camelCase JSON):
-    what an informer holds, read by the same rules, so the bridge and the activities agree on
-    which pods keep a node busy."""
+    """What tgp reads of a Pod as the API serves it (camelCase JSON): a listing's item or an
+    informer's object, one reading, so the bridge and the activities agree on which pods keep a
+    node busy."""
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     controller = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
     containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
@@ -799,7 +768,7 @@ def pod_summary_of(obj: Mapping[str, Any]) -> PodSummary:
         phase=status.get("phase") or "Pending",
         owner_kind=controller.get("kind") if controller else None,
         is_mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
-        requests_gpu=any(_wire_wants_gpu(c) for c in containers),
+        requests_gpu=any(_wants_gpu(c) for c in containers),
         deleting=bool(meta.get("deletionTimestamp")),
         do_not_disrupt=do_not_disrupt(meta.get("annotations")),
         **_grace(spec.get("terminationGracePeriodSeconds")),
@@ -811,19 +780,9 @@ def _grace(seconds: object) -> dict[str, timedelta]:
     return {"grace_period": timedelta(seconds=max(0, int(seconds)))} if isinstance(seconds, int) else {}
 
 
-def _wire_wants_gpu(container: Mapping[str, Any]) -> bool:
+def _wants_gpu(container: Mapping[str, Any]) -> bool:
     resources = container.get("resources") or {}
     return any(_positive_quantity(amounts.get(GPU_RESOURCE)) for amounts in (resources.get("requests") or {}, resources.get("limits") or {}))
-
-
-def _wants_gpu(container: k8s.V1Container) -> bool:
-    resources = container.resources
-    if resources is None:
-        return False
-    for amounts in (resources.requests or {}, resources.limits or {}):
-        if _positive_quantity(amounts.get(GPU_RESOURCE)):
-            return True
-    return False
 
 
 def _positive_quantity(quantity: str | None) -> bool:
@@ -836,13 +795,14 @@ def _positive_quantity(quantity: str | None) -> bool:
         return text not in ("", "0")  # unusual suffixes: only an explicit zero means none
 
 
-def _taint_wire(taint: k8s.V1Taint) -> dict[str, str]:
-    """A taint as the API writes it, keeping `timeAdded` so a rewrite does not reset it."""
-    wire = {"key": taint.key, "effect": taint.effect}
-    if taint.value:
-        wire["value"] = taint.value
-    if taint.time_added is not None:
-        wire["timeAdded"] = taint.time_added.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _taint_wire(taint: Mapping[str, Any]) -> dict[str, str]:
+    """A taint as the API writes it (its key, effect, value when set and `timeAdded` as read, so
+    a rewrite does not reset it)."""
+    wire = {"key": taint.get("key"), "effect": taint.get("effect")}
+    if taint.get("value"):
+        wire["value"] = taint["value"]
+    if taint.get("timeAdded"):
+        wire["timeAdded"] = taint["timeAdded"]
     return wire
 
 

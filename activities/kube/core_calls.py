@@ -4,9 +4,9 @@ kubernetes.aio's CoreV1Api is one generated class of 618 methods whose signature
 fields as the module loads: 1.3 s of CPU (and ~2 s on a loaded machine) in every process that
 talks to Kubernetes, the worker and the bridge at start, every `tgp plan`, `tgp status` and
 `tgp evict`. Each call here makes the request its generated method makes (path, query names,
-JSON Accept and Content-Type, BearerToken auth, the response model by status) through the same
-client, so it is authenticated, proxied, timed out and deserialized the same way, and a status
-outside 2xx raises the same ApiException. Only the per-call argument validation is gone, which
+JSON Accept and Content-Type, BearerToken auth) through the same client, so it is authenticated,
+proxied and timed out the same way, and a status outside 2xx raises the same ApiException. Node
+and pod answers come back as the API's JSON (WIRE); Secrets and Events as the generated models. Only the per-call argument validation is gone, which
 tgp's own typed callers in activities/kube/cluster.py make unnecessary."""
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from typing import Any
 from kubernetes.aio.client.api_client import ApiClient
 
 JSON = "application/json"
+# The answer of a Node or pod call as the API serves it (camelCase JSON, the form the informers
+# hold), not decoded into kubernetes' models: one reading of each (activities.kube.cluster's
+# node_summary_of, pod_summary_of), and no model construction per pod listed.
+WIRE = {"200": "object", "201": "object", "202": "object"}
 
 
 class CoreCalls:
@@ -61,20 +65,20 @@ class CoreCalls:
     # --- Nodes ---------------------------------------------------------------------------
 
     async def read_node(self, name: str, *, _request_timeout: float | None = None) -> Any:
-        return await self._request("GET", "/api/v1/nodes/{name}", {"200": "V1Node"}, path_params={"name": name}, timeout=_request_timeout)
+        return await self._request("GET", "/api/v1/nodes/{name}", WIRE, path_params={"name": name}, timeout=_request_timeout)
 
     async def patch_node(self, name: str, body: object, *, _content_type: str, _request_timeout: float | None = None) -> Any:
         return await self._request(
-            "PATCH", "/api/v1/nodes/{name}", {"200": "V1Node", "201": "V1Node"},
+            "PATCH", "/api/v1/nodes/{name}", WIRE,
             path_params={"name": name}, body=body, content_type=_content_type, timeout=_request_timeout,
         )
 
     async def delete_node(self, name: str, *, _request_timeout: float | None = None) -> Any:
-        return await self._request("DELETE", "/api/v1/nodes/{name}", {"200": "object", "202": "object"}, path_params={"name": name}, timeout=_request_timeout)
+        return await self._request("DELETE", "/api/v1/nodes/{name}", WIRE, path_params={"name": name}, timeout=_request_timeout)
 
     async def list_node(self, **params: Any) -> Any:
         """A page of Nodes (`_list_query` names the parameters)."""
-        return await self._request("GET", "/api/v1/nodes", {"200": "V1NodeList"}, query=_list_query(params), timeout=params.get("_request_timeout"))
+        return await self._request("GET", "/api/v1/nodes", WIRE, query=_list_query(params), timeout=params.get("_request_timeout"))
 
     async def list_node_without_preload_content(self, **params: Any) -> Any:
         """The raw aiohttp response of a Node list or watch (`_list_query` names the parameters)."""
@@ -84,7 +88,7 @@ class CoreCalls:
 
     async def list_pod_for_all_namespaces(self, **params: Any) -> Any:
         """A page of pods, all namespaces."""
-        return await self._request("GET", "/api/v1/pods", {"200": "V1PodList"}, query=_list_query(params), timeout=params.get("_request_timeout"))
+        return await self._request("GET", "/api/v1/pods", WIRE, query=_list_query(params), timeout=params.get("_request_timeout"))
 
     async def list_pod_for_all_namespaces_without_preload_content(self, **params: Any) -> Any:
         """The raw aiohttp response of a pod list or watch, all namespaces."""
@@ -92,13 +96,13 @@ class CoreCalls:
 
     async def create_namespaced_pod_eviction(self, name: str, namespace: str, body: object, *, _request_timeout: float | None = None) -> Any:
         return await self._request(
-            "POST", "/api/v1/namespaces/{namespace}/pods/{name}/eviction", {"200": "V1Eviction", "201": "V1Eviction", "202": "V1Eviction"},
+            "POST", "/api/v1/namespaces/{namespace}/pods/{name}/eviction", WIRE,
             path_params={"name": name, "namespace": namespace}, body=body, timeout=_request_timeout,
         )
 
     async def delete_namespaced_pod(self, name: str, namespace: str, *, body: object = None, _request_timeout: float | None = None) -> Any:
         return await self._request(
-            "DELETE", "/api/v1/namespaces/{namespace}/pods/{name}", {"200": "V1Pod", "202": "V1Pod"},
+            "DELETE", "/api/v1/namespaces/{namespace}/pods/{name}", WIRE,
             path_params={"name": name, "namespace": namespace}, body=body, timeout=_request_timeout,
         )
 
