@@ -74,16 +74,16 @@ T = TypeVar("T")
 # last, so the run ended with one process on an 80 s file and two idle. Heaviest first, the
 # short files fill in around them. The rest keep xdist's order. Refresh with `--durations=0`.
 HEAVIEST_FIRST = (
-    # The merge test first: 36 s on a quiet machine, up to 158 s on a loaded one (its skipped
-    # minutes run only as fast as the worker takes their timers); started last, it ended the run.
-    "test_pool_merge.py", "test_demo_path.py", "test_watch_honesty.py", "test_bootstrap.py", "test_node_carry.py",
-    "test_dev_command.py", "test_node_disruption.py", "test_launch_settles.py", "test_replacement.py", "test_node_holds.py",
-    "test_bridge.py", "test_unsettled_starts.py", "test_watch_events.py", "test_deploy.py", "test_looks_without_queries.py",
-    "test_node_lifecycle.py", "test_sweeper.py", "test_upgrade.py", "test_pool_changes.py", "test_pool_flood.py",
-    "test_demo_cuts.py", "test_join_release_edges.py", "test_pool_history_size.py", "test_money_workflow.py",
-    "test_class_accounts.py", "test_node_long_lived.py", "test_helm.py", "test_http_bounds.py", "test_consolidation.py",
-    "test_plan_cli.py", "test_ops_cli.py", "test_budget_asks_busy.py", "test_node_cancel.py", "test_failover_and_crash.py",
-    "test_bridge_quiet.py", "test_burst_batch.py", "test_metrics.py", "test_entities_heal.py",
+    # By wall time in a full run at four workers (2026-11-29); the merge test among the first
+    # still: a whole pool life on the time-skipping server, the slowest to grow under load.
+    "test_demo_path.py", "test_watch_honesty.py", "test_launch_settles.py", "test_replacement.py", "test_node_holds.py",
+    "test_unsettled_starts.py", "test_node_disruption.py", "test_pool_merge.py", "test_watch_events.py", "test_bootstrap.py",
+    "test_bridge.py", "test_sweeper.py", "test_dev_command.py", "test_upgrade.py", "test_node_lifecycle.py", "test_node_carry.py",
+    "test_join_release_edges.py", "test_node_cancel.py", "test_money_workflow.py", "test_demo_cuts.py", "test_http_bounds.py",
+    "test_class_accounts.py", "test_ops_cli.py", "test_node_long_lived.py", "test_fleet_look.py", "test_pool_flood.py",
+    "test_pool_demand.py", "test_plan_cli.py", "test_pool_plan_properties.py", "test_offer_cache.py", "test_deploy.py",
+    "test_kubectl.py", "test_burst_batch.py", "test_looks_without_queries.py", "test_pool_changes.py", "test_drain.py",
+    "test_helm.py", "test_pool_history_size.py",
 )
 
 
