@@ -171,7 +171,9 @@ async def skip_time(env: WorkflowEnvironment, duration: timedelta, *, step: time
     fast as the worker runs the timers and activities it passes: choose `step` so that one call
     passes a handful of them. On a loaded machine a call may still time out while the server
     goes on (CI failed so): then the server's clock says how far it got, and the next call goes
-    on from there, until the clock is `duration` on."""
+    on from there, until the clock is `duration` on. A call at times moves the clock in real
+    time instead, while the activities it started run (a merge test's 1-minute steps took 20-30 s
+    each, 158 s in all at load): whole pool lives run on the dev server, with short intervals."""
     async def now() -> datetime:
         return await asyncio.wait_for(env.get_current_time(), SKIP_CALL_TIMEOUT)
 
@@ -187,27 +189,6 @@ async def skip_time(env: WorkflowEnvironment, duration: timedelta, *, step: time
             stuck = stuck + 1 if until - await now() >= left else 0
             if stuck >= 3:
                 raise AssertionError(f"the time-skipping server's clock did not move in three calls ({left} still to skip)") from exc
-
-
-# A step of `skip_until` (and of `skip_time` over a few minutes): a call to the time-skipping
-# server at times moves its clock in real time instead (about a second a second while the
-# activities it started run: a 1-minute step took 20-30 s, a merge test 158 s at load), so a
-# whole-life test skips in steps of seconds, not minutes, and stops as soon as it sees the end.
-SKIP_STEP = timedelta(seconds=5)
-
-
-async def skip_until(env: WorkflowEnvironment, check: Callable[[], Awaitable[T | None]], *, most: timedelta, what: str, step: timedelta = SKIP_STEP) -> T:
-    """Move the time-skipping server's clock `step` at a time until `check` holds (its answer),
-    at most `most` on. The server skips nothing while an activity runs, so a clock moved past
-    the moment that matters goes on in real time for as long as the activities it started run
-    (SKIP_STEP)."""
-    until = await asyncio.wait_for(env.get_current_time(), SKIP_CALL_TIMEOUT) + most
-    while not (result := await check()):
-        left = until - await asyncio.wait_for(env.get_current_time(), SKIP_CALL_TIMEOUT)
-        if left <= timedelta(0):
-            raise AssertionError(f"not seen within {most} of skipped time: {what}")
-        await skip_time(env, min(step, left), step=step)
-    return result
 
 
 # `eventually` checks at once, then again after 50 ms, each pause a quarter longer up to 250 ms: a

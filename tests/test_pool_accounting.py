@@ -8,9 +8,10 @@ never binds the pod (it asks for something the node does not have)."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import httpx
-from datetime import datetime, timedelta, timezone
 
 from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
@@ -40,7 +41,8 @@ def pool_spec(class_name: str, **fields: object) -> GPUNodePoolSpec:
     )
 
 
-async def start_pool(env: WorkflowEnvironment, queue: str, spec: GPUNodePoolSpec) -> WorkflowHandle:
+async def start_pool(env: WorkflowEnvironment, queue: str, spec: GPUNodePoolSpec, **inp: Any) -> WorkflowHandle:
+    """The pool of `spec` and its class; `inp`: PoolInput's intervals (a test's shorter ones)."""
     class_name = spec.node_class_ref.name
     await env.client.start_workflow(
         GPUNodeClassWorkflow.run,
@@ -53,7 +55,7 @@ async def start_pool(env: WorkflowEnvironment, queue: str, spec: GPUNodePoolSpec
     name = f"pool-{uuid.uuid4().hex[:6]}"
     return await env.client.start_workflow(
         GPUNodePoolWorkflow.run,
-        PoolInput(namespace="ml", name=name),
+        PoolInput(namespace="ml", name=name, **inp),
         id=pool_workflow_id("ml", name),
         task_queue=queue,
         start_signal="update",
