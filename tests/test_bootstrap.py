@@ -30,6 +30,7 @@ from activities.boot.render import (
     check_template,
     join_secrets_from_secret,
     render_boot_payload,
+    render_shipped_template,
     render_template,
     shipped_template,
     template_join_keys,
@@ -153,7 +154,7 @@ def test_talos_worker_is_a_loadable_worker_config(settings: BootSettings, join: 
 
 def test_talos_worker_options(join: JoinSecrets) -> None:
     plain = BootSettings(tailscale_tags=["tag:gpu-node"], nvidia_default_runtime=True, talos_install_image="factory.talos.dev/installer/abc:v1.13.9")
-    text = render_template(shipped_template(TALOS_WORKER_TEMPLATE), variables(plain, join))
+    text = render_shipped_template(TALOS_WORKER_TEMPLATE, variables(plain, join))
     config, tailscale, _ = yaml.safe_load_all(text)
     # Tailscale's own control plane: no --login-server.
     assert "TS_EXTRA_ARGS=--advertise-tags=tag:gpu-node" in tailscale["environment"]
@@ -219,7 +220,7 @@ def test_ubuntu_cloud_init_joins_over_the_tailnet(settings: BootSettings, join: 
 def test_ubuntu_cloud_init_needs_a_kubernetes_version(join: JoinSecrets) -> None:
     template = shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE)
     with pytest.raises(TemplateError) as caught:
-        render_template(template, variables(BootSettings(), join))
+        render_shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE, variables(BootSettings(), join))
     assert caught.value.variable == "KubernetesVersion"
     assert "kubernetesVersion" in str(caught.value)
     # Class validation with the class's own settings catches it before any node is bought.
@@ -513,27 +514,25 @@ def test_a_pool_label_or_taint_outside_kubernetes_syntax_never_reaches_a_payload
 def test_hostile_labels_are_refused_by_the_ubuntu_template_itself(settings: BootSettings, join: JoinSecrets) -> None:
     """Defence in depth, below render_boot_payload's check: the template's own filter (which
     test_every_filter_keeps_a_hostile_value_inert feeds every hostile value)."""
-    template = shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE)
     for labels in ({"team": HOSTILE_VALUES[0]}, {"team": "a,tgp.io/managed=false"}, {"--register-with-taints=evil:NoSchedule": "1"}):
         hostile = variables(settings, join) | {"NodeLabels": labels}
         with pytest.raises(TemplateError, match="kubelet_labels") as caught:
-            render_template(template, hostile)
+            render_shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE, hostile)
         assert caught.value.line is not None
 
 
 def test_hostile_labels_and_taints_stay_data_in_the_talos_template(settings: BootSettings, join: JoinSecrets) -> None:
     """Talos reads labels and taints from YAML only: there, any value is just data."""
-    template = shipped_template(TALOS_WORKER_TEMPLATE)
     bmp = [v for v in HOSTILE_VALUES if all(ord(c) < 0x10000 for c in v)]
     labels = {f"k{i}": v for i, v in enumerate(bmp)} | {v: "key" for v in bmp if len(v) <= 1000}
     taints = [{"key": v, "value": v, "effect": "NoSchedule"} for v in bmp]
-    text = render_template(template, variables(settings, join) | {"NodeLabels": labels, "NodeTaints": taints})
+    text = render_shipped_template(TALOS_WORKER_TEMPLATE, variables(settings, join) | {"NodeLabels": labels, "NodeTaints": taints})
     config, tailscale, hostname = yaml.safe_load_all(text)
     assert config["machine"]["nodeLabels"] == labels
     assert config["machine"]["kubelet"]["extraConfig"]["registerWithTaints"] == taints
     assert set(config) <= TALOS_TOP_KEYS and tailscale["kind"] == "ExtensionServiceConfig" and hostname["kind"] == "HostnameConfig"
     with pytest.raises(TemplateError, match="to_json: key"):  # YAML reads no implicit key this long
-        render_template(template, variables(settings, join) | {"NodeLabels": {"y" * 5000: "v"}})
+        render_shipped_template(TALOS_WORKER_TEMPLATE, variables(settings, join) | {"NodeLabels": {"y" * 5000: "v"}})
 
 
 _BENIGN: dict[str, Any] = {}
@@ -542,7 +541,7 @@ _BENIGN: dict[str, Any] = {}
 def _benign_ubuntu(settings: BootSettings, join: JoinSecrets) -> dict[str, Any]:
     """The shipped Ubuntu template rendered with the fixtures' values (once per run)."""
     if not _BENIGN:
-        _BENIGN.update(yaml.safe_load(render_template(shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE), variables(settings, join))))
+        _BENIGN.update(yaml.safe_load(render_shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE, variables(settings, join))))
     return _BENIGN
 
 
@@ -551,13 +550,12 @@ def test_hostile_values_in_the_ubuntu_template_are_escaped_or_refused(settings: 
     """NodeName is tgp's (a DNS label), yet every place it lands is escaped for its context:
     feed it a hostile value and the payload keeps its shape. Values with line breaks cannot be
     one shell word on one line: the render is refused."""
-    template = shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE)
     benign = _benign_ubuntu(settings, join)
     if value in _CONTROLS:
         with pytest.raises(TemplateError, match="shell_quote"):
-            render_template(template, variables(settings, join) | {"NodeName": value})
+            render_shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE, variables(settings, join) | {"NodeName": value})
         return
-    doc = yaml.safe_load(render_template(template, variables(settings, join) | {"NodeName": value}))
+    doc = yaml.safe_load(render_shipped_template(UBUNTU_CLOUD_INIT_TEMPLATE, variables(settings, join) | {"NodeName": value}))
     assert doc["hostname"] == value
     assert set(doc) == set(benign)
     files = {f["path"]: f["content"] for f in doc["write_files"]}
