@@ -4,61 +4,25 @@ resource, and what Temporal knows of the node workflows it counts."""
 from __future__ import annotations
 
 import asyncio
-from decimal import Decimal
-from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.errors import temporal_errors
-from activities.visibility import Listed, list_workflows
+from activities.visibility import running_node_workflows
 from tgp.crds import GROUP, VERSION, GPUNodePoolStatus
 from tgp.messages import NodeSighting, ObjectRef, RunningNodesChanges, RunningNodesQuery
-from tgp.types import NodePhase, PodSummary
+from tgp.types import PodSummary
 
 log = structlog.get_logger("tgp.entity")
 
 _PLURALS = {"GPUNodePool": "gpunodepools", "GPUNodeClass": "gpunodeclasses"}
 # Events of one emit_events call written at once.
 EVENT_WRITES_AT_ONCE = 20
-RUNNING_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"
-
-
-# The search attributes a sighting reads.
-SIGHTING_KEYS = ("TgpPhase", "TgpHourlyPrice", "TgpNodeName", "TgpProvider", "TgpGpuType", "TgpPool")
-
-
-def sighting(wf: Listed) -> NodeSighting:
-    """A node workflow as its search attributes (set by the node, workflows/node.py) show it."""
-    sa = wf.attributes(SIGHTING_KEYS)
-
-    def first(key: str) -> Any:
-        return (sa.get(key) or [None])[0]
-
-    phase, price = first("TgpPhase"), first("TgpHourlyPrice")
-    return NodeSighting(
-        workflow_id=wf.id,
-        node_name=first("TgpNodeName") or "",
-        phase=NodePhase(phase) if phase in NodePhase._value2member_map_ else None,
-        provider=first("TgpProvider"),
-        gpu_type=first("TgpGpuType"),
-        hourly_price=Decimal(str(price)) if price is not None else None,
-        pool=first("TgpPool") or "",
-        started_at=wf.start_time,
-    )
-
-
-async def running_node_workflows(client: Client, query: str = "", *, limit: int | None = None) -> list[NodeSighting]:
-    """The running node workflows (those matching `query`, a visibility filter on tgp's search
-    attributes, e.g. `TgpPool = 'ml/rtx'`), as sightings. Visibility lags by a second or so."""
-    listing = list_workflows(client, f"{RUNNING_NODES} AND {query}" if query else RUNNING_NODES, limit=limit)
-    return [sighting(wf) async for wf in listing]
-
-
 class StatusWrite(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ref: ObjectRef

@@ -14,12 +14,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from temporalio.api.common.v1 import SearchAttributes
 from temporalio.api.workflowservice.v1 import ListWorkflowExecutionsRequest
 from temporalio.client import Client
 from temporalio.converter import decode_search_attributes
+
+from tgp.messages import NodeSighting
+from tgp.types import NodePhase
 
 # As the SDK's list_workflows pages.
 PAGE_SIZE = 1000
@@ -60,3 +64,37 @@ async def list_workflows(client: Client, query: str, *, limit: int | None = None
         token = page.next_page_token
         if not token:
             return
+
+
+RUNNING_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"
+
+
+# The search attributes a sighting reads.
+SIGHTING_KEYS = ("TgpPhase", "TgpHourlyPrice", "TgpNodeName", "TgpProvider", "TgpGpuType", "TgpPool")
+
+
+def sighting(wf: Listed) -> NodeSighting:
+    """A node workflow as its search attributes (set by the node, workflows/node/) show it."""
+    sa = wf.attributes(SIGHTING_KEYS)
+
+    def first(key: str) -> Any:
+        return (sa.get(key) or [None])[0]
+
+    phase, price = first("TgpPhase"), first("TgpHourlyPrice")
+    return NodeSighting(
+        workflow_id=wf.id,
+        node_name=first("TgpNodeName") or "",
+        phase=NodePhase(phase) if phase in NodePhase._value2member_map_ else None,
+        provider=first("TgpProvider"),
+        gpu_type=first("TgpGpuType"),
+        hourly_price=Decimal(str(price)) if price is not None else None,
+        pool=first("TgpPool") or "",
+        started_at=wf.start_time,
+    )
+
+
+async def running_node_workflows(client: Client, query: str = "", *, limit: int | None = None) -> list[NodeSighting]:
+    """The running node workflows (those matching `query`, a visibility filter on tgp's search
+    attributes, e.g. `TgpPool = 'ml/rtx'`), as sightings. Visibility lags by a second or so."""
+    listing = list_workflows(client, f"{RUNNING_NODES} AND {query}" if query else RUNNING_NODES, limit=limit)
+    return [sighting(wf) async for wf in listing]

@@ -22,7 +22,7 @@ from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, running_sta
 from tests.test_burst import plain_pod
 from tgp.messages import class_workflow_id, pool_workflow_id
 
-PODS = int(os.environ.get("TGP_BURST_PODS", "20"))
+PODS = int(os.environ.get("TGP_BURST_PODS", "12"))
 
 
 async def test_a_burst_through_the_bridge_gets_every_pod_a_node(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:

@@ -66,7 +66,7 @@ def test_a_process_that_talks_to_kubernetes_never_loads_core_v1_api() -> None:
     """kubernetes.aio's CoreV1Api costs 1.3 s of CPU to load (618 generated methods): the worker,
     the bridge and every `tgp plan` make their core/v1 calls without it (core_calls.py)."""
     probe = (
-        "import sys, workers.main, crd_bridge.bridge, workers.ops; "
+        "import sys, workers.main, crd_bridge.bridge, workers.plan; "
         "from activities.kube.cluster import load_client_classes; load_client_classes(); "
         "print('kubernetes.aio.client.api.core_v1_api' in sys.modules)"
     )

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 
 import yaml
 from temporalio.testing import WorkflowEnvironment
 
-from activities.entity import running_node_workflows
+from activities.visibility import running_node_workflows
 from activities.http import default_tls
 from tests.conftest import binary, eventually, running_world
 from tests.test_node_lifecycle import request, start, wait_phase
@@ -90,3 +92,14 @@ async def test_temporal_setup_registers_the_search_attributes(temporal: Workflow
     code, out, err = await tgp("temporal", "setup", env={"TEMPORAL_ADDRESS": temporal.client.service_client.config.target_host})
     assert code == 0, err
     assert "search attributes are registered" in out
+
+
+def test_tgp_status_and_evict_start_without_loading_kubernetes_or_the_providers() -> None:
+    """`tgp status` and `tgp evict` read Temporal only: their module (workers/ops.py) loads
+    neither the Kubernetes client nor a cloud adapter (~0.5 s of CPU per call, `tgp plan`'s)."""
+    probe = (
+        "import sys, workers.cli, workers.ops; "
+        "print(sorted(m for m in ('kubernetes', 'activities.kube.cluster', 'activities.clouds.registry') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]

@@ -11,7 +11,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.testing import WorkflowEnvironment
 
 import activities.visibility as visibility
-from activities.entity import SIGHTING_KEYS, running_node_workflows
+from activities.visibility import SIGHTING_KEYS, running_node_workflows
 from activities.fleet import LEARN_KEYS
 from activities.search_attributes import SA_CLASS, SA_HOURLY_PRICE, SA_INSTANCE_ID, SA_NODE_NAME, SA_PHASE, SA_POOL, SA_PROVIDER, SA_READY_SINCE
 from tests.conftest import eventually

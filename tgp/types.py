@@ -80,6 +80,10 @@ class NodePhase(StrEnum):
 
 
 _FINAL_PHASES = {NodePhase.TERMINATED, NodePhase.INTERRUPTED, NodePhase.FAILED, NodePhase.CANCELLED}
+# A node is paid for from the launch (the instance is bought) until its termination is confirmed.
+BILLING_PHASES = frozenset(
+    {NodePhase.LAUNCHING, NodePhase.JOINING, NodePhase.READY, NodePhase.DRAINING, NodePhase.TERMINATING, NodePhase.TERMINATION_STUCK}
+)
 
 
 class Stage(StrEnum):

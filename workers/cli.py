@@ -138,11 +138,13 @@ async def run_bridge(args: argparse.Namespace) -> None:
 
 async def run_ops(args: argparse.Namespace) -> int:
     """`tgp plan`, `tgp status`, `tgp evict`, `tgp temporal setup`."""
+    if args.command == "plan":
+        from workers import plan
+
+        print(await plan.plan(args.pool, limit=args.limit))
+        return 0
     from workers import ops
 
-    if args.command == "plan":
-        print(await ops.plan(args.pool, limit=args.limit))
-        return 0
     from workers.temporal import connect, ensure_search_attributes
 
     settings = _temporal_settings(args)

@@ -21,8 +21,8 @@ import structlog
 from temporalio.client import Client
 
 from activities import metrics
-from tgp.types import NodePhase
-from activities.entity import running_node_workflows
+from activities.visibility import running_node_workflows
+from tgp.types import BILLING_PHASES, NodePhase
 
 log = structlog.get_logger("tgp.metrics")
 
@@ -35,10 +35,6 @@ REFRESH_EVERY = timedelta(seconds=60)
 MAX_NODES_LISTED = 10_000
 # A visibility query slower than this is abandoned; the gauges keep their last values.
 REFRESH_TIMEOUT = timedelta(seconds=30)
-# A node is paid for from the launch (the instance is bought) until its termination is confirmed.
-BILLING_PHASES = frozenset(
-    {NodePhase.LAUNCHING, NodePhase.JOINING, NodePhase.READY, NodePhase.DRAINING, NodePhase.TERMINATING, NodePhase.TERMINATION_STUCK}
-)
 
 
 @dataclass(frozen=True)
