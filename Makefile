@@ -32,14 +32,16 @@ demo: $(STAMP)
 	$(BIN)/tgp demo --port $(PORT)
 
 # The suite, without the fault matrix: the suite alone takes most of its 10-minute budget on
-# 2 cores, so the matrix is a target of its own. Three workers on 2 cores. Measured 2026-11-29
-# (~700 CPU-seconds in all): three took 8 min 33 s before that day's cuts; five 6 min 43 s and
-# six 6 min 33 s, but at five and six 6 of 7 runs had a test stall or fail on the load (the
+# 2 cores, so the matrix is a target of its own. Five workers on 2 cores: the suite is CPU-bound
+# (~650 CPU-seconds; 187% of the 2 cores at five), and the tests wait on their servers in
+# between. Measured 2026-11-29, `make test`: three workers 7 min 41 s, four 6 min 16-19 s, five
+# 5 min 47-49 s (three runs; one failure, a test's race, fixed). Five used to stall: the
 # time-skipping test server strands a run whose workflow task cancels a timer that fired while
-# the task was with the worker, sdk-java#3088, and slow tasks make that likelier; the merge
-# test's skipped minutes took 158 s instead of 36). CI runs on a loaded machine: no flakes
-# first. Every machine here (a developer's, CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
-TEST_WORKERS ?= 3
+# the task was with the worker (sdk-java#3088), so whole pool lives run on the dev server (the
+# consolidation and merge tests), and a skip of minutes could run in real time (158 s for the
+# merge test). CI runs on a loaded machine: no flakes first. Every machine here (a developer's,
+# CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
+TEST_WORKERS ?= 5
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not fault_matrix" -n $(TEST_WORKERS) --dist loadfile --durations=30
 
