@@ -37,7 +37,7 @@ demo: $(STAMP)
 # between. Measured 2026-11-29, `make test`: three workers 7 min 41 s, four 6 min 16-19 s, five
 # 5 min 47-49 s (three runs; one failure, a test's race, fixed). Five used to stall: the
 # time-skipping test server strands a run whose workflow task cancels a timer that fired while
-# the task was with the worker (sdk-java#3088), so whole pool lives run on the dev server (the
+# the task was with the worker (sdk-java#2606), so whole pool lives run on the dev server (the
 # consolidation and merge tests), and a skip of minutes could run in real time (158 s for the
 # merge test). CI runs on a loaded machine: no flakes first. Every machine here (a developer's,
 # CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.

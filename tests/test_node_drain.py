@@ -147,11 +147,15 @@ async def test_a_drained_node_stops_billing_at_the_drains_end_before_its_release
         activities.node.terminate_once_timeout = timedelta(seconds=60)  # held below for as long as the test looks
         queue = f"test-{uuid.uuid4().hex[:8]}"
         await stack.enter_async_context(make_worker(temporal.client, activities, task_queue=queue))
-        # No backstop look while the test counts the cloud's reads (FAST looks each second: one
-        # that lands between the count and the evict is the watch's, not the release's).
+        # No backstop look while the test counts the cloud's reads (FAST looks each second).
         req = request(timeouts=FAST.model_copy(update={"watch_interval": timedelta(hours=1)}))
         handle = await start(temporal, queue, req)
         await wait_phase(handle, NodePhase.READY)
+
+        async def at_rest() -> bool:  # its twin watch over (on a loaded machine it outlasts the join)
+            return not (await handle.describe()).raw_description.pending_activities
+
+        await eventually(at_rest, what="the Ready node's activities done, its twin watch's look-ups by name among them")
         terminations = REGISTRY.get_sample_value("tgp_terminations_total", {"provider": "simulated"}) or 0.0
         world.cloud.hold_deletes()
         looks = world.cloud.name_lookups + world.cloud.instance_lists + world.cloud.describe_requests

@@ -2,7 +2,7 @@
 a pool that looks each second, the test sends what the bridge would (pods pending, the free GPUs
 of Ready nodes and the GPU requests of the pods bound to them) and reads the savings the pool's
 status shows. (On the time-skipping server these whole lives met its bug: a workflow task that
-cancels a timer which fired meanwhile is refused, and the run is stranded, sdk-java#3088.)"""
+cancels a timer which fired meanwhile is refused, and the run is stranded, sdk-java#2606.)"""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from crd_bridge.bridge import Bridge
 from tests.conftest import eventually, running_world
-from tests.test_pool_accounting import CLASS, end_entities, pool_spec, start_pool
+from tests.test_pool_accounting import CLASS, LOOK, end_entities, passes, pool_spec, start_pool
 from tests.test_pool_demand import CATALOG
 from tgp.crds import GPUNodePoolStatus
 from tgp.messages import Demand, PoolUpdate
@@ -34,15 +33,6 @@ def demand(pods: dict[str, int], free: dict[str, int], bound: dict[str, list[int
         bound_gpus=bound,
         held_nodes=held or [],
     )
-
-
-# The pool's pass (and consolidation look) interval here: it is a minute by default.
-LOOK = timedelta(seconds=1)
-
-
-async def passes(pool: WorkflowHandle) -> int:
-    """The pool's passes at rest so far (its fired timers: one a LOOK)."""
-    return sum(1 for e in (await pool.fetch_history()).events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
 
 
 async def found(pool: WorkflowHandle, savings: str, candidates: int) -> GPUNodePoolStatus:

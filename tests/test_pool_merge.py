@@ -15,8 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from sim.cloud import SimOffer
 from tests.conftest import eventually, running_world
-from tests.test_pool_accounting import end_entities, pool_spec, start_pool
-from tests.test_pool_consolidation import LOOK, demand, ready_nodes
+from tests.test_pool_accounting import LOOK, end_entities, pool_spec, start_pool
+from tests.test_pool_consolidation import demand, ready_nodes
 from tgp.crds import GPUNodePoolStatus
 from tgp.types import node_workflow_id
 from workflows.pool import GPUNodePoolWorkflow
