@@ -35,12 +35,12 @@ demo: $(STAMP)
 # 2 cores, so the matrix is a target of its own. Five workers on 2 cores: the suite is CPU-bound
 # (~650 CPU-seconds; 187% of the 2 cores at five), and the tests wait on their servers in
 # between. Measured 2026-11-29, `make test`: three workers 7 min 41 s, four 6 min 16-19 s, five
-# 5 min 47-49 s (three runs; one failure, a test's race, fixed). Five used to stall: the
-# time-skipping test server strands a run whose workflow task cancels a timer that fired while
-# the task was with the worker (sdk-java#2606), so whole pool lives run on the dev server (the
-# consolidation and merge tests), and a skip of minutes could run in real time (158 s for the
-# merge test). CI runs on a loaded machine: no flakes first. Every machine here (a developer's,
-# CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
+# 5 min 47-52 s (five runs; three failed a test, each a race or the strand below, each fixed).
+# Five used to stall: the time-skipping test server strands a run whose workflow task cancels a
+# timer that fired while the task was with the worker (sdk-java#2606), so whole pool lives run
+# on the dev server (the consolidation, merge and never-binding-pod tests), and a skip of minutes
+# could run in real time (158 s for the merge test). CI runs on a loaded machine: no flakes
+# first. Every machine here (a developer's, CI's) has 2 cores; elsewhere `make test TEST_WORKERS=n`.
 TEST_WORKERS ?= 5
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not fault_matrix" -n $(TEST_WORKERS) --dist loadfile --durations=30
