@@ -33,7 +33,7 @@ from activities.accounts import ProviderRegistry
 from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.listing import SIGHTINGS_SENT, list_account
 from activities.termination import consistency_window
-from activities.visibility import Listed, list_workflows
+from activities.visibility import RUNNING_NODES, Listed, list_workflows
 from tgp.crds import GROUP, VERSION, GPUNodeClassSpec
 from tgp.errors import TgpError, TransientError
 from tgp.fleet import WatchedNode, sightings
@@ -43,7 +43,7 @@ from tgp.types import CredentialsRef, InstanceSighting, NodeStatus, Stage
 log = structlog.get_logger("tgp.fleet")
 
 # The nodes the look is for: past their launch and join (a node launching looks for itself).
-WATCHED_NODES = "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND TgpPhase = 'Ready'"
+WATCHED_NODES = f"{RUNNING_NODES} AND TgpPhase = 'Ready'"
 
 
 def watched_nodes(task_queue: str | None) -> str:

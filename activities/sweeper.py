@@ -30,7 +30,7 @@ from activities.kept_accounts import KeptAccounts
 from activities.listing import list_account
 from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import consistency_window, end_for_good
-from activities.visibility import list_workflows
+from activities.visibility import RUNNING_NODES, list_workflows
 from activities import metrics
 from tgp.errors import TgpError, TransientError
 from tgp.messages import class_workflow_id
@@ -99,7 +99,7 @@ class SweeperActivities:
         in a life-v2 run; a node past Ready never launches again, so the pair holds)."""
         names: dict[str, str] = {}
         instances: dict[str, str] = {}
-        async for wf in list_workflows(activity.client(), "WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running'"):
+        async for wf in list_workflows(activity.client(), RUNNING_NODES):
             attributes = wf.attributes((*INSTANCE_KEYS, "TgpPhase"))
             for value in attributes.get("TgpNodeName") or []:
                 names[str(value)] = wf.id

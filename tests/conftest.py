@@ -74,8 +74,7 @@ T = TypeVar("T")
 # last, so the run ended with one process on an 80 s file and two idle. Heaviest first, the
 # short files fill in around them. The rest keep xdist's order. Refresh with `--durations=0`.
 HEAVIEST_FIRST = (
-    # By wall time in a full run at four workers (2026-11-29); the merge test among the first
-    # still: a whole pool life on the time-skipping server, the slowest to grow under load.
+    # By wall time in a full run at four workers (2026-11-29).
     "test_demo_path.py", "test_watch_honesty.py", "test_launch_settles.py", "test_replacement.py", "test_node_holds.py",
     "test_unsettled_starts.py", "test_node_disruption.py", "test_pool_merge.py", "test_watch_events.py", "test_bootstrap.py",
     "test_bridge.py", "test_sweeper.py", "test_dev_command.py", "test_upgrade.py", "test_node_lifecycle.py", "test_node_carry.py",

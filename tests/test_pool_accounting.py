@@ -79,10 +79,12 @@ async def end_entities(env: WorkflowEnvironment, pool: WorkflowHandle, class_nam
 # cancels a timer which fired meanwhile and strands the run, sdk-java#2606; a pool cancels its
 # pass's timer whenever news wake it, and under load that met a firing timer.)
 LOOK = timedelta(seconds=1)
+# The never-binding pod's grace before the pool judges it.
+BIND_GRACE = timedelta(seconds=3)
 
 
 async def passes(pool: WorkflowHandle) -> int:
-    """The pool's passes at rest so far (its fired timers: one a LOOK)."""
+    """The pool's passes at rest so far in its current run (its fired timers: one a resync)."""
     return sum(1 for e in (await pool.fetch_history()).events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
 
 
@@ -91,7 +93,7 @@ async def test_a_pod_that_never_binds_buys_exactly_one_node(temporal: WorkflowEn
     after the grace, the pod that fits no node has bought one node, and PodsFit says why."""
     async with running_world(temporal) as (world, _, queue):
         class_name = f"ts-{uuid.uuid4().hex[:6]}"
-        pool = await start_pool(temporal, queue, pool_spec(class_name), resync_interval=LOOK, bind_grace=timedelta(seconds=3))
+        pool = await start_pool(temporal, queue, pool_spec(class_name), resync_interval=LOOK, bind_grace=BIND_GRACE)
         await pool.signal(GPUNodePoolWorkflow.demand, Demand(pods=["ml/needs-2tb-ram"], observed_at=datetime.now(timezone.utc)))
 
         async def ready() -> GPUNodePoolStatus | None:
@@ -103,7 +105,7 @@ async def test_a_pod_that_never_binds_buys_exactly_one_node(temporal: WorkflowEn
         since = await passes(pool)
 
         async def ten_more() -> bool:
-            return await passes(pool) >= since + 3 + 10
+            return await passes(pool) >= since + BIND_GRACE // LOOK + 10
 
         await eventually(ten_more, timeout=90, what="the bind grace and ten more of the pool's passes")
 

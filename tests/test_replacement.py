@@ -23,6 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.http import default_tls
 from tests.conftest import eventually
+from tests.test_pool_accounting import passes
 from tests.kube_env import KubeApi
 from tests.test_bridge import CLASSES, POOLS, apply, gpu_class, gpu_pool, ready_nodes, running_stack
 from tgp.drift import DRIFT_HASH_VERSION
@@ -284,11 +285,11 @@ async def test_a_node_is_re_shopped_when_the_market_drops_and_not_within_the_thr
         async def offers_at(price: str) -> int | None:
             conditions = {c.type: c for c in (await pool_status(pool)).conditions}
             offers = conditions.get("OffersAvailable")
-            return await _timers(pool) if offers is not None and f"from ${price}/h" in offers.message else None
+            return await passes(pool) if offers is not None and f"from ${price}/h" in offers.message else None
 
         seen_at = await eventually(lambda: offers_at("0.35"), timeout=60, what="the pool to see the $0.35/h offer")
         # Passes go by (the pool wakes each second), past `after`: nothing is replaced.
-        await eventually(lambda: _more(pool, seen_at + 4), timeout=60, what="four more passes (twice `after`)")
+        await eventually(lambda: _passed(pool, seen_at + 4), timeout=60, what="four more passes (twice `after`)")
         assert [n.name for n in (await pool_status(pool)).nodes] == [old.name], "re-shopped within the threshold"
         assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, s.world.cloud.log
 
@@ -301,7 +302,7 @@ async def test_a_node_is_re_shopped_when_the_market_drops_and_not_within_the_thr
         await pool.signal(GPUNodePoolWorkflow.demand, demand({}, {old.name: 1}, {old.name: [1]}))
         s.world.cloud.set_price("rtx4090-us-east", Decimal("0.20"))
         seen_at = await eventually(lambda: offers_at("0.20"), timeout=60, what="the pool to see the $0.20/h offer")
-        await eventually(lambda: _more(pool, seen_at + 4), timeout=60, what="four more passes (twice `after`)")
+        await eventually(lambda: _passed(pool, seen_at + 4), timeout=60, what="four more passes (twice `after`)")
         assert [n.name for n in (await pool_status(pool)).nodes] == [old.name], "a 2-GPU node re-shopped to a 1-GPU offer"
         assert [e for e, _, _ in s.world.cloud.log].count("bought") == 1, s.world.cloud.log
 
@@ -360,17 +361,6 @@ async def market_world(env: WorkflowEnvironment) -> AsyncIterator[Any]:
         setup = Setup(env, world, queue, Gates())
         stack.push_async_callback(setup.end_workflows)
         yield setup
-
-
-async def _timers(handle: Any) -> int:
-    """Timers the workflow has fired so far (each a pass of the pool at rest)."""
-    from temporalio.api.enums.v1 import EventType
-
-    return sum(1 for e in (await handle.fetch_history()).events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
-
-
-async def _more(handle: Any, count: int) -> bool:
-    return await _timers(handle) >= count
 
 
 async def test_a_re_shop_is_called_off_while_a_do_not_disrupt_pod_holds_the_node(temporal: WorkflowEnvironment) -> None:
@@ -463,3 +453,7 @@ async def test_a_node_told_to_end_for_drift_waits_for_its_do_not_disrupt_pod(tim
         final = await asyncio.wait_for(handle.result(), 120)
         assert final.phase is NodePhase.TERMINATED and final.end_reason == "drifted: replaced by rtx-rabcde (make-before-break): rtx-rabcde is Ready", final
         assert_nothing_left(world, req.node_name)
+
+
+async def _passed(pool: Any, count: int) -> bool:
+    return await passes(pool) >= count

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 from temporalio.client import Client
 
-from activities.visibility import running_node_workflows
+from activities.visibility import RUNNING_NODES, running_node_workflows
 from tgp.errors import ConfigError
 from tgp.types import BILLING_PHASES, NodeStatus
 from workers import rollout, versioning
@@ -24,7 +24,7 @@ QUERY_TIMEOUT = timedelta(seconds=15)
 async def node_status(client: Client, node_name: str) -> str:
     """One node's life so far, from its workflow's `status` query: what it runs on and each
     stage it entered, when and why (the same typed records the pool's Events are made of)."""
-    workflow_id = await _node_workflow(client, node_name)
+    workflow_id = (await _node_workflows(client, node_name))[0]
     s = await client.get_workflow_handle(workflow_id).query("status", result_type=NodeStatus, rpc_timeout=QUERY_TIMEOUT)
     where = f"{s.gpu_type} on {s.provider} ({s.region}) at ${s.hourly_price}/h, instance {s.instance_id or '-'}" if s.provider else "no offer chosen yet"
     lines = [f"node {s.node_name} in pool {s.pool}: {s.phase.value}, {where}", f"  workflow {workflow_id}"]
@@ -35,13 +35,15 @@ async def node_status(client: Client, node_name: str) -> str:
     return "\n".join(lines)
 
 
-async def _node_workflow(client: Client, node_name: str) -> str:
+async def _node_workflows(client: Client, node_name: str) -> list[str]:
+    """The running workflows of Node `node_name` (one, unless something went wrong); a
+    ConfigError when it is no Node name or none runs."""
     if not node_name.replace("-", "").replace(".", "").isalnum():
         raise ConfigError(f"{node_name!r} is not a Node name")
-    found = [wf.id async for wf in client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND TgpNodeName = '{node_name}'")]
+    found = [wf.id async for wf in client.list_workflows(f"{RUNNING_NODES} AND TgpNodeName = '{node_name}'")]
     if not found:
         raise ConfigError(f"no running node workflow for node {node_name} (tgp status lists them)")
-    return found[0]
+    return found
 
 
 async def status(client: Client) -> str:
@@ -88,11 +90,7 @@ def _age(delta: object) -> str:
 
 async def evict(client: Client, node_name: str, reason: str) -> str:
     """Send `evict` to the running workflow of Node `node_name`."""
-    if not node_name.replace("-", "").replace(".", "").isalnum():
-        raise ConfigError(f"{node_name!r} is not a Node name")
-    found = [wf.id async for wf in client.list_workflows(f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND TgpNodeName = '{node_name}'")]
-    if not found:
-        raise ConfigError(f"no running node workflow for node {node_name} (tgp status lists them)")
+    found = await _node_workflows(client, node_name)
     for workflow_id in found:
         await client.get_workflow_handle(workflow_id).signal("evict", {"reason": reason})
     return f"evict sent to {', '.join(found)}: the node drains and terminates (watch it in the Web UI)"

@@ -33,6 +33,7 @@ from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkerDeploymentConfig
 
+from activities.visibility import RUNNING_NODES
 from tgp.errors import ConfigError
 from tgp.types import MAX_LAUNCH_ATTEMPTS, LifecycleTimeouts
 
@@ -284,7 +285,7 @@ async def runs_by_build(client: Client, build: str | None = None) -> dict[str, R
 
 async def node_builds(client: Client) -> dict[str, str]:
     """The build of each running node workflow, by workflow id (none when unversioned)."""
-    query = f"WorkflowType = 'GPUNodeWorkflow' AND ExecutionStatus = 'Running' AND TemporalWorkerDeployment = '{DEPLOYMENT_NAME}'"
+    query = f"{RUNNING_NODES} AND TemporalWorkerDeployment = '{DEPLOYMENT_NAME}'"
     try:
         return {wf.id: of async for wf in client.list_workflows(query) if (of := build_of(wf.search_attributes))}
     except RPCError as exc:

@@ -2,12 +2,12 @@
 
 kubernetes.aio's CoreV1Api is one generated class of 618 methods whose signatures build pydantic
 fields as the module loads: 1.3 s of CPU (and ~2 s on a loaded machine) in every process that
-talks to Kubernetes, the worker and the bridge at start, every `tgp plan`, `tgp status` and
-`tgp evict`. Each call here makes the request its generated method makes (path, query names,
-JSON Accept and Content-Type, BearerToken auth) through the same client, so it is authenticated,
-proxied and timed out the same way, and a status outside 2xx raises the same ApiException. Node
-and pod answers come back as the API's JSON (WIRE); Secrets and Events as the generated models. Only the per-call argument validation is gone, which
-tgp's own typed callers in activities/kube/cluster.py make unnecessary."""
+talks to Kubernetes: the worker and the bridge at start, every `tgp plan`. Each call here makes
+the request its generated method makes (path, query names, JSON Accept and Content-Type,
+BearerToken auth) through the same client, so it is authenticated, proxied and timed out the
+same way, and a status outside 2xx raises the same ApiException. Node and pod answers come back
+as the API's JSON (WIRE); Secrets and Events as the generated models. Only the per-call argument
+validation is gone, which tgp's own typed callers in activities/kube/cluster.py make unnecessary."""
 
 from __future__ import annotations
 
