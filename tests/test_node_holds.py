@@ -189,9 +189,21 @@ async def test_a_node_the_pool_sent_settings_to_is_released_by_the_pool(temporal
     """The pool changes its idle timeout while the node's pod still waits: it sends the node
     its settings (with the hold), and from then on it, not the node's first pod, says when the
     hold ends. Once the pod bound on the node, the pool sends the hold's end; the pod gone, the
-    node idles out after the idle timeout, not the bind grace (3 minutes)."""
+    node idles out after the idle timeout, not the bind grace (3 minutes).
+
+    The change comes while the instance still boots (held by the simulated cloud): on a real
+    control plane the kube-scheduler binds the pod the moment its node is Ready."""
     async with running_stack(temporal, kube_api) as s:
-        node, handle = await a_node_for_a_pod(s)
+        s.world.cloud.hold_boots()
+        await apply(s.kube, gpu_class())
+        await apply(s.kube, gpu_pool("rtx", disruption={"idleTimeout": "2s", "drainTimeout": "10s"}))
+        await pending_pod(s.kube, "train")
+
+        async def bought() -> str | None:
+            nodes = (await s.pool_status("ml", "rtx")).get("nodes") or []
+            return nodes[0]["workflowId"] if nodes else None
+
+        handle = s.env.client.get_workflow_handle(await eventually(bought, what="the pool's node for the pod"), result_type=NodeStatus)
         patch = {"spec": {"disruption": {"idleTimeout": "3s", "drainTimeout": "10s"}}}
         merge = {"Content-Type": "application/merge-patch+json"}
         (await s.kube.patch(f"{POOLS.format(ns='ml')}/rtx", json=patch, headers=merge)).raise_for_status()
@@ -200,6 +212,8 @@ async def test_a_node_the_pool_sent_settings_to_is_released_by_the_pool(temporal
             return any(u.hold for u in await signals_received(handle, "update_timeouts", TimeoutsUpdate))
 
         await eventually(sent_with_the_hold, timeout=60, what="the pool's new settings, with the hold, sent to the node")
+        s.world.cloud.release_boots()
+        [node] = await ready_nodes(s, "ml", "rtx", 1)
         await bind(s.kube, "train", node["name"], real=s.world.kube is None)
         await told(handle, busy_pods=1)
 
