@@ -15,7 +15,7 @@ import httpx
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from bench.history import PHASES_EVERY, breakdown, describe_all, entity_histories, launch_durations, life_actions, node_phases, node_workflows
+from bench.history import PHASES_EVERY, breakdown, describe_all, entity_histories, idle_stages, launch_durations, life_actions, node_phases, node_workflows
 from bench.knobs import BOOT, CLOSE_DEADLINE, IDLE, IDLE_DEADLINE, RUN_BEFORE_IDLE, burst_deadline, fmt, pct, say, summary, usage_delta
 from bench.stack import NS, ROOT, Stack, busy_pct, gpu_class, gpu_pod, gpu_pool, machine_jiffies
 from tgp.types import node_workflow_id
@@ -205,6 +205,8 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
             deleted[node] = max(deleted.get(node, 0.0), time.time())
 
     u0, w0, m0 = s.usage(), time.monotonic(), machine_jiffies()
+    profile_s = float(os.environ.get("BENCH_IDLE_PROFILE") or 0)
+    profiling = asyncio.ensure_future(s.profile_worker(profile_s)) if profile_s else None
     await asyncio.gather(*(delete(p) for p in list(clock.bound)))
 
     first_delete: dict[str, float] = {}
@@ -231,7 +233,13 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
     }
     say(f"idle: terminate call after the idle timeout p50 {fmt(result['reaction_s']['p50'])} s, p99 {fmt(result['reaction_s']['p99'])} s")
 
+    if profiling is not None:
+        result["worker_profile"] = await profiling
     result["short_life"] = await short_lives(s)
+    # Read once the lives closed (a running activity's start is written at its end).
+    wids = {w.id.rsplit("/", 1)[-1]: w.id for w in await node_workflows(s.client)}
+    result["stages_s"] = stages = await idle_stages(s.client, wids, deleted, first_delete, IDLE)
+    say("idle: where it went (p50/p99 s): " + ", ".join(f"{k} {fmt(v['p50'])}/{fmt(v['p99'])}" for k, v in stages.items() if isinstance(v, dict)))
     return result
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
+from temporalio.converter import DataConverter
 from temporalio.service import RPCError
 
 from bench.actions import actions
@@ -200,3 +201,55 @@ async def life_actions(client: Client, wid: str, run_id: str | None = None) -> d
         else:
             events.append((name, ""))
     return dict(actions(events))
+
+
+async def idle_stages(client: Client, wids: dict[str, str], deleted: dict[str, float], first_delete: dict[str, float], idle_s: float) -> dict[str, Any]:
+    """Where an idle reaction's time goes (bench/burst.py), per node (`wids`: node name →
+    workflow id), from each node's history once it closed: its pod's deletion → the bridge's
+    facts, dated `at` (facts_dated) → their signal's arrival → the idle timer's firing, due at
+    `at` + the idle timeout (timer_late) → its workflow task picked up by the worker → completed,
+    the drain scheduled (task_done) → the drain started → the terminate call (the simulated
+    cloud's clock: one machine, one clock)."""
+    keys = ("facts_dated", "signal_arrived", "timer_late", "task_picked", "task_done", "drain_started", "terminate_called")
+    stages: dict[str, list[float]] = {k: [] for k in keys}
+
+    async def one(node: str, wid: str) -> None:
+        marks: dict[str, float] = {}  # the first of each, after the deletion, in order
+        drain_id = None
+        async for event in client.get_workflow_handle(wid).fetch_history_events():
+            t, name = event.event_time.ToDatetime(tzinfo=dt.timezone.utc).timestamp(), event_name(event)
+            if name == "WORKFLOW_EXECUTION_SIGNALED" and t >= deleted[node] and "at" not in marks:
+                attrs = event.workflow_execution_signaled_event_attributes
+                if attrs.signal_name == "node_facts":
+                    [facts] = await DataConverter.default.decode(attrs.input.payloads[:1], [dict])
+                    if not facts.get("busy_pods"):
+                        marks.update(at=dt.datetime.fromisoformat(facts["at"]).timestamp(), arrived=t)
+            elif name == "TIMER_FIRED" and "at" in marks and "fired" not in marks and t >= marks["at"] + idle_s - 0.05:
+                marks["fired"] = t
+            elif name == "WORKFLOW_TASK_STARTED" and "fired" in marks:
+                marks.setdefault("picked", t)
+            elif name == "WORKFLOW_TASK_COMPLETED" and "picked" in marks:
+                marks.setdefault("done", t)
+            elif name == "ACTIVITY_TASK_SCHEDULED" and "done" in marks and drain_id is None:
+                if event.activity_task_scheduled_event_attributes.activity_type.name.endswith("drain_node"):
+                    drain_id = event.event_id
+            elif name == "ACTIVITY_TASK_STARTED" and drain_id is not None and event.activity_task_started_event_attributes.scheduled_event_id == drain_id:
+                marks["started"] = t
+        if len(marks) < 6 or node not in first_delete:
+            return
+        points = [deleted[node], marks["at"], marks["arrived"], marks["fired"], marks["picked"], marks["done"], marks["started"], first_delete[node]]
+        due = marks["at"] + idle_s
+        for key, (a, b) in zip(keys, zip(points, points[1:])):
+            stages[key].append(b - (due if key == "timer_late" else a))
+
+    sem = asyncio.Semaphore(20)
+
+    async def bounded(node: str, wid: str) -> None:
+        async with sem:
+            try:
+                await one(node, wid)
+            except RPCError:
+                pass
+
+    await asyncio.gather(*(bounded(n, w) for n, w in wids.items() if n in deleted))
+    return {"nodes": len(stages["facts_dated"]), **{k: summary(v) for k, v in stages.items()}}

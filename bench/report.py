@@ -214,6 +214,30 @@ def cost_table(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+IDLE_STAGES = {
+    "facts_dated": "pod deleted → the bridge's facts (their date starts the idle timeout)",
+    "signal_arrived": "→ their signal in the node's history",
+    "timer_late": "the idle timer's firing − its due time (a timer starts when its workflow task completes)",
+    "task_picked": "fired → its workflow task picked up by the worker",
+    "task_done": "→ completed: the drain scheduled",
+    "drain_started": "→ the drain started",
+    "terminate_called": "→ its terminate call (cordon, pods listed, terminate)",
+}
+
+
+def idle_section(r: dict[str, Any]) -> list[str]:
+    """Where the idle reaction's time went, step by step (bench/history.py idle_stages)."""
+    idle = next((b["idle"] for b in (r.get("bursts") or {}).values() if "stages_s" in (b.get("idle") or {})), None)
+    if idle is None:
+        return ["Not measured in this run."]
+    stages = idle["stages_s"]
+    lines = [f"{stages['nodes']} of {idle['nodes']} nodes, from their histories; every node's timer fires within the same second, so "
+             "the p99 is the last of them through the worker, the dev server and the simulated world at once "
+             "(the idle phase's row in the table above).", "", "| step | p50 | p99 |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {label} | {_f(_get(stages, key, 'p50'), ' s')} | {_f(_get(stages, key, 'p99'), ' s')} |" for key, label in IDLE_STAGES.items()]
+    return lines
+
+
 def workers_table(r: dict[str, Any]) -> list[str]:
     lines = ["| workers | pods | nodes Ready per second | against 1 worker | Temporal server (% of a core) | busiest process | overhead p99 |", "|---|---|---|---|---|---|---|"]
     runs = {int(n): w for n, w in (r.get("workers") or {}).items() if "error" not in w}
@@ -306,6 +330,7 @@ def render(r: dict[str, Any], device: dict[str, Any] | None = None) -> str:
         "## Which process was saturated, per phase", "",
         f"Saturated: at least {fig.SATURATED_PCT:.0f}% of one core over the phase (each process but the server is Python: one core at most).", "",
         *saturation_table(r), "",
+        "## The idle reaction, step by step", "", *idle_section(r), "",
         "## Workers: nodes Ready per second", "", "The same burst with 1, 2 and 4 `tgp worker` processes on one task queue (BENCH_WORKERS); "
         "first pod created → last node Ready.", "", *workers_table(r), "",
         "## Workers per fleet", "", *fleet_section(r), "",

@@ -27,7 +27,8 @@ read from /proc over the phase (the page names the busiest, and "saturated" near
 Knobs (environment; bench/knobs.py): BENCH_QUICK=1, BENCH_BURSTS ("100,500"), BENCH_WORKERS
 ("1,2,4"), BENCH_WORKERS_BURST, BENCH_PHASES ("offers,burst,workers,hold,floor"), BENCH_HOLD_*,
 BENCH_QUIET_*, BENCH_BOOT_SECONDS, BENCH_IDLE_SECONDS, BENCH_FLOOR_WORKFLOWS, BENCH_LATENCY_PODS,
-BENCH_IDLE_BUDGET, BENCH_SKIP_IDLE=1, BENCH_OUT (the JSON), BENCH_DOC (the page; "-" for none),
+BENCH_IDLE_BUDGET, BENCH_SKIP_IDLE=1, BENCH_IDLE_PROFILE (seconds of the worker's stacks sampled from
+the idle phase's deletions), BENCH_BURST_PROFILE, BENCH_OUT (the JSON), BENCH_DOC (the page; "-" for none),
 BENCH_DEVICE_JSON (a many-core run's JSON shown in the page's 8-core section);
 TGP_WORKFLOW_CACHE reaches the workers.
 """

@@ -289,10 +289,12 @@ class KubeEmulator(KubeControllers):
             raise ApiStatus(410, "Expired", "The resourceVersion for the provided list is too old.")
         storage = self._storage(resource)
         items = []
-        for (kind, namespace, _), stored in sorted(self.objects.items(), key=storage_order):
-            if kind != storage or stored.deleted:
-                continue
-            if request.namespace is not None and namespace != request.namespace:
+        # The kind and namespace first: the store holds every kind (Events, Leases), and sorting
+        # or reading them all for each list cost the emulator more than the list itself.
+        ns = request.namespace
+        chosen = [(k, o) for k, o in self.objects.items() if k[0] == storage and (ns is None or k[1] == ns)]
+        for _, stored in sorted(chosen, key=storage_order):
+            if stored.deleted:
                 continue
             obj = self._present(resource, stored.raw)
             if selection.matches(obj):

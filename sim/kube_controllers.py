@@ -94,7 +94,9 @@ class KubeControllers(KubeNamespaces):
     @override
     def _publish(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> None:
         super()._publish(resource, kind, obj, previous)
-        if resource in _WATCHED:
+        # A Node matters to the controllers only by being there (the pod GC): its status
+        # heartbeats and cordons wake nothing.
+        if resource in _WATCHED and (resource != NODES or kind != "MODIFIED"):
             self._wake.set()
 
     async def _run_controllers(self) -> None:
@@ -115,7 +117,7 @@ class KubeControllers(KubeNamespaces):
 
     def _reconcile(self, now: float) -> None:
         """One pass of every controller over the store as it is now."""
-        live = {k: o.raw for k, o in self.objects.items() if not o.deleted and k[0] in _WATCHED}
+        live = {k: o.raw for k, o in self.objects.items() if k[0] in _WATCHED and not o.deleted}
         owned: dict[str, list[tuple[Key, Obj]]] = {}
         for key, obj in live.items():
             ref = _controller_of(obj)
