@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from activities.http import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
-from tests.test_launch_settles import quick_world
+from tests.test_launch_settles import calls, quick_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, replay, request, start, wait_phase
 from activities.drain import EVENT_DRAIN_TIMED_OUT
 from tests.test_pool_races import Reports, about, gated_world, pool_events, pool_spec, start_pool
@@ -89,6 +89,10 @@ async def test_a_pod_bound_just_before_the_cordon_calls_the_idle_drain_off(tempo
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("idle")
         assert [s.stage for s in final.stages if s.stage is Stage.DRAIN_CALLED_OFF] == [Stage.DRAIN_CALLED_OFF]
+        # Its idle drains moved no workload pod: the search attribute went from Ready to the end
+        # (no Draining, and no second Ready after the call-off), the stages record both drains.
+        assert (await calls(handle))[2][-2:] == ["Ready", "Terminated"], (await calls(handle))[2]
+        assert [s.stage for s in final.stages if s.stage is Stage.DRAINING] == [Stage.DRAINING], final.stages
         assert_nothing_left(world, req.node_name)
         await replay(handle, "idle_drain_called_off")
 
@@ -106,6 +110,7 @@ async def test_a_drain_that_times_out_says_which_pods_were_terminated_unevicted_
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
 
         assert final.phase is NodePhase.TERMINATED
+        assert "Draining" in (await calls(handle))[2], "a drain with pods to move is shown in the search attribute"
         [timed_out] = [s for s in final.stages if s.stage is Stage.DRAIN_TIMED_OUT]
         assert "ml/db" in timed_out.reason and "not evicted" in timed_out.reason, timed_out
         events = (await kube_get(world, "/api/v1/namespaces/ml/events") or {}).get("items") or []

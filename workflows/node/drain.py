@@ -27,8 +27,10 @@ with workflow.unsafe.imports_passed_through():
 
 async def drain(life: Life, end: EndReason) -> bool:
     """Drain the node; False when the drain was refused by a budget or called off (a workload
-    pod arrived, or do-not-disrupt came): the node is Ready again."""
-    life.enter(NodePhase.DRAINING)
+    pod arrived, or do-not-disrupt came): the node is Ready again. An idle node's drain moves no
+    workload pod: its search attribute (a visibility write and an action) stays Ready until the end."""
+    shown = end is not EndReason.IDLE
+    life.enter(NodePhase.DRAINING, upsert=shown)
     report = life.tell_pool(carry=True)
     inp, release = _drain_input(life, end), release_input(life)
     # A node that goes is released by its drain (one activity and task fewer), Terminating reported.
@@ -46,7 +48,7 @@ async def drain(life: Life, end: EndReason) -> bool:
     )
     if result.answer is not None and not result.answer.allowed:
         # The budgets said not now; nothing was touched (nor reported: the pool has it Ready).
-        _ready_again(life, tell=False)
+        _ready_again(life, shown, tell=False)
         take_answer(life, result.answer)
         return False
     if result.held and not result.called_off:
@@ -55,7 +57,7 @@ async def drain(life: Life, end: EndReason) -> bool:
             held = watch.view.model_copy(update={"holders": result.held, "holding": max(watch.view.holding, len(result.held))})
             life.state.watch = apply_view(watch, held, workflow.now(), life.timeouts)
         workflow.logger.info("drain called off, do-not-disrupt holds the node: %s", ", ".join(result.held))
-        _ready_again(life)
+        _ready_again(life, shown)
         return False
     _say_what_stayed(life, result, inp)
     life.drained = result if result.released is not None else None
@@ -70,7 +72,7 @@ async def drain(life: Life, end: EndReason) -> bool:
             busy = watch.view.model_copy(update={"busy_pods": max(watch.view.busy_pods, len(result.called_off))})
             watch = apply_view(watch, busy, workflow.now(), life.timeouts)
         life.state.watch = watch
-        _ready_again(life)
+        _ready_again(life, shown)
         return False
     return True
 
@@ -128,9 +130,9 @@ def _say_what_stayed(life: Life, result: DrainResult, inp: DrainInput) -> None:
         life.stamp(Stage.DRAIN_TIMED_OUT, f"timed out after {human(drain)}; terminated with pods still on the node: {'; '.join(stuck)}")
 
 
-def _ready_again(life: Life, *, tell: bool = True) -> None:
+def _ready_again(life: Life, shown: bool, *, tell: bool = True) -> None:
     life.state.end_reason = None
-    life.enter(NodePhase.READY)
+    life.enter(NodePhase.READY, upsert=shown)  # the search attribute, if it said Draining
     if tell:
         life.tell_pool()
 
