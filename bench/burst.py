@@ -196,11 +196,13 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
     await asyncio.sleep(RUN_BEFORE_IDLE)  # the bench's workload, not a wait for tgp
     say(f"idle: deleting {len(clock.bound)} pods (pool idle timeout {IDLE} s)")
     deleted: dict[str, float] = {}
+    asked: dict[str, float] = {}  # when the deletion was sent (the bridge may see it before it returns)
     sem = asyncio.Semaphore(50)
 
     async def delete(pod: str) -> None:
         async with sem:
             node = clock.node_of[pod]
+            asked[node] = max(asked.get(node, 0.0), time.time())
             await s.kube.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod}")
             deleted[node] = max(deleted.get(node, 0.0), time.time())
 
@@ -238,7 +240,7 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
     result["short_life"] = await short_lives(s)
     # Read once the lives closed (a running activity's start is written at its end).
     wids = {w.id.rsplit("/", 1)[-1]: w.id for w in await node_workflows(s.client)}
-    result["stages_s"] = stages = await idle_stages(s.client, wids, deleted, first_delete, IDLE)
+    result["stages_s"] = stages = await idle_stages(s.client, wids, asked, first_delete, IDLE)
     say("idle: where it went (p50/p99 s): " + ", ".join(f"{k} {fmt(v['p50'])}/{fmt(v['p99'])}" for k, v in stages.items() if isinstance(v, dict)))
     return result
 

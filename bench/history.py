@@ -205,7 +205,7 @@ async def life_actions(client: Client, wid: str, run_id: str | None = None) -> d
 
 async def idle_stages(client: Client, wids: dict[str, str], deleted: dict[str, float], first_delete: dict[str, float], idle_s: float) -> dict[str, Any]:
     """Where an idle reaction's time goes (bench/burst.py), per node (`wids`: node name →
-    workflow id), from each node's history once it closed: its pod's deletion → the bridge's
+    workflow id), from each node's history once it closed: its pod's deletion (sent) → the bridge's
     facts, dated `at` (facts_dated) → their signal's arrival → the idle timer's firing, due at
     `at` + the idle timeout (timer_late) → its workflow task picked up by the worker → completed,
     the drain scheduled (task_done) → the drain started → the terminate call (the simulated

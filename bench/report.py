@@ -215,7 +215,7 @@ def cost_table(r: dict[str, Any]) -> list[str]:
 
 
 IDLE_STAGES = {
-    "facts_dated": "pod deleted → the bridge's facts (their date starts the idle timeout)",
+    "facts_dated": "pod deletion sent → the bridge's facts (their date starts the idle timeout)",
     "signal_arrived": "→ their signal in the node's history",
     "timer_late": "the idle timer's firing − its due time (a timer starts when its workflow task completes)",
     "task_picked": "fired → its workflow task picked up by the worker",

@@ -121,7 +121,8 @@ class Life:
 
     def enter(self, phase: NodePhase, *, upsert: bool = True, at: datetime | None = None) -> None:
         """Record the phase: state, stage record, search attributes and the Web UI's details.
-        Not `upsert`: a phase nothing waits in (the next one's upsert, in the same task, says it)."""
+        Not `upsert`: a phase the search attribute skips (one nothing waits in, or an idle
+        node's drain); the next upsert says where the node is."""
         self.state.phase = phase
         self.stamp(Stage(phase.value), phase_reason(self.state, phase), at=at)
         workflow.set_current_details(self.details())
