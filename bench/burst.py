@@ -239,7 +239,7 @@ async def idle_reaction(s: Stack, clock: PodClock) -> dict[str, Any]:
         result["worker_profile"] = await profiling
     result["short_life"] = await short_lives(s)
     # Read once the lives closed (a running activity's start is written at its end).
-    wids = {w.id.rsplit("/", 1)[-1]: w.id for w in await node_workflows(s.client)}
+    wids = {node: node_workflow_id(NS, "burst", node) for node in asked}
     result["stages_s"] = stages = await idle_stages(s.client, wids, asked, first_delete, IDLE)
     say("idle: where it went (p50/p99 s): " + ", ".join(f"{k} {fmt(v['p50'])}/{fmt(v['p99'])}" for k, v in stages.items() if isinstance(v, dict)))
     return result

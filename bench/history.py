@@ -12,7 +12,6 @@ from typing import Any
 
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
-from temporalio.converter import DataConverter
 from temporalio.service import RPCError
 
 from bench.actions import actions
@@ -221,7 +220,7 @@ async def idle_stages(client: Client, wids: dict[str, str], deleted: dict[str, f
             if name == "WORKFLOW_EXECUTION_SIGNALED" and t >= deleted[node] and "at" not in marks:
                 attrs = event.workflow_execution_signaled_event_attributes
                 if attrs.signal_name == "node_facts":
-                    [facts] = await DataConverter.default.decode(attrs.input.payloads[:1], [dict])
+                    [facts] = await client.data_converter.decode(attrs.input.payloads[:1], [dict])
                     if not facts.get("busy_pods"):
                         marks.update(at=dt.datetime.fromisoformat(facts["at"]).timestamp(), arrived=t)
             elif name == "TIMER_FIRED" and "at" in marks and "fired" not in marks and t >= marks["at"] + idle_s - 0.05:
