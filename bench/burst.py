@@ -15,7 +15,7 @@ import httpx
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from bench.history import PHASES_EVERY, breakdown, describe_all, entity_histories, idle_stages, launch_durations, life_actions, node_phases, node_workflows
+from bench.history import PHASES_EVERY, breakdown, describe_all, entity_histories, idle_stages, launch_durations, life_actions, node_phases, node_workflows, sequence
 from bench.knobs import BOOT, CLOSE_DEADLINE, IDLE, IDLE_DEADLINE, RUN_BEFORE_IDLE, burst_deadline, fmt, pct, say, summary, usage_delta
 from bench.stack import NS, ROOT, Stack, busy_pct, gpu_class, gpu_pod, gpu_pool, machine_jiffies
 from tgp.types import node_workflow_id
@@ -267,6 +267,7 @@ async def short_lives(s: Stack) -> dict[str, Any]:
     }
     if lives:
         life["breakdown"] = await breakdown(s.client, lives[0].id, None)
+        life["sequence"] = await sequence(s.client, lives[0].id)
         counted = [await life_actions(s.client, w.id, w.run_id) for w in lives[:ACTIONS_SAMPLE]]
         totals = sorted(sum(c.values()) for c in counted)
         life["actions"] = {"sampled": len(counted), "p50": totals[len(totals) // 2], "max": totals[-1], "by_kind": counted[0]}

@@ -62,8 +62,7 @@ NODE_PATH = (
     ("first_task_to_offer", "first_task", "first_local_activity"),
     ("offer_to_launching", "first_local_activity", "Launching"),
     ("start_to_launching", "start", "Launching"),
-    ("launching_to_joining", "Launching", "Joining"),
-    ("joining_to_ready", "Joining", "Ready"),
+    ("launching_to_ready", "Launching", "Ready"),  # the buy and the join: one activity
 )
 
 
@@ -71,7 +70,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
     """launch_instance per node workflow (first run): scheduled -> started (queue), started ->
     closed (the activity itself, over all its attempts' last), and how many were still open.
     Also each node's path by the phases it entered (its TgpPhase upserts): start -> Launching
-    (offer, the class's reservation), -> Joining (launch), -> Ready (join, labels), and, with
+    (offer, the class's reservation), -> Ready (the launch and its join, labels), and, with
     `bound_at` (workflow id -> when the first pod was bound to its node), Ready -> pod bound
     (the simulated scheduler's share); every activity's scheduled -> closed by type; and the
     worker's backlog: every workflow task's scheduled -> started."""
@@ -181,6 +180,25 @@ async def breakdown(client: Client, wid: str, since: dt.datetime | None, run_id:
             tally[event_name(event)] += 1
     return dict(tally.most_common())
 
+async def sequence(client: Client, wid: str) -> list[str]:
+    """A workflow's history, one line an event: seconds from its start, the event, and what it
+    names (the activity, signal or marker; a timer's duration)."""
+    out: list[str] = []
+    start: dt.datetime | None = None
+    async for event in client.get_workflow_handle(wid).fetch_history_events():
+        at = event.event_time.ToDatetime(tzinfo=dt.timezone.utc)
+        start = start or at
+        name, what = event_name(event), ""
+        if name == "ACTIVITY_TASK_SCHEDULED":
+            what = event.activity_task_scheduled_event_attributes.activity_type.name
+        elif name == "WORKFLOW_EXECUTION_SIGNALED":
+            what = event.workflow_execution_signaled_event_attributes.signal_name
+        elif name == "MARKER_RECORDED":
+            what = event.marker_recorded_event_attributes.marker_name
+        elif name == "TIMER_STARTED":
+            what = f"{event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds():g}s"
+        out.append(f"{(at - start).total_seconds():7.2f} {name} {what}".rstrip())
+    return out
 
 
 def event_name(event: HistoryEvent) -> str:

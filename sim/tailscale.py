@@ -194,6 +194,7 @@ class FakeTailscale(FakeServer):
         self.tokens: dict[str, tuple[str, datetime]] = {}  # access token -> (client id, expiry)
         self._ids = itertools.count(1)
         self.device_list_delay = 0.0  # see slow_device_lists
+        self._slow_lists_left: int | None = None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -210,10 +211,11 @@ class FakeTailscale(FakeServer):
 
     # --- test controls ----------------------------------------------------------------
 
-    def slow_device_lists(self, seconds: float) -> None:
-        """Device listings answer `seconds` late (a large tailnet, an API under load); 0 ends it
-        for the listings that arrive from then on."""
-        self.device_list_delay = seconds
+    def slow_device_lists(self, seconds: float, *, count: int | None = None) -> None:
+        """Device listings answer `seconds` late (a large tailnet, an API under load): the next
+        `count` of them, or all until called with 0, which ends it for the listings that arrive
+        from then on."""
+        self.device_list_delay, self._slow_lists_left = seconds, count
 
     def expire_tokens(self) -> None:
         """Invalidate every issued access token, as if they had expired server-side."""
@@ -397,7 +399,9 @@ class FakeTailscale(FakeServer):
 
     @_api
     async def _list_devices(self, request: web.Request, caller: str) -> web.Response:
-        if self.device_list_delay:
+        if self.device_list_delay and self._slow_lists_left != 0:
+            if self._slow_lists_left is not None:
+                self._slow_lists_left -= 1
             await asyncio.sleep(self.device_list_delay)
         return web.json_response({"devices": [d.to_json() for d in self.devices.values()]})
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.search_attributes import SA_PHASE
@@ -25,7 +23,6 @@ from tests.test_node_lifecycle import FAST, assert_nothing_left, node_exists, re
 from tgp.types import NodePhase, NodeStatus, Stage
 from workflows.node import GPUNodeWorkflow
 
-DEVICE_LISTS = "/api/v2/tailnet/*/devices"
 DEVICE_DELETES = "/api/v2/device/*"
 # Fails "for a while": until the test clears the faults.
 UNTIL_CLEARED = 1_000_000
@@ -48,14 +45,6 @@ def hold_kubelets(world: SimWorld) -> asyncio.Event:
     return kubelets_may_start
 
 
-async def join_poll_timed_out(handle: WorkflowHandle) -> bool:
-    """Whether the join's poll (`wait_for_join`) ran into the tailnet stage's deadline."""
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
-            return True
-    return False
-
-
 async def test_a_device_joined_by_the_deadline_keeps_the_node_while_its_node_registers_later(temporal: WorkflowEnvironment) -> None:
     """The tailnet stage is the instance and its device: at its deadline a device that is there
     keeps the node even though its Node is not registered yet (its kubelet comes up later, well
@@ -68,16 +57,13 @@ async def test_a_device_joined_by_the_deadline_keeps_the_node_while_its_node_reg
         req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=8), "tailnet_join": timedelta(seconds=1)}))
         handle = await start(temporal, queue, req)
         try:
-            await wait_phase(handle, NodePhase.JOINING)
-            # The join's poll sees no device before its deadline: every device listing fails
-            # (set before the machine boots, so no listing answered since can show the device).
-            world.tailscale.fail(DEVICE_LISTS, 500, times=UNTIL_CLEARED, method="GET", message="device lists failing")
+            await eventually(lambda: asyncio.sleep(0, world.cloud.create_requests == 1), what="the instance bought")
+            # The join's wait sees no device before its deadline: its next device listing (made
+            # before the machine boots) hangs past it; the last look's answers at once.
+            world.tailscale.slow_device_lists(3600, count=1)
             world.cloud.release_boots()
             await eventually(lambda: asyncio.sleep(0, world.tailnet_devices(req.node_name)), what="the device to join the tailnet")
-            await eventually(lambda: join_poll_timed_out(handle), what="the join's poll to reach the tailnet stage's deadline")
-            assert world.tailnet_devices(req.node_name), "the device joined before the deadline"
             assert not await node_exists(world, req.node_name), "the Node is not registered at the deadline"
-            world.tailscale._faults.clear()  # the last look at the deadline sees the device
 
             async def past_the_tailnet_stage() -> NodeStatus | None:
                 status: NodeStatus = await handle.query(GPUNodeWorkflow.status)
@@ -98,7 +84,7 @@ async def test_a_device_joined_by_the_deadline_keeps_the_node_while_its_node_reg
             assert [entry for entry in world.cloud.log if entry[0] == "deleted"] == [], "the joined instance was terminated"
         finally:
             kubelets_may_start.set()
-            world.tailscale._faults.clear()
+            world.tailscale.slow_device_lists(0)
 
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "test done"})
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)

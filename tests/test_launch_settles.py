@@ -183,7 +183,7 @@ async def test_a_release_step_that_fails_is_made_by_the_workflow_itself(temporal
 async def test_a_twin_is_ended_by_the_joins_watch_or_after_it(temporal: WorkflowEnvironment, window: timedelta, with_join: bool) -> None:
     """A create under the node's name lands beside its launch (a dead worker's): within a
     consistency window that ends before the instance has booted, the join's own twin watch
-    (`wait_for_join`) ends one that lands while it boots; a window that outlasts the join is
+    (in the launch's activity) ends one that lands while it boots; a window that outlasts the join is
     watched on after it (`watch_for_twins`), and one that lands once the device has joined is
     ended by that. Either way the recorded instance is kept and the release ends all."""
     async with lagging_world(temporal, window=window, boot_delay=3.0) as (world, queue):
@@ -196,8 +196,8 @@ async def test_a_twin_is_ended_by_the_joins_watch_or_after_it(temporal: Workflow
 
         # While it boots; or, for the window that outlasts the join, once the join's wait is over
         # (the Node not Ready yet: a twin the window still covers, whenever Ready comes).
-        if with_join:
-            await wait_phase(handle, NodePhase.JOINING, timeout=60)
+        if with_join:  # bought, and booting: the launch's activity waits for its join
+            await eventually(lambda: asyncio.sleep(0, billing(world, req.node_name)), timeout=60, what="the instance bought")
         else:
             await eventually(joined, timeout=60, what="the device joined")
         async with httpx.AsyncClient(verify=default_tls(), base_url=world.cloud.url, headers={"Authorization": f"Bearer {world.cloud_api_key}"}) as cloud:

@@ -59,7 +59,7 @@ async def test_a_cancel_during_the_last_look_of_a_join_ends_cancelled_and_buys_n
         world.cloud.fail_boot("rtx4090-us-east", "never_joins")
         req = request(timeouts=FAST.model_copy(update={"tailnet_join": timedelta(seconds=2)}))
         handle = await start(temporal, queue, req)
-        await wait_phase(handle, NodePhase.JOINING)
+        await wait_phase(handle, NodePhase.LAUNCHING)  # the join waits inside the launch activity
         looked = world.cloud.describe_requests
         world.cloud.slow_describes(3600, count=1)  # the look at the join deadline hangs
         await eventually(lambda: asyncio.sleep(0, world.cloud.describe_requests > looked), what="the last look in flight")

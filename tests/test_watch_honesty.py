@@ -117,7 +117,7 @@ async def test_looks_slower_than_the_heartbeat_timeout_do_not_fail_the_stages(te
         assert len(ready.attempts) == 1, f"the stage was failed over: {ready.attempts}"
         assert world.cloud.create_requests == 1
         attempts = await activity_attempts(handle)
-        assert attempts["wait_for_join"] == [1], f"the join was retried after a missed heartbeat: attempts {attempts['wait_for_join']}"
+        assert attempts["launch_instance"] == [1], f"the join was retried after a missed heartbeat: attempts {attempts['launch_instance']}"
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         assert (await handle.result()).phase is NodePhase.TERMINATED
         assert_nothing_left(world, req.node_name)

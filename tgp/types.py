@@ -660,6 +660,32 @@ class LaunchResult(Model):
     adopted: bool = Field(False, description="An instance of this name already existed and was adopted.")
     account: str | None = Field(None, description="Fingerprint of the class key it was bought with (None: the worker's own).")
     seen_ids: list[str] = Field([], description="Every instance id the launch saw under its name (twins it ended included).")
+    joining_at: datetime | None = Field(None, description="With a join plan: when the buy ended and the join's wait began.")
+    join: JoinResult | None = Field(None, description="With a join plan: the join's outcome; None: a cancel cut its wait short.")
+
+
+class JoinPlan(Model):
+    """The join `launch_instance` waits for once it has bought (one activity and one workflow
+    task for both, issue 37): the instance running and its device in the tailnet, then a first
+    look at the Node, within `within` of the buy; the twin watch runs beside it."""
+
+    seen: list[InstanceRef] = Field(description="The names the node's launches used, this attempt's included: what the twin watch ends twins under.")
+    device: DeviceQuery
+    node_name: str
+    gpus: int
+    within: timedelta = Field(description="The join's deadline after the buy; at it, one last look keeps what is up.")
+    timeout_error: str = Field(description="The message of a join that missed its deadline (the attempt fails over).")
+
+
+class JoinResult(Model):
+    """What the join's wait saw: the joined device, and the twin watch's names with every id seen
+    under them (None: the watch was not done when the device joined, or failed); or why the join
+    failed."""
+
+    device: TailnetDevice | None = Field(None, description="The joined device; None: the last look at the deadline kept the stage, or the join failed.")
+    twins: list[InstanceRef] | None = None
+    node: StageLook | None = Field(None, description="The look at the Node after the device joined.")
+    error: str | None = Field(None, description="Why the join failed (a deadline passed, the instance failed while it booted): the attempt fails over.")
 
 
 class InstanceRef(Model):
@@ -709,6 +735,7 @@ class StageLook(Model):
 
     up: bool
     seen: str
+    instance: Instance | None = Field(None, description="The instance looked at, when asked by name (no id): the one kept under it.")
 
 
 class LabelInput(Model):

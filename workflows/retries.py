@@ -7,10 +7,6 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-# A wait's lost attempts (dead workers) are retried until the stage's own deadline, never
-# counted: only the deadline ends a wait, and only after one more look (`check_stage`).
-POLL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10), maximum_attempts=0)
-
 # Calls to a provider, a tailnet or Kubernetes from the node workflow: ten tries over a few
 # minutes, then the stage decides (fail over, or go on to the cleanup).
 API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=10)

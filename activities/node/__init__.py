@@ -21,7 +21,8 @@ from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities.ledger import LedgerBatcher
 from activities.node.base import HEARTBEAT_EVERY, POLL_INTERVAL, _utcnow, heartbeating
 from activities.node.drain import DRAIN_RELEASE_BOUND, TERMINATE_ONCE_TIMEOUT, Drain, DrainOutcome, DrainRelease
-from activities.node.join import JOIN_LOOK_EVERY, JOIN_NODE_LOOK, Join, JoinResult
+from activities.node.join import JOIN_LOOK_EVERY, JOIN_NODE_LOOK, Join
+
 from activities.node.launch import CREATE_SETTLE, SETTLE_TRIES, Launch, LaunchMemo
 from activities.node.offers import Offers
 from activities.node.release import MAX_DEVICES_PER_HOSTNAME, RELEASE_STEP_TIMEOUT, ReleaseInput, ReleaseResult
@@ -41,6 +42,7 @@ from activities.node.reports import (
 from activities.node.watch import MAX_ASK_BATCH, POOL_ANSWER_TIMEOUT, POOL_BUSY_PAUSE, POOL_BUSY_PAUSE_MAX, PoolAskBatcher
 from activities.ports import Cluster, CloudProvider, Tailnet
 from tgp.offers import UnavailableOffers
+from tgp.types import JoinResult
 
 __all__ = [
     "CREATE_SETTLE",
@@ -80,7 +82,7 @@ __all__ = [
 ]
 
 
-class NodeActivities(Offers, Launch, Join, Drain):
+class NodeActivities(Offers, Launch, Drain):
     """Activities of GPUNodeWorkflow, bound to one worker's adapters."""
 
     def __init__(
@@ -125,7 +127,6 @@ class NodeActivities(Offers, Launch, Join, Drain):
             self.select_offer,
             self.mark_offer_unavailable,
             self.launch_instance,
-            self.wait_for_join,
             self.check_stage,
             self.label_and_taint_node,
             self.observe_node,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -48,10 +49,17 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# What every heartbeat of an activity carries unless told otherwise: set by `launch_instance`
+# for its join, so the join's beats carry the launch's memo (what it bought) instead of erasing it.
+CARRIED: ContextVar[Callable[[], Sequence[Any]]] = ContextVar("carried_heartbeat_details", default=tuple)
+
+
 @contextmanager
-def heartbeating(details: Callable[[], Sequence[Any]] = tuple) -> Iterator[None]:
+def heartbeating(details: Callable[[], Sequence[Any]] | None = None) -> Iterator[None]:
     """Heartbeat in the background while the block runs, a few times per heartbeat timeout,
-    each beat carrying `details()` (what a retried attempt of the activity reads back)."""
+    each beat carrying `details()` (what a retried attempt of the activity reads back; by
+    default what the activity carries, `CARRIED`)."""
+    details = details or CARRIED.get()
     if activity.info().is_local:
         yield  # a local activity (`check_stage`, `observe_node`) has no heartbeat to send
         return

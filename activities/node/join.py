@@ -1,5 +1,6 @@
-"""The node's join: the instance boots and its device joins the tailnet (`wait_for_join`, with
-the twin watch beside it), a stage looked at once (`check_stage`), the Node labelled."""
+"""The node's join: the instance boots and its device joins the tailnet (`join_after_buy`, the
+second half of `launch_instance`, with the twin watch beside it), a stage looked at once
+(`check_stage`), the Node labelled."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import contextlib
 import time
 from datetime import timedelta
 
-from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -18,29 +18,48 @@ from activities.node.base import NodeBase, heartbeating, log
 from activities.node.reports import carrying
 from activities.termination import VERIFY_FOR, end_for_good, settled_at
 from tgp.messages import PoolReport
-from tgp.types import LABEL_PROVIDER, InstanceRef, InstanceState, LabelInput, StageCheck, StageLook, TailnetDevice, TwinWatchInput
+from tgp.types import LABEL_PROVIDER, InstanceRef, InstanceState, JoinPlan, JoinResult, LabelInput, LaunchResult, StageCheck, StageLook, TailnetDevice, TwinWatchInput
 
-# `wait_for_join` looks for the device this often (the tailnet's API, not a provider's).
+# The join looks for the device this often (the tailnet's API, not a provider's).
 JOIN_LOOK_EVERY = timedelta(seconds=1)
-# Once the device joined, `wait_for_join` looks at the Node (Ready, its GPUs) for this long: the
+# Once the device joined, the join looks at the Node (Ready, its GPUs) for this long: the
 # join's first look, which spares the workflow a timer where the Node registers with its device.
 JOIN_NODE_LOOK = timedelta(seconds=2)
 
 
-class JoinResult(BaseModel):
-    """What `wait_for_join` saw: the joined device, and the twin watch's names with every id
-    seen under them (None: the watch was not done when the device joined, or failed)."""
-
-    model_config = ConfigDict(extra="forbid")
-    device: TailnetDevice
-    twins: list[InstanceRef] | None = None
-    node: StageLook | None = Field(None, description="With the check's node_name: the look at the Node after the device joined.")
-
-
 class Join(NodeBase):
-    """The join's activities: `wait_for_join`, `watch_for_twins`, `check_stage`, `label_and_taint_node`."""
+    """The join's activities: `watch_for_twins`, `check_stage`, `label_and_taint_node`; and the
+    join's wait, which `launch_instance` runs once it has bought (`join_after_buy`)."""
 
-    @activity.defn
+    async def join_after_buy(self, name: str, bought: LaunchResult, plan: JoinPlan) -> JoinResult:
+        """The join's wait for what `bought` is, until `plan.within` has passed: then one last
+        look (the instance booted on its own clock all along) keeps what is in fact up. A join
+        that fails (the deadline, an instance that failed while it booted) is an answer, not an
+        error: the instance is recorded either way, and the workflow releases it."""
+        ref = next((r for r in plan.seen if r.instance_name == name), None) or InstanceRef(provider=bought.instance.provider, instance_name=name)
+        ref = ref.model_copy(update={
+            "instance_id": bought.instance.instance_id, "account": bought.account, "created_by": self.now(),
+            "known_ids": sorted({*ref.known_ids, *bought.seen_ids, bought.instance.instance_id}),
+        })
+        check = StageCheck(instance=ref, device=plan.device, node_name=plan.node_name, gpus=plan.gpus)
+        twins = TwinWatchInput(instances=[*(r for r in plan.seen if r.instance_name != name), ref], keep=ref.instance_id)
+        try:
+            async with asyncio.timeout(plan.within.total_seconds()):
+                return await self.wait_for_join(check, twins)
+        except TimeoutError:
+            pass
+        except ApplicationError as exc:  # the instance failed or vanished while it booted
+            return JoinResult(error=exc.message)
+        # The stage is the instance and its device: a Node still coming up is the next stage's.
+        try:
+            look = await self.check_stage(check.model_copy(update={"node_name": None, "gpus": None}))
+        except ApplicationError as exc:
+            return JoinResult(error=f"{plan.timeout_error}; the last look at the deadline failed: {exc.message}")
+        if look.up:
+            log.info("join_kept_at_deadline", seen=look.seen)
+            return JoinResult()
+        return JoinResult(error=f"{plan.timeout_error}; at the deadline {look.seen}")
+
     async def wait_for_join(self, q: StageCheck, twins: TwinWatchInput | None = None) -> JoinResult:
         """Wait for the instance to boot and its device to join the tailnet, and beside it
         `watch_for_twins` (one activity and one workflow task instead of two). The device is
@@ -125,16 +144,22 @@ class Join(NodeBase):
         healthy instance must not be released for that."""
         with heartbeating(), temporal_errors():
             seen: list[str] = []
+            looked = None
             if inp.instance is not None:
                 ref = inp.instance
                 provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
-                inst = await provider.describe(ref.instance_id or "")
+                if ref.instance_id is None:  # a launch that ran out of time: what it bought, by its name
+                    live = [i for i in await self.registry.lookups.find_all_by_name(provider, ref.instance_name) if i.state is not InstanceState.TERMINATED]
+                    inst = looked = min(live, key=lambda i: i.instance_id) if live else None
+                else:
+                    inst = await provider.describe(ref.instance_id)
+                what = inst.instance_id if inst else ref.instance_id or f"named {ref.instance_name}"
                 if inst is None and self._lagging(ref, provider):
-                    return StageLook(up=False, seen=f"instance {ref.instance_id} is not visible yet ({provider.name} lags behind its create)")
+                    return StageLook(up=False, seen=f"instance {what} is not visible yet ({provider.name} lags behind its create)")
                 state = "gone" if inst is None else ("interrupted" if inst.interrupted else inst.state.value.lower())
                 if inst is None or inst.interrupted or inst.state is not InstanceState.RUNNING:
-                    return StageLook(up=False, seen=f"instance {ref.instance_id} is {state}")
-                seen.append(f"instance {ref.instance_id} is {state}")
+                    return StageLook(up=False, seen=f"instance {what} is {state}")
+                seen.append(f"instance {what} is {state}")
             if inp.device is not None:
                 tailnet = await self._tailnet_for(inp.device.tailnet, inp.device.tailnet_ref)
                 device = await tailnet.find_device(inp.device.hostname, inp.device.tags)
@@ -150,7 +175,7 @@ class Join(NodeBase):
                     if node.gpus < inp.gpus:
                         return StageLook(up=False, seen=f"Node {inp.node_name} has {node.gpus} of {inp.gpus} GPUs allocatable")
                     seen.append(f"its {node.gpus} GPUs are registered")
-        return StageLook(up=True, seen=", ".join(seen))
+        return StageLook(up=True, seen=", ".join(seen), instance=looked)
 
     @activity.defn
     async def label_and_taint_node(self, inp: LabelInput, report: PoolReport | None = None) -> None:

@@ -16,8 +16,9 @@ from activities import metrics
 from activities.boot.render import BootSettings
 from activities.errors import temporal_errors
 from activities.ledger import LedgerCall
-from activities.node.base import _not_the_providers, heartbeating, log
+from activities.node.base import CARRIED, _not_the_providers, heartbeating, log
 from activities.node.boot import Boot
+from activities.node.join import Join
 from activities.node.reports import carrying
 from activities.ports import CloudProvider, Tailnet
 from activities.termination import consistency_window
@@ -25,7 +26,7 @@ from tgp.errors import AuthError, CapacityError, OfferRefused, PermissionDenied,
 from tgp.messages import PoolReport
 from tgp.offers import block_for
 from tgp.secrets import register, register_model, secret_scope
-from tgp.types import Instance, InstanceState, LaunchInput, LaunchResult, Offer, instance_name
+from tgp.types import Instance, InstanceState, JoinPlan, JoinResult, LaunchInput, LaunchResult, Offer, instance_name
 
 # A launch's settle with the class ledger (`launch_instance`'s `settle`) is tried in this many
 # attempts of the launch before it gives up as `LedgerUnavailable`.
@@ -36,8 +37,8 @@ SETTLE_TRIES = 3
 CREATE_SETTLE = timedelta(seconds=30)
 
 
-class Launch(Boot):
-    """The launch's activity, `launch_instance`, and its steps."""
+class Launch(Boot, Join):
+    """The launch's activity, `launch_instance`, and its steps (the join's from `Join`)."""
 
     create_settle: timedelta
 
@@ -46,8 +47,12 @@ class Launch(Boot):
         return max(self.create_settle, consistency_window(provider))
 
     @activity.defn
-    async def launch_instance(self, inp: LaunchInput, report: PoolReport | None = None, settle: LedgerCall | None = None) -> LaunchResult:
-        """Mint a tailnet key, render the boot payload and buy the instance, idempotently.
+    async def launch_instance(
+        self, inp: LaunchInput, report: PoolReport | None = None, settle: LedgerCall | None = None, join: JoinPlan | None = None
+    ) -> LaunchResult:
+        """Mint a tailnet key, render the boot payload and buy the instance, idempotently; with
+        `join`, then wait for it to boot and join (`join_after_buy`): one activity and one
+        workflow task for both (issue 37).
 
         The instance name comes from the workflow, so a retried or crashed attempt finds what
         it already bought and adopts it instead of buying twice. `report` (Launching) goes to
@@ -55,11 +60,28 @@ class Launch(Boot):
         ledger first, before anything is minted or bought (`_settle`: what a refusal
         or a silent ledger raises; settling again is idempotent, a retried attempt settles the
         same reservation).
+
+        A cancel (the node evicted or cancelled) during the buy ends it as a dead worker's end
+        would: what it may have bought is found by its name (money by ids). During the join it
+        ends the wait, and the activity answers what it bought (`join` None).
         """
         async with carrying(report, self.reports):
             if settle is not None:
                 await self._settle(settle, inp.offer)
-            return await self._launch_instance(inp)
+            bought = await self._launch_instance(inp)
+        if join is None:
+            return bought
+        # The join's beats carry what was bought: a retried attempt adopts it at once.
+        CARRIED.set(LaunchMemo(sent_at=self.now(), bought=[bought.instance]).details)
+        joining_at = self.now()
+        try:
+            joined: JoinResult | None = await self.join_after_buy(instance_name(inp.node_name, inp.attempt), bought, join)
+        except asyncio.CancelledError:
+            details = activity.cancellation_details()
+            if details is None or not details.cancel_requested:
+                raise  # a worker shutting down: the retry on another adopts it and joins on
+            joined = None  # the workflow stopped waiting: it hears what was bought, and releases it
+        return bought.model_copy(update={"joining_at": joining_at, "join": joined})
 
     async def _settle(self, call: LedgerCall, offer: Offer) -> None:
         """The launch's settle. Refused on the activity's first attempt, nothing can have been

@@ -1,6 +1,7 @@
-"""Join: the instance runs and its device joins the tailnet (one heartbeating wait, which also
-ends twins over the provider's consistency window), then the Node is Ready and its GPUs are
-registered (told by the bridge's `node_facts`, with backstop looks of the node's own).
+"""Join: the instance runs and its device joins the tailnet (the launch activity's wait once it
+has bought, which also ends twins over the provider's consistency window), then the Node is
+Ready and its GPUs are registered (told by the bridge's `node_facts`, with backstop looks of the
+node's own).
 
 Each stage has its own deadline and failure reason. At a deadline the node looks once more
 (the instance booted on its own clock all along) and keeps what is in fact up; otherwise the
@@ -11,18 +12,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, TimeoutError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.node import JoinResult, NodeActivities
+    from activities.node import NodeActivities
     from tgp.lifecycle import backstop_period
-    from tgp.types import GPU_RESOURCE, DeviceQuery, NodeFacts, NodePhase, Stage, StageCheck, StageLook, TwinWatchInput
+    from tgp.types import GPU_RESOURCE, LaunchResult, NodeFacts, NodePhase, Stage, StageCheck, StageLook, TwinWatchInput
     from workflows.entity import describe
     from workflows.node.life import Life, LaunchAttemptFailed, human
-    from workflows.retries import API_RETRY, POLL_RETRY
+    from workflows.retries import API_RETRY
 
 # A join that heard nothing from the bridge looks for itself this often (or every watch interval
 # if shorter): a lost signal, or a Node registered without the pool's labels, which the bridge
@@ -34,31 +34,27 @@ JOIN_BACKSTOP = timedelta(seconds=30)
 JOIN_FIRST_LOOK = timedelta(seconds=2)
 
 
-async def join(life: Life) -> None:
-    """Both halves of joining, each with its own timeout and failure reason."""
-    life.enter(NodePhase.JOINING)
-    life.tell_pool()
+async def join(life: Life, launched: LaunchResult) -> None:
+    """The join after the launch's wait (the instance runs, its device joined, a first look at
+    the Node): the Node Ready, then its GPUs, each with its own timeout and failure reason."""
+    joined = launched.join
+    waits = joined is not None and joined.error is None and not (joined.node is not None and joined.node.up)
+    # Its search attribute only if the join waits on here (for the Node, its GPUs): the launch's
+    # activity waited for the tailnet under Launching, and a Node up at once is Ready next.
+    life.enter(NodePhase.JOINING, upsert=waits, at=launched.joining_at)
+    if joined is None:
+        raise LaunchAttemptFailed("the join's wait ended without an answer")
+    if joined.error is not None:
+        raise LaunchAttemptFailed(joined.error)
     t, req = life.timeouts, life.req
     gpus = life.state.offer.gpu_count if life.state.offer else 1
-    device = DeviceQuery(hostname=req.node_name, tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref)
-    # The wait's last step is the first look at the Node: Ready with its GPUs, no timer is needed.
-    check = StageCheck(instance=life.state.instance, device=device, node_name=req.node_name, gpus=gpus)
-    joined = await wait_for(
-        life,
-        NodeActivities.wait_for_join,
-        check,
-        more=(twin_input(life),),
-        timeout=t.launch + t.tailnet_join,
-        summary="wait for the instance to run and join the tailnet",
-        timeout_error="join timeout: no tailnet device within {} of the launch (did the instance boot, the boot payload run and reach the control server?)",
-    )
-    if isinstance(joined, JoinResult) and joined.twins is not None:
+    if joined.twins is not None:
         for ref in joined.twins:
             life.remember(ref)
     else:  # the window is not over: the rest of it in the background
         life.twin_watch = asyncio.ensure_future(watch_for_twins(life))
     life.stamp(Stage.TAILNET_JOINED)
-    if isinstance(joined, JoinResult) and joined.node is not None and joined.node.up:
+    if joined.node is not None and joined.node.up:
         life.check_evicted()
         life.stamp(Stage.NODE_READY)
         life.stamp(Stage.GPUS_REGISTERED)
@@ -106,54 +102,6 @@ async def watch_for_twins(life: Life) -> None:
         return
     for ref in refs:
         life.remember(ref)
-
-
-async def wait_for(life: Life, activity: Any, check: StageCheck, *, more: tuple[Any, ...], timeout: timedelta, summary: str, timeout_error: str) -> Any:
-    """Poll with a heartbeating activity until the stage's deadline, `timeout` from now, but
-    give up when an `evict` signal arrives. A missed heartbeat is a dead worker: Temporal
-    retries the poll elsewhere while the deadline allows. At the deadline, one last look.
-    Returns what the poll returned (None when the last look kept the stage)."""
-    deadline = workflow.now() + timeout
-    failure = timeout_error.format(human(timeout))
-    evicted = asyncio.ensure_future(workflow.wait_condition(lambda: life.state.evict_reason is not None))
-    try:
-        while (budget := deadline - workflow.now()) >= timedelta(seconds=1):
-            try:
-                return await _poll(life, activity, [check, *more], budget=budget, summary=summary, evicted=evicted)
-            except ActivityError as exc:
-                if life.cancel_requested():
-                    raise asyncio.CancelledError() from None
-                if not isinstance(exc.cause, TimeoutError):
-                    raise LaunchAttemptFailed(describe(exc)) from None
-                # The poll's retries ran out before the deadline: a new poll for the rest.
-    finally:
-        if not evicted.done():
-            evicted.cancel()
-    # The stage is the instance and its device: a Node still coming up is the next stage's (keep what is up).
-    await _last_look(life, check.model_copy(update={"node_name": None, "gpus": None}), summary=summary, failure=failure)
-    return None
-
-
-async def _poll(life: Life, activity: Any, args: list[Any], *, budget: timedelta, summary: str, evicted: asyncio.Future[None]) -> Any:
-    """One poll, with `budget` to finish in, raced against the eviction: raises NodeEvicted if
-    the `evict` signal wins, and the poll's ActivityError if it failed; else its result."""
-    handle = workflow.start_activity_method(
-        activity,
-        args=args,
-        start_to_close_timeout=budget,
-        schedule_to_close_timeout=budget,
-        heartbeat_timeout=life.heartbeat(),
-        retry_policy=POLL_RETRY,
-        summary=summary,
-    )
-    try:
-        await workflow.wait([handle, evicted], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not handle.done():
-            handle.cancel()  # on eviction or cancellation: the cleanup takes over
-    if not handle.done() or handle.cancelled():
-        life.check_evicted()
-    return handle.result()
 
 
 async def wait_for_facts(life: Life, up: Callable[[NodeFacts], bool], *, timeout: timedelta, summary: str, timeout_error: str, recheck: StageCheck) -> None:

@@ -10,17 +10,18 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ActivityCancellationType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities.node import NodeActivities
     from activities.node_class import LedgerCall
     from tgp.offers import block_for
-    from tgp.types import TAINT_JOINING, InstanceRef, LaunchAttempt, LaunchInput, LaunchResult, MarkUnavailableInput, NodePhase, Offer, OfferBlock, SelectOfferInput, instance_name
+    from tgp.types import TAINT_JOINING, DeviceQuery, InstanceRef, JoinPlan, JoinResult, LaunchAttempt, LaunchInput, LaunchResult, MarkUnavailableInput, NodePhase, Offer, OfferBlock, SelectOfferInput, StageCheck, instance_name
     from workflows.entity import describe
-    from workflows.node.join import join
+    from workflows.node.join import check_stage, join
     from workflows.node.labels import label_and_taint
-    from workflows.node.life import Life, LaunchAttemptFailed, NotSettled
+    from workflows.node.life import Life, LaunchAttemptFailed, NotSettled, human
     from workflows.node.release import release_attempt
     from workflows.retries import API_RETRY, LAUNCH_RETRY
 
@@ -58,8 +59,7 @@ async def bring_up(life: Life) -> None:
         life.state.attempts.append(attempt)
         tried.append(offer.key)
         try:
-            await launch(life, attempt)
-            await join(life)
+            await join(life, await launch(life, attempt))
             await label_and_taint(life)
             return
         except NotSettled:
@@ -98,9 +98,10 @@ async def select_offer(life: Life, tried: list[str]) -> Offer:
     return choice.offer
 
 
-async def launch(life: Life, attempt: LaunchAttempt) -> None:
-    """Mint the tailnet key and buy the instance: one activity, so the key never leaves it."""
-    offer, req = attempt.offer, life.req
+async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
+    """Mint the tailnet key, buy the instance and wait for it to join the tailnet: one activity
+    (the key never leaves it; one workflow task for the buy and the join, issue 37)."""
+    offer, req, t = attempt.offer, life.req, life.timeouts
     # The class's account for this provider (a reference; the key is read by the activities).
     credentials = req.requirements.credentials.get(offer.provider)
     # Before the phase: its upsert then says this attempt has no instance yet (not the last one's).
@@ -108,37 +109,82 @@ async def launch(life: Life, attempt: LaunchAttempt) -> None:
     life.enter(NodePhase.LAUNCHING)
     report = life.tell_pool(carry=True)
     life.remember(life.state.instance)
-    launch_input = LaunchInput(
-        node_name=req.node_name, attempt=attempt.attempt, offer=offer, credentials=credentials, boot=req.boot, pool=req.pool,
-        tailnet_tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref,
+    plan = _join_plan(life)
+    handle = workflow.start_activity_method(
+        NodeActivities.launch_instance,
+        args=[_launch_input(life, attempt), report, settle_call(life, offer), plan],
+        # The buy's whole budget (a create may wait behind a provider's pacer), then the join's,
+        # then its last look. The heartbeat notices a dead worker; a live attempt is never
+        # retried beside itself (that is how twins get bought).
+        start_to_close_timeout=t.launch + plan.within + t.api_call, schedule_to_close_timeout=t.launch + plan.within + t.api_call,
+        heartbeat_timeout=life.heartbeat(), retry_policy=LAUNCH_RETRY,
+        # A cancel (evicted, or the node cancelled) is waited out: during the join the activity
+        # answers what it bought; a buy it cuts short is found by its name by the release.
+        cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+        summary=f"launch {offer.gpu_type} on {offer.provider} ({offer.region}, ${offer.hourly_price}/h) and join",
+    )
+    cancelled = False
+    evicted = asyncio.ensure_future(workflow.wait_condition(lambda: life.state.evict_reason is not None))
+    try:
+        await workflow.wait([handle, evicted], return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        cancelled = True
+    for pending in (evicted, handle):
+        if not pending.done():
+            pending.cancel()
+    try:
+        result: LaunchResult = await handle
+    except ActivityError as exc:
+        kept = None if cancelled else await _kept_at_deadline(life, plan, exc)
+        if kept is None:
+            _launch_failed(life, exc)  # nothing bought, or the release finds it by name
+            if cancelled:
+                raise asyncio.CancelledError() from None
+            _raise_for(life, attempt, exc)
+        result = kept
+    _launched(life, result)
+    life.record(attempt, "launched", result.instance.instance_id)
+    if cancelled:
+        raise asyncio.CancelledError()
+    life.check_evicted()
+    return result
+
+
+def _launch_input(life: Life, attempt: LaunchAttempt) -> LaunchInput:
+    req, offer = life.req, attempt.offer
+    return LaunchInput(
+        node_name=req.node_name, attempt=attempt.attempt, offer=offer, credentials=req.requirements.credentials.get(offer.provider), boot=req.boot,
+        pool=req.pool, tailnet_tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref,
         # The Node registers with the labels that name its workflow, so the bridge's facts reach
         # the join (Ready, GPUs) before tgp labels it; the joining taint keeps pods off until then.
         labels={**life.template.labels, **life.own_labels(pool_only=True)}, taints=[*life.template.taints, TAINT_JOINING],
         unavailable_offer_ttl=req.unavailable_offer_ttl, demand_since=req.demand_since,
     )
-    handle = workflow.start_activity_method(
-        NodeActivities.launch_instance,
-        args=[launch_input, report, settle_call(life, offer)],
-        # The whole stage budget, not one API call's: a create may wait behind a provider's
-        # pacer. The heartbeat notices a dead worker; a live attempt is never retried beside
-        # itself (that is how twins get bought).
-        start_to_close_timeout=life.timeouts.launch, schedule_to_close_timeout=life.timeouts.launch,
-        heartbeat_timeout=life.heartbeat(), retry_policy=LAUNCH_RETRY,
-        summary=f"launch {offer.gpu_type} on {offer.provider} ({offer.region}, ${offer.hourly_price}/h)",
+
+
+def _join_plan(life: Life) -> JoinPlan:
+    """The join the launch waits for once it has bought: the device in the tailnet within
+    `launch + tailnetJoin` of the buy, then a first look at the Node."""
+    req, within = life.req, life.timeouts.launch + life.timeouts.tailnet_join
+    return JoinPlan(
+        seen=list(life.state.seen), node_name=req.node_name, gpus=life.state.offer.gpu_count if life.state.offer else 1,
+        device=DeviceQuery(hostname=req.node_name, tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref), within=within,
+        timeout_error=f"join timeout: no tailnet device within {human(within)} of the launch (did the instance boot, the boot payload run and reach the control server?)",
     )
-    try:
-        result: LaunchResult = await asyncio.shield(handle)  # a cancel must not abandon a purchase in flight
-    except asyncio.CancelledError:
-        try:
-            _launched(life, await handle)
-        except ActivityError as exc:
-            _launch_failed(life, exc)  # nothing bought, or the release finds it by name
-        raise
-    except ActivityError as exc:
-        _launch_failed(life, exc)
-        _raise_for(life, attempt, exc)
-    _launched(life, result)
-    life.record(attempt, "launched", result.instance.instance_id)
+
+
+async def _kept_at_deadline(life: Life, plan: JoinPlan, exc: ActivityError) -> LaunchResult | None:
+    """A launch that ran out of time (its workers died until past its deadline) may have
+    bought, and the instance booted on its own clock: one look by the attempt's name keeps an
+    instance that runs with its device in the tailnet (a dead worker is not a broken instance),
+    and the join goes on from there."""
+    if not isinstance(exc.cause, TimeoutError) or life.state.instance is None:
+        return None
+    look = await check_stage(life, StageCheck(instance=life.state.instance, device=plan.device))
+    if look is None or not look.up or look.instance is None:
+        return None
+    workflow.logger.info("the launch ran out of time, but %s: kept", look.seen)
+    return LaunchResult(instance=look.instance, joining_at=workflow.now(), join=JoinResult())
 
 
 def _raise_for(life: Life, attempt: LaunchAttempt, exc: ActivityError) -> None:
