@@ -15,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import structlog.testing
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
@@ -31,8 +32,9 @@ from tgp.types import NodePhase, NodeStatus
 from workers.main import WorkerConfig, build_activities, make_worker
 from workflows.node import GPUNodeWorkflow
 
-# The phases a pool hears about from the activity that begins each.
-CARRIED = [NodePhase.LAUNCHING, NodePhase.DRAINING, NodePhase.TERMINATING]
+# The phases a pool hears about from the activity that begins each (the end: from the drain
+# whose release did every step).
+CARRIED = [NodePhase.LAUNCHING, NodePhase.DRAINING, NodePhase.TERMINATING, NodePhase.TERMINATED]
 
 
 async def test_the_pool_learns_each_phase_from_the_activity_that_begins_it(temporal: WorkflowEnvironment, kube_api: KubeApi) -> None:
@@ -56,6 +58,10 @@ async def test_the_pool_learns_each_phase_from_the_activity_that_begins_it(tempo
 
         phases = await eventually(heard, what="the node's reports in the pool's history")
         assert [p for p in phases if p in CARRIED] == CARRIED, phases
+        # The end was told once, by the drain's activity: no local activity after it.
+        events = [e async for e in handle.fetch_history_events()]
+        drained = max(i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
+        assert not [e for e in events[drained:] if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED], "the end was reported again"
 
 
 # --- `carrying` itself: who sends, how long the activity waits, what never reaches it ----------

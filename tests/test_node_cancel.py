@@ -70,6 +70,8 @@ async def test_a_cancel_during_the_last_look_of_a_join_ends_cancelled_and_buys_n
         status = await ends_cancelled(handle)
         assert len(status.attempts) == 1, "a cancel is not a failed attempt: nothing else is bought"
         assert world.cloud.create_requests == 1
+        # The cancelled launch answered what it bought: released by its id, not looked for by name.
+        assert status.attempts[0].instance_id == list(world.cloud.instances)[0], status.attempts
         assert_nothing_left(world, req.node_name)
 
 

@@ -35,6 +35,7 @@ class DrainRelease(BaseModel):
     model_config = ConfigDict(extra="forbid")
     release: ReleaseInput
     report: PoolReport | None = None
+    end: PoolReport | None = Field(None, description="The node's end report (Terminated), sent once the release did every step: the workflow then sends none.")
     at: datetime = Field(description="The workflow's time at the drain's start: the release begins no earlier.")
 
 
@@ -43,6 +44,7 @@ class DrainOutcome(DrainResult):
 
     released: ReleaseResult | None = Field(None, description="The release made by the drain (its terminate confirmed); None: the workflow releases.")
     released_at: datetime | None = Field(None, description="When the drain's release began: the node's Terminating, as its pool was told.")
+    ended_at: datetime | None = Field(None, description="When the release had done every step and the pool was told the node's end (`DrainRelease.end`).")
 
 
 class Drain(Release, Watch):
@@ -63,8 +65,8 @@ class Drain(Release, Watch):
 
         With `then`, a node that goes is released here (`release_attempt` without its own
         activity and workflow task), carrying the Terminating report: billing stops at the
-        drain's end. A terminate the provider does not confirm within TERMINATE_ONCE_TIMEOUT is
-        left to the workflow's release."""
+        drain's end; once every step is done, the end's report (`then.end`) too. A terminate the
+        provider does not confirm within TERMINATE_ONCE_TIMEOUT is left to the workflow's release."""
         if inp.ask is not None and activity.info().attempt == 1:  # a retry holds the first attempt's grant
             answer = await self._ask_pool(inp.ask)
             if not answer.allowed:
@@ -84,7 +86,12 @@ class Drain(Release, Watch):
             at = max(then.at, datetime.now(timezone.utc))  # never before the workflow's time (a test server's runs ahead)
             async with carrying(_dated(then.report, at), self.reports):
                 released = await self._release_after_drain(then.release)
-        return DrainOutcome(**dict(result), released=released, released_at=at)
+            ended_at = None
+            if then.end is not None and released is not None and released.tailnet_cleaned and released.node_deleted and (released.released or then.release.ledger is None):
+                ended_at = max(at, datetime.now(timezone.utc))
+                async with carrying(_dated(then.end, ended_at), self.reports):
+                    pass  # the end's report, here rather than from a local activity of its own
+        return DrainOutcome(**dict(result), released=released, released_at=at, ended_at=ended_at)
 
     async def _release_after_drain(self, inp: ReleaseInput) -> ReleaseResult | None:
         """A drained node's release. Its terminate is bounded and never raised (None: the

@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.types import DrainInput, DrainResult, NodePhase, Stage
     from workflows.entity import describe
     from workflows.node.life import Life, human
-    from workflows.node.release import release_input
+    from workflows.node.release import last_release, release_input
     from workflows.node.watch import disrupt_bound, take_answer
     from workflows.retries import API_RETRY
 
@@ -34,7 +34,10 @@ async def drain(life: Life, end: EndReason) -> bool:
     report = life.tell_pool(carry=True)
     inp, release = _drain_input(life, end), release_input(life)
     # A node that goes is released by its drain (one activity and task fewer), Terminating reported.
-    then = DrainRelease(release=release, report=life.report_ahead(NodePhase.TERMINATING), at=workflow.now()) if release is not None else None
+    then = None
+    if release is not None:  # the end's report too if this release is the life's last
+        end = life.report_ahead(NodePhase.TERMINATED) if last_release(life) else None
+        then = DrainRelease(release=release, report=life.report_ahead(NodePhase.TERMINATING), end=end, at=workflow.now())
     result: DrainOutcome = await workflow.execute_activity_method(
         NodeActivities.drain_node,
         args=[inp, report, then],

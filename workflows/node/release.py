@@ -31,7 +31,8 @@ async def finish(life: Life, final: NodePhase) -> NodePhase:
         await cleanup
         final = NodePhase.CANCELLED
     life.enter(final)
-    life.tell_pool()
+    if not (final is NodePhase.TERMINATED and life.drained is not None and life.drained.ended_at is not None):
+        life.tell_pool()  # unless the drain's release told the pool this end already
     await asyncio.gather(*life.reports)  # the pool has every report, this last one included
     await workflow.wait_condition(workflow.all_handlers_finished)
     return final
@@ -71,11 +72,16 @@ def _tailnet(life: Life) -> TailnetCleanupInput:
     return TailnetCleanupInput(hostname=req.node_name, tags=req.tailnet_tags, key_ids=life.state.key_ids, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref)
 
 
+def last_release(life: Life) -> bool:
+    """Whether the current attempt's release is the life's last: no earlier attempt's name to end."""
+    return not _earlier(life)
+
+
 def release_input(life: Life) -> ReleaseInput | None:
     """The current attempt's release, for its drain (with the class ledger's, if the life's last)."""
     if life.state.instance is None:
         return None
-    ledger = None if _earlier(life) else life.ledger_call(life.state.offer)
+    ledger = life.ledger_call(life.state.offer) if last_release(life) else None
     return ReleaseInput(instance=life.state.instance, tailnet=_tailnet(life), node_name=life.req.node_name, ledger=ledger)
 
 
