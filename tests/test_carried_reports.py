@@ -62,6 +62,9 @@ async def test_the_pool_learns_each_phase_from_the_activity_that_begins_it(tempo
         events = [e async for e in handle.fetch_history_events()]
         drained = max(i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
         assert not [e for e in events[drained:] if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED], "the end was reported again"
+        # Ready was told by the launch's activity, which found the Node up and labelled it.
+        local = [e.user_metadata.summary.data.decode() for e in events if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED]
+        assert not [x for x in local if "label" in x], local
 
 
 # --- `carrying` itself: who sends, how long the activity waits, what never reaches it ----------

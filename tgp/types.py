@@ -675,6 +675,7 @@ class JoinPlan(Model):
     gpus: int
     within: timedelta = Field(description="The join's deadline after the buy; at it, one last look keeps what is up.")
     timeout_error: str = Field(description="The message of a join that missed its deadline (the attempt fails over).")
+    label: LabelInput | None = Field(None, description="The Node's labels and taints, put on (the joining taint off) when it is up at the join's end.")
 
 
 class JoinResult(Model):
@@ -686,6 +687,7 @@ class JoinResult(Model):
     twins: list[InstanceRef] | None = None
     node: StageLook | None = Field(None, description="The look at the Node after the device joined.")
     error: str | None = Field(None, description="Why the join failed (a deadline passed, the instance failed while it booted): the attempt fails over.")
+    labelled: bool = Field(False, description="The Node was up: its labels and taints are on (the joining taint off), and the pool was told Ready.")
 
 
 class InstanceRef(Model):

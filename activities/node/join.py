@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 from activities import metrics
 from activities.errors import temporal_errors
 from activities.node.base import NodeBase, heartbeating, log
-from activities.node.reports import carrying
+from activities.node.reports import _dated, carrying
 from activities.termination import VERIFY_FOR, end_for_good, settled_at
 from tgp.messages import PoolReport
 from tgp.types import LABEL_PROVIDER, InstanceRef, InstanceState, JoinPlan, JoinResult, LabelInput, LaunchResult, StageCheck, StageLook, TailnetDevice, TwinWatchInput
@@ -59,6 +59,17 @@ class Join(NodeBase):
             log.info("join_kept_at_deadline", seen=look.seen)
             return JoinResult()
         return JoinResult(error=f"{plan.timeout_error}; at the deadline {look.seen}")
+
+    async def label_on_join(self, inp: LabelInput, ready: PoolReport | None) -> bool:
+        """A Node up at the join's end gets its labels and taints (the joining taint off: pods
+        may land), and the pool the Ready report, here rather than in a local activity of the
+        workflow's; False if that failed (the workflow puts them on)."""
+        try:
+            await self.label_and_taint_node(inp, _dated(ready, self.now()))
+        except ApplicationError as exc:
+            log.info("labels_left_to_the_workflow", error=exc.type or "")
+            return False
+        return True
 
     async def wait_for_join(self, q: StageCheck, twins: TwinWatchInput | None = None) -> JoinResult:
         """Wait for the instance to boot and its device to join the tailnet, and beside it

@@ -48,11 +48,13 @@ class Launch(Boot, Join):
 
     @activity.defn
     async def launch_instance(
-        self, inp: LaunchInput, report: PoolReport | None = None, settle: LedgerCall | None = None, join: JoinPlan | None = None
+        self, inp: LaunchInput, report: PoolReport | None = None, settle: LedgerCall | None = None, join: JoinPlan | None = None,
+        ready: PoolReport | None = None,
     ) -> LaunchResult:
         """Mint a tailnet key, render the boot payload and buy the instance, idempotently; with
-        `join`, then wait for it to boot and join (`join_after_buy`): one activity and one
-        workflow task for both (issue 37).
+        `join`, then wait for it to boot and join (`join_after_buy`), and a Node up by then gets
+        its labels and taints, and the pool the `ready` report (`label_on_join`): one activity
+        and one workflow task for all of it (issue 37).
 
         The instance name comes from the workflow, so a retried or crashed attempt finds what
         it already bought and adopts it instead of buying twice. `report` (Launching) goes to
@@ -76,6 +78,8 @@ class Launch(Boot, Join):
         joining_at = self.now()
         try:
             joined: JoinResult | None = await self.join_after_buy(instance_name(inp.node_name, inp.attempt), bought, join)
+            if joined.node is not None and joined.node.up and join.label is not None:
+                joined = joined.model_copy(update={"labelled": await self.label_on_join(join.label, ready)})
         except asyncio.CancelledError:
             details = activity.cancellation_details()
             if details is None or not details.cancel_requested:

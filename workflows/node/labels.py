@@ -27,16 +27,25 @@ TEMPLATE_RETRY_AFTER = timedelta(minutes=1)
 TEMPLATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5), maximum_attempts=3)
 
 
-async def label_and_taint(life: Life) -> None:
+async def label_and_taint(life: Life, *, labelled: bool) -> None:
     """Put the labels and taints on the Node and enter Ready: the call carries the Ready report
-    (sent once they are on), and the watch begins."""
+    (sent once they are on), and the watch begins. `labelled`: the launch's activity found the
+    Node up, put them on and told the pool (`label_on_join`)."""
     life.enter(NodePhase.READY)
-    report = life.tell_pool(carry=True)
-    labels = {**life.template.labels, **life.own_labels()}  # tgp's own labels win (tgp.io/managed stays "true")
-    launched_at = life.state.attempts[-1].started_at
-    inp = LabelInput(node_name=life.req.node_name, labels=labels, taints=life.template.taints, launched_at=launched_at, remove_taints=[TAINT_JOINING])
-    await life.call(NodeActivities.label_and_taint_node, inp, timeout=life.timeouts.api_call, retry=API_RETRY, summary="label and taint", more=(report,))
+    if labelled:
+        life.unreported = []  # the pool was told Ready; it reads no join stage's record
+    else:
+        report = life.tell_pool(carry=True)
+        await life.call(NodeActivities.label_and_taint_node, ready_labels(life), timeout=life.timeouts.api_call, retry=API_RETRY, summary="label and taint", more=(report,))
     life.state.watch = WatchState(ready_at=workflow.now())
+
+
+def ready_labels(life: Life) -> LabelInput:
+    """The Node's labels and taints once Ready: the pool's template and tgp's own labels (which
+    win: tgp.io/managed stays "true"), the joining taint off."""
+    labels = {**life.template.labels, **life.own_labels()}
+    launched_at = life.state.attempts[-1].started_at
+    return LabelInput(node_name=life.req.node_name, labels=labels, taints=life.template.taints, launched_at=launched_at, remove_taints=[TAINT_JOINING])
 
 
 def template_due(life: Life) -> bool:

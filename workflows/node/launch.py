@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.types import TAINT_JOINING, DeviceQuery, InstanceRef, JoinPlan, JoinResult, LaunchAttempt, LaunchInput, LaunchResult, MarkUnavailableInput, NodePhase, Offer, OfferBlock, SelectOfferInput, StageCheck, instance_name
     from workflows.entity import describe
     from workflows.node.join import check_stage, join
-    from workflows.node.labels import label_and_taint
+    from workflows.node.labels import label_and_taint, ready_labels
     from workflows.node.life import Life, LaunchAttemptFailed, NotSettled, human
     from workflows.node.release import release_attempt
     from workflows.retries import API_RETRY, LAUNCH_RETRY
@@ -59,8 +59,9 @@ async def bring_up(life: Life) -> None:
         life.state.attempts.append(attempt)
         tried.append(offer.key)
         try:
-            await join(life, await launch(life, attempt))
-            await label_and_taint(life)
+            launched = await launch(life, attempt)
+            await join(life, launched)
+            await label_and_taint(life, labelled=launched.join is not None and launched.join.labelled)
             return
         except NotSettled:
             raise  # not the offer's fault: the node ends Failed
@@ -112,7 +113,7 @@ async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
     plan = _join_plan(life)
     handle = workflow.start_activity_method(
         NodeActivities.launch_instance,
-        args=[_launch_input(life, attempt), report, settle_call(life, offer), plan],
+        args=[_launch_input(life, attempt), report, settle_call(life, offer), plan, life.report_ahead(NodePhase.READY)],
         # The buy's whole budget (a create may wait behind a provider's pacer), then the join's,
         # then its last look. The heartbeat notices a dead worker; a live attempt is never
         # retried beside itself (that is how twins get bought).
@@ -170,6 +171,7 @@ def _join_plan(life: Life) -> JoinPlan:
         seen=list(life.state.seen), node_name=req.node_name, gpus=life.state.offer.gpu_count if life.state.offer else 1,
         device=DeviceQuery(hostname=req.node_name, tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref), within=within,
         timeout_error=f"join timeout: no tailnet device within {human(within)} of the launch (did the instance boot, the boot payload run and reach the control server?)",
+        label=ready_labels(life),
     )
 
 
