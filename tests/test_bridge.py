@@ -795,9 +795,10 @@ async def test_a_pod_asking_for_a_gpu_resource_tgp_does_not_sell_is_told_once_an
         async def pods_fit() -> dict[str, Any] | None:
             conditions = {c["type"]: c for c in (await s.pool_status("ml", "rtx")).get("conditions") or []}
             fit = conditions.get("PodsFit")
-            return fit if fit and fit["reason"] == "GPUResourceNotSold" else None
+            # Both pods, once a pass has seen both (one may come between their status patches).
+            return fit if fit and fit["reason"] == "GPUResourceNotSold" and "amd.com/gpu" in fit["message"] else None
 
-        fit = await eventually(pods_fit, what="the pool's PodsFit=False GPUResourceNotSold")
+        fit = await eventually(pods_fit, what="the pool's PodsFit=False GPUResourceNotSold, for both pods")
         assert fit["status"] == "False" and "nvidia.com/mig-1g.10gb (1 pod(s))" in fit["message"] and "amd.com/gpu" in fit["message"]
         assert long_name not in fit["message"]
         labelled = {"metadata": {"labels": {"touched": "yes"}}}
