@@ -21,8 +21,7 @@ from activities.accounts import ProviderRegistry, TailnetRegistry
 from activities.ledger import LedgerBatcher
 from activities.node.base import HEARTBEAT_EVERY, POLL_INTERVAL, _utcnow, heartbeating
 from activities.node.drain import DRAIN_RELEASE_BOUND, TERMINATE_ONCE_TIMEOUT, Drain, DrainOutcome, DrainRelease
-from activities.node.join import JOIN_LOOK_EVERY, JOIN_NODE_LOOK, Join
-
+from activities.node.join import JOIN_LOOK_EVERY, JOIN_NODE_LOOK
 from activities.node.launch import CREATE_SETTLE, SETTLE_TRIES, Launch, LaunchMemo
 from activities.node.offers import Offers
 from activities.node.release import MAX_DEVICES_PER_HOSTNAME, RELEASE_STEP_TIMEOUT, ReleaseInput, ReleaseResult

@@ -34,10 +34,9 @@ async def drain(life: Life, end: EndReason) -> bool:
     report = life.tell_pool(carry=True)
     inp, release = _drain_input(life, end), release_input(life)
     # A node that goes is released by its drain (one activity and task fewer), Terminating reported.
-    then = None
-    if release is not None:  # the end's report too if this release is the life's last
-        end = life.report_ahead(NodePhase.TERMINATED) if last_release(life) else None
-        then = DrainRelease(release=release, report=life.report_ahead(NodePhase.TERMINATING), end=end, at=workflow.now())
+    # The end's report too if this release is the life's last.
+    end = life.report_ahead(NodePhase.TERMINATED) if last_release(life) else None
+    then = DrainRelease(release=release, report=life.report_ahead(NodePhase.TERMINATING), end=end, at=workflow.now()) if release is not None else None
     result: DrainOutcome = await workflow.execute_activity_method(
         NodeActivities.drain_node,
         args=[inp, report, then],

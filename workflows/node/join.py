@@ -42,10 +42,8 @@ async def join(life: Life, launched: LaunchResult) -> None:
     # Its search attribute only if the join waits on here (for the Node, its GPUs): the launch's
     # activity waited for the tailnet under Launching, and a Node up at once is Ready next.
     life.enter(NodePhase.JOINING, upsert=waits, at=launched.joining_at)
-    if joined is None:
-        raise LaunchAttemptFailed("the join's wait ended without an answer")
-    if joined.error is not None:
-        raise LaunchAttemptFailed(joined.error)
+    if joined is None or joined.error is not None:
+        raise LaunchAttemptFailed(joined.error if joined else "the join's wait ended without an answer")
     t, req = life.timeouts, life.req
     gpus = life.state.offer.gpu_count if life.state.offer else 1
     if joined.twins is not None:

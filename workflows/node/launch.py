@@ -124,8 +124,7 @@ async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
         cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
         summary=f"launch {offer.gpu_type} on {offer.provider} ({offer.region}, ${offer.hourly_price}/h) and join",
     )
-    cancelled = False
-    evicted = asyncio.ensure_future(workflow.wait_condition(lambda: life.state.evict_reason is not None))
+    cancelled, evicted = False, asyncio.ensure_future(workflow.wait_condition(lambda: life.state.evict_reason is not None))
     try:
         await workflow.wait([handle, evicted], return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
@@ -153,11 +152,10 @@ async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
 
 def _launch_input(life: Life, attempt: LaunchAttempt) -> LaunchInput:
     req, offer = life.req, attempt.offer
-    return LaunchInput(
+    return LaunchInput(  # the Node registers with the labels that name its workflow, so the bridge's facts reach the join
         node_name=req.node_name, attempt=attempt.attempt, offer=offer, credentials=req.requirements.credentials.get(offer.provider), boot=req.boot,
         pool=req.pool, tailnet_tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref,
-        # The Node registers with the labels that name its workflow, so the bridge's facts reach
-        # the join (Ready, GPUs) before tgp labels it; the joining taint keeps pods off until then.
+        # before tgp labels it (Ready, GPUs); the joining taint keeps pods off until then.
         labels={**life.template.labels, **life.own_labels(pool_only=True)}, taints=[*life.template.taints, TAINT_JOINING],
         unavailable_offer_ttl=req.unavailable_offer_ttl, demand_since=req.demand_since,
     )
@@ -176,10 +174,9 @@ def _join_plan(life: Life) -> JoinPlan:
 
 
 async def _kept_at_deadline(life: Life, plan: JoinPlan, exc: ActivityError) -> LaunchResult | None:
-    """A launch that ran out of time (its workers died until past its deadline) may have
-    bought, and the instance booted on its own clock: one look by the attempt's name keeps an
-    instance that runs with its device in the tailnet (a dead worker is not a broken instance),
-    and the join goes on from there."""
+    """A launch that ran out of time (its workers dead past its deadline) may have bought: one
+    look by the attempt's name keeps an instance that runs with its device in the tailnet (a dead
+    worker is not a broken instance), and the join goes on from there."""
     if not isinstance(exc.cause, TimeoutError) or life.state.instance is None:
         return None
     look = await check_stage(life, StageCheck(instance=life.state.instance, device=plan.device))
