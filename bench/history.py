@@ -180,6 +180,7 @@ async def breakdown(client: Client, wid: str, since: dt.datetime | None, run_id:
             tally[event_name(event)] += 1
     return dict(tally.most_common())
 
+
 async def sequence(client: Client, wid: str) -> list[str]:
     """A workflow's history, one line an event: seconds from its start, the event, and what it
     names (the activity, signal or marker; a timer's duration)."""
@@ -193,8 +194,8 @@ async def sequence(client: Client, wid: str) -> list[str]:
             what = event.activity_task_scheduled_event_attributes.activity_type.name
         elif name == "WORKFLOW_EXECUTION_SIGNALED":
             what = event.workflow_execution_signaled_event_attributes.signal_name
-        elif name == "MARKER_RECORDED":
-            what = event.marker_recorded_event_attributes.marker_name
+        elif name == "MARKER_RECORDED":  # a local activity's: its summary says which
+            what = event.user_metadata.summary.data.decode() or event.marker_recorded_event_attributes.marker_name
         elif name == "TIMER_STARTED":
             what = f"{event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds():g}s"
         out.append(f"{(at - start).total_seconds():7.2f} {name} {what}".rstrip())

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
@@ -198,3 +199,25 @@ async def test_a_cancel_or_evict_at_any_moment_releases_everything(
     assert world.tailnet_devices(req.node_name) == [], "a tailnet device was left"
     assert not await node_exists(world, req.node_name), "the Node object was left"
     assert world.usable_keys() == [], "an unrevoked tailnet key was left"
+
+
+async def test_an_evict_during_the_buy_ends_the_node_evicted_not_its_offer_failed(temporal: WorkflowEnvironment) -> None:
+    # The evict's cancel cut the launch's create short, and the workflow took the cancelled launch
+    # for the offer's failure: a failed attempt, the offer blocked for every node of the worker.
+    async with running_world(temporal) as (world, _, queue):
+        world.cloud.hold_creates()  # the create reaches the cloud (which buys) and is not answered
+        req = request()
+        handle = await start(temporal, queue, req)
+        await asyncio.wait_for(world.cloud.create_arrived.wait(), 60)
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "not needed after all"})
+
+        async def launch_cancelled() -> bool:
+            return "EVENT_TYPE_ACTIVITY_TASK_CANCELED" in [EventType.Name(e.event_type) async for e in handle.fetch_history_events()]
+
+        await eventually(launch_cancelled, what="the launch cancelled in its create")
+        world.cloud.release_creates()
+        final: NodeStatus = await asyncio.wait_for(handle.result(), 90)
+        assert final.phase is NodePhase.TERMINATED and (final.end_reason or "").startswith("evicted before Ready"), final
+        assert [a.outcome for a in final.attempts] == [""] and not (final.last_error or "").startswith("attempt 1"), final.attempts
+        assert world.cloud.create_requests == 1
+        assert_nothing_left(world, req.node_name)  # what the cut create bought, found by its name

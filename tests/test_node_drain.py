@@ -122,6 +122,21 @@ async def test_a_drain_that_times_out_says_which_pods_were_terminated_unevicted_
         await replay(handle, "drain_timed_out")
 
 
+async def test_a_drain_that_timed_out_leaves_the_end_report_to_the_workflow(temporal: WorkflowEnvironment) -> None:
+    """A drain that released everything tells the pool the end itself, but not after pods stayed:
+    the workflow's end report carries the DrainTimedOut record the pool's Warning comes from."""
+    async with running_world(temporal) as (world, _, queue):
+        req = request(timeouts=FAST.model_copy(update={"drain": timedelta(seconds=2)}), pool_workflow_id="gpupool/ml/no-such-pool")
+        handle = await start(temporal, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await bind_pod(world, req.node_name, "db", labels={"app": "db"})
+        await refuse_evictions(world, "db")
+        await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
+        assert (await asyncio.wait_for(handle.result(), 60)).phase is NodePhase.TERMINATED
+        local = [e.user_metadata.summary.data.decode() async for e in handle.fetch_history_events() if e.HasField("marker_recorded_event_attributes")]
+        assert '"report Terminated"' in local, local
+
+
 async def test_the_pool_raises_a_warning_for_a_node_whose_drain_timed_out(temporal: WorkflowEnvironment) -> None:
     async with gated_world(temporal) as s:
         name, pool = await start_pool(s, pool_spec("cls-unused"))

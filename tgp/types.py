@@ -738,6 +738,7 @@ class StageLook(Model):
     up: bool
     seen: str
     instance: Instance | None = Field(None, description="The instance looked at, when asked by name (no id): the one kept under it.")
+    account: str | None = Field(None, description="With `instance`: the fingerprint of the key it was looked at with.")
 
 
 class LabelInput(Model):

@@ -41,7 +41,6 @@ from activities.node.reports import (
 from activities.node.watch import MAX_ASK_BATCH, POOL_ANSWER_TIMEOUT, POOL_BUSY_PAUSE, POOL_BUSY_PAUSE_MAX, PoolAskBatcher
 from activities.ports import Cluster, CloudProvider, Tailnet
 from tgp.offers import UnavailableOffers
-from tgp.types import JoinResult
 
 __all__ = [
     "CREATE_SETTLE",
@@ -67,7 +66,6 @@ __all__ = [
     "TERMINATE_ONCE_TIMEOUT",
     "DrainOutcome",
     "DrainRelease",
-    "JoinResult",
     "LaunchMemo",
     "NodeActivities",
     "PoolAskBatcher",

@@ -15,7 +15,7 @@ from activities.drain import drain
 from activities.errors import temporal_errors
 from activities.node.base import log
 from activities.node.release import RELEASE_STEP_TIMEOUT, Release, ReleaseInput, ReleaseResult
-from activities.node.reports import REPORT_WAIT, _dated, carrying
+from activities.node.reports import REPORT_ATTEMPTS, REPORT_WAIT, _dated, carrying
 from activities.node.watch import Watch
 from tgp.messages import PoolReport
 from tgp.types import DrainInput, DrainResult
@@ -45,6 +45,11 @@ class DrainOutcome(DrainResult):
     released: ReleaseResult | None = Field(None, description="The release made by the drain (its terminate confirmed); None: the workflow releases.")
     released_at: datetime | None = Field(None, description="When the drain's release began: the node's Terminating, as its pool was told.")
     ended_at: datetime | None = Field(None, description="When the release had done every step and the pool was told the node's end (`DrainRelease.end`).")
+
+
+def _all_done(inp: ReleaseInput, done: ReleaseResult | None) -> bool:
+    """Whether the drain's release did every step: terminate, tailnet, Node, the class ledger's."""
+    return done is not None and done.tailnet_cleaned and done.node_deleted and (done.released or inp.ledger is None)
 
 
 class Drain(Release, Watch):
@@ -87,7 +92,10 @@ class Drain(Release, Watch):
             async with carrying(_dated(then.report, at), self.reports):
                 released = await self._release_after_drain(then.release)
             ended_at = None
-            if then.end is not None and released is not None and released.tailnet_cleaned and released.node_deleted and (released.released or then.release.ledger is None):
+            # Not after pods stayed (the workflow's end report carries the DrainTimedOut record),
+            # nor from an attempt past REPORT_ATTEMPTS (it sends none).
+            if then.end is not None and _all_done(then.release, released) and not (result.remaining or result.terminating or result.deleted) \
+                    and activity.info().attempt <= REPORT_ATTEMPTS:
                 ended_at = max(at, datetime.now(timezone.utc))
                 async with carrying(_dated(then.end, ended_at), self.reports):
                     pass  # the end's report, here rather than from a local activity of its own

@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 from activities import metrics
 from activities.errors import temporal_errors
 from activities.node.base import NodeBase, heartbeating, log
-from activities.node.reports import _dated, carrying
+from activities.node.reports import REPORT_ATTEMPTS, _dated, carrying
 from activities.termination import VERIFY_FOR, end_for_good, settled_at
 from tgp.messages import PoolReport
 from tgp.types import LABEL_PROVIDER, InstanceRef, InstanceState, JoinPlan, JoinResult, LabelInput, LaunchResult, StageCheck, StageLook, TailnetDevice, TwinWatchInput
@@ -63,11 +63,14 @@ class Join(NodeBase):
     async def label_on_join(self, inp: LabelInput, ready: PoolReport | None) -> bool:
         """A Node up at the join's end gets its labels and taints (the joining taint off: pods
         may land), and the pool the Ready report, here rather than in a local activity of the
-        workflow's; False if that failed (the workflow puts them on)."""
+        workflow's; False if that failed, or this attempt sends no report (the workflow does both)."""
+        if ready is not None and activity.info().attempt > REPORT_ATTEMPTS:
+            return False
         try:
-            await self.label_and_taint_node(inp, _dated(ready, self.now()))
-        except ApplicationError as exc:
-            log.info("labels_left_to_the_workflow", error=exc.type or "")
+            with heartbeating():
+                await self.label_and_taint_node(inp, _dated(ready, self.now()))
+        except Exception as exc:  # noqa: BLE001 - the workflow's label step makes it
+            log.info("labels_left_to_the_workflow", error=type(exc).__name__)
             return False
         return True
 
@@ -155,13 +158,14 @@ class Join(NodeBase):
         healthy instance must not be released for that."""
         with heartbeating(), temporal_errors():
             seen: list[str] = []
-            looked = None
+            looked, account = None, None
             if inp.instance is not None:
                 ref = inp.instance
                 provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
                 if ref.instance_id is None:  # a launch that ran out of time: what it bought, by its name
                     live = [i for i in await self.registry.lookups.find_all_by_name(provider, ref.instance_name) if i.state is not InstanceState.TERMINATED]
                     inst = looked = min(live, key=lambda i: i.instance_id) if live else None
+                    account = self.registry.account(provider)
                 else:
                     inst = await provider.describe(ref.instance_id)
                 what = inst.instance_id if inst else ref.instance_id or f"named {ref.instance_name}"
@@ -186,7 +190,7 @@ class Join(NodeBase):
                     if node.gpus < inp.gpus:
                         return StageLook(up=False, seen=f"Node {inp.node_name} has {node.gpus} of {inp.gpus} GPUs allocatable")
                     seen.append(f"its {node.gpus} GPUs are registered")
-        return StageLook(up=True, seen=", ".join(seen), instance=looked)
+        return StageLook(up=True, seen=", ".join(seen), instance=looked, account=account)
 
     @activity.defn
     async def label_and_taint_node(self, inp: LabelInput, report: PoolReport | None = None) -> None:

@@ -73,8 +73,6 @@ class Launch(Boot, Join):
             bought = await self._launch_instance(inp)
         if join is None:
             return bought
-        # The join's beats carry what was bought: a retried attempt adopts it at once.
-        CARRIED.set(LaunchMemo(sent_at=self.now(), bought=[bought.instance]).details)
         joining_at = self.now()
         try:
             joined: JoinResult | None = await self.join_after_buy(instance_name(inp.node_name, inp.attempt), bought, join)
@@ -127,6 +125,7 @@ class Launch(Boot, Join):
         # What earlier attempts of this activity sent and bought (their heartbeats): a worker
         # killed during a create leaves its successor that much to look for.
         memo = LaunchMemo.read(activity.info().heartbeat_details)
+        CARRIED.set(memo.details)  # the join's beats carry it on: a retry in the join adopts what was bought
         # The heartbeat runs through the whole call, pacing waits included: a live attempt is
         # never timed out and retried beside itself; a dead worker's attempt is, within the
         # heartbeat timeout.

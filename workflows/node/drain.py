@@ -35,8 +35,8 @@ async def drain(life: Life, end: EndReason) -> bool:
     inp, release = _drain_input(life, end), release_input(life)
     # A node that goes is released by its drain (one activity and task fewer), Terminating reported.
     # The end's report too if this release is the life's last.
-    end = life.report_ahead(NodePhase.TERMINATED) if last_release(life) else None
-    then = DrainRelease(release=release, report=life.report_ahead(NodePhase.TERMINATING), end=end, at=workflow.now()) if release is not None else None
+    told = life.report_ahead(NodePhase.TERMINATED) if last_release(life) else None
+    then = DrainRelease(release=release, report=life.report_ahead(NodePhase.TERMINATING), end=told, at=workflow.now()) if release is not None else None
     result: DrainOutcome = await workflow.execute_activity_method(
         NodeActivities.drain_node,
         args=[inp, report, then],

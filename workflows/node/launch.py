@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.workflow import ActivityCancellationType
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from activities.node import NodeActivities
@@ -103,10 +103,11 @@ async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
     """Mint the tailnet key, buy the instance and wait for it to join the tailnet: one activity
     (the key never leaves it; one workflow task for the buy and the join, issue 37)."""
     offer, req, t = attempt.offer, life.req, life.timeouts
-    # The class's account for this provider (a reference; the key is read by the activities).
-    credentials = req.requirements.credentials.get(offer.provider)
     # Before the phase: its upsert then says this attempt has no instance yet (not the last one's).
-    life.state.instance = InstanceRef(provider=offer.provider, instance_name=instance_name(req.node_name, attempt.attempt), credentials=credentials)
+    # The credentials: the class's account for this provider (a reference; the activities read the key).
+    life.state.instance = InstanceRef(
+        provider=offer.provider, instance_name=instance_name(req.node_name, attempt.attempt), credentials=req.requirements.credentials.get(offer.provider)
+    )
     life.enter(NodePhase.LAUNCHING)
     report = life.tell_pool(carry=True)
     life.remember(life.state.instance)
@@ -140,6 +141,7 @@ async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
             _launch_failed(life, exc)  # nothing bought, or the release finds it by name
             if cancelled:
                 raise asyncio.CancelledError() from None
+            life.check_evicted()  # the evict's cancel cut the buy short: not the offer's failure
             _raise_for(life, attempt, exc)
         result = kept
     _launched(life, result)
@@ -152,10 +154,11 @@ async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
 
 def _launch_input(life: Life, attempt: LaunchAttempt) -> LaunchInput:
     req, offer = life.req, attempt.offer
-    return LaunchInput(  # the Node registers with the labels that name its workflow, so the bridge's facts reach the join
-        node_name=req.node_name, attempt=attempt.attempt, offer=offer, credentials=req.requirements.credentials.get(offer.provider), boot=req.boot,
+    assert life.state.instance is not None
+    return LaunchInput(
+        node_name=req.node_name, attempt=attempt.attempt, offer=offer, credentials=life.state.instance.credentials, boot=req.boot,
         pool=req.pool, tailnet_tags=req.tailnet_tags, tailnet=req.tailnet, tailnet_ref=req.tailnet_ref,
-        # before tgp labels it (Ready, GPUs); the joining taint keeps pods off until then.
+        # The Node registers with the labels that name its workflow, so the bridge's facts reach the join (Ready, GPUs) before tgp labels it.
         labels={**life.template.labels, **life.own_labels(pool_only=True)}, taints=[*life.template.taints, TAINT_JOINING],
         unavailable_offer_ttl=req.unavailable_offer_ttl, demand_since=req.demand_since,
     )
@@ -183,7 +186,7 @@ async def _kept_at_deadline(life: Life, plan: JoinPlan, exc: ActivityError) -> L
     if look is None or not look.up or look.instance is None:
         return None
     workflow.logger.info("the launch ran out of time, but %s: kept", look.seen)
-    return LaunchResult(instance=look.instance, joining_at=workflow.now(), join=JoinResult())
+    return LaunchResult(instance=look.instance, account=look.account, joining_at=workflow.now(), join=JoinResult())
 
 
 def _raise_for(life: Life, attempt: LaunchAttempt, exc: ActivityError) -> None:
