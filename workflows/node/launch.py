@@ -105,9 +105,8 @@ async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
     offer, req, t = attempt.offer, life.req, life.timeouts
     # Before the phase: its upsert then says this attempt has no instance yet (not the last one's).
     # The credentials: the class's account for this provider (a reference; the activities read the key).
-    life.state.instance = InstanceRef(
-        provider=offer.provider, instance_name=instance_name(req.node_name, attempt.attempt), credentials=req.requirements.credentials.get(offer.provider)
-    )
+    credentials = req.requirements.credentials.get(offer.provider)
+    life.state.instance = InstanceRef(provider=offer.provider, instance_name=instance_name(req.node_name, attempt.attempt), credentials=credentials)
     life.enter(NodePhase.LAUNCHING)
     report = life.tell_pool(carry=True)
     life.remember(life.state.instance)
@@ -115,9 +114,8 @@ async def launch(life: Life, attempt: LaunchAttempt) -> LaunchResult:
     handle = workflow.start_activity_method(
         NodeActivities.launch_instance,
         args=[_launch_input(life, attempt), report, settle_call(life, offer), plan, life.report_ahead(NodePhase.READY)],
-        # The buy's whole budget (a create may wait behind a provider's pacer), then the join's,
-        # then its last look. The heartbeat notices a dead worker; a live attempt is never
-        # retried beside itself (that is how twins get bought).
+        # The buy's whole budget (a create may wait behind a provider's pacer), the join's, its last look. The
+        # heartbeat notices a dead worker; a live attempt is never retried beside itself (that is how twins get bought).
         start_to_close_timeout=t.launch + plan.within + t.api_call, schedule_to_close_timeout=t.launch + plan.within + t.api_call,
         heartbeat_timeout=life.heartbeat(), retry_policy=LAUNCH_RETRY,
         # A cancel (evicted, or the node cancelled) is waited out: during the join the activity
