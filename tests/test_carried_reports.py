@@ -12,6 +12,7 @@ import uuid
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta, timezone
 
+import httpx
 import pytest
 import structlog.testing
 
@@ -19,6 +20,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
+from activities.http import default_tls
 from activities.node import REPORT_ATTEMPTS, REPORT_TRIES, ReportBatcher, _reports_in_flight, carrying
 from sim.world import sim_world
 from tests.conftest import eventually
@@ -28,7 +30,7 @@ from tests.test_launch_settles import quick_world
 from tests.test_node_lifecycle import FAST, request, start, wait_phase
 from tests.test_watch_events import SignalsSent, signals_received
 from tgp.messages import NodeReport, NodeReports, PoolReport, pool_workflow_id
-from tgp.types import NodePhase, NodeStatus
+from tgp.types import LabelInput, NodePhase, NodeStatus
 from workers.main import WorkerConfig, build_activities, make_worker
 from workflows.node import GPUNodeWorkflow
 
@@ -229,3 +231,20 @@ async def test_a_report_whose_signal_hangs_is_tried_again(temporal: WorkflowEnvi
         await env.run(work)
     assert signals(hanging) == ["node_phase"] * REPORT_TRIES
     assert [e["status"] for e in logs if e["event"] == "report_not_sent"] == ["TimeoutError"]
+
+
+async def test_a_launch_past_the_reporting_attempts_leaves_the_labels_and_ready_to_the_workflow() -> None:
+    """An attempt past REPORT_ATTEMPTS sends no report: the launch's retry does not label the Node
+    either (its `label_on_join` says no), so the workflow labels it and tells the pool Ready."""
+    async with AsyncExitStack() as stack:
+        world, activities = await quick_world(stack)
+        async with httpx.AsyncClient(verify=default_tls(), base_url=world.kube_url) as kube:
+            (await kube.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "late"}})).raise_for_status()
+            labels = LabelInput(node_name="late", labels={"tgp.io/pool": "rtx"}, taints=[])
+            env = ActivityEnvironment()
+            env.info = dataclasses.replace(env.info, attempt=REPORT_ATTEMPTS + 1)
+            assert not await env.run(activities.node.label_on_join, labels, REPORT)
+            assert "tgp.io/pool" not in (await kube.get("/api/v1/nodes/late")).json()["metadata"].get("labels", {})
+            env.info = dataclasses.replace(env.info, attempt=1)
+            assert await env.run(activities.node.label_on_join, labels, REPORT)
+            assert (await kube.get("/api/v1/nodes/late")).json()["metadata"]["labels"]["tgp.io/pool"] == "rtx"
