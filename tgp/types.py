@@ -705,6 +705,12 @@ class InstanceRef(Model):
     )
     known_ids: list[str] = Field([], description="Every instance id ever seen under this name: each is terminated and verified.")
 
+    def bought(self, result: LaunchResult, at: datetime) -> InstanceRef:
+        """This name once `result` bought (or adopted) its instance, known `at`: its id and key,
+        and every id seen under the name."""
+        ids = sorted({*self.known_ids, *result.seen_ids, result.instance.instance_id})
+        return self.model_copy(update={"instance_id": result.instance.instance_id, "account": result.account, "created_by": at, "known_ids": ids})
+
 
 class TwinWatchInput(Model):
     """The names a node's launches used, with what is known of each, and the one instance

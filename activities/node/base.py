@@ -4,7 +4,7 @@ the cluster), looked up by name or by the class's account, the activities' clock
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timedelta, timezone
@@ -20,7 +20,7 @@ from activities.ports import Cluster, CloudProvider, Tailnet
 from activities.termination import settled_at
 from tgp.errors import AuthError, ConfigError, PermissionDenied
 from tgp.offers import UnavailableOffers
-from tgp.types import CredentialsRef, InstanceRef, TailnetRef
+from tgp.types import CredentialsRef, Instance, InstanceRef, TailnetRef
 
 log = structlog.get_logger("tgp.activities")
 
@@ -52,6 +52,12 @@ def _utcnow() -> datetime:
 # What every heartbeat of an activity carries unless told otherwise: set by `launch_instance`
 # for its join, so the join's beats carry the launch's memo (what it bought) instead of erasing it.
 CARRIED: ContextVar[Callable[[], Sequence[Any]]] = ContextVar("carried_heartbeat_details", default=tuple)
+
+
+def survivor(instances: Iterable[Instance]) -> Instance:
+    """The one instance kept under a name: the lowest id. Every attempt keeps the same one, so two
+    overlapping attempts never end each other's."""
+    return min(instances, key=lambda i: i.instance_id)
 
 
 @contextmanager

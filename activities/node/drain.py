@@ -15,7 +15,7 @@ from activities.drain import drain
 from activities.errors import temporal_errors
 from activities.node.base import log
 from activities.node.release import RELEASE_STEP_TIMEOUT, Release, ReleaseInput, ReleaseResult
-from activities.node.reports import REPORT_ATTEMPTS, REPORT_WAIT, _dated, carrying
+from activities.node.reports import REPORT_WAIT, _dated, carrying, sends_reports
 from activities.node.watch import Watch
 from tgp.messages import PoolReport
 from tgp.types import DrainInput, DrainResult
@@ -93,9 +93,8 @@ class Drain(Release, Watch):
                 released = await self._release_after_drain(then.release)
             ended_at = None
             # Not after pods stayed (the workflow's end report carries the DrainTimedOut record),
-            # nor from an attempt past REPORT_ATTEMPTS (it sends none).
-            if then.end is not None and _all_done(then.release, released) and not (result.remaining or result.terminating or result.deleted) \
-                    and activity.info().attempt <= REPORT_ATTEMPTS:
+            # nor from an attempt that sends no report.
+            if then.end is not None and _all_done(then.release, released) and not (result.remaining or result.terminating or result.deleted) and sends_reports():
                 ended_at = max(at, datetime.now(timezone.utc))
                 async with carrying(_dated(then.end, ended_at), self.reports):
                     pass  # the end's report, here rather than from a local activity of its own

@@ -14,8 +14,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities import metrics
 from activities.errors import temporal_errors
-from activities.node.base import NodeBase, heartbeating, log
-from activities.node.reports import REPORT_ATTEMPTS, _dated, carrying
+from activities.node.base import NodeBase, heartbeating, log, survivor
+from activities.node.reports import _dated, carrying, sends_reports
 from activities.termination import VERIFY_FOR, end_for_good, settled_at
 from tgp.messages import PoolReport
 from tgp.types import LABEL_PROVIDER, InstanceRef, InstanceState, JoinPlan, JoinResult, LabelInput, LaunchResult, StageCheck, StageLook, TailnetDevice, TwinWatchInput
@@ -36,11 +36,8 @@ class Join(NodeBase):
         look (the instance booted on its own clock all along) keeps what is in fact up. A join
         that fails (the deadline, an instance that failed while it booted) is an answer, not an
         error: the instance is recorded either way, and the workflow releases it."""
-        ref = next((r for r in plan.seen if r.instance_name == name), None) or InstanceRef(provider=bought.instance.provider, instance_name=name)
-        ref = ref.model_copy(update={
-            "instance_id": bought.instance.instance_id, "account": bought.account, "created_by": self.now(),
-            "known_ids": sorted({*ref.known_ids, *bought.seen_ids, bought.instance.instance_id}),
-        })
+        named = next((r for r in plan.seen if r.instance_name == name), None) or InstanceRef(provider=bought.instance.provider, instance_name=name)
+        ref = named.bought(bought, self.now())
         check = StageCheck(instance=ref, device=plan.device, node_name=plan.node_name, gpus=plan.gpus)
         twins = TwinWatchInput(instances=[*(r for r in plan.seen if r.instance_name != name), ref], keep=ref.instance_id)
         try:
@@ -64,7 +61,7 @@ class Join(NodeBase):
         """A Node up at the join's end gets its labels and taints (the joining taint off: pods
         may land), and the pool the Ready report, here rather than in a local activity of the
         workflow's; False if that failed, or this attempt sends no report (the workflow does both)."""
-        if ready is not None and activity.info().attempt > REPORT_ATTEMPTS:
+        if ready is not None and not sends_reports():
             return False
         try:
             with heartbeating():
@@ -164,7 +161,7 @@ class Join(NodeBase):
                 provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
                 if ref.instance_id is None:  # a launch that ran out of time: what it bought, by its name
                     live = [i for i in await self.registry.lookups.find_all_by_name(provider, ref.instance_name) if i.state is not InstanceState.TERMINATED]
-                    inst = looked = min(live, key=lambda i: i.instance_id) if live else None
+                    inst = looked = survivor(live) if live else None
                     account = self.registry.account(provider)
                 else:
                     inst = await provider.describe(ref.instance_id)

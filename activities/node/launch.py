@@ -16,7 +16,7 @@ from activities import metrics
 from activities.boot.render import BootSettings
 from activities.errors import temporal_errors
 from activities.ledger import LedgerCall
-from activities.node.base import CARRIED, _not_the_providers, heartbeating, log
+from activities.node.base import CARRIED, _not_the_providers, heartbeating, log, survivor
 from activities.node.boot import Boot
 from activities.node.join import Join
 from activities.node.reports import carrying
@@ -214,12 +214,12 @@ class Launch(Boot, Join):
         live = await self._live(provider, name, memo)
         if all(i.instance_id != instance.instance_id for i in live):
             live.append(instance)  # a listing that lags behind the create
-        survivor = min(live, key=lambda i: i.instance_id)
-        await self._terminate_twins(provider, name, keep=survivor.instance_id, bound=bound, known=live)
-        if survivor.instance_id != instance.instance_id:
+        kept = survivor(live)
+        await self._terminate_twins(provider, name, keep=kept.instance_id, bound=bound, known=live)
+        if kept.instance_id != instance.instance_id:
             await asyncio.shield(self._revoke_quietly(tailnet, key_id))  # our twin is gone with its key
-            bound.info("instance_adopted", instance_id=survivor.instance_id)
-            return LaunchResult(instance=survivor, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
+            bound.info("instance_adopted", instance_id=kept.instance_id)
+            return LaunchResult(instance=kept, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
         return LaunchResult(instance=instance, key_id=key_id, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
 
     async def _look_until(self, provider: CloudProvider, name: str, memo: LaunchMemo, until: datetime) -> list[Instance]:
@@ -254,7 +254,7 @@ class Launch(Boot, Join):
         found = await self._look_until(provider, name, memo, until)
         if not found:
             return None
-        keep = min(found, key=lambda i: i.instance_id)  # the same rule as after a create: the lowest id survives
+        keep = survivor(found)  # the same rule as after a create
         await self._terminate_twins(provider, name, keep=keep.instance_id, bound=bound, known=found)
         bound.info("instance_adopted", instance_id=keep.instance_id)
         return keep
@@ -278,7 +278,7 @@ class Launch(Boot, Join):
             found = await self._look_until(provider, name, memo, self.now() + self._settle_for(provider))
             if not found:
                 raise
-            return min(found, key=lambda i: i.instance_id)
+            return survivor(found)
         memo.bought.append(instance)
         memo.seen[instance.instance_id] = instance
         activity.heartbeat(*memo.details())

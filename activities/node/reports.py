@@ -75,6 +75,12 @@ async def signal_report(call: PoolReport, reports: ReportBatcher) -> bool:
 _reports_in_flight: set[asyncio.Task[None]] = set()
 
 
+def sends_reports() -> bool:
+    """Whether this attempt of the activity sends the reports it carries (the first
+    REPORT_ATTEMPTS do: `carrying`)."""
+    return activity.info().attempt <= REPORT_ATTEMPTS
+
+
 @asynccontextmanager
 async def carrying(report: PoolReport | None, reports: ReportBatcher) -> AsyncIterator[None]:
     """While the block (an activity's work) runs, signal `report`, the phase the activity
@@ -86,7 +92,7 @@ async def carrying(report: PoolReport | None, reports: ReportBatcher) -> AsyncIt
     the end of the block the send is waited for REPORT_WAIT at most, then left to finish on its
     own: the activity's heartbeats have stopped by then, and its result must not wait on the
     pool. Nothing the send raises reaches the activity."""
-    if report is None or activity.info().attempt > REPORT_ATTEMPTS:
+    if report is None or not sends_reports():
         yield
         return
 

@@ -206,11 +206,9 @@ def _raise_for(life: Life, attempt: LaunchAttempt, exc: ActivityError) -> None:
 
 
 def _launched(life: Life, result: LaunchResult) -> None:
-    instance = life.state.instance
-    assert instance is not None
-    life.state.instance = instance.model_copy(update={"instance_id": result.instance.instance_id, "account": result.account})
-    ids = sorted({*instance.known_ids, *result.seen_ids, result.instance.instance_id})
-    life.remember(life.state.instance.model_copy(update={"created_by": workflow.now(), "known_ids": ids}))
+    assert life.state.instance is not None
+    life.state.instance = life.state.instance.bought(result, workflow.now())
+    life.remember(life.state.instance)
     if result.key_id:
         life.state.key_ids.append(result.key_id)
 
