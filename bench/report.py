@@ -297,7 +297,8 @@ def device_figures() -> dict[str, Any] | None:
     for path in reversed(files):
         run = json.loads(path.read_text())
         if (_get(run, "machine", "nproc") or 0) >= 8:
-            return {**run, "file": str(path)}
+            shown = path.resolve().relative_to(RESULTS.parent.parent) if path.resolve().is_relative_to(RESULTS.parent.parent) else path
+            return {**run, "file": str(shown)}
     return None
 
 
@@ -310,7 +311,15 @@ def device_section(device: dict[str, Any] | None) -> list[str]:
         return [f"Not run here (this machine has fewer than 8 cores). Run it with:", "", "```sh", DEVICE_COMMAND, "```"]
     m = device["machine"]
     return [f"From `{device['file']}`: {m['nproc']} × {m['cpu_model']}, Python {m['python']}, commit `{m['commit']}`, {device['date']}.", "",
-            *_table(targets(device)), "", "Saturated process per phase there:", "", *saturation_table(device), "", "Workers there:", "", *workers_table(device)]  # fmt: skip
+            *_table(targets(device)), "", "Saturated process per phase there:", "", *saturation_table(device), "", "Workers there:", "", *workers_table(device),
+            *_workers_500(device)]  # fmt: skip
+
+
+def _workers_500(device: dict[str, Any]) -> list[str]:
+    """The workers phase again with a burst of 500 (BENCH_WORKERS_BURST=500), where a run has it."""
+    if not device.get("workers_500"):
+        return []
+    return ["", "The same with a burst of 500 there:", "", *workers_table({"workers": device["workers_500"], "machine": device["machine"]})]
 
 
 def render(r: dict[str, Any], device: dict[str, Any] | None = None) -> str:
