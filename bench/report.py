@@ -331,7 +331,7 @@ def render(r: dict[str, Any], device: dict[str, Any] | None = None) -> str:
         f"Run {r['date']}, commit `{m['commit']}`, {m['nproc']} × {m['cpu_model']}, Python {m['python']}; load {', '.join(f'{x:.1f}' for x in r.get('load_at_start', []))} "
         f"at start{' (a quick run: smaller bursts)' if r.get('quick') else ''}.", "",
         "Every part is a process of its own: the Temporal dev server, `tgp worker` (one, or n on one task queue), `tgp bridge`, and the "
-        "simulated world in three (the Kubernetes API with its scheduler; the kubelets; the cloud with the tailnet), each one's CPU read "
+        "simulated world in four (the Kubernetes API; its scheduler; the kubelets; the cloud with the tailnet), each one's CPU read "
         "from /proc over each phase. Each target is a ratio of figures measured in this same run, so it holds on any machine.", "",
         "## Targets", "", *_table(targets(r)), "",
         "## Per node brought up, against Temporal's floor", "", *cost_table(r), "",

@@ -7,7 +7,7 @@ docs/benchmarks.md (bench/report.py).
     bench/device.sh                                      # the figures on a many-core machine, JSON to $OUT
 
 Phases, each on a fresh stack (bench/stack.py: a Temporal dev server, `tgp worker` and `tgp
-bridge`, and the simulated world spread over three processes, bench/world.py), each process's CPU
+bridge`, and the simulated world spread over four processes, bench/world.py), each process's CPU
 read from /proc over the phase (the page names the busiest, and "saturated" near one core):
 
 * burst N (N = 100 and 500): N pending 1-GPU pods at once through the bridge; per pod, tgp's

@@ -170,7 +170,7 @@ class Stack:
     server: Proc = field(init=False)
     worker_procs: list[Proc] = field(init=False)
     bridge: Proc = field(init=False)
-    world: dict[str, tuple[Proc, dict[str, Any]]] = field(init=False)  # kube, kubelets, cloud
+    world: dict[str, tuple[Proc, dict[str, Any]]] = field(init=False)  # kube, scheduler, kubelets, cloud
     _stack: AsyncExitStack = field(default_factory=AsyncExitStack)
 
     @property
@@ -182,9 +182,10 @@ class Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         s = self._stack
         kube = await world_part(s, "kube", self.logs)
+        scheduler = await world_part(s, "scheduler", self.logs, kube[1]["url"])
         kubelets = await world_part(s, "kubelets", self.logs, kube[1]["url"], *([] if self.kubelets else ["--no-loop"]))
         cloud = await world_part(s, "cloud", self.logs, kubelets[1]["url"], str(self.boot_delay))
-        self.world = {"kube": kube, "kubelets": kubelets, "cloud": cloud}
+        self.world = {"kube": kube, "scheduler": scheduler, "kubelets": kubelets, "cloud": cloud}
         self.kube = await s.enter_async_context(httpx.AsyncClient(verify=default_tls(), base_url=kube[1]["url"], timeout=30))
         self._stats = await s.enter_async_context(httpx.AsyncClient(verify=default_tls(), timeout=30))
         port = free_port()

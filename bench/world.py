@@ -1,7 +1,8 @@
 """The simulated world `make bench` measures tgp against, spread over processes so that it is
 never the bottleneck (issue 37: in one process it was pinned at one core before tgp was):
 
-    python -m bench.world kube     READY_FILE                 # the Kubernetes API with tgp's CRDs and the scheduler
+    python -m bench.world kube      READY_FILE                 # the Kubernetes API with tgp's CRDs
+    python -m bench.world scheduler READY_FILE KUBE_URL        # the scheduler, a client of that API
     python -m bench.world kubelets READY_FILE KUBE_URL [--no-loop]   # every machine's kubelet
     python -m bench.world cloud    READY_FILE KUBELETS_URL BOOT_S    # the simulated cloud and the tailnet
 
@@ -125,11 +126,18 @@ async def kube(stack: AsyncExitStack, _: list[str]) -> dict[str, Any]:
     emulator._requests = deque(maxlen=8)
     for path in sorted(CRDS.glob("*.yaml")):
         emulator.install_crd(yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # noqa: S506 - libyaml where present
-    # kube-scheduler's queue as v1.34 has it; a pending pod is marked Unschedulable once, not on
-    # every attempt as its message's node count changes (tgp reads the reason only).
-    await stack.enter_async_context(SimScheduler(emulator.url, interval=SCHEDULER_INTERVAL, refresh_unschedulable=False))
     stats = await serve_stats(stack, lambda: {"counts": [[*k, v] for k, v in emulator.counts.items()]})
     return {"url": emulator.url, "stats": stats}
+
+
+async def scheduler(stack: AsyncExitStack, args: list[str]) -> dict[str, Any]:
+    """The scheduler in a process of its own (it reaches the API over HTTP, as kube-scheduler
+    does): beside the API in one process, the two were pinned at one core in a burst of 500 on
+    16 cores (issue 37), and pods waited for the harness, not for tgp."""
+    # kube-scheduler's queue as v1.34 has it; a pending pod is marked Unschedulable once, not on
+    # every attempt as its message's node count changes (tgp reads the reason only).
+    await stack.enter_async_context(SimScheduler(args[0], interval=SCHEDULER_INTERVAL, refresh_unschedulable=False))
+    return {"stats": await serve_stats(stack, lambda: {})}
 
 
 async def kubelets(stack: AsyncExitStack, args: list[str]) -> dict[str, Any]:
@@ -200,7 +208,7 @@ async def cloud(stack: AsyncExitStack, args: list[str]) -> dict[str, Any]:
     return {"url": c.url, "worker_env": worker_env, "stats": await serve_stats(stack, stats)}
 
 
-ROLES = {"kube": kube, "kubelets": kubelets, "cloud": cloud}
+ROLES = {"kube": kube, "scheduler": scheduler, "kubelets": kubelets, "cloud": cloud}
 
 
 async def main(role: str, ready: Path, args: list[str]) -> None:
