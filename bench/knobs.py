@@ -21,6 +21,8 @@ def knob(name: str, full: str, quick: str) -> str:
 
 
 BURSTS = [int(n) for n in knob("BENCH_BURSTS", "100,500", "30").split(",") if n]
+# `tgp worker` processes on one task queue in the burst phase (the workers phase tries 1, 2, 4).
+BURST_WORKERS = int(knob("BENCH_BURST_WORKERS", "1", "1"))
 # A burst small enough not to saturate the machine, after the others: what a pod's overhead is
 # when nothing waits for CPU (the batch window, the node's own path, the scheduler). 0: none.
 LATENCY_PODS = int(knob("BENCH_LATENCY_PODS", "10", "0"))

@@ -129,7 +129,7 @@ def p99_row(r: dict[str, Any]) -> Row:
     if p99 is None or not wall or floor.get("n") != 500:
         return ("burst 500: overhead p99", target, "not measured (needs the full run's burst 500 and floor of 500)", None)
     ratio = p99 / wall
-    shown = f"**{ratio:.2f}×**: p99 {_f(p99, ' s')} (of the pods served) against {_f(wall, ' s')}; never served {b.get('never_served')}"
+    shown = f"**{ratio:.2f}×**: p99 {_f(p99, ' s')} (of the pods served) against {_f(wall, ' s')}; never served {b.get('never_served')}; {b.get('workers', 1)} worker(s)"
     judged = (_get(r, "machine", "nproc") or 1) >= 8
     return ("burst 500: overhead p99 (bound − created − boot)", target, shown if judged else f"{shown}; judged on 8+ cores only", (ratio <= fig.P99_VS_FLOOR_WALL and b.get("never_served") == 0) if judged else None)
 

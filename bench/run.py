@@ -24,7 +24,8 @@ read from /proc over the phase (the page names the busiest, and "saturated" near
 * floor: the least one workflow per node costs, nothing of tgp in it: lives of one and of two
   activities on a dev server of their own (bench/temporal_floor.py).
 
-Knobs (environment; bench/knobs.py): BENCH_QUICK=1, BENCH_BURSTS ("100,500"), BENCH_WORKERS
+Knobs (environment; bench/knobs.py): BENCH_QUICK=1, BENCH_BURSTS ("100,500"), BENCH_BURST_WORKERS
+(worker processes in the burst phase, 1), BENCH_WORKERS
 ("1,2,4"), BENCH_WORKERS_BURST, BENCH_PHASES ("offers,burst,workers,hold,floor"), BENCH_HOLD_*,
 BENCH_QUIET_*, BENCH_BOOT_SECONDS, BENCH_IDLE_SECONDS, BENCH_FLOOR_WORKFLOWS, BENCH_LATENCY_PODS,
 BENCH_IDLE_BUDGET, BENCH_SKIP_IDLE=1, BENCH_IDLE_PROFILE (seconds of the worker's stacks sampled from
@@ -49,7 +50,7 @@ from typing import Any
 from bench import offer_cache, offer_selection
 from bench.burst import burst
 from bench.hold import hold
-from bench.knobs import BOOT, BURSTS, FLOOR_TIMEOUT, FLOOR_WORKFLOWS, HOLD_NODES, HOLD_SECONDS, IDLE, LATENCY_PODS, PHASES, QUICK, WORKERS, WORKERS_BURST, say
+from bench.knobs import BOOT, BURST_WORKERS, BURSTS, FLOOR_TIMEOUT, FLOOR_WORKFLOWS, HOLD_NODES, HOLD_SECONDS, IDLE, LATENCY_PODS, PHASES, QUICK, WORKERS, WORKERS_BURST, say
 from bench.report import device_figures, render
 from bench.stack import ROOT
 from workers.main import workflow_cache
@@ -92,7 +93,7 @@ async def measure(results: dict[str, Any]) -> None:
         results["offer_cache"] = await offer_cache.run(100)
     if "burst" in PHASES:
         idle = os.environ.get("BENCH_SKIP_IDLE") != "1"
-        results["bursts"] = {str(n): await phase(burst(n, idle=idle and i == 0), f"burst {n}") for i, n in enumerate(BURSTS)}
+        results["bursts"] = {str(n): await phase(burst(n, idle=idle and i == 0, workers=BURST_WORKERS), f"burst {n}") for i, n in enumerate(BURSTS)}
     if "workers" in PHASES:
         # The same burst once with each number of workers on the one task queue.
         results["workers"] = {str(w): await phase(burst(WORKERS_BURST, idle=False, workers=w, name=f"workers{w}"), f"workers {w}") for w in WORKERS}
@@ -111,7 +112,7 @@ async def main() -> int:
         "machine": machine(),
         "load_at_start": list(os.getloadavg()),
         "quick": QUICK,
-        "knobs": {"workflow_cache": workflow_cache(), "bursts": BURSTS, "workers": WORKERS, "workers_burst": WORKERS_BURST,
+        "knobs": {"workflow_cache": workflow_cache(), "bursts": BURSTS, "burst_workers": BURST_WORKERS, "workers": WORKERS, "workers_burst": WORKERS_BURST,
                   "hold_nodes": HOLD_NODES, "hold_seconds": HOLD_SECONDS, "boot_s": BOOT, "idle_timeout_s": IDLE},
     }  # fmt: skip
     wall0 = time.monotonic()
