@@ -113,7 +113,7 @@ async def burst(n: int, *, idle: bool, workers: int = 1, name: str = "") -> dict
         if profiling is not None:
             result["worker_profile"] = await profiling
         say(f"{name}: served {len(clock.bound)}/{n} in {wall:.0f} s; overhead p99 {fmt(result['overhead_s']['p99'])} s; "
-            f"{result['nodes_ready_per_s']} nodes Ready per second; busiest: {busiest(result['usage'])}")  # fmt: skip
+            f"{result['nodes_ready_per_s']} nodes Ready per second ({result.get('nodes_ready_per_s_steady')} while coming Ready); busiest: {busiest(result['usage'])}")  # fmt: skip
         if idle:
             result["idle"] = await idle_reaction(s, clock)
         clock.stop()
@@ -176,9 +176,12 @@ async def burst_result(s: Stack, clock: PodClock, n: int, wall: float, used: dic
         # From the first pod's creation to the last node's Ready: the burst's throughput.
         span = (path["last_ready_at"] or started) - started
         result["nodes_ready_per_s"] = round(path["ready"] / span, 2) if span > 0 else None
+        # While they come Ready: the workers' throughput, without the batch window and the boot.
+        steady = (path["ready_at_p90"] or 0) - (path["ready_at_p10"] or 0)
+        result["nodes_ready_per_s_steady"] = round(0.8 * path["ready"] / steady, 2) if steady > 0 and path["ready"] >= 10 else None
         result["entities"] = await entity_histories(s.client)
     except RPCError as exc:
-        result["nodes_ready_per_s"] = None
+        result["nodes_ready_per_s"] = result["nodes_ready_per_s_steady"] = None
         result["history_error"] = str(exc)[:200]
     return result
 

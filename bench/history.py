@@ -15,7 +15,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from bench.actions import actions
-from bench.knobs import RPC_TIMEOUT, summary
+from bench.knobs import RPC_TIMEOUT, pct, summary
 from bench.stack import TASK_QUEUE
 
 
@@ -144,6 +144,8 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
         "still_open": open_,
         "ready": len(ready_at),
         "last_ready_at": max(ready_at, default=None),
+        "ready_at_p10": pct(ready_at, 10),
+        "ready_at_p90": pct(ready_at, 90),
         "stages_s": {k: summary(v) for k, v in stages.items()},
         "activities_scheduled_to_closed_s": {k: summary(v) for k, v in sorted(activities.items())},
         "workflow_task_scheduled_to_started": summary(task_queued),

@@ -46,6 +46,30 @@ def test_two_workers_against_one_is_judged_only_with_a_server_that_was_not_satur
     assert fig.scaling({"1": runs["1"]}, cores=8) is None
 
 
+def test_the_server_is_judged_against_what_it_used_in_the_floor() -> None:
+    """The dev server is Go: 150% of a core is not saturated where the floor saw it use 240%
+    (500 lives x 43.2 ms in 9 s), and is where no floor ran (one core)."""
+    runs = {"1": {"nodes_ready_per_s": 4.0, "usage": usage(worker=9.0, temporal=3.0)},
+            "2": {"nodes_ready_per_s": 6.0, "usage": usage(worker1=5.0, worker2=5.0, temporal=15.0)}}  # fmt: skip
+    floor = {"n": 500, "two_steps_server_ms": 43.2, "two_steps_wall_s": 9.0}
+    assert fig.server_ceiling_pct(floor) == pytest.approx(240.0)
+    s = fig.scaling(runs, cores=16, floor=floor)
+    assert s is not None and not s["server_saturated"]
+    assert fig.scaling(runs, cores=16)["server_saturated"]  # type: ignore[index]
+    assert fig.server_ceiling_pct({"n": 10, "two_steps_server_ms": 40.0, "two_steps_wall_s": 8.0}) == 100.0  # at least one core
+
+
+def test_workers_are_compared_by_their_rate_while_nodes_come_ready_where_every_run_has_it() -> None:
+    """The whole burst's rate carries the batch window and the boot, which no worker shortens."""
+    runs = {"1": {"nodes_ready_per_s": 10.0, "nodes_ready_per_s_steady": 12.0, "usage": usage(worker=9.0, temporal=3.0)},
+            "2": {"nodes_ready_per_s": 14.0, "nodes_ready_per_s_steady": 24.0, "usage": usage(worker1=5.0, worker2=5.0, temporal=4.0)}}  # fmt: skip
+    s = fig.scaling(runs, cores=8)
+    assert s is not None and s["steady"] and s["ratio"] == pytest.approx(2.0)
+    del runs["1"]["nodes_ready_per_s_steady"]  # one run without it: both by the whole burst, never mixed
+    s = fig.scaling(runs, cores=8)
+    assert s is not None and not s["steady"] and s["ratio"] == pytest.approx(1.4)
+
+
 def test_actions_follow_temporal_clouds_rule() -> None:
     """Start 1; two activities, one on its third attempt (2 retries); a timer; two upserts; a
     signal in and one out; local activities in two workflow tasks (three markers) and a patch
