@@ -2,9 +2,11 @@
 # The bench's figures on a many-core machine (issue 37: the 8-core section of docs/benchmarks.md).
 # Runs the full `make bench` phases with 1, 2 and 4 workers and writes the JSON to
 # $OUT/device-<nproc>core.json. Needs only the project's venv (PYTHON, default .venv/bin/python)
-# and the `temporal` binary (beside that Python or on PATH); no network. The page on this machine
-# then shows its figures: BENCH_DEVICE_JSON=$OUT/device-<nproc>core.json make bench (or copy the
-# file into bench/results/, where `make bench` finds it).
+# and the `temporal` binary (beside that Python or on PATH); no network. With OUT=bench/results the
+# next `make bench` shows it (every bench/results/device-*.json from 8+ cores, each with the targets
+# it measured against its own floor); BENCH_DEVICE_JSON=a.json,b.json names others. A machine
+# without the venv: PYTHON=python3 with PYTHONPATH=<the runtime wheels installed with --target>:.
+# (bench/results/HISTORY.md, 2026-11-29 night, has the recipe used on a 16-core machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder the JSON goes to}"

@@ -56,15 +56,18 @@ def floor_ratios(cost: dict[str, float], floor: dict[str, Any]) -> dict[str, flo
     }
 
 
-def saturation(usage: dict[str, Any], cores: int, machine_busy_pct: float | None = None) -> dict[str, Any]:
-    """The busiest process of a phase, whether it was saturated, and whether the machine was:
-    by `machine_busy_pct` (every process on it, /proc/stat) where recorded, else the stack's own."""
+def saturation(usage: dict[str, Any], cores: int, machine_busy_pct: float | None = None, server_ceiling: float = 100.0) -> dict[str, Any]:
+    """The busiest process of a phase, the processes that were saturated (at SATURATED_PCT of
+    what each can use: one core for a Python process, `server_ceiling` for the dev server), and
+    whether the machine was: by `machine_busy_pct` (every process on it, /proc/stat) where
+    recorded, else the stack's own."""
     name, u = max(usage.items(), key=lambda kv: kv[1]["cpu_pct_of_core"])
     machine = machine_busy_pct if machine_busy_pct is not None else sum(v["cpu_pct_of_core"] for v in usage.values()) / cores
+    full = [k for k, v in usage.items() if v["cpu_pct_of_core"] >= SATURATED_PCT / 100 * (server_ceiling if k == "temporal" else 100.0)]
     return {
         "busiest": name,
         "pct": u["cpu_pct_of_core"],
-        "saturated": u["cpu_pct_of_core"] >= SATURATED_PCT,
+        "saturated": sorted(full, key=lambda k: -usage[k]["cpu_pct_of_core"]),
         "machine_pct": machine,
         "machine_saturated": machine >= MACHINE_SATURATED * 100,
     }
@@ -97,15 +100,14 @@ def scaling(workers: dict[str, Any], cores: int, floor: dict[str, Any] | None = 
     if not rates.get(1) or not rates.get(2):
         return None
     two = workers["2"]
-    sat = saturation(two["usage"], cores, two.get("machine_busy_pct"))
-    server = two["usage"]["temporal"]["cpu_pct_of_core"]
+    sat = saturation(two["usage"], cores, two.get("machine_busy_pct"), server_ceiling_pct(floor))
     return {
         "rates": rates,
         "ratio": rates[2] / rates[1],
         "steady": steady,
-        "server_pct": server,
+        "server_pct": two["usage"]["temporal"]["cpu_pct_of_core"],
         "server_ceiling_pct": server_ceiling_pct(floor),
-        "server_saturated": server >= SATURATED_PCT / 100 * server_ceiling_pct(floor),
+        "server_saturated": "temporal" in sat["saturated"],
         "machine_saturated": sat["machine_saturated"],
         "machine_pct": sat["machine_pct"],
     }

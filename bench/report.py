@@ -17,7 +17,7 @@ from bench.actions import RULE
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # How the lead runs the 8-core figures (bench/device.sh writes its JSON to $OUT).
-DEVICE_COMMAND = "OUT=bench/results bench/device.sh   # then: BENCH_DEVICE_JSON=bench/results/device-<nproc>core.json make bench"
+DEVICE_COMMAND = "OUT=bench/results bench/device.sh   # then: make bench (it shows every bench/results/device-*.json; or BENCH_DEVICE_JSON=a.json,b.json)"
 # What the time-boxed build of a Temporal server that is not the dev server found (issue 37, item 4).
 SERVER_BUILD = (
     "No run against a Temporal server that is not the dev server is on this page. go.temporal.io/server is served by the Go "
@@ -191,10 +191,10 @@ def phases(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def saturation_table(r: dict[str, Any]) -> list[str]:
     cores = _get(r, "machine", "nproc") or 1
-    lines = ["| phase | wall | busiest process | its share of a core | saturated | every process (% of a core) |", "|---|---|---|---|---|---|"]
+    lines = ["| phase | wall | busiest process | its share of a core | saturated processes | every process (% of a core) |", "|---|---|---|---|---|---|"]
     for name, p in phases(r).items():
-        s = fig.saturation(p["usage"], cores, p.get("machine_busy_pct"))
-        flag = ("**yes**" if s["saturated"] else "no") + (f"; the machine was ({s['machine_pct']:.0f}% of {cores} cores busy, every process on it)" if s["machine_saturated"] else "")
+        s = fig.saturation(p["usage"], cores, p.get("machine_busy_pct"), fig.server_ceiling_pct(r.get("temporal_floor")))
+        flag = (f"**{', '.join(s['saturated'])}**" if s["saturated"] else "no") + (f"; the machine was ({s['machine_pct']:.0f}% of {cores} cores busy, every process on it)" if s["machine_saturated"] else "")
         each = ", ".join(f"{k} {u['cpu_pct_of_core']}" for k, u in sorted(p["usage"].items(), key=lambda kv: -kv[1]["cpu_pct_of_core"]))
         lines.append(f"| {name} | {_f(p.get('wall_s'), ' s', 0)} | {s['busiest']} | {s['pct']}% | {flag} | {each} |")
     return lines
@@ -294,40 +294,42 @@ def scale_section(r: dict[str, Any]) -> list[str]:
     return out
 
 
-def device_figures() -> dict[str, Any] | None:
-    """A many-core run's JSON (bench/device.sh): BENCH_DEVICE_JSON, else the newest
-    bench/results/device-*.json from 8 or more cores."""
+def device_figures() -> list[dict[str, Any]]:
+    """The many-core runs' JSON (bench/device.sh), each shown with its own targets: the files
+    BENCH_DEVICE_JSON names (comma-separated), else every bench/results/device-*.json from 8 or
+    more cores, by name."""
     named = os.environ.get("BENCH_DEVICE_JSON")
-    files = [Path(named)] if named else sorted(RESULTS.glob("device-*.json"), key=lambda p: p.stat().st_mtime)
-    for path in reversed(files):
+    files = [Path(n) for n in named.split(",") if n] if named else sorted(RESULTS.glob("device-*.json"))
+    runs = []
+    for path in files:
         run = json.loads(path.read_text())
         if (_get(run, "machine", "nproc") or 0) >= 8:
             shown = path.resolve().relative_to(RESULTS.parent.parent) if path.resolve().is_relative_to(RESULTS.parent.parent) else path
-            return {**run, "file": str(shown)}
-    return None
+            runs.append({**run, "file": str(shown)})
+    return runs
 
 
 def _table(rows: list[Row]) -> list[str]:
     return ["| scenario | target | measured | |", "|---|---|---|---|", *(f"| {s} | {t} | {m} | {_met(ok)} |" for s, t, m, ok in rows)]
 
 
-def device_section(device: dict[str, Any] | None) -> list[str]:
-    if device is None:
+def device_section(devices: list[dict[str, Any]]) -> list[str]:
+    """Each many-core run with the targets it measured, every ratio from its own figures."""
+    if not devices:
         return [f"Not run here (this machine has fewer than 8 cores). Run it with:", "", "```sh", DEVICE_COMMAND, "```"]
-    m = device["machine"]
-    return [f"From `{device['file']}`: {m['nproc']} × {m['cpu_model']}, Python {m['python']}, commit `{m['commit']}`, {device['date']}.", "",
-            *_table(targets(device)), "", "Saturated process per phase there:", "", *saturation_table(device), "", "Workers there:", "", *workers_table(device),
-            *_workers_500(device)]  # fmt: skip
+    lines = []
+    for device in devices:
+        m = device["machine"]
+        measured = [row for row in targets(device) if not row[2].startswith("not measured")]
+        lines += [f"### `{device['file']}`", "", f"{m['nproc']} × {m['cpu_model']}, Python {m['python']}, commit `{m['commit']}`, {device['date']}"
+                  + (f"; {device['made']}" if device.get("made") else "") + ".", "", *_table(measured), "", "Saturated process per phase there:", "",
+                  *saturation_table(device), ""]  # fmt: skip
+        if device.get("workers"):
+            lines += ["Workers there:", "", *workers_table(device), ""]
+    return lines[:-1]
 
 
-def _workers_500(device: dict[str, Any]) -> list[str]:
-    """The workers phase again with a burst of 500 (BENCH_WORKERS_BURST=500), where a run has it."""
-    if not device.get("workers_500"):
-        return []
-    return ["", "The same with a burst of 500 there:", "", *workers_table({"workers": device["workers_500"], "machine": device["machine"]})]
-
-
-def render(r: dict[str, Any], device: dict[str, Any] | None = None) -> str:
+def render(r: dict[str, Any], devices: list[dict[str, Any]] | None = None) -> str:
     """The whole page."""
     m = r["machine"]
     lines = [
@@ -342,13 +344,15 @@ def render(r: dict[str, Any], device: dict[str, Any] | None = None) -> str:
         "## Per node brought up, against Temporal's floor", "", *cost_table(r), "",
         f"Actions are counted from each life's history as Temporal Cloud meters them: {RULE}.", "",
         "## Which process was saturated, per phase", "",
-        f"Saturated: at least {fig.SATURATED_PCT:.0f}% of one core over the phase (each process but the server is Python: one core at most).", "",
+        f"Saturated: at least {fig.SATURATED_PCT:.0f}% of what the process can use over the phase: one core for each Python process (tgp's and the "
+        f"simulated world's), for the dev server (Go) what it used in this run's floor phase, at least one core "
+        f"(here {fig.server_ceiling_pct(r.get('temporal_floor')):.0f}%).", "",
         *saturation_table(r), "",
         "## The idle reaction, step by step", "", *idle_section(r), "",
         "## Workers: nodes Ready per second", "", "The same burst with 1, 2 and 4 `tgp worker` processes on one task queue (BENCH_WORKERS); "
         "first pod created → last node Ready.", "", *workers_table(r), "",
         "## Workers per fleet", "", *fleet_section(r), "",
         "## Past one server: what a burst asks of a production Temporal", "", *scale_section(r), "",
-        "## On 8 or more cores", "", *device_section(device), "",
+        "## On 8 or more cores", "", *device_section(devices or []), "",
     ]  # fmt: skip
     return "\n".join(lines)
