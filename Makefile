@@ -68,7 +68,7 @@ histories: $(STAMP)
 # (the simulated world in processes of its own); writes bench/results/latest.json and
 # docs/benchmarks.md. `make bench BENCH_QUICK=1` is a 2-3 minute run for development (its JSON goes
 # to bench/results/quick.json, the page is left alone); bench/device.sh runs it on a many-core
-# machine (BENCH_DEVICE_JSON puts that run's figures on the page). Not part of the test suite.
+# machine (the page shows every bench/results/device-*.json from 8+ cores). Not part of the test suite.
 BENCH_QUICK ?=
 bench: $(STAMP)
 	BENCH_QUICK=$(BENCH_QUICK) PYTHONPATH=. $(BIN)/python bench/run.py

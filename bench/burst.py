@@ -177,8 +177,8 @@ async def burst_result(s: Stack, clock: PodClock, n: int, wall: float, used: dic
         span = (path["last_ready_at"] or started) - started
         result["nodes_ready_per_s"] = round(path["ready"] / span, 2) if span > 0 else None
         # While they come Ready: the workers' throughput, without the batch window and the boot.
-        steady = (path["ready_at_p90"] or 0) - (path["ready_at_p10"] or 0)
-        result["nodes_ready_per_s_steady"] = round(0.8 * path["ready"] / steady, 2) if steady > 0 and path["ready"] >= 10 else None
+        steady = path["ready_steady"]
+        result["nodes_ready_per_s_steady"] = round(steady["nodes"] / steady["s"], 2) if steady and steady["s"] > 0 else None
         result["entities"] = await entity_histories(s.client)
     except RPCError as exc:
         result["nodes_ready_per_s"] = result["nodes_ready_per_s_steady"] = None

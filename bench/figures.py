@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-# A process is saturated when it used this share of one core over a phase: tgp's processes and
-# the simulated world's are Python (one core at most, the GIL). The dev server is Go: one core
-# is where the page flags it, but the workers target judges it against what it used in the
-# floor (`server_ceiling_pct`: 2.4 cores on 16; pinned at one core only while the simulated
-# world was, before the scheduler had a process of its own).
+# A process is saturated when it used this share of what it can use over a phase: one core for
+# tgp's processes and the simulated world's (Python: the GIL); for the dev server (Go) what it
+# used in the run's floor (`server_ceiling_pct`: 2.4 cores on 16; it sat near one core only
+# while the simulated world did, before the scheduler had a process of its own).
 SATURATED_PCT = 85.0
 # The machine is saturated when all processes together used this share of all its cores.
 MACHINE_SATURATED = 0.9
@@ -99,14 +98,19 @@ def scaling(workers: dict[str, Any], cores: int, floor: dict[str, Any] | None = 
     rates, steady = ready_rates(workers)
     if not rates.get(1) or not rates.get(2):
         return None
-    two = workers["2"]
-    sat = saturation(two["usage"], cores, two.get("machine_busy_pct"), server_ceiling_pct(floor))
+    two, ceiling = workers["2"], server_ceiling_pct(floor)
+    sat = saturation(two["usage"], cores, two.get("machine_busy_pct"), ceiling)
+    span_rates = {int(n): w.get("nodes_ready_per_s") for n, w in workers.items() if "error" not in w}
     return {
         "rates": rates,
         "ratio": rates[2] / rates[1],
         "steady": steady,
+        # Over the whole burst, shown beside: the batch window and the boot are in every run's span.
+        "span_ratio": span_rates[2] / span_rates[1] if span_rates.get(1) and span_rates.get(2) else None,
+        # A run cut off by its deadline measured the nodes that made it, not the burst.
+        "all_served": all(workers[n].get("never_served", 0) == 0 for n in ("1", "2")),
         "server_pct": two["usage"]["temporal"]["cpu_pct_of_core"],
-        "server_ceiling_pct": server_ceiling_pct(floor),
+        "server_ceiling_pct": ceiling,
         "server_saturated": "temporal" in sat["saturated"],
         "machine_saturated": sat["machine_saturated"],
         "machine_pct": sat["machine_pct"],

@@ -15,7 +15,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from bench.actions import actions
-from bench.knobs import RPC_TIMEOUT, pct, summary
+from bench.knobs import RPC_TIMEOUT, summary
 from bench.stack import TASK_QUEUE
 
 
@@ -64,6 +64,20 @@ NODE_PATH = (
     ("start_to_launching", "start", "Launching"),
     ("launching_to_ready", "Launching", "Ready"),  # the buy and the join: one activity
 )
+
+
+# Fewer nodes Ready than this: no rate while they come Ready (too few for its percentiles).
+STEADY_AT_LEAST = 50
+
+
+def steady_window(ready_at: list[float]) -> dict[str, float] | None:
+    """The nodes that came Ready between the 10th and the 90th percentile of their Ready times
+    and how long that took: the rate while nodes come Ready, without the first and the last."""
+    if len(ready_at) < STEADY_AT_LEAST:
+        return None
+    t = sorted(ready_at)
+    lo, hi = round(0.1 * (len(t) - 1)), round(0.9 * (len(t) - 1))
+    return {"nodes": hi - lo, "s": t[hi] - t[lo]}
 
 
 async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, float] | None = None) -> dict[str, Any]:
@@ -144,8 +158,7 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
         "still_open": open_,
         "ready": len(ready_at),
         "last_ready_at": max(ready_at, default=None),
-        "ready_at_p10": pct(ready_at, 10),
-        "ready_at_p90": pct(ready_at, 90),
+        "ready_steady": steady_window(ready_at),
         "stages_s": {k: summary(v) for k, v in stages.items()},
         "activities_scheduled_to_closed_s": {k: summary(v) for k, v in sorted(activities.items())},
         "workflow_task_scheduled_to_started": summary(task_queued),

@@ -1,7 +1,7 @@
 """docs/benchmarks.md from the JSON `make bench` writes (bench/run.py): the current page only.
 Each target of issue 37 with its ratio measured in the run and met / not met, the saturated
-process of each phase, nodes Ready per second by workers, what a burst asks of a production
-Temporal, and the 8-core figures where a many-core run's JSON exists (bench/device.sh). The
+processes of each phase, nodes Ready per second by workers, what a burst asks of a production
+Temporal, and the 8-core figures of each many-core run's JSON (bench/device.sh). The
 arithmetic is bench/figures.py; earlier runs are bench/results/HISTORY.md."""
 
 from __future__ import annotations
@@ -113,9 +113,12 @@ def scaling_row(r: dict[str, Any]) -> Row:
     if s is None:
         return ("nodes Ready per second, 2 workers against 1", target, "not measured", None)
     how = "while nodes come Ready (10th to 90th percentile)" if s["steady"] else "first pod created → last node Ready"
-    shown = (f"**{s['ratio']:.2f}×** ({', '.join(f'{n} worker(s) {_f(v)}/s' for n, v in sorted(s['rates'].items()))}, {how}); Temporal server at "
+    span = f"; over the whole burst {s['span_ratio']:.2f}×" if s["steady"] and s["span_ratio"] else ""
+    shown = (f"**{s['ratio']:.2f}×** ({', '.join(f'{n} worker(s) {_f(v)}/s' for n, v in sorted(s['rates'].items()))}, {how}{span}); Temporal server at "
              f"{s['server_pct']}% of a core with 2 workers ({'saturated' if s['server_saturated'] else 'not saturated'}: it used {s['server_ceiling_pct']:.0f}% in the floor), "
              f"the machine {s['machine_pct']:.0f}% busy")  # fmt: skip
+    if not s["all_served"]:
+        return ("nodes Ready per second, 2 workers against 1", target, f"{shown}; not judged here: a run left pods unserved by its deadline", None)
     if s["ratio"] >= fig.SCALING_2_VS_1:
         return ("nodes Ready per second, 2 workers against 1", target, shown, True)
     if s["server_saturated"] or s["machine_saturated"]:
@@ -248,7 +251,7 @@ def workers_table(r: dict[str, Any]) -> list[str]:
     rates, _ = fig.ready_rates(r.get("workers") or {})
     for n, w in sorted(runs.items()):
         rate, one = rates.get(n), rates.get(1)
-        s = fig.saturation(w["usage"], _get(r, "machine", "nproc") or 1, w.get("machine_busy_pct"))
+        s = fig.saturation(w["usage"], _get(r, "machine", "nproc") or 1, w.get("machine_busy_pct"), fig.server_ceiling_pct(r.get("temporal_floor")))
         lines.append(f"| {n} | {w['pods']} | {_f(w.get('nodes_ready_per_s'))} | {_f(w.get('nodes_ready_per_s_steady'))} | {f'{rate / one:.2f}×' if rate and one else '—'} | "
                      f"{w['usage']['temporal']['cpu_pct_of_core']} | {s['busiest']} {s['pct']}% | {_f(_get(w, 'overhead_s', 'p99'), ' s')} |")  # fmt: skip
     return lines if runs else ["Not measured in this run (BENCH_PHASES without workers)."]
@@ -302,7 +305,11 @@ def device_figures() -> list[dict[str, Any]]:
     files = [Path(n) for n in named.split(",") if n] if named else sorted(RESULTS.glob("device-*.json"))
     runs = []
     for path in files:
-        run = json.loads(path.read_text())
+        try:
+            run = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:  # a run cut off mid-write: said on the page, the rest shown
+            runs.append({"file": str(path), "unreadable": type(exc).__name__})
+            continue
         if (_get(run, "machine", "nproc") or 0) >= 8:
             shown = path.resolve().relative_to(RESULTS.parent.parent) if path.resolve().is_relative_to(RESULTS.parent.parent) else path
             runs.append({**run, "file": str(shown)})
@@ -319,8 +326,11 @@ def device_section(devices: list[dict[str, Any]]) -> list[str]:
         return [f"Not run here (this machine has fewer than 8 cores). Run it with:", "", "```sh", DEVICE_COMMAND, "```"]
     lines = []
     for device in devices:
+        if "unreadable" in device:
+            lines += [f"### `{device['file']}`", "", f"Not shown: the file could not be read ({device['unreadable']}).", ""]
+            continue
         m = device["machine"]
-        measured = [row for row in targets(device) if not row[2].startswith("not measured")]
+        measured = [row for row in targets(device) if not (row[3] is None and row[2].startswith("not measured"))]
         lines += [f"### `{device['file']}`", "", f"{m['nproc']} × {m['cpu_model']}, Python {m['python']}, commit `{m['commit']}`, {device['date']}"
                   + (f"; {device['made']}" if device.get("made") else "") + ".", "", *_table(measured), "", "Saturated process per phase there:", "",
                   *saturation_table(device), ""]  # fmt: skip
@@ -350,7 +360,9 @@ def render(r: dict[str, Any], devices: list[dict[str, Any]] | None = None) -> st
         *saturation_table(r), "",
         "## The idle reaction, step by step", "", *idle_section(r), "",
         "## Workers: nodes Ready per second", "", "The same burst with 1, 2 and 4 `tgp worker` processes on one task queue (BENCH_WORKERS); "
-        "first pod created → last node Ready.", "", *workers_table(r), "",
+        "nodes Ready per second over the whole burst (first pod created → last node Ready) and while nodes come Ready (between the 10th and "
+        "the 90th percentile of their Ready times: without the batch window and the boot, which no worker shortens); \"against 1 worker\" "
+        "compares the latter where every run has it.", "", *workers_table(r), "",
         "## Workers per fleet", "", *fleet_section(r), "",
         "## Past one server: what a burst asks of a production Temporal", "", *scale_section(r), "",
         "## On 8 or more cores", "", *device_section(devices or []), "",

@@ -8,7 +8,8 @@ docs/benchmarks.md (bench/report.py).
 
 Phases, each on a fresh stack (bench/stack.py: a Temporal dev server, `tgp worker` and `tgp
 bridge`, and the simulated world spread over four processes, bench/world.py), each process's CPU
-read from /proc over the phase (the page names the busiest, and "saturated" near one core):
+read from /proc over the phase (the page names the busiest and every saturated process: near one
+core for Python, for the dev server near what it used in the floor):
 
 * burst N (N = 100 and 500): N pending 1-GPU pods at once through the bridge; per pod, tgp's
   overhead (pod bound - pod created - the simulated boot); per node brought up, each process's
@@ -30,7 +31,8 @@ Knobs (environment; bench/knobs.py): BENCH_QUICK=1, BENCH_BURSTS ("100,500"), BE
 BENCH_QUIET_*, BENCH_BOOT_SECONDS, BENCH_IDLE_SECONDS, BENCH_FLOOR_WORKFLOWS, BENCH_LATENCY_PODS,
 BENCH_IDLE_BUDGET, BENCH_SKIP_IDLE=1, BENCH_IDLE_PROFILE (seconds of the worker's stacks sampled from
 the idle phase's deletions), BENCH_BURST_PROFILE, BENCH_OUT (the JSON), BENCH_DOC (the page; "-" for none),
-BENCH_DEVICE_JSON (a many-core run's JSON shown in the page's 8-core section);
+BENCH_DEVICE_JSON (many-core runs' JSON, comma-separated, for the page's 8-core section; by default
+every bench/results/device-*.json from 8+ cores);
 TGP_WORKFLOW_CACHE reaches the workers.
 """
 

@@ -221,7 +221,7 @@ class Stack:
         await self._stack.aclose()
 
     async def stats(self, part: str) -> dict[str, Any]:
-        """What a part of the simulated world counted (bench/world.py): kube, kubelets or cloud."""
+        """What a part of the simulated world counted (bench/world.py): kube, scheduler, kubelets or cloud."""
         r = await self._stats.get(self.world[part][1]["stats"] + "/stats")
         r.raise_for_status()
         return r.json()  # type: ignore[no-any-return]

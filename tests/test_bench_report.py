@@ -180,3 +180,32 @@ def test_per_node_figures_come_from_a_burst_whose_every_pod_was_served() -> None
     assert largest_burst(r) == ("200, 1 worker", r["workers"]["1"])
     r["workers"]["1"]["never_served"] = 3
     assert largest_burst(r) == ("500", r["bursts"]["500"])  # none whole: the biggest that bought any
+
+
+def test_the_rate_while_nodes_come_ready_counts_the_nodes_between_its_percentiles() -> None:
+    from bench.history import STEADY_AT_LEAST, steady_window
+
+    assert steady_window([float(i) for i in range(STEADY_AT_LEAST - 1)]) is None  # too few for percentiles
+    w = steady_window([float(i) for i in reversed(range(101))])  # one a second, 0..100, in any order
+    assert w == {"nodes": 80, "s": 80.0}
+
+
+def test_workers_are_not_judged_where_a_run_left_pods_unserved() -> None:
+    """A 2-worker run cut off by its deadline measured the nodes that made it, not the burst."""
+    r = run()
+    r["workers"]["2"]["never_served"] = 100
+    row = next(x for x in targets(r) if x[0].startswith("nodes Ready per second"))
+    assert row[3] is None and "unserved" in row[2]
+
+
+def test_a_many_core_run_keeps_its_failed_rows_and_an_unreadable_file_is_said(tmp_path, monkeypatch) -> None:
+    from bench.report import device_figures
+
+    device = {**run(nproc=16), "file": "d.json"}
+    device["bursts"]["500"]["idle"]["reaction_s"]["p99"] = None  # "not measured; never terminated 0": a failure
+    section = render(run(), [device]).split("## On 8 or more cores", 1)[1]
+    assert "| idle reaction" in section and "**not met**" in section.split("| idle reaction", 1)[1].split("\n", 1)[0]
+    (tmp_path / "cut.json").write_text('{"machine": {"nproc": 16')
+    monkeypatch.setenv("BENCH_DEVICE_JSON", str(tmp_path / "cut.json"))
+    devices = device_figures()
+    assert "could not be read (JSONDecodeError)" in render(run(), devices)
