@@ -57,6 +57,19 @@ async def test_a_worker_killed_during_a_create_leaves_its_successor_looking_befo
         assert env.cloud.create_requests == 1
 
 
+async def test_a_first_attempt_adopts_what_an_earlier_run_of_its_name_bought() -> None:
+    """A launch's first attempt run again under a name that already bought (the workflow reset
+    to before its launch): the look right before its create adopts the instance instead of
+    buying a second one."""
+    async with money_env() as env:
+        first = await env.launch(NODE)
+        again = await env.launch(NODE)  # attempt 1 again, nothing carried over
+        assert again.adopted and again.instance.instance_id == first.instance.instance_id
+        env.clock.advance(600)
+        assert env.billing(NODE) == [first.instance.instance_id]
+        assert env.cloud.create_requests == 1
+
+
 async def test_a_twin_that_lands_after_the_launch_returned_is_ended_over_the_window() -> None:
     """The dead worker's heartbeat was lost, so the next attempt buys again; the late create
     lands afterwards. The twin watch (the part after buying) ends it and keeps the recorded one."""
