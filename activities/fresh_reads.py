@@ -10,6 +10,12 @@ its own request would have had): while a read is in flight, the callers that arr
 the next one, which starts when the one in flight ends. So a listing has at most one request in
 flight, and n callers cost a read per round trip. An error reaches every caller of that read
 (each retries as it would have).
+
+A caller that looks again and again (a join, once a second) may accept an answer a little older
+than its call: `read(within=s)` takes the read in flight or the last answer if that read began at
+most `s` seconds before the call. In a burst the joins' looks arrive all the time, and without it
+the listings ran back to back (a read per round trip, each of the whole tailnet, against an API
+that throttles); with half a look's interval there are at most about two a second.
 """
 
 from __future__ import annotations
@@ -28,13 +34,22 @@ class FreshReads(Generic[T]):
         self._fetch = fetch
         self._next: asyncio.Future[T] | None = None  # gathering callers, not started
         self._running: asyncio.Task[None] | None = None
+        # The read in flight and when it began; the last answer, with its loop and when its read began.
+        self._current: tuple[float, asyncio.Future[T]] | None = None
+        self._last: tuple[asyncio.AbstractEventLoop, float, T] | None = None
         self.reads = 0  # reads made (for tests and the bench)
 
-    async def read(self) -> T:
-        """The answer of a read that started after this call."""
+    async def read(self, within: float = 0.0) -> T:
+        """The answer of a read that started after this call, or at most `within` seconds before it."""
         loop = asyncio.get_running_loop()
         if self._running is not None and self._running.get_loop() is not loop:
-            self._running = self._next = None  # left behind by another (closed) event loop
+            self._running = self._next = self._current = self._last = None  # left behind by another (closed) event loop
+        if within > 0:
+            oldest = loop.time() - within
+            if self._last is not None and self._last[0] is loop and self._last[1] >= oldest:
+                return self._last[2]
+            if self._current is not None and self._current[0] >= oldest:
+                return await asyncio.shield(self._current[1])
         if self._next is None:
             self._next = loop.create_future()
             if self._running is None:
@@ -47,14 +62,21 @@ class FreshReads(Generic[T]):
             while (gathered := self._next) is not None:
                 self._next = None  # callers from now on wait for the next read
                 self.reads += 1
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                self._current = (began, gathered)
                 try:
-                    gathered.set_result(await self._fetch())
+                    value = await self._fetch()
+                    self._last = (loop, began, value)
+                    gathered.set_result(value)
                 except asyncio.CancelledError:
                     gathered.cancel()
                     raise
                 except Exception as exc:  # noqa: BLE001 - every caller of this read hears of it
                     gathered.set_exception(exc)
                     gathered.exception()  # retrieved: callers that gave up waiting leave no warning behind
+                finally:
+                    self._current = None
         finally:
             self._running = None
             if self._next is not None and not self._next.done():  # only when this task was cancelled

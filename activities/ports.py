@@ -78,7 +78,10 @@ class Tailnet(Protocol):
         by key description; Headscale keys carry no name, so only keys this process minted."""
         ...
 
-    async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None: ...
+    async def find_device(self, hostname: str, tags: list[str], *, within: float = 0.0) -> TailnetDevice | None:
+        """The device called `hostname` carrying all of `tags`, from a listing begun after this
+        call or, with `within`, at most that many seconds before it (a look that repeats)."""
+        ...
 
     async def list_devices(self, tags: list[str]) -> list[TailnetDevice]:
         """Every device carrying all of `tags`."""

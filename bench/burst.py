@@ -166,6 +166,8 @@ async def burst_result(s: Stack, clock: PodClock, n: int, wall: float, used: dic
         "kube_requests": {"/".join(k[:3]): k[3] for k in sorted(kube["counts"])},
         "cloud_requests": dict(sorted(cloud["requests"].items(), key=lambda kv: -kv[1])),
         "cloud_requests_per_instance": round(sum(cloud["requests"].values()) / bought, 2) if bought else None,
+        # The joins' looks for their devices: whole-tailnet listings (coalesced, activities.fresh_reads).
+        "tailnet_device_lists": cloud.get("tailnet_device_lists"),
     }
     try:
         bound_at: dict[str, float] = {}

@@ -460,3 +460,31 @@ async def test_a_look_never_gets_a_listing_older_than_its_own_call(tailnet: Tail
     await early
     assert late is not None and late.hostname == "gpu-late"
     assert device_lists(ts) - before == 2, "the late look shared a listing that began before it asked"
+
+
+async def test_looks_that_repeat_share_a_listing_begun_up_to_within_before_them(tailnet: TailscaleTailnet, ts: FakeTailscale) -> None:
+    """A join looks once a second and takes a listing begun up to half a second before its look
+    (`within`): in a burst the looks arrive all the time, and each no longer waits for a listing
+    of its own. A look without `within` (the last one, at the deadline) still does."""
+    key = await tailnet.mint_auth_key(hostname="gpu-r", tags=TAGS, expiry=HOUR)
+    ts.register(key.secret.get_secret_value(), "gpu-r")
+    before = device_lists(ts)
+    started, go = asyncio.Event(), asyncio.Event()
+    real_read = tailnet._device_reads._fetch
+
+    async def held_read() -> list[dict[str, object]]:
+        started.set()  # the first look's listing is on its way ...
+        await go.wait()  # ... and held there until the second look has come
+        return await real_read()
+
+    tailnet._device_reads._fetch = held_read
+    first = asyncio.create_task(tailnet.find_device("gpu-r", TAGS, within=5.0))
+    await started.wait()
+    second = asyncio.create_task(tailnet.find_device("gpu-r", TAGS, within=5.0))
+    go.set()
+    assert (await second) is not None and (await first) is not None
+    assert device_lists(ts) - before == 1, "the second look did not share the listing in flight"
+    assert (await tailnet.find_device("gpu-r", TAGS, within=5.0)) is not None  # its answer, just made
+    assert device_lists(ts) - before == 1
+    assert (await tailnet.find_device("gpu-r", TAGS)) is not None  # no `within`: a listing of its own
+    assert device_lists(ts) - before == 2

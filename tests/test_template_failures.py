@@ -61,7 +61,7 @@ class StubTailnet:
     async def revoke_keys_for(self, hostname: str) -> int:
         return 0
 
-    async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None:
+    async def find_device(self, hostname: str, tags: list[str], *, within: float = 0.0) -> TailnetDevice | None:
         return None
 
     async def list_devices(self, tags: list[str]) -> list[TailnetDevice]:

@@ -226,10 +226,11 @@ class HeadscaleTailnet(HttpAdapter):
         log.info("tailnet.keys_revoked_for", hostname=hostname, revoked=revoked, known_keys=len(ids))
         return revoked
 
-    async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None:
+    async def find_device(self, hostname: str, tags: list[str], *, within: float = 0.0) -> TailnetDevice | None:
         """The node whose hostname (`name`) or DNS name (`givenName`) is `hostname` and that
-        carries all of `tags`; of several, the online and newest one."""
-        matches = [n for n in await self._nodes(tags) if hostname in (n.get("name"), n.get("givenName"))]
+        carries all of `tags`; of several, the online and newest one. From a listing begun after
+        this call, or at most `within` seconds before it (FreshReads)."""
+        matches = [n for n in await self._nodes(tags, within) if hostname in (n.get("name"), n.get("givenName"))]
         if not matches:
             return None
         # Several nodes of one name: an ephemeral predecessor not yet collected. Prefer the live one.
@@ -240,9 +241,9 @@ class HeadscaleTailnet(HttpAdapter):
         """Every node carrying all of `tags` (the sweeper looks for ones without a GPU node)."""
         return [_device(n, str(n.get("name") or n.get("givenName") or "")) for n in await self._nodes(tags)]
 
-    async def _nodes(self, tags: list[str]) -> list[dict[str, Any]]:
+    async def _nodes(self, tags: list[str], within: float = 0.0) -> list[dict[str, Any]]:
         wanted = set(tags)
-        return [n for n in await self._node_reads.read() if wanted <= _node_tags(n)]
+        return [n for n in await self._node_reads.read(within) if wanted <= _node_tags(n)]
 
     async def _all_nodes(self) -> list[dict[str, Any]]:
         return json_items(await self._call("GET", "/api/v1/node"), "nodes", system=SYSTEM)

@@ -181,10 +181,11 @@ class TailscaleTailnet(HttpAdapter):
         log.info("tailnet.keys_revoked_for", hostname=hostname, revoked=revoked)
         return revoked
 
-    async def find_device(self, hostname: str, tags: list[str]) -> TailnetDevice | None:
+    async def find_device(self, hostname: str, tags: list[str], *, within: float = 0.0) -> TailnetDevice | None:
         """The device called `hostname` carrying all of `tags`; when several match (a node
-        re-registered before the old ephemeral device was removed), the connected, newest one."""
-        matches = [d for d in await self._devices(tags) if d.get("hostname") == hostname]
+        re-registered before the old ephemeral device was removed), the connected, newest one.
+        From a listing begun after this call, or at most `within` seconds before it (FreshReads)."""
+        matches = [d for d in await self._devices(tags, within) if d.get("hostname") == hostname]
         if not matches:
             return None
         return _device(max(matches, key=lambda d: (bool(d.get("connectedToControl")), str(d.get("created") or ""))))
@@ -193,9 +194,9 @@ class TailscaleTailnet(HttpAdapter):
         """Every device carrying all of `tags` (the sweeper looks for ones without a node)."""
         return [_device(d) for d in await self._devices(tags)]
 
-    async def _devices(self, tags: list[str]) -> list[dict[str, Any]]:
+    async def _devices(self, tags: list[str], within: float = 0.0) -> list[dict[str, Any]]:
         wanted = set(tags)
-        return [d for d in await self._device_reads.read() if wanted <= set(d.get("tags") or [])]
+        return [d for d in await self._device_reads.read(within) if wanted <= set(d.get("tags") or [])]
 
     async def _all_devices(self) -> list[dict[str, Any]]:
         response = await self._call("GET", f"/api/v2/tailnet/{quote(self._tailnet, safe='')}/devices")
