@@ -1,4 +1,5 @@
-"""One read of a listing at a time, shared by the callers that asked before it started.
+"""One read of a listing at a time, shared by the callers that asked before it started (by
+default; see `within` below).
 
 Every joining node looks for its device once a second (`wait_for_join`), and a tailnet's API
 lists all of its devices per look (Tailscale's `GET /tailnet/-/devices`, Headscale's `GET
@@ -21,6 +22,7 @@ that throttles); with half a look's interval there are at most about two a secon
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -36,17 +38,17 @@ class FreshReads(Generic[T]):
         self._running: asyncio.Task[None] | None = None
         # The read in flight and when it began; the last answer, with its loop and when its read began.
         self._current: tuple[float, asyncio.Future[T]] | None = None
-        self._last: tuple[asyncio.AbstractEventLoop, float, T] | None = None
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], float, T] | None = None
         self.reads = 0  # reads made (for tests and the bench)
 
-    async def read(self, within: float = 0.0) -> T:
+    async def read(self, *, within: float = 0.0) -> T:
         """The answer of a read that started after this call, or at most `within` seconds before it."""
         loop = asyncio.get_running_loop()
         if self._running is not None and self._running.get_loop() is not loop:
             self._running = self._next = self._current = self._last = None  # left behind by another (closed) event loop
         if within > 0:
             oldest = loop.time() - within
-            if self._last is not None and self._last[0] is loop and self._last[1] >= oldest:
+            if self._last is not None and self._last[0]() is loop and self._last[1] >= oldest:
                 return self._last[2]
             if self._current is not None and self._current[0] >= oldest:
                 return await asyncio.shield(self._current[1])
@@ -67,7 +69,7 @@ class FreshReads(Generic[T]):
                 self._current = (began, gathered)
                 try:
                     value = await self._fetch()
-                    self._last = (loop, began, value)
+                    self._last = (weakref.ref(loop), began, value)
                     gathered.set_result(value)
                 except asyncio.CancelledError:
                     gathered.cancel()

@@ -1,6 +1,6 @@
 """Launches' look-ups by name, coalesced per provider account without losing freshness.
 
-Every launch looks for its instance by name up to three times (`NodeActivities._adopt` before
+Every launch looks for its instance by name up to three times (`Launch._adopt` before
 minting and again right before buying, `_live` after the create): a Temporal reset or a killed
 worker can leave an instance bought under the name, and clouds do not enforce unique names. On
 most clouds a look-up by name is a listing of the whole account (Lambda, RunPod) behind a pacer

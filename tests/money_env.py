@@ -138,6 +138,7 @@ class MoneyEnv:
     provider: SimulatedProvider
     activities: NodeActivities
     window: timedelta
+    tailscale: FakeTailscale | None = None  # the tailnet the launches mint their keys at
     # Every beat of every attempt, and those of the attempt running now with the fake clock's time.
     heartbeats: list[tuple[Any, ...]] = field(default_factory=list)
     beats: list[tuple[float, tuple[Any, ...]]] = field(default_factory=list)
@@ -340,7 +341,7 @@ async def money_env(
             poll_interval=timedelta(seconds=15),  # fake seconds: fewer looks over a window cost less wall time
             create_settle=timedelta(0),
         )
-        env = MoneyEnv(clock=clock, model=model, cloud=cloud, provider=provider, activities=activities, window=window)
+        env = MoneyEnv(clock=clock, model=model, cloud=cloud, provider=provider, activities=activities, window=window, tailscale=ts)
         made.append(env)
         activities.now = env.now
         activities.sleep = env.sleep

@@ -59,12 +59,15 @@ async def test_a_worker_killed_during_a_create_leaves_its_successor_looking_befo
 
 async def test_a_first_attempt_adopts_what_an_earlier_run_of_its_name_bought() -> None:
     """A launch's first attempt run again under a name that already bought (the workflow reset
-    to before its launch): the look right before its create adopts the instance instead of
-    buying a second one."""
+    to before its launch) adopts the instance before it reads, mints or renders anything (so a
+    join Secret or template broken meanwhile cannot fail a node whose instance runs), and buys
+    no second one."""
     async with money_env() as env:
         first = await env.launch(NODE)
+        assert env.tailscale is not None and len(env.tailscale.keys) == 1
         again = await env.launch(NODE)  # attempt 1 again, nothing carried over
         assert again.adopted and again.instance.instance_id == first.instance.instance_id
+        assert len(env.tailscale.keys) == 1, "the second run minted a key before it looked"
         env.clock.advance(600)
         assert env.billing(NODE) == [first.instance.instance_id]
         assert env.cloud.create_requests == 1

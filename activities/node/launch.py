@@ -141,12 +141,13 @@ class Launch(Boot, Join):
             # its end. So a retried attempt buys nothing until the provider's settle time has
             # passed since it began (every earlier create was sent before): an earlier create is
             # adopted, or known absent, first.
-            # A first attempt has no earlier create to wait for: its one look is right before
-            # its own (`_buy`), where a create of an earlier run of the name (a reset) is adopted.
-            if activity.info().attempt > 1:
-                existing = await self._adopt(provider, name, bound, memo, until=self.now() + self._settle_for(provider))
-                if existing is not None:
-                    return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
+            # A first attempt looks too, before anything is read or minted: an instance an
+            # earlier run of the name bought (a reset workflow) is adopted even where the join
+            # Secret, the tailnet or the template would now fail.
+            settled = self.now() + self._settle_for(provider) if activity.info().attempt > 1 else self.now()
+            existing = await self._adopt(provider, name, bound, memo, until=settled)
+            if existing is not None:
+                return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
             result = await self._buy(inp, provider, tailnet, name, bound, memo)
         if not result.adopted:
             bound.info("instance_launched", instance_id=result.instance.instance_id, key_id=result.key_id)

@@ -243,7 +243,7 @@ class HeadscaleTailnet(HttpAdapter):
 
     async def _nodes(self, tags: list[str], within: float = 0.0) -> list[dict[str, Any]]:
         wanted = set(tags)
-        return [n for n in await self._node_reads.read(within) if wanted <= _node_tags(n)]
+        return [n for n in await self._node_reads.read(within=within) if wanted <= _node_tags(n)]
 
     async def _all_nodes(self) -> list[dict[str, Any]]:
         return json_items(await self._call("GET", "/api/v1/node"), "nodes", system=SYSTEM)

@@ -196,7 +196,7 @@ class TailscaleTailnet(HttpAdapter):
 
     async def _devices(self, tags: list[str], within: float = 0.0) -> list[dict[str, Any]]:
         wanted = set(tags)
-        return [d for d in await self._device_reads.read(within) if wanted <= set(d.get("tags") or [])]
+        return [d for d in await self._device_reads.read(within=within) if wanted <= set(d.get("tags") or [])]
 
     async def _all_devices(self) -> list[dict[str, Any]]:
         response = await self._call("GET", f"/api/v2/tailnet/{quote(self._tailnet, safe='')}/devices")
