@@ -199,7 +199,7 @@ async def cloud(stack: AsyncExitStack, args: list[str]) -> dict[str, Any]:
             "first_delete": c.first_delete, "requests": dict(c.requests), "instances": len(c.instances),
             "offer_lists": sum(c.offer_lists.values()), "requests_by_key": sum(c.requests_by_key.values()),
             "describe_requests": c.describe_requests,
-            "tailnet_device_lists": sum(1 for r in tailscale.requests if r.method == "GET" and r.path.endswith("/devices")),
+            "tailnet_device_lists": tailscale.device_lists,
         }  # fmt: skip
 
     worker_env = {

@@ -422,20 +422,16 @@ async def test_unknown_tailnet_is_config_error(ts: FakeTailscale, clock: Clock, 
 # --- joins looking at once share the device listing ---------------------------------------
 
 
-def device_lists(ts: FakeTailscale) -> int:
-    return sum(1 for r in ts.requests if r.method == "GET" and r.path.endswith("/devices"))
-
-
 async def test_joins_looking_at_once_share_one_listing_and_each_finds_its_own(tailnet: TailscaleTailnet, ts: FakeTailscale) -> None:
     """50 joining nodes look for their devices at once (a burst): one device listing in flight
     at a time, each caller gets the answer for its own hostname (half of them registered)."""
     for i in range(0, 50, 2):
         key = await tailnet.mint_auth_key(hostname=f"gpu-{i}", tags=TAGS, expiry=HOUR)
         ts.register(key.secret.get_secret_value(), f"gpu-{i}")
-    before = device_lists(ts)
+    before = ts.device_lists
     found = await asyncio.gather(*(tailnet.find_device(f"gpu-{i}", TAGS) for i in range(50)))
     assert [d is not None and d.hostname == f"gpu-{i}" for i, d in enumerate(found)] == [i % 2 == 0 for i in range(50)]
-    assert device_lists(ts) - before <= 2, device_lists(ts) - before
+    assert ts.device_lists - before <= 2, ts.device_lists - before
 
 
 async def test_a_look_never_gets_a_listing_older_than_its_own_call(tailnet: TailscaleTailnet, ts: FakeTailscale) -> None:
@@ -443,7 +439,7 @@ async def test_a_look_never_gets_a_listing_older_than_its_own_call(tailnet: Tail
     large tailnet): that look does not share the listing that began before it asked (which may
     not show the device); it waits for the next one, which is sent after the first ends."""
     key = await tailnet.mint_auth_key(hostname="gpu-late", tags=TAGS, expiry=HOUR)
-    before = device_lists(ts)
+    before = ts.device_lists
     ts.slow_device_lists(0.3)
     started = asyncio.Event()
     real_read = tailnet._device_reads._fetch
@@ -459,7 +455,7 @@ async def test_a_look_never_gets_a_listing_older_than_its_own_call(tailnet: Tail
     late = await tailnet.find_device("gpu-late", TAGS)
     await early
     assert late is not None and late.hostname == "gpu-late"
-    assert device_lists(ts) - before == 2, "the late look shared a listing that began before it asked"
+    assert ts.device_lists - before == 2, "the late look shared a listing that began before it asked"
 
 
 async def test_looks_that_repeat_share_a_listing_begun_up_to_within_before_them(tailnet: TailscaleTailnet, ts: FakeTailscale) -> None:
@@ -468,7 +464,7 @@ async def test_looks_that_repeat_share_a_listing_begun_up_to_within_before_them(
     of its own. A look without `within` (the last one, at the deadline) still does."""
     key = await tailnet.mint_auth_key(hostname="gpu-r", tags=TAGS, expiry=HOUR)
     ts.register(key.secret.get_secret_value(), "gpu-r")
-    before = device_lists(ts)
+    before = ts.device_lists
     started, go = asyncio.Event(), asyncio.Event()
     real_read = tailnet._device_reads._fetch
 
@@ -483,8 +479,8 @@ async def test_looks_that_repeat_share_a_listing_begun_up_to_within_before_them(
     second = asyncio.create_task(tailnet.find_device("gpu-r", TAGS, within=5.0))
     go.set()
     assert (await second) is not None and (await first) is not None
-    assert device_lists(ts) - before == 1, "the second look did not share the listing in flight"
+    assert ts.device_lists - before == 1, "the second look did not share the listing in flight"
     assert (await tailnet.find_device("gpu-r", TAGS, within=5.0)) is not None  # its answer, just made
-    assert device_lists(ts) - before == 1
+    assert ts.device_lists - before == 1
     assert (await tailnet.find_device("gpu-r", TAGS)) is not None  # no `within`: a listing of its own
-    assert device_lists(ts) - before == 2
+    assert ts.device_lists - before == 2
