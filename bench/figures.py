@@ -86,9 +86,14 @@ def ready_rates(workers: dict[str, Any]) -> tuple[dict[int, float | None], bool]
     percentile of their Ready times: the workers' throughput, without the batch window and the
     boot that every run waits alike), or, unless every run has that, over the whole burst (first
     pod created -> last Ready); and whether they are the former."""
-    runs = {int(n): w for n, w in workers.items() if "error" not in w}
-    steady = bool(runs) and all(w.get("nodes_ready_per_s_steady") for w in runs.values())
-    return {n: w.get("nodes_ready_per_s_steady" if steady else "nodes_ready_per_s") for n, w in runs.items()}, steady
+    during = _rates(workers, "nodes_ready_per_s_steady")
+    steady = bool(during) and all(during.values())
+    return (during if steady else _rates(workers, "nodes_ready_per_s")), steady
+
+
+def _rates(workers: dict[str, Any], key: str) -> dict[int, float | None]:
+    """`key` of each run of a workers phase that did not break, by its number of workers."""
+    return {int(n): w.get(key) for n, w in workers.items() if "error" not in w}
 
 
 def scaling(workers: dict[str, Any], cores: int, floor: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -100,7 +105,7 @@ def scaling(workers: dict[str, Any], cores: int, floor: dict[str, Any] | None = 
         return None
     two, ceiling = workers["2"], server_ceiling_pct(floor)
     sat = saturation(two["usage"], cores, two.get("machine_busy_pct"), ceiling)
-    span_rates = {int(n): w.get("nodes_ready_per_s") for n, w in workers.items() if "error" not in w}
+    span_rates = _rates(workers, "nodes_ready_per_s")
     return {
         "rates": rates,
         "ratio": rates[2] / rates[1],
