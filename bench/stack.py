@@ -196,10 +196,11 @@ class Stack:
         env = {**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{port}", "TGP_TASK_QUEUE": TASK_QUEUE, "TGP_LOG_LEVEL": "WARNING", "TGP_KUBE_URL": kube[1]["url"]}
         env.pop("TEMPORAL_API_KEY", None)
         # As installed (pip compiles bytecode at install, the image then reads it): with
-        # PYTHONDONTWRITEBYTECODE and no .pyc beside the sources, Temporal's workflow sandbox
-        # compiled the workflow modules from source for every new workflow run (20-30% of the
-        # worker's CPU in a burst, a cost of this checkout, not of tgp). Bytecode goes to a cache
-        # under the bench's logs, not beside the sources.
+        # PYTHONDONTWRITEBYTECODE and no .pyc beside the sources, each process compiles every
+        # module from source at start (and, while tgp's workflow code was imported again for each
+        # run, did so for every new workflow run: 20-30% of the worker's CPU in a burst, a cost of
+        # this checkout, not of tgp). Bytecode goes to a cache under the bench's logs, not beside
+        # the sources.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(ROOT / "bench" / "results" / "logs" / "pycache")
         run = [sys.executable, "-m", "bench.proc"]

@@ -34,11 +34,6 @@ from sim.world import SimWorld, sim_world
 from workers.temporal import DATA_CONVERTER, ensure_search_attributes, search_attribute_keys
 from workers.main import WORKFLOW_SANDBOX_ENV, WorkerConfig, build_activities, make_worker
 from workers.versioning import VERSIONING_ENV
-from workers.sandbox_code import share_workflow_code
-
-# Every sandboxed run in the tests, the replays of recorded histories too, imports the workflow
-# modules as the worker does: their runs share the modules' bytecode (workers/sandbox_code.py).
-share_workflow_code()
 
 pytest_plugins = ["tests.kube_env"]
 

@@ -823,3 +823,10 @@ class MarkUnavailableInput(Model):
     node_class: str = Field("", description="The node's GPUNodeClass: told by a Warning Event when its provider account is blocked.")
     node_name: str = ""
     error: str = Field("", description="What failed, for the class's Event.")
+
+
+# Models whose fields name models defined further down: complete now, at import. Built lazily,
+# at their first use, they would be built inside a workflow's sandbox, which does not show this
+# module to pydantic (`JoinPlan` is not fully defined).
+for _model in (LaunchResult, JoinPlan, JoinResult):
+    _model.model_rebuild()

@@ -52,7 +52,7 @@ from activities.ports import Tailnet
 from activities.tailnets.tailscale import TailscaleTailnet
 from tgp.errors import ConfigError
 from workers.interceptors import ActivityLogContext
-from workers.sandbox_code import SandboxRunner, share_workflow_code
+from workers.sandbox_code import SandboxRunner
 from workers.versioning import deployment_config
 from tgp.types import DEFAULT_TASK_QUEUE
 from workflows.node import GPUNodeWorkflow
@@ -83,14 +83,12 @@ SWEEP_OVERDUE_INTERVALS = 2
 # split the active set between their caches.
 WORKFLOW_CACHE = 300
 WORKFLOW_CACHE_ENV = "TGP_WORKFLOW_CACHE"
-# Workflows run in Temporal's sandbox, which fails a workflow task that reads the clock, draws
-# random numbers or does I/O, at its first run rather than at a later replay. It costs half of a
-# workflow task's CPU (it imports the workflow module again for each new run and enters itself
-# for every payload): replaying a node's whole life takes ~60 ms of CPU in it, ~30 ms without,
-# and a 100-node burst cost the worker ~20% more CPU; each cached workflow holds ~0.2 MB more
-# (300 nodes at rest: 304 MB against 237 MB; make bench, docs/install.md).
-# TGP_WORKFLOW_SANDBOX=off runs workflows without it, for a worker that must do more on less;
-# the tests and the replay of recorded histories in CI run sandboxed either way.
+# Workflows run in Temporal's sandbox, with tgp's own workflow packages passed through
+# (workers/sandbox_code.py): a new run imports nothing again, and the sandbox costs only its hops
+# into each run and its checks of builtins and imports at run time (a 100-node burst: 64.7-69.0 ms
+# of the worker's CPU a node, against 64.6 unsandboxed and 73-76 when each run imported the node
+# workflow's module again). TGP_WORKFLOW_SANDBOX=off runs workflows without it; the tests and
+# the replay of recorded histories in CI run sandboxed either way.
 WORKFLOW_SANDBOX_ENV = "TGP_WORKFLOW_SANDBOX"
 # How many activities a worker runs at once (the SDK's default is 100). Every activity is async
 # and most of a launch's time is spent waiting in one (the instance to run, the device, the
@@ -357,11 +355,10 @@ def workflow_cache(env: Mapping[str, str] = os.environ) -> int:
 
 
 def workflow_runner(env: Mapping[str, str] = os.environ) -> WorkflowRunner:
-    """Temporal's sandbox (the default; its runs share the workflow modules' bytecode:
+    """Temporal's sandbox (the default, tgp's workflow packages passed through:
     workers.sandbox_code) or, with TGP_WORKFLOW_SANDBOX=off, none."""
     raw = env.get(WORKFLOW_SANDBOX_ENV, "").strip().lower()
     if raw in ("", "on", "true", "1"):
-        share_workflow_code()
         return SandboxRunner()
     if raw in ("off", "false", "0"):
         return UnsandboxedWorkflowRunner()
