@@ -248,7 +248,8 @@ async def test_a_refused_settle_says_whether_an_earlier_try_may_have_bought(temp
         acts = NodeActivities(providers={}, tailnets={}, cluster=None)  # type: ignore[arg-type]  # refused before any provider is asked
         env = ActivityEnvironment(client=temporal.client)
         memo = ["an earlier try's memo"]
-        env.info = dataclasses.replace(env.info, attempt=attempt, heartbeat_details=memo, heartbeat_timeout=timedelta(seconds=30))
+        # A beat every millisecond (a third of the timeout): several during the ledger's round trip.
+        env.info = dataclasses.replace(env.info, attempt=attempt, heartbeat_details=memo, heartbeat_timeout=timedelta(milliseconds=3))
         beats: list[tuple[Any, ...]] = []
         env.on_heartbeat = lambda *details: beats.append(details)
         offer = Offer(provider="simulated", offer_id="rtx4090-us-east", gpu_type="RTX4090", region="us-east", hourly_price=OFFER_PRICE)

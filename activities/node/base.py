@@ -64,7 +64,11 @@ def survivor(instances: Iterable[Instance]) -> Instance:
 def heartbeating(details: Callable[[], Sequence[Any]] | None = None) -> Iterator[None]:
     """Heartbeat in the background while the block runs, a few times per heartbeat timeout,
     each beat carrying `details()` (what a retried attempt of the activity reads back; by
-    default what the activity carries, `CARRIED`)."""
+    default what the activity carries, `CARRIED`). The first beat comes one interval in: the
+    heartbeat timeout runs from the attempt's start, and the SDK sends a beat made within its
+    throttle interval of the last one (0.8 x the timeout) only at that interval's end, so an
+    empty beat at the start would hold back the first that says something (a launch's record
+    of its create, `activity.heartbeat` right before it)."""
     details = details or CARRIED.get()
     if activity.info().is_local:
         yield  # a local activity (`check_stage`, `observe_node`) has no heartbeat to send
@@ -74,8 +78,8 @@ def heartbeating(details: Callable[[], Sequence[Any]] | None = None) -> Iterator
 
     async def beat() -> None:
         while True:
-            activity.heartbeat(*details())
             await asyncio.sleep(every)
+            activity.heartbeat(*details())
 
     task = asyncio.get_running_loop().create_task(beat())
     try:
