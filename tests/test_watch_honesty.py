@@ -54,6 +54,20 @@ async def launched(acts: NodeActivities, node_name: str) -> StageCheck:
     return StageCheck(instance=ref, device=DeviceQuery(hostname=node_name, tags=TAGS))
 
 
+async def test_a_device_that_joins_within_a_poll_interval_costs_no_read_of_the_provider() -> None:
+    """The create's answer is the join's first read of the instance: a device in the tailnet
+    before the next poll interval (a fast boot) leaves the provider unasked."""
+    async with AsyncExitStack() as stack:
+        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
+        activities = await build_activities(WorkerConfig.from_env(world.worker_env()), stack)
+        activities.node.poll_interval = timedelta(seconds=5)
+        check = await launched(activities.node, "fast-boot")
+        before = world.cloud.describe_requests
+        joined = await ActivityEnvironment().run(activities.node.wait_for_join, check)
+        assert joined.device is not None and joined.device.hostname == "fast-boot"
+        assert world.cloud.describe_requests == before, "the join read the instance it had just bought"
+
+
 async def test_the_join_heartbeats_while_one_look_is_slow() -> None:
     """Each look goes with heartbeats, so a look slower than the heartbeat timeout (in-call
     HTTP retries, a provider's pacer) is never mistaken for a dead worker."""
@@ -63,6 +77,7 @@ async def test_the_join_heartbeats_while_one_look_is_slow() -> None:
         world.cloud.hold_boots()  # pending while the join's first look at the provider hangs
         check = await launched(activities.node, "slow-look")
         world.cloud.slow_describes(3.0, count=1)
+        activities.node.poll_interval = timedelta(seconds=0.2)  # the join's first look at the provider: 0.2 s after the buy
         asyncio.get_running_loop().call_later(0.5, world.cloud.release_boots)
 
         env = ActivityEnvironment()
@@ -180,7 +195,8 @@ async def test_a_worker_dead_past_the_stage_deadline_does_not_get_the_instance_b
         doomed = subprocess.Popen([binary("tgp"), "worker"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         stack.callback(lambda: doomed.poll() is None and doomed.kill())
 
-        world.cloud.slow_describes(60.0)  # the wait's first look hangs ...
+        world.cloud.hold_boots()  # the instance pends, its device cannot join ...
+        world.cloud.slow_describes(60.0)  # ... and the wait's first look at it (a poll interval in) hangs ...
         # The wait's deadline is the launch's and the tailnet join's together (11 s).
         timeouts = {"launch": timedelta(seconds=8), "tailnet_join": timedelta(seconds=3), "api_call": timedelta(seconds=3)}
         req = request(timeouts=FAST.model_copy(update=timeouts))
@@ -189,6 +205,7 @@ async def test_a_worker_dead_past_the_stage_deadline_does_not_get_the_instance_b
         doomed.send_signal(signal.SIGKILL)  # ... and the worker dies in it
         doomed.wait(10)
         world.cloud.slow_describes(0)
+        world.cloud.release_boots()
 
         async def deadline_passed() -> bool:
             return EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT in [e.event_type async for e in handle.fetch_history_events()]

@@ -79,7 +79,8 @@ class Join(NodeBase):
         """Wait for the instance to boot and its device to join the tailnet, and beside it
         `watch_for_twins` (one activity and one workflow task instead of two). The device is
         looked for every JOIN_LOOK_EVERY (the tailnet is ours to ask; a joined device means a
-        running machine); the provider is read every poll interval until the instance runs:
+        running machine); the provider is read every poll interval until the instance runs, the
+        first time one interval after the buy (whose answer stood for the first read):
         LaunchFailed if it fails or vanishes meanwhile (a 404 inside the provider's consistency
         window after the create is the provider lagging, not a vanished instance). Heartbeats go
         on through every look, however slow; how long to wait is the workflow's stage deadline.
@@ -122,7 +123,9 @@ class Join(NodeBase):
         assert q.instance is not None and q.device is not None
         ref, dq = q.instance, q.device
         running = False
-        next_read = 0.0
+        # The create's answer was the first read of the instance: the provider is read from one
+        # poll interval after it (a read at once mostly met a provider not yet caught up).
+        next_read = time.monotonic() + self.poll_interval.total_seconds()
         with heartbeating():
             while True:
                 try:
