@@ -303,16 +303,26 @@ def test_money_holds_for_every_fault_sequence(world: World) -> None:
     run_state_machine_as_test(lambda: NodeMoney(world), settings=settings(max_examples=examples, stateful_step_count=12, phases=phases))
 
 
-async def test_a_worker_killed_after_its_throttled_beat_buys_nothing_twice() -> None:
-    """Issue 35 item 1: the beat that records the create (`sent_at`) comes within the throttle
-    interval of the attempt's first beat, so the SDK holds it, and the worker dies with it during
-    the create. The retried attempt hears nothing of the create, and the provider's list lags:
-    it must look for the whole settle time, find the instance and adopt it, not buy a second."""
+async def test_a_worker_killed_during_a_prompt_create_leaves_its_record() -> None:
+    """A launch that creates within its first heartbeat interval sends the beat that records the
+    create (`sent_at`) as its first: the SDK sends a first beat at once, so the record outlives a
+    worker killed during the create (an empty beat at the attempt's start held it back until the
+    throttle interval's end, issue 35 item 1)."""
     async with money_env(list_lag=90, window=WINDOW) as env:
         kept = await env.launch_killed_at_create(NODE, attempt=1)
-        assert not any(isinstance(d, dict) and d.get("sent_at") for d in kept), "the model lost the throttled beat"
+        assert any(isinstance(d, dict) and d.get("sent_at") for d in kept), kept
+
+
+async def test_a_worker_killed_after_its_throttled_beat_buys_nothing_twice() -> None:
+    """Issue 35 item 1: the beat that records the create comes within the throttle interval of an
+    earlier beat (a launch that beat before its create: a pacer's wait, a slow mint), so the SDK
+    holds it, and the worker dies with it during the create. The retried attempt hears nothing of
+    the create, and the provider's list lags: it must look for the whole settle time, find the
+    instance and adopt it, not buy a second."""
+    async with money_env(list_lag=90, window=WINDOW) as env:
+        await env.launch_killed_at_create(NODE, attempt=1)
         bought = env.billing(NODE)
-        result = await env.launch(NODE, attempt=2, details=kept)
+        result = await env.launch(NODE, attempt=2, details=())  # the held beat died with the worker
         assert env.billing(NODE) == bought == [result.instance.instance_id], "a retried launch bought again"
         assert env.cloud.create_requests == 1
 
