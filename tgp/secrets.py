@@ -84,7 +84,7 @@ class _Secret:
     plain: tuple[str, ...]  # the value and its escaped / percent-encoded forms
     raw: tuple[bytes, ...]  # what to look for in decoded base64
     cores: tuple[str, ...]  # its base64 at each alignment, either alphabet (a quick check)
-    encoded: re.Pattern[str] | None  # the same, with the partial groups around them
+    encoded: str | None  # the same, with the partial groups around them: a pattern compiled when a text shows a core (rarely)
 
 
 def _forms(value: str) -> _Secret:
@@ -104,7 +104,7 @@ def _forms(value: str) -> _Secret:
     if cores:
         # Eat the partial groups at both ends too: they carry bits of the secret.
         alternatives = "|".join(re.escape(c) for c in sorted(cores, key=len, reverse=True))
-        encoded = re.compile(f"{_B64_CHARS}{{0,3}}(?:{alternatives}){_B64_CHARS}{{0,3}}={{0,2}}")
+        encoded = f"{_B64_CHARS}{{0,3}}(?:{alternatives}){_B64_CHARS}{{0,3}}={{0,2}}"
     forms = tuple(sorted((p for p in plain if p), key=len, reverse=True))
     return _Secret(value, forms, (raw, *(p.encode() for p in plain if p != value)), tuple(cores), encoded)
 
@@ -321,7 +321,7 @@ def scrub(text: str, extra: Iterable[object] = ()) -> str:
                 if form in text:
                     text = text.replace(form, REDACTED)
             if secret.encoded is not None and any(core in text for core in secret.cores):
-                text = secret.encoded.sub(REDACTED, text)
+                text = re.sub(secret.encoded, REDACTED, text)  # compiled once, in re's cache
     if any(index.secrets for index in indexes):
         text = _B64_RUN.sub(lambda m: REDACTED if _decodes_to_secret(m.group(0), indexes, _B64_DEPTH) else m.group(0), text)
     return TAILNET_KEY.sub(r"\1-[redacted]", text)
