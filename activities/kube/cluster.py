@@ -610,9 +610,7 @@ class KubernetesCluster:
 
     async def create_event(self, ref: CustomResource, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
         """Record a core/v1 Event about `ref` (shown by `kubectl describe`)."""
-        involved = k8s.V1ObjectReference(
-            api_version=f"{ref.group}/{ref.version}", kind=ref.kind, name=ref.name, namespace=ref.namespace, uid=ref.uid
-        )
+        involved = {"apiVersion": f"{ref.group}/{ref.version}", "kind": ref.kind, "name": ref.name, "namespace": ref.namespace, "uid": ref.uid}
         await self._record_event(involved, ref.namespace or "default", str(ref), type=type, reason=reason, message=message, component=component)
 
     async def record_class_event(self, name: str, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
@@ -625,27 +623,32 @@ class KubernetesCluster:
 
     async def record_pod_event(self, pod: PodSummary, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
         """Record a core/v1 Event about a Pod (shown by `kubectl describe pod`, which finds it by uid)."""
-        involved = k8s.V1ObjectReference(api_version="v1", kind="Pod", name=pod.name, namespace=pod.namespace, uid=pod.uid or None)
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid or None}
         await self._record_event(
             involved, pod.namespace, f"Pod {pod.namespace}/{pod.name}", type=type, reason=reason, message=message, component=component
         )
 
     async def _record_event(
-        self, involved: k8s.V1ObjectReference, namespace: str, what: str, *, type: str, reason: str, message: str, component: str
+        self, involved: dict[str, str | None], namespace: str, what: str, *, type: str, reason: str, message: str, component: str
     ) -> None:
+        """The Event as the API takes it (camelCase JSON, as the Node and pod calls send theirs):
+        an Event per node change is the pool's most frequent write, and kubernetes' models cost
+        more to build and to read back than the request itself."""
         core = await self._client()
-        now = datetime.now(UTC)
-        event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{involved.name}.", namespace=namespace),
-            involved_object=involved,
-            type=type,
-            reason=reason,
-            message=message[:1024],
-            source=k8s.V1EventSource(component=component),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": {k: v for k, v in involved.items() if v is not None},
+            "type": type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
         await self._call(f"record Event {reason} on {what}", core.create_namespaced_event(namespace, event, _request_timeout=self._timeout))
 
     # --- error mapping ---------------------------------------------------------------

@@ -5,8 +5,8 @@ fields as the module loads: 1.3 s of CPU (and ~2 s on a loaded machine) in every
 talks to Kubernetes: the worker and the bridge at start, every `tgp plan`. Each call here makes
 the request its generated method makes (path, query names, JSON Accept and Content-Type,
 BearerToken auth) through the same client, so it is authenticated, proxied and timed out the
-same way, and a status outside 2xx raises the same ApiException. Node and pod answers come back
-as the API's JSON (WIRE); Secrets and Events as the generated models. Only the per-call argument
+same way, and a status outside 2xx raises the same ApiException. Node, pod and Event answers come
+back as the API's JSON (WIRE); Secrets as the generated models. Only the per-call argument
 validation is gone, which tgp's own typed callers in activities/kube/cluster.py make unnecessary."""
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class CoreCalls:
 
     async def create_namespaced_event(self, namespace: str, body: object, *, _request_timeout: float | None = None) -> Any:
         return await self._request(
-            "POST", "/api/v1/namespaces/{namespace}/events", {"200": "CoreV1Event", "201": "CoreV1Event", "202": "CoreV1Event"},
+            "POST", "/api/v1/namespaces/{namespace}/events", WIRE,
             path_params={"namespace": namespace}, body=body, timeout=_request_timeout,
         )
 
