@@ -23,7 +23,7 @@ from tests.test_watch_events import bridge_running, local_activity
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
 from sim.world import sim_world
 from activities.node import NodeActivities
-from tgp.types import DeviceQuery, InstanceRef, JoinPlan, LaunchInput, NodePhase, NodeStatus, Offer, StageCheck, instance_name
+from tgp.types import DeviceQuery, InstanceRef, LaunchInput, NodePhase, NodeStatus, Offer, StageCheck, instance_name
 from workers.main import WorkerConfig, build_activities, make_worker
 from workflows.node import GPUNodeWorkflow
 
@@ -66,38 +66,6 @@ async def test_a_device_that_joins_within_a_poll_interval_costs_no_read_of_the_p
         joined = await ActivityEnvironment().run(activities.node.wait_for_join, check)
         assert joined.device is not None and joined.device.hostname == "fast-boot"
         assert world.cloud.describe_requests == before, "the join read the instance it had just bought"
-
-
-async def test_a_join_on_a_provider_without_lag_takes_the_buys_look_for_its_twin_watch() -> None:
-    """Right after its create the buy looks under the name and ends any twin there. Where the
-    provider's lists do not lag, that look is the whole twin watch for the name: the join looks
-    nothing more up by name, and reports the watch done (the workflow starts no other). The
-    names of earlier attempts are still watched."""
-    async with AsyncExitStack() as stack:
-        world = await stack.enter_async_context(sim_world(boot_delay=0.2))
-        acts = (await build_activities(WorkerConfig.from_env(world.worker_env()), stack)).node
-        looks = lambda: world.cloud.name_lookups + world.cloud.instance_lists  # noqa: E731
-
-        def plan(node: str, seen: list[InstanceRef]) -> JoinPlan:
-            return JoinPlan(seen=seen, device=DeviceQuery(hostname=node, tags=TAGS), node_name=node, gpus=1, within=timedelta(seconds=30), timeout_error="no join")
-
-        before = looks()
-        await ActivityEnvironment().run(acts.launch_instance, LaunchInput(node_name="alone", attempt=1, offer=OFFER, tailnet_tags=TAGS))
-        buy_looks, before = looks() - before, looks()
-        mine = InstanceRef(provider="simulated", instance_name=instance_name("joined", 1))
-        inp = LaunchInput(node_name="joined", attempt=1, offer=OFFER, tailnet_tags=TAGS)
-        result = await ActivityEnvironment().run(acts.launch_instance, inp, None, None, plan("joined", [mine]))
-        assert result.join is not None and result.join.device is not None
-        assert looks() - before == buy_looks, "the join looked the name up again"
-        assert result.join.twins is not None and [t.known_ids for t in result.join.twins] == [[result.instance.instance_id]]
-
-        earlier = InstanceRef(provider="simulated", instance_name=instance_name("failed-over", 1))
-        before = looks()
-        inp = LaunchInput(node_name="failed-over", attempt=2, offer=OFFER, tailnet_tags=TAGS)
-        mine = InstanceRef(provider="simulated", instance_name=instance_name("failed-over", 2))
-        result = await ActivityEnvironment().run(acts.launch_instance, inp, None, None, plan("failed-over", [earlier, mine]))
-        assert looks() - before > buy_looks, "the earlier attempt's name was not watched"
-        assert result.join is not None and {t.instance_name for t in result.join.twins or []} == {earlier.instance_name, mine.instance_name}
 
 
 async def test_the_join_heartbeats_while_one_look_is_slow() -> None:

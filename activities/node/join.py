@@ -43,19 +43,10 @@ class Join(NodeBase):
         named = next((r for r in plan.seen if r.instance_name == name), None) or InstanceRef(provider=bought.instance.provider, instance_name=name)
         ref = named.bought(bought, self.now())
         check = StageCheck(instance=ref, device=plan.device, node_name=plan.node_name, gpus=plan.gpus)
-        # The buy looked under its name after the create and ended every twin there: where the
-        # provider's lists do not lag (no consistency window to wait out), that look was all the
-        # twin watch had to do for this name; the names of earlier attempts are watched still.
-        provider = await self._provider_for(ref.provider, ref.credentials, ref.account)
-        looked = [ref] if settled_at(ref.created_by, provider, self.now()) is None else []
-        watched = [*(r for r in plan.seen if r.instance_name != name), *([] if looked else [ref])]
-        twins = TwinWatchInput(instances=watched, keep=ref.instance_id) if watched else None
+        twins = TwinWatchInput(instances=[*(r for r in plan.seen if r.instance_name != name), ref], keep=ref.instance_id)
         try:
             async with asyncio.timeout(plan.within.total_seconds()):
-                joined = await self.wait_for_join(check, twins)
-            if looked and (twins is None or joined.twins is not None):
-                joined = joined.model_copy(update={"twins": [*(joined.twins or []), *looked]})
-            return joined
+                return await self.wait_for_join(check, twins)
         except TimeoutError:
             pass
         except ApplicationError as exc:  # the instance failed or vanished while it booted
