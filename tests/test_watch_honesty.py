@@ -23,6 +23,7 @@ from tests.test_watch_events import bridge_running, local_activity
 from tests.test_node_lifecycle import FAST, assert_nothing_left, request, start, wait_phase
 from sim.world import sim_world
 from activities.node import NodeActivities
+from activities.node.base import heartbeating
 from tgp.types import DeviceQuery, InstanceRef, LaunchInput, NodePhase, NodeStatus, Offer, StageCheck, instance_name
 from workers.main import WorkerConfig, build_activities, make_worker
 from workflows.node import GPUNodeWorkflow
@@ -66,6 +67,29 @@ async def test_a_device_that_joins_within_a_poll_interval_costs_no_read_of_the_p
         joined = await ActivityEnvironment().run(activities.node.wait_for_join, check)
         assert joined.device is not None and joined.device.hostname == "fast-boot"
         assert world.cloud.describe_requests == before, "the join read the instance it had just bought"
+
+
+async def test_heartbeats_keep_one_rhythm_across_an_activitys_blocks_and_none_comes_at_once() -> None:
+    """A heartbeating block that follows another beats one interval after the last beat, not
+    one interval after it began (which let two blocks go two intervals without a beat); and no
+    block beats the moment it begins (an empty beat held back the launch's record of its create)."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=3))  # a beat a second
+    beats: list[float] = []
+    env.on_heartbeat = lambda *_: beats.append(time.monotonic())
+
+    async def two_blocks() -> None:
+        with heartbeating():
+            await asyncio.sleep(1.9)
+        with heartbeating():
+            await asyncio.sleep(1.4)
+
+    started = time.monotonic()
+    await env.run(two_blocks)
+    marks = [started, *beats]
+    gaps = [b - a for a, b in zip(marks, marks[1:])]
+    assert beats and gaps[0] >= 0.8, f"a beat at once: {gaps}"
+    assert max(gaps) < 1.5, f"{max(gaps):.1f} s without a beat across the blocks (a beat a second): {gaps}"
 
 
 async def test_the_join_heartbeats_while_one_look_is_slow() -> None:

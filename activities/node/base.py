@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -60,33 +61,57 @@ def survivor(instances: Iterable[Instance]) -> Instance:
     return min(instances, key=lambda i: i.instance_id)
 
 
+@dataclass
+class _Beats:
+    """When the activity attempt `attempt` last beat (the event loop's clock): shared by its
+    heartbeating blocks, so a block that follows another beats on the same rhythm."""
+
+    attempt: tuple[str, str, int]  # (workflow run, activity id, attempt)
+    last: float
+
+
+# The current attempt's beats, set by its first heartbeating block.
+_BEATS: ContextVar[_Beats | None] = ContextVar("heartbeats", default=None)
+
+
 @contextmanager
 def heartbeating(details: Callable[[], Sequence[Any]] | None = None) -> Iterator[None]:
     """Heartbeat in the background while the block runs, a few times per heartbeat timeout,
     each beat carrying `details()` (what a retried attempt of the activity reads back; by
-    default what the activity carries, `CARRIED`). The first beat comes one interval in: the
+    default what the activity carries, `CARRIED`).
+
+    A beat comes one interval after the attempt's last one (its first: one interval after the
+    attempt's first block began), also across blocks: a block that follows another does not
+    wait a whole interval more, nor beat at once with nothing to say. No beat at the start: the
     heartbeat timeout runs from the attempt's start, and the SDK sends a beat made within its
-    throttle interval of the last one (0.8 x the timeout) only at that interval's end, so an
-    empty beat at the start would hold back the first that says something (a launch's record
-    of its create, `activity.heartbeat` right before it)."""
+    throttle interval of the last (0.8 x the timeout) only at that interval's end, so an empty
+    beat at the start would hold back the first that says something (a launch's record of its
+    create, `activity.heartbeat` right before it)."""
     details = details or CARRIED.get()
-    if activity.info().is_local:
+    info = activity.info()
+    if info.is_local:
         yield  # a local activity (`check_stage`, `observe_node`) has no heartbeat to send
         return
-    timeout = activity.info().heartbeat_timeout
+    timeout = info.heartbeat_timeout
     every = min(HEARTBEAT_EVERY, timeout / 3 if timeout else HEARTBEAT_EVERY).total_seconds()
+    loop = asyncio.get_running_loop()
+    attempt = (info.workflow_run_id or "", info.activity_id, info.attempt)
+    beats = _BEATS.get()
+    if beats is None or beats.attempt != attempt:
+        beats = _Beats(attempt, loop.time())
+        _BEATS.set(beats)
 
     async def beat() -> None:
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(max(0.0, beats.last + every - loop.time()))
             activity.heartbeat(*details())
+            beats.last = loop.time()
 
-    task = asyncio.get_running_loop().create_task(beat())
+    task = loop.create_task(beat())
     try:
         yield
     finally:
         task.cancel()
-
 
 
 class NodeBase:
