@@ -34,15 +34,6 @@ def _context(runtime: bool) -> RestrictionContext:
     return context
 
 
-def _calls(tree: ast.AST) -> list[tuple[ast.Call, bool]]:
-    """Every call in `tree`, and whether it is inside a function (runs at run time)."""
-    inside: set[int] = set()
-    for fn in ast.walk(tree):
-        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            inside |= {id(n) for n in ast.walk(fn) if isinstance(n, ast.Call)}
-    return [(n, id(n) in inside) for n in ast.walk(tree) if isinstance(n, ast.Call)]
-
-
 def _imported_names(tree: ast.AST) -> dict[str, tuple[str, ...]]:
     """Each name a module binds by import, to the dotted path it stands for."""
     names: dict[str, tuple[str, ...]] = {}
@@ -60,6 +51,19 @@ def _imported_names(tree: ast.AST) -> dict[str, tuple[str, ...]]:
     return names
 
 
+def _runtime_nodes(tree: ast.AST) -> set[int]:
+    """The nodes inside a function's or a lambda's body: what runs with the workflow. Defaults and
+    decorators are evaluated where the function is defined (at import, for a module's)."""
+    inside: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            for stmt in fn.body:
+                inside |= {id(n) for n in ast.walk(stmt)}
+        elif isinstance(fn, ast.Lambda):
+            inside |= {id(n) for n in ast.walk(fn.body)}
+    return inside
+
+
 def _dotted(expr: ast.expr) -> tuple[str, ...] | None:
     """`a.b.c` as ("a", "b", "c"); None for anything that is not names and attributes."""
     parts: list[str] = []
@@ -72,13 +76,17 @@ def _dotted(expr: ast.expr) -> tuple[str, ...] | None:
 
 
 def restricted_calls(source: str) -> list[str]:
-    """Every call in `source` the sandbox would refuse at run time, as "line: dotted.path"."""
+    """Every use in `source` of what the sandbox would refuse (a call, or a reference that can be
+    called or read later: `time.monotonic`, `os.environ[...]`, `open`), as "line: dotted.path"."""
     tree = ast.parse(source)
     names = _imported_names(tree)
+    runtime = _runtime_nodes(tree)
     members = SandboxRestrictions.default.invalid_module_members
-    found = []
-    for node, runtime in _calls(tree):
-        chain = _dotted(node.func)
+    found: set[tuple[int, str]] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute | ast.Name) or not isinstance(node.ctx, ast.Load):
+            continue
+        chain = _dotted(node)
         if chain is None:
             continue
         if chain[0] in names:
@@ -86,10 +94,16 @@ def restricted_calls(source: str) -> list[str]:
         elif len(chain) == 1:
             path = (BUILTINS, chain[0])
         else:
-            continue  # a local object's method
-        if members.match_access(_context(runtime), *path, include_use=True):
-            found.append(f"{node.lineno}: {'.'.join(path)}")
-    return found
+            continue  # a local object's attribute
+        if len(path) > 1 and members.match_access(_context(id(node) in runtime), *path, include_use=True):
+            found.add((node.lineno, ".".join(path)))
+    return [f"{line}: {path}" for line, path in sorted(found)]
+
+
+def global_statements(source: str) -> list[str]:
+    """Every `global` statement: module state that runs share, now that tgp's workflow modules are
+    imported once per worker, not once per run."""
+    return [f"{n.lineno}: global {', '.join(n.names)}" for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Global)]
 
 
 @pytest.mark.parametrize(
@@ -106,10 +120,15 @@ def restricted_calls(source: str) -> list[str]:
         ("import threading\ndef f():\n    threading.Lock()", True),
         ("from datetime import datetime\nSTARTED = datetime.now()  # at import: refused there too", True),
         ("from datetime import timedelta, datetime\ntimedelta(1)\ndatetime.fromisoformat('2026-01-01')", False),
-        ("import time\nclock = time.monotonic  # a reference, called by an activity's caller", False),
+        ("import time\nclock = time.monotonic  # a reference at import, called by an activity's caller", False),
         ("import hashlib, json\nhashlib.sha256(json.dumps({}).encode())", False),
         ("from temporalio import workflow\nworkflow.now()\nworkflow.uuid4()", False),
         ("import threading\n_lock = threading.RLock()  # once, at import", False),
+        ("import time\ndef f(clock=time.monotonic):  # a default, evaluated at import\n    return clock", False),
+        ("import time\ndef f():\n    clock = time.monotonic\n    return clock()", True),
+        ("import os\ndef f():\n    return 'X' in os.environ", True),
+        ("from time import monotonic\ndef f():\n    return monotonic", True),
+        ("def f():\n    return open", True),
     ],
 )
 def test_the_reading_tells_what_the_sandbox_refuses(source: str, refused: bool) -> None:
@@ -125,3 +144,10 @@ def test_no_module_a_workflow_runs_calls_what_the_sandbox_refuses() -> None:
         "workflow code must not read the clock, draw random numbers, read the environment or do I/O "
         "(use workflow.now(), workflow.random(), workflow.uuid4(), or an activity):\n" + "\n".join(found)
     )
+
+
+def test_no_workflow_module_keeps_state_with_global() -> None:
+    found = []
+    for path in sorted((ROOT / "workflows").rglob("*.py")):
+        found += [f"{path.relative_to(ROOT)}:{hit}" for hit in global_statements(path.read_text())]
+    assert not found, "a workflow module's globals are shared by every run on the worker: keep state on the run\n" + "\n".join(found)
