@@ -37,8 +37,9 @@ from workers.versioning import VERSIONING_ENV
 
 pytest_plugins = ["tests.kube_env"]
 
-# The tests' workers run workflows in Temporal's sandbox whatever the shell says: it is what
-# catches a workflow reading the clock or doing I/O at its first run (workers/main.py).
+# The tests' workers run workflows in Temporal's sandbox whatever the shell says, as production
+# does (workers/main.py): tgp's own workflow code is passed through it and checked by
+# tests/test_workflow_determinism.py; any other workflow module is sandboxed.
 os.environ.pop(WORKFLOW_SANDBOX_ENV, None)
 # ... and unversioned whatever the shell says: a versioned worker with no current build gets no
 # tasks (tests/test_upgrade.py runs its builds versioned on purpose).

@@ -19,7 +19,7 @@ from workflows.node_class import GPUNodeClassWorkflow
 from workflows.pool import GPUNodePoolWorkflow
 
 SAVED = sorted(HISTORIES.glob("*.json.gz"))
-# Through the worker's own runner (the sandbox, its runs sharing the workflow modules' code), as
+# Through the worker's own runner (the sandbox, tgp's workflow code passed through), as
 # production replays them.
 REPLAYER = Replayer(
     workflows=[GPUNodeWorkflow, GPUNodePoolWorkflow, GPUNodeClassWorkflow, FleetLookWorkflow],

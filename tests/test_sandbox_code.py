@@ -31,7 +31,9 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox._runner import _fake_info
 from temporalio.workflow import _Definition
 
+import activities
 import tgp
+import workflows
 from tests.conftest import eventually
 from workers.main import WORKFLOWS, workflow_runner
 from workers.sandbox_code import SandboxRunner, compiled
@@ -293,8 +295,9 @@ def test_every_model_a_workflow_builds_is_complete_at_import() -> None:
     """A pydantic model whose fields name a model defined further down is completed at its first
     use unless completed at import; at a first use inside a run's sandbox it cannot see its
     module, and the run's task fails (`JoinPlan` is not fully defined)."""
-    for info in pkgutil.iter_modules(tgp.__path__):
-        importlib.import_module(f"tgp.{info.name}")
+    for package in (tgp, workflows, activities):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            importlib.import_module(info.name)
     seen: set[type] = set()
     todo = [pydantic.BaseModel]
     while todo:
@@ -302,5 +305,6 @@ def test_every_model_a_workflow_builds_is_complete_at_import() -> None:
             if sub not in seen:
                 seen.add(sub)
                 todo.append(sub)
-    incomplete = [f"{m.__module__}.{m.__qualname__}" for m in seen if m.__module__.startswith("tgp.") and not m.__pydantic_complete__]
+    ours = ("tgp.", "workflows.", "activities.")
+    incomplete = [f"{m.__module__}.{m.__qualname__}" for m in seen if m.__module__.startswith(ours) and not m.__pydantic_complete__]
     assert not incomplete, incomplete

@@ -321,7 +321,7 @@ def scrub(text: str, extra: Iterable[object] = ()) -> str:
                 if form in text:
                     text = text.replace(form, REDACTED)
             if secret.encoded is not None and any(core in text for core in secret.cores):
-                text = re.sub(secret.encoded, REDACTED, text)  # compiled once, in re's cache
+                text = re.sub(secret.encoded, REDACTED, text)  # compiled at its first use (re keeps it)
     if any(index.secrets for index in indexes):
         text = _B64_RUN.sub(lambda m: REDACTED if _decodes_to_secret(m.group(0), indexes, _B64_DEPTH) else m.group(0), text)
     return TAILNET_KEY.sub(r"\1-[redacted]", text)

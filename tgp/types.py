@@ -830,3 +830,4 @@ class MarkUnavailableInput(Model):
 # module to pydantic (`JoinPlan` is not fully defined).
 for _model in (LaunchResult, JoinPlan, JoinResult):
     _model.model_rebuild()
+del _model

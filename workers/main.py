@@ -68,9 +68,9 @@ SWEEPER_SCHEDULE_ID = "tgp-sweeper"
 # Sweeps are overdue when none completed for this many of the Schedule's intervals.
 SWEEP_OVERDUE_INTERVALS = 2
 # How many workflows a worker keeps in memory (Temporal's sticky cache; the SDK's default is
-# 1,000). A cached node workflow costs about 0.45 MB in the sandbox (issue 20; make bench's hold
-# of 1,000 at rest, without the arena limit of workers/memory.py: 400 MB with 300, 310 MB with
-# 100), so the SDK's default held 1,000 nodes at
+# 1,000). A cached node workflow cost about 0.45 MB when each run imported its module again in the
+# sandbox (issue 20; make bench's hold of 1,000 at rest, without the arena limit of
+# workers/memory.py: 400 MB with 300, 310 MB with 100), so the SDK's default held 1,000 nodes at
 # ~450 MB on top of the process's ~175 MB, past the 300 MB a worker may use for them. An
 # evicted workflow is replayed from its history at its next wake: ~36 ms of CPU for a node's
 # 79-event life (measured with the Replayer, docs/benchmarks.md). A node at rest that meets the
