@@ -8,7 +8,7 @@
 # cores, each with the targets it measured against its own floor; move a run you keep for the
 # record to another name); BENCH_DEVICE_JSON=a.json,b.json names others. A machine without the
 # venv: PYTHON=python3 with PYTHONPATH=<the runtime wheels installed with --target>:.
-# (bench/results/HISTORY.md, 2026-11-29 night, has the recipe used on a 16-core machine: 150 s).
+# (bench/results/HISTORY.md, 2026-11-29 night, has the recipe used on a 16-core machine: 150-190 s a run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder the JSON goes to}"
