@@ -4,7 +4,8 @@ environment, files, threads.
 The worker passes tgp's workflow packages through the sandbox (workers/sandbox_code.py), as it
 passes tgp/ and the stages and models they use: a run imports none of them again, and so the
 sandbox does not see their calls. This test reads those calls instead, in every module under
-workflows/ and tgp/, against the sandbox's own list of restricted members
+workflows/ and tgp/ and in what of activities/ a workflow runs (its search attributes' helpers,
+the models it builds), against the sandbox's own list of restricted members
 (`SandboxRestrictions.default.invalid_module_members`, as at run time): a workflow that read the
 clock would replay differently, and this fails before it ships.
 """
@@ -12,16 +13,25 @@ clock would replay differently, and this fails before it ships.
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import pkgutil
+import textwrap
 from pathlib import Path
 
+import pydantic
 import pytest
 from temporalio.worker.workflow_sandbox import SandboxRestrictions
 from temporalio.worker.workflow_sandbox._restrictions import RestrictionContext
 
+import activities
+
 ROOT = Path(__file__).resolve().parent.parent
-# What a workflow runs: its own packages and the vocabulary and decisions of tgp/ (activities run
-# outside workflows, and the layers keep workflows/ from calling them: tests/test_layout.py).
+# What a workflow runs: its own packages and the vocabulary and decisions of tgp/, and of
+# activities/ (which runs outside workflows) its search attributes' helpers and the models a
+# workflow builds, whose validators and methods run in the workflow.
 WORKFLOW_CODE = ("workflows", "tgp")
+WORKFLOW_HELPERS = ("activities/search_attributes.py",)
 BUILTINS = "__builtins__"
 
 
@@ -75,11 +85,12 @@ def _dotted(expr: ast.expr) -> tuple[str, ...] | None:
     return (expr.id, *reversed(parts))
 
 
-def restricted_calls(source: str) -> list[str]:
+def restricted_calls(source: str, names: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """Every use in `source` of what the sandbox would refuse (a call, or a reference that can be
-    called or read later: `time.monotonic`, `os.environ[...]`, `open`), as "line: dotted.path"."""
+    called or read later: `time.monotonic`, `os.environ[...]`, `open`), as "line: dotted.path".
+    `names`: what the module binds by import, for a `source` that is a part of it (a class)."""
     tree = ast.parse(source)
-    names = _imported_names(tree)
+    names = {**(names or {}), **_imported_names(tree)}
     runtime = _runtime_nodes(tree)
     members = SandboxRestrictions.default.invalid_module_members
     found: set[tuple[int, str]] = set()
@@ -151,3 +162,24 @@ def test_no_workflow_module_keeps_state_with_global() -> None:
     for path in sorted((ROOT / "workflows").rglob("*.py")):
         found += [f"{path.relative_to(ROOT)}:{hit}" for hit in global_statements(path.read_text())]
     assert not found, "a workflow module's globals are shared by every run on the worker: keep state on the run\n" + "\n".join(found)
+
+
+def _activity_models() -> list[tuple[str, str, dict[str, tuple[str, ...]]]]:
+    """Each pydantic model defined in activities/: (where, its source, its module's imports)."""
+    found = []
+    for info in pkgutil.walk_packages(activities.__path__, "activities."):
+        module = importlib.import_module(info.name)
+        path = Path(inspect.getfile(module))
+        names = _imported_names(ast.parse(path.read_text()))
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and issubclass(obj, pydantic.BaseModel) and obj.__module__ == info.name:
+                found.append((f"{path.relative_to(ROOT)}:{obj.__qualname__}", textwrap.dedent(inspect.getsource(obj)), names))
+    return found
+
+
+def test_no_helper_or_model_of_activities_a_workflow_runs_calls_what_the_sandbox_refuses() -> None:
+    found = [f"{path}:{hit}" for path in WORKFLOW_HELPERS for hit in restricted_calls((ROOT / path).read_text())]
+    models = _activity_models()
+    assert len(models) > 10, "the models of activities/ were not found"
+    found += [f"{where}, its line {hit}" for where, source, names in models for hit in restricted_calls(source, names)]
+    assert not found, "a workflow runs these (helpers, models' validators and methods): keep them deterministic\n" + "\n".join(found)
