@@ -204,7 +204,7 @@ class SimScheduler:
         free = self._free(nodes, pods)
         by_name = {n["metadata"]["name"]: n for n in nodes}
         static = static_view(nodes)
-        order, kubelets = self._queue_order(pods, tick, Requeue(static, free, by_name), now)
+        order, bound = self._queue_order(pods, tick, Requeue(static, free, by_name))
         self._queue = {uid: q for uid, q in self._queue.items() if uid in present}
         binds, marks = self._decide(order, nodes, free, static, tick)
         # Written after the whole pass is decided: binds first, then the Unschedulable marks,
@@ -212,7 +212,9 @@ class SimScheduler:
         # against a loaded API server (each bind behind 500 marks), and one failed write ended
         # the pass.
         await self._all([self._bind(pod, node, now) for pod, node in binds])
-        await self._all([*kubelets, *(self._unschedulable(pod, reasons, by_name) for pod, reasons in marks)])
+        # The kubelets' reports are made here, not with the order: a pass cut short at its binds
+        # (a teardown) leaves no report made and never awaited.
+        await self._all([*(self._kubelet(pod, now) for pod in bound), *(self._unschedulable(pod, reasons, by_name) for pod, reasons in marks)])
 
     def _free(self, nodes: list[Obj], pods: list[Obj]) -> dict[str, int]:
         """Each Node's free GPUs: allocatable minus what the unfinished pods bound (or assumed
@@ -224,13 +226,11 @@ class SimScheduler:
                 free[node] -= max(pod_gpus(pod), 0)
         return free
 
-    def _queue_order(
-        self, pods: list[Obj], tick: float, requeue: Requeue, now: datetime,
-    ) -> tuple[list[Obj], list[Coroutine[Any, Any, None]]]:
+    def _queue_order(self, pods: list[Obj], tick: float, requeue: Requeue) -> tuple[list[Obj], list[Obj]]:
         """The pending pods to try this pass, in the queue's order: the active queue first,
         oldest first; then, the active queue empty, the backoff queue by expiry
-        (SchedulerPopFromBackoffQ). Also the kubelet's report for each bound pod (each on its own)."""
-        kubelets: list[Coroutine[Any, Any, None]] = []
+        (SchedulerPopFromBackoffQ). Also the bound pods, whose kubelet reports each on its own."""
+        bound: list[Obj] = []
         active, backing_off = [], []
         for pod in pods:
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -238,7 +238,7 @@ class SimScheduler:
                 continue  # Terminating: the emulator removes it after its grace period
             if spec.get("nodeName"):
                 self._assumed.pop(_uid(pod), None)
-                kubelets.append(self._kubelet(pod, now))
+                bound.append(pod)
                 continue
             if _uid(pod) in self._assumed:
                 continue  # bound by this scheduler; the API has not shown it yet
@@ -253,7 +253,7 @@ class SimScheduler:
             else:
                 active.append((q.since, str(meta.get("creationTimestamp") or ""), _uid(pod), pod))
         order = [e[-1] for e in sorted(active, key=lambda e: e[:3])] + [e[-1] for e in sorted(backing_off, key=lambda e: e[:2])]
-        return order, kubelets
+        return order, bound
 
     def _decide(
         self, order: list[Obj], nodes: list[Obj], free: dict[str, int], static: Mapping[str, tuple[Any, ...]], tick: float,
