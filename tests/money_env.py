@@ -208,6 +208,12 @@ class MoneyEnv:
         env.on_heartbeat = beat
         return env
 
+    def beat_now(self, details: tuple[Any, ...]) -> None:
+        """A beat of the attempt in `env` now, carrying `details`: what a launch that waited a
+        heartbeat interval before its create sent first (its later beats are the SDK's to hold)."""
+        self.heartbeats.append(tuple(details))
+        self.beats.append((self.clock(), tuple(details)))
+
     def attempt_details(self, before: tuple[Any, ...]) -> tuple[Any, ...]:
         """What Temporal keeps of an attempt that ended by itself (its last beat is flushed with
         its end): its last beat with details, else the details it was started with."""
@@ -240,12 +246,20 @@ class MoneyEnv:
             sent = (sent[0] + THROTTLE, pending)
         return next((d for d in [sent[1] if sent else ()] if d), ())
 
-    async def attempt(self, run: Callable[[ActivityEnvironment], Awaitable[Any]], *, attempt: int = 1, details: tuple[Any, ...] = (), kill_at: int | str | None = None) -> Any:
+    async def attempt(
+        self, run: Callable[[ActivityEnvironment], Awaitable[Any]], *, attempt: int = 1, details: tuple[Any, ...] = (), kill_at: int | str | None = None,
+        beat_first: bool = False,
+    ) -> Any:
         """One activity attempt (`run` in the environment given), its worker killed at step
         `kill_at` (`Worker`; its return is its last step): its result or error, or `Killed`
-        with what Temporal kept of its heartbeats (those the SDK had sent; none: `details`)."""
+        with what Temporal kept of its heartbeats (those the SDK had sent; none: `details`).
+        `beat_first`: the attempt beat (what it carries, `details`) before its first step, as a
+        launch does that waited a heartbeat interval (a pacer's turn, a slow mint) before its
+        create: the SDK then holds the beat that records the create (`details_after_a_kill`)."""
         worker = Worker(kill_at)
         env = self.env(attempt=attempt, details=details)
+        if beat_first:
+            self.beat_now(details)
         worker._clock, worker._beats = self.clock, lambda: len(self.beats)
         token = WORKER.set(worker)
         try:
@@ -271,16 +285,22 @@ class MoneyEnv:
             await asyncio.sleep(0)
         raise Killed(step, kept or details)
 
-    async def launch(self, node: str, *, attempt: int = 1, details: tuple[Any, ...] = (), kill_at: int | str | None = None, node_attempt: int = 1) -> LaunchResult:
+    async def launch(
+        self, node: str, *, attempt: int = 1, details: tuple[Any, ...] = (), kill_at: int | str | None = None, node_attempt: int = 1, beat_first: bool = False,
+    ) -> LaunchResult:
         inp = self.launch_input(node, node_attempt)
-        return await self.attempt(lambda env: env.run(self.activities.launch_instance, inp), attempt=attempt, details=details, kill_at=kill_at)
+        return await self.attempt(
+            lambda env: env.run(self.activities.launch_instance, inp), attempt=attempt, details=details, kill_at=kill_at, beat_first=beat_first
+        )
 
-    async def launch_killed_at_create(self, node: str, *, attempt: int = 1, details: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    async def launch_killed_at_create(self, node: str, *, attempt: int = 1, details: tuple[Any, ...] = (), beat_first: bool = False) -> tuple[Any, ...]:
         """A launch attempt whose worker dies while its create is in flight (after the backend
         took it): the answer never reaches anyone. The details Temporal kept of it (the SDK's
-        throttled heartbeats: `details_after_a_kill`)."""
+        throttled heartbeats: `details_after_a_kill`). `beat_first`: as `attempt`'s."""
         self.cloud.hold_creates()
         env = self.env(attempt=attempt, details=details)
+        if beat_first:
+            self.beat_now(details)
         task = asyncio.ensure_future(env.run(self.activities.launch_instance, self.launch_input(node)))
         arrived = asyncio.ensure_future(self.cloud.create_arrived.wait())
         await asyncio.wait([task, arrived], return_when=asyncio.FIRST_COMPLETED)

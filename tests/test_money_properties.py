@@ -164,18 +164,22 @@ class NodeMoney(RuleBasedStateMachine):
     # --- the node ----------------------------------------------------------------------
 
     @precondition(lambda self: self.phase == "launching")
-    @rule(outcome=CREATES, kill=KILLS, release_kill=RELEASE_KILLS)
-    def launch(self, outcome: CreateOutcome, kill: int | str | None, release_kill: int | None) -> None:
+    @rule(outcome=CREATES, kill=KILLS, release_kill=RELEASE_KILLS, beat_first=st.booleans())
+    def launch(self, outcome: CreateOutcome, kill: int | str | None, release_kill: int | None, beat_first: bool) -> None:
         """One attempt of the launch activity, its worker killed at step `kill` (None: it
         lives): Temporal's retries are further calls of this. `release_kill`: where the worker
-        of the release's first terminate dies, if this attempt is the launch's last."""
+        of the release's first terminate dies, if this attempt is the launch's last.
+        `beat_first`: the attempt beat before its create (it waited an interval), so the SDK
+        holds the beat that records the create, which a kill then takes with it."""
         e = self.e
         e.model.create_outcomes.clear()
         e.model.next_creates(outcome)
         self.activity_attempts += 1
         self.release_kill = release_kill
         try:
-            result = self.run(e.launch(NODE, attempt=self.activity_attempts, details=self.details, kill_at=kill, node_attempt=self.node_attempt))
+            result = self.run(
+                e.launch(NODE, attempt=self.activity_attempts, details=self.details, kill_at=kill, node_attempt=self.node_attempt, beat_first=beat_first)
+            )
         except Killed as killed:
             self.details = killed.details
         except ApplicationError:
@@ -320,9 +324,10 @@ async def test_a_worker_killed_after_its_throttled_beat_buys_nothing_twice() -> 
     the create, and the provider's list lags: it must look for the whole settle time, find the
     instance and adopt it, not buy a second."""
     async with money_env(list_lag=90, window=WINDOW) as env:
-        await env.launch_killed_at_create(NODE, attempt=1)
+        kept = await env.launch_killed_at_create(NODE, attempt=1, beat_first=True)
+        assert not any(isinstance(d, dict) and d.get("sent_at") for d in kept), "the model lost the throttled beat"
         bought = env.billing(NODE)
-        result = await env.launch(NODE, attempt=2, details=())  # the held beat died with the worker
+        result = await env.launch(NODE, attempt=2, details=kept)
         assert env.billing(NODE) == bought == [result.instance.instance_id], "a retried launch bought again"
         assert env.cloud.create_requests == 1
 
