@@ -298,7 +298,9 @@ def world() -> Iterator[World]:
 
 
 def test_money_holds_for_every_fault_sequence(world: World) -> None:
-    # About 5 s in the suite's profile (explore's 2,000 runs pass too); HYPOTHESIS_PROFILE=explore runs its own count.
+    # About 5 s in the suite's profile. HYPOTHESIS_PROFILE=explore runs its own count, at random: on
+    # 2026-11-29 it found failures in worlds whose late create and list lag outlast the window (on
+    # f2ff58c too; the seeds are in bench/results/HISTORY.md), open for the next session.
     # In the suite's profile a failure is reported as found, unshrunk: shrinking a machine whose
     # runs take 0.1-0.3 s each takes minutes, past the suite's timeout, which would hide it.
     ci = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
