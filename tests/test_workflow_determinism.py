@@ -85,7 +85,7 @@ def _dotted(expr: ast.expr) -> tuple[str, ...] | None:
     return (expr.id, *reversed(parts))
 
 
-def restricted_calls(source: str, names: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+def restricted_uses(source: str, names: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """Every use in `source` of what the sandbox would refuse (a call, or a reference that can be
     called or read later: `time.monotonic`, `os.environ[...]`, `open`), as "line: dotted.path".
     `names`: what the module binds by import, for a `source` that is a part of it (a class)."""
@@ -143,14 +143,14 @@ def global_statements(source: str) -> list[str]:
     ],
 )
 def test_the_reading_tells_what_the_sandbox_refuses(source: str, refused: bool) -> None:
-    assert bool(restricted_calls(source)) is refused, restricted_calls(source)
+    assert bool(restricted_uses(source)) is refused, restricted_uses(source)
 
 
 def test_no_module_a_workflow_runs_calls_what_the_sandbox_refuses() -> None:
     found = []
     for package in WORKFLOW_CODE:
         for path in sorted((ROOT / package).rglob("*.py")):
-            found += [f"{path.relative_to(ROOT)}:{hit}" for hit in restricted_calls(path.read_text())]
+            found += [f"{path.relative_to(ROOT)}:{hit}" for hit in restricted_uses(path.read_text())]
     assert not found, (
         "workflow code must not read the clock, draw random numbers, read the environment or do I/O "
         "(use workflow.now(), workflow.random(), workflow.uuid4(), or an activity):\n" + "\n".join(found)
@@ -178,8 +178,8 @@ def _activity_models() -> list[tuple[str, str, dict[str, tuple[str, ...]]]]:
 
 
 def test_no_helper_or_model_of_activities_a_workflow_runs_calls_what_the_sandbox_refuses() -> None:
-    found = [f"{path}:{hit}" for path in WORKFLOW_HELPERS for hit in restricted_calls((ROOT / path).read_text())]
+    found = [f"{path}:{hit}" for path in WORKFLOW_HELPERS for hit in restricted_uses((ROOT / path).read_text())]
     models = _activity_models()
     assert len(models) > 10, "the models of activities/ were not found"
-    found += [f"{where}, its line {hit}" for where, source, names in models for hit in restricted_calls(source, names)]
+    found += [f"{where}, its line {hit}" for where, source, names in models for hit in restricted_uses(source, names)]
     assert not found, "a workflow runs these (helpers, models' validators and methods): keep them deterministic\n" + "\n".join(found)
