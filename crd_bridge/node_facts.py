@@ -17,6 +17,9 @@ MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their coun
   deletion that tgp's finalizer holds (`deleting`: `kubectl delete node`, drained and ended).
 * A joining Node's facts (registered, Ready, GPUs: milliseconds apart) wait up to
   JOINING_FACTS_SETTLE for the next change and go together: one signal, one workflow task.
+  Ready with its GPUs, they wait while the Node still has tgp's joining taint (at most
+  JOINING_TAINT_HOLD): the launch's own look is labelling it then, and facts sent meanwhile
+  cost the node a workflow task that does nothing (issue 37). The taint's removal sends them.
 * Level-triggered: nothing is sent until both informers have listed (a Node without its pods
   would look idle), and after every list of either (a start, a re-list after 410 Gone) every
   managed node's current facts are sent once, so a signal lost while the bridge was down heals.
@@ -39,7 +42,7 @@ from activities.kube.cluster import node_summary_of, pod_summary_of
 from crd_bridge.informer import Obj, object_key
 from crd_bridge.metrics import NODE_FACTS_SIGNALS
 from tgp.lifecycle import pod_holds_node, pod_keeps_node_busy
-from tgp.types import ANNOTATION_RELEASED, LABEL_POOL, LABEL_POOL_NAMESPACE, MAX_HOLDERS_NAMED, NodeFacts, node_workflow_id
+from tgp.types import ANNOTATION_RELEASED, LABEL_POOL, LABEL_POOL_NAMESPACE, MAX_HOLDERS_NAMED, TAINT_JOINING, NodeFacts, node_workflow_id
 
 log = structlog.get_logger("tgp.bridge.facts")
 
@@ -58,6 +61,11 @@ FACTS_SENDS_AT_ONCE = 32
 # make it Ready with GPUs, and every change of a Node told Ready before (NotReady, gone, busy),
 # go at once.
 JOINING_FACTS_SETTLE = timedelta(seconds=0.3)
+# A Node Ready with its GPUs that still has tgp's joining taint is being labelled by its launch,
+# which looked at it (activities.node.join: a look every second for two seconds after the device
+# joined) and ends once the taint is off: its facts wait for the taint's removal, at most this
+# long (a launch that did not see it up waits for them in its workflow's join).
+JOINING_TAINT_HOLD = timedelta(seconds=5)
 # The informers whose lists make a whole picture.
 INFORMERS = ("pods", "nodes")
 
@@ -72,12 +80,20 @@ class _PodsOnNodes:
 
 class NodeFactsSender:
     def __init__(
-        self, client: Client, *, signal_timeout: timedelta = FACTS_SIGNAL_TIMEOUT, joining_settle: timedelta = JOINING_FACTS_SETTLE
+        self,
+        client: Client,
+        *,
+        signal_timeout: timedelta = FACTS_SIGNAL_TIMEOUT,
+        joining_settle: timedelta = JOINING_FACTS_SETTLE,
+        taint_hold: timedelta = JOINING_TAINT_HOLD,
     ) -> None:
         self.client = client
         self.signal_timeout = signal_timeout
         self.joining_settle = joining_settle.total_seconds()
+        self.taint_hold = taint_hold.total_seconds()
         self._held_until: dict[str, float] = {}  # joining Node name -> when its held facts go (loop time)
+        self._up_since: dict[str, float] = {}  # joining Node name -> when its facts were first up while it had the taint
+        self.joining: set[str] = set()  # Nodes with tgp's joining taint
         self.workflow_ids: dict[str, str] = {}  # managed Node name -> its node workflow id
         self.latest: dict[str, NodeFacts] = {}  # Node name -> its facts, `at` when they last changed
         self.sent: dict[str, NodeFacts] = {}  # Node name -> the facts its workflow last received
@@ -144,7 +160,16 @@ class NodeFactsSender:
         facts = NodeFacts(
             node_name=name, present=True, ready=summary.ready, gpus=summary.gpus, do_not_disrupt=summary.do_not_disrupt, deleting=summary.deleting, at=_now()
         )
+        tainted = any(t.key == TAINT_JOINING.key for t in summary.taints)
+        labelled = name in self.joining and not tainted
+        if tainted:
+            self.joining.add(name)
+        else:
+            self.joining.discard(name)
         self._update(name, self._with_pods(facts))
+        if labelled and name in self._held_until and self.latest[name].ready and self.latest[name].gpus > 0:
+            del self._held_until[name]  # held for the taint: they go now
+            self._wake.set()
 
     def on_listed(self, informer: str) -> None:
         """An informer has delivered a whole list: once both have, send every node's facts."""
@@ -174,9 +199,15 @@ class NodeFactsSender:
             return
         self.latest[name] = facts.model_copy(update={"source": self.incarnation, "seq": next(self._seq)})
         told = self.sent.get(name)
-        if facts.present and not (facts.ready and facts.gpus > 0) and not (told is not None and told.ready):
+        joining = facts.present and not (told is not None and told.ready)
+        now = asyncio.get_running_loop().time()
+        if joining and not (facts.ready and facts.gpus > 0):
             # Joining: held for its next change, from the first change held (never postponed).
-            self._held_until.setdefault(name, asyncio.get_running_loop().time() + self.joining_settle)
+            self._held_until.setdefault(name, now + self.joining_settle)
+        elif joining and name in self.joining:
+            # Up, and its launch labelling it: held for the taint's removal (on_node), from the
+            # first facts up (never postponed).
+            self._held_until[name] = self._up_since.setdefault(name, now) + self.taint_hold
         else:
             self._held_until.pop(name, None)
         self.due.add(name)
@@ -247,9 +278,10 @@ class NodeFactsSender:
 
     def _forget(self, name: str) -> None:
         """Drop everything kept for Node `name`: a new Node of that name starts over."""
-        for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at, self._held_until):
+        for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at, self._held_until, self._up_since):
             table.pop(name, None)
         self.gone.discard(name)
+        self.joining.discard(name)
         self.due.discard(name)
 
     def _failed(self, name: str, error: str) -> None:

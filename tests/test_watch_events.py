@@ -480,3 +480,62 @@ async def test_facts_told_during_bring_up_start_the_watch_without_a_look(tempora
         looks = [e for e in history.events if local_activity(e) == "look"]
         assert looks == [], "the watch looked although the bridge had told it"
         assert_nothing_left(world, req.node_name)
+
+
+async def test_a_launch_that_saw_its_node_up_starts_the_watch_on_that_look(time_skipping: WorkflowEnvironment) -> None:
+    """No facts at all (no bridge runs here; with one, they come once the joining taint is off):
+    the launch's look saw the Node Ready with its GPUs and labelled it, and the watch begins on
+    that look, not a look of its own, and judges the node healthy: it is still Ready past the
+    grace that ends a node whose Node is missing or NotReady (NODE_LOST_AFTER)."""
+    from tgp.lifecycle import NODE_LOST_AFTER
+
+    async with running_world(time_skipping) as (world, _, queue):
+        req = request(timeouts=AT_REST)
+        handle = await start(time_skipping, queue, req)
+        await wait_phase(handle, NodePhase.READY)
+        await skip_time(time_skipping, NODE_LOST_AFTER + timedelta(minutes=2), step=timedelta(minutes=1))
+        status = await handle.query(GPUNodeWorkflow.status)
+        assert status.phase is NodePhase.READY, status
+        looks = [e for e in (await handle.fetch_history()).events if local_activity(e) == "look"]
+        assert looks == [], "the watch looked although the launch's look had just seen the Node up"
+        await handle.signal("evict", {"reason": "test done"})
+        await handle.result()
+        assert_nothing_left(world, req.node_name)
+
+
+async def test_a_nodes_facts_wait_for_its_joining_taint_to_go(temporal: WorkflowEnvironment) -> None:
+    """A Node Ready with its GPUs that still has tgp's joining taint is being labelled by its
+    launch, which has looked at it: its facts wait for the taint's removal (a signal meanwhile
+    cost the node a workflow task that did nothing) and go at once then; a Node that keeps the
+    taint is told after JOINING_TAINT_HOLD all the same."""
+    from crd_bridge.node_facts import NodeFactsSender
+
+    signals = SignalsSent()
+    sender = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [signals]}), joining_settle=timedelta(milliseconds=50), taint_hold=timedelta(minutes=1))
+    task = asyncio.create_task(sender.run())
+    told = lambda name: [facts for wf, signal, facts in signals.sent if signal == "node_facts" and wf.endswith("/" + name)]  # noqa: E731
+    joining = {**_node("labelled"), "spec": {"taints": [{"key": "tgp.io/joining", "effect": "NoSchedule"}]}}
+    try:
+        sender.on_listed("nodes")
+        sender.on_listed("pods")
+        sender.on_node("ADDED", joining)
+        # A sender that did not hold would have sent within milliseconds (past the 50 ms settle);
+        # this wait can only miss such a bug on a very slow machine, never fail a correct sender.
+        await asyncio.sleep(0.3)
+        assert told("labelled") == [], "a joining Node's facts went while it still had the taint"
+        sender.on_node("MODIFIED", _node("labelled"))  # the launch took the taint off
+        await eventually(lambda: asyncio.sleep(0, "labelled" in sender.sent), what="the facts once the taint is off")
+        assert [(f.ready, f.gpus) for f in told("labelled")] == [(True, 1)]
+    finally:
+        task.cancel()
+
+    quick = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [signals]}), taint_hold=timedelta(milliseconds=100))
+    task = asyncio.create_task(quick.run())
+    try:
+        quick.on_listed("nodes")
+        quick.on_listed("pods")
+        quick.on_node("ADDED", {**joining, "metadata": {**joining["metadata"], "name": "kept"}})
+        await eventually(lambda: asyncio.sleep(0, "kept" in quick.sent), what="the facts of a Node that keeps the taint, after the hold")
+        assert [(f.ready, f.gpus) for f in told("kept")] == [(True, 1)]
+    finally:
+        task.cancel()

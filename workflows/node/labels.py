@@ -37,7 +37,10 @@ async def label_and_taint(life: Life, *, labelled: bool) -> None:
     else:
         report = life.tell_pool(carry=True)
         await life.call(NodeActivities.label_and_taint_node, ready_labels(life), timeout=life.timeouts.api_call, retry=API_RETRY, summary="label and taint", more=(report,))
-    life.state.watch = WatchState(ready_at=workflow.now())
+    # The launch's look saw the Node Ready with its GPUs just now: the watch's first look (the
+    # bridge's facts come once the joining taint is off, crd_bridge.node_facts).
+    now = workflow.now()
+    life.state.watch = WatchState(ready_at=now, looked_at=now if labelled else None)
 
 
 def ready_labels(life: Life) -> LabelInput:

@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from tgp.disruption import DisruptionReason, eventual_end, held_message
     from tgp.lifecycle import BUDGETED_ENDS, DISRUPT_ENDS, EndReason, apply_view, backstop_period, facts_view, held_by, judge_view, next_deadline
     from tgp.messages import DisruptionAnswer, DisruptionAsk, PoolAsk
-    from tgp.types import Instance, InstanceState, NodeObservation, ObserveInput, Stage
+    from tgp.types import Instance, InstanceState, NodeObservation, NodeSummary, ObserveInput, Stage
     from workflows.entity import describe
     from workflows.node.labels import apply_template, template_due
     from workflows.node.life import Life, describe_failure, human
@@ -266,15 +266,22 @@ def _end_hold_when_busy(life: Life) -> None:
 
 
 def _seed_view(life: Life) -> None:
-    """The first view: the bridge's facts if they came during bring-up, with the instance as the
-    launch left it (running). With none yet, a look is due at once."""
-    ref, now = life.state.instance, workflow.now()
+    """The first view, with the instance as the launch left it (running): the bridge's facts if
+    they came during bring-up; else the launch's own look, which saw the Node Ready with its
+    GPUs just now (`looked_at`; no pod could land before its labels were on). With neither, a
+    look is due at once."""
+    ref, now, watch = life.state.instance, workflow.now(), _watch(life)
     assert ref is not None
-    if life.state.facts is None:
-        life.state.watch = _watch(life).model_copy(update={"looked_at": now - backstop_period(life.timeouts)})
+    if life.state.facts is None and watch.looked_at is None:
+        life.state.watch = watch.model_copy(update={"looked_at": now - backstop_period(life.timeouts)})
         return
     running = Instance(provider=ref.provider, instance_id=ref.instance_id or "", name=ref.instance_name, state=InstanceState.RUNNING)
-    life.state.watch = _watch(life).model_copy(update={"looked_at": now, "view": NodeObservation(instance=running, node=None, busy_pods=0)})
+    if life.state.facts is not None:
+        life.state.watch = watch.model_copy(update={"looked_at": now, "view": NodeObservation(instance=running, node=None, busy_pods=0)})
+        return
+    gpus = life.state.offer.gpu_count if life.state.offer else 1
+    node = NodeSummary(name=life.req.node_name, ready=True, gpus=gpus)
+    life.state.watch = apply_view(watch, NodeObservation(instance=running, node=node, busy_pods=0), now, life.timeouts)
 
 
 def _backstop_due(life: Life) -> datetime:
