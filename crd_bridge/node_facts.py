@@ -18,8 +18,10 @@ MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their coun
 * A joining Node's facts (registered, Ready, GPUs: milliseconds apart) wait up to
   JOINING_FACTS_SETTLE for the next change and go together: one signal, one workflow task.
   Ready with its GPUs, they wait while the Node still has tgp's joining taint (at most
-  JOINING_TAINT_HOLD): the launch's own look is labelling it then, and facts sent meanwhile
-  cost the node a workflow task that does nothing (issue 37). The taint's removal sends them.
+  JOINING_TAINT_HOLD): its launch is labelling it then, having looked, and facts sent meanwhile
+  cost the node a workflow task that does nothing (issue 37). When tgp takes the taint off,
+  facts its workflow already knows (Ready with its GPUs, no pod, nothing holding it: what the
+  launch's look saw) are not sent at all; any others are, at once.
 * Level-triggered: nothing is sent until both informers have listed (a Node without its pods
   would look idle), and after every list of either (a start, a re-list after 410 Gone) every
   managed node's current facts are sent once, so a signal lost while the bridge was down heals.
@@ -167,9 +169,13 @@ class NodeFactsSender:
         else:
             self.joining.discard(name)
         self._update(name, self._with_pods(facts))
-        if labelled and name in self._held_until and self.latest[name].ready and self.latest[name].gpus > 0:
-            del self._held_until[name]  # held for the taint: they go now
-            self._wake.set()
+        if labelled and name in self._held_until and name not in self.sent:
+            del self._held_until[name]  # held for the taint: decided now
+            if _as_its_launch_saw(self.latest[name]):
+                self.sent[name] = self.latest[name]  # its workflow knows them: nothing to tell
+                self.due.discard(name)
+            else:
+                self._wake.set()
 
     def on_listed(self, informer: str) -> None:
         """An informer has delivered a whole list: once both have, send every node's facts."""
@@ -294,6 +300,16 @@ class NodeFactsSender:
         self._retry_at[name] = asyncio.get_running_loop().time() + random.uniform(wait / 2, wait)
         self.due.add(name)
         log.warning("node_facts_not_sent", node=name, workflow_id=self.workflow_ids.get(name), error=error[:300], retry_in=round(wait, 2))
+
+
+def _as_its_launch_saw(facts: NodeFacts) -> bool:
+    """Facts a node's workflow knows without being told, once tgp took the joining taint off
+    its Node: Ready with its GPUs, no pod on it (none could land before), nothing holding it,
+    not being deleted (the launch's look, workflows/node/watch.py `_seed_view`)."""
+    return (
+        facts.present and facts.ready and facts.gpus > 0 and facts.busy_pods == 0 and facts.holding == 0
+        and not facts.do_not_disrupt and not facts.deleting
+    )
 
 
 def _same(a: NodeFacts, b: NodeFacts) -> bool:

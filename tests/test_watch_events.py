@@ -506,8 +506,9 @@ async def test_a_launch_that_saw_its_node_up_starts_the_watch_on_that_look(time_
 async def test_a_nodes_facts_wait_for_its_joining_taint_to_go(temporal: WorkflowEnvironment) -> None:
     """A Node Ready with its GPUs that still has tgp's joining taint is being labelled by its
     launch, which has looked at it: its facts wait for the taint's removal (a signal meanwhile
-    cost the node a workflow task that did nothing) and go at once then; a Node that keeps the
-    taint is told after JOINING_TAINT_HOLD all the same."""
+    cost the node a workflow task that did nothing). Then facts the launch's look saw (Ready
+    with its GPUs, no pod) are not told at all, the next change is; facts that differ go at
+    once. A Node that keeps the taint is told after JOINING_TAINT_HOLD all the same."""
     from crd_bridge.node_facts import NodeFactsSender
 
     signals = SignalsSent()
@@ -523,9 +524,17 @@ async def test_a_nodes_facts_wait_for_its_joining_taint_to_go(temporal: Workflow
         # this wait can only miss such a bug on a very slow machine, never fail a correct sender.
         await asyncio.sleep(0.3)
         assert told("labelled") == [], "a joining Node's facts went while it still had the taint"
-        sender.on_node("MODIFIED", _node("labelled"))  # the launch took the taint off
-        await eventually(lambda: asyncio.sleep(0, "labelled" in sender.sent), what="the facts once the taint is off")
-        assert [(f.ready, f.gpus) for f in told("labelled")] == [(True, 1)]
+        sender.on_node("MODIFIED", _node("labelled"))  # the launch took the taint off: it knows them
+        assert "labelled" in sender.sent and "labelled" not in sender.due, "facts its launch saw were to be told"
+        sender.on_pod("ADDED", _pod("job", "labelled"))  # the first change after: told at once
+        await eventually(lambda: asyncio.sleep(0, len(told("labelled")) == 1), what="the pod told")
+        assert [(f.ready, f.gpus, f.busy_pods) for f in told("labelled")] == [(True, 1, 1)]
+        busy = {**joining, "metadata": {**joining["metadata"], "name": "busy"}}
+        sender.on_node("ADDED", busy)
+        sender.on_pod("ADDED", _pod("early", "busy"))  # a pod that tolerates the taint
+        sender.on_node("MODIFIED", _node("busy"))  # facts the launch did not see: told at once
+        await eventually(lambda: asyncio.sleep(0, len(told("busy")) == 1), what="the busy node's facts once the taint is off")
+        assert [(f.ready, f.busy_pods) for f in told("busy")] == [(True, 1)]
     finally:
         task.cancel()
 
