@@ -18,10 +18,12 @@ MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their coun
 * A joining Node's facts (registered, Ready, GPUs: milliseconds apart) wait up to
   JOINING_FACTS_SETTLE for the next change and go together: one signal, one workflow task.
   Ready with its GPUs, they wait while the Node still has tgp's joining taint (at most
-  JOINING_TAINT_HOLD): its launch is labelling it then, having looked, and facts sent meanwhile
+  JOINING_TAINT_HOLD) if it registered while this process watched and nothing was sent for it
+  yet: its launch is most likely labelling it then, having looked, and facts sent meanwhile
   cost the node a workflow task that does nothing (issue 37). When tgp takes the taint off,
-  facts its workflow already knows (Ready with its GPUs, no pod, nothing holding it: what the
-  launch's look saw) are not sent at all; any others are, at once.
+  such facts are not sent at all if they are what the launch's look saw (Ready with its GPUs,
+  no pod, nothing holding it); any others go at once. A Node told anything before (NotReady
+  first, as real kubelets register) is told Ready at once, as before.
 * Level-triggered: nothing is sent until both informers have listed (a Node without its pods
   would look idle), and after every list of either (a start, a re-list after 410 Gone) every
   managed node's current facts are sent once, so a signal lost while the bridge was down heals.
@@ -63,11 +65,13 @@ FACTS_SENDS_AT_ONCE = 32
 # make it Ready with GPUs, and every change of a Node told Ready before (NotReady, gone, busy),
 # go at once.
 JOINING_FACTS_SETTLE = timedelta(seconds=0.3)
-# A Node Ready with its GPUs that still has tgp's joining taint is being labelled by its launch,
-# which looked at it (activities.node.join: a look every second for two seconds after the device
-# joined) and ends once the taint is off: its facts wait for the taint's removal, at most this
-# long (a launch that did not see it up waits for them in its workflow's join).
-JOINING_TAINT_HOLD = timedelta(seconds=5)
+# A Node registered while the bridge watched, told nothing yet, Ready with its GPUs and still
+# with tgp's joining taint is most likely being labelled by its launch, which looks at it every
+# second for two seconds after its device joined (activities.node.join): its facts wait for the
+# taint's removal, at most this long from when they came up. A launch that missed it leaves
+# the Node to its workflow's join, which these facts then reach this much later at most (its
+# own first look comes two seconds in).
+JOINING_TAINT_HOLD = timedelta(seconds=3)
 # The informers whose lists make a whole picture.
 INFORMERS = ("pods", "nodes")
 
@@ -96,6 +100,9 @@ class NodeFactsSender:
         self._held_until: dict[str, float] = {}  # joining Node name -> when its held facts go (loop time)
         self._up_since: dict[str, float] = {}  # joining Node name -> when its facts were first up while it had the taint
         self.joining: set[str] = set()  # Nodes with tgp's joining taint
+        # Nodes registered while this process watched (first seen after both lists) whose facts
+        # it has not begun to send: their workflows have heard nothing of them from it.
+        self.untold: set[str] = set()
         self.workflow_ids: dict[str, str] = {}  # managed Node name -> its node workflow id
         self.latest: dict[str, NodeFacts] = {}  # Node name -> its facts, `at` when they last changed
         self.sent: dict[str, NodeFacts] = {}  # Node name -> the facts its workflow last received
@@ -162,6 +169,8 @@ class NodeFactsSender:
         facts = NodeFacts(
             node_name=name, present=True, ready=summary.ready, gpus=summary.gpus, do_not_disrupt=summary.do_not_disrupt, deleting=summary.deleting, at=_now()
         )
+        if name not in self.latest and self.ready():
+            self.untold.add(name)
         tainted = any(t.key == TAINT_JOINING.key for t in summary.taints)
         labelled = name in self.joining and not tainted
         if tainted:
@@ -169,13 +178,22 @@ class NodeFactsSender:
         else:
             self.joining.discard(name)
         self._update(name, self._with_pods(facts))
-        if labelled and name in self._held_until and name not in self.sent:
-            del self._held_until[name]  # held for the taint: decided now
-            if _as_its_launch_saw(self.latest[name]):
-                self.sent[name] = self.latest[name]  # its workflow knows them: nothing to tell
-                self.due.discard(name)
-            else:
-                self._wake.set()
+        if labelled:
+            self._labelled(name)
+
+    def _labelled(self, name: str) -> None:
+        """tgp took the joining taint off Node `name`: facts held for it are decided now. Its
+        workflow already knows them if it has heard nothing from this process and they are what
+        its launch's look saw (then nothing is sent); any others go at once."""
+        self._up_since.pop(name, None)
+        if self._held_until.pop(name, None) is None:
+            return
+        if name in self.untold and _as_its_launch_saw(self.latest[name]):
+            self.untold.discard(name)
+            self.sent[name] = self.latest[name]
+            self.due.discard(name)
+        else:
+            self._wake.set()
 
     def on_listed(self, informer: str) -> None:
         """An informer has delivered a whole list: once both have, send every node's facts."""
@@ -210,9 +228,9 @@ class NodeFactsSender:
         if joining and not (facts.ready and facts.gpus > 0):
             # Joining: held for its next change, from the first change held (never postponed).
             self._held_until.setdefault(name, now + self.joining_settle)
-        elif joining and name in self.joining:
-            # Up, and its launch labelling it: held for the taint's removal (on_node), from the
-            # first facts up (never postponed).
+        elif joining and name in self.joining and name in self.untold:
+            # Up, and its launch most likely labelling it: held for the taint's removal
+            # (`_labelled`), from the first facts up (never postponed).
             self._held_until[name] = self._up_since.setdefault(name, now) + self.taint_hold
         else:
             self._held_until.pop(name, None)
@@ -240,6 +258,7 @@ class NodeFactsSender:
                             continue
                         self._held_until.pop(name, None)
                         self.due.discard(name)
+                        self.untold.discard(name)
                         task = asyncio.create_task(self._send(name, limit))
                         in_flight[name] = task
                         task.add_done_callback(lambda _, n=name: (in_flight.pop(n, None), self._wake.set()))
@@ -288,6 +307,7 @@ class NodeFactsSender:
             table.pop(name, None)
         self.gone.discard(name)
         self.joining.discard(name)
+        self.untold.discard(name)
         self.due.discard(name)
 
     def _failed(self, name: str, error: str) -> None:
@@ -303,9 +323,10 @@ class NodeFactsSender:
 
 
 def _as_its_launch_saw(facts: NodeFacts) -> bool:
-    """Facts a node's workflow knows without being told, once tgp took the joining taint off
-    its Node: Ready with its GPUs, no pod on it (none could land before), nothing holding it,
-    not being deleted (the launch's look, workflows/node/watch.py `_seed_view`)."""
+    """What a launch's look saw before it took the joining taint off, and its node's watch
+    starts on (workflows/node/watch.py `_seed_view`): Ready with its GPUs, no pod on it (none
+    could land before), nothing holding it, not being deleted. A workflow whose launch did not
+    see it up, and that has no facts, looks itself."""
     return (
         facts.present and facts.ready and facts.gpus > 0 and facts.busy_pods == 0 and facts.holding == 0
         and not facts.do_not_disrupt and not facts.deleting

@@ -504,22 +504,33 @@ async def test_a_launch_that_saw_its_node_up_starts_the_watch_on_that_look(time_
 
 
 async def test_a_nodes_facts_wait_for_its_joining_taint_to_go(temporal: WorkflowEnvironment) -> None:
-    """A Node Ready with its GPUs that still has tgp's joining taint is being labelled by its
-    launch, which has looked at it: its facts wait for the taint's removal (a signal meanwhile
-    cost the node a workflow task that did nothing). Then facts the launch's look saw (Ready
-    with its GPUs, no pod) are not told at all, the next change is; facts that differ go at
-    once. A Node that keeps the taint is told after JOINING_TAINT_HOLD all the same."""
+    """A Node registered while the bridge watched, told nothing yet, Ready with its GPUs and still
+    with tgp's joining taint is being labelled by its launch, which has looked at it: its facts
+    wait for the taint's removal (a signal meanwhile cost the node a workflow task that did
+    nothing). Then facts the launch's look saw (Ready with its GPUs, no pod) are not told at all,
+    the next change is; facts that differ go at once. A Node told anything before (NotReady
+    first, as real kubelets register), or one the bridge found in its first list, is told at
+    once; one that keeps the taint is told after JOINING_TAINT_HOLD all the same."""
     from crd_bridge.node_facts import NodeFactsSender
 
     signals = SignalsSent()
-    sender = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [signals]}), joining_settle=timedelta(milliseconds=50), taint_hold=timedelta(minutes=1))
+    client = Client(**{**temporal.client.config(), "interceptors": [signals]})
+    sender = NodeFactsSender(client, joining_settle=timedelta(milliseconds=50), taint_hold=timedelta(minutes=10))
     task = asyncio.create_task(sender.run())
     told = lambda name: [facts for wf, signal, facts in signals.sent if signal == "node_facts" and wf.endswith("/" + name)]  # noqa: E731
-    joining = {**_node("labelled"), "spec": {"taints": [{"key": "tgp.io/joining", "effect": "NoSchedule"}]}}
+    at_once = timedelta(seconds=10).total_seconds()  # far below the hold: "at once", not after it
+
+    def tainted(name: str, **kw: Any) -> dict[str, Any]:
+        node = _node(name, **kw)
+        return {**node, "spec": {"taints": [{"key": "tgp.io/joining", "effect": "NoSchedule"}]}}
+
     try:
+        sender.on_node("ADDED", tainted("listed"))  # in the first list: maybe told by another bridge
         sender.on_listed("nodes")
         sender.on_listed("pods")
-        sender.on_node("ADDED", joining)
+        await eventually(lambda: asyncio.sleep(0, "listed" in sender.sent), what="a listed Node's facts", timeout=at_once)
+
+        sender.on_node("ADDED", tainted("labelled"))
         # A sender that did not hold would have sent within milliseconds (past the 50 ms settle);
         # this wait can only miss such a bug on a very slow machine, never fail a correct sender.
         await asyncio.sleep(0.3)
@@ -527,23 +538,29 @@ async def test_a_nodes_facts_wait_for_its_joining_taint_to_go(temporal: Workflow
         sender.on_node("MODIFIED", _node("labelled"))  # the launch took the taint off: it knows them
         assert "labelled" in sender.sent and "labelled" not in sender.due, "facts its launch saw were to be told"
         sender.on_pod("ADDED", _pod("job", "labelled"))  # the first change after: told at once
-        await eventually(lambda: asyncio.sleep(0, len(told("labelled")) == 1), what="the pod told")
+        await eventually(lambda: asyncio.sleep(0, len(told("labelled")) == 1), what="the pod told", timeout=at_once)
         assert [(f.ready, f.gpus, f.busy_pods) for f in told("labelled")] == [(True, 1, 1)]
-        busy = {**joining, "metadata": {**joining["metadata"], "name": "busy"}}
-        sender.on_node("ADDED", busy)
+
+        sender.on_node("ADDED", tainted("busy"))
         sender.on_pod("ADDED", _pod("early", "busy"))  # a pod that tolerates the taint
         sender.on_node("MODIFIED", _node("busy"))  # facts the launch did not see: told at once
-        await eventually(lambda: asyncio.sleep(0, len(told("busy")) == 1), what="the busy node's facts once the taint is off")
+        await eventually(lambda: asyncio.sleep(0, len(told("busy")) == 1), what="the busy Node's facts once the taint is off", timeout=at_once)
         assert [(f.ready, f.busy_pods) for f in told("busy")] == [(True, 1)]
+
+        sender.on_node("ADDED", tainted("slow", ready=False, gpus="0"))  # NotReady first: told after the settle
+        await eventually(lambda: asyncio.sleep(0, len(told("slow")) == 1), what="the NotReady facts", timeout=at_once)
+        sender.on_node("MODIFIED", tainted("slow"))  # its workflow heard NotReady: Ready goes at once
+        await eventually(lambda: asyncio.sleep(0, len(told("slow")) == 2), what="Ready after NotReady", timeout=at_once)
+        assert [(f.ready, f.gpus) for f in told("slow")] == [(False, 0), (True, 1)]
     finally:
         task.cancel()
 
-    quick = NodeFactsSender(Client(**{**temporal.client.config(), "interceptors": [signals]}), taint_hold=timedelta(milliseconds=100))
+    quick = NodeFactsSender(client, taint_hold=timedelta(milliseconds=100))
     task = asyncio.create_task(quick.run())
     try:
         quick.on_listed("nodes")
         quick.on_listed("pods")
-        quick.on_node("ADDED", {**joining, "metadata": {**joining["metadata"], "name": "kept"}})
+        quick.on_node("ADDED", tainted("kept"))
         await eventually(lambda: asyncio.sleep(0, "kept" in quick.sent), what="the facts of a Node that keeps the taint, after the hold")
         assert [(f.ready, f.gpus) for f in told("kept")] == [(True, 1)]
     finally:
