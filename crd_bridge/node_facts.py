@@ -105,7 +105,7 @@ class NodeFactsSender:
         self.untold: set[str] = set()
         self.workflow_ids: dict[str, str] = {}  # managed Node name -> its node workflow id
         self.latest: dict[str, NodeFacts] = {}  # Node name -> its facts, `at` when they last changed
-        self.sent: dict[str, NodeFacts] = {}  # Node name -> the facts its workflow last received
+        self.sent: dict[str, NodeFacts] = {}  # Node name -> the facts its workflow last received (or knew from its launch's look)
         self.busy = _PodsOnNodes()  # the pods that keep their Node busy
         self.holding = _PodsOnNodes()  # the pods that hold their Node against voluntary disruption
         self.gone: set[str] = set()  # deleted Nodes whose last facts are still to be sent

@@ -300,13 +300,14 @@ async def test_a_zero_budget_holds_a_notready_repair_and_an_evict_still_wins(tim
     from tgp.lifecycle import NODE_NOT_READY_REPAIR_AFTER
     from tgp.messages import pool_workflow_id
 
-    async with gated_world(time_skipping) as s, bridge_running(time_skipping, s.world, s.queue):
+    async with gated_world(time_skipping) as s, bridge_running(time_skipping, s.world, s.queue) as bridge:
         name, _ = await start_pool(s, pool_spec("cls-unused", disruption={"budgets": [{"nodes": "0"}]}))
         req = request(namespace="ml", pool=name, timeouts=AT_REST, pool_workflow_id=pool_workflow_id("ml", name))
         handle = await start(time_skipping, s.queue, req)
         s.workflow_ids.add(handle.id)
         await wait_phase(handle, NodePhase.READY)
-        await told(handle, ready=True)
+        # The bridge follows it Ready (told, or known to its workflow from the launch's look).
+        await eventually(lambda: asyncio.sleep(0, (f := bridge.facts.sent.get(req.node_name)) is not None and f.ready), what="the bridge following it Ready")
         s.world.kubelets[req.node_name].silent = True
         await set_node_ready(s.world.kube_url, req.node_name, False)
         await told(handle, ready=False)
