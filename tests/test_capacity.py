@@ -239,6 +239,29 @@ def test_item21_pods_nominated_to_nodes_other_pods_took_all_get_nodes_again() ->
     assert sorted(plan.uncovered) == sorted(noms), "every pod whose node is full gets a node again"
 
 
+def test_a_pod_swapped_off_its_node_takes_the_room_left_on_a_node_ready_since_the_demand() -> None:
+    """A burst of 500 bought 8-21 nodes too many: the scheduler put pod b on node A, bought for
+    pod a, and the demand (pending pods and free GPUs, one snapshot of the bridge's) lists a
+    pending and A full. Node B, bought for b, turned Ready after that snapshot, so its free GPUs
+    are not in it: as of the demand B was launching with its GPU, and a takes it. Nothing is
+    bought; a demand that lists B's free GPUs is read as before."""
+    from tgp.messages import PoolNode
+    from tgp.pool_plan import capacity_node
+    from tgp.types import NodePhase
+
+    demand_at = T0
+    a_node = PoolNode(workflow_id="wa", node_name="na", phase=NodePhase.READY, created_at=T0 - timedelta(minutes=1), phase_at=T0 - timedelta(seconds=30), gpus=1)
+    b_node = a_node.model_copy(update={"workflow_id": "wb", "node_name": "nb", "phase_at": T0 + timedelta(seconds=5)})
+    noms = {"ml/a": Nomination(workflow_id="wa", since=T0 - timedelta(minutes=1)), "ml/b": Nomination(workflow_id="wb", since=T0 - timedelta(minutes=1))}
+    nodes = [capacity_node(n, {"na": 0}, demand_at) for n in (a_node, b_node)]
+    plan = plan_capacity({"ml/a": 1}, nodes, noms, set(), T0 + timedelta(seconds=10), sizes=SIZES)
+    assert plan.new_nodes == [] and plan.nominations["ml/a"].workflow_id == "wb", plan
+    assert note_ready(noms, nodes)["ml/b"].ready_at == b_node.phase_at, "its Ready time is noted all the same"
+
+    later = [capacity_node(n, {"na": 0, "nb": 0}, T0 + timedelta(seconds=8)) for n in (a_node, b_node)]  # another pod took B too
+    assert plan_capacity({"ml/a": 1}, later, noms, set(), T0 + timedelta(seconds=10), sizes=SIZES).uncovered == ["ml/a"]
+
+
 @settings(max_examples=60)
 @given(st.lists(gpus_st.filter(lambda g: g <= 8), min_size=1, max_size=20), sizes_st, st.randoms(use_true_random=False))
 def test_a_burst_with_a_scheduler_that_binds_any_pod_anywhere_ends_with_every_pod_running(gpus: list[int], sizes: list[OfferSize], rnd) -> None:  # type: ignore[no-untyped-def]

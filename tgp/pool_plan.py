@@ -109,18 +109,24 @@ def plan_starts(
 
 
 def capacity_node(n: PoolNode, free_gpus: Mapping[str, int], demand_at: datetime | None) -> CapacityNode:
-    """What demand by fit knows of live node `n`. A node on its way out since the demand was
-    observed has unknown room: its nominations stay, none is added, and nothing is bought for
-    them until a demand observed after it began to leave still lists them (else a bridge slow to
-    report buys a node per drained pod)."""
+    """What demand by fit knows of live node `n`, as of the demand (its pending pods and the free
+    GPUs of the Ready nodes are one snapshot of the bridge's). A node on its way out since the
+    demand was observed has unknown room: its nominations stay, none is added, and nothing is
+    bought for them until a demand observed after it began to leave still lists them (else a
+    bridge slow to report buys a node per drained pod). A node Ready since then, which the
+    demand's free GPUs do not list yet, was launching as of the demand: its room is its GPUs
+    (else every pod the scheduler swapped onto another's node meanwhile bought a node again,
+    the room it left behind unknown)."""
     leaving = n.phase not in LAUNCHING and n.phase is not NodePhase.READY
     if leaving and (demand_at is None or demand_at <= n.phase_at):
         return CapacityNode(workflow_id=n.workflow_id, node_name=n.node_name, launching=True, gpus=None)
+    ready = n.phase is NodePhase.READY
+    unseen = ready and n.node_name not in free_gpus and demand_at is not None and demand_at <= n.phase_at
     return CapacityNode(
         workflow_id=n.workflow_id,
         node_name=n.node_name,
-        ready_at=n.phase_at if n.phase is NodePhase.READY else None,
-        launching=n.phase in LAUNCHING,
+        ready_at=n.phase_at if ready else None,
+        launching=n.phase in LAUNCHING or unseen,
         free_gpus=free_gpus.get(n.node_name),  # not reported by the bridge: unknown
         gpus=n.gpus,  # unknown: no new nominations, none voided
     )
