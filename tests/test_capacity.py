@@ -243,8 +243,9 @@ def test_a_pod_swapped_off_its_node_takes_the_room_left_on_a_node_ready_since_th
     """A burst of 500 bought 8-21 nodes too many: the scheduler put pod b on node A, bought for
     pod a, and the demand (pending pods and free GPUs, one snapshot of the bridge's) lists a
     pending and A full. Node B, bought for b, turned Ready after that snapshot, so its free GPUs
-    are not in it: as of the demand B was launching with its GPU, and a takes it. Nothing is
-    bought; a demand that lists B's free GPUs is read as before."""
+    are not in it: as of the demand nothing was bound to it (no pod binds before its joining
+    taint goes), all its GPUs free, and a takes them. Nothing is bought; a demand that lists B's
+    free GPUs is read as before."""
     from tgp.messages import PoolNode
     from tgp.pool_plan import capacity_node
     from tgp.types import NodePhase

@@ -63,9 +63,7 @@ class CapacityNode(Frozen):
     workflow_id: str
     node_name: str
     ready_at: datetime | None = None  # None until it is Ready
-    # Choosing an offer, launching or joining: it will take pods. Also a node Ready since the
-    # demand was observed that the demand's free GPUs do not list yet (tgp.pool_plan.capacity_node).
-    launching: bool = False
+    launching: bool = False  # choosing an offer, launching or joining: it will take pods
     free_gpus: int | None = 0  # Ready nodes: free GPUs reported by the bridge; None = not reported
     # Launching nodes: the GPUs it was bought with (at least its offer's count); None = unknown
     # (a node the pool rebuilt from its running workflow): its room is unknown, so the
@@ -114,7 +112,7 @@ def note_ready(nominations: Mapping[str, Nomination], nodes: Iterable[CapacityNo
     on every pass, also those that plan nothing (offers unknown, class missing): a node that
     idles out before the next planning pass must have left its Ready time behind, or its
     nomination is voided instead of judged and the pod is bought for again."""
-    ready = {n.workflow_id: n.ready_at for n in nodes if n.ready_at is not None}
+    ready = {n.workflow_id: n.ready_at for n in nodes if n.ready_at is not None and not n.launching}
     return {
         pod: nom.model_copy(update={"ready_at": ready[nom.workflow_id]}) if nom.workflow_id in ready else nom
         for pod, nom in nominations.items()

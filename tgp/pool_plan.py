@@ -114,20 +114,22 @@ def capacity_node(n: PoolNode, free_gpus: Mapping[str, int], demand_at: datetime
     demand was observed has unknown room: its nominations stay, none is added, and nothing is
     bought for them until a demand observed after it began to leave still lists them (else a
     bridge slow to report buys a node per drained pod). A node Ready since then, which the
-    demand's free GPUs do not list yet, was launching as of the demand: its room is its GPUs
-    (else every pod the scheduler swapped onto another's node meanwhile bought a node again,
-    the room it left behind unknown)."""
+    demand's free GPUs do not list yet, had no pod bound as of the demand (none binds before the
+    joining taint goes): all its GPUs were free (else every pod the scheduler swapped onto
+    another's node meanwhile bought a node again, the room it left behind unknown)."""
     leaving = n.phase not in LAUNCHING and n.phase is not NodePhase.READY
     if leaving and (demand_at is None or demand_at <= n.phase_at):
         return CapacityNode(workflow_id=n.workflow_id, node_name=n.node_name, launching=True, gpus=None)
     ready = n.phase is NodePhase.READY
-    unseen = ready and n.node_name not in free_gpus and demand_at is not None and demand_at <= n.phase_at
+    free = free_gpus.get(n.node_name)  # not reported by the bridge: unknown
+    if ready and free is None and demand_at is not None and demand_at <= n.phase_at:
+        free = n.gpus
     return CapacityNode(
         workflow_id=n.workflow_id,
         node_name=n.node_name,
         ready_at=n.phase_at if ready else None,
-        launching=n.phase in LAUNCHING or unseen,
-        free_gpus=free_gpus.get(n.node_name),  # not reported by the bridge: unknown
+        launching=n.phase in LAUNCHING,
+        free_gpus=free,
         gpus=n.gpus,  # unknown: no new nominations, none voided
     )
 
