@@ -99,7 +99,7 @@ class NodeFactsSender:
         self.taint_hold = taint_hold.total_seconds()
         self._held_until: dict[str, float] = {}  # joining Node name -> when its held facts go (loop time)
         self._up_since: dict[str, float] = {}  # joining Node name -> when its facts were first up while it had the taint
-        self.joining: set[str] = set()  # Nodes with tgp's joining taint
+        self.tainted: set[str] = set()  # Nodes with tgp's joining taint
         # Nodes registered while this process watched (first seen after both lists) whose facts
         # it has not begun to send: their workflows have heard nothing of them from it.
         self.untold: set[str] = set()
@@ -172,11 +172,11 @@ class NodeFactsSender:
         if name not in self.latest and self.ready():
             self.untold.add(name)
         tainted = any(t.key == TAINT_JOINING.key for t in summary.taints)
-        labelled = name in self.joining and not tainted
+        labelled = name in self.tainted and not tainted
         if tainted:
-            self.joining.add(name)
+            self.tainted.add(name)
         else:
-            self.joining.discard(name)
+            self.tainted.discard(name)
         self._update(name, self._with_pods(facts))
         if labelled:
             self._labelled(name)
@@ -228,7 +228,7 @@ class NodeFactsSender:
         if joining and not (facts.ready and facts.gpus > 0):
             # Joining: held for its next change, from the first change held (never postponed).
             self._held_until.setdefault(name, now + self.joining_settle)
-        elif joining and name in self.joining and name in self.untold:
+        elif joining and name in self.tainted and name in self.untold:
             # Up, and its launch most likely labelling it: held for the taint's removal
             # (`_labelled`), from the first facts up (never postponed).
             self._held_until[name] = self._up_since.setdefault(name, now) + self.taint_hold
@@ -306,7 +306,7 @@ class NodeFactsSender:
         for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at, self._held_until, self._up_since):
             table.pop(name, None)
         self.gone.discard(name)
-        self.joining.discard(name)
+        self.tainted.discard(name)
         self.untold.discard(name)
         self.due.discard(name)
 
