@@ -104,7 +104,7 @@ class NameLookups:
         wanted = {listed(n): n for n in names}
         prefix = os.path.commonprefix(list(wanted))
         out: dict[str, list[Instance]] = {n: [] for n in names}
-        for instance in await adapter.list_instances(prefix):
+        for instance in await adapter.list_instances(prefix, names=wanted.keys()):
             name = wanted.get(instance.name)
             if name is not None:
                 out[name].append(instance)

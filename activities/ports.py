@@ -3,7 +3,7 @@ tests and the demo swap the adapter (or just its base URL), never the activity c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
@@ -38,8 +38,11 @@ class CloudProvider(Protocol):
         that overlapped itself shows up here as twins."""
         ...
 
-    async def list_instances(self, prefix: str) -> list[Instance]:
-        """Every live instance whose name starts with `prefix` (the sweeper's view)."""
+    async def list_instances(self, prefix: str, names: Collection[str] | None = None) -> list[Instance]:
+        """Every live instance whose name starts with `prefix` (the sweeper's view); with
+        `names`, only those called one of them as the listing shows names (`listed_name` where
+        an adapter shortens them): the rest of a large account is not read into Instances
+        (the coalesced look-ups by name, activities.name_lists)."""
         ...
 
     async def describe(self, instance_id: str) -> Instance | None:

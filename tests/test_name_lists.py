@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import pytest
@@ -72,8 +73,9 @@ class LaggingAccount:
     async def find_all_by_name(self, name: str) -> list[Instance]:
         return await self._request("name", name)
 
-    async def list_instances(self, prefix: str) -> list[Instance]:
-        return await self._request("prefix", prefix)
+    async def list_instances(self, prefix: str, names: Collection[str] | None = None) -> list[Instance]:
+        listed = await self._request("prefix", prefix)
+        return [i for i in listed if names is None or i.name in names]
 
     def serve(self, fail: bool = False) -> None:
         if not self.held:

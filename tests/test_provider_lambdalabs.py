@@ -343,3 +343,5 @@ async def test_list_instances_by_name_prefix(lam: FakeLambda, provider: LambdaPr
     ours = await provider.launch(A10_EAST, name="tgp-gpu-a-1", boot=BOOT)
     await provider.launch(A10_EAST, name="someone-elses", boot=BOOT)
     assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]
+    assert [i.instance_id for i in await provider.list_instances("tgp-", names={ours.name})] == [ours.instance_id]
+    assert await provider.list_instances("tgp-", names={"tgp-gpu-a-2"}) == []  # the names asked for, no other

@@ -371,6 +371,8 @@ async def test_list_instances_by_name_prefix(provider: PaperspaceProvider, ps: F
     ours = await provider.launch(a4000(), name="tgp-gpu-a-1", boot=BOOT)
     await provider.launch(a4000(), name="someone-elses", boot=BOOT)
     assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]
+    assert [i.instance_id for i in await provider.list_instances("tgp-", names={ours.name})] == [ours.instance_id]
+    assert await provider.list_instances("tgp-", names={"tgp-gpu-a-2"}) == []  # the names asked for, no other
 
 
 @pytest.mark.parametrize("path", ["/v1/startup-scripts", "/v1/machines"])

@@ -327,5 +327,7 @@ async def test_list_instances_by_name_prefix(rp: FakeRunPod, provider: RunPodPro
     ours = await provider.launch(rtx_offer(), name="tgp-gpu-a-1", boot=BOOT)
     await provider.launch(rtx_offer(), name="someone-elses", boot=BOOT)
     assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]
+    assert [i.instance_id for i in await provider.list_instances("tgp-", names={ours.name})] == [ours.instance_id]
+    assert await provider.list_instances("tgp-", names={"tgp-gpu-a-2"}) == []  # the names asked for, no other
     await provider.terminate(ours.instance_id)
     assert await provider.list_instances("tgp-") == []

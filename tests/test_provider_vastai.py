@@ -426,6 +426,8 @@ async def test_list_instances_by_label_prefix(provider: VastProvider, vast: Fake
     ours = await provider.launch(offer(101, "0.31"), name="tgp-gpu-a-1", boot=BOOT)
     await provider.launch(offer(102, "0.21"), name="someone-elses", boot=BOOT)
     assert [i.instance_id for i in await provider.list_instances("tgp-")] == [ours.instance_id]
+    assert [i.instance_id for i in await provider.list_instances("tgp-", names={ours.name})] == [ours.instance_id]
+    assert await provider.list_instances("tgp-", names={"tgp-gpu-a-2"}) == []  # the names asked for, no other
 
 
 async def test_a_payload_too_large_is_the_classs_config_error_naming_its_size(provider: VastProvider, vast: FakeVast) -> None:

@@ -36,7 +36,7 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
@@ -45,6 +45,7 @@ import httpx
 import structlog
 from pydantic import SecretStr
 
+from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_code, error_detail, request_line
@@ -236,14 +237,15 @@ class LambdaProvider(HttpAdapter):
             log.warning("lambdalabs.duplicate_instance_name", name=wanted, instance_ids=[i.get("id") for i in live])
         return self._instance(max(live, key=lambda i: i.get("status") == "active"))
 
-    async def list_instances(self, prefix: str) -> list[Instance]:
-        """Every live instance whose name starts with `prefix`."""
+    async def list_instances(self, prefix: str, names: Collection[str] | None = None) -> list[Instance]:
+        """Every live instance whose name starts with `prefix` (with `names`, called one of
+        them as listed: `listed_name`)."""
         data = self._data(await self._call("GET", "/instances"))
         items = data if isinstance(data, list) else []
         return [
             self._instance(i)
             for i in items
-            if isinstance(i, dict) and str(i.get("name") or "").startswith(prefix) and i.get("status") not in _GONE
+            if isinstance(i, dict) and listed(str(i.get("name") or ""), prefix, names) and i.get("status") not in _GONE
         ]
 
     async def describe(self, instance_id: str) -> Instance | None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Collection, Mapping
 from contextlib import aclosing
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -42,6 +42,7 @@ import httpx
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_code, error_detail, mentions
@@ -296,12 +297,13 @@ class PaperspaceProvider(HttpAdapter):
                         found.append(instance)
         return found
 
-    async def list_instances(self, prefix: str) -> list[Instance]:
-        """Every live machine whose name starts with `prefix` (every page)."""
+    async def list_instances(self, prefix: str, names: Collection[str] | None = None) -> list[Instance]:
+        """Every live machine whose name starts with `prefix` (with `names`, called one of
+        them), every page."""
         found: list[Instance] = []
         async with aclosing(self._pages("/machines", {})) as machines:
             async for raw in machines:
-                if str(raw.get("name") or "").startswith(prefix):
+                if listed(str(raw.get("name") or ""), prefix, names):
                     instance = self._instance(raw)
                     if instance is not None:
                         found.append(instance)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
@@ -48,6 +48,7 @@ import httpx
 import structlog
 from pydantic import SecretStr
 
+from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError
 from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_detail, error_message, json_items, json_object
@@ -221,10 +222,10 @@ class RunPodProvider(HttpAdapter):
         best = max(live, key=lambda p: (_has_public_port(p), str(p.get("createdAt") or "")))
         return self._instance(best)
 
-    async def list_instances(self, prefix: str) -> list[Instance]:
-        """Every live pod whose name starts with `prefix`."""
+    async def list_instances(self, prefix: str, names: Collection[str] | None = None) -> list[Instance]:
+        """Every live pod whose name starts with `prefix` (with `names`, called one of them)."""
         pods = json_items(await self._call("GET", "/pods"), "pods", system=SYSTEM)
-        return [self._instance(p) for p in pods if str(p.get("name") or "").startswith(prefix) and p.get("status") != "TERMINATED"]
+        return [self._instance(p) for p in pods if listed(str(p.get("name") or ""), prefix, names) and p.get("status") != "TERMINATED"]
 
     async def describe(self, instance_id: str) -> Instance | None:
         """The pod's state; None once RunPod no longer knows it (404)."""

@@ -7,6 +7,7 @@ real clouds get.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
 from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, error_body
@@ -94,9 +96,9 @@ class SimulatedProvider(HttpAdapter):
         response = await self._call("GET", "/v1/instances", params={"name": name})
         return [self._instance(i) for i in response.json().get("instances") or []]
 
-    async def list_instances(self, prefix: str) -> list[Instance]:
+    async def list_instances(self, prefix: str, names: Collection[str] | None = None) -> list[Instance]:
         response = await self._call("GET", "/v1/instances")
-        return [self._instance(i) for i in response.json().get("instances") or [] if str(i.get("name", "")).startswith(prefix)]
+        return [self._instance(i) for i in response.json().get("instances") or [] if listed(str(i.get("name", "")), prefix, names)]
 
     async def describe(self, instance_id: str) -> Instance | None:
         response = await self._call("GET", f"/v1/instances/{instance_id}", ok=(404,))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -38,6 +38,7 @@ import httpx
 import structlog
 from pydantic import SecretStr
 
+from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
 from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_code, error_detail, mentions, scrub
@@ -309,13 +310,14 @@ class VastProvider(HttpAdapter):
                 return found
             params["after_token"] = token
 
-    async def list_instances(self, prefix: str) -> list[Instance]:
-        """Every instance whose label starts with `prefix`, from the v1 instance list."""
+    async def list_instances(self, prefix: str, names: Collection[str] | None = None) -> list[Instance]:
+        """Every instance whose label starts with `prefix` (with `names`, labelled one of
+        them), from the v1 instance list."""
         params: dict[str, str | int] = {"limit": LIST_PAGE_SIZE}
         found: list[Instance] = []
         while True:
             data = _json(await self._call("GET", f"{self._v1}/instances/", pace=self._limiters.get("list"), params=params))
-            found += [self._instance(raw) for raw in data.get("instances") or [] if str(raw.get("label") or "").startswith(prefix)]
+            found += [self._instance(raw) for raw in data.get("instances") or [] if listed(str(raw.get("label") or ""), prefix, names)]
             token = data.get("next_token")
             if not token:
                 return found
