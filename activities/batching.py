@@ -21,12 +21,16 @@ from temporalio import activity
 class UpdateBatcher:
     """Gathers calls per (client, workflow id, kind); `_update` sends one batch as one update."""
 
-    def __init__(self, max_batch: int, timeout: float | None = None) -> None:
+    def __init__(self, max_batch: int, timeout: float | None = None, gap: float = 0.0) -> None:
         """`timeout`: the most one update may take, in seconds (None: as long as it takes). Its
         callers hear TimeoutError, and the next batch goes: an update the workflow never
-        answers must not hold every later call, nor stay open behind its callers' backs."""
+        answers must not hold every later call, nor stay open behind its callers' backs.
+        `gap`: after an update, the next one to that workflow goes no sooner than this many
+        seconds later; the calls made meanwhile wait and go together. A call made when none
+        went for that long goes at once."""
         self.max_batch = max_batch
         self.timeout = timeout
+        self.gap = gap
         self._waiting: dict[tuple[int, str, str], list[tuple[Any, asyncio.Future[Any]]]] = {}
         self._sending: set[tuple[int, str, str]] = set()
         self._senders: set[asyncio.Task[None]] = set()  # held, so none is collected mid-send
@@ -66,10 +70,12 @@ class UpdateBatcher:
                     for _, f in batch:
                         if not f.done():
                             f.set_exception(exc)
-                    continue
-                for (_, f), answer in zip(batch, answers, strict=True):
-                    if not f.done():
-                        f.set_result(answer)
+                else:
+                    for (_, f), answer in zip(batch, answers, strict=True):
+                        if not f.done():
+                            f.set_result(answer)
+                if self.gap:
+                    await asyncio.sleep(self.gap)  # the calls made meanwhile gather for the next
         finally:
             self._sending.discard(key)
             for _, f in self._waiting.pop(key, []):  # only when this sender was cancelled (the worker stops)

@@ -21,7 +21,8 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.http import default_tls
-from activities.node import REPORT_ATTEMPTS, REPORT_TRIES, ReportBatcher, _reports_in_flight, carrying
+from activities.node import REPORT_ATTEMPTS, REPORT_TRIES, ReportBatcher, _reports_in_flight, carrying, signal_report
+from activities.node.reports import REPORT_GAP
 from sim.world import sim_world
 from tests.conftest import eventually
 from tests.kube_env import KubeApi
@@ -145,7 +146,9 @@ async def test_a_drain_that_goes_terminates_its_node_without_waiting_for_its_dra
         signalling.gate = asyncio.Event()  # from now on no report goes through
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "done"})
         await asyncio.wait_for(world.cloud.delete_arrived.wait(), 30)
-        assert reported(NodePhase.DRAINING), "the drain's report was sent (and is still waiting for the pool)"
+        # The report is on its way still: waiting for the gap after the Ready report's signal, or
+        # sent and waiting for the pool.
+        assert _reports_in_flight and not any(t.done() for t in _reports_in_flight), "the drain's report is still on its way"
         signalling.gate.set()
         final: NodeStatus = await asyncio.wait_for(handle.result(), 60)
         assert final.phase is NodePhase.TERMINATED, final
@@ -248,3 +251,36 @@ async def test_a_launch_past_the_reporting_attempts_leaves_the_labels_and_ready_
             env.info = dataclasses.replace(env.info, attempt=1)
             assert await env.run(activities.node.label_on_join, labels, REPORT)
             assert (await kube.get("/api/v1/nodes/late")).json()["metadata"]["labels"]["tgp.io/pool"] == "rtx"
+
+
+
+async def test_reports_made_within_the_gap_after_a_signal_wait_for_it_and_go_together(temporal: WorkflowEnvironment) -> None:
+    """A pool's nodes coming Ready one after another (a burst): a report goes at once, those made
+    within REPORT_GAP after its signal wait for the gap's end and go as one signal. Each signal
+    is a workflow task of the pool's, a pass over all its nodes (issue 37)."""
+    signalling = SignalsSent()
+    env = ActivityEnvironment(client=Client(**{**temporal.client.config(), "interceptors": [signalling]}))
+    batcher = ReportBatcher()
+    assert batcher.gap == REPORT_GAP.total_seconds() > 0
+    batcher.gap = 2.0  # wide: a loaded machine stays well within it
+    pool = await temporal.client.start_workflow("NobodyListens", id=f"pool-{uuid.uuid4().hex[:8]}", task_queue=f"none-{uuid.uuid4().hex[:8]}")
+
+    def report(i: int) -> PoolReport:
+        return PoolReport(pool_workflow_id=pool.id, report=NodeReport(workflow_id=f"n{i}", node_name=f"n{i}", phase=NodePhase.READY, at=datetime.now(timezone.utc)))
+
+    async def one_then_three() -> float:
+        assert await signal_report(report(0), batcher) is True
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        first = asyncio.ensure_future(signal_report(report(1), batcher))
+        await asyncio.sleep(0.1)  # the next nodes come Ready a little later, well within the gap
+        assert await asyncio.gather(first, *(signal_report(report(i), batcher) for i in (2, 3))) == [True] * 3
+        return loop.time() - began
+
+    try:
+        waited = await env.run(one_then_three)
+    finally:
+        await pool.terminate("test over")
+    assert signals(signalling) == ["node_phase", "node_phases"], "the three made within the gap went together"
+    assert [r.workflow_id for r in signalling.sent[-1][2].reports] == ["n1", "n2", "n3"]
+    assert waited >= batcher.gap - 0.05, waited

@@ -32,6 +32,11 @@ REPORT_WAIT = timedelta(seconds=2)
 
 # Reports to one pool sent as one signal (`node_phases`); more wait for the next.
 MAX_REPORT_BATCH = 100
+# A pool's signals from one worker go at least this far apart; the reports made meanwhile go
+# together. Each signal is a workflow task of the pool's, a pass over all its nodes: a burst of
+# 100 nodes coming Ready over a few seconds, one report after another, cost the pool about one
+# task a node (issue 37). A report is the pool's view, not the node's progress: it may wait.
+REPORT_GAP = timedelta(seconds=1)
 # The most one batch's signal may take, the client's retries included (its default retry
 # gives up after 10 s, each try bounded by REPORT_RPC_TIMEOUT).
 REPORT_BATCH_TIMEOUT = timedelta(seconds=20)
@@ -41,12 +46,13 @@ class ReportBatcher(UpdateBatcher):
     """Per worker process: the reports of a pool's nodes go to it together, one signal in
     flight per pool at a time (activities.batching). A pool's 100 nodes going idle at once
     reported Draining, Terminating and Terminated as 300 signals: each an event in the pool's
-    history and a write of the server's. A report alone goes as before (`node_phase`)."""
+    history and a write of the server's. A report alone goes as before (`node_phase`); one made
+    within REPORT_GAP of the last signal waits for the gap's end, with the others made by then."""
 
     def __init__(self) -> None:
         # Past the client's own retries of the signal (each try bounded by REPORT_RPC_TIMEOUT):
         # a batch that still hangs then is given up, and `carrying` tries its reports again.
-        super().__init__(MAX_REPORT_BATCH, timeout=REPORT_BATCH_TIMEOUT.total_seconds())
+        super().__init__(MAX_REPORT_BATCH, timeout=REPORT_BATCH_TIMEOUT.total_seconds(), gap=REPORT_GAP.total_seconds())
 
     async def _update(self, client: Any, pool_workflow_id: str, kind: str, items: list[Any]) -> list[Any]:
         handle = client.get_workflow_handle(pool_workflow_id)
