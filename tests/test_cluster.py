@@ -378,6 +378,25 @@ async def test_label_and_taint_retries_after_a_conflict() -> None:
         assert len(kube["patch /api/v1/nodes/n1"]) == 3  # the other writer, our stale try, our retry
 
 
+async def test_a_label_right_after_a_look_writes_from_that_look() -> None:
+    """The launch looks at its Node (`get_node`) and labels it: the write starts from that read
+    (one GET, one PATCH). A copy gone stale meanwhile costs a 409 and a read; the other
+    writer's change is kept."""
+    async with KubeEmulator() as kube, KubernetesCluster.from_url(kube.url) as cluster:
+        await register_node(kube.url, "n1")
+        assert await cluster.get_node("n1") is not None
+        await cluster.label_and_taint("n1", {"ours": "yes"}, [GPU_TAINT])
+        assert (len(kube["get /api/v1/nodes/n1"]), len(kube["patch /api/v1/nodes/n1"])) == (1, 1)
+
+        assert await cluster.get_node("n1") is not None
+        async with httpx.AsyncClient(verify=default_tls()) as other:
+            await other.patch(f"{kube.url}/api/v1/nodes/n1", json={"metadata": {"labels": {"other": "writer"}}}, headers={"Content-Type": MERGE_PATCH})
+        await cluster.label_and_taint("n1", {"ours": "again"}, [GPU_TAINT])
+        node = await cluster.get_node("n1")
+        assert node is not None and node.labels["other"] == "writer" and node.labels["ours"] == "again"
+        assert (len(kube["get /api/v1/nodes/n1"]), len(kube["patch /api/v1/nodes/n1"])) == (4, 4)  # looks 2, re-read 1, final 1; ours 1+2, other 1
+
+
 async def test_emulated_budget_counts_max_unavailable_against_replicas(kube_api: KubeApi) -> None:
     # Emulator only: on a real cluster the ReplicaSet would start pods of its own.
     if kube_api.real:

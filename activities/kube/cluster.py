@@ -58,6 +58,8 @@ REQUEST_TIMEOUT = timedelta(seconds=30)
 # Read-modify-write attempts on a Node: conflicts come from kubelet heartbeats and the node
 # controller and settle within a few tries; past that Temporal retries the activity.
 CONFLICT_ATTEMPTS = 5
+# Nodes `get_node` read lately, kept for a write that follows the look (`label_and_taint`).
+SEEN_NODES = 1024
 # Pods per list page. A GPU node runs tens of pods, so one page is the norm.
 LIST_PAGE_SIZE = 500
 
@@ -135,6 +137,9 @@ class KubernetesCluster:
         self._api: k8s.ApiClient | None = None
         self._core: CoreCalls | None = None
         self._connecting = asyncio.Lock()
+        # The Nodes `get_node` read, by name (at most SEEN_NODES): a launch labels the Node it
+        # just looked at without reading it again; its resourceVersion guards the write.
+        self._seen: dict[str, dict[str, Any]] = {}
 
     @classmethod
     def from_url(
@@ -216,7 +221,13 @@ class KubernetesCluster:
     async def get_node(self, name: str) -> NodeSummary | None:
         """The Node called `name`, or None when there is none."""
         node = await self._read_node(name)
-        return None if node is None else node_summary_of(node)
+        if node is None:
+            return None
+        self._seen.pop(name, None)
+        self._seen[name] = node
+        if len(self._seen) > SEEN_NODES:
+            del self._seen[next(iter(self._seen))]
+        return node_summary_of(node)
 
     async def label_and_taint(
         self, name: str, labels: dict[str, str], taints: list[Taint], *, remove_labels: Mapping[str, str] | None = None, remove_taints: Sequence[Taint] = ()
@@ -227,11 +238,14 @@ class KubernetesCluster:
 
         A taint is identified by key and effect (the API allows one per pair), so a listed taint
         replaces the value of an existing one. Nothing is written when nothing is missing; a
-        write carries the resourceVersion that was read and is redone on a 409 conflict.
+        write carries the resourceVersion that was read and is redone on a 409 conflict. The
+        first try starts from the Node as `get_node` last read it, if it did (the launch's look):
+        a stale copy costs a conflict and a read, never a lost change.
         """
         core = await self._client()
+        seen = self._seen.pop(name, None)
         for _ in range(CONFLICT_ATTEMPTS):
-            node = await self._read_node(name)
+            node, seen = seen or await self._read_node(name), None
             if node is None:
                 raise TransientError(f"Node {name} does not exist (yet or any more); cannot label and taint it")
             meta = node.get("metadata") or {}
