@@ -20,6 +20,7 @@ from activities.errors import temporal_errors
 from activities.ledger import ledger_batch, ledger_update
 from activities.search_attributes import start_attributes
 from activities.offer_cache import Listing
+from activities.offer_choice import choose
 from tgp.capacity import OfferSize
 from tgp.crds import FINALIZER
 from tgp.errors import TransientError
@@ -45,7 +46,7 @@ class PoolActivities(AccountActivities):
         grant = await ledger_update(inp.class_name, "reserve", inp.reservation)
         if not grant.granted:
             return StartNodeResult(started=False, reason=grant.reason)
-        await _start_node_workflow(client, inp.request.model_copy(update={"reserved_price": inp.reservation.hourly_price}))
+        await _start_node_workflow(client, await self._offered(inp.request.model_copy(update={"reserved_price": inp.reservation.hourly_price})))
         return StartNodeResult(started=True)
 
     @activity.defn
@@ -66,7 +67,7 @@ class PoolActivities(AccountActivities):
                 return ""
             async with gate:
                 try:
-                    await _start_node_workflow(client, request)
+                    await _start_node_workflow(client, await self._offered(request))
                 except Exception as exc:  # noqa: BLE001 - reported per start: the others did start
                     log.warning("node_start_failed", workflow_id=request.workflow_id, error=str(exc)[:300])
                     return f"starting its workflow failed ({type(exc).__name__}); retried with the same id"
@@ -81,6 +82,17 @@ class PoolActivities(AccountActivities):
                 for g, why in zip(grants, failed, strict=True)
             ]
         )
+
+    async def _offered(self, request: NodeRequest) -> NodeRequest:
+        """`request` with its first offer chosen, as the node's own `select_offer` would now:
+        the node starts Launching. Where the choice fails or finds nothing, the node chooses
+        (its retries, its message)."""
+        try:
+            choice = await choose(self.registry, self.providers, request.requirements)
+        except Exception as exc:  # noqa: BLE001 - the node's own choice says what went wrong
+            log.info("first_offer_left_to_the_node", workflow_id=request.workflow_id, error=type(exc).__name__)
+            return request
+        return request if choice.offer is None else request.model_copy(update={"offer": choice.offer})
 
     @activity.defn
     async def evict_nodes(self, inp: EvictNodesInput) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
-from tgp.types import NodePhase, NodeRequest
+from tgp.types import NodePhase, NodeRequest, Offer
 
 SA_POOL = SearchAttributeKey.for_keyword("TgpPool")
 SA_PHASE = SearchAttributeKey.for_keyword("TgpPhase")
@@ -22,17 +22,26 @@ SA_READY_SINCE = SearchAttributeKey.for_datetime("TgpReadySince")
 
 
 def start_attributes(request: NodeRequest) -> TypedSearchAttributes:
-    """A node's attributes as it starts (Pending), as its own first upsert would set them: a
-    `life-v4` life that starts with them makes no upsert of its own for the phase. With the
-    price its pool reserved for it: a class ledger that counts its running nodes again (a new
-    run) holds a Pending node at that price, which a launch at that price does not settle
-    again (the Launching upsert sets the offer's)."""
+    """A node's attributes as it starts, as its own upsert of its first phase would set them
+    (the node upserts only what differs: none of these). Pending, with the price its pool
+    reserved for it: a class ledger that counts its running nodes again (a new run) holds a
+    Pending node at that price, which a launch at that price does not settle again. Launching
+    when the start chose the first offer (`request.offer`): the offer's provider, GPU type and
+    price, as the Launching upsert sets them."""
+    offer = request.offer
     pairs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(SA_PHASE, NodePhase.PENDING.value),
+        SearchAttributePair(SA_PHASE, (NodePhase.PENDING if offer is None else NodePhase.LAUNCHING).value),
         SearchAttributePair(SA_POOL, f"{request.namespace}/{request.pool}"),
         SearchAttributePair(SA_NODE_NAME, request.node_name),
         SearchAttributePair(SA_CLASS, request.node_class),
     ]
-    if request.reserved_price is not None:
+    if offer is not None:
+        pairs += [SearchAttributePair(k, v) for k, v in offer_attributes(offer)]
+    elif request.reserved_price is not None:
         pairs.append(SearchAttributePair(SA_HOURLY_PRICE, float(request.reserved_price)))
     return TypedSearchAttributes(pairs)
+
+
+def offer_attributes(offer: Offer) -> list[tuple[SearchAttributeKey[Any], Any]]:
+    """The offer's attributes (key, value): its provider, GPU type and $/h."""
+    return [(SA_PROVIDER, offer.provider), (SA_GPU_TYPE, offer.gpu_type), (SA_HOURLY_PRICE, float(offer.hourly_price))]

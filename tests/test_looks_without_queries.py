@@ -122,23 +122,22 @@ async def test_a_look_after_a_restart_tells_a_long_ready_node_its_vanished_insta
 
 async def test_a_failovers_next_launch_does_not_name_the_released_instance(temporal: WorkflowEnvironment) -> None:
     """TgpInstanceId names the current attempt's instance: while the next offer launches after
-    a join timeout, the phase's upsert unsets it (it named the released one before)."""
+    a join timeout, the listing does not name the released one (an upsert unsets it if it did)."""
     async with running_world(temporal) as (world, _, queue):
         world.cloud.fail_boot("rtx4090-us-east", "never_joins")
         req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=6), "tailnet_join": timedelta(seconds=2)}))  # the join waits both out
         handle = await start(temporal, queue, req)
         first, second = (await wait_phase(handle, NodePhase.READY)).attempts
-        named: list[tuple[str, str]] = []  # (phase, TgpInstanceId) of each upsert with a phase
+        # What the listing showed after each upsert: the attributes folded in order (an unset is
+        # the attribute with an empty value; one absent from an upsert keeps its last value).
+        shown: dict[str, object] = {}
+        named: list[tuple[object, object]] = []  # (TgpPhase, TgpInstanceId) after each upsert
         for e in (await handle.fetch_history()).events:
             if e.HasField("upsert_workflow_search_attributes_event_attributes"):
                 fields = e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
-                if "TgpPhase" in fields:
-                    phase = json.loads(fields["TgpPhase"].data)
-                    # An unset is the attribute with an empty value; absent, the listing keeps the last one.
-                    instance = json.loads(fields["TgpInstanceId"].data or b"null") if "TgpInstanceId" in fields else "(kept)"
-                    named.append((phase, instance))
-        launching = [instance for phase, instance in named if phase == NodePhase.LAUNCHING.value]
-        assert launching == [None, None], f"each launch's upsert unsets the instance (the listing named the released one): {named}"
-        assert (NodePhase.READY.value, second.instance_id) in named
+                shown.update({k: json.loads(v.data or b"null") for k, v in fields.items()})
+                named.append((shown.get("TgpPhase"), shown.get("TgpInstanceId")))
+        assert first.instance_id and all(instance != first.instance_id for _, instance in named), f"the listing named the released instance: {named}"
+        assert named[-1] == (NodePhase.READY.value, second.instance_id), named
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "test done"})
         await handle.result()

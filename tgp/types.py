@@ -370,6 +370,11 @@ class NodeRequest(Model):
         description="The $/h the pool reserved for the node with the class ledger (the offer its pods were sized for): a launch at that "
         "price has nothing to settle (None: unknown, every launch settles).",
     )
+    offer: Offer | None = Field(
+        None,
+        description="The first launch's offer, chosen when the pool started the node (the run starts Launching, its search "
+        "attributes set by the start); None: the node chooses it. A failed attempt's next offer is always the node's choice.",
+    )
     hold_ends_when_busy: bool = Field(
         False,
         description="The node ends its bind-grace hold itself when the bridge first shows a workload pod on it, "

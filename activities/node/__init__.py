@@ -40,7 +40,6 @@ from activities.node.reports import (
 )
 from activities.node.watch import MAX_ASK_BATCH, POOL_ANSWER_TIMEOUT, POOL_BUSY_PAUSE, POOL_BUSY_PAUSE_MAX, PoolAskBatcher
 from activities.ports import Cluster, CloudProvider, Tailnet
-from tgp.offers import UnavailableOffers
 
 __all__ = [
     "CREATE_SETTLE",
@@ -88,7 +87,6 @@ class NodeActivities(Offers, Launch, Drain):
         providers: Mapping[str, CloudProvider],
         tailnets: Mapping[str, Tailnet],
         cluster: Cluster,
-        unavailable: UnavailableOffers | None = None,
         poll_interval: timedelta = POLL_INTERVAL,
         create_settle: timedelta = CREATE_SETTLE,
         registry: ProviderRegistry | None = None,
@@ -111,7 +109,7 @@ class NodeActivities(Offers, Launch, Drain):
         # The class ledger's calls a launch and a release carry (one per worker: the class's too).
         self.ledger = ledger or LedgerBatcher()
         # Offers that just failed, kept by the pricing cache beside the offers (shared with the pool).
-        self.unavailable = unavailable or self.registry.offers.unavailable
+        self.unavailable = self.registry.offers.unavailable
         self.poll_interval = poll_interval
         self.terminate_once_timeout = TERMINATE_ONCE_TIMEOUT
         self.create_settle = create_settle

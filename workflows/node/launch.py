@@ -46,13 +46,15 @@ async def bring_up(life: Life) -> None:
     A failed attempt blocks what its cause covers (the offer; for a quota, its GPU type in every
     region of the provider; for rejected credentials, the provider account), for the class's
     account: no later attempt of this node is spent on it, and other nodes on the worker skip it
-    for a while (`unavailable_offer_ttl`)."""
-    life.enter(NodePhase.PENDING)
-    life.tell_pool()
+    for a while (`unavailable_offer_ttl`). The first offer may come with the request (the
+    pool's start chose it, and started the run Launching): no choice, no Pending."""
     tried = [a.offer.key for a in life.state.attempts]
+    chosen = life.req.offer if not tried else None
+    if chosen is None:
+        life.enter(NodePhase.PENDING)
     while len(life.state.attempts) < life.req.max_launch_attempts:
         life.check_evicted()
-        offer = await select_offer(life, tried)
+        offer, chosen = chosen or await select_offer(life, tried), None
         life.state.offer = offer
         life.check_evicted()  # evicted while choosing: buy nothing
         attempt = LaunchAttempt(attempt=len(life.state.attempts) + 1, offer=offer, started_at=workflow.now())

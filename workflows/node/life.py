@@ -19,15 +19,12 @@ with workflow.unsafe.imports_passed_through():
     from activities.node_class import LedgerCall
     from activities.search_attributes import (
         SA_CLASS,
-        SA_GPU_TYPE,
-        SA_HOURLY_PRICE,
         SA_INSTANCE_ID,
         SA_NODE_NAME,
         SA_PHASE,
         SA_POOL,
-        SA_PROVIDER,
         SA_READY_SINCE,
-        start_attributes,
+        offer_attributes,
     )
     from tgp.messages import NodeReport, PoolReport, Reservation
     from tgp.node import NodeState, NodeWorkflowInput, node_details, node_status, phase_reason, remembered
@@ -122,23 +119,27 @@ class Life:
     def enter(self, phase: NodePhase, *, upsert: bool = True, at: datetime | None = None) -> None:
         """Record the phase: state, stage record, search attributes and the Web UI's details.
         Not `upsert`: a phase the search attribute skips (one nothing waits in, or an idle
-        node's drain); the next upsert says where the node is."""
+        node's drain); the next upsert says where the node is. Only the attributes that differ
+        from the run's are upserted, and none when none does (a run the pool started in this
+        phase: each upsert is a write of the server's visibility store)."""
         self.state.phase = phase
         self.stamp(Stage(phase.value), phase_reason(self.state, phase), at=at)
         workflow.set_current_details(self.details())
-        if not upsert or (phase is NodePhase.PENDING and self._started_pending()):
-            return  # not waited in, or the pool started the run with them
+        if not upsert:
+            return
         offer = self.state.offer
-        workflow.upsert_search_attributes(
-            [
-                SA_PHASE.value_set(phase.value),
-                SA_POOL.value_set(f"{self.req.namespace}/{self.req.pool}"),
-                SA_NODE_NAME.value_set(self.req.node_name),
-                SA_CLASS.value_set(self.req.node_class),  # the class ledger finds its live nodes by this
-                *(_offer_attributes(offer) if phase is NodePhase.LAUNCHING and offer is not None else []),
-                *self._instance_attributes(phase),
-            ]
-        )
+        updates = [
+            SA_PHASE.value_set(phase.value),
+            SA_POOL.value_set(f"{self.req.namespace}/{self.req.pool}"),
+            SA_NODE_NAME.value_set(self.req.node_name),
+            SA_CLASS.value_set(self.req.node_class),  # the class ledger finds its live nodes by this
+            *(key.value_set(value) for key, value in (offer_attributes(offer) if phase is NodePhase.LAUNCHING and offer is not None else [])),
+            *self._instance_attributes(phase),
+        ]
+        have = workflow.info().typed_search_attributes
+        changed = [u for u in updates if have.get(u.key) != u.value]
+        if changed:
+            workflow.upsert_search_attributes(changed)
 
     def stamp(self, stage: Stage, reason: str = "", at: datetime | None = None) -> None:
         """Record that the node entered `stage` now (or `at`, when an activity began it), and why:
@@ -284,11 +285,6 @@ class Life:
     def details(self) -> str:
         return node_details(self.req, self.state)
 
-    def _started_pending(self) -> bool:
-        """Whether the pool started the run with the Pending phase's search attributes."""
-        have = {(p.key.name, p.value) for p in workflow.info().typed_search_attributes}
-        return {(p.key.name, p.value) for p in start_attributes(self.req)} <= have
-
     def _instance_attributes(self, phase: NodePhase) -> list[Any]:
         """The launch's instance in each phase's upsert (unset while a new attempt launches), and
         when the node became Ready: the fleet look and the sweeper read them from the listing."""
@@ -297,10 +293,6 @@ class Life:
             return []
         found = [SA_INSTANCE_ID.value_set(instance.instance_id) if instance.instance_id else SA_INSTANCE_ID.value_unset()]
         return [*found, SA_READY_SINCE.value_set(workflow.now())] if phase is NodePhase.READY else found
-
-
-def _offer_attributes(offer: Offer) -> list[Any]:
-    return [SA_PROVIDER.value_set(offer.provider), SA_GPU_TYPE.value_set(offer.gpu_type), SA_HOURLY_PRICE.value_set(float(offer.hourly_price))]
 
 
 def describe_failure(exc: FailureError) -> str:
