@@ -17,13 +17,13 @@ MAX_HOLDERS_NAMED pods that ask so, tgp.lifecycle.pod_holds_node, and their coun
   deletion that tgp's finalizer holds (`deleting`: `kubectl delete node`, drained and ended).
 * A joining Node's facts (registered, Ready, GPUs: milliseconds apart) wait up to
   JOINING_FACTS_SETTLE for the next change and go together: one signal, one workflow task.
-  Ready with its GPUs, they wait while the Node still has tgp's joining taint (at most
-  JOINING_TAINT_HOLD) if it registered while this process watched and nothing was sent for it
-  yet: its launch is most likely labelling it then, having looked, and facts sent meanwhile
-  cost the node a workflow task that does nothing (issue 37). When tgp takes the taint off,
-  such facts are not sent at all if they are what the launch's look saw (Ready with its GPUs,
-  no pod, nothing holding it); any others go at once. A Node told anything before (NotReady
-  first, as real kubelets register) is told Ready at once, as before.
+  They wait while the Node still has tgp's joining taint (at most JOINING_TAINT_HOLD from its
+  first facts) if it registered while this process watched and nothing was sent for it yet:
+  its launch is looking at it then (NotReady first, as real kubelets register, then Ready), and
+  most likely labels it, and facts sent meanwhile cost the node a workflow task that does
+  nothing (issue 37). When tgp takes the taint off, they are not sent at all if they are what
+  the launch's look saw (Ready with its GPUs, no pod, nothing holding it); any others go at
+  once. A Node told anything before is told each change at once, as before.
 * Level-triggered: nothing is sent until both informers have listed (a Node without its pods
   would look idle), and after every list of either (a start, a re-list after 410 Gone) every
   managed node's current facts are sent once, so a signal lost while the bridge was down heals.
@@ -65,12 +65,12 @@ FACTS_SENDS_AT_ONCE = 32
 # make it Ready with GPUs, and every change of a Node told Ready before (NotReady, gone, busy),
 # go at once.
 JOINING_FACTS_SETTLE = timedelta(seconds=0.3)
-# A Node registered while the bridge watched, told nothing yet, Ready with its GPUs and still
-# with tgp's joining taint is most likely being labelled by its launch, which looks at it every
-# second for two seconds after its device joined (activities.node.join): its facts wait for the
-# taint's removal, at most this long from when they came up. A launch that missed it leaves
-# the Node to its workflow's join, which these facts then reach this much later at most (its
-# own first look comes two seconds in).
+# A Node registered while the bridge watched, told nothing yet and still with tgp's joining
+# taint is most likely being looked at by its launch, which looks every second for two seconds
+# after its device joined (activities.node.join) and labels it once Ready: its facts (NotReady
+# first, then Ready) wait for the taint's removal, at most this long from its first facts. A
+# launch that missed it leaves the Node to its workflow's join, which these facts then reach
+# this much later at most (its own first look comes two seconds in).
 JOINING_TAINT_HOLD = timedelta(seconds=3)
 # The informers whose lists make a whole picture.
 INFORMERS = ("pods", "nodes")
@@ -98,7 +98,7 @@ class NodeFactsSender:
         self.joining_settle = joining_settle.total_seconds()
         self.taint_hold = taint_hold.total_seconds()
         self._held_until: dict[str, float] = {}  # joining Node name -> when its held facts go (loop time)
-        self._up_since: dict[str, float] = {}  # joining Node name -> when its facts were first up while it had the taint
+        self._tainted_since: dict[str, float] = {}  # joining Node name -> when its first facts came while it had the taint
         self.tainted: set[str] = set()  # Nodes with tgp's joining taint
         # Nodes registered while this process watched (first seen after both lists) whose facts
         # it has not begun to send: their workflows have heard nothing of them from it.
@@ -185,7 +185,7 @@ class NodeFactsSender:
         """tgp took the joining taint off Node `name`: facts held for it are decided now. Its
         workflow already knows them if it has heard nothing from this process and they are what
         its launch's look saw (then nothing is sent); any others go at once."""
-        self._up_since.pop(name, None)
+        self._tainted_since.pop(name, None)
         if self._held_until.pop(name, None) is None:
             return
         if name in self.untold and _as_its_launch_saw(self.latest[name]):
@@ -225,13 +225,13 @@ class NodeFactsSender:
         told = self.sent.get(name)
         joining = facts.present and not (told is not None and told.ready)
         now = asyncio.get_running_loop().time()
-        if joining and not (facts.ready and facts.gpus > 0):
+        if joining and name in self.tainted and name in self.untold:
+            # Its launch looking at it, and most likely labelling it: held for the taint's
+            # removal (`_labelled`), from its first facts (never postponed).
+            self._held_until[name] = self._tainted_since.setdefault(name, now) + self.taint_hold
+        elif joining and not (facts.ready and facts.gpus > 0):
             # Joining: held for its next change, from the first change held (never postponed).
             self._held_until.setdefault(name, now + self.joining_settle)
-        elif joining and name in self.tainted and name in self.untold:
-            # Up, and its launch most likely labelling it: held for the taint's removal
-            # (`_labelled`), from the first facts up (never postponed).
-            self._held_until[name] = self._up_since.setdefault(name, now) + self.taint_hold
         else:
             self._held_until.pop(name, None)
         self.due.add(name)
@@ -303,7 +303,7 @@ class NodeFactsSender:
 
     def _forget(self, name: str) -> None:
         """Drop everything kept for Node `name`: a new Node of that name starts over."""
-        for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at, self._held_until, self._up_since):
+        for table in (self.latest, self.sent, self.workflow_ids, self._failures, self._retry_at, self._held_until, self._tainted_since):
             table.pop(name, None)
         self.gone.discard(name)
         self.tainted.discard(name)

@@ -507,10 +507,11 @@ async def test_a_nodes_facts_wait_for_its_joining_taint_to_go(temporal: Workflow
     """A Node registered while the bridge watched, told nothing yet, Ready with its GPUs and still
     with tgp's joining taint is being labelled by its launch, which has looked at it: its facts
     wait for the taint's removal (a signal meanwhile cost the node a workflow task that did
-    nothing). Then facts the launch's look saw (Ready with its GPUs, no pod) are not told at all,
-    the next change is; facts that differ go at once. A Node told anything before (NotReady
-    first, as real kubelets register), or one the bridge found in its first list, is told at
-    once; one that keeps the taint is told after JOINING_TAINT_HOLD all the same."""
+    nothing). So do its NotReady facts before (real kubelets register NotReady). Then facts the
+    launch's look saw (Ready with its GPUs, no pod) are not told at all, the next change is;
+    facts that differ go at once. A Node the bridge found in its first list is told at once;
+    one that keeps the taint is told after JOINING_TAINT_HOLD all the same, and every change
+    after that at once."""
     from crd_bridge.node_facts import NodeFactsSender
 
     signals = SignalsSent()
@@ -547,11 +548,13 @@ async def test_a_nodes_facts_wait_for_its_joining_taint_to_go(temporal: Workflow
         await eventually(lambda: asyncio.sleep(0, len(told("busy")) == 1), what="the busy Node's facts once the taint is off", timeout=at_once)
         assert [(f.ready, f.busy_pods) for f in told("busy")] == [(True, 1)]
 
-        sender.on_node("ADDED", tainted("slow", ready=False, gpus="0"))  # NotReady first: told after the settle
-        await eventually(lambda: asyncio.sleep(0, len(told("slow")) == 1), what="the NotReady facts", timeout=at_once)
-        sender.on_node("MODIFIED", tainted("slow"))  # its workflow heard NotReady: Ready goes at once
-        await eventually(lambda: asyncio.sleep(0, len(told("slow")) == 2), what="Ready after NotReady", timeout=at_once)
-        assert [(f.ready, f.gpus) for f in told("slow")] == [(False, 0), (True, 1)]
+        sender.on_node("ADDED", tainted("kubelet", ready=False, gpus="0"))  # NotReady first, as real kubelets register
+        await asyncio.sleep(0.3)  # past the 50 ms settle, as above
+        sender.on_node("MODIFIED", tainted("kubelet"))  # Ready: the launch's look sees it and labels it
+        await asyncio.sleep(0.3)
+        assert told("kubelet") == [], "a joining Node's NotReady or Ready facts went while it still had the taint"
+        sender.on_node("MODIFIED", _node("kubelet"))
+        assert "kubelet" in sender.sent and "kubelet" not in sender.due, "facts its launch saw were to be told"
     finally:
         task.cancel()
 
@@ -563,5 +566,10 @@ async def test_a_nodes_facts_wait_for_its_joining_taint_to_go(temporal: Workflow
         quick.on_node("ADDED", tainted("kept"))
         await eventually(lambda: asyncio.sleep(0, "kept" in quick.sent), what="the facts of a Node that keeps the taint, after the hold")
         assert [(f.ready, f.gpus) for f in told("kept")] == [(True, 1)]
+        quick.on_node("ADDED", tainted("slow", ready=False, gpus="0"))  # NotReady past the hold: told, then Ready at once
+        await eventually(lambda: asyncio.sleep(0, len(told("slow")) == 1), what="the NotReady facts after the hold")
+        quick.on_node("MODIFIED", tainted("slow"))
+        await eventually(lambda: asyncio.sleep(0, len(told("slow")) == 2), what="Ready after NotReady", timeout=at_once)
+        assert [(f.ready, f.gpus) for f in told("slow")] == [(False, 0), (True, 1)]
     finally:
         task.cancel()
