@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from tgp.errors import ConfigError, TgpError
 from tgp.types import DEFAULT_TASK_QUEUE
 from workers.logs import configure_logging
-from workers.memory import limit_malloc_arenas, trim_every, with_heap_trimmed
+from workers.memory import limit_malloc_arenas, settle_gc, trim_every, with_heap_trimmed
 
 if TYPE_CHECKING:
     from workers.temporal import TemporalSettings
@@ -111,6 +111,7 @@ async def run_worker(args: argparse.Namespace) -> None:
             first = asyncio.create_task(rollout.become_current_if_first(client, version.version.build_id))
             stack.callback(first.cancel)
         print(f"tgp worker polling {args.task_queue!r} on {settings.describe()}{build}", file=sys.stderr)
+        settle_gc()  # started: the collector set for the long run (workers.memory)
         await worker.run()
 
 
@@ -133,6 +134,7 @@ async def run_bridge(args: argparse.Namespace) -> None:
         if served is not None:
             print(f"tgp bridge metrics on :{port}/metrics ({METRICS_PORT_ENV}=0 turns them off)", file=sys.stderr)
         print(f"tgp bridge watching GPUNodeClasses, GPUNodePools, pods and nodes; signalling {args.task_queue!r} on {settings.describe()}", file=sys.stderr)
+        settle_gc()
         await Bridge(client, cluster, task_queue=args.task_queue).run()
 
 
