@@ -26,8 +26,8 @@ class UpdateBatcher:
         callers hear TimeoutError, and the next batch goes: an update the workflow never
         answers must not hold every later call, nor stay open behind its callers' backs.
         `gap`: after an update, the next one to that workflow goes no sooner than this many
-        seconds later; the calls made meanwhile wait and go together. A call made when none
-        went for that long goes at once."""
+        seconds later, unless a whole batch waits for it; the calls made meanwhile wait and go
+        together. A call made when none went for that long goes at once."""
         self.max_batch = max_batch
         self.timeout = timeout
         self.gap = gap
@@ -74,8 +74,8 @@ class UpdateBatcher:
                     for (_, f), answer in zip(batch, answers, strict=True):
                         if not f.done():
                             f.set_result(answer)
-                if self.gap:
-                    await asyncio.sleep(self.gap)  # the calls made meanwhile gather for the next
+                if self.gap and len(self._waiting.get(key, ())) < self.max_batch:
+                    await asyncio.sleep(self.gap)  # the calls made meanwhile gather for the next (a full one goes at once)
         finally:
             self._sending.discard(key)
             for _, f in self._waiting.pop(key, []):  # only when this sender was cancelled (the worker stops)

@@ -4,6 +4,7 @@ ledger grants the slot), evicting them, checking offers, and letting the pool go
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -28,13 +29,16 @@ from tgp.messages import EvictNodesInput, ObjectRef, OfferCheck, Reservation, St
 from tgp.node import NodeWorkflowInput
 from tgp.pools import request_for
 from tgp.offers import offer_satisfies
-from tgp.types import NodeRequest, Offer, OfferRequirements
+from tgp.types import NodeRequest, Offer, OfferChoice, OfferRequirements
 
 log = structlog.get_logger("tgp.pool")
 
 # Node workflows a batch starts at once: enough that a few hundred starts take seconds, few
 # enough not to queue the Temporal frontend behind one pool.
 START_CONCURRENCY = 25
+# A start's choice of a node's first offer (`_offered`) takes at most this long: a cold listing
+# behind a provider's pacer leaves the choice to the node instead of holding the starts.
+FIRST_OFFER_TIMEOUT = timedelta(seconds=5)
 
 
 class PoolActivities(AccountActivities):
@@ -60,6 +64,7 @@ class PoolActivities(AccountActivities):
         reservations = [Reservation(node_id=r.workflow_id, pool=inp.pool, hourly_price=s.hourly_price) for r, s in zip(requests, inp.starts, strict=True)]
         grants = await ledger_batch(inp.class_name, "reserve_many", reservations)
         gate = asyncio.Semaphore(START_CONCURRENCY)
+        choices: dict[str, asyncio.Future[OfferChoice]] = {}
 
         async def start(request: NodeRequest, granted: bool) -> str:
             """"" when started (or it ran already), else why its start failed."""
@@ -67,7 +72,7 @@ class PoolActivities(AccountActivities):
                 return ""
             async with gate:
                 try:
-                    await _start_node_workflow(client, await self._offered(request))
+                    await _start_node_workflow(client, await self._offered(request, choices))
                 except Exception as exc:  # noqa: BLE001 - reported per start: the others did start
                     log.warning("node_start_failed", workflow_id=request.workflow_id, error=str(exc)[:300])
                     return f"starting its workflow failed ({type(exc).__name__}); retried with the same id"
@@ -83,12 +88,17 @@ class PoolActivities(AccountActivities):
             ]
         )
 
-    async def _offered(self, request: NodeRequest) -> NodeRequest:
+    async def _offered(self, request: NodeRequest, choices: dict[str, asyncio.Future[OfferChoice]] | None = None) -> NodeRequest:
         """`request` with its first offer chosen, as the node's own `select_offer` would now:
-        the node starts Launching. Where the choice fails or finds nothing, the node chooses
-        (its retries, its message)."""
+        the node starts Launching. One choice per requirements in `choices` (a batch's nodes
+        share them), within FIRST_OFFER_TIMEOUT. Where the choice fails, takes longer or finds
+        nothing, the node chooses (its retries, its message)."""
+        choices = {} if choices is None else choices
+        key = request.requirements.model_dump_json()
+        if key not in choices:
+            choices[key] = asyncio.ensure_future(asyncio.wait_for(choose(self.registry, self.providers, request.requirements), FIRST_OFFER_TIMEOUT.total_seconds()))
         try:
-            choice = await choose(self.registry, self.providers, request.requirements)
+            choice = await choices[key]
         except Exception as exc:  # noqa: BLE001 - the node's own choice says what went wrong
             log.info("first_offer_left_to_the_node", workflow_id=request.workflow_id, error=type(exc).__name__)
             return request

@@ -21,7 +21,7 @@ import pytest
 from activities.http import default_tls
 from tests.kube_env import KubeApi
 
-from activities.kube.cluster import MERGE_PATCH, KubernetesCluster
+from activities.kube.cluster import MERGE_PATCH, SEEN_FOR, KubernetesCluster
 from activities.ports import Cluster, EvictionBlocked
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TransientError
 from sim.kube import KubeEmulator
@@ -395,6 +395,14 @@ async def test_a_label_right_after_a_look_writes_from_that_look() -> None:
         node = await cluster.get_node("n1")
         assert node is not None and node.labels["other"] == "writer" and node.labels["ours"] == "again"
         assert (len(kube["get /api/v1/nodes/n1"]), len(kube["patch /api/v1/nodes/n1"])) == (4, 4)  # looks 2, re-read 1, final 1; ours 1+2, other 1
+
+        # A look older than SEEN_FOR is not written from: the label reads the Node afresh, and a
+        # Node that already has what is asked is left as it is.
+        assert await cluster.get_node("n1") is not None
+        at, node = cluster._seen["n1"]
+        cluster._seen["n1"] = (at - SEEN_FOR - 1, node)
+        await cluster.label_and_taint("n1", {"ours": "again"}, [GPU_TAINT])
+        assert (len(kube["get /api/v1/nodes/n1"]), len(kube["patch /api/v1/nodes/n1"])) == (6, 4)
 
 
 async def test_emulated_budget_counts_max_unavailable_against_replicas(kube_api: KubeApi) -> None:

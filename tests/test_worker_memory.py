@@ -139,18 +139,15 @@ def test_a_settled_collector_no_longer_walks_what_start_up_made() -> None:
     interpreter)."""
     program = textwrap.dedent(
         """
-        import gc, json, time
+        import gc, json
         import workers.main, activities.node, workflows.node  # a worker's start-up: its modules and models
-        def walked():
-            began = time.perf_counter(); gc.collect(); return time.perf_counter() - began
-        before = min(walked() for _ in range(3))
+        gc.collect()
+        before = len(gc.get_objects())  # what a full collection walks
         from workers.memory import settle_gc
         settle_gc()
-        after = min(walked() for _ in range(3))
-        print(json.dumps({"frozen": gc.get_freeze_count(), "before": before, "after": after}))
+        print(json.dumps({"frozen": gc.get_freeze_count(), "before": before, "after": len(gc.get_objects())}))
         """
     )
     run = subprocess.run([sys.executable, "-c", program], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60, check=True)
     seen = json.loads(run.stdout)
-    assert seen["frozen"] > 50_000, seen
-    assert seen["after"] < seen["before"] / 5, f"a full collection took {seen['before']:.4f} s, then {seen['after']:.4f} s"
+    assert seen["frozen"] > 50_000 and seen["after"] < seen["before"] - 50_000, seen

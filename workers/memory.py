@@ -71,7 +71,8 @@ def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
 
 def settle_gc() -> None:
     """Once a long-lived process has started: collect what start-up left, and freeze the rest out
-    of the collector's view (gc.freeze: never walked again)."""
+    of the collector's view (gc.freeze: never walked again). A cycle made later through a frozen
+    object is never collected either: bounded by what start-up made."""
     gc.collect()
     gc.freeze()
 

@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import ssl
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
@@ -58,8 +59,9 @@ REQUEST_TIMEOUT = timedelta(seconds=30)
 # Read-modify-write attempts on a Node: conflicts come from kubelet heartbeats and the node
 # controller and settle within a few tries; past that Temporal retries the activity.
 CONFLICT_ATTEMPTS = 5
-# Nodes `get_node` read lately, kept for a write that follows the look (`label_and_taint`).
-SEEN_NODES = 1024
+# A Node `get_node` read is kept this long for a write that follows the look (`label_and_taint`
+# in the launch's activity, milliseconds later); older copies are dropped.
+SEEN_FOR = 5.0  # seconds
 # Pods per list page. A GPU node runs tens of pods, so one page is the norm.
 LIST_PAGE_SIZE = 500
 
@@ -137,9 +139,10 @@ class KubernetesCluster:
         self._api: k8s.ApiClient | None = None
         self._core: CoreCalls | None = None
         self._connecting = asyncio.Lock()
-        # The Nodes `get_node` read, by name (at most SEEN_NODES): a launch labels the Node it
-        # just looked at without reading it again; its resourceVersion guards the write.
-        self._seen: dict[str, dict[str, Any]] = {}
+        # The Nodes `get_node` read in the last SEEN_FOR, by name, oldest first, with when: a
+        # launch labels the Node it just looked at without reading it again; its
+        # resourceVersion guards the write.
+        self._seen: dict[str, tuple[float, dict[str, Any]]] = {}
 
     @classmethod
     def from_url(
@@ -223,10 +226,11 @@ class KubernetesCluster:
         node = await self._read_node(name)
         if node is None:
             return None
+        now = time.monotonic()
         self._seen.pop(name, None)
-        self._seen[name] = node
-        if len(self._seen) > SEEN_NODES:
-            del self._seen[next(iter(self._seen))]
+        self._seen[name] = (now, node)
+        while next(iter(self._seen.values()))[0] < now - SEEN_FOR:
+            self._seen.pop(next(iter(self._seen)))
         return node_summary_of(node)
 
     async def label_and_taint(
@@ -239,11 +243,13 @@ class KubernetesCluster:
         A taint is identified by key and effect (the API allows one per pair), so a listed taint
         replaces the value of an existing one. Nothing is written when nothing is missing; a
         write carries the resourceVersion that was read and is redone on a 409 conflict. The
-        first try starts from the Node as `get_node` last read it, if it did (the launch's look):
-        a stale copy costs a conflict and a read, never a lost change.
+        first try starts from the Node as `get_node` read it within SEEN_FOR, if it did (the
+        launch's look, a moment before): a copy changed since costs a conflict and a read.
         """
         core = await self._client()
-        seen = self._seen.pop(name, None)
+        at, seen = self._seen.pop(name, (0.0, None))
+        if at < time.monotonic() - SEEN_FOR:
+            seen = None
         for _ in range(CONFLICT_ATTEMPTS):
             node, seen = seen or await self._read_node(name), None
             if node is None:

@@ -67,6 +67,7 @@ class Launch(Boot, Join):
         would: what it may have bought is found by its name (money by ids). During the join it
         ends the wait, and the activity answers what it bought (`join` None).
         """
+        self._refuse_if_blocked(inp)
         async with carrying(report, self.reports):
             if settle is not None:
                 await self._settle(settle, inp.offer)
@@ -84,6 +85,17 @@ class Launch(Boot, Join):
                 raise  # a worker shutting down: the retry on another adopts it and joins on
             joined = None  # the workflow stopped waiting: it hears what was bought, and releases it
         return bought.model_copy(update={"joining_at": joining_at, "join": joined})
+
+    def _refuse_if_blocked(self, inp: LaunchInput) -> None:
+        """A first attempt buys nothing this worker blocked after the offer was chosen (a
+        failure of another node's between the choice, the pool's start or `select_offer`, and
+        now): refused as OfferRefused, before anything is settled or sent, so the node fails over.
+        A later attempt goes on: an earlier one may have bought, which it adopts."""
+        if activity.info().attempt > 1:
+            return
+        block = next((b for b in self.unavailable.blocks() if b.covers(inp.offer, inp.credentials)), None)
+        if block is not None:
+            raise ApplicationError(f"{block.describe()} failed on this worker since the offer was chosen: not bought", type="OfferRefused", non_retryable=True)
 
     async def _settle(self, call: LedgerCall, offer: Offer) -> None:
         """The launch's settle. Refused on the activity's first attempt, nothing can have been
