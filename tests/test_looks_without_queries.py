@@ -14,6 +14,7 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from temporalio.client import Client, Interceptor, OutboundInterceptor, QueryWorkflowInput
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
@@ -120,12 +121,23 @@ async def test_a_look_after_a_restart_tells_a_long_ready_node_its_vanished_insta
         assert (await handle.result()).phase is NodePhase.INTERRUPTED
 
 
-async def test_a_failovers_next_launch_does_not_name_the_released_instance(temporal: WorkflowEnvironment) -> None:
+@pytest.mark.parametrize(
+    ("failure", "timeouts", "named_first"),
+    [
+        ("never_joins", {"launch": timedelta(seconds=6), "tailnet_join": timedelta(seconds=2)}, False),  # the join waits both out
+        ("gpus_never_register", {"gpu_registration": timedelta(seconds=2)}, True),  # Joining named it
+    ],
+)
+async def test_a_failovers_next_launch_does_not_name_the_released_instance(
+    temporal: WorkflowEnvironment, failure: str, timeouts: dict[str, timedelta], named_first: bool
+) -> None:
     """TgpInstanceId names the current attempt's instance: while the next offer launches after
-    a join timeout, the listing does not name the released one (an upsert unsets it if it did)."""
+    a join timeout, the listing does not name the released one. A first attempt that failed in
+    the launch's own join never named it; one that failed while Joining did, and the next
+    Launching upsert unsets it."""
     async with running_world(temporal) as (world, _, queue):
-        world.cloud.fail_boot("rtx4090-us-east", "never_joins")
-        req = request(timeouts=FAST.model_copy(update={"launch": timedelta(seconds=6), "tailnet_join": timedelta(seconds=2)}))  # the join waits both out
+        world.cloud.fail_boot("rtx4090-us-east", failure)  # type: ignore[arg-type]
+        req = request(timeouts=FAST.model_copy(update=timeouts))
         handle = await start(temporal, queue, req)
         first, second = (await wait_phase(handle, NodePhase.READY)).attempts
         # What the listing showed after each upsert: the attributes folded in order (an unset is
@@ -137,7 +149,9 @@ async def test_a_failovers_next_launch_does_not_name_the_released_instance(tempo
                 fields = e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
                 shown.update({k: json.loads(v.data or b"null") for k, v in fields.items()})
                 named.append((shown.get("TgpPhase"), shown.get("TgpInstanceId")))
-        assert first.instance_id and all(instance != first.instance_id for _, instance in named), f"the listing named the released instance: {named}"
+        assert first.instance_id is not None
+        assert ((NodePhase.JOINING.value, first.instance_id) in named) is named_first, named
+        assert (NodePhase.LAUNCHING.value, first.instance_id) not in named, f"the next launch's listing named the released instance: {named}"
         assert named[-1] == (NodePhase.READY.value, second.instance_id), named
         await handle.signal(GPUNodeWorkflow.evict, {"reason": "test done"})
         await handle.result()
