@@ -4,7 +4,8 @@ KubeEmulator), holds the objects and writes them as the API server's registry do
 
 * create answers the stored object with `uid`, `resourceVersion`, `generation: 1`,
   `creationTimestamp` stamped; a name already taken is 409 AlreadyExists; `generateName` gets a
-  random suffix; a new Pod starts in phase Pending (`terminationGracePeriodSeconds` defaulted);
+  random suffix, another while the name is taken (up to GENERATE_NAME_TRIES, as the API server
+  since 1.32); a new Pod starts in phase Pending (`terminationGracePeriodSeconds` defaulted);
 * one cluster-wide `resourceVersion` counter, bumped by every write; a patch or a PUT that
   carries a stale `metadata.resourceVersion` is 409 Conflict; a failed JSON-patch `test` is 422;
 * merge patch, strategic merge patch (built-in kinds only, 415 on custom resources; list merge
@@ -98,6 +99,9 @@ _SERVER_OWNED_METADATA = (
 )
 # The alphabet of `generateName` suffixes (k8s.io/apiserver/pkg/storage/names): no vowels.
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+# How many names a create with `generateName` is given before a taken one is 409 AlreadyExists:
+# the API server generates again on a collision (RetryGenerateName, GA in Kubernetes 1.32).
+GENERATE_NAME_TRIES = 8
 _CUSTOM_RESOURCE_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 
 
@@ -173,8 +177,9 @@ class KubeStore(kmock.KubernetesEmulator):
         if meta.get("resourceVersion"):
             # etcd3 storage refuses it; the API server passes that on as an internal error.
             raise ApiStatus(500, "InternalError", "resourceVersion should not be set on objects to be created")
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
+        generated = not meta.get("name") and bool(meta.get("generateName"))
+        if generated:
+            meta["name"] = _generated(meta["generateName"])
         name = meta.get("name")
         if not name:
             raise ApiStatus(422, "Invalid", "metadata.name: Required value: name or generateName is required")
@@ -229,6 +234,11 @@ class KubeStore(kmock.KubernetesEmulator):
 
         stored = self._to_storage(resource, obj)
         key = (self._storage(resource), namespace, name)
+        for _ in range(GENERATE_NAME_TRIES - 1):  # a generated name taken: generated again, as the API server does
+            if not (generated and key in self.objects and not self.objects[key].deleted):
+                break
+            name = stored["metadata"]["name"] = _generated(meta["generateName"])
+            key = (self._storage(resource), namespace, name)
         if key in self.objects and not self.objects[key].deleted:
             raise ApiStatus(
                 409, "AlreadyExists", f'{qualified_resource(resource)} "{name}" already exists',
@@ -799,3 +809,8 @@ def _value_at(obj: Any, field: str) -> Any:
             return _UNKNOWN
         obj = obj[part]
     return obj
+
+
+def _generated(prefix: str) -> str:
+    """A name for `generateName` `prefix`: five random characters of the API server's alphabet."""
+    return prefix + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))

@@ -405,6 +405,21 @@ async def test_a_label_right_after_a_look_writes_from_that_look() -> None:
         assert (len(kube["get /api/v1/nodes/n1"]), len(kube["patch /api/v1/nodes/n1"])) == (6, 4)
 
 
+async def test_an_event_whose_generated_name_is_taken_is_recorded_under_another() -> None:
+    """A server before 1.32 answers 409 AlreadyExists when a generated name is taken: the Event
+    is sent again for a new name (EVENT_NAME_TRIES), not failed with the pass's other Events."""
+    from activities.kube.cluster import CustomResource
+
+    taken = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists", "code": 409, "message": 'events "pool.bbbbb" already exists'}
+    async with KubeEmulator() as kube, KubernetesCluster.from_url(kube.url) as cluster:
+        kube["post /api/v1/namespaces/ml/events"][:1] << 409 << taken
+        pool = CustomResource("tgp.io", "v1alpha1", "gpunodepools", "GPUNodePool", "pool", namespace="ml")
+        await cluster.create_event(pool, type="Normal", reason="NodeLaunched", message="launching node n1")
+        events = [e for e in kube.objects.values() if not e.deleted and e.raw.get("kind") == "Event"]
+        assert [e.raw["reason"] for e in events] == ["NodeLaunched"]
+        assert len(kube["post /api/v1/namespaces/ml/events"]) == 2
+
+
 async def test_emulated_budget_counts_max_unavailable_against_replicas(kube_api: KubeApi) -> None:
     # Emulator only: on a real cluster the ReplicaSet would start pods of its own.
     if kube_api.real:

@@ -810,3 +810,21 @@ async def test_the_emulator_answers_each_request_with_the_reaction_kmock_would_c
     # exclusion (a list with ?limit=1 is answered by the emulator), the override.
     assert statuses == [503, 503, 200, 400, 418, 409, 409, 404, 429, 410, 200, 451]
     assert compared and all(compared), "sim.kube._sees disagreed with kmock's `request in view`"
+
+
+async def test_a_generated_name_that_is_taken_is_generated_again_as_the_api_server_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create with generateName whose random suffix names an existing object gets another
+    suffix (the API server's RetryGenerateName, GA in 1.32), up to GENERATE_NAME_TRIES names; only
+    then 409 AlreadyExists. Emulator only: a real server cannot be made to collide on demand."""
+    from sim.kube import KubeEmulator
+    from sim.kube_store import GENERATE_NAME_TRIES
+
+    names = iter(["pool.bbbbb", "pool.bbbbb", "pool.ccccc", *["pool.bbbbb"] * GENERATE_NAME_TRIES])
+    monkeypatch.setattr("sim.kube_store._generated", lambda prefix: next(names))
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "pool."}, "involvedObject": {"kind": "GPUNodePool", "name": "pool", "namespace": "ml"}, "reason": "NodeLaunched", "message": "m", "type": "Normal"}
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
+        first = await http.post("/api/v1/namespaces/ml/events", json=event)
+        second = await http.post("/api/v1/namespaces/ml/events", json=event)  # pool.bbbbb taken: pool.ccccc
+        assert (first.json()["metadata"]["name"], second.json()["metadata"]["name"]) == ("pool.bbbbb", "pool.ccccc")
+        third = await http.post("/api/v1/namespaces/ml/events", json=event)  # every try taken
+        assert third.status_code == 409 and third.json()["reason"] == "AlreadyExists"

@@ -59,6 +59,8 @@ REQUEST_TIMEOUT = timedelta(seconds=30)
 # Read-modify-write attempts on a Node: conflicts come from kubelet heartbeats and the node
 # controller and settle within a few tries; past that Temporal retries the activity.
 CONFLICT_ATTEMPTS = 5
+# An Event's create is tried with this many generated names before its 409 is an error.
+EVENT_NAME_TRIES = 3
 # A Node `get_node` read is kept this long for a write that follows the look (`label_and_taint`
 # in the launch's activity, milliseconds later); older copies are dropped.
 SEEN_FOR = 5.0  # seconds
@@ -669,7 +671,18 @@ class KubernetesCluster:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self._call(f"record Event {reason} on {what}", core.create_namespaced_event(namespace, event, _request_timeout=self._timeout))
+        # A generated name already taken is 409 AlreadyExists from a server before 1.32 (later
+        # ones generate again themselves): a new name is asked for, as client-go's recorder does.
+        for attempt in range(1, EVENT_NAME_TRIES + 1):
+            try:
+                await self._call(
+                    f"record Event {reason} on {what}",
+                    core.create_namespaced_event(namespace, event, _request_timeout=self._timeout),
+                    passthrough={409} if attempt < EVENT_NAME_TRIES else (),
+                )
+                return
+            except ApiException:
+                continue
 
     # --- error mapping ---------------------------------------------------------------
 
