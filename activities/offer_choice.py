@@ -5,29 +5,27 @@ so does the pool's start for a node's first launch (the run then starts Launchin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import structlog
 
 from activities.accounts import ProviderRegistry
-from activities.ports import CloudProvider
-from tgp.errors import ConfigError, TransientError
+from tgp.errors import TransientError
 from tgp.offers import choose_offer
 from tgp.types import OfferBlock, OfferChoice, OfferRequirements
 
 log = structlog.get_logger("tgp.activities")
 
 
-async def choose(
-    registry: ProviderRegistry, providers: Mapping[str, CloudProvider], req: OfferRequirements, *, exclude: Iterable[str] = (), blocked: Iterable[OfferBlock] = ()
-) -> OfferChoice:
+async def choose(registry: ProviderRegistry, req: OfferRequirements, *, exclude: Iterable[str] = (), blocked: Iterable[OfferBlock] = ()) -> OfferChoice:
     """The best offer for `req` not in `exclude`, blocked by neither `blocked` (the node's) nor
     this worker's unavailable offers (the registry's pricing cache keeps them), with the counts
-    that say why there is none. A provider
-    whose listing fails serves its last good offers for a bounded time; one that has none is
-    skipped while the others' are chosen from; none listing at all is a TransientError."""
-    names = req.providers or sorted(providers)
-    adapters = [await _adapter(registry, providers, n, req) for n in names]
+    that say why there is none. A provider whose listing fails serves its last good offers for a
+    bounded time; one that has none is skipped while the others' are chosen from; none listing
+    at all is a TransientError."""
+    names = req.providers or registry.configured()
+    # The class's account for each provider (its Secret read now), or the worker's own.
+    adapters = [await registry.get(n, req.credentials.get(n)) for n in names]
     listed = await asyncio.gather(*(registry.list_offers(a) for a in adapters), return_exceptions=True)
     offers, stale = [], {}
     for adapter, result in zip(adapters, listed, strict=True):
@@ -45,13 +43,3 @@ async def choose(
     choice = choose_offer(offers, req, exclude=exclude, blocks=[*blocked, *registry.offers.unavailable.blocks()])
     return OfferChoice(offer=choice.offer, seen=len(offers), matching=choice.matching, unavailable=choice.matching - choice.eligible, stale=stale)
 
-
-async def _adapter(registry: ProviderRegistry, providers: Mapping[str, CloudProvider], name: str, req: OfferRequirements) -> CloudProvider:
-    """The adapter of the class's account for `name` (its Secret read now), or the worker's."""
-    ref = req.credentials.get(name)
-    if ref is not None:
-        return await registry.get(name, ref)
-    try:
-        return providers[name]
-    except KeyError:
-        raise ConfigError(f"provider {name!r} is not configured on this worker (configured: {', '.join(sorted(providers)) or 'none'})") from None

@@ -96,7 +96,7 @@ class PoolActivities(AccountActivities):
         choices = {} if choices is None else choices
         key = request.requirements.model_dump_json()
         if key not in choices:
-            choices[key] = asyncio.ensure_future(asyncio.wait_for(choose(self.registry, self.providers, request.requirements), FIRST_OFFER_TIMEOUT.total_seconds()))
+            choices[key] = asyncio.ensure_future(asyncio.wait_for(choose(self.registry, request.requirements), FIRST_OFFER_TIMEOUT.total_seconds()))
         try:
             choice = await choices[key]
         except Exception as exc:  # noqa: BLE001 - the node's own choice says what went wrong

@@ -29,19 +29,22 @@ def start_attributes(request: NodeRequest) -> TypedSearchAttributes:
     when the start chose the first offer (`request.offer`): the offer's provider, GPU type and
     price, as the Launching upsert sets them."""
     offer = request.offer
-    pairs: list[SearchAttributePair[Any]] = [
-        SearchAttributePair(SA_PHASE, (NodePhase.PENDING if offer is None else NodePhase.LAUNCHING).value),
-        SearchAttributePair(SA_POOL, f"{request.namespace}/{request.pool}"),
-        SearchAttributePair(SA_NODE_NAME, request.node_name),
-        SearchAttributePair(SA_CLASS, request.node_class),
+    pairs = phase_attributes(request, NodePhase.PENDING if offer is None else NodePhase.LAUNCHING, offer)
+    if offer is None and request.reserved_price is not None:
+        pairs.append((SA_HOURLY_PRICE, float(request.reserved_price)))
+    return TypedSearchAttributes([SearchAttributePair(k, v) for k, v in pairs])
+
+
+def phase_attributes(request: NodeRequest, phase: NodePhase, offer: Offer | None) -> list[tuple[SearchAttributeKey[Any], Any]]:
+    """The attributes (key, value) a node's `phase` sets: the phase, its pool, name and class (the
+    class ledger finds its live nodes by it), and Launching its `offer`'s provider, GPU type and
+    $/h. The pool's start and the node's own upserts both take them from here."""
+    pairs: list[tuple[SearchAttributeKey[Any], Any]] = [
+        (SA_PHASE, phase.value),
+        (SA_POOL, f"{request.namespace}/{request.pool}"),
+        (SA_NODE_NAME, request.node_name),
+        (SA_CLASS, request.node_class),
     ]
-    if offer is not None:
-        pairs += [SearchAttributePair(k, v) for k, v in offer_attributes(offer)]
-    elif request.reserved_price is not None:
-        pairs.append(SearchAttributePair(SA_HOURLY_PRICE, float(request.reserved_price)))
-    return TypedSearchAttributes(pairs)
-
-
-def offer_attributes(offer: Offer) -> list[tuple[SearchAttributeKey[Any], Any]]:
-    """The offer's attributes (key, value): its provider, GPU type and $/h."""
-    return [(SA_PROVIDER, offer.provider), (SA_GPU_TYPE, offer.gpu_type), (SA_HOURLY_PRICE, float(offer.hourly_price))]
+    if phase is NodePhase.LAUNCHING and offer is not None:
+        pairs += [(SA_PROVIDER, offer.provider), (SA_GPU_TYPE, offer.gpu_type), (SA_HOURLY_PRICE, float(offer.hourly_price))]
+    return pairs

@@ -21,7 +21,7 @@ class Offers(NodeBase):
         last good offers for a bounded time, and one that has none is skipped while the others'
         offers are still chosen from."""
         with temporal_errors():
-            return await choose(self.registry, self.providers, inp.requirements, exclude=inp.exclude, blocked=inp.blocked)
+            return await choose(self.registry, inp.requirements, exclude=inp.exclude, blocked=inp.blocked)
 
     @activity.defn
     async def mark_offer_unavailable(self, inp: MarkUnavailableInput) -> None:

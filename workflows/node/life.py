@@ -17,15 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 with workflow.unsafe.imports_passed_through():
     from activities.node import DrainOutcome, NodeActivities
     from activities.node_class import LedgerCall
-    from activities.search_attributes import (
-        SA_CLASS,
-        SA_INSTANCE_ID,
-        SA_NODE_NAME,
-        SA_PHASE,
-        SA_POOL,
-        SA_READY_SINCE,
-        offer_attributes,
-    )
+    from activities.search_attributes import SA_INSTANCE_ID, SA_READY_SINCE, phase_attributes
     from tgp.messages import NodeReport, PoolReport, Reservation
     from tgp.node import NodeState, NodeWorkflowInput, node_details, node_status, phase_reason, remembered
     from tgp.types import (
@@ -127,15 +119,7 @@ class Life:
         workflow.set_current_details(self.details())
         if not upsert:
             return
-        offer = self.state.offer
-        updates = [
-            SA_PHASE.value_set(phase.value),
-            SA_POOL.value_set(f"{self.req.namespace}/{self.req.pool}"),
-            SA_NODE_NAME.value_set(self.req.node_name),
-            SA_CLASS.value_set(self.req.node_class),  # the class ledger finds its live nodes by this
-            *(key.value_set(value) for key, value in (offer_attributes(offer) if phase is NodePhase.LAUNCHING and offer is not None else [])),
-            *self._instance_attributes(phase),
-        ]
+        updates = [*(key.value_set(value) for key, value in phase_attributes(self.req, phase, self.state.offer)), *self._instance_attributes(phase)]
         have = workflow.info().typed_search_attributes
         changed = [u for u in updates if have.get(u.key) != u.value]
         if changed:
