@@ -73,10 +73,12 @@ BENCH_QUICK ?=
 bench: $(STAMP)
 	BENCH_QUICK=$(BENCH_QUICK) PYTHONPATH=. $(BIN)/python bench/run.py
 
-# The older single-purpose benchmarks: template rendering bounds, the emulator at rest for a
+# The older single-purpose benchmarks: template rendering bounds, the CPU of a request on each
+# HTTP transport (bench/http_client.py), the emulator at rest for a
 # simulated hour (about 3 minutes).
 bench-extra: $(STAMP)
 	PYTHONPATH=. $(BIN)/python bench/template_bounds.py
+	PYTHONPATH=. $(BIN)/python bench/http_client.py
 	$(BIN)/python bench/emulator_at_rest.py
 
 # Regenerate deploy/crds and deploy/helm/tgp/crds from tgp/crds.py (a test fails while they are stale).
