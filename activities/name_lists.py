@@ -1,11 +1,12 @@
 """Launches' look-ups by name, coalesced per provider account without losing freshness.
 
-Every launch looks for its instance by name up to three times (`Launch._adopt` before
-minting and again right before buying, `_live` after the create): a Temporal reset or a killed
-worker can leave an instance bought under the name, and clouds do not enforce unique names. On
-most clouds a look-up by name is a listing of the whole account (Lambda, RunPod) behind a pacer
-(Lambda: about one request a second per account), so a burst of n launches cost 3n listings of
-an account growing to n instances: O(n^2) bytes, and on Lambda 3n seconds of pacer.
+Every launch looks for its instance by name two or three times (`Launch._adopt` before
+minting and, on a retry, again right before buying; `_live` after the create), and its join's
+twin watch after that: a Temporal reset or a killed worker can leave an instance bought under
+the name, and clouds do not enforce unique names. On most clouds a look-up by name is a listing
+of the whole account (Lambda, RunPod) behind a pacer (Lambda: about one request a second per
+account), so a burst of n launches cost 3n or more listings of an account growing to n
+instances: O(n^2) bytes, and on Lambda 3n seconds of pacer.
 
 `NameLookups.find_all_by_name(name)` gives the same answer as `adapter.find_all_by_name(name)`
 at the moment of the call, or a later one, never an older one: a caller joins a listing only

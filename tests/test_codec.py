@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import os
 import uuid
@@ -22,6 +23,7 @@ from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import RetryPolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DefaultFailureConverterWithEncodedAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -132,6 +134,20 @@ def test_data_converter_adds_the_codec_only_when_keys_are_set() -> None:
     assert encrypted.payload_converter_class is DATA_CONVERTER.payload_converter_class  # still pydantic
     with pytest.raises(ConfigError, match="entry 1 of TGP_PAYLOAD_KEYS"):
         data_converter({"TGP_PAYLOAD_KEYS": "oops"})
+
+
+
+def test_the_data_converters_the_sdk_makes_share_one_pydantic_converter_and_its_type_cache() -> None:
+    """The SDK makes data converters (dataclasses.replace, with_context) several times for each
+    workflow activation; each makes its payload converter anew from the class. They share one,
+    with the TypeAdapters it cached, and it converts as Temporal's pydantic converter does."""
+    made = dataclasses.replace(DATA_CONVERTER, payload_codec=None)
+    inner = made.payload_converter._inner_payload_converter  # type: ignore[attr-defined]
+    assert inner is DATA_CONVERTER.payload_converter._inner_payload_converter  # type: ignore[attr-defined]
+    value = Greeting(marker="hi")
+    [payload] = made.payload_converter.to_payloads([value])
+    assert pydantic_data_converter.payload_converter.from_payloads([payload], [Greeting]) == [value]
+    assert DATA_CONVERTER.payload_converter.from_payloads([payload], [Greeting]) == [value]
 
 
 # -- a real workflow run on the dev server -------------------------------------------------------

@@ -256,3 +256,14 @@ async def test_the_twin_watches_after_a_burst_share_listings_too() -> None:
         looked = env.cloud.name_lookups + env.cloud.instance_lists - before
         assert looked <= n // 2, f"{looked} listings for {n} twin watches"
         assert all(len(env.billing(f"burst-{i:03d}")) == 1 for i in range(n))
+
+
+
+async def test_a_first_attempt_looks_by_name_before_it_mints_and_after_its_create_only() -> None:
+    """A retried launch also looks right before its create (an earlier attempt's create may
+    have landed while it minted: tests/test_money_properties.py); a first attempt has no
+    earlier one, and its look before minting is moments old."""
+    async with money_env() as env:
+        result = await env.launch("looks")
+        assert not result.adopted and env.cloud.create_requests == 1
+        assert env.cloud.name_lookups + env.cloud.instance_lists == 2

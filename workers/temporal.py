@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import SecretStr
 
@@ -16,16 +17,40 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
 
 from workers.codec import EncryptionCodec
 from tgp.errors import ConfigError, TgpError
 from tgp.types import SEARCH_ATTRIBUTES
 
+
+
+class OnePydanticConverter(PydanticPayloadConverter):
+    """Temporal's pydantic payload converter, made once per process.
+
+    The SDK makes a DataConverter, and with it a new payload converter, several times for each
+    workflow activation (a data converter for the activation's decoding and one for its
+    completion's encoding, one more for each serialization context): ~4% of the worker's CPU in
+    a burst, and each new converter started with an empty cache of pydantic TypeAdapters. A
+    converter holds nothing of any one run (its options and that cache), so one serves them all."""
+
+    _made: ClassVar[OnePydanticConverter | None] = None
+
+    def __new__(cls) -> OnePydanticConverter:
+        if cls._made is None:
+            made = super().__new__(cls)
+            PydanticPayloadConverter.__init__(made)
+            cls._made = made
+        return cls._made
+
+    def __init__(self) -> None:
+        """Made once, in `__new__`."""
+
+
 # Pydantic models (with timedelta, Decimal, datetime) cross the Temporal boundary as JSON.
 # Unencrypted: the tests, the demo and replays of tests/histories/ use it as is.
-DATA_CONVERTER = pydantic_data_converter
+DATA_CONVERTER = dataclasses.replace(pydantic_data_converter, payload_converter_class=OnePydanticConverter)
 
 _INDEXED = {
     "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,

@@ -189,9 +189,10 @@ class Launch(Boot, Join):
                 join=join,
                 node_index=inp.attempt - 1,
             )
-            # Once more right before buying: an earlier attempt's create may have landed
-            # while this one minted and rendered.
-            existing = await self._adopt(provider, name, bound, memo, until=self.now())
+            # Once more right before buying, on a retry: an earlier attempt's create may have
+            # landed while this one minted and rendered. A first attempt has none; what another
+            # run of the name may buy meanwhile, the look after the create finds (`_keep_one`).
+            existing = await self._adopt(provider, name, bound, memo, until=self.now()) if activity.info().attempt > 1 else None
             if existing is not None:
                 await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
                 return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))

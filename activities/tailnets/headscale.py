@@ -40,6 +40,7 @@ import structlog
 from pydantic import SecretStr
 
 from activities.fresh_reads import FreshReads
+from activities.tailnets.listing import DeviceListing
 from activities.ports import AuthKey
 from tgp.errors import ConfigError, TransientError
 from activities.http import DEFAULT_TIMEOUT, NOTHING, Fixes, HttpAdapter, Sleep, error_detail, json_items, json_object
@@ -138,7 +139,7 @@ class HeadscaleTailnet(HttpAdapter):
         # hostname -> ids of keys minted for it by this process (see the module docstring).
         self._minted: dict[str, list[str]] = {}
         # The node listing, shared by the joins that look meanwhile (never an older view).
-        self._node_reads: FreshReads[list[dict[str, Any]]] = FreshReads(self._all_nodes)
+        self._node_reads: FreshReads[DeviceListing] = FreshReads(self._all_nodes)
 
     def __repr__(self) -> str:
         return f"HeadscaleTailnet(base_url={self._base_url!r}, user={self._user!r})"
@@ -230,7 +231,9 @@ class HeadscaleTailnet(HttpAdapter):
         """The node whose hostname (`name`) or DNS name (`givenName`) is `hostname` and that
         carries all of `tags`; of several, the online and newest one. From a listing begun after
         this call, or at most `within` seconds before it (FreshReads)."""
-        matches = [n for n in await self._nodes(tags, within) if hostname in (n.get("name"), n.get("givenName"))]
+        wanted = set(tags)
+        listing = await self._node_reads.read(within=within)
+        matches = [n for n in listing.named(hostname) if wanted <= _node_tags(n)]
         if not matches:
             return None
         # Several nodes of one name: an ephemeral predecessor not yet collected. Prefer the live one.
@@ -239,14 +242,12 @@ class HeadscaleTailnet(HttpAdapter):
 
     async def list_devices(self, tags: list[str]) -> list[TailnetDevice]:
         """Every node carrying all of `tags` (the sweeper looks for ones without a GPU node)."""
-        return [_device(n, str(n.get("name") or n.get("givenName") or "")) for n in await self._nodes(tags)]
-
-    async def _nodes(self, tags: list[str], within: float = 0.0) -> list[dict[str, Any]]:
         wanted = set(tags)
-        return [n for n in await self._node_reads.read(within=within) if wanted <= _node_tags(n)]
+        nodes = (await self._node_reads.read()).devices
+        return [_device(n, str(n.get("name") or n.get("givenName") or "")) for n in nodes if wanted <= _node_tags(n)]
 
-    async def _all_nodes(self) -> list[dict[str, Any]]:
-        return json_items(await self._call("GET", "/api/v1/node"), "nodes", system=SYSTEM)
+    async def _all_nodes(self) -> DeviceListing:
+        return DeviceListing.of(json_items(await self._call("GET", "/api/v1/node"), "nodes", system=SYSTEM), lambda n: (n.get("name"), n.get("givenName")))
 
     async def delete_device(self, device_id: str) -> None:
         """Delete the node; one already gone (404) counts as deleted."""

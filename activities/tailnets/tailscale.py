@@ -23,6 +23,7 @@ import structlog
 from pydantic import SecretStr
 
 from activities.fresh_reads import FreshReads
+from activities.tailnets.listing import DeviceListing
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, json_items, json_object
@@ -114,7 +115,7 @@ class TailscaleTailnet(HttpAdapter):
         self._token_valid_until = 0.0
         self._token_lock = asyncio.Lock()
         # The device listing, shared by the joins that look meanwhile (never an older view).
-        self._device_reads: FreshReads[list[dict[str, Any]]] = FreshReads(self._all_devices)
+        self._device_reads: FreshReads[DeviceListing] = FreshReads(self._all_devices)
 
     def __repr__(self) -> str:
         return f"TailscaleTailnet(base_url={self._base_url!r}, tailnet={self._tailnet!r}, client_id={self._client_id!r})"
@@ -185,22 +186,21 @@ class TailscaleTailnet(HttpAdapter):
         """The device called `hostname` carrying all of `tags`; when several match (a node
         re-registered before the old ephemeral device was removed), the connected, newest one.
         From a listing begun after this call, or at most `within` seconds before it (FreshReads)."""
-        matches = [d for d in await self._devices(tags, within) if d.get("hostname") == hostname]
+        wanted = set(tags)
+        listing = await self._device_reads.read(within=within)
+        matches = [d for d in listing.named(hostname) if wanted <= set(d.get("tags") or [])]
         if not matches:
             return None
         return _device(max(matches, key=lambda d: (bool(d.get("connectedToControl")), str(d.get("created") or ""))))
 
     async def list_devices(self, tags: list[str]) -> list[TailnetDevice]:
         """Every device carrying all of `tags` (the sweeper looks for ones without a node)."""
-        return [_device(d) for d in await self._devices(tags)]
-
-    async def _devices(self, tags: list[str], within: float = 0.0) -> list[dict[str, Any]]:
         wanted = set(tags)
-        return [d for d in await self._device_reads.read(within=within) if wanted <= set(d.get("tags") or [])]
+        return [_device(d) for d in (await self._device_reads.read()).devices if wanted <= set(d.get("tags") or [])]
 
-    async def _all_devices(self) -> list[dict[str, Any]]:
+    async def _all_devices(self) -> DeviceListing:
         response = await self._call("GET", f"/api/v2/tailnet/{quote(self._tailnet, safe='')}/devices")
-        return json_items(response, "devices", system=SYSTEM)
+        return DeviceListing.of(json_items(response, "devices", system=SYSTEM), lambda d: (d.get("hostname"),))
 
     async def delete_device(self, device_id: str) -> None:
         """Delete the device; one already gone (404) counts as deleted."""
