@@ -11,6 +11,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from tgp.messages import PoolUpdate
     from tgp.pool_plan import TUNABLE, hold_ended, settings_fingerprint, template_fingerprint, template_of
+    from tgp.types import TimeoutsUpdate
     from workflows.pool.base import PoolBase
     from workflows.pool.state import SIGNALS_AT_ONCE
 
@@ -27,12 +28,18 @@ class Settings(PoolBase):
                 self.state.nodes[n.workflow_id] = ended
         held = {nom.workflow_id for nom in self.state.nominations.values() if nom.bought}
         sends: list[tuple[str, Any, str]] = []
+        # What a node is sent depends only on (floor, held): made once for each in a pass, not
+        # once for each node (a pass over a burst's hundreds of nodes).
+        made: dict[tuple[bool, bool], tuple[TimeoutsUpdate, str]] = {}
         for node in sorted(self._live(), key=lambda n: n.workflow_id):
             if node.phase not in TUNABLE:
                 continue
             replacing = node.replaces is not None and (old := self.state.nodes.get(node.replaces)) is not None and not old.phase.is_final
-            wanted = self._timeouts_for(u, floor=node.floor or replacing, held=node.workflow_id in held)
-            fingerprint = settings_fingerprint(wanted)
+            kind = (node.floor or replacing, node.workflow_id in held)
+            if kind not in made:
+                wanted = self._timeouts_for(u, floor=kind[0], held=kind[1])
+                made[kind] = (wanted, settings_fingerprint(wanted))
+            wanted, fingerprint = made[kind]
             if node.timeouts_sent == fingerprint:
                 continue
             if node.hold_ends_when_busy:  # the pool speaks: from now on the node keeps what it is sent
