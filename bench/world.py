@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 import kmock
 import yaml
 from aiohttp import web
 
-from activities.http import default_tls
+from activities.http import new_client
 from sim.cloud import SimulatedCloud, boot_env
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import SimKubelet, register_node
@@ -50,7 +49,7 @@ SCHEDULER_INTERVAL = 0.05
 
 
 def agent(request: kmock.Request) -> str:
-    """tgp's processes use the official Kubernetes client; the simulated world and the harness httpx."""
+    """tgp's processes use the official Kubernetes client; the simulated world and the harness tgp's httpx client (activities.http.new_client)."""
     ua = request.headers.get("User-Agent", "")
     return "tgp" if ua.startswith("OpenAPI-Generator") or "kubernetes" in ua.lower() else "sim"
 
@@ -176,7 +175,7 @@ async def cloud(stack: AsyncExitStack, args: list[str]) -> dict[str, Any]:
     client_id = "k" + secrets.token_hex(6) + "CNTRL"
     client_secret = f"tskey-client-{client_id}-{secrets.token_hex(16)}"
     tailscale = await stack.enter_async_context(FakeTailscale(clients={client_id: (client_secret, [NODE_TAG])}))
-    http = await stack.enter_async_context(httpx.AsyncClient(verify=default_tls(), base_url=kubelets_url, timeout=30))
+    http = await stack.enter_async_context(new_client(base_url=kubelets_url, timeout=30))
     leaving: set[asyncio.Task[Any]] = set()
 
     async def join_tailnet(auth_key: str, hostname: str) -> None:

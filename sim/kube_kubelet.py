@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
 import re
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -32,7 +30,7 @@ from typing import Any
 import httpx
 import structlog
 
-from activities.http import error_message, send
+from activities.http import error_message, new_client, send
 from sim.kube_machinery import MERGE_PATCH, Obj, now_time
 from tgp.errors import TransientError
 from tgp.types import GPU_RESOURCE
@@ -165,16 +163,11 @@ async def _kubelet_client(client: httpx.AsyncClient | None) -> AsyncIterator[htt
     if client is not None:
         yield client
         return
-    async with httpx.AsyncClient(timeout=_KUBELET_TIMEOUT, verify=_tls_context()) as owned:
+    # tgp's own client (aiohttp under httpx, one shared TLS context): the simulated world's
+    # kubelets share a machine with tgp in `make bench`, and httpx's own transport made them
+    # the busiest of its processes after the API.
+    async with new_client(timeout=_KUBELET_TIMEOUT) as owned:
         yield owned
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """One TLS context for every simulated kubelet's client: httpx builds one per client
-    (loading the CA bundle, ~30 ms of CPU), which was half of the simulated world's CPU in a
-    300-node burst (bench/results/findings.md)."""
-    return ssl.create_default_context()
 
 
 def _raise_unexpected(response: httpx.Response, what: str) -> None:

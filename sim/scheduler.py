@@ -53,7 +53,7 @@ from typing import Any
 import httpx
 import structlog
 
-from activities.http import default_tls
+from activities.http import new_client
 from sim.kube_scheduler_events import failed_scheduling_note, scheduled_note, scheduling_event
 from sim.scheduler_fit import Queued, Requeue, Snapshot, allocatable_gpus, fits, pod_gpus, pod_shape, static_view
 
@@ -95,7 +95,7 @@ class SimScheduler:
         kube-scheduler writes the message again whenever it changes ("0/N nodes are available"
         changes with every new Node); tgp reads only the reason, and in `make bench` 500 pending
         pods rewritten on every pass kept the one process serving the API saturated."""
-        self._http = client or httpx.AsyncClient(verify=default_tls(), base_url=api_url.rstrip("/"), timeout=10)
+        self._http = client or new_client(base_url=api_url.rstrip("/"), timeout=10)
         self._owns = client is None
         self.interval = interval
         self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
