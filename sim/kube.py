@@ -66,6 +66,7 @@ from sim.kube_machinery import (
     is_true,
     media_type,
     no_such_resource,
+    same_resource,
 )
 from sim.kube_store import parse_resource_version, storage_order
 
@@ -292,7 +293,7 @@ class KubeEmulator(KubeControllers):
         # The kind and namespace first: the store holds every kind (Events, Leases), and sorting
         # or reading them all for each list cost the emulator more than the list itself.
         ns = request.namespace
-        chosen = [(k, o) for k, o in self.objects.items() if k[0] == storage and (ns is None or k[1] == ns)]
+        chosen = [(k, o) for k, o in self.objects.items() if same_resource(k[0], storage) and (ns is None or k[1] == ns)]
         for _, stored in sorted(chosen, key=storage_order):
             if stored.deleted:
                 continue

@@ -41,7 +41,7 @@ import kmock
 import structlog
 from typing_extensions import override
 
-from sim.kube_machinery import NODES, PODS, ApiStatus, Key, Obj, api_version, now_time
+from sim.kube_machinery import NODES, PODS, ApiStatus, Key, Obj, api_version, now_time, same_resource
 from sim.kube_namespaces import KubeNamespaces
 
 log = structlog.get_logger("sim.kube_controllers")
@@ -55,6 +55,7 @@ POD_GC_QUARANTINE = 40.0
 # Writes come in bursts (a kubectl apply, a scheduler pass): one pass after each burst.
 _SETTLE = 0.05
 _WATCHED = (PODS, NODES, DEPLOYMENTS, REPLICASETS, JOBS)
+_WATCHED_PLURALS = frozenset(r.plural for r in _WATCHED)  # the cheap test first (sim.kube_machinery.same_resource)
 # k8s.io/apimachinery/pkg/util/rand.SafeEncodeString's alphabet.
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
 _JOB_BACKOFF_LIMIT = 6
@@ -117,7 +118,7 @@ class KubeControllers(KubeNamespaces):
 
     def _reconcile(self, now: float) -> None:
         """One pass of every controller over the store as it is now."""
-        live = {k: o.raw for k, o in self.objects.items() if k[0] in _WATCHED and not o.deleted}
+        live = {k: o.raw for k, o in self.objects.items() if k[0].plural in _WATCHED_PLURALS and k[0] in _WATCHED and not o.deleted}
         owned: dict[str, list[tuple[Key, Obj]]] = {}
         for key, obj in live.items():
             ref = _controller_of(obj)
@@ -233,7 +234,7 @@ class KubeControllers(KubeNamespaces):
     # --- pod garbage collection ----------------------------------------------------------
 
     def _collect_orphaned_pods(self, live: dict[Key, Obj], now: float) -> None:
-        nodes = {k[2] for k in live if k[0] == NODES}
+        nodes = {k[2] for k in live if same_resource(k[0], NODES)}
         orphans = {}
         for key, pod in live.items():
             node = _spec(pod).get("nodeName") if key[0] == PODS else None

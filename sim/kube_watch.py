@@ -25,7 +25,7 @@ import attrs
 import kmock
 from typing_extensions import override
 
-from sim.kube_machinery import ApiStatus, Obj, api_version, is_true, status_body
+from sim.kube_machinery import ApiStatus, Obj, api_version, is_true, same_resource, status_body
 from sim.kube_store import FIRST_RESOURCE_VERSION, KubeStore, Selection, parse_resource_version, storage_order, with_version
 
 # How many changes the emulator keeps for watches that resume from a resourceVersion. A real
@@ -97,7 +97,7 @@ class KubeWatch(KubeStore):
         # as much (`make bench`'s burst of 500).
         nodes = _node_names(change) if resource.plural == "pods" else ()
         for watch in self._watches:
-            if (watch.resource is resource or watch.resource == resource) and (watch.trigger is None or watch.trigger in nodes):
+            if same_resource(watch.resource, resource) and (watch.trigger is None or watch.trigger in nodes):
                 watch.queue.append(change)
                 watch.wake.set()
 
@@ -167,7 +167,7 @@ class KubeWatch(KubeStore):
                 if kind == storage and not stored.deleted
             )
         else:
-            watch.queue.extend(c for c in self._changes if c.resource == storage and c.revision > since)
+            watch.queue.extend(c for c in self._changes if same_resource(c.resource, storage) and c.revision > since)
         if initial_events_end:
             watch.queue.append(_Change(self._revision, storage, "BOOKMARK", {
                 "kind": self._kind(resource), "apiVersion": api_version(resource),
