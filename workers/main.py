@@ -394,11 +394,19 @@ def _count(env: Mapping[str, str], name: str, default: int, *, at_least: int, wh
     return int(raw)
 
 
+# The SDK visits each activation's payloads once more for external storage, which tgp does not
+# configure, at most this many at a time (the SDK's default: 3). At 3, an activation of the pool
+# with a batch of signals queued its payloads behind a semaphore whose every acquire walks its
+# waiters (~1% of the worker's CPU in a burst of 500); with nothing stored, nothing needs bounding.
+EXTERNAL_STORAGE_VISITS = 1024
+
+
 def worker_options(**options: object) -> dict[str, object]:
     """The options `make_worker` gives the SDK's Worker beyond `options`: its workflow cache
     (`workflow_cache`), activity slots (`activity_slots`), workflow task polls
-    (`workflow_task_polls`), workflow tasks at once (`workflow_task_slots`) and workflow runner
-    (`workflow_runner`: the sandbox unless turned off) and, with TGP_WORKER_VERSIONING on, its
+    (`workflow_task_polls`), workflow tasks at once (`workflow_task_slots`), workflow runner
+    (`workflow_runner`: the sandbox unless turned off), external storage visits at once
+    (EXTERNAL_STORAGE_VISITS) and, with TGP_WORKER_VERSIONING on, its
     build of the worker deployment (`workers.versioning.deployment_config`: every run pinned),
     each unless given."""
     if "deployment_config" not in options and (config := deployment_config()) is not None:
@@ -408,6 +416,7 @@ def worker_options(**options: object) -> dict[str, object]:
     options.setdefault("workflow_task_poller_behavior", PollerBehaviorSimpleMaximum(maximum=workflow_task_polls()))
     options.setdefault("max_concurrent_workflow_tasks", workflow_task_slots())
     options.setdefault("workflow_runner", workflow_runner())
+    options.setdefault("max_workflow_task_external_storage_concurrency", EXTERNAL_STORAGE_VISITS)
     return options
 
 
