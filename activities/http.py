@@ -130,27 +130,54 @@ def _code_fields(body: dict[str, Any]) -> list[object]:
 def new_client(*, transport: httpx.AsyncBaseTransport | None = None, **options: Any) -> httpx.AsyncClient:
     """An httpx client that sends over aiohttp (`AiohttpWire`), verifying TLS with
     `default_tls`; `transport` replaces the wire (a test's MockTransport). A proxy from the
-    environment (HTTPS_PROXY) is reached through httpx's own transport, as before.
+    environment (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY) is honoured as httpx honours it,
+    through httpx's own transport.
 
     httpx's own transport (httpcore over anyio) cost ~0.9 ms of CPU a request alone and 2-6 ms
     with 50-300 in flight (its connection pool walks every waiting request on each event),
     against ~0.45 ms over aiohttp at any of these (bench/http_client.py, `make bench-extra`):
     in a burst of 500 launches it was the largest part of the worker's CPU a node (issue 37).
     httpx stays the API that every adapter and test speaks; only the wire changes."""
-    return httpx.AsyncClient(transport=transport or AiohttpWire(verify=default_tls()), verify=default_tls(), **options)
+    return _Client(transport=transport, verify=default_tls(), **options)
+
+
+class _Client(httpx.AsyncClient):
+    """httpx's client on `AiohttpWire` where httpx would use its own transport. Given as the
+    client's transport instead, it would also turn off the proxies from the environment: httpx
+    reads them only for a client made without one."""
+
+    def _init_transport(  # type: ignore[override]
+        self, verify: Any = True, cert: Any = None, trust_env: bool = True, http1: bool = True, http2: bool = False,
+        limits: httpx.Limits | None = None, transport: httpx.AsyncBaseTransport | None = None,
+    ) -> httpx.AsyncBaseTransport:
+        if transport is not None:
+            return transport
+        return AiohttpWire(verify=verify, cert=cert, trust_env=trust_env, **({"limits": limits} if limits is not None else {}))
 
 
 class AiohttpWire(AiohttpTransport):
-    """httpx-aiohttp's transport, without aiohttp's own retry: aiohttp sends a GET, PUT or
-    DELETE again, once, when its connection drops before the answer (RFC 9112's retry of an
-    idempotent request). `send` is the one retry discipline here, and it never sends a buy
-    twice: Vast.ai buys with a PUT (tests/test_provider_model.py's reset after a buy)."""
+    """httpx-aiohttp's transport, without aiohttp's own retry, and with every aiohttp error an
+    httpx one.
+
+    aiohttp sends a GET, PUT or DELETE again, once, when its connection drops before the answer
+    (RFC 9112's retry of an idempotent request). `send` is the one retry discipline here, and it
+    never sends a buy twice: Vast.ai buys with a PUT (tests/test_provider_model.py's reset after a
+    buy). And an answer aiohttp cannot parse (a malformed status line or header, a header line
+    over its limit) raises an aiohttp error that httpx-aiohttp does not map: it is an
+    httpx.RemoteProtocolError here, as httpx's own transport raised, so that `send` treats it as
+    a broken answer (retried, or OutcomeUnknown for a buy), naming only its type."""
 
     def get_client(self) -> aiohttp.ClientSession:
         session = super().get_client()
         # aiohttp has no public switch; its own test client turns it off the same way.
         session._retry_connection = False
         return session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except aiohttp.ClientError as exc:
+            raise httpx.RemoteProtocolError(f"the answer could not be read ({type(exc).__name__})", request=request) from None
 
 
 @functools.cache

@@ -8,6 +8,7 @@ import base64
 import dataclasses
 import json
 import os
+import pickle
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,7 +25,7 @@ from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import RetryPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DefaultFailureConverterWithEncodedAttributes
+from temporalio.converter import DefaultFailureConverterWithEncodedAttributes, WorkflowSerializationContext
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -148,6 +149,9 @@ def test_the_data_converters_the_sdk_makes_share_one_pydantic_converter_and_its_
     [payload] = made.payload_converter.to_payloads([value])
     assert pydantic_data_converter.payload_converter.from_payloads([payload], [Greeting]) == [value]
     assert DATA_CONVERTER.payload_converter.from_payloads([payload], [Greeting]) == [value]
+    # A copy for a serialization context, or one unpickled, is that one converter, unchanged.
+    context = WorkflowSerializationContext(namespace="default", workflow_id="w")
+    assert inner.with_context(context) is inner and pickle.loads(pickle.dumps(inner)) is inner
 
 
 # -- a real workflow run on the dev server -------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Collection
+from typing import Any
 from dataclasses import dataclass, field
 
 import pytest
@@ -22,6 +23,8 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from activities.clouds.simulated import SimulatedProvider
+from activities.node.launch import LOOK_FRESH_FOR
+from activities.tailnets.tailscale import TailscaleTailnet
 from activities.name_lists import LookupsByAccount
 from sim.cloud import SimulatedCloud
 from sim.lambdalabs import FakeLambda
@@ -267,3 +270,21 @@ async def test_a_first_attempt_looks_by_name_before_it_mints_and_after_its_creat
         result = await env.launch("looks")
         assert not result.adopted and env.cloud.create_requests == 1
         assert env.cloud.name_lookups + env.cloud.instance_lists == 2
+
+
+async def test_a_first_attempt_whose_mint_outlived_its_look_looks_again_and_adopts_what_landed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow mint: meanwhile another attempt of the name (one Temporal started while this one,
+    cut off from it, went on) bought. The look before minting is no longer fresh, so the launch
+    looks again before its create and adopts that instance instead of buying a twin."""
+    async with money_env() as env:
+        name, mint = instance_name("slow-mint", 1), TailscaleTailnet.mint_auth_key
+
+        async def slow_mint(self: TailscaleTailnet, **kwargs: Any) -> Any:
+            env.clock.advance(LOOK_FRESH_FOR.total_seconds() + 1)
+            await env.provider.launch(OFFER, name=name, boot=BootPayload(kind="env", content="", hostname="slow-mint"))
+            return await mint(self, **kwargs)
+
+        monkeypatch.setattr(TailscaleTailnet, "mint_auth_key", slow_mint)
+        result = await env.launch("slow-mint")
+        assert result.adopted and env.cloud.create_requests == 1, "a twin was bought beside what landed during the mint"
+        assert len(env.billing("slow-mint")) == 1

@@ -18,6 +18,7 @@ from pydantic import SecretStr
 
 from activities.http import default_tls
 from activities.ports import Tailnet
+from activities.tailnets.listing import DeviceListing
 from activities.tailnets.tailscale import TailscaleTailnet, key_description
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TransientError
 from sim.tailscale import FakeTailscale, RegistrationRejected
@@ -444,7 +445,7 @@ async def test_a_look_never_gets_a_listing_older_than_its_own_call(tailnet: Tail
     started = asyncio.Event()
     real_read = tailnet._device_reads._fetch
 
-    async def marked_read() -> list[dict[str, object]]:
+    async def marked_read() -> DeviceListing:
         started.set()  # the early look's listing is on its way
         return await real_read()
 
@@ -468,7 +469,7 @@ async def test_looks_that_repeat_share_a_listing_begun_up_to_within_before_them(
     started, go = asyncio.Event(), asyncio.Event()
     real_read = tailnet._device_reads._fetch
 
-    async def held_read() -> list[dict[str, object]]:
+    async def held_read() -> DeviceListing:
         started.set()  # the first look's listing is on its way ...
         await go.wait()  # ... and held there until the second look has come
         return await real_read()

@@ -395,10 +395,11 @@ def _count(env: Mapping[str, str], name: str, default: int, *, at_least: int, wh
 
 
 # The SDK visits each activation's payloads once more for external storage, which tgp does not
-# configure, at most this many at a time (the SDK's default: 3). At 3, an activation of the pool
-# with a batch of signals queued its payloads behind a semaphore whose every acquire walks its
-# waiters (~1% of the worker's CPU in a burst of 500); with nothing stored, nothing needs bounding.
-EXTERNAL_STORAGE_VISITS = 1024
+# configure, at most this many at a time. At its default (3) each visit was an asyncio task, and
+# an activation of the pool with a batch of signals queued them behind a semaphore whose every
+# acquire walks its waiters (~1% of the worker's CPU in a burst of 500); at 1 the SDK visits them
+# in place, one after another, and with nothing stored each visit is a call that returns.
+EXTERNAL_STORAGE_VISITS = 1
 
 
 def worker_options(**options: object) -> dict[str, object]:

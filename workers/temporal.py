@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import SecretStr
 
@@ -46,6 +46,15 @@ class OnePydanticConverter(PydanticPayloadConverter):
 
     def __init__(self) -> None:
         """Made once, in `__new__`."""
+
+    def with_context(self, context: Any) -> OnePydanticConverter:
+        """Itself: none of its converters takes a serialization context, and a copy made for one
+        (the SDK's `type(self)()`) would be this very object, its converters then replaced."""
+        return self
+
+    def __reduce__(self) -> tuple[type[OnePydanticConverter], tuple[()]]:
+        """Unpickled, it is the process's one converter (unpickling must not rewrite its state)."""
+        return OnePydanticConverter, ()
 
 
 # Pydantic models (with timedelta, Decimal, datetime) cross the Temporal boundary as JSON.

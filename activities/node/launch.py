@@ -35,6 +35,11 @@ SETTLE_TRIES = 3
 # for the instance by name before buying again; a provider whose consistency window is longer
 # is looked at for its whole window (a create can complete after its caller gave up).
 CREATE_SETTLE = timedelta(seconds=30)
+# A first attempt's look before minting stands for the look right before its create for this
+# long. Past it (a slow mint or render), the look is made again: another attempt of the name (a
+# retry Temporal started while this one, cut off, went on) may have bought meanwhile. Such a
+# retry buys only once the heartbeat timeout and CREATE_SETTLE have passed since it began.
+LOOK_FRESH_FOR = timedelta(seconds=5)
 
 
 class Launch(Boot, Join):
@@ -160,16 +165,17 @@ class Launch(Boot, Join):
             existing = await self._adopt(provider, name, bound, memo, until=settled)
             if existing is not None:
                 return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
-            result = await self._buy(inp, provider, tailnet, name, bound, memo)
+            result = await self._buy(inp, provider, tailnet, name, bound, memo, looked_at=self.now())
         if not result.adopted:
             bound.info("instance_launched", instance_id=result.instance.instance_id, key_id=result.key_id)
         return result
 
     async def _buy(
-        self, inp: LaunchInput, provider: CloudProvider, tailnet: Tailnet, name: str, bound: structlog.BoundLogger, memo: LaunchMemo
+        self, inp: LaunchInput, provider: CloudProvider, tailnet: Tailnet, name: str, bound: structlog.BoundLogger, memo: LaunchMemo,
+        *, looked_at: datetime,
     ) -> LaunchResult:
         """Mint the node's key, render its boot payload and buy the instance (nothing bought under
-        `name` yet): an earlier attempt's create that lands meanwhile is adopted instead."""
+        `name` as of `looked_at`): an earlier attempt's create that lands meanwhile is adopted instead."""
         # Read the join material before minting: a missing Secret must not cost a key.
         join = await _not_the_providers(self._class_template(inp, self._join_secrets(inp)), "the Kubernetes API (reading the class's join Secret)")
         if join is not None:
@@ -189,10 +195,12 @@ class Launch(Boot, Join):
                 join=join,
                 node_index=inp.attempt - 1,
             )
-            # Once more right before buying, on a retry: an earlier attempt's create may have
-            # landed while this one minted and rendered. A first attempt has none; what another
+            # Once more right before buying, on a retry (an earlier attempt's create may have
+            # landed while this one minted and rendered) or after a slow mint or render. A first
+            # attempt whose look is moments old has no earlier attempt to wait for; what another
             # run of the name may buy meanwhile, the look after the create finds (`_keep_one`).
-            existing = await self._adopt(provider, name, bound, memo, until=self.now()) if activity.info().attempt > 1 else None
+            again = activity.info().attempt > 1 or self.now() >= looked_at + LOOK_FRESH_FOR
+            existing = await self._adopt(provider, name, bound, memo, until=self.now()) if again else None
             if existing is not None:
                 await asyncio.shield(self._revoke_quietly(tailnet, key.key_id))
                 return LaunchResult(instance=existing, adopted=True, account=self.registry.account(provider), seen_ids=sorted(memo.seen))
