@@ -49,7 +49,8 @@ SCHEDULER_INTERVAL = 0.05
 
 
 def agent(request: kmock.Request) -> str:
-    """tgp's processes use the official Kubernetes client; the simulated world and the harness tgp's httpx client (activities.http.new_client)."""
+    """tgp's processes use the official Kubernetes client; the simulated world and the harness
+    send with httpx (activities.http.new_client)."""
     ua = request.headers.get("User-Agent", "")
     return "tgp" if ua.startswith("OpenAPI-Generator") or "kubernetes" in ua.lower() else "sim"
 

@@ -247,7 +247,8 @@ class HeadscaleTailnet(HttpAdapter):
         return [_device(n, str(n.get("name") or n.get("givenName") or "")) for n in nodes if wanted <= _node_tags(n)]
 
     async def _all_nodes(self) -> DeviceListing:
-        return DeviceListing.of(json_items(await self._call("GET", "/api/v1/node"), "nodes", system=SYSTEM), lambda n: (n.get("name"), n.get("givenName")))
+        nodes = json_items(await self._call("GET", "/api/v1/node"), "nodes", system=SYSTEM)
+        return DeviceListing.of(nodes, lambda n: (n.get("name"), n.get("givenName")))
 
     async def delete_device(self, device_id: str) -> None:
         """Delete the node; one already gone (404) counts as deleted."""
