@@ -135,26 +135,14 @@ class NodeBase:
         settle = settled_at(ref.created_by, provider, self.now())
         return settle is not None and self.now() < settle
 
-    def _provider(self, name: str) -> CloudProvider:
-        try:
-            return self.providers[name]
-        except KeyError:
-            raise ConfigError(
-                f"provider {name!r} is not configured on this worker (configured: {', '.join(sorted(self.providers)) or 'none'})"
-            ) from None
-
     async def _provider_for(self, name: str, credentials: CredentialsRef | None, account: str | None = None) -> CloudProvider:
         """The adapter billing the class's account (`credentials`, read now), or the worker's own.
         `account`: the key an instance was bought with, which reaches it until it ends."""
-        if credentials is None:
-            return self._provider(name)
         return await self.registry.get(name, credentials, account)
 
     async def _provider_to_buy(self, name: str, credentials: CredentialsRef | None) -> CloudProvider:
         """`_provider_for` a launch: a class's key is kept for every worker before it buys
         (activities.kept_accounts), so any worker can end what it buys."""
-        if credentials is None:
-            return self._provider(name)
         return await self.registry.for_purchase(name, credentials)
 
     async def _tailnet_for(self, name: str, ref: TailnetRef | None) -> Tailnet:
