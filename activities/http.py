@@ -155,6 +155,10 @@ class _Client(httpx.AsyncClient):
         return AiohttpWire(verify=verify, cert=cert, trust_env=trust_env, **({"limits": limits} if limits is not None else {}))
 
 
+# The longest header line (and field) an answer may have: what httpx's own transport read.
+MAX_HEADER_LINE = 16 * 1024
+
+
 class AiohttpWire(AiohttpTransport):
     """httpx-aiohttp's transport, without aiohttp's own retry, and with every aiohttp error an
     httpx one.
@@ -171,6 +175,9 @@ class AiohttpWire(AiohttpTransport):
         session = super().get_client()
         # aiohttp has no public switch; its own test client turns it off the same way.
         session._retry_connection = False
+        # aiohttp refuses an answer with a header line over 8190 bytes, httpx's h11 only a head
+        # over 16 KiB: the same answers are read as before (an API's long policy headers).
+        session._max_line_size = session._max_field_size = MAX_HEADER_LINE
         return session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:

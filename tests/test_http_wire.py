@@ -73,3 +73,12 @@ async def test_an_answer_the_wire_cannot_parse_is_retried_as_a_read_and_never_re
         with pytest.raises(TransientError):
             await send(client, "GET", f"{url}/v1/instances", system="cloud", sleep=no_sleep)
         assert len(seen) == IN_CALL_ATTEMPTS
+
+
+async def test_an_answer_with_a_long_header_line_is_read_as_httpxs_own_transport_read_it() -> None:
+    """aiohttp's own limit is 8190 bytes a header line; an API's long policy header is read."""
+    long = b"Content-Security-Policy: " + b"a" * 12_000 + b"\r\n"
+    answer = OK.replace(b"Connection: close\r\n", b"Connection: close\r\n" + long)
+    async with raw_server(answer) as (url, _), new_client(timeout=5) as client:
+        response = await send(client, "GET", f"{url}/v1/instances", system="cloud", sleep=no_sleep)
+    assert response.status_code == 200 and len(response.headers["content-security-policy"]) == 12_000
