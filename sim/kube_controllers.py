@@ -237,7 +237,7 @@ class KubeControllers(KubeNamespaces):
         nodes = {k[2] for k in live if same_resource(k[0], NODES)}
         orphans = {}
         for key, pod in live.items():
-            node = _spec(pod).get("nodeName") if key[0] == PODS else None
+            node = _spec(pod).get("nodeName") if same_resource(key[0], PODS) else None
             if not node or node in nodes:
                 continue
             uid = str(pod["metadata"].get("uid"))

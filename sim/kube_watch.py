@@ -161,10 +161,11 @@ class KubeWatch(KubeStore):
         )
         # Backlog and registration in one step (no await between), so no change falls between.
         if since is None:
+            # The kind first, then the order, as a list does (KubeEmulator._serve_list).
+            chosen = [(k, o) for k, o in self.objects.items() if same_resource(k[0], storage) and not o.deleted]
             watch.queue.extend(
                 _Change(int(stored.raw["metadata"]["resourceVersion"]), storage, "ADDED", stored.raw, None)
-                for (kind, _, _), stored in sorted(self.objects.items(), key=storage_order)
-                if kind == storage and not stored.deleted
+                for _, stored in sorted(chosen, key=storage_order)
             )
         else:
             watch.queue.extend(c for c in self._changes if same_resource(c.resource, storage) and c.revision > since)

@@ -25,7 +25,6 @@ from tgp.errors import ConfigError, TgpError
 from tgp.types import SEARCH_ATTRIBUTES
 
 
-
 class OnePydanticConverter(PydanticPayloadConverter):
     """Temporal's pydantic payload converter, made once per process.
 
