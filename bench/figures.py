@@ -55,6 +55,27 @@ def floor_ratios(cost: dict[str, float], floor: dict[str, Any]) -> dict[str, flo
     }
 
 
+def rounds(first: dict[str, Any] | None, floor: dict[str, Any], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each round of the per-node comparison: a burst's per-node CPU (`per_node`) and the floor
+    measured right after it, with their ratios (`floor_ratios`). The first round is the run's own
+    burst (`first`) and floor; `more` are the later rounds (bench/run.py), each {"burst", "floor"}.
+    A round whose burst or floor is missing or broke is left out."""
+    pairs = [(first, floor), *((m.get("burst"), m.get("floor") or {}) for m in more)]
+    out = []
+    for burst, fl in pairs:
+        cost = per_node(burst) if burst and "error" not in burst else None
+        if cost is not None and "two_steps_ms" in fl:
+            out.append({"cost": cost, "floor": fl, "ratio": floor_ratios(cost, fl), "wall_s": burst.get("wall_s")})
+    return out
+
+
+def median_round(measured: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The round whose `key` ratio ("sum" or "worker") is the median of all rounds (of an even
+    number, the lower of the middle two): a round that was measured, with its own figures."""
+    ordered = sorted(measured, key=lambda m: m["ratio"][key])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def saturation(usage: dict[str, Any], cores: int, machine_busy_pct: float | None = None, server_ceiling: float = 100.0) -> dict[str, Any]:
     """The busiest process of a phase, the processes that were saturated (at SATURATED_PCT of
     what each can use: one core for a Python process, `server_ceiling` for the dev server), and

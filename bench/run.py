@@ -2,7 +2,7 @@
 the real stack in one run, written to bench/results/latest.json (or BENCH_OUT) and
 docs/benchmarks.md (bench/report.py).
 
-    make bench                                           # the full run (about 10 minutes on 2 cores)
+    make bench                                           # the full run (about 10-12 minutes on 2 cores)
     make bench BENCH_QUICK=1                             # a 2-3 minute run for development
     bench/device.sh                                      # the figures on a many-core machine, JSON to $OUT
 
@@ -22,14 +22,16 @@ core for Python, for the dev server near what it used in the floor):
 * latency: one burst of BENCH_LATENCY_PODS, too small to saturate anything;
 * hold: 1,000 node workflows at rest (bench/hold.py);
 * offers: ranking 10,000 offers, offer listings per node started;
-* floor: the least one workflow per node costs, nothing of tgp in it: lives of one and of two
-  activities on a dev server of their own (bench/temporal_floor.py).
+* floor (right after the bursts): the least one workflow per node costs, nothing of tgp in it:
+  lives of one and of two activities on a dev server of their own (bench/temporal_floor.py);
+* rounds: the largest burst and the floor again, BENCH_ROUNDS in all (3; 1 in a quick run): the
+  per-node targets take each ratio's median round (bench/figures.py median_round).
 
 Knobs (environment; bench/knobs.py): BENCH_QUICK=1, BENCH_BURSTS ("100,500"), BENCH_BURST_WORKERS
 (worker processes in the burst phase, 1), BENCH_WORKERS
 ("1,2,4"), BENCH_WORKERS_BURST, BENCH_PHASES ("offers,burst,workers,hold,floor"), BENCH_HOLD_*,
 BENCH_QUIET_*, BENCH_BOOT_SECONDS, BENCH_IDLE_SECONDS, BENCH_FLOOR_WORKFLOWS, BENCH_LATENCY_PODS,
-BENCH_IDLE_BUDGET, BENCH_SKIP_IDLE=1, BENCH_IDLE_PROFILE (seconds of the worker's stacks sampled from
+BENCH_IDLE_BUDGET, BENCH_ROUNDS, BENCH_SKIP_IDLE=1, BENCH_IDLE_PROFILE (seconds of the worker's stacks sampled from
 the idle phase's deletions), BENCH_BURST_PROFILE, BENCH_OUT (the JSON), BENCH_DOC (the page; "-" for none),
 BENCH_DEVICE_JSON (many-core runs' JSON, comma-separated, for the page's 8-core section; by default
 every bench/results/device-*.json from 8+ cores);
@@ -52,7 +54,7 @@ from typing import Any
 from bench import offer_cache, offer_selection
 from bench.burst import burst
 from bench.hold import hold
-from bench.knobs import BOOT, BURST_WORKERS, BURSTS, FLOOR_TIMEOUT, FLOOR_WORKFLOWS, HOLD_NODES, HOLD_SECONDS, IDLE, LATENCY_PODS, PHASES, QUICK, WORKERS, WORKERS_BURST, say
+from bench.knobs import BOOT, BURST_WORKERS, BURSTS, FLOOR_TIMEOUT, FLOOR_WORKFLOWS, HOLD_NODES, HOLD_SECONDS, IDLE, LATENCY_PODS, PHASES, QUICK, ROUNDS, WORKERS, WORKERS_BURST, say
 from bench.report import device_figures, render
 from bench.stack import ROOT
 from workers.main import workflow_cache
@@ -96,6 +98,11 @@ async def measure(results: dict[str, Any]) -> None:
     if "burst" in PHASES:
         idle = os.environ.get("BENCH_SKIP_IDLE") != "1"
         results["bursts"] = {str(n): await phase(burst(n, idle=idle and i == 0, workers=BURST_WORKERS), f"burst {n}") for i, n in enumerate(BURSTS)}
+    if "floor" in PHASES:  # right after the largest burst: the first round of the per-node comparison
+        say(f"floor: {FLOOR_WORKFLOWS} lives of one and of two activities at once, on a dev server of their own")
+        results["temporal_floor"] = await phase(floor(FLOOR_WORKFLOWS), "floor")
+    if "burst" in PHASES and "floor" in PHASES and ROUNDS > 1:
+        results["rounds"] = [await another_round(i) for i in range(2, ROUNDS + 1)]
     if "workers" in PHASES:
         # The same burst once with each number of workers on the one task queue.
         results["workers"] = {str(w): await phase(burst(WORKERS_BURST, idle=False, workers=w, name=f"workers{w}"), f"workers {w}") for w in WORKERS}
@@ -103,9 +110,16 @@ async def measure(results: dict[str, Any]) -> None:
         results["latency"] = await phase(burst(LATENCY_PODS, idle=False, name="latency"), "latency")
     if "hold" in PHASES:
         results["hold"] = await phase(hold(HOLD_NODES), "hold")
-    if "floor" in PHASES:
-        say(f"floor: {FLOOR_WORKFLOWS} lives of one and of two activities at once, on a dev server of their own")
-        results["temporal_floor"] = await phase(floor(FLOOR_WORKFLOWS), "floor")
+
+
+async def another_round(i: int) -> dict[str, Any]:
+    """Round `i` of the per-node comparison (knobs.ROUNDS): the largest burst again, then the floor."""
+    n = max(BURSTS)
+    b = await phase(burst(n, idle=False, workers=BURST_WORKERS, name=f"round{i}-burst{n}"), f"round {i}: burst {n}")
+    say(f"round {i}: the floor")
+    fl = await phase(floor(FLOOR_WORKFLOWS), f"round {i}: floor")
+    kept = ("instances_bought", "usage", "wall_s", "served", "never_served", "machine_busy_pct", "error")
+    return {"burst": {k: b[k] for k in kept if k in b}, "floor": fl}
 
 
 async def main() -> int:
@@ -115,7 +129,7 @@ async def main() -> int:
         "load_at_start": list(os.getloadavg()),
         "quick": QUICK,
         "knobs": {"workflow_cache": workflow_cache(), "bursts": BURSTS, "burst_workers": BURST_WORKERS, "workers": WORKERS, "workers_burst": WORKERS_BURST,
-                  "hold_nodes": HOLD_NODES, "hold_seconds": HOLD_SECONDS, "boot_s": BOOT, "idle_timeout_s": IDLE},
+                  "hold_nodes": HOLD_NODES, "hold_seconds": HOLD_SECONDS, "boot_s": BOOT, "idle_timeout_s": IDLE, "rounds": ROUNDS},
     }  # fmt: skip
     wall0 = time.monotonic()
     say(f"make bench ({'quick' if QUICK else 'full'}): {results['machine']}, load {results['load_at_start']}")
