@@ -66,7 +66,6 @@ from sim.kube_machinery import (
     is_true,
     media_type,
     no_such_resource,
-    same_resource,
 )
 from sim.kube_store import parse_resource_version, storage_order
 
@@ -290,10 +289,10 @@ class KubeEmulator(KubeControllers):
             raise ApiStatus(410, "Expired", "The resourceVersion for the provided list is too old.")
         storage = self._storage(resource)
         items = []
-        # The kind and namespace first: the store holds every kind (Events, Leases), and sorting
-        # or reading them all for each list cost the emulator more than the list itself.
+        # The kind and namespace first (`stored`): the store holds every kind (Events, Leases),
+        # and sorting or reading them all for each list cost the emulator more than the list itself.
         ns = request.namespace
-        chosen = [(k, o) for k, o in self.objects.items() if same_resource(k[0], storage) and (ns is None or k[1] == ns)]
+        chosen = [(k, o) for k, o in self.stored(storage) if ns is None or k[1] == ns]
         for _, stored in sorted(chosen, key=storage_order):
             if stored.deleted:
                 continue
@@ -391,8 +390,7 @@ class KubeEmulator(KubeControllers):
         """OpenAPI v3 documents by index key (`api/v1`, `apis/tgp.io/v1`), for every served
         group-version, from the served resources and the installed CRDs' schemas."""
         served = self._served_resources()
-        crds = sorted((k[2], o.raw["metadata"]["resourceVersion"]) for k, o in self.objects.items()
-                      if k[0] == CRDS and not o.deleted)
+        crds = sorted((k[2], o.raw["metadata"]["resourceVersion"]) for k, o in self.stored(CRDS) if not o.deleted)
         key = (frozenset(served), tuple(crds), self.field_validation)
         if self._openapi_cache is not None and self._openapi_cache[0] == key:
             return self._openapi_cache[1]

@@ -55,7 +55,6 @@ POD_GC_QUARANTINE = 40.0
 # Writes come in bursts (a kubectl apply, a scheduler pass): one pass after each burst.
 _SETTLE = 0.05
 _WATCHED = (PODS, NODES, DEPLOYMENTS, REPLICASETS, JOBS)
-_WATCHED_PLURALS = frozenset(r.plural for r in _WATCHED)  # the cheap test first (sim.kube_machinery.same_resource)
 # k8s.io/apimachinery/pkg/util/rand.SafeEncodeString's alphabet.
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"
 _JOB_BACKOFF_LIMIT = 6
@@ -118,7 +117,7 @@ class KubeControllers(KubeNamespaces):
 
     def _reconcile(self, now: float) -> None:
         """One pass of every controller over the store as it is now."""
-        live = {k: o.raw for k, o in self.objects.items() if k[0].plural in _WATCHED_PLURALS and k[0] in _WATCHED and not o.deleted}
+        live = {k: o.raw for k, o in self.stored(*_WATCHED) if not o.deleted}
         owned: dict[str, list[tuple[Key, Obj]]] = {}
         for key, obj in live.items():
             ref = _controller_of(obj)

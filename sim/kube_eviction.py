@@ -79,8 +79,8 @@ class KubeEviction(KubeWatch):
             return
         labels = pod["metadata"].get("labels") or {}
         budgets = [
-            obj.raw for (resource, ns, _), obj in self.objects.items()
-            if resource == PDBS and ns == namespace and not obj.deleted
+            obj.raw for (_, ns, _), obj in self.stored(PDBS)
+            if ns == namespace and not obj.deleted
             if _selector_matches(obj.raw.get("spec", {}).get("selector"), labels)
         ]
         if not budgets:
@@ -93,8 +93,8 @@ class KubeEviction(KubeWatch):
         budget = budgets[0]
         selector = budget.get("spec", {}).get("selector")
         covered = [
-            obj.raw for (resource, ns, _), obj in self.objects.items()
-            if resource == PODS and ns == namespace and not obj.deleted
+            obj.raw for (_, ns, _), obj in self.stored(PODS)
+            if ns == namespace and not obj.deleted
             if _selector_matches(selector, obj.raw["metadata"].get("labels") or {})
         ]
         healthy = sum(1 for p in covered if _pod_healthy(p))

@@ -67,6 +67,7 @@ from sim.kube_machinery import (
     media_type,
     now_time,
     qualified_resource,
+    same_resource,
 )
 from sim.kube_schema import (
     CustomResource,
@@ -120,12 +121,26 @@ class KubeStore(kmock.KubernetesEmulator):
 
     _revision: int = attrs.field(default=FIRST_RESOURCE_VERSION, init=False)
     _custom: dict[tuple[str, str], CustomResource] = attrs.field(factory=dict, init=False)
+    # Every stored object by its kind's (group, plural): its key, the order it was first created
+    # in, and kmock's record of it (`stored`).
+    _kinds: dict[tuple[str, str], dict[Key, tuple[int, kmock.Object]]] = attrs.field(factory=dict, init=False)
+    _created: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         # Built-in resources: discovery, and which kinds have a status subresource.
         bundled = importlib.resources.files("kmock._internal").joinpath("resources.json.gz").read_bytes()
         self.resources.load_data(gzip.decompress(bundled))
+
+    def stored(self, *kinds: kmock.resource) -> list[tuple[Key, kmock.Object]]:
+        """The stored objects (deleted ones too) of the storage resources `kinds`, in the order
+        they were first created, as the store itself holds them: read through an index by kind,
+        so that a list, a watch's start, an eviction or a controllers' pass reads its own kinds,
+        not every object of every kind (a burst's Events and Leases outnumber its pods)."""
+        found = [(seq, key, obj) for kind in kinds for key, (seq, obj) in self._kinds.get(_kind_of(kind), {}).items() if same_resource(key[0], kind)]
+        if len(kinds) > 1:
+            found.sort(key=lambda f: f[0])
+        return [(key, obj) for _, key, obj in found]
 
     def install_crd(self, crd: Mapping[str, Any]) -> Obj:
         """Install or update a CustomResourceDefinition, as `kubectl apply -f crd.yaml` would.
@@ -157,7 +172,7 @@ class KubeStore(kmock.KubernetesEmulator):
         filters; a declared resource (built-in kinds, served CRD versions) is in it at once."""
         if self._declared(resource) is not None or resource in kmock.KubernetesScaffold._get_resources(self):
             return True
-        return (resource.group, resource.plural) not in self._custom and any(key[0] == resource for key in self.objects)
+        return (resource.group, resource.plural) not in self._custom and bool(self.stored(resource))
 
     # --- writes ----------------------------------------------------------------------
 
@@ -249,6 +264,8 @@ class KubeStore(kmock.KubernetesEmulator):
             self.objects[key].create(stored)  # re-created after a deletion: history continues
         else:
             self.objects[key] = stored
+            self._created += 1
+            self._kinds.setdefault(_kind_of(key[0]), {})[key] = (self._created, self.objects[key])
         self._publish(key[0], "ADDED", stored, None)
         if resource == CRDS:
             self._register_crd(stored)
@@ -537,14 +554,14 @@ class KubeStore(kmock.KubernetesEmulator):
         spec = marked["spec"]
         custom = self._custom[(spec["group"], spec["names"]["plural"])]
         custom.terminating = True
-        for object_key, stored in list(self.objects.items()):
-            if object_key[0] == custom.storage and not stored.deleted:
+        for object_key, stored in self.stored(custom.storage):
+            if not stored.deleted:
                 self._delete(object_key, stored.raw)
         self._finish_crd_deletion(custom)
         return self.objects[key].last.raw
 
     def _finish_crd_deletion(self, custom: CustomResource) -> None:
-        if any(k[0] == custom.storage and not o.deleted for k, o in self.objects.items()):
+        if any(not o.deleted for _, o in self.stored(custom.storage)):
             return
         group, plural = custom.storage.group or "", custom.storage.plural or ""
         key = (CRDS, None, f"{plural}.{group}")
@@ -563,8 +580,9 @@ class KubeStore(kmock.KubernetesEmulator):
         del self._custom[(group, plural)]
         for name in custom.versions:
             del self.resources[kmock.resource(group, name, plural)]
-        for object_key in [k for k in self.objects.keys() if k[0] == custom.storage]:
+        for object_key, _ in self.stored(custom.storage):
             del self.objects[object_key]
+            del self._kinds[_kind_of(custom.storage)][object_key]
         self._remove(key, current)
 
     def _custom_version(self, resource: kmock.resource) -> tuple[CustomResource, CustomVersion] | None:
@@ -648,6 +666,10 @@ def parse_resource_version(value: str | None) -> int | None:
     if not value.isdigit():
         raise ApiStatus(400, "BadRequest", f"invalid resource version: {value!r}")
     return int(value)
+
+
+def _kind_of(resource: kmock.resource) -> tuple[str, str]:
+    return resource.group or "", resource.plural or ""
 
 
 def storage_order(item: tuple[Key, Any]) -> tuple[str, str]:

@@ -162,7 +162,7 @@ class KubeWatch(KubeStore):
         # Backlog and registration in one step (no await between), so no change falls between.
         if since is None:
             # The kind first, then the order, as a list does (KubeEmulator._serve_list).
-            chosen = [(k, o) for k, o in self.objects.items() if same_resource(k[0], storage) and not o.deleted]
+            chosen = [(k, o) for k, o in self.stored(storage) if not o.deleted]
             watch.queue.extend(
                 _Change(int(stored.raw["metadata"]["resourceVersion"]), storage, "ADDED", stored.raw, None)
                 for _, stored in sorted(chosen, key=storage_order)

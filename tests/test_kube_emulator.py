@@ -828,3 +828,43 @@ async def test_a_generated_name_that_is_taken_is_generated_again_as_the_api_serv
         assert (first.json()["metadata"]["name"], second.json()["metadata"]["name"]) == ("pool.bbbbb", "pool.ccccc")
         third = await http.post("/api/v1/namespaces/ml/events", json=event)  # every try taken
         assert third.status_code == 409 and third.json()["reason"] == "AlreadyExists"
+
+
+async def test_a_list_reads_its_own_kind_as_it_was_created_deleted_and_created_again() -> None:
+    """The store reads one kind through its index (KubeStore.stored): pods among Events and
+    Nodes list as exactly themselves in key order; a deleted pod is gone and one created again is
+    back; a CRD deleted takes its objects, and the same CRD created again starts empty."""
+    async with KubeEmulator() as kube, httpx.AsyncClient(verify=default_tls(), base_url=kube.url) as http:
+        pods = "/api/v1/namespaces/default/pods"
+        for name in ("b", "a", "c"):
+            assert (await http.post(pods, json={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                                                "spec": {"containers": [{"name": "x", "image": "x"}]}})).status_code == 201  # fmt: skip
+            assert (await http.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"n{name}"}})).status_code == 201
+            assert (await http.post("/api/v1/namespaces/default/events", json={"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"e{name}"},
+                                                                                "involvedObject": {"kind": "Pod", "name": name, "namespace": "default"}})).status_code == 201  # fmt: skip
+
+        async def names(path: str) -> list[str]:
+            response = await http.get(path)
+            assert response.status_code == 200, response.text
+            return [item["metadata"]["name"] for item in response.json()["items"]]
+
+        assert await names(pods) == await names("/api/v1/pods") == ["a", "b", "c"]
+        assert await names("/api/v1/nodes") == ["na", "nb", "nc"]
+        assert (await http.delete(f"{pods}/b", params={"gracePeriodSeconds": "0"})).status_code == 200
+        assert await names(pods) == ["a", "c"]
+        assert (await http.post(pods, json={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b"},
+                                            "spec": {"containers": [{"name": "x", "image": "x"}]}})).status_code == 201  # fmt: skip
+        assert await names(pods) == ["a", "b", "c"]
+
+        group = unique_group()
+        crd, crds = gpu_pool_crd(group), "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        pools = f"/apis/{group}/v1/namespaces/default/gpupools"
+        assert (await http.post(crds, json=crd)).status_code == 201
+        assert (await http.post(pools, json=pool("rtx", group))).status_code == 201
+        assert await names(pools) == ["rtx"]
+        assert (await http.delete(f"{crds}/{crd['metadata']['name']}")).status_code == 200
+        assert (await http.get(pools)).status_code == 404
+        assert (await http.post(crds, json=crd)).status_code == 201
+        assert await names(pools) == []
+        assert (await http.post(pools, json=pool("a100", group))).status_code == 201
+        assert await names(pools) == ["a100"]
