@@ -126,6 +126,7 @@ def scaling(workers: dict[str, Any], cores: int, floor: dict[str, Any] | None = 
         return None
     two, ceiling = workers["2"], server_ceiling_pct(floor)
     sat = saturation(two["usage"], cores, two.get("machine_busy_pct"), ceiling)
+    one = saturation(workers["1"]["usage"], cores, workers["1"].get("machine_busy_pct"), ceiling)
     span_rates = _rates(workers, "nodes_ready_per_s")
     return {
         "rates": rates,
@@ -140,6 +141,9 @@ def scaling(workers: dict[str, Any], cores: int, floor: dict[str, Any] | None = 
         "server_saturated": "temporal" in sat["saturated"],
         "machine_saturated": sat["machine_saturated"],
         "machine_pct": sat["machine_pct"],
+        # What the machine had left beyond the 1-worker run: at the same CPU a node, nodes Ready
+        # per second can grow at most this much however many workers run (busy 78%: 1.28x).
+        "headroom": 100.0 / one["machine_pct"] if one["machine_pct"] > 0 else math.inf,
     }
 
 

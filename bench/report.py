@@ -129,9 +129,11 @@ def scaling_row(r: dict[str, Any]) -> Row:
         return ("nodes Ready per second, 2 workers against 1", target, f"{shown}; not judged here: a run left pods unserved by its deadline", None)
     if s["ratio"] >= fig.SCALING_2_VS_1:
         return ("nodes Ready per second, 2 workers against 1", target, shown, True)
-    if s["server_saturated"] or s["machine_saturated"]:
+    if s["server_saturated"] or s["machine_saturated"] or s["headroom"] < fig.SCALING_2_VS_1:
         # The target holds the workers to it only where something else is not the limit.
-        why = "the server was saturated" if s["server_saturated"] else f"all {cores} cores were saturated"
+        why = ("the server was saturated" if s["server_saturated"] else f"all {cores} cores were saturated" if s["machine_saturated"] else
+               f"with one worker the machine was already {100 / s['headroom']:.0f}% busy, so at the same CPU a node no number of workers "
+               f"can bring nodes up more than {s['headroom']:.2f}× as fast (bench/device.sh: 8+ cores)")  # fmt: skip
         return ("nodes Ready per second, 2 workers against 1", target, f"{shown}; not judged here: {why}", None)
     return ("nodes Ready per second, 2 workers against 1", target, shown, False)
 

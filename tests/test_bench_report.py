@@ -232,3 +232,16 @@ def test_the_per_node_targets_take_each_ratios_median_round_and_the_page_shows_e
     assert "| 3 | 30 s | 48.0 ms | 80.0 ms | 0.60× |" in page and "the same comparison in 3 rounds" in page.lower()  # not the broken one
     # Of an even number of rounds, the lower middle one: a round that was measured.
     assert fig.median_round(fig.rounds(r["bursts"]["500"], FLOOR, r["rounds"][:1]), "sum")["ratio"]["sum"] == pytest.approx(1.45)
+
+
+def test_two_workers_are_not_judged_where_the_machine_had_no_room_for_them() -> None:
+    """With one worker the machine was 78% busy: at the same CPU a node, nodes Ready per second
+    can grow at most 1.28x whatever the workers do, so 1.00x is not judged against 1.7x; with
+    room (40% busy) it is."""
+    r = run()
+    r["workers"]["2"]["nodes_ready_per_s"] = r["workers"]["1"]["nodes_ready_per_s"]
+    r["workers"]["1"]["machine_busy_pct"] = 78.0
+    row = next(x for x in targets(r) if x[0].startswith("nodes Ready per second"))
+    assert row[3] is None and "more than 1.28× as fast" in row[2] and "78% busy" in row[2]
+    r["workers"]["1"]["machine_busy_pct"] = 40.0
+    assert next(x for x in targets(r) if x[0].startswith("nodes Ready per second"))[3] is False
