@@ -56,24 +56,33 @@ def floor_ratios(cost: dict[str, float], floor: dict[str, Any]) -> dict[str, flo
 
 
 def rounds(first: dict[str, Any] | None, floor: dict[str, Any], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each round of the per-node comparison: a burst's per-node CPU (`per_node`) and the floor
-    measured right after it, with their ratios (`floor_ratios`). The first round is the run's own
-    burst (`first`) and floor; `more` are the later rounds (bench/run.py), each {"burst", "floor"}.
-    A round whose burst or floor is missing or broke is left out."""
-    pairs = [(first, floor), *((m.get("burst"), m.get("floor") or {}) for m in more)]
-    out = []
-    for burst, fl in pairs:
+    """Each round of the per-node comparison, numbered from 1: a burst's per-node CPU
+    (`per_node`) and the floor measured right after it, with their ratios (`floor_ratios`); or,
+    for a round left out, why ("left_out"). The first round is the run's own burst (`first`) and
+    floor; `more` are the later rounds (bench/run.py), each {"burst", "floor"}, and each must be
+    the first round's burst again (as many pods) with every pod served, as `first` was."""
+    pods = (first or {}).get("pods")
+    out: list[dict[str, Any]] = []
+    for i, (burst, fl) in enumerate([(first, floor), *((m.get("burst"), m.get("floor") or {}) for m in more)], 1):
         cost = per_node(burst) if burst and "error" not in burst else None
-        if cost is not None and "two_steps_ms" in fl:
-            out.append({"cost": cost, "floor": fl, "ratio": floor_ratios(cost, fl), "wall_s": burst.get("wall_s")})
+        why = ("its burst broke" if burst and "error" in burst else "no burst measured" if cost is None else
+               "its floor broke" if "error" in fl else "no floor measured" if "two_steps_ms" not in fl else
+               f"its burst left {burst.get('never_served')} pods unserved" if i > 1 and burst.get("never_served", 0) != 0 else
+               # (a run recorded before rounds kept their size: each was the largest burst again)
+               f"its burst was of {burst.get('pods')} pods, not {pods}" if i > 1 and burst.get("pods", pods) != pods else None)  # fmt: skip
+        if why is not None or cost is None or burst is None:
+            out.append({"round": i, "left_out": why or "not measured"})
+        else:
+            out.append({"round": i, "cost": cost, "floor": fl, "ratio": floor_ratios(cost, fl), "wall_s": burst.get("wall_s")})
     return out
 
 
 def median_round(measured: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """The round whose `key` ratio ("sum" or "worker") is the median of all rounds (of an even
-    number, the lower of the middle two): a round that was measured, with its own figures."""
-    ordered = sorted(measured, key=lambda m: m["ratio"][key])
-    return ordered[(len(ordered) - 1) // 2]
+    """The round whose `key` ratio ("sum" or "worker") is the median of the rounds measured (of
+    an even number, the higher of the middle two: never the better one by default): a round
+    that was measured, with its own figures."""
+    ordered = sorted((m for m in measured if "left_out" not in m), key=lambda m: m["ratio"][key])
+    return ordered[len(ordered) // 2]
 
 
 def saturation(usage: dict[str, Any], cores: int, machine_busy_pct: float | None = None, server_ceiling: float = 100.0) -> dict[str, Any]:

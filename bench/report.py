@@ -82,12 +82,14 @@ def cost_rounds(r: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cost_rows(r: dict[str, Any]) -> list[Row]:
     """Per node brought up against the two-step floor: the sum and the worker, each its median round."""
-    big, floor, measured = largest_burst(r), r.get("temporal_floor") or {}, cost_rounds(r)
+    big, floor, every = largest_burst(r), r.get("temporal_floor") or {}, cost_rounds(r)
+    measured = [m for m in every if "left_out" not in m]
     if big is None or not measured:
         failed = [f"burst {n} failed: {_err(b['error'])}" for n, b in (r.get("bursts") or {}).items() if "error" in b]
         failed += [f"the floor failed: {_err(floor['error'])}"] if "error" in floor else []
         shown = "; ".join(failed) or "not measured (a burst or the floor is missing)"
         return [("CPU per node brought up, against the two-step floor", f"≤ {fig.SUM_VS_FLOOR}× (sum), ≤ {fig.WORKER_VS_FLOOR}× (worker)", shown, False if failed else None)]
+    left = "".join(f"; round {m['round']} left out: {m['left_out']}" for m in every if "left_out" in m)
     rows: list[Row] = []
     for key, floor_key, what, target in (
         ("sum", "two_steps_ms", f"worker + bridge + Temporal server CPU per node brought up (burst {big[0]}), against the two-step floor", fig.SUM_VS_FLOOR),
@@ -95,7 +97,7 @@ def cost_rows(r: dict[str, Any]) -> list[Row]:
     ):
         mid = fig.median_round(measured, key)
         ratios = ", ".join(f"{m['ratio'][key]:.2f}×" for m in measured)
-        each = f" (the median of {len(measured)} rounds: {ratios})" if len(measured) > 1 else ""
+        each = f" (the median of {len(measured)} rounds: {ratios}{left})" if len(every) > 1 else ""
         rows.append((what, f"≤ {target}×", f"**{mid['ratio'][key]:.2f}×**{each}: {mid['cost'][key]:.1f} ms against {mid['floor'][floor_key]} ms", mid["ratio"][key] <= target))
     return rows
 
@@ -216,7 +218,7 @@ def saturation_table(r: dict[str, Any]) -> list[str]:
 def cost_table(r: dict[str, Any]) -> list[str]:
     big, floor = largest_burst(r), r.get("temporal_floor") or {}
     if big is None or "two_steps_ms" not in floor:
-        return ["Not measured: a burst or the floor is missing from this run."]
+        return ["Round 1 not measured: a burst or the floor is missing from this run.", "", *rounds_table(r)]
     cost = fig.per_node(big[1])
     assert cost is not None
     ratio = fig.floor_ratios(cost, floor)
@@ -231,16 +233,21 @@ def cost_table(r: dict[str, Any]) -> list[str]:
 
 
 def rounds_table(r: dict[str, Any]) -> list[str]:
-    """Every round of the comparison; the targets take each ratio's median round."""
-    measured = cost_rounds(r)
-    if len(measured) < 2:
+    """Every round of the comparison, those left out with why; the targets take each ratio's
+    median round."""
+    every = cost_rounds(r)
+    if len(every) < 2:
         return []
-    lines = [f"The same comparison in {len(measured)} rounds, each the burst and then the floor (BENCH_ROUNDS; the first is the one above); on a "
-             "shared host the CPU one piece of work costs moves from minute to minute, so the targets take each ratio's median round.", "",
+    lines = [f"The same comparison in {len(every)} rounds, each the burst and then the floor (BENCH_ROUNDS; round 1 is the one above where it "
+             "was measured); on a shared host the CPU one piece of work costs moves from minute to minute, so the targets take each "
+             "ratio's median round (of an even number, the higher of the middle two).", "",
              "| round | burst wall | tgp: sum | floor | ratio | tgp: worker | floor: worker | ratio |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for i, m in enumerate(measured, 1):
+    for m in every:
+        if "left_out" in m:
+            lines.append(f"| {m['round']} | left out: {m['left_out']} | | | | | | |")
+            continue
         c, fl, x = m["cost"], m["floor"], m["ratio"]
-        lines.append(f"| {i} | {_f(m['wall_s'], ' s', 0)} | {c['sum']:.1f} ms | {fl['two_steps_ms']} ms | {x['sum']:.2f}× | {c['worker']:.1f} ms | {fl['two_steps_worker_ms']} ms | {x['worker']:.2f}× |")
+        lines.append(f"| {m['round']} | {_f(m['wall_s'], ' s', 0)} | {c['sum']:.1f} ms | {fl['two_steps_ms']} ms | {x['sum']:.2f}× | {c['worker']:.1f} ms | {fl['two_steps_worker_ms']} ms | {x['worker']:.2f}× |")
     return lines
 
 

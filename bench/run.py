@@ -118,7 +118,7 @@ async def another_round(i: int) -> dict[str, Any]:
     b = await phase(burst(n, idle=False, workers=BURST_WORKERS, name=f"round{i}-burst{n}"), f"round {i}: burst {n}")
     say(f"round {i}: the floor")
     fl = await phase(floor(FLOOR_WORKFLOWS), f"round {i}: floor")
-    kept = ("instances_bought", "usage", "wall_s", "served", "never_served", "machine_busy_pct", "error")
+    kept = ("pods", "instances_bought", "usage", "wall_s", "served", "never_served", "machine_busy_pct", "error")
     return {"burst": {k: b[k] for k in kept if k in b}, "floor": fl}
 
 

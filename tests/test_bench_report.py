@@ -212,26 +212,37 @@ def test_a_many_core_run_keeps_its_failed_rows_and_an_unreadable_file_is_said(tm
 
 
 def test_the_per_node_targets_take_each_ratios_median_round_and_the_page_shows_every_round() -> None:
-    """Three rounds, each a burst and the floor right after it: the sum's ratios 2.88x (the run's
-    own round), 1.45x, 1.20x; the worker's 5.00x, 1.50x, 2.40x. Each target takes its own
-    median round, with that round's figures; a round whose floor broke is left out."""
+    """Rounds, each a burst and the floor right after it: the sum's ratios 2.88x (the run's own
+    round), 1.45x, 0.60x; the worker's 5.00x, 1.50x, 2.40x. Each target takes its own median
+    round, with that round's figures. A round whose floor broke, whose burst left pods unserved
+    or was another size is left out and said so; of an even number the higher middle counts."""
     r = run()
-    again = lambda worker, server, floor: {"burst": {"instances_bought": 500, "wall_s": 30.0, "usage": usage(worker=worker, bridge=0.0, temporal=server)},  # noqa: E731
-                                           "floor": floor}  # fmt: skip
+    again = lambda worker, server, floor, **burst: {"burst": {"pods": 500, "never_served": 0, "instances_bought": 500, "wall_s": 30.0,  # noqa: E731
+                                                              "usage": usage(worker=worker, bridge=0.0, temporal=server), **burst}, "floor": floor}  # fmt: skip
     r["rounds"] = [
         again(7.5, 21.5, FLOOR),  # 15 + 43 = 58 ms: 1.45x; the worker 15 against 10: 1.50x
         again(12.0, 12.0, {**FLOOR, "two_steps_ms": 80.0, "two_steps_worker_ms": 10.0}),  # 48 ms against 80: 0.60x; 24 against 10: 2.40x
         again(1.0, 1.0, {"error": "the floor broke"}),
+        again(1.0, 1.0, FLOOR, never_served=3),
+        again(1.0, 1.0, FLOOR, pods=200),
     ]
     cost = next(x for x in targets(r) if x[0].startswith("worker + bridge"))
-    assert cost[2].startswith("**1.45×** (the median of 3 rounds: 2.88×, 1.45×, 0.60×): 58.0 ms against 40.0 ms") and cost[3] is True
+    assert cost[2].startswith("**1.45×** (the median of 3 rounds: 2.88×, 1.45×, 0.60×; round 4 left out: its floor broke; "
+                              "round 5 left out: its burst left 3 pods unserved; round 6 left out: its burst was of 200 pods, not 500): 58.0 ms against 40.0 ms")
+    assert cost[3] is True
     worker = next(x for x in targets(r) if x[0].startswith("worker CPU per node"))
-    assert worker[2].startswith("**2.40×** (the median of 3 rounds: 5.00×, 1.50×, 2.40×): 24.0 ms") and worker[3] is False
+    assert worker[2].startswith("**2.40×** (the median of 3 rounds: 5.00×, 1.50×, 2.40×;") and "24.0 ms" in worker[2] and worker[3] is False
     page = render(r)
     assert "| 2 | 30 s | 58.0 ms | 40.0 ms | 1.45× | 15.0 ms | 10.0 ms | 1.50× |" in page
-    assert "| 3 | 30 s | 48.0 ms | 80.0 ms | 0.60× |" in page and "the same comparison in 3 rounds" in page.lower()  # not the broken one
-    # Of an even number of rounds, the lower middle one: a round that was measured.
-    assert fig.median_round(fig.rounds(r["bursts"]["500"], FLOOR, r["rounds"][:1]), "sum")["ratio"]["sum"] == pytest.approx(1.45)
+    assert "| 3 | 30 s | 48.0 ms | 80.0 ms | 0.60× |" in page and "| 4 | left out: its floor broke |" in page
+    # Of two rounds measured, the higher: never the better one by default.
+    two = fig.rounds(r["bursts"]["500"], FLOOR, r["rounds"][:1])
+    assert fig.median_round(two, "sum")["ratio"]["sum"] == pytest.approx(2.875)
+    # Round 1's floor broke: the page says so, and the later rounds still stand.
+    r["temporal_floor"] = {**FLOOR, "error": "broke"}
+    del r["temporal_floor"]["two_steps_ms"]
+    page = render(r)
+    assert "Round 1 not measured" in page and "| 1 | left out: its floor broke |" in page and "| 2 | 30 s | 58.0 ms |" in page
 
 
 def test_two_workers_are_not_judged_where_the_machine_had_no_room_for_them() -> None:
