@@ -8,7 +8,9 @@
 # cores, each with the targets it measured against its own floor; move a run you keep for the
 # record to another name); BENCH_DEVICE_JSON=a.json,b.json names others. A machine without the
 # venv: PYTHON=python3 with PYTHONPATH=<the runtime wheels installed with --target>:.
-# (bench/results/HISTORY.md, 2026-11-29 night, has the recipe used on a 16-core machine: 150-190 s a run).
+# (bench/results/HISTORY.md, 2026-11-29 night, has the recipe used on a 16-core machine: 150-190 s a run
+# then; the three rounds of the per-node comparison, BENCH_ROUNDS, now add two bursts of 500 and two
+# floors to that: BENCH_ROUNDS=1 keeps a run within the old time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder the JSON goes to}"
