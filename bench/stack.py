@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 
-from activities.http import default_tls, new_client
+from activities.http import new_client
 from sim.demo import temporal_binary
 from workers.temporal import DATA_CONVERTER, dev_server_args
 
@@ -187,7 +187,7 @@ class Stack:
         cloud = await world_part(s, "cloud", self.logs, kubelets[1]["url"], str(self.boot_delay))
         self.world = {"kube": kube, "scheduler": scheduler, "kubelets": kubelets, "cloud": cloud}
         self.kube = await s.enter_async_context(new_client(base_url=kube[1]["url"], timeout=30))
-        self._stats = await s.enter_async_context(httpx.AsyncClient(verify=default_tls(), timeout=30))
+        self._stats = await s.enter_async_context(new_client(timeout=30))
         port = free_port()
         self.server = dev_server(port, self.logs / "temporal.log")
         self.server.start()

@@ -67,7 +67,7 @@ from sim.kube_machinery import (
     media_type,
     no_such_resource,
 )
-from sim.kube_store import parse_resource_version, storage_order
+from sim.kube_store import parse_resource_version
 
 REQUEST_LOG = 100
 OBJECT_HISTORY = 4
@@ -289,13 +289,7 @@ class KubeEmulator(KubeControllers):
             raise ApiStatus(410, "Expired", "The resourceVersion for the provided list is too old.")
         storage = self._storage(resource)
         items = []
-        # The kind and namespace first (`stored`): the store holds every kind (Events, Leases),
-        # and sorting or reading them all for each list cost the emulator more than the list itself.
-        ns = request.namespace
-        chosen = [(k, o) for k, o in self.stored(storage) if ns is None or k[1] == ns]
-        for _, stored in sorted(chosen, key=storage_order):
-            if stored.deleted:
-                continue
+        for _, stored in self.listed(storage, request.namespace):
             obj = self._present(resource, stored.raw)
             if selection.matches(obj):
                 items.append(obj)

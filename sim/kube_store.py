@@ -142,6 +142,12 @@ class KubeStore(kmock.KubernetesEmulator):
             found.sort(key=lambda f: f[0])
         return [(key, obj) for _, key, obj in found]
 
+    def listed(self, storage: kmock.resource, namespace: str | None = None) -> list[tuple[Key, kmock.Object]]:
+        """The live objects of `storage` (in `namespace`, or every one), in the order a list
+        returns them (etcd's key order): what a list and a watch's first events show."""
+        chosen = [(k, o) for k, o in self.stored(storage) if not o.deleted and (namespace is None or k[1] == namespace)]
+        return sorted(chosen, key=storage_order)
+
     def install_crd(self, crd: Mapping[str, Any]) -> Obj:
         """Install or update a CustomResourceDefinition, as `kubectl apply -f crd.yaml` would.
 

@@ -26,7 +26,7 @@ import kmock
 from typing_extensions import override
 
 from sim.kube_machinery import ApiStatus, Obj, api_version, is_true, same_resource, status_body
-from sim.kube_store import FIRST_RESOURCE_VERSION, KubeStore, Selection, parse_resource_version, storage_order, with_version
+from sim.kube_store import FIRST_RESOURCE_VERSION, KubeStore, Selection, parse_resource_version, with_version
 
 # How many changes the emulator keeps for watches that resume from a resourceVersion. A real
 # server's watch cache keeps a bounded window per resource too (and etcd compacts every 5 min);
@@ -161,11 +161,9 @@ class KubeWatch(KubeStore):
         )
         # Backlog and registration in one step (no await between), so no change falls between.
         if since is None:
-            # The kind first, then the order, as a list does (KubeEmulator._serve_list).
-            chosen = [(k, o) for k, o in self.stored(storage) if not o.deleted]
             watch.queue.extend(
                 _Change(int(stored.raw["metadata"]["resourceVersion"]), storage, "ADDED", stored.raw, None)
-                for _, stored in sorted(chosen, key=storage_order)
+                for _, stored in self.listed(storage)
             )
         else:
             watch.queue.extend(c for c in self._changes if same_resource(c.resource, storage) and c.revision > since)
