@@ -797,7 +797,8 @@ class PoolNodeStatus(Spec):
     replaced_by: str | None = Field(None, description="The node replacing this one (drift, re-shop): this one is drained only once that one is Ready.")
 
     @classmethod
-    def of(cls, node: NodeOverview, created_at: datetime | None = None) -> PoolNodeStatus:
+    def of(cls, node: NodeOverview, created_at: datetime | None = None, **more: Any) -> PoolNodeStatus:
+        """`node`'s line, with `more` of the fields above (drift_hash, drifted, replaced_by)."""
         return cls(
             name=node.node_name,
             phase=node.phase.value,
@@ -806,6 +807,7 @@ class PoolNodeStatus(Spec):
             hourly_price=node.hourly_price,
             created_at=created_at,
             workflow_id=node.workflow_id,
+            **more,
         )
 
 

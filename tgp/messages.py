@@ -150,7 +150,11 @@ class NodeReport(NodeOverview):
 
 
 class PoolNode(NodeOverview):
-    """The pool's record of one of its nodes; carried across continue-as-new."""
+    """The pool's record of one of its nodes; carried across continue-as-new. Frozen: a change
+    is a new record (`model_copy`), so what the pool derives from one record can be kept with it
+    (workflows.pool.publish's node statuses)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     phase: NodePhase = NodePhase.PENDING
     created_at: datetime

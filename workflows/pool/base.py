@@ -3,19 +3,48 @@ itself and its nodes, the records of its nodes, and the settings it gives them."
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from decimal import Decimal
+from typing import Generic, TypeVar
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.entity import EventSpec
-    from tgp.crds import ConsolidationStatus
+    from tgp.crds import ConsolidationStatus, PoolNodeStatus
     from tgp.disruption import unlimited_reasons
     from tgp.messages import ObjectRef, PoolNode, PoolUpdate
-    from tgp.pool_plan import Note, disrupting, live_grants, pod_ref, timeouts_for
+    from tgp.capacity import CapacityNode
+    from tgp.pool_plan import Note, capacity_node, disrupting, live_grants, pod_ref, timeouts_for
     from tgp.types import NodePhase, Stage, StageRecord, TimeoutsUpdate
     from workflows.pool.state import ENDED_REMEMBERED, GRANT_COUNTS_FOR, PoolInput, PoolState
+
+T = TypeVar("T")
+
+
+class Kept(Generic[T]):
+    """What a pass derives from each node's record, kept while the record and what else it reads
+    are the same. A record changes only by `PoolBase._set` (PoolNode is frozen), so a pass does not
+    make again, for the hundreds of nodes that did not change, what took most of its time at 500
+    nodes. Not state: made again after a continue-as-new or a replay."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[PoolNode, object, T]] = {}
+
+    def of(self, n: PoolNode, also: object, make: Callable[[], T]) -> T:
+        """`make()` for `n`, or what it made for this same record and `also`."""
+        kept = self._values.get(n.workflow_id)
+        if kept is not None and kept[0] is n and kept[1] == also:
+            return kept[2]
+        value = make()
+        self._values[n.workflow_id] = (n, also, value)
+        return value
+
+    def keep_only(self, nodes: Mapping[str, PoolNode]) -> None:
+        """Forget the nodes the pool no longer has."""
+        if len(self._values) > len(nodes) or any(wid not in nodes for wid in self._values):
+            self._values = {wid: v for wid, v in self._values.items() if wid in nodes}
 
 
 class PoolBase:
@@ -25,6 +54,9 @@ class PoolBase:
     inp: PoolInput
     state: PoolState
     dirty: bool
+    # What passes derive from each node's record (`Kept`): its status line, its capacity.
+    node_statuses: Kept[PoolNodeStatus]
+    capacities: Kept[CapacityNode]
 
     @property
     def events(self) -> list[EventSpec]:
@@ -96,9 +128,16 @@ class PoolBase:
         if said is not None:
             self._note(Note(*said))
 
+    def _capacity(self, live: list[PoolNode]) -> list[CapacityNode]:
+        """`capacity_node` of each live node, as of the demand."""
+        free, at = self.state.free_gpus, self.state.demand_at
+        return [self.capacities.of(n, (free.get(n.node_name), at), lambda: capacity_node(n, free, at)) for n in live]
+
     def _forget_ended(self) -> None:
         """Ended nodes have been reported (status and Events): forget them, remembering their ids
         so late reports about them are known stale."""
+        self.node_statuses.keep_only(self.state.nodes)
+        self.capacities.keep_only(self.state.nodes)
         ended = [k for k, n in self.state.nodes.items() if n.phase.is_final]
         if ended:
             self.state.nodes_ended += len(ended)

@@ -40,9 +40,11 @@ class Publishing(PoolBase):
         )
 
     def _node_status(self, n: PoolNode) -> PoolNodeStatus:
-        status = PoolNodeStatus.of(n, created_at=n.created_at)
         new = self.state.nodes.get(n.replaced_by) if n.replaced_by else None
-        return status.model_copy(update={"drift_hash": n.drift_hash, "drifted": n.drifted or None, "replaced_by": new.node_name if new else None})
+        replaced_by = new.node_name if new else None
+        return self.node_statuses.of(
+            n, replaced_by, lambda: PoolNodeStatus.of(n, created_at=n.created_at, drift_hash=n.drift_hash, drifted=n.drifted or None, replaced_by=replaced_by)
+        )
 
     async def _publish(self, wanted: dict[str, Wanted]) -> None:
         """Set the conditions (a problem the user must fix is also a Warning Event, once, when

@@ -17,7 +17,6 @@ with workflow.unsafe.imports_passed_through():
         Note,
         UnsettledStart,
         Wanted,
-        capacity_node,
         launched_why,
         max_nodes_reached,
         no_offer_fits_notes,
@@ -95,7 +94,7 @@ class Starts(PoolBase):
         pending = {pod: self.state.pod_gpus.get(pod, 1) for pod in self.state.demand}
         unfit = set(self.state.unfit) & set(pending)
         no_borrow = set(self.state.no_borrow) & set(pending)
-        nodes = [capacity_node(n, self.state.free_gpus, self.state.demand_at) for n in live]
+        nodes = self._capacity(live)
         plan = plan_capacity(pending, nodes, self.state.nominations, unfit, workflow.now(), self.inp.bind_grace, no_borrow, sizes)
         self.state.nominations = dict(plan.nominations)
         self.state.no_borrow = sorted(no_borrow | set(plan.borrow_failed))

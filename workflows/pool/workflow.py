@@ -22,9 +22,10 @@ with workflow.unsafe.imports_passed_through():
     from tgp.demand import MAX_PODS_TRACKED
     from tgp.messages import Demand, DisruptionAnswer, DisruptionAnswers, DisruptionAsk, DisruptionAsks, NodeReport, NodeReports, PoolUpdate
     from tgp.pool_disruption import being_replaced
-    from tgp.pool_plan import Wanted, capacity_node, floor_changes, instances_released, pods_fit, pods_tracked, ready
+    from tgp.pool_plan import Wanted, floor_changes, instances_released, pods_fit, pods_tracked, ready
     from tgp.types import NodePhase
     from workflows.continuation import continue_as_new, continue_as_new_due
+    from workflows.pool.base import Kept
     from workflows.pool.disruption import Disruption
     from workflows.pool.publish import Publishing
     from workflows.pool.replacement import Replacements
@@ -43,6 +44,7 @@ class GPUNodePoolWorkflow(Reports, Starts, Replacements, Disruption, Settings, P
         self.inp = inp
         self.state = inp.state
         self.dirty = True
+        self.node_statuses, self.capacities = Kept(), Kept()
 
     # --- messages (node workflows and the bridge send these: their names and types stay) ---------
 
@@ -154,8 +156,7 @@ class GPUNodePoolWorkflow(Reports, Starts, Replacements, Disruption, Settings, P
             await self._publish({"Ready": ("False", "ListingNodes", "could not list the running node workflows yet; retrying")})
             return False
         # Every pass, also one that plans nothing: a node may idle out before the next plan.
-        capacity = [capacity_node(n, self.state.free_gpus, self.state.demand_at) for n in self._live()]
-        self.state.nominations = note_ready(self.state.nominations, capacity)
+        self.state.nominations = note_ready(self.state.nominations, self._capacity(self._live()))
         if u.deleting:
             return await self._tear_down()
         wanted, ok = await self._serve(u)
