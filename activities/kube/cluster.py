@@ -479,20 +479,11 @@ class KubernetesCluster:
 
     async def patch_custom_status(self, ref: CustomResource, status: Mapping[str, Any]) -> bool:
         """Merge-patch the status subresource of a custom resource. False when it is gone."""
-        api = await self._custom()
-        what = f"write the status of {ref}"
+        call = (await self._client()).patch_custom_object_status(
+            ref.group, ref.version, ref.namespace or None, ref.plural, ref.name, {"status": dict(status)}, _content_type=MERGE_PATCH, _request_timeout=self._timeout
+        )
         try:
-            if ref.namespace:
-                call = api.patch_namespaced_custom_object_status(
-                    ref.group, ref.version, ref.namespace, ref.plural, ref.name, {"status": dict(status)},
-                    _content_type=MERGE_PATCH, _request_timeout=self._timeout,
-                )
-            else:
-                call = api.patch_cluster_custom_object_status(
-                    ref.group, ref.version, ref.plural, ref.name, {"status": dict(status)},
-                    _content_type=MERGE_PATCH, _request_timeout=self._timeout,
-                )
-            await self._call(what, call, passthrough={404})
+            await self._call(f"write the status of {ref}", call, passthrough={404})
         except ApiException:
             return False
         return True
