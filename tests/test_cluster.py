@@ -457,6 +457,31 @@ async def test_eviction_429_without_budget_details_is_still_blocked() -> None:
             await cluster.evict_pod("ns", "p")
 
 
+async def test_a_status_write_sends_the_merge_patch_and_says_whether_the_object_is_there() -> None:
+    """`patch_custom_status` merge-patches the status subresource of a namespaced or a
+    cluster-scoped object (the answer's body is not read): True when written, False when the
+    object is gone (404), and any other refusal is the typed error with the API's message."""
+    from activities.kube.cluster import CustomResource
+
+    pool = CustomResource("tgp.io", "v1alpha1", "gpunodepools", "GPUNodePool", "rtx", namespace="ml")
+    klass = CustomResource("tgp.io", "v1alpha1", "gpunodeclasses", "GPUNodeClass", "cls")
+    pool_path, class_path = "patch /apis/tgp.io/v1alpha1/namespaces/ml/gpunodepools/rtx/status", "patch /apis/tgp.io/v1alpha1/gpunodeclasses/cls/status"
+    async with KubeEmulator() as kube, KubernetesCluster.from_url(kube.url) as cluster:
+        kube[pool_path] << 200 << {"kind": "GPUNodePool", "status": {"readyNodes": 3}}
+        kube[class_path] << 404 << {"kind": "Status", "code": 404, "reason": "NotFound", "message": "not found"}
+        assert await cluster.patch_custom_status(pool, {"readyNodes": 3}) is True
+        [sent] = kube[pool_path]
+        assert sent.headers["Content-Type"] == MERGE_PATCH and json.loads(sent.body) == {"status": {"readyNodes": 3}}
+        assert await cluster.patch_custom_status(klass, {"readyNodes": 1}) is False
+
+        bad = CustomResource("tgp.io", "v1alpha1", "gpunodepools", "GPUNodePool", "bad", namespace="ml")
+        kube["patch /apis/tgp.io/v1alpha1/namespaces/ml/gpunodepools/bad/status"] << 422 << {
+            "kind": "Status", "code": 422, "reason": "Invalid", "message": "status.readyNodes: Invalid value: -1",
+        }
+        with pytest.raises(ConfigError, match="Invalid value: -1"):
+            await cluster.patch_custom_status(bad, {"readyNodes": -1})
+
+
 async def test_401_is_an_auth_error_that_does_not_leak_the_token() -> None:
     async with KubeEmulator() as kube, KubernetesCluster.from_url(kube.url, token="s3cr3t-t0ken") as cluster:
         kube["get /api/v1/nodes/n1"] << 401 << {"kind": "Status", "code": 401, "reason": "Unauthorized",
