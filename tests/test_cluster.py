@@ -465,14 +465,20 @@ async def test_a_status_write_sends_the_merge_patch_and_says_whether_the_object_
 
     pool = CustomResource("tgp.io", "v1alpha1", "gpunodepools", "GPUNodePool", "rtx", namespace="ml")
     klass = CustomResource("tgp.io", "v1alpha1", "gpunodeclasses", "GPUNodeClass", "cls")
+    gone = CustomResource("tgp.io", "v1alpha1", "gpunodeclasses", "GPUNodeClass", "gone")
     pool_path, class_path = "patch /apis/tgp.io/v1alpha1/namespaces/ml/gpunodepools/rtx/status", "patch /apis/tgp.io/v1alpha1/gpunodeclasses/cls/status"
+    gone_path = "patch /apis/tgp.io/v1alpha1/gpunodeclasses/gone/status"
     async with KubeEmulator() as kube, KubernetesCluster.from_url(kube.url) as cluster:
         kube[pool_path] << 200 << {"kind": "GPUNodePool", "status": {"readyNodes": 3}}
-        kube[class_path] << 404 << {"kind": "Status", "code": 404, "reason": "NotFound", "message": "not found"}
+        kube[class_path] << 200 << {"kind": "GPUNodeClass", "status": {"pools": 1}}
+        kube[gone_path] << 404 << {"kind": "Status", "code": 404, "reason": "NotFound", "message": "not found"}
         assert await cluster.patch_custom_status(pool, {"readyNodes": 3}) is True
-        [sent] = kube[pool_path]
-        assert sent.headers["Content-Type"] == MERGE_PATCH and json.loads(sent.body) == {"status": {"readyNodes": 3}}
-        assert await cluster.patch_custom_status(klass, {"readyNodes": 1}) is False
+        assert await cluster.patch_custom_status(klass, {"pools": 1}) is True
+        for path, status in ((pool_path, {"readyNodes": 3}), (class_path, {"pools": 1})):
+            [sent] = kube[path]
+            assert sent.headers["Content-Type"] == MERGE_PATCH and json.loads(sent.body) == {"status": status}
+        assert await cluster.patch_custom_status(gone, {"pools": 1}) is False
+        assert len(kube[gone_path]) == 1
 
         bad = CustomResource("tgp.io", "v1alpha1", "gpunodepools", "GPUNodePool", "bad", namespace="ml")
         kube["patch /apis/tgp.io/v1alpha1/namespaces/ml/gpunodepools/bad/status"] << 422 << {

@@ -308,6 +308,7 @@ async def test_a_zero_budget_holds_a_notready_repair_and_an_evict_still_wins(tem
     from tgp.messages import pool_workflow_id
 
     monkeypatch.setattr(lifecycle, "NODE_NOT_READY_REPAIR_AFTER", timedelta(seconds=2))
+    monkeypatch.setattr("workflows.node.watch.BUDGET_ASK_AGAIN", timedelta(seconds=1))
     async with gated_world(temporal) as s, bridge_running(temporal, s.world, s.queue) as bridge:
         name, _ = await start_pool(s, pool_spec("cls-unused", disruption={"budgets": [{"nodes": "0"}]}))
         req = request(namespace="ml", pool=name, timeouts=AT_REST, pool_workflow_id=pool_workflow_id("ml", name))
@@ -320,13 +321,17 @@ async def test_a_zero_budget_holds_a_notready_repair_and_an_evict_still_wins(tem
         await set_node_ready(s.world.kube_url, req.node_name, False)
         await told(handle, ready=False)
 
-        async def refused() -> Any:
+        async def refused(times: int) -> Any:
+            """The node's stage records once the pool has refused it `times` times (asked again
+            each BUDGET_ASK_AGAIN), the node Ready throughout."""
             status = await handle.query(GPUNodeWorkflow.status)
             assert status.phase is NodePhase.READY, f"the budget did not hold the repair: {status.end_reason}"
-            return [r for r in status.stages if r.stage is Stage.DISRUPTION_BLOCKED]
+            asked = len([e async for e in handle.fetch_history_events() if e.activity_task_scheduled_event_attributes.activity_type.name == "ask_pool_to_disrupt"])
+            return status.stages if asked >= times else None
 
-        blocked = await eventually(refused, what="the repair refused by the budget")
-        assert "Repair disruption blocked by budgets[0]" in blocked[-1].reason, blocked
+        stages = await eventually(lambda: refused(3), what="the repair refused by the budget, asked three times")
+        blocked = [r for r in stages if r.stage is Stage.DISRUPTION_BLOCKED]
+        assert blocked and "Repair disruption blocked by budgets[0]" in blocked[-1].reason, stages
 
         await handle.signal("evict", {"reason": "manual"})
         final = await asyncio.wait_for(handle.result(), 120)

@@ -797,8 +797,9 @@ class PoolNodeStatus(Spec):
     replaced_by: str | None = Field(None, description="The node replacing this one (drift, re-shop): this one is drained only once that one is Ready.")
 
     @classmethod
-    def of(cls, node: NodeOverview, created_at: datetime | None = None, **more: Any) -> PoolNodeStatus:
-        """`node`'s line, with `more` of the fields above (drift_hash, drifted, replaced_by)."""
+    def of(
+        cls, node: NodeOverview, created_at: datetime | None = None, *, drift_hash: str | None = None, drifted: bool | None = None, replaced_by: str | None = None
+    ) -> PoolNodeStatus:
         return cls(
             name=node.node_name,
             phase=node.phase.value,
@@ -807,7 +808,9 @@ class PoolNodeStatus(Spec):
             hourly_price=node.hourly_price,
             created_at=created_at,
             workflow_id=node.workflow_id,
-            **more,
+            drift_hash=drift_hash,
+            drifted=drifted,
+            replaced_by=replaced_by,
         )
 
 

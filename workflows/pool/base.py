@@ -12,10 +12,10 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.entity import EventSpec
+    from tgp.capacity import CapacityNode
     from tgp.crds import ConsolidationStatus, PoolNodeStatus
     from tgp.disruption import unlimited_reasons
     from tgp.messages import ObjectRef, PoolNode, PoolUpdate
-    from tgp.capacity import CapacityNode
     from tgp.pool_plan import Note, capacity_node, disrupting, live_grants, pod_ref, timeouts_for
     from tgp.types import NodePhase, Stage, StageRecord, TimeoutsUpdate
     from workflows.pool.state import ENDED_REMEMBERED, GRANT_COUNTS_FOR, PoolInput, PoolState
@@ -136,10 +136,10 @@ class PoolBase:
     def _forget_ended(self) -> None:
         """Ended nodes have been reported (status and Events): forget them, remembering their ids
         so late reports about them are known stale."""
-        self.node_statuses.keep_only(self.state.nodes)
-        self.capacities.keep_only(self.state.nodes)
         ended = [k for k, n in self.state.nodes.items() if n.phase.is_final]
         if ended:
             self.state.nodes_ended += len(ended)
             self.state.ended = [*self.state.ended, *ended][-ENDED_REMEMBERED:]
             self.state.nodes = {k: n for k, n in self.state.nodes.items() if not n.phase.is_final}
+        self.node_statuses.keep_only(self.state.nodes)
+        self.capacities.keep_only(self.state.nodes)
