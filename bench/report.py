@@ -216,12 +216,10 @@ def saturation_table(r: dict[str, Any]) -> list[str]:
 
 
 def cost_table(r: dict[str, Any]) -> list[str]:
-    big, floor = largest_burst(r), r.get("temporal_floor") or {}
-    if big is None or "two_steps_ms" not in floor:
+    big, first = largest_burst(r), cost_rounds(r)[0]
+    if big is None or "left_out" in first:
         return ["Round 1 not measured: a burst or the floor is missing from this run.", "", *rounds_table(r)]
-    cost = fig.per_node(big[1])
-    assert cost is not None
-    ratio = fig.floor_ratios(cost, floor)
+    cost, floor, ratio = first["cost"], first["floor"], first["ratio"]
     share = {"worker": floor["two_steps_worker_ms"], "bridge": None, "temporal": floor["two_steps_server_ms"], "sum": floor["two_steps_ms"]}
     lines = [f"Burst {big[0]}, {big[1]['instances_bought']} nodes brought up; the floor: {floor['n']} two-step lives at once on a dev server of their own, in the same run.", "",
              "| CPU per node brought up | tgp | floor (two steps) | ratio |", "|---|---|---|---|"]  # fmt: skip

@@ -152,7 +152,7 @@ class NodeReport(NodeOverview):
 class PoolNode(NodeOverview):
     """The pool's record of one of its nodes; carried across continue-as-new. Frozen: a change
     is a new record (`model_copy`), so what the pool derives from one record can be kept with it
-    (workflows.pool.publish's node statuses)."""
+    (workflows.pool.base.Kept: its status lines and capacity)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

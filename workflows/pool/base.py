@@ -25,9 +25,9 @@ T = TypeVar("T")
 
 class Kept(Generic[T]):
     """What a pass derives from each node's record, kept while the record and what else it reads
-    are the same. A record changes only by `PoolBase._set` (PoolNode is frozen), so a pass does not
-    make again, for the hundreds of nodes that did not change, what took most of its time at 500
-    nodes. Not state: made again after a continue-as-new or a replay."""
+    are the same. PoolNode is frozen: a change is a new record (`PoolBase._set`, a report), so a
+    pass does not make again, for the hundreds of nodes that did not change, what took most of its
+    time at 500 nodes. Not state: made again after a continue-as-new or a replay."""
 
     def __init__(self) -> None:
         self._values: dict[str, tuple[PoolNode, object, T]] = {}
@@ -43,8 +43,7 @@ class Kept(Generic[T]):
 
     def keep_only(self, nodes: Mapping[str, PoolNode]) -> None:
         """Forget the nodes the pool no longer has."""
-        if len(self._values) > len(nodes) or any(wid not in nodes for wid in self._values):
-            self._values = {wid: v for wid, v in self._values.items() if wid in nodes}
+        self._values = {wid: v for wid, v in self._values.items() if wid in nodes}
 
 
 class PoolBase:
