@@ -29,10 +29,8 @@ in depth (docs/security.md, "What enters an error").
 from __future__ import annotations
 
 import asyncio
-import functools
 import random
 import re
-import ssl
 from http import HTTPStatus
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -42,11 +40,10 @@ from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any, Self
 
-import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
 from pydantic import SecretStr
 
+from activities.http_wire import WIRE_ONLY, TooLarge, new_client, wire_of
 from tgp import secrets as secret_registry
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 
@@ -126,74 +123,6 @@ def _code_fields(body: dict[str, Any]) -> list[object]:
     return [error.get("code") if isinstance(error, dict) else None, body.get("code"), error]
 
 
-
-def new_client(*, transport: httpx.AsyncBaseTransport | None = None, **options: Any) -> httpx.AsyncClient:
-    """An httpx client that sends over aiohttp (`AiohttpWire`), verifying TLS with
-    `default_tls`; `transport` replaces the wire (a test's MockTransport). A proxy from the
-    environment (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY, NO_PROXY) is honoured as httpx honours it,
-    through httpx's own transport.
-
-    httpx's own transport (httpcore over anyio) cost ~0.9 ms of CPU a request alone and 2-6 ms
-    with 50-300 in flight (its connection pool walks every waiting request on each event),
-    against ~0.45 ms over aiohttp at any of these (bench/http_client.py, `make bench-extra`):
-    in a burst of 500 launches it was the largest part of the worker's CPU a node (issue 37).
-    httpx stays the API that every adapter and test speaks; only the wire changes."""
-    return _Client(transport=transport, verify=default_tls(), **options)
-
-
-class _Client(httpx.AsyncClient):
-    """httpx's client on `AiohttpWire` where httpx would use its own transport. Given as the
-    client's transport instead, it would also turn off the proxies from the environment: httpx
-    reads them only for a client made without one."""
-
-    def _init_transport(  # type: ignore[override]
-        self, verify: Any = True, cert: Any = None, trust_env: bool = True, http1: bool = True, http2: bool = False,
-        limits: httpx.Limits | None = None, transport: httpx.AsyncBaseTransport | None = None,
-    ) -> httpx.AsyncBaseTransport:
-        if transport is not None:
-            return transport
-        return AiohttpWire(verify=verify, cert=cert, trust_env=trust_env, **({"limits": limits} if limits is not None else {}))
-
-
-# The longest header line (and field) an answer may have: what httpx's own transport read.
-MAX_HEADER_LINE = 16 * 1024
-
-
-class AiohttpWire(AiohttpTransport):
-    """httpx-aiohttp's transport, without aiohttp's own retry, and with every aiohttp error an
-    httpx one.
-
-    aiohttp sends a GET, PUT or DELETE again, once, when its connection drops before the answer
-    (RFC 9112's retry of an idempotent request). `send` is the one retry discipline here, and it
-    never sends a buy twice: Vast.ai buys with a PUT (tests/test_provider_model.py's reset after a
-    buy). And an answer aiohttp cannot parse (a malformed status line or header, a header line
-    over its limit) raises an aiohttp error that httpx-aiohttp does not map: it is an
-    httpx.RemoteProtocolError here, as httpx's own transport raised, so that `send` treats it as
-    a broken answer (retried, or OutcomeUnknown for a buy), naming only its type."""
-
-    def get_client(self) -> aiohttp.ClientSession:
-        session = super().get_client()
-        # aiohttp has no public switch; its own test client turns it off the same way.
-        session._retry_connection = False
-        # aiohttp refuses an answer with a header line over 8190 bytes, httpx's h11 only a head
-        # over 16 KiB: the same answers are read as before (an API's long policy headers).
-        session._max_line_size = session._max_field_size = MAX_HEADER_LINE
-        return session
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        try:
-            return await super().handle_async_request(request)
-        except aiohttp.ClientError as exc:
-            raise httpx.RemoteProtocolError(f"the answer could not be read ({type(exc).__name__})", request=request) from None
-
-
-@functools.cache
-def default_tls() -> ssl.SSLContext:
-    """The one verifying TLS context (httpx's default: certifi's CAs) that every client of ours
-    shares. Building one loads and parses the whole CA bundle, ~60-120 ms of CPU, which each new
-    client paid again: an adapter per class account and per tailnet, a client per metrics
-    endpoint. A context is safe to share once configured (nothing here changes it after)."""
-    return httpx.create_ssl_context()
 
 class HttpAdapter:
     """Base of an adapter that talks to one HTTP API through one httpx.AsyncClient, `_client`.
@@ -530,7 +459,7 @@ async def _send(
             async with pace or nullcontext():
                 bounds.sent = True
                 response = await _bounded_request(client, method, url, bounds, kwargs)
-        except _TooLarge:
+        except TooLarge:
             message = (
                 f"{system}: {method} {_path(url)} answered with a body over {bounds.max_bytes} bytes, which tgp stopped "
                 "reading; check the API's base URL (a proxy or another service may answer there)"
@@ -578,10 +507,6 @@ class _Bounds:
     sent: bool = False  # whether an attempt got past the pacing (a request that buys may have)
 
 
-class _TooLarge(Exception):
-    """An answer's body passed the size cap."""
-
-
 class _DeadlinePassed(Exception):
     """An attempt passed its deadline."""
 
@@ -590,25 +515,32 @@ async def _bounded_request(
     client: httpx.AsyncClient, method: str, url: str, bounds: _Bounds, kwargs: dict[str, object]
 ) -> httpx.Response:
     """One attempt within `bounds`: the answer with its whole body read (at most max_bytes,
-    decoded), in at most `deadline` seconds from sending to the last byte."""
-    request = client.build_request(method, url, **kwargs)  # type: ignore[arg-type]
+    decoded), in at most `deadline` seconds from sending to the last byte. On the client's own
+    aiohttp wire where it can (activities.http_wire), else through httpx's client."""
+    wire = wire_of(client, url, kwargs)
     try:
         async with asyncio.timeout(bounds.deadline):
-            response = await client.send(request, stream=True)
-            try:
-                chunks, size = [], 0
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > bounds.max_bytes:
-                        raise _TooLarge()
-                    chunks.append(chunk)
-            finally:
-                await response.aclose()
+            if wire is not None:
+                return await wire.exchange(method, url, client.headers, client.timeout, bounds.max_bytes, **kwargs)
+            return await _through_httpx(client, method, url, bounds.max_bytes, kwargs)
     except TimeoutError:
         raise _DeadlinePassed() from None
-    # The body as read (decoded): no content-encoding or length of the wire form applies.
-    skip = {"content-length", "content-encoding", "transfer-encoding"}
-    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in skip]
+
+
+async def _through_httpx(client: httpx.AsyncClient, method: str, url: str, max_bytes: int, kwargs: dict[str, object]) -> httpx.Response:
+    """One attempt through httpx's client and its transport (a test's MockTransport, a proxy)."""
+    request = client.build_request(method, url, **kwargs)  # type: ignore[arg-type]
+    response = await client.send(request, stream=True)
+    try:
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > max_bytes:
+                raise TooLarge()
+            chunks.append(chunk)
+    finally:
+        await response.aclose()
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_ONLY]
     return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks), request=request)
 
 

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from temporalio.exceptions import ApplicationError
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tgp.errors import ConfigError
 
 log = structlog.get_logger("tgp.metrics")

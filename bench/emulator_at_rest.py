@@ -18,7 +18,7 @@ import time
 
 import httpx
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import SimKubelet, register_node
 

@@ -1,7 +1,8 @@
-"""The CPU of one request through `activities.http.send`, on the wire tgp uses (aiohttp, through
-httpx-aiohttp: `activities.http.new_client`) and on httpx's own transport (httpcore over anyio),
-with 1, 50 and 300 requests in flight (a burst's launches), against a local server in a process of
-its own. Prints ms of this process's CPU a request and the ratio (issue 37).
+"""The CPU of one request through `activities.http.send`, on the wire tgp uses (its requests sent
+straight on aiohttp: `activities.http_wire.new_client`) and on httpx's own client and transport
+(httpcore over anyio), with 1, 50 and 300 requests in flight (a burst's launches), against a
+local server in a process of its own. Prints ms of this process's CPU a request and the ratio
+(issue 37).
 
     PYTHONPATH=. .venv/bin/python bench/http_client.py      (make bench-extra)
 """
@@ -16,7 +17,8 @@ import time
 import httpx
 from pydantic import SecretStr
 
-from activities.http import new_client, send
+from activities.http import send
+from activities.http_wire import new_client
 
 REQUESTS = 2000
 IN_FLIGHT = (1, 50, 300)

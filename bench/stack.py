@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 
-from activities.http import new_client
+from activities.http_wire import new_client
 from sim.demo import temporal_binary
 from workers.temporal import DATA_CONVERTER, dev_server_args
 

@@ -30,7 +30,7 @@ import kmock
 import yaml
 from aiohttp import web
 
-from activities.http import new_client
+from activities.http_wire import new_client
 from sim.cloud import SimulatedCloud, boot_env
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import SimKubelet, register_node

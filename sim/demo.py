@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.kube.cluster import KubernetesCluster, load_client_classes
 from crd_bridge.bridge import Bridge
 from sim.dev_server import (

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "hack" / "kube" / "build.sh"

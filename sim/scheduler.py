@@ -53,7 +53,7 @@ from typing import Any
 import httpx
 import structlog
 
-from activities.http import new_client
+from activities.http_wire import new_client
 from sim.kube_scheduler_events import failed_scheduling_note, scheduled_note, scheduling_event
 from sim.scheduler_fit import Queued, Requeue, Snapshot, allocatable_gpus, fits, pod_gpus, pod_shape, static_view
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.kept_accounts import LABEL_KEPT
 from activities.kube.cluster import MERGE_PATCH, KubernetesCluster, authenticated_http
 from sim.kube import KubeEmulator

@@ -20,7 +20,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.node import REPORT_ATTEMPTS, REPORT_TRIES, ReportBatcher, _reports_in_flight, carrying, signal_report
 from activities.node.reports import REPORT_GAP
 from sim.world import sim_world

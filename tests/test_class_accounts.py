@@ -18,7 +18,7 @@ import httpx
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
 from tests.test_credentials import NS, new_key, put_secret

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.node import NodeActivities
 from activities.node_class import NodeClassActivities, ValidateClassInput
 from tests.kube_env import load_crd

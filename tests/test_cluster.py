@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import kmock
 import pytest
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.kube_env import KubeApi
 
 from activities.kube.cluster import MERGE_PATCH, SEEN_FOR, KubernetesCluster

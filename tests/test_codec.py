@@ -30,7 +30,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.test_node_lifecycle import readable, temporal_cli
 from workers.codec import (
     ENCODING,

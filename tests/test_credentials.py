@@ -16,7 +16,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.accounts import ProviderRegistry
 from activities.clouds.registry import CAPABILITIES
 from activities.clouds.simulated import SimulatedProvider

@@ -25,7 +25,7 @@ from temporalio import workflow
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.demo import EXAMPLES, apply
 from sim.dev import wait_for_api
 from sim.kube import KubeEmulator

@@ -15,7 +15,7 @@ import httpx
 import kmock
 import yaml
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import binary, eventually
 from workers.crdgen import manifests
 from sim.demo import EXAMPLES, apply

@@ -35,7 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 import activities.http
 from activities.clouds.lambdalabs import LambdaProvider
 from activities.clouds.paperspace import PaperspaceProvider

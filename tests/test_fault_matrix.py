@@ -88,7 +88,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from tests.kube_env import load_crd
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import binary
 from tests.fault_matrix_proc import ENTITY_ACTIVITY
 from tgp.messages import Ledger, class_workflow_id, pool_workflow_id

@@ -15,7 +15,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.accounts import ProviderRegistry
 from activities.clouds.registry import providers_from_env
 from activities.fleet import FleetActivities, FleetLookInput, FleetLookResult

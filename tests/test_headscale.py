@@ -17,7 +17,7 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.tailnets.headscale import HeadscaleTailnet
 from activities.ports import Tailnet
 from tgp.errors import AuthError, ConfigError, TransientError

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.kube import KubeEmulator
 from tests.hostile import HOSTILE_KEYS, HOSTILE_VALUES
 from tests.kube_env import KubeApi, load_crd

@@ -2,18 +2,28 @@
 httpx's own transport did, it still does. A proxy from the environment carries the requests; an
 answer the wire cannot parse is a broken answer (`send` retries a read, and a buy is sent once
 and is OutcomeUnknown); a connection that drops is never sent again by aiohttp itself
-(tests/test_provider_model.py: Vast.ai's PUT that buys)."""
+(tests/test_provider_model.py: Vast.ai's PUT that buys).
+
+`send` sends a client's requests straight on its aiohttp wire (`AiohttpWire.exchange`) and any
+other client's through httpx: a server sees the same requests from both, and both read the
+same answers, within the same bounds."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 import pytest
+from aiohttp import web
+from pydantic import SecretStr
 
-from activities.http import IN_CALL_ATTEMPTS, OutcomeUnknown, new_client, send
-from tgp.errors import TransientError
+from activities.http import IN_CALL_ATTEMPTS, OutcomeUnknown, send
+from activities.http_wire import AiohttpWire, new_client, wire_of
+from tgp.errors import ConfigError, TransientError
 
 
 @asynccontextmanager
@@ -82,3 +92,73 @@ async def test_an_answer_with_a_long_header_line_is_read_as_httpxs_own_transport
     async with raw_server(answer) as (url, _), new_client(timeout=5) as client:
         response = await send(client, "GET", f"{url}/v1/instances", system="cloud", sleep=no_sleep)
     assert response.status_code == 200 and len(response.headers["content-security-policy"]) == 12_000
+
+
+@asynccontextmanager
+async def echo_server() -> AsyncIterator[tuple[str, list[dict[str, object]]]]:
+    """A server that records what each request carried (method, path, query, the headers an API
+    reads, body) and answers with it as JSON; under /gzip gzipped, under /bomb a gzipped body
+    that decodes to 2 MB."""
+    seen: list[dict[str, object]] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        wanted = ("authorization", "content-type", "user-agent", "accept")
+        record = {
+            "method": request.method, "path": request.path, "query": sorted(request.query.items()),
+            "headers": {k: request.headers.get(k) for k in wanted}, "body": body.decode(),
+        }
+        seen.append(record)
+        if request.path == "/bomb":
+            return web.Response(body=gzip.compress(b"x" * 2_000_000), headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+        payload = json.dumps(record).encode()
+        if request.path == "/gzip":
+            return web.Response(body=gzip.compress(payload), headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+        return web.Response(body=payload, status=201 if request.method == "POST" else 200, headers={"Content-Type": "application/json", "X-Api": "a"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        await runner.cleanup()
+
+
+REQUESTS: list[tuple[str, str, dict[str, object]]] = [
+    ("GET", "/v1/instances", {"params": {"name": "tgp n/ü", "all": True, "page": 3, "tag": ["a", "b"], "none": None}}),
+    ("POST", "/v1/instances", {"json": {"name": "tgp-ü", "gpus": [1, 2], "spot": False}}),
+    ("POST", "/oauth/token", {"data": {"client_id": "id", "grant_type": "client_credentials"}}),
+    ("DELETE", "/v1/instances/i-1?force=true", {"headers": {"X-Trace": "t"}}),
+    ("GET", "/gzip", {}),
+]
+
+
+async def test_the_wire_and_httpx_send_the_same_requests_and_read_the_same_answers() -> None:
+    async with echo_server() as (url, seen), new_client(timeout=5, headers={"User-Agent": "tgp"}) as wire, httpx.AsyncClient(
+        transport=AiohttpWire(), timeout=5, headers={"User-Agent": "tgp"}
+    ) as through_httpx:
+        assert wire_of(wire, url, {}) is not None and wire_of(through_httpx, url, {}) is None
+        for method, path, kwargs in REQUESTS:
+            answers = []
+            for client in (wire, through_httpx):
+                answer = await send(client, method, url + path, system="cloud", bearer=SecretStr("k" * 24), **kwargs)  # type: ignore[arg-type]
+                answers.append((answer.status_code, answer.json(), answer.headers.get("content-type"), answer.headers.get("content-encoding"),
+                                answer.request.method, answer.request.url.path, answer.request.content))  # fmt: skip
+            assert answers[0] == answers[1], (method, path)
+            assert seen[-1] == seen[-2], (method, path)
+        assert [r["path"] for r in seen[::2]] == [p.split("?")[0] for _, p, _ in REQUESTS]
+
+
+async def test_a_body_over_the_cap_once_decoded_is_refused_on_both_paths() -> None:
+    """A small gzipped answer that decodes past `max_bytes` stops the reading either way."""
+    async with echo_server() as (url, _), new_client(timeout=5) as wire, httpx.AsyncClient(transport=AiohttpWire(), timeout=5) as through_httpx:
+        for client in (wire, through_httpx):
+            with pytest.raises(ConfigError, match="over 1000000 bytes"):
+                await send(client, "GET", f"{url}/bomb", system="cloud", max_bytes=1_000_000)
+            answer = await send(client, "GET", f"{url}/bomb", system="cloud", max_bytes=3_000_000)
+            assert answer.content == b"x" * 2_000_000

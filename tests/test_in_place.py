@@ -157,7 +157,7 @@ async def test_a_label_change_that_fails_is_tried_again_later_and_never_ends_the
 
     import httpx
 
-    from activities.http import default_tls
+    from activities.http_wire import default_tls
 
     from tests.conftest import eventually, running_world, skip_time
     from tests.test_node_lifecycle import replay, request, start, wait_phase

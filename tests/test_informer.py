@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.kube.cluster import KubernetesCluster
 from crd_bridge.informer import Informer
 from tests.conftest import eventually

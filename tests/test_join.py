@@ -10,7 +10,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.boot.render import UBUNTU_CLOUD_INIT_TEMPLATE, shipped_template
 from tests.conftest import running_world
 from tests.test_node_lifecycle import assert_nothing_left, readable, request, start, temporal_cli, wait_phase

@@ -27,7 +27,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.accounts import ProviderRegistry
 from activities.kept_accounts import LABEL_KEPT, UNUSED_FOR, KeptAccounts, account_of, kept_name
 from activities.node import NodeActivities

@@ -27,7 +27,7 @@ import pytest
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio import watch as k8s_watch
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.kube_env import KUBECONFIG_ENV, KubeApi
 
 from workers import crdgen

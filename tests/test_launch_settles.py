@@ -30,7 +30,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.search_attributes import SA_PHASE, start_attributes
 from tests.conftest import eventually, running_world
 from tests.test_entities_heal import start_class

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import binary, eventually, running_world
 from tests.kube_env import KubeApi
 from tests.test_bridge import NO_IDLING, apply, gpu_class, gpu_pool, pending_pod, ready_nodes, running_stack

@@ -15,7 +15,7 @@ from datetime import timedelta
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.provider_model import CreateOutcome
 from sim.world import SimWorld, sim_world
 from tests.conftest import eventually

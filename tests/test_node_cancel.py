@@ -16,7 +16,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, Wor
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
 from tests.test_node_lifecycle import FAST, assert_nothing_left, node_exists, replay, request, start, wait_phase

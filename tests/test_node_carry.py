@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import eventually, running_world
 from tests.test_node_lifecycle import assert_nothing_left, request, start, wait_phase
 from tests.test_watch_events import AT_REST

@@ -17,7 +17,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.kube_machinery import MERGE_PATCH
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world

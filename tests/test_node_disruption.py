@@ -15,7 +15,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, replay, request, start, wait_phase

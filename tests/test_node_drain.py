@@ -14,7 +14,7 @@ import httpx
 from prometheus_client import REGISTRY
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.world import SimWorld
 from tests.conftest import eventually, running_world
 from tests.test_launch_settles import calls, quick_world

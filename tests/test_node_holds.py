@@ -27,7 +27,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.cloud import SimOffer
 from sim.world import sim_world
 

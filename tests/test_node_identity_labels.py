@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.kube_env import load_crd
 from sim.kube import KubeEmulator
 from tgp.crds import GPUNodePool

@@ -10,7 +10,7 @@ from datetime import timedelta
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import running_world
 from sim.kube_kubelet import register_node
 from tests.kube_env import KubeApi

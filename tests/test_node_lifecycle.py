@@ -18,7 +18,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, Wor
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import binary, eventually, running_world
 from tests.histories_io import save_history
 from sim.world import NODE_TAG, SimWorld

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import running_world, skip_time
 from tests.test_node_lifecycle import assert_nothing_left, node_exists, replay, request, start, wait_phase
 from sim.world import SimWorld

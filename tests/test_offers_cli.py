@@ -77,7 +77,7 @@ async def test_keys_from_a_kubernetes_secret(fakes: dict[str, str], monkeypatch:
 
     import httpx
 
-    from activities.http import default_tls
+    from activities.http_wire import default_tls
 
     from sim.kube import KubeEmulator
 

@@ -12,7 +12,7 @@ import yaml
 from temporalio.testing import WorkflowEnvironment
 
 from activities.visibility import running_node_workflows
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import binary, eventually, running_world
 from tests.test_node_lifecycle import request, start, wait_phase
 from workers.crdgen import manifests

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import yaml
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.cloud import SimOffer
 from sim.demo import EXAMPLES, apply
 from sim.world import sim_world

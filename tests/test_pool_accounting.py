@@ -18,7 +18,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import eventually, running_world
 from tests.test_node_lifecycle import FAST, request, start, wait_phase
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus

@@ -15,7 +15,7 @@ import pytest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.cloud import SimOffer
 from sim.world import SimWorld
 from tests.conftest import binary, eventually, running_world, skip_time

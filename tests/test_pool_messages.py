@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import eventually, running_world
 from tests.test_entities_heal import CLASS, start_class, start_pool
 from tests.test_pool_accounting import pool_spec

@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.kube_env import load_crd
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from sim.kube import KubeEmulator
 from tgp.crds import GPUNodePool
 

@@ -33,7 +33,7 @@ from temporalio.client import WorkflowContinuedAsNewError, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.entity import EventSpec
 from activities.node import DrainRelease
 from tests.conftest import binary, eventually

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.ports import CloudProvider
 from activities.clouds.lambdalabs import LambdaProvider, wire_name
 from tgp.errors import AuthError, CapacityError, ConfigError, OfferRefused, PermissionDenied, TransientError

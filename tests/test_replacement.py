@@ -21,7 +21,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import eventually
 from tests.test_pool_accounting import passes
 from tests.kube_env import KubeApi

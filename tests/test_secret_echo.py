@@ -42,7 +42,7 @@ from pydantic import SecretStr
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 import activities.http
 from activities.errors import temporal_errors
 from activities.node import NodeActivities

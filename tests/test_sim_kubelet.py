@@ -19,7 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 # The harmless join material that template checks render with (no real secret).
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.boot.render import _SAMPLE_JOIN, BootSettings, render_boot_payload, shipped_template
 from sim.cloud import SimulatedCloud
 from sim.kube_kubelet import (

@@ -11,7 +11,7 @@ import httpx
 import kmock
 import pytest
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tests.conftest import eventually
 from sim.kube import KubeEmulator
 from sim.kube_kubelet import register_node

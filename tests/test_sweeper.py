@@ -10,7 +10,7 @@ import httpx
 from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.sweeper import Orphan, SweepInput, node_of_instance
 from activities.tailnets.tailscale import TailscaleTailnet
 from tests.conftest import running_world

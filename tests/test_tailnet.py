@@ -16,7 +16,7 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.ports import Tailnet
 from activities.tailnets.listing import DeviceListing
 from activities.tailnets.tailscale import TailscaleTailnet, key_description

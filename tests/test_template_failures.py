@@ -28,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from tests.kube_env import load_crd
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.clouds.simulated import SimulatedProvider
 from activities.kube.cluster import KubernetesCluster
 from activities.node import NodeActivities

@@ -33,7 +33,7 @@ from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from activities.kube.core_calls import CoreCalls
 from activities.ports import EvictionBlocked, ListedSecret, VersionedSecret
 from tgp.crds import GROUP, VERSION

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from activities.http import default_tls
+from activities.http_wire import default_tls
 from tgp.errors import ConfigError
 
 __all__ = [
