@@ -119,8 +119,8 @@ class AiohttpWire(AiohttpTransport):
         headers.update((k.lower(), v) for k, v in (kwargs.get("headers") or {}).items())
         body = _body(kwargs, headers)
         target = yarl.URL(url)
-        if kwargs.get("params"):
-            target = target.extend_query(_query(kwargs["params"]))
+        if kwargs.get("params") is not None:  # as httpx: the params replace the URL's own query
+            target = target.with_query(_query(kwargs["params"]))
         timeout: httpx.Timeout = kwargs.get("timeout") or default_timeout
         try:
             with map_aiohttp_exceptions():

@@ -134,6 +134,8 @@ REQUESTS: list[tuple[str, str, dict[str, object]]] = [
     ("POST", "/v1/instances", {"json": {"name": "tgp-ü", "gpus": [1, 2], "spot": False}}),
     ("POST", "/oauth/token", {"data": {"client_id": "id", "grant_type": "client_credentials"}}),
     ("DELETE", "/v1/instances/i-1?force=true", {"headers": {"X-Trace": "t"}}),
+    ("GET", "/v1/instances?page=1", {"params": {"page": 2}}),
+    ("GET", "/v1/instances?page=1", {"params": {}}),
     ("GET", "/gzip", {}),
 ]
 
