@@ -121,7 +121,9 @@ class AiohttpWire(AiohttpTransport):
         target = yarl.URL(url)
         if kwargs.get("params") is not None:  # as httpx: the params replace the URL's own query
             target = target.with_query(_query(kwargs["params"]))
-        timeout: httpx.Timeout = kwargs.get("timeout") or default_timeout
+        timeout = kwargs.get("timeout") or default_timeout
+        if not isinstance(timeout, httpx.Timeout):
+            timeout = httpx.Timeout(timeout)  # seconds, as httpx takes them too
         try:
             with map_aiohttp_exceptions():
                 async with self.client.request(

@@ -136,7 +136,7 @@ REQUESTS: list[tuple[str, str, dict[str, object]]] = [
     ("DELETE", "/v1/instances/i-1?force=true", {"headers": {"X-Trace": "t"}}),
     ("GET", "/v1/instances?page=1", {"params": {"page": 2}}),
     ("GET", "/v1/instances?page=1", {"params": {}}),
-    ("GET", "/gzip", {}),
+    ("GET", "/gzip", {"timeout": 5}),
 ]
 
 
