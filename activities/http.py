@@ -538,6 +538,9 @@ async def _through_httpx(client: httpx.AsyncClient, method: str, url: str, max_b
             if size > max_bytes:
                 raise TooLarge()
             chunks.append(chunk)
+    except httpx.DecodingError:
+        # A body its encoding does not decode is a broken answer, as on the wire (a ReadError).
+        raise httpx.ReadError("the answer's body could not be decoded") from None
     finally:
         await response.aclose()
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_ONLY]

@@ -9,8 +9,9 @@ layer around the wire (its URL and header objects, built and parsed again for th
 merge with the client's base, redirects, cookies, auth and hooks, none of which tgp uses) took
 two thirds: `AiohttpWire.exchange` sends the same request on the same aiohttp session without
 it, ~0.16 ms (issue 37). `activities.http.send` uses it for a client made by `new_client` and
-httpx's own path for any other (a test's MockTransport, a proxy from the environment), with the
-same bounds and answers (tests/test_http_wire.py).
+httpx's own path for any other (a test's MockTransport, a proxy from the environment, httpx's
+client-wide auth, cookies or redirects) and for arguments it does not take, with the same bounds
+and answers (tests/test_http_wire.py).
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ class _Client(httpx.AsyncClient):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.wire = self._transport if isinstance(self._transport, AiohttpWire) and not self._mounts else None
+        # The wire takes only what tgp's adapters use: none of httpx's client-wide auth, params,
+        # cookies, hooks or redirects (a client given any of them goes through httpx).
+        plain = self.auth is None and not self.params and not self.cookies and not any(self.event_hooks.values()) and not self.follow_redirects
+        self.wire = self._transport if isinstance(self._transport, AiohttpWire) and not self._mounts and plain else None
 
     def _init_transport(  # type: ignore[override]
         self, verify: Any = True, cert: Any = None, trust_env: bool = True, http1: bool = True, http2: bool = False,
@@ -75,6 +79,8 @@ def wire_of(client: httpx.AsyncClient, url: str, kwargs: Mapping[str, object]) -
     wire = getattr(client, "wire", None)
     if wire is None or "://" not in url or not EXCHANGED.issuperset(kwargs):
         return None
+    if any(not isinstance(kwargs.get(k) or {}, Mapping) for k in ("params", "data", "headers")):
+        return None  # a list of pairs, a raw body: httpx's own reading of them
     return wire  # type: ignore[no-any-return]
 
 
@@ -118,12 +124,15 @@ class AiohttpWire(AiohttpTransport):
         headers = {k: v for k, v in client_headers.items() if k != "accept-encoding"}
         headers.update((k.lower(), v) for k, v in (kwargs.get("headers") or {}).items())
         body = _body(kwargs, headers)
-        target = yarl.URL(url)
-        if kwargs.get("params") is not None:  # as httpx: the params replace the URL's own query
-            target = target.with_query(_query(kwargs["params"]))
-        timeout = kwargs.get("timeout") or default_timeout
+        try:
+            target = yarl.URL(url)
+            if kwargs.get("params") is not None:  # as httpx: the params replace the URL's own query
+                target = target.with_query(_query(kwargs["params"]))
+        except ValueError:
+            raise httpx.InvalidURL("the URL is not valid") from None  # as httpx refuses one, without it
+        timeout = kwargs["timeout"] if "timeout" in kwargs else default_timeout
         if not isinstance(timeout, httpx.Timeout):
-            timeout = httpx.Timeout(timeout)  # seconds, as httpx takes them too
+            timeout = httpx.Timeout(timeout)  # seconds, or None for none, as httpx takes them
         try:
             with map_aiohttp_exceptions():
                 async with self.client.request(
@@ -163,20 +172,20 @@ class Answer(httpx.Response):
 
 
 def _body(kwargs: Mapping[str, Any], headers: dict[str, str]) -> bytes | None:
-    """The request's body as httpx encodes `json` (compact UTF-8) or `data` (a form), with its
-    Content-Type unless the caller set one."""
+    """The request's body as httpx encodes `data` (a form, its values as in a query) or else
+    `json` (compact UTF-8), with its Content-Type unless the caller set one."""
+    if kwargs.get("data"):
+        headers.setdefault("content-type", "application/x-www-form-urlencoded")
+        return urlencode(_query(kwargs["data"])).encode()
     if kwargs.get("json") is not None:
         headers.setdefault("content-type", "application/json")
         return json_module.dumps(kwargs["json"], ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-    if kwargs.get("data"):
-        headers.setdefault("content-type", "application/x-www-form-urlencoded")
-        return urlencode(kwargs["data"], doseq=True).encode()
     return None
 
 
 def _query(params: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """`params` as httpx puts them in a URL: True and False as "true" and "false", None as "",
-    a list as the name repeated."""
+    """`params` (or a form's fields) as httpx puts them in a URL: True and False as "true" and
+    "false", None as "", a list as the name repeated."""
     pairs = []
     for name, value in params.items():
         for one in value if isinstance(value, list | tuple) else [value]:

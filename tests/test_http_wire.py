@@ -96,19 +96,22 @@ async def test_an_answer_with_a_long_header_line_is_read_as_httpxs_own_transport
 
 @asynccontextmanager
 async def echo_server() -> AsyncIterator[tuple[str, list[dict[str, object]]]]:
-    """A server that records what each request carried (method, path, query, the headers an API
-    reads, body) and answers with it as JSON; under /gzip gzipped, under /bomb a gzipped body
-    that decodes to 2 MB."""
+    """A server that records what each request carried (method, path, its raw query, every header
+    but those of the connection and the body's transfer, body) and answers with it as JSON;
+    under /gzip gzipped, under /bomb a gzipped body that decodes to 2 MB, under /corrupt a body
+    that says gzip and is not."""
     seen: list[dict[str, object]] = []
 
     async def answer(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        wanted = ("authorization", "content-type", "user-agent", "accept")
+        transfer = {"host", "content-length", "accept-encoding"}
         record = {
-            "method": request.method, "path": request.path, "query": sorted(request.query.items()),
-            "headers": {k: request.headers.get(k) for k in wanted}, "body": body.decode(),
+            "method": request.method, "path": request.path, "query": request.query_string,
+            "headers": sorted((k.lower(), v) for k, v in request.headers.items() if k.lower() not in transfer), "body": body.decode(),
         }
         seen.append(record)
+        if request.path == "/corrupt":
+            return web.Response(body=b"not gzip at all", headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
         if request.path == "/bomb":
             return web.Response(body=gzip.compress(b"x" * 2_000_000), headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
         payload = json.dumps(record).encode()
@@ -132,7 +135,7 @@ async def echo_server() -> AsyncIterator[tuple[str, list[dict[str, object]]]]:
 REQUESTS: list[tuple[str, str, dict[str, object]]] = [
     ("GET", "/v1/instances", {"params": {"name": "tgp n/ü", "all": True, "page": 3, "tag": ["a", "b"], "none": None}}),
     ("POST", "/v1/instances", {"json": {"name": "tgp-ü", "gpus": [1, 2], "spot": False}}),
-    ("POST", "/oauth/token", {"data": {"client_id": "id", "grant_type": "client_credentials"}}),
+    ("POST", "/oauth/token", {"data": {"client_id": "id", "grant_type": "client_credentials", "offline": True, "scope": None}}),
     ("DELETE", "/v1/instances/i-1?force=true", {"headers": {"X-Trace": "t"}}),
     ("GET", "/v1/instances?page=1", {"params": {"page": 2}}),
     ("GET", "/v1/instances?page=1", {"params": {}}),
@@ -149,11 +152,17 @@ async def test_the_wire_and_httpx_send_the_same_requests_and_read_the_same_answe
             answers = []
             for client in (wire, through_httpx):
                 answer = await send(client, method, url + path, system="cloud", bearer=SecretStr("k" * 24), **kwargs)  # type: ignore[arg-type]
-                answers.append((answer.status_code, answer.json(), answer.headers.get("content-type"), answer.headers.get("content-encoding"),
-                                answer.request.method, answer.request.url.path, answer.request.content))  # fmt: skip
+                headers = sorted((k, v) for k, v in answer.headers.multi_items() if k not in ("date", "server"))
+                answers.append((answer.status_code, answer.json(), headers, answer.request.method, answer.request.url.path, answer.request.content))
             assert answers[0] == answers[1], (method, path)
             assert seen[-1] == seen[-2], (method, path)
         assert [r["path"] for r in seen[::2]] == [p.split("?")[0] for _, p, _ in REQUESTS]
+        errors = []
+        for client in (wire, through_httpx):  # a body its encoding does not decode: a broken answer, retried
+            with pytest.raises(TransientError) as broken:
+                await send(client, "GET", f"{url}/corrupt", system="cloud", sleep=no_sleep)
+            errors.append(str(broken.value))
+        assert errors[0] == errors[1] and "ReadError" in errors[0], errors
 
 
 async def test_a_body_over_the_cap_once_decoded_is_refused_on_both_paths() -> None:
@@ -164,3 +173,17 @@ async def test_a_body_over_the_cap_once_decoded_is_refused_on_both_paths() -> No
                 await send(client, "GET", f"{url}/bomb", system="cloud", max_bytes=1_000_000)
             answer = await send(client, "GET", f"{url}/bomb", system="cloud", max_bytes=3_000_000)
             assert answer.content == b"x" * 2_000_000
+
+
+async def test_what_the_wire_does_not_take_goes_through_httpx() -> None:
+    """A client with any of httpx's client-wide options (auth, params, cookies, hooks, redirects),
+    a relative URL, another argument, or params, a form or headers given as pairs: httpx's path."""
+    url = "http://cloud.example.invalid/v1"
+    async with new_client() as plain:
+        assert wire_of(plain, url, {"params": {"a": "1"}, "json": {}, "headers": {}, "timeout": 5}) is not None
+        for kwargs in ({"files": {}}, {"params": [("a", "1")]}, {"data": "raw"}, {"headers": [("X-A", "1")]}):
+            assert wire_of(plain, url, kwargs) is None, kwargs
+        assert wire_of(plain, "/v1", {}) is None
+    for options in ({"auth": ("u", "p")}, {"params": {"a": "1"}}, {"cookies": {"c": "1"}}, {"follow_redirects": True}, {"event_hooks": {"request": [print]}}):
+        async with new_client(**options) as other:  # type: ignore[arg-type]
+            assert wire_of(other, url, {}) is None, options
