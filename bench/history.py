@@ -56,13 +56,12 @@ async def describe_all(client: Client, ids: list[str], run_ids: dict[str, str] |
 
 
 # A node's path, step by step: (name, from, to) over the moments `launch_durations` reads from its
-# history (its start, first workflow task, first marker, and the phases it entered).
+# history (its start, first workflow task, and the phases it entered). A node the pool starts
+# runs `Launching` from its start (the start's search attributes, no upsert), and its first task
+# schedules the launch: the buy and the join are one activity to Ready.
 NODE_PATH = (
     ("start_to_first_task", "start", "first_task"),
-    ("first_task_to_offer", "first_task", "first_local_activity"),
-    ("offer_to_launching", "first_local_activity", "Launching"),
-    ("start_to_launching", "start", "Launching"),
-    ("launching_to_ready", "Launching", "Ready"),  # the buy and the join: one activity
+    ("first_task_to_ready", "first_task", "Ready"),
 )
 
 
@@ -83,8 +82,8 @@ def steady_window(ready_at: list[float]) -> dict[str, float] | None:
 async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, float] | None = None) -> dict[str, Any]:
     """launch_instance per node workflow (first run): scheduled -> started (queue), started ->
     closed (the activity itself, over all its attempts' last), and how many were still open.
-    Also each node's path by the phases it entered (its TgpPhase upserts): start -> Launching
-    (offer, the class's reservation), -> Ready (the launch and its join, labels), and, with
+    Also each node's path (NODE_PATH): start -> its first workflow task (the worker's backlog) ->
+    Ready (its TgpPhase upsert: the launch and its join, labels), and, with
     `bound_at` (workflow id -> when the first pod was bound to its node), Ready -> pod bound
     (the simulated scheduler's share); every activity's scheduled -> closed by type; and the
     worker's backlog: every workflow task's scheduled -> started."""
@@ -108,9 +107,6 @@ async def launch_durations(client: Client, ids: list[str], bound_at: dict[str, f
             async for event in client.get_workflow_handle(wid).fetch_history_events():
                 at = event.event_time.ToDatetime().timestamp()
                 entered.setdefault("start", at)
-                if event.HasField("marker_recorded_event_attributes"):
-                    # The life's patch marker and select_offer's, recorded with the same task.
-                    entered.setdefault("first_local_activity", at)
                 if event.HasField("upsert_workflow_search_attributes_event_attributes"):
                     phase = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields.get("TgpPhase")
                     if phase is not None:
