@@ -43,7 +43,7 @@ from typing import Any, Self
 import httpx
 from pydantic import SecretStr
 
-from activities.http_wire import WIRE_ONLY, TooLarge, new_client, wire_of
+from activities.http_wire import WIRE_ONLY, TooLarge, new_client, read_capped, wire_of
 from tgp import secrets as secret_registry
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
 
@@ -532,19 +532,14 @@ async def _through_httpx(client: httpx.AsyncClient, method: str, url: str, max_b
     request = client.build_request(method, url, **kwargs)  # type: ignore[arg-type]
     response = await client.send(request, stream=True)
     try:
-        chunks, size = [], 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > max_bytes:
-                raise TooLarge()
-            chunks.append(chunk)
+        content = await read_capped(response.aiter_bytes(), max_bytes)
     except httpx.DecodingError:
         # A body its encoding does not decode is a broken answer, as on the wire (a ReadError).
         raise httpx.ReadError("the answer's body could not be decoded") from None
     finally:
         await response.aclose()
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in WIRE_ONLY]
-    return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks), request=request)
+    return httpx.Response(response.status_code, headers=headers, content=content, request=request)
 
 
 def json_object(response: httpx.Response, *, system: str) -> dict[str, Any]:

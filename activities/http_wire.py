@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import json as json_module
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -41,6 +41,23 @@ EXCHANGED = frozenset({"params", "json", "data", "headers", "timeout"})
 
 class TooLarge(Exception):
     """An answer's body passed the size cap."""
+
+
+async def read_capped(chunks: AsyncIterator[bytes], max_bytes: int) -> bytes:
+    """A body read whole from `chunks` (decoded), TooLarge once past `max_bytes`: stopped there."""
+    read, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise TooLarge()
+        read.append(chunk)
+    return b"".join(read)
+
+
+def unreadable(exc: aiohttp.ClientError, request: httpx.Request | None = None) -> httpx.RemoteProtocolError:
+    """An aiohttp error httpx-aiohttp does not map, as the broken answer httpx's own transport
+    raised: named by its type only."""
+    return httpx.RemoteProtocolError(f"the answer could not be read ({type(exc).__name__})", request=request)
 
 
 def new_client(*, transport: httpx.AsyncBaseTransport | None = None, **options: Any) -> httpx.AsyncClient:
@@ -109,7 +126,7 @@ class AiohttpWire(AiohttpTransport):
         try:
             return await super().handle_async_request(request)
         except aiohttp.ClientError as exc:
-            raise httpx.RemoteProtocolError(f"the answer could not be read ({type(exc).__name__})", request=request) from None
+            raise unreadable(exc, request) from None
 
     async def exchange(
         self, method: str, url: str, client_headers: httpx.Headers, default_timeout: httpx.Timeout, max_bytes: int, **kwargs: Any
@@ -138,17 +155,12 @@ class AiohttpWire(AiohttpTransport):
                 async with self.client.request(
                     method, target, headers=headers, data=body, allow_redirects=False, timeout=_client_timeout(timeout)
                 ) as answer:
-                    chunks, size = [], 0
-                    async for chunk in answer.content.iter_chunked(CHUNK):
-                        size += len(chunk)
-                        if size > max_bytes:
-                            raise TooLarge()
-                        chunks.append(chunk)
+                    content = await read_capped(answer.content.iter_chunked(CHUNK), max_bytes)
                     kept = [(k, v) for k, v in answer.raw_headers if k.decode("latin-1").lower() not in WIRE_ONLY]
                     status = answer.status
         except aiohttp.ClientError as exc:
-            raise httpx.RemoteProtocolError(f"the answer could not be read ({type(exc).__name__})") from None
-        return Answer(status, headers=kept, content=b"".join(chunks), sent=(method, str(target), body or b""))
+            raise unreadable(exc) from None
+        return Answer(status, headers=kept, content=content, sent=(method, str(target), body or b""))
 
 
 class Answer(httpx.Response):
