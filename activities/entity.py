@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube.cluster import CustomResource, KubernetesCluster
+from activities.kube.cluster import EVENT_MESSAGE_LIMIT, CustomResource, KubernetesCluster
 from activities.errors import temporal_errors
 from activities.visibility import running_node_workflows
 from tgp.crds import GROUP, VERSION, GPUNodePoolStatus
@@ -44,6 +44,33 @@ class EventSpec(BaseModel):
     type: str = "Normal"
     reason: str
     message: str
+    count: int = Field(1, ge=1, description="How many occurrences this one Event stands for (`folded`).")
+
+
+def folded(events: list[EventSpec]) -> list[EventSpec]:
+    """The Events of one write with the same object, type and reason as one Event each, in the
+    order they first came: its `count` says how many, its message lists theirs as far as
+    EVENT_MESSAGE_LIMIT allows ("...; and 27 more"). A burst's pass launches hundreds of nodes:
+    one NodeLaunched per node buried the pool's other Events in `kubectl describe` and cost a
+    request each (client-go's correlator, too, combines similar Events of one object)."""
+    groups: dict[tuple[object, ...], list[EventSpec]] = {}
+    for e in events:
+        groups.setdefault((e.ref.kind, e.ref.namespace, e.ref.name, e.ref.uid, e.type, e.reason), []).append(e)
+    return [group[0] if len(group) == 1 else _one_for(group) for group in groups.values()]
+
+
+def _one_for(group: list[EventSpec]) -> EventSpec:
+    shown: list[str] = []
+    length = 0
+    for i, e in enumerate(group):
+        rest = f"; and {len(group) - i} more"
+        if length + len(e.message) + 2 + len(rest) > EVENT_MESSAGE_LIMIT and i:
+            shown.append(rest.removeprefix("; "))
+            break
+        shown.append(e.message)
+        length += len(e.message) + 2
+    first = group[0]
+    return first.model_copy(update={"message": "; ".join(shown)[:EVENT_MESSAGE_LIMIT], "count": sum(e.count for e in group)})
 
 
 def resource(ref: ObjectRef) -> CustomResource:
@@ -123,7 +150,7 @@ class EntityActivities:
                 if e.ref.kind == "Pod":
                     await self._pod_event(e)
                 else:
-                    await self.cluster.create_event(resource(e.ref), type=e.type, reason=e.reason, message=e.message)
+                    await self.cluster.create_event(resource(e.ref), type=e.type, reason=e.reason, message=e.message, count=e.count)
 
         with temporal_errors():
             await asyncio.gather(*(emit(e) for e in events))

@@ -82,3 +82,6 @@ async def test_item8_item21_pods_whose_nodes_others_took_get_nodes_again(tempora
         assert len(s.world.cloud.instances) == 2 * FIRST, f"{len(s.world.cloud.instances)} nodes bought for {2 * FIRST} one-GPU pods"
         events = (await s.kube.get("/api/v1/namespaces/ml/events")).json()["items"]
         assert not [e for e in events if e["reason"] == "PodDoesNotFit"], "no pod that had no room is blamed"
+        # A pass's launches are one NodeLaunched Event, counting them (activities.entity.folded).
+        launched = [e for e in events if e["reason"] == "NodeLaunched"]
+        assert sum(e["count"] for e in launched) == 2 * FIRST and len(launched) < 2 * FIRST, [(e["count"], e["message"]) for e in launched]

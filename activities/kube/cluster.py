@@ -61,6 +61,8 @@ REQUEST_TIMEOUT = timedelta(seconds=30)
 CONFLICT_ATTEMPTS = 5
 # An Event's create is tried with this many generated names before its 409 is an error.
 EVENT_NAME_TRIES = 3
+# The longest Event message written; past it, cut.
+EVENT_MESSAGE_LIMIT = 1024
 # A Node `get_node` read is kept this long for a write that follows the look (`label_and_taint`
 # in the launch's activity, milliseconds later); older copies are dropped.
 SEEN_FOR = 5.0  # seconds
@@ -621,10 +623,11 @@ class KubernetesCluster:
             return False
         return True
 
-    async def create_event(self, ref: CustomResource, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
-        """Record a core/v1 Event about `ref` (shown by `kubectl describe`)."""
+    async def create_event(self, ref: CustomResource, *, type: str, reason: str, message: str, component: str = "tgp", count: int = 1) -> None:
+        """Record a core/v1 Event about `ref` (shown by `kubectl describe`), standing for `count`
+        occurrences."""
         involved = {"apiVersion": f"{ref.group}/{ref.version}", "kind": ref.kind, "name": ref.name, "namespace": ref.namespace, "uid": ref.uid}
-        await self._record_event(involved, ref.namespace or "default", str(ref), type=type, reason=reason, message=message, component=component)
+        await self._record_event(involved, ref.namespace or "default", str(ref), type=type, reason=reason, message=message, component=component, count=count)
 
     async def record_class_event(self, name: str, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
         """Record a core/v1 Event about the GPUNodeClass `name` (its uid read first, so that
@@ -642,7 +645,7 @@ class KubernetesCluster:
         )
 
     async def _record_event(
-        self, involved: dict[str, str | None], namespace: str, what: str, *, type: str, reason: str, message: str, component: str
+        self, involved: dict[str, str | None], namespace: str, what: str, *, type: str, reason: str, message: str, component: str, count: int = 1
     ) -> None:
         """The Event as the API takes it (camelCase JSON, as the Node and pod calls send theirs):
         an Event per node change is the pool's most frequent write, and kubernetes' models cost
@@ -656,11 +659,11 @@ class KubernetesCluster:
             "involvedObject": {k: v for k, v in involved.items() if v is not None},
             "type": type,
             "reason": reason,
-            "message": message[:1024],
+            "message": message[:EVENT_MESSAGE_LIMIT],
             "source": {"component": component},
             "firstTimestamp": now,
             "lastTimestamp": now,
-            "count": 1,
+            "count": count,
         }
         # A generated name already taken is 409 AlreadyExists from a server before 1.32 (later
         # ones generate again themselves): a new name is asked for, as client-go's recorder does.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EntityActivities, PoolStatusWrite
+    from activities.entity import EntityActivities, PoolStatusWrite, folded
     from activities.pool import PoolActivities
     from tgp.conditions import condition_list
     from tgp.crds import GPUNodePoolStatus, PoolNodeStatus
@@ -68,13 +68,14 @@ class Publishing(PoolBase):
         await self._write_events()
 
     async def _write_events(self) -> bool:
-        """Write the Events so far, once; those appended meanwhile wait (in the state, which
-        continue-as-new carries). A failed write is retried on the next pass, and a backlog is
-        capped so a broken API cannot grow it. Returns whether the write went through."""
+        """Write the Events so far, once, those of one reason as one (`folded`); those appended
+        meanwhile wait (in the state, which continue-as-new carries). A failed write is retried on
+        the next pass, and a backlog is capped so a broken API cannot grow it. Returns whether the
+        write went through."""
         if not self.state.events:
             return True
         batch = list(self.state.events)
-        emitted = await best_effort(EntityActivities.emit_events, batch, summary="write Events")
+        emitted = await best_effort(EntityActivities.emit_events, folded(batch), summary="write Events")
         if not emitted.ok:
             self.state.events = self.state.events[-MAX_PENDING_EVENTS:]
             return False
