@@ -41,11 +41,12 @@ FLOOR_TIMEOUT = 180.0
 # Rounds of the per-node comparison: the largest burst and the floor, one right after the other;
 # the targets take each ratio's median round. On a shared host the CPU a fixed amount of work
 # costs moves by 15-25% from minute to minute (the floor alone: 36-49 ms over one hour), so one
-# round's ratio is a draw; the first round is the bursts phase's own with the floor phase.
-ROUNDS = int(knob("BENCH_ROUNDS", "3", "1"))
+# round's ratio is a draw; the first round is the bursts phase's own with the floor phase. Five:
+# with three, the median of one run moved by 0.2x between runs of the same tree within an hour.
+ROUNDS = int(knob("BENCH_ROUNDS", "5", "1"))
 # How long a burst may take until every pod is bound, and the hold's bring-up until every node
 # is Ready; past it the phase reports what it has (pods never served, nodes Ready). They keep a
-# full run under 10 minutes on 2 cores even where every target is missed by far.
+# full run under 15 minutes on 2 cores even where every target is missed by far.
 BURST_DEADLINE = {100: 60.0, 500: 120.0}
 
 

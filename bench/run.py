@@ -2,7 +2,7 @@
 the real stack in one run, written to bench/results/latest.json (or BENCH_OUT) and
 docs/benchmarks.md (bench/report.py).
 
-    make bench                                           # the full run (about 10-12 minutes on 2 cores)
+    make bench                                           # the full run (about 12-14 minutes on 2 cores)
     make bench BENCH_QUICK=1                             # a 2-3 minute run for development
     bench/device.sh                                      # the figures on a many-core machine, JSON to $OUT
 
@@ -24,7 +24,7 @@ core for Python, for the dev server near what it used in the floor):
 * offers: ranking 10,000 offers, offer listings per node started;
 * floor (right after the bursts): the least one workflow per node costs, nothing of tgp in it:
   lives of one and of two activities on a dev server of their own (bench/temporal_floor.py);
-* rounds: the largest burst and the floor again, BENCH_ROUNDS in all (3; 1 in a quick run): the
+* rounds: the largest burst and the floor again, BENCH_ROUNDS in all (5; 1 in a quick run): the
   per-node targets take each ratio's median round (bench/figures.py median_round).
 
 Knobs (environment; bench/knobs.py): BENCH_QUICK=1, BENCH_BURSTS ("100,500"), BENCH_BURST_WORKERS
