@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube.cluster import EVENT_MESSAGE_LIMIT, CustomResource, KubernetesCluster
+from activities.kube.cluster import CustomResource, KubernetesCluster
 from activities.errors import temporal_errors
 from activities.visibility import running_node_workflows
 from tgp.crds import GROUP, VERSION, GPUNodePoolStatus
+from tgp.events import EventSpec
 from tgp.messages import NodeSighting, ObjectRef, RunningNodesChanges, RunningNodesQuery
 from tgp.types import PodSummary
 
@@ -36,41 +37,6 @@ class PoolStatusWrite(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ref: ObjectRef
     workflow_id: str
-
-
-class EventSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ref: ObjectRef
-    type: str = "Normal"
-    reason: str
-    message: str
-    count: int = Field(1, ge=1, description="How many occurrences this one Event stands for (`folded`).")
-
-
-def folded(events: list[EventSpec]) -> list[EventSpec]:
-    """The Events of one write with the same object, type and reason as one Event each, in the
-    order they first came: its `count` says how many, its message lists theirs as far as
-    EVENT_MESSAGE_LIMIT allows ("...; and 27 more"). A burst's pass launches hundreds of nodes:
-    one NodeLaunched per node buried the pool's other Events in `kubectl describe` and cost a
-    request each (client-go's correlator, too, combines similar Events of one object)."""
-    groups: dict[tuple[object, ...], list[EventSpec]] = {}
-    for e in events:
-        groups.setdefault((e.ref.kind, e.ref.namespace, e.ref.name, e.ref.uid, e.type, e.reason), []).append(e)
-    return [group[0] if len(group) == 1 else _one_for(group) for group in groups.values()]
-
-
-def _one_for(group: list[EventSpec]) -> EventSpec:
-    shown: list[str] = []
-    length = 0
-    for i, e in enumerate(group):
-        rest = f"; and {len(group) - i} more"
-        if length + len(e.message) + 2 + len(rest) > EVENT_MESSAGE_LIMIT and i:
-            shown.append(rest.removeprefix("; "))
-            break
-        shown.append(e.message)
-        length += len(e.message) + 2
-    first = group[0]
-    return first.model_copy(update={"message": "; ".join(shown)[:EVENT_MESSAGE_LIMIT], "count": sum(e.count for e in group)})
 
 
 def resource(ref: ObjectRef) -> CustomResource:
@@ -166,7 +132,7 @@ class EntityActivities:
             if not uid:
                 return
         pod = PodSummary(namespace=e.ref.namespace or "default", name=e.ref.name, uid=uid)
-        await self.cluster.record_pod_event(pod, type=e.type, reason=e.reason, message=e.message)
+        await self.cluster.record_pod_event(pod, type=e.type, reason=e.reason, message=e.message, count=e.count)
 
     def all(self) -> list[object]:
         return [self.running_nodes, self.running_nodes_changed, self.closed_workflows, self.write_status, self.write_pool_status, self.emit_events]

@@ -9,7 +9,7 @@
 # record to another name); BENCH_DEVICE_JSON=a.json,b.json names others. A machine without the
 # venv: PYTHON=python3 with PYTHONPATH=<the runtime wheels installed with --target>:.
 # (bench/results/HISTORY.md, 2026-11-29 night, has the recipe used on a 16-core machine: 150-190 s a run
-# then; the three rounds of the per-node comparison, BENCH_ROUNDS, now add two bursts of 500 and two
+# then; the five rounds of the per-node comparison, BENCH_ROUNDS, now add four bursts of 500 and four
 # floors to that: BENCH_ROUNDS=1 keeps a run within the old time).
 set -euo pipefail
 cd "$(dirname "$0")/.."

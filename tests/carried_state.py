@@ -63,7 +63,8 @@ def recording() -> bool:
 def pool_input() -> Any:
     from tgp.capacity import Nomination
     from tgp.crds import Condition, GPUNodeClass, GPUNodePool
-    from tgp.messages import PoolNode, PoolUpdate
+    from tgp.events import EventSpec
+    from tgp.messages import ObjectRef, PoolNode, PoolUpdate
     from tgp.types import NodePhase
     from workflows.pool import PoolInput, PoolState
 
@@ -93,6 +94,12 @@ def pool_input() -> Any:
         written="f00d",
         seen_running_at=AT,
         ended=["ml-rtx-gpu-0ld"],
+        events=[
+            EventSpec(
+                ref=ObjectRef(kind="GPUNodePool", name="rtx", namespace="ml", uid="5b0c4f7e-1d2a-4c3b-9e8f-0a1b2c3d4e5f"),
+                reason="NodeLaunched", message="launching node ml-rtx-gpu-a1b for pod ml/train-0 (1 GPU)",
+            )
+        ],
         nodes_ended=1,
         granted={ready: AT},
     )

@@ -34,7 +34,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.http_wire import default_tls
-from activities.entity import EventSpec
+from tgp.events import EventSpec
 from activities.node import DrainRelease
 from tests.conftest import binary, eventually
 from tgp.crds import GPUNodeClassSpec, GPUNodePoolSpec, GPUNodePoolStatus

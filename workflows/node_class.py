@@ -17,12 +17,13 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EntityActivities, EventSpec, StatusWrite
+    from activities.entity import EntityActivities, StatusWrite
     from activities.node_class import NodeClassActivities, ValidateClassInput
     from tgp.budget import admit, admit_many, hold
     from tgp.class_ledger import sighted
     from tgp.class_status import AccountProblem, class_status
     from tgp.crds import Condition, GPUNodeClassSpec
+    from tgp.events import EventSpec
     from tgp.messages import (
         ClassInput,
         ClassUpdate,

@@ -37,6 +37,7 @@ from activities.http_wire import default_tls
 from activities.kube.core_calls import CoreCalls
 from activities.ports import EvictionBlocked, ListedSecret, VersionedSecret
 from tgp.crds import GROUP, VERSION
+from tgp.events import EVENT_MESSAGE_LIMIT
 from tgp.disruption import do_not_disrupt
 from tgp.drift import patch_labels, patch_taints
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
@@ -61,8 +62,6 @@ REQUEST_TIMEOUT = timedelta(seconds=30)
 CONFLICT_ATTEMPTS = 5
 # An Event's create is tried with this many generated names before its 409 is an error.
 EVENT_NAME_TRIES = 3
-# The longest Event message written; past it, cut.
-EVENT_MESSAGE_LIMIT = 1024
 # A Node `get_node` read is kept this long for a write that follows the look (`label_and_taint`
 # in the launch's activity, milliseconds later); older copies are dropped.
 SEEN_FOR = 5.0  # seconds
@@ -637,11 +636,11 @@ class KubernetesCluster:
         uid = ((found or {}).get("metadata") or {}).get("uid")
         await self.create_event(replace(ref, uid=uid), type=type, reason=reason, message=message, component=component)
 
-    async def record_pod_event(self, pod: PodSummary, *, type: str, reason: str, message: str, component: str = "tgp") -> None:
+    async def record_pod_event(self, pod: PodSummary, *, type: str, reason: str, message: str, component: str = "tgp", count: int = 1) -> None:
         """Record a core/v1 Event about a Pod (shown by `kubectl describe pod`, which finds it by uid)."""
         involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace, "uid": pod.uid or None}
         await self._record_event(
-            involved, pod.namespace, f"Pod {pod.namespace}/{pod.name}", type=type, reason=reason, message=message, component=component
+            involved, pod.namespace, f"Pod {pod.namespace}/{pod.name}", type=type, reason=reason, message=message, component=component, count=count
         )
 
     async def _record_event(

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EventSpec
+    from tgp.events import EventSpec
     from tgp.capacity import CapacityNode
     from tgp.crds import ConsolidationStatus, PoolNodeStatus
     from tgp.disruption import unlimited_reasons

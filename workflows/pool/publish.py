@@ -6,10 +6,11 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EntityActivities, PoolStatusWrite, folded
+    from activities.entity import EntityActivities, PoolStatusWrite
     from activities.pool import PoolActivities
     from tgp.conditions import condition_list
     from tgp.crds import GPUNodePoolStatus, PoolNodeStatus
+    from tgp.events import folded
     from tgp.merge import with_merging
     from tgp.messages import EvictNodesInput, PoolNode
     from tgp.pool_plan import Note, Wanted, instances_released

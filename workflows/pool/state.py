@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.entity import EventSpec
+    from tgp.events import EventSpec
     from tgp.capacity import POD_BIND_GRACE, Nomination
     from tgp.crds import Condition, ConsolidationStatus
     from tgp.merge import Merging
