@@ -405,6 +405,22 @@ async def test_a_label_right_after_a_look_writes_from_that_look() -> None:
         assert (len(kube["get /api/v1/nodes/n1"]), len(kube["patch /api/v1/nodes/n1"])) == (6, 4)
 
 
+async def test_a_folded_event_is_written_with_its_count(kube_api: KubeApi) -> None:
+    """A pass's Events of one reason are one Event (tgp.events.folded): the API keeps its count,
+    on a pool and on a pod alike (`kubectl describe` shows "x3")."""
+    from activities.kube.cluster import CustomResource
+    from tgp.types import PodSummary
+
+    ns = kube_api.namespace
+    pool = CustomResource("tgp.io", "v1alpha1", "gpunodepools", "GPUNodePool", "folded", namespace=ns)
+    await kube_api.cluster.create_event(pool, type="Normal", reason="NodeLaunched", message="launching node a | launching node b | and 1 more", count=3)
+    await kube_api.cluster.record_pod_event(PodSummary(namespace=ns, name="trainer", uid="u-1"), type="Warning", reason="PodDoesNotFit", message="x", count=2)
+    listed = await kube_api.get(f"/api/v1/namespaces/{ns}/events")
+    assert listed is not None
+    counts = {e["reason"]: (e["count"], e["involvedObject"]["name"]) for e in listed["items"] if e["reason"] in ("NodeLaunched", "PodDoesNotFit")}
+    assert counts == {"NodeLaunched": (3, "folded"), "PodDoesNotFit": (2, "trainer")}
+
+
 async def test_an_event_whose_generated_name_is_taken_is_recorded_under_another() -> None:
     """A server before 1.32 answers 409 AlreadyExists when a generated name is taken: the Event
     is sent again for a new name (EVENT_NAME_TRIES), not failed with the pass's other Events."""
