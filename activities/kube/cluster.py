@@ -37,10 +37,10 @@ from activities.http_wire import default_tls
 from activities.kube.core_calls import CoreCalls
 from activities.ports import EvictionBlocked, ListedSecret, VersionedSecret
 from tgp.crds import GROUP, VERSION
-from tgp.events import EVENT_MESSAGE_LIMIT
 from tgp.disruption import do_not_disrupt
 from tgp.drift import patch_labels, patch_taints
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
+from tgp.events import EVENT_MESSAGE_LIMIT
 from tgp.types import ANNOTATION_RELEASED, FINALIZER_TERMINATION, GPU_RESOURCE, NodeSummary, PodSummary, Taint
 
 

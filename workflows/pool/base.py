@@ -11,10 +11,10 @@ from typing import Generic, TypeVar
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from tgp.events import EventSpec
     from tgp.capacity import CapacityNode
     from tgp.crds import ConsolidationStatus, PoolNodeStatus
     from tgp.disruption import unlimited_reasons
+    from tgp.events import EventSpec
     from tgp.messages import ObjectRef, PoolNode, PoolUpdate
     from tgp.pool_plan import Note, capacity_node, disrupting, live_grants, pod_ref, timeouts_for
     from tgp.types import NodePhase, Stage, StageRecord, TimeoutsUpdate

@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from tgp.events import EventSpec
     from tgp.capacity import POD_BIND_GRACE, Nomination
     from tgp.crds import Condition, ConsolidationStatus
+    from tgp.events import EventSpec
     from tgp.merge import Merging
     from tgp.messages import OfferCheck, PoolNode, PoolUpdate
     from tgp.pool_plan import ClassRefusal, UnsettledStart
