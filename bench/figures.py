@@ -55,15 +55,40 @@ def floor_ratios(cost: dict[str, float], floor: dict[str, Any]) -> dict[str, flo
     }
 
 
-def rounds(first: dict[str, Any] | None, floor: dict[str, Any], more: list[dict[str, Any]]) -> list[dict[str, Any]]:
+# The floor's figures a round is judged on (bench/temporal_floor.py's JSON).
+FLOOR_FIGURES = ("two_steps_ms", "two_steps_worker_ms", "two_steps_server_ms")
+
+
+def measured_floor(floor: dict[str, Any] | None) -> bool:
+    return floor is not None and "error" not in floor and all(k in floor for k in FLOOR_FIGURES)
+
+
+def floor_around(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
+    """The floor a burst is judged against: `after` (measured right after the burst), its
+    figures the mean of it and `before` (measured right before the burst) where both were
+    measured. On a shared host the CPU one piece of work costs drifts from minute to minute;
+    the mean of the floors on either side of a burst cancels a drift over the round instead of
+    charging it to one side of the ratio. `around` keeps both sums."""
+    if not measured_floor(before) or not measured_floor(after):
+        return after
+    assert before is not None  # (measured_floor)
+    mean = {k: round((before[k] + after[k]) / 2, 2) for k in FLOOR_FIGURES}
+    return {**after, **mean, "around": [before["two_steps_ms"], after["two_steps_ms"]]}
+
+
+def rounds(first: dict[str, Any] | None, floor: dict[str, Any], more: list[dict[str, Any]], before: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Each round of the per-node comparison, numbered from 1: a burst's per-node CPU
-    (`per_node`) and the floor measured right after it, with their ratios (`floor_ratios`); or,
-    for a round left out, why ("left_out"). The first round is the run's own burst (`first`) and
-    floor; `more` are the later rounds (bench/run.py), each {"burst", "floor"}, and each must be
-    the first round's burst again (as many pods) with every pod served, as `first` was."""
+    (`per_node`) against the floors measured right before and right after it (`floor_around`),
+    with their ratios (`floor_ratios`); or, for a round left out, why ("left_out"). The first
+    round is the run's own burst (`first`) between the floor `before` it and `floor`; `more`
+    are the later rounds (bench/run.py), each {"burst", "floor"} (the floor after it; the one
+    before is the previous round's), and each must be the first round's burst again (as many
+    pods) with every pod served, as `first` was. A round whose floor after it broke is left out."""
     pods = (first or {}).get("pods")
     out: list[dict[str, Any]] = []
-    for i, (burst, fl) in enumerate([(first, floor), *((m.get("burst"), m.get("floor") or {}) for m in more)], 1):
+    pairs = [(first, floor), *((m.get("burst"), m.get("floor") or {}) for m in more)]
+    floors = [before, *(fl for _, fl in pairs)]
+    for i, (burst, fl) in enumerate(pairs, 1):
         cost = per_node(burst) if burst and "error" not in burst else None
         why = ("its burst broke" if burst and "error" in burst else "no burst measured" if cost is None else
                "its floor broke" if "error" in fl else "no floor measured" if "two_steps_ms" not in fl else
@@ -73,7 +98,8 @@ def rounds(first: dict[str, Any] | None, floor: dict[str, Any], more: list[dict[
         if why is not None or cost is None or burst is None:
             out.append({"round": i, "left_out": why or "not measured"})
         else:
-            out.append({"round": i, "cost": cost, "floor": fl, "ratio": floor_ratios(cost, fl), "wall_s": burst.get("wall_s")})
+            around = floor_around(floors[i - 1], fl)
+            out.append({"round": i, "cost": cost, "floor": around, "ratio": floor_ratios(cost, around), "wall_s": burst.get("wall_s")})
     return out
 
 

@@ -74,10 +74,10 @@ def short_life(r: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def cost_rounds(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rounds of the per-node comparison (bench.figures.rounds): the largest burst with the
-    floor, then each later round."""
+    """The rounds of the per-node comparison (bench.figures.rounds): the largest burst between
+    the floors right before and right after it, then each later round."""
     big = largest_burst(r)
-    return fig.rounds(big[1] if big else None, r.get("temporal_floor") or {}, r.get("rounds") or [])
+    return fig.rounds(big[1] if big else None, r.get("temporal_floor") or {}, r.get("rounds") or [], r.get("temporal_floor_before"))
 
 
 def cost_rows(r: dict[str, Any]) -> list[Row]:
@@ -221,7 +221,8 @@ def cost_table(r: dict[str, Any]) -> list[str]:
         return ["Round 1 not measured: a burst or the floor is missing from this run.", "", *rounds_table(r)]
     cost, floor, ratio = first["cost"], first["floor"], first["ratio"]
     share = {"worker": floor["two_steps_worker_ms"], "bridge": None, "temporal": floor["two_steps_server_ms"], "sum": floor["two_steps_ms"]}
-    lines = [f"Burst {big[0]}, {big[1]['instances_bought']} nodes brought up; the floor: {floor['n']} two-step lives at once on a dev server of their own, in the same run.", "",
+    around = f" (the mean of the floor right before the burst, {floor['around'][0]} ms, and the one right after, {floor['around'][1]} ms)" if "around" in floor else ""
+    lines = [f"Burst {big[0]}, {big[1]['instances_bought']} nodes brought up; the floor: {floor['n']} two-step lives at once on a dev server of their own, in the same run{around}.", "",
              "| CPU per node brought up | tgp | floor (two steps) | ratio |", "|---|---|---|---|"]  # fmt: skip
     for k, label in (("worker", "worker"), ("bridge", "bridge"), ("temporal", "Temporal server"), ("sum", "sum")):
         lines.append(f"| {label} | {cost[k]:.1f} ms | {_f(share[k], ' ms', 1) if share[k] is not None else '— (the floor has none)'} | {f'{ratio[k]:.2f}×' if k in ratio else '—'} |")
@@ -237,7 +238,8 @@ def rounds_table(r: dict[str, Any]) -> list[str]:
     if len(every) < 2:
         return []
     lines = [f"The same comparison in {len(every)} rounds, each the burst and then the floor (BENCH_ROUNDS; round 1 is the one above where it "
-             "was measured); on a shared host the CPU one piece of work costs moves from minute to minute, so the targets take each "
+             "was measured, with a floor right before it too); on a shared host the CPU one piece of work costs moves from minute to minute, so "
+             "each burst is set against the mean of the floors on either side of it (in brackets: before, after), and the targets take each "
              "ratio's median round (of an even number, the higher of the middle two).", "",
              "| round | burst wall | tgp: sum | floor | ratio | tgp: worker | floor: worker | ratio |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m in every:
@@ -245,7 +247,8 @@ def rounds_table(r: dict[str, Any]) -> list[str]:
             lines.append(f"| {m['round']} | left out: {m['left_out']} | | | | | | |")
             continue
         c, fl, x = m["cost"], m["floor"], m["ratio"]
-        lines.append(f"| {m['round']} | {_f(m['wall_s'], ' s', 0)} | {c['sum']:.1f} ms | {fl['two_steps_ms']} ms | {x['sum']:.2f}× | {c['worker']:.1f} ms | {fl['two_steps_worker_ms']} ms | {x['worker']:.2f}× |")
+        around = f" ({fl['around'][0]}, {fl['around'][1]})" if "around" in fl else ""
+        lines.append(f"| {m['round']} | {_f(m['wall_s'], ' s', 0)} | {c['sum']:.1f} ms | {fl['two_steps_ms']} ms{around} | {x['sum']:.2f}× | {c['worker']:.1f} ms | {fl['two_steps_worker_ms']} ms | {x['worker']:.2f}× |")
     return lines
 
 

@@ -2,7 +2,7 @@
 the real stack in one run, written to bench/results/latest.json (or BENCH_OUT) and
 docs/benchmarks.md (bench/report.py).
 
-    make bench                                           # the full run (about 12-14 minutes on 2 cores)
+    make bench                                           # the full run (about 13-15 minutes on 2 cores)
     make bench BENCH_QUICK=1                             # a 2-3 minute run for development
     bench/device.sh                                      # the figures on a many-core machine, JSON to $OUT
 
@@ -22,10 +22,12 @@ core for Python, for the dev server near what it used in the floor):
 * latency: one burst of BENCH_LATENCY_PODS, too small to saturate anything;
 * hold: 1,000 node workflows at rest (bench/hold.py);
 * offers: ranking 10,000 offers, offer listings per node started;
-* floor (right after the bursts): the least one workflow per node costs, nothing of tgp in it:
-  lives of one and of two activities on a dev server of their own (bench/temporal_floor.py);
-* rounds: the largest burst and the floor again, BENCH_ROUNDS in all (5; 1 in a quick run): the
-  per-node targets take each ratio's median round (bench/figures.py median_round).
+* floor (right before and right after the largest burst): the least one workflow per node
+  costs, nothing of tgp in it: lives of one and of two activities on a dev server of their own
+  (bench/temporal_floor.py);
+* rounds: the largest burst and the floor again, BENCH_ROUNDS in all (5; 1 in a quick run): each
+  burst against the mean of the floors on either side of it (bench/figures.py floor_around), the
+  per-node targets take each ratio's median round (median_round).
 
 Knobs (environment; bench/knobs.py): BENCH_QUICK=1, BENCH_BURSTS ("100,500"), BENCH_BURST_WORKERS
 (worker processes in the burst phase, 1), BENCH_WORKERS
@@ -97,7 +99,12 @@ async def measure(results: dict[str, Any]) -> None:
         results["offer_cache"] = await offer_cache.run(100)
     if "burst" in PHASES:
         idle = os.environ.get("BENCH_SKIP_IDLE") != "1"
-        results["bursts"] = {str(n): await phase(burst(n, idle=idle and i == 0, workers=BURST_WORKERS), f"burst {n}") for i, n in enumerate(BURSTS)}
+        results["bursts"] = {}
+        for i, n in enumerate(BURSTS):
+            if n == max(BURSTS) and "floor" in PHASES:  # right before the largest burst: the first round's floor before it
+                say(f"floor: {FLOOR_WORKFLOWS} lives of one and of two activities at once, before burst {n}")
+                results["temporal_floor_before"] = await phase(floor(FLOOR_WORKFLOWS), "floor before")
+            results["bursts"][str(n)] = await phase(burst(n, idle=idle and i == 0, workers=BURST_WORKERS), f"burst {n}")
     if "floor" in PHASES:  # right after the largest burst: the first round of the per-node comparison
         say(f"floor: {FLOOR_WORKFLOWS} lives of one and of two activities at once, on a dev server of their own")
         results["temporal_floor"] = await phase(floor(FLOOR_WORKFLOWS), "floor")

@@ -212,8 +212,9 @@ def test_a_many_core_run_keeps_its_failed_rows_and_an_unreadable_file_is_said(tm
 
 
 def test_the_per_node_targets_take_each_ratios_median_round_and_the_page_shows_every_round() -> None:
-    """Rounds, each a burst and the floor right after it: the sum's ratios 2.88x (the run's own
-    round), 1.45x, 0.60x; the worker's 5.00x, 1.50x, 2.40x. Each target takes its own median
+    """Rounds, each a burst and the floor right after it (and the one before: the round's before
+    it): the sum's ratios 2.88x (the run's own round), 1.45x, 0.80x (48 ms against the mean of
+    40 and 80); the worker's 5.00x, 1.50x, 2.40x. Each target takes its own median
     round, with that round's figures. A round whose floor broke, whose burst left pods unserved
     or was another size is left out and said so; of an even number the higher middle counts."""
     r = run()
@@ -221,20 +222,20 @@ def test_the_per_node_targets_take_each_ratios_median_round_and_the_page_shows_e
                                                               "usage": usage(worker=worker, bridge=0.0, temporal=server), **burst}, "floor": floor}  # fmt: skip
     r["rounds"] = [
         again(7.5, 21.5, FLOOR),  # 15 + 43 = 58 ms: 1.45x; the worker 15 against 10: 1.50x
-        again(12.0, 12.0, {**FLOOR, "two_steps_ms": 80.0, "two_steps_worker_ms": 10.0}),  # 48 ms against 80: 0.60x; 24 against 10: 2.40x
+        again(12.0, 12.0, {**FLOOR, "two_steps_ms": 80.0, "two_steps_worker_ms": 10.0}),  # 48 ms against (40 + 80) / 2: 0.80x; 24 against 10: 2.40x
         again(1.0, 1.0, {"error": "the floor broke"}),
         again(1.0, 1.0, FLOOR, never_served=3),
         again(1.0, 1.0, FLOOR, pods=200),
     ]
     cost = next(x for x in targets(r) if x[0].startswith("worker + bridge"))
-    assert cost[2].startswith("**1.45×** (the median of 3 rounds: 2.88×, 1.45×, 0.60×; round 4 left out: its floor broke; "
+    assert cost[2].startswith("**1.45×** (the median of 3 rounds: 2.88×, 1.45×, 0.80×; round 4 left out: its floor broke; "
                               "round 5 left out: its burst left 3 pods unserved; round 6 left out: its burst was of 200 pods, not 500): 58.0 ms against 40.0 ms")
     assert cost[3] is True
     worker = next(x for x in targets(r) if x[0].startswith("worker CPU per node"))
     assert worker[2].startswith("**2.40×** (the median of 3 rounds: 5.00×, 1.50×, 2.40×;") and "24.0 ms" in worker[2] and worker[3] is False
     page = render(r)
-    assert "| 2 | 30 s | 58.0 ms | 40.0 ms | 1.45× | 15.0 ms | 10.0 ms | 1.50× |" in page
-    assert "| 3 | 30 s | 48.0 ms | 80.0 ms | 0.60× |" in page and "| 4 | left out: its floor broke |" in page
+    assert "| 2 | 30 s | 58.0 ms | 40.0 ms (40.0, 40.0) | 1.45× | 15.0 ms | 10.0 ms | 1.50× |" in page
+    assert "| 3 | 30 s | 48.0 ms | 60.0 ms (40.0, 80.0) | 0.80× |" in page and "| 4 | left out: its floor broke |" in page
     # Of two rounds measured, the higher: never the better one by default.
     two = fig.rounds(r["bursts"]["500"], FLOOR, r["rounds"][:1])
     assert fig.median_round(two, "sum")["ratio"]["sum"] == pytest.approx(2.875)
@@ -243,6 +244,30 @@ def test_the_per_node_targets_take_each_ratios_median_round_and_the_page_shows_e
     del r["temporal_floor"]["two_steps_ms"]
     page = render(r)
     assert "Round 1 not measured" in page and "| 1 | left out: its floor broke |" in page and "| 2 | 30 s | 58.0 ms |" in page
+
+
+def test_each_burst_is_set_against_the_mean_of_the_floors_on_either_side_of_it() -> None:
+    """A host whose pace drifts within a round moves the floor before a burst and the one after
+    it alike: each round takes their mean. Round 1's burst (115 ms a node) sits between a floor
+    of 60 ms measured right before it and 40 ms right after: 50 ms, 2.30x. Round 2's floor before
+    is round 1's after. A round whose floor after it broke is left out, and the round after it
+    takes its own floor alone."""
+    r = run()
+    r["temporal_floor_before"] = {**FLOOR, "two_steps_ms": 60.0, "two_steps_worker_ms": 14.0, "two_steps_server_ms": 46.0}
+    again = lambda floor: {"burst": {"pods": 500, "never_served": 0, "instances_bought": 500, "wall_s": 30.0,  # noqa: E731
+                                     "usage": usage(worker=7.5, bridge=0.0, temporal=21.5)}, "floor": floor}  # fmt: skip
+    r["rounds"] = [again({**FLOOR, "two_steps_ms": 20.0, "two_steps_worker_ms": 6.0, "two_steps_server_ms": 14.0}), again({"error": "broke"}), again(FLOOR)]
+    first, second, third, fourth = fig.rounds(r["bursts"]["500"], FLOOR, r["rounds"], r["temporal_floor_before"])
+    assert first["floor"]["two_steps_ms"] == 50.0 and first["floor"]["around"] == [60.0, 40.0]
+    assert first["ratio"]["sum"] == pytest.approx(115.0 / 50.0) and first["ratio"]["worker"] == pytest.approx(first["cost"]["worker"] / 12.0)
+    assert second["floor"]["two_steps_ms"] == 30.0 and second["ratio"]["sum"] == pytest.approx(58.0 / 30.0)
+    assert third["left_out"] == "its floor broke"
+    assert fourth["floor"] == FLOOR and fourth["ratio"]["sum"] == pytest.approx(58.0 / 40.0)
+    page = render(r)
+    assert "| 1 | 20 s | 115.0 ms | 50.0 ms (60.0, 40.0) | 2.30× |" in page and "| 4 | 30 s | 58.0 ms | 40.0 ms | 1.45× |" in page
+    assert "right before the burst, 60.0 ms, and the one right after, 40.0 ms" in page
+    # Without a floor before it (a run recorded before there was one), round 1 takes its floor alone.
+    assert fig.rounds(r["bursts"]["500"], FLOOR, [])[0]["floor"] == FLOOR
 
 
 def test_two_workers_are_not_judged_where_the_machine_had_no_room_for_them() -> None:
