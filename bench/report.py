@@ -77,7 +77,10 @@ def cost_rounds(r: dict[str, Any]) -> list[dict[str, Any]]:
     """The rounds of the per-node comparison (bench.figures.rounds): the largest burst between
     the floors right before and right after it, then each later round."""
     big = largest_burst(r)
-    return fig.rounds(big[1] if big else None, r.get("temporal_floor") or {}, r.get("rounds") or [], r.get("temporal_floor_before"))
+    before = r.get("temporal_floor_before") or {}
+    # (a quick run's largest burst is its workers phase's, which the floor before did not precede)
+    right_before = before if big is not None and big[0] == str(before.get("before_burst")) else None
+    return fig.rounds(big[1] if big else None, r.get("temporal_floor") or {}, r.get("rounds") or [], right_before)
 
 
 def cost_rows(r: dict[str, Any]) -> list[Row]:

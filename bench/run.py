@@ -103,7 +103,7 @@ async def measure(results: dict[str, Any]) -> None:
         for i, n in enumerate(BURSTS):
             if n == max(BURSTS) and "floor" in PHASES:  # right before the largest burst: the first round's floor before it
                 say(f"floor: {FLOOR_WORKFLOWS} lives of one and of two activities at once, before burst {n}")
-                results["temporal_floor_before"] = await phase(floor(FLOOR_WORKFLOWS), "floor before")
+                results["temporal_floor_before"] = {**await phase(floor(FLOOR_WORKFLOWS), "floor before"), "before_burst": n}
             results["bursts"][str(n)] = await phase(burst(n, idle=idle and i == 0, workers=BURST_WORKERS), f"burst {n}")
     if "floor" in PHASES:  # right after the largest burst: the first round of the per-node comparison
         say(f"floor: {FLOOR_WORKFLOWS} lives of one and of two activities at once, on a dev server of their own")

@@ -253,7 +253,7 @@ def test_each_burst_is_set_against_the_mean_of_the_floors_on_either_side_of_it()
     is round 1's after. A round whose floor after it broke is left out, and the round after it
     takes its own floor alone."""
     r = run()
-    r["temporal_floor_before"] = {**FLOOR, "two_steps_ms": 60.0, "two_steps_worker_ms": 14.0, "two_steps_server_ms": 46.0}
+    r["temporal_floor_before"] = {**FLOOR, "two_steps_ms": 60.0, "two_steps_worker_ms": 14.0, "two_steps_server_ms": 46.0, "before_burst": 500}
     again = lambda floor: {"burst": {"pods": 500, "never_served": 0, "instances_bought": 500, "wall_s": 30.0,  # noqa: E731
                                      "usage": usage(worker=7.5, bridge=0.0, temporal=21.5)}, "floor": floor}  # fmt: skip
     r["rounds"] = [again({**FLOOR, "two_steps_ms": 20.0, "two_steps_worker_ms": 6.0, "two_steps_server_ms": 14.0}), again({"error": "broke"}), again(FLOOR)]
@@ -266,8 +266,11 @@ def test_each_burst_is_set_against_the_mean_of_the_floors_on_either_side_of_it()
     page = render(r)
     assert "| 1 | 20 s | 115.0 ms | 50.0 ms (60.0, 40.0) | 2.30× |" in page and "| 4 | 30 s | 58.0 ms | 40.0 ms | 1.45× |" in page
     assert "right before the burst, 60.0 ms, and the one right after, 40.0 ms" in page
-    # Without a floor before it (a run recorded before there was one), round 1 takes its floor alone.
+    # Without a floor before it (a run recorded before there was one), round 1 takes its floor alone;
+    # so does a burst the floor before did not precede (a quick run's workers phase is its largest).
     assert fig.rounds(r["bursts"]["500"], FLOOR, [])[0]["floor"] == FLOOR
+    r["temporal_floor_before"]["before_burst"] = 100
+    assert "| 1 | 20 s | 115.0 ms | 40.0 ms | 2.88× |" in render(r)
 
 
 def test_two_workers_are_not_judged_where_the_machine_had_no_room_for_them() -> None:
