@@ -9,8 +9,8 @@
 # record to another name); BENCH_DEVICE_JSON=a.json,b.json names others. A machine without the
 # venv: PYTHON=python3 with PYTHONPATH=<the runtime wheels installed with --target>:.
 # (bench/results/HISTORY.md, 2026-11-29 night, has the recipe used on a 16-core machine: 150-190 s a run
-# then; the five rounds of the per-node comparison, BENCH_ROUNDS, now add four bursts of 500 and four
-# floors to that: BENCH_ROUNDS=1 keeps a run within the old time).
+# then; the five rounds of the per-node comparison, BENCH_ROUNDS, now add four bursts of 500 and five
+# floors to that, one of them right before the first burst of 500: BENCH_ROUNDS=1 adds that one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder the JSON goes to}"

@@ -38,11 +38,13 @@ WORKERS_BURST = int(knob("BENCH_WORKERS_BURST", "200", "40"))
 # Workflows of the smallest life started at once on a dev server of their own (bench/temporal_floor.py).
 FLOOR_WORKFLOWS = int(knob("BENCH_FLOOR_WORKFLOWS", "500", "100"))
 FLOOR_TIMEOUT = 180.0
-# Rounds of the per-node comparison: the largest burst and the floor, one right after the other;
-# the targets take each ratio's median round. On a shared host the CPU a fixed amount of work
-# costs moves by 15-25% from minute to minute (the floor alone: 36-49 ms over one hour), so one
-# round's ratio is a draw; the first round is the bursts phase's own with the floor phase. Five:
-# with three, the median of one run moved by 0.2x between runs of the same tree within an hour.
+# Rounds of the per-node comparison: the largest burst and then the floor; each burst is set
+# against the mean of the floor right before it (the previous round's; for the first, one run
+# just before the bursts phase's largest burst) and the one right after (figures.floor_around),
+# and the targets take each ratio's median round. On a shared host the CPU a fixed amount of
+# work costs moves by 15-25% from minute to minute (the floor alone: 36-51 ms within one run),
+# so one round's ratio is a draw. Five: with three, the median of one run moved by 0.2x between
+# runs of the same tree within an hour.
 ROUNDS = int(knob("BENCH_ROUNDS", "5", "1"))
 # How long a burst may take until every pod is bound, and the hold's bring-up until every node
 # is Ready; past it the phase reports what it has (pods never served, nodes Ready). They keep a

@@ -78,8 +78,10 @@ def cost_rounds(r: dict[str, Any]) -> list[dict[str, Any]]:
     the floors right before and right after it, then each later round."""
     big = largest_burst(r)
     before = r.get("temporal_floor_before") or {}
-    # (a quick run's largest burst is its workers phase's, which the floor before did not precede)
-    right_before = before if big is not None and big[0] == str(before.get("before_burst")) else None
+    # The burst the floor before preceded (recorded since d5fb0e6; before that, always the run's
+    # largest burst): a quick run's round 1 is its workers phase's burst, which it did not.
+    preceded = before.get("before_burst", max(_get(r, "knobs", "bursts") or [0]))
+    right_before = before if big is not None and big[0] == str(preceded) else None
     return fig.rounds(big[1] if big else None, r.get("temporal_floor") or {}, r.get("rounds") or [], right_before)
 
 
@@ -240,10 +242,11 @@ def rounds_table(r: dict[str, Any]) -> list[str]:
     every = cost_rounds(r)
     if len(every) < 2:
         return []
+    first = "with a floor right before it too" if "around" in (every[0].get("floor") or {}) else "without a floor before it"
     lines = [f"The same comparison in {len(every)} rounds, each the burst and then the floor (BENCH_ROUNDS; round 1 is the one above where it "
-             "was measured, with a floor right before it too); on a shared host the CPU one piece of work costs moves from minute to minute, so "
-             "each burst is set against the mean of the floors on either side of it (in brackets: before, after), and the targets take each "
-             "ratio's median round (of an even number, the higher of the middle two).", "",
+             f"was measured, {first}); on a shared host the CPU one piece of work costs moves from minute to minute, so each burst is set "
+             "against the mean of the floors on either side of it where both were measured (in brackets: before, after), and the targets "
+             "take each ratio's median round (of an even number, the higher of the middle two).", "",
              "| round | burst wall | tgp: sum | floor | ratio | tgp: worker | floor: worker | ratio |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for m in every:
         if "left_out" in m:

@@ -212,9 +212,9 @@ def test_a_many_core_run_keeps_its_failed_rows_and_an_unreadable_file_is_said(tm
 
 
 def test_the_per_node_targets_take_each_ratios_median_round_and_the_page_shows_every_round() -> None:
-    """Rounds, each a burst and the floor right after it (and the one before: the round's before
-    it): the sum's ratios 2.88x (the run's own round), 1.45x, 0.80x (48 ms against the mean of
-    40 and 80); the worker's 5.00x, 1.50x, 2.40x. Each target takes its own median
+    """Rounds, each a burst against the mean of the floor right after it and the previous
+    round's floor: the sum's ratios 2.88x (the run's own round), 1.45x, 0.80x (48 ms against the
+    mean of 40 and 80); the worker's 5.00x, 1.50x, 2.40x. Each target takes its own median
     round, with that round's figures. A round whose floor broke, whose burst left pods unserved
     or was another size is left out and said so; of an even number the higher middle counts."""
     r = run()
@@ -271,6 +271,30 @@ def test_each_burst_is_set_against_the_mean_of_the_floors_on_either_side_of_it()
     assert fig.rounds(r["bursts"]["500"], FLOOR, [])[0]["floor"] == FLOOR
     r["temporal_floor_before"]["before_burst"] = 100
     assert "| 1 | 20 s | 115.0 ms | 40.0 ms | 2.88× |" in render(r)
+
+
+def test_a_floor_before_counts_only_where_it_was_measured_right_before_that_burst() -> None:
+    """A floor before that broke leaves round 1 its floor after alone; a run recorded before the
+    floor before said which burst it preceded counts it for the run's largest burst; a quick
+    run's round 1 (its workers phase's burst, larger) never takes it; and a round left out for
+    its burst still hands its floor after to the next round as that round's floor before."""
+    r = run()
+    r["temporal_floor_before"] = {"error": "broke", "before_burst": 500}
+    assert fig.rounds(r["bursts"]["500"], FLOOR, [], r["temporal_floor_before"])[0]["floor"] == FLOOR
+    assert "| 1 | 20 s | 115.0 ms | 40.0 ms | 2.88× |" in render({**r, "rounds": [{"burst": r["bursts"]["500"], "floor": FLOOR}]})
+    legacy = {**FLOOR, "two_steps_ms": 60.0}  # e369ff7's runs: no before_burst
+    r = {**run(), "temporal_floor_before": legacy, "knobs": {"bursts": [100, 500]}}
+    assert "the one right after, 40.0 ms" in render(r)
+    quick = {**run(), "temporal_floor_before": {**legacy, "before_burst": 500}}
+    quick["workers"]["1"] = {**quick["bursts"]["500"], "pods": 800, "instances_bought": 800, "idle": None}
+    page = render(quick)
+    assert "Burst 800, 1 worker" in page and "the one right after" not in page
+    served = lambda floor, **burst: {"burst": {"pods": 500, "never_served": 0, "instances_bought": 500, "wall_s": 30.0,  # noqa: E731
+                                               "usage": usage(worker=7.5, bridge=0.0, temporal=21.5), **burst}, "floor": floor}  # fmt: skip
+    r = run()
+    rounds = fig.rounds(r["bursts"]["500"], FLOOR, [served({**FLOOR, "two_steps_ms": 20.0}, never_served=2), served(FLOOR)])
+    assert rounds[1]["left_out"] == "its burst left 2 pods unserved"
+    assert rounds[2]["floor"]["around"] == [20.0, 40.0] and rounds[2]["floor"]["two_steps_ms"] == 30.0
 
 
 def test_two_workers_are_not_judged_where_the_machine_had_no_room_for_them() -> None:
