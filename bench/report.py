@@ -358,8 +358,9 @@ def _table(rows: list[Row]) -> list[str]:
     return ["| scenario | target | measured | |", "|---|---|---|---|", *(f"| {s} | {t} | {m} | {_met(ok)} |" for s, t, m, ok in rows)]
 
 
-def device_section(devices: list[dict[str, Any]]) -> list[str]:
-    """Each many-core run with the targets it measured, every ratio from its own figures."""
+def device_section(devices: list[dict[str, Any]], commit: str = "") -> list[str]:
+    """Each many-core run with the targets it measured, every ratio from its own figures; a run
+    of another commit than this page's (`commit`) is said to be of that code."""
     if not devices:
         return [f"Not run here (this machine has fewer than 8 cores). Run it with:", "", "```sh", DEVICE_COMMAND, "```"]
     lines = []
@@ -369,8 +370,10 @@ def device_section(devices: list[dict[str, Any]]) -> list[str]:
             continue
         m = device["machine"]
         measured = [row for row in targets(device) if not (row[3] is None and row[2].startswith("not measured"))]
+        older = (f" Its code is commit `{m['commit']}`'s, not this page's (`{commit}`): `bench/device.sh` at this commit measures this code there."
+                 if commit and m.get("commit") and m["commit"] != commit else "")
         lines += [f"### `{device['file']}`", "", f"{m['nproc']} × {m['cpu_model']}, Python {m['python']}, commit `{m['commit']}`, {device['date']}"
-                  + (f"; {device['made']}" if device.get("made") else "") + ".", "", *_table(measured), "", "Saturated process per phase there:", "",
+                  + (f"; {device['made']}" if device.get("made") else "") + "." + older, "", *_table(measured), "", "Saturated process per phase there:", "",
                   *saturation_table(device), ""]  # fmt: skip
         if device.get("workers"):
             lines += ["Workers there:", "", *workers_table(device), ""]
@@ -403,6 +406,6 @@ def render(r: dict[str, Any], devices: list[dict[str, Any]] | None = None) -> st
         "compares the latter where every run has it.", "", *workers_table(r), "",
         "## Workers per fleet", "", *fleet_section(r), "",
         "## Past one server: what a burst asks of a production Temporal", "", *scale_section(r), "",
-        "## On 8 or more cores", "", *device_section(devices or []), "",
+        "## On 8 or more cores", "", *device_section(devices or [], m["commit"]), "",
     ]  # fmt: skip
     return "\n".join(lines)

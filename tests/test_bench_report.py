@@ -148,6 +148,10 @@ def test_each_many_core_run_is_shown_with_the_targets_it_measured_against_its_ow
     a, b = section.split("### `b.json`")
     assert "1.50×" in a and "nodes Ready per second, 2 workers" not in a  # 12 s against its own 8 s
     assert "burst 500" not in b.split("Saturated process")[0] and "1.80×" in b  # not measured there: not shown
+    # Each is of the same commit as the page here; one of an older commit says whose code it measured.
+    assert "not this page's" not in section
+    older = {**bursts, "machine": {**bursts["machine"], "commit": "0ld0ld0"}}
+    assert "Its code is commit `0ld0ld0`'s, not this page's (`abc1234`)" in render(run(), [older])
 
 
 def test_a_machine_busy_with_other_work_is_saturated_though_the_stack_is_not() -> None:
