@@ -34,6 +34,11 @@ def folded(events: list[EventSpec]) -> list[EventSpec]:
     return [group[0] if len(group) == 1 else _one_for(group) for group in groups.values()]
 
 
+def _and_more(n: int) -> str:
+    """What a folded message ends with for `n` messages not shown ("" for none)."""
+    return f"{SEPARATOR}and {n} more" if n else ""
+
+
 def _one_for(group: list[EventSpec]) -> EventSpec:
     """The group's messages in order, as many as fit with "and N more" for the rest; a first
     message too long alone is cut so that the count of the rest still shows."""
@@ -42,7 +47,7 @@ def _one_for(group: list[EventSpec]) -> EventSpec:
     hidden = 0
     for i, e in enumerate(group):
         after = len(group) - i - 1
-        more = f"{SEPARATOR}and {after} more" if after else ""
+        more = _and_more(after)
         grown = length + (len(SEPARATOR) if shown else 0) + len(e.message)
         if grown + len(more) <= EVENT_MESSAGE_LIMIT:
             shown.append(e.message)
@@ -54,5 +59,5 @@ def _one_for(group: list[EventSpec]) -> EventSpec:
             shown.append(e.message[: EVENT_MESSAGE_LIMIT - len(more)])
             hidden = after
         break
-    message = SEPARATOR.join(shown) + (f"{SEPARATOR}and {hidden} more" if hidden else "")
+    message = SEPARATOR.join(shown) + _and_more(hidden)
     return group[0].model_copy(update={"message": message, "count": sum(e.count for e in group)})
