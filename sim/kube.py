@@ -289,7 +289,7 @@ class KubeEmulator(KubeControllers):
             raise ApiStatus(410, "Expired", "The resourceVersion for the provided list is too old.")
         storage = self._storage(resource)
         items = []
-        for _, stored in self.listed(storage, request.namespace):
+        for _, stored in self.listed(storage, request.namespace, selection):
             obj = self._present(resource, stored.raw)
             if selection.matches(obj):
                 items.append(obj)

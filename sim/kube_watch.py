@@ -26,7 +26,7 @@ import kmock
 from typing_extensions import override
 
 from sim.kube_machinery import ApiStatus, Obj, api_version, is_true, same_resource, status_body
-from sim.kube_store import FIRST_RESOURCE_VERSION, KubeStore, Selection, parse_resource_version, with_version
+from sim.kube_store import FIRST_RESOURCE_VERSION, KubeStore, Selection, node_name_of, parse_resource_version, with_version
 
 # How many changes the emulator keeps for watches that resume from a resourceVersion. A real
 # server's watch cache keeps a bounded window per resource too (and etcd compacts every 5 min);
@@ -86,6 +86,7 @@ class KubeWatch(KubeStore):
 
     @override
     def _publish(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> None:
+        super()._publish(resource, kind, obj, previous)
         change = _Change(int(obj["metadata"]["resourceVersion"]), resource, kind, obj, previous)
         self._changes.append(change)
         while len(self._changes) > max(self.watch_window, 0):
@@ -157,13 +158,13 @@ class KubeWatch(KubeStore):
             namespace=request.namespace,
             name=request.name,
             transport=raw_request.transport if raw_request is not None else None,
-            trigger=_node_trigger(storage, selection),
+            trigger=selection.node_of_pods(storage),
         )
         # Backlog and registration in one step (no await between), so no change falls between.
         if since is None:
             watch.queue.extend(
                 _Change(int(stored.raw["metadata"]["resourceVersion"]), storage, "ADDED", stored.raw, None)
-                for _, stored in self.listed(storage)
+                for _, stored in self.listed(storage, selection=selection)
             )
         else:
             watch.queue.extend(c for c in self._changes if same_resource(c.resource, storage) and c.revision > since)
@@ -249,16 +250,9 @@ class _Watch:
         self.wake.set()
 
 
-def _node_trigger(storage: kmock.resource, selection: Selection) -> str | None:
-    """The Node a watch of pods selects by `spec.nodeName=`, if it does."""
-    if storage.plural != "pods":
-        return None
-    return next((value for path, op, value in selection.fields if path == "spec.nodeName" and op == "="), None)
-
-
 def _node_names(change: _Change) -> tuple[str, ...]:
     """The Nodes a pod was and is on (its old and new spec.nodeName; "" when unbound)."""
-    return tuple(str(((o or {}).get("spec") or {}).get("nodeName") or "") for o in (change.obj, change.previous))
+    return tuple(node_name_of(o or {}) for o in (change.obj, change.previous))
 
 
 def _parse_timeout(value: str | None) -> float | None:

@@ -636,6 +636,40 @@ async def test_a_watch_of_one_nodes_pods_sees_exactly_their_changes(kube_api: Ku
     assert any(e["type"] == "MODIFIED" and (e["object"]["metadata"].get("labels") or {}).get("seen") == "yes" for e in events)
 
 
+async def test_a_list_of_one_nodes_pods_is_exactly_the_pods_bound_there(kube_api: KubeApi) -> None:
+    """A kubelet's list (`spec.nodeName=<its Node>`, which the emulator reads through an index
+    by Node, as the watch cache does): the pods bound there, not those of another Node or
+    unbound ones; a deleted pod leaves it, and one created again under its name lists where it
+    is bound now. On the emulator also a pod bound later (the simulated scheduler binds by
+    patching spec.nodeName)."""
+    here, there = kube_api.unique("here"), kube_api.unique("there")
+    pods = f"/api/v1/namespaces/{kube_api.namespace}/pods"
+
+    async def on(node: str) -> set[str]:
+        response = await kube_api.http.get(pods, params={"fieldSelector": f"spec.nodeName={node}"})
+        assert response.status_code == 200, response.text
+        return {item["metadata"]["name"] for item in response.json()["items"]}
+
+    unbound = kube_api.unique("unbound")
+    await kube_api.create(pods, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": unbound},
+        "spec": {"nodeSelector": {"tgp.test/fits": "nothing"}, "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.9"}]},
+    })  # fmt: skip
+    first, second, other = kube_api.unique("first"), kube_api.unique("second"), kube_api.unique("other")
+    for name, node in ((first, here), (second, here), (other, there)):
+        await kube_api.create_pod(name, node=node)
+    assert (await on(here), await on(there), await on("")) == ({first, second}, {other}, {unbound})
+
+    (await kube_api.http.delete(f"{pods}/{second}", params={"gracePeriodSeconds": "0"})).raise_for_status()
+    assert await on(here) == {first}
+    await kube_api.create_pod(second, node=there)
+    assert (await on(here), await on(there)) == ({first}, {other, second})
+
+    if not kube_api.real:
+        (await kube_api.merge_patch(f"{pods}/{unbound}", {"spec": {"nodeName": here}})).raise_for_status()
+        assert (await on(here), await on("")) == ({first, unbound}, set())
+
+
 async def test_the_watch_window_is_kept_per_resource(kube_api: KubeApi) -> None:
     """As the API server's watch cache: changes of other resources leaving the window do not
     expire a watch of a resource that had none forgotten (an informer of pods in a cluster
