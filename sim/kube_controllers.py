@@ -98,15 +98,16 @@ class KubeControllers(KubeNamespaces):
             self._wake.set()
 
     def _concerns_controllers(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> bool:
-        """Whether a write can give a controller work: a Node matters only by being there (the
-        pod GC), so its status heartbeats and cordons wake nothing; a pod only if a controller
-        owns it (now or before the write) or it is bound to a Node that is not there (the pod
-        GC). A burst's bare pods bound to their Nodes wake nothing: each pass reads every pod
-        and Node, and `make bench`'s burst of 500 woke one every 50 ms."""
+        """Whether a write can give a controller work. A Node matters only to the pod GC, and
+        only when it goes with pods bound to it (a pod that waits for its Node is looked at
+        again when its quarantine ends; heartbeats and cordons change nothing). A pod only if a
+        controller owns it (now or before the write) or it is bound to a Node that is not there.
+        A burst's bare pods and new Nodes wake nothing: each pass reads every pod and Node, and
+        `make bench`'s burst of 500 woke one every 50 ms."""
         if resource not in _WATCHED:
             return False
         if resource == NODES:
-            return kind != "MODIFIED"
+            return kind == "DELETED" and bool(self._pods_on.get(str(obj["metadata"].get("name"))))
         if resource != PODS:
             return True
         if any(_controller_of(o) is not None for o in (obj, previous) if o is not None):
