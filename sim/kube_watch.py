@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 from collections.abc import AsyncIterator
 
 import attrs
@@ -61,7 +62,9 @@ class KubeWatch(KubeStore):
     # listed again (`make bench`: the bridge then re-sent every node's facts every 5 minutes).
     _forgotten: dict[kmock.resource, int] = attrs.field(factory=dict, init=False)
     _compacted: int = attrs.field(default=FIRST_RESOURCE_VERSION, init=False)
-    _watches: set[_Watch] = attrs.field(factory=set, init=False)
+    # The open watch streams by what wakes them: (plural, trigger), where a watch of pods by
+    # `spec.nodeName=` has its Node as trigger (the watch cache's trigger index), any other None.
+    _watches: dict[tuple[str, str | None], set[_Watch]] = attrs.field(factory=dict, init=False)
 
     def compact(self) -> None:
         """Forget the change history, as an etcd compaction does: a watch from any earlier
@@ -73,16 +76,19 @@ class KubeWatch(KubeStore):
         """Drop every open watch connection mid-stream, as an API server restart or a load
         balancer's idle timeout does: the client sees the connection close without the end of
         the chunked body and must reconnect. Returns how many streams were cut."""
-        watches = list(self._watches)
+        watches = self._open_watches()
         for watch in watches:
             watch.end("cut")
-            self._watches.discard(watch)
+            self._watches[_woken_by(watch)].discard(watch)
         return len(watches)
 
     @property
     def open_watches(self) -> int:
         """How many watch streams are being served right now."""
-        return len(self._watches)
+        return len(self._open_watches())
+
+    def _open_watches(self) -> list[_Watch]:
+        return [watch for watches in self._watches.values() for watch in watches]
 
     @override
     def _publish(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> None:
@@ -96,11 +102,12 @@ class KubeWatch(KubeStore):
         # its Node's pods) is woken only by changes of pods on its Node, not by every pod's.
         # Waking and filtering each of 500 kubelets' watches made a pod write cost 10 times
         # as much (`make bench`'s burst of 500).
-        nodes = _node_names(change) if resource.plural == "pods" else ()
-        for watch in self._watches:
-            if same_resource(watch.resource, resource) and (watch.trigger is None or watch.trigger in nodes):
-                watch.queue.append(change)
-                watch.wake.set()
+        triggers = (None, *dict.fromkeys(_node_names(change))) if resource.plural == "pods" else (None,)
+        for trigger in triggers:
+            for watch in self._watches.get((str(resource.plural), trigger), ()):
+                if same_resource(watch.resource, resource):
+                    watch.queue.append(change)
+                    watch.wake.set()
 
     def _watch_horizon(self, storage: kmock.resource) -> int:
         """A watch of `storage` from before this has missed changes: 410 Gone."""
@@ -108,7 +115,7 @@ class KubeWatch(KubeStore):
 
     def _end_watches(self) -> None:
         """End every open watch cleanly, as when the server stops."""
-        for watch in list(self._watches):
+        for watch in self._open_watches():
             watch.end("closed")
 
     def _watch(self, request: kmock.Request, resource: kmock.resource, selection: Selection) -> AsyncIterator[kmock.Payload]:
@@ -167,13 +174,15 @@ class KubeWatch(KubeStore):
                 for _, stored in self.listed(storage, selection=selection)
             )
         else:
-            watch.queue.extend(c for c in self._changes if same_resource(c.resource, storage) and c.revision > since)
+            # From the newest back: a watch resumes from a recent version, the window holds 1,000.
+            later = itertools.takewhile(lambda c: c.revision > since, reversed(self._changes))
+            watch.queue.extend(reversed([c for c in later if same_resource(c.resource, storage)]))
         if initial_events_end:
             watch.queue.append(_Change(self._revision, storage, "BOOKMARK", {
                 "kind": self._kind(resource), "apiVersion": api_version(resource),
                 "metadata": {"resourceVersion": str(self._revision), "annotations": {"k8s.io/initial-events-end": "true"}},
             }, None))
-        self._watches.add(watch)
+        self._watches.setdefault(_woken_by(watch), set()).add(watch)
         try:
             yield b""  # the response headers go out now, as a real server sends them at once
             while True:
@@ -192,7 +201,7 @@ class KubeWatch(KubeStore):
                 except TimeoutError:
                     return
         finally:
-            self._watches.discard(watch)
+            self._watches[_woken_by(watch)].discard(watch)
 
     def _watch_event(
         self, watch: _Watch, change: _Change, resource: kmock.resource, selection: Selection
@@ -248,6 +257,10 @@ class _Watch:
             # truncated response, as when a connection to a real API server breaks.
             self.transport.close()
         self.wake.set()
+
+
+def _woken_by(watch: _Watch) -> tuple[str, str | None]:
+    return (str(watch.resource.plural), watch.trigger)
 
 
 def _node_names(change: _Change) -> tuple[str, ...]:

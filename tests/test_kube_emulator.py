@@ -635,6 +635,15 @@ async def test_a_watch_of_one_nodes_pods_sees_exactly_their_changes(kube_api: Ku
     assert [e["type"] for e in events][0] == "ADDED" and events[-1]["type"] == "DELETED"
     assert any(e["type"] == "MODIFIED" and (e["object"]["metadata"].get("labels") or {}).get("seen") == "yes" for e in events)
 
+    # And while it is open: another Node's pod passes it by, its own is there at once.
+    now = (await kube_api.http.get("/api/v1/pods")).json()["metadata"]["resourceVersion"]
+    live = {"watch": "true", "resourceVersion": now, "fieldSelector": f"spec.nodeName={here}"}
+    async with kube_api.http.stream("GET", "/api/v1/pods", params=live, timeout=STREAM_READ_TIMEOUT) as stream:
+        await kube_api.create_pod(kube_api.unique("passing"), node=there)
+        arrived = await kube_api.create_pod(kube_api.unique("arrived"), node=here)
+        [event] = await read_events(stream, 1)
+    assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", arrived["metadata"]["name"])
+
 
 async def test_a_list_of_one_nodes_pods_is_exactly_the_pods_bound_there(kube_api: KubeApi) -> None:
     """A kubelet's list (`spec.nodeName=<its Node>`, which the emulator reads through an index
