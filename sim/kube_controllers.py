@@ -20,8 +20,9 @@ stored and nothing else happened: no pod, so no demand and nothing bought.
   (kube-controller-manager: 40 s, checked every 20 s), and its ReplicaSet or Job replaces it.
   Deleting an owner deletes what it owns: kube_store's garbage collector.
 
-They run as one task in the emulator, woken by writes to the kinds they watch, and write through
-the store directly (as the real ones do through the API, without the HTTP). Not emulated:
+They run as one task in the emulator, woken by the writes that can give them work (a Deployment,
+ReplicaSet or Job, a pod a controller owns or whose Node is not there, a Node that goes with pods
+on it), and write through the store directly (as the real ones do through the API, without the HTTP). Not emulated:
 adoption of orphans by selector, rollout strategies and history, minReadySeconds, Job backoff
 delays, indexed Jobs, suspend, TTL after finished.
 """

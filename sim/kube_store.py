@@ -22,7 +22,8 @@ KubeEmulator), holds the objects and writes them as the API server's registry do
 * Events in `v1` and `events.k8s.io/v1` share one storage (kube_events);
 * Nodes carry `node.kubernetes.io/not-ready:NoSchedule` until their Ready condition is True
   (the admission plugin and node-lifecycle controller of a real cluster, applied instantly);
-* `labelSelector` and `fieldSelector` of lists and watches (`Selection`).
+* `labelSelector` and `fieldSelector` of lists and watches (`Selection`); a list of pods by
+  `spec.nodeName=` (a kubelet's) reads that Node's pods through an index, as the watch cache does.
 
 Every write ends in `_publish`, where kube_watch records it for watches. Graceful deletion of
 Pods is kube_eviction's; the HTTP routes that call the store are sim.kube's.

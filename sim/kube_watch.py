@@ -10,7 +10,9 @@ the API server's watch cache does:
 * without a resourceVersion it starts with the current state as ADDED events; a streaming list
   (`sendInitialEvents`) ends those with a bookmark (`k8s.io/initial-events-end`);
 * label and field selectors apply per watcher: an object that starts matching is ADDED for
-  it, one that stops matching is DELETED;
+  it, one that stops matching is DELETED; a write wakes only the watches of its resource, a
+  pod's only those that pick no Node and those of its Node (`spec.nodeName=`: the watch cache's
+  trigger index);
 * a stream ends after `timeoutSeconds`; `cut_watches()` drops the open streams mid-body, as an
   API server restart or a load balancer's idle timeout does.
 """
