@@ -22,9 +22,10 @@ stored and nothing else happened: no pod, so no demand and nothing bought.
 
 They run as one task in the emulator, woken by the writes that can give them work (a Deployment,
 ReplicaSet or Job, a pod a controller owns or whose Node is not there, a Node that goes with pods
-on it), and write through the store directly (as the real ones do through the API, without the HTTP). Not emulated:
-adoption of orphans by selector, rollout strategies and history, minReadySeconds, Job backoff
-delays, indexed Jobs, suspend, TTL after finished.
+on it) and when an orphan's quarantine ends, and write through the store directly (as the real
+ones do through the API, without the HTTP). Not emulated: adoption of orphans by selector,
+rollout strategies and history, minReadySeconds, Job backoff delays, indexed Jobs, suspend, TTL
+after finished.
 """
 
 from __future__ import annotations
@@ -348,7 +349,8 @@ def _labels(obj: Obj) -> dict[str, str]:
 
 
 def _spec(obj: Obj) -> Obj:
-    return obj.get("spec") or {}
+    spec = obj.get("spec")
+    return spec if isinstance(spec, dict) else {}
 
 
 def _phase(pod: Obj) -> str:

@@ -23,7 +23,8 @@ KubeEmulator), holds the objects and writes them as the API server's registry do
 * Nodes carry `node.kubernetes.io/not-ready:NoSchedule` until their Ready condition is True
   (the admission plugin and node-lifecycle controller of a real cluster, applied instantly);
 * `labelSelector` and `fieldSelector` of lists and watches (`Selection`); a list of pods by
-  `spec.nodeName=` (a kubelet's) reads that Node's pods through an index, as the watch cache does.
+  `spec.nodeName=` (a kubelet's), and a watch's first events, read that Node's pods through an
+  index, as the watch cache does.
 
 Every write ends in `_publish`, where kube_watch records it for watches. Graceful deletion of
 Pods is kube_eviction's; the HTTP routes that call the store are sim.kube's.
@@ -513,7 +514,11 @@ class KubeStore(kmock.KubernetesEmulator):
         if resource.plural == "pods" and not resource.group:
             key = (resource, (obj.get("metadata") or {}).get("namespace") or None, (obj.get("metadata") or {}).get("name"))
             if previous is not None:
-                self._pods_on.get(node_name_of(previous), set()).discard(key)
+                was = node_name_of(previous)
+                on = self._pods_on.get(was, set())
+                on.discard(key)
+                if not on:  # a Node's name goes with its last pod: Nodes come and go
+                    self._pods_on.pop(was, None)
             if kind != "DELETED":
                 self._pods_on.setdefault(node_name_of(obj), set()).add(key)
 
@@ -825,8 +830,9 @@ class Selection:
 
 
 def node_name_of(pod: Mapping[str, Any]) -> str:
-    """A pod's spec.nodeName ("" when unbound)."""
-    return str((pod.get("spec") or {}).get("nodeName") or "")
+    """A pod's spec.nodeName ("" when unbound, or when its spec is not an object)."""
+    spec = pod.get("spec")
+    return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
 
 
 def _split_terms(selector: str) -> Iterable[str]:

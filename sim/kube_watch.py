@@ -81,7 +81,7 @@ class KubeWatch(KubeStore):
         watches = self._open_watches()
         for watch in watches:
             watch.end("cut")
-            self._watches[_woken_by(watch)].discard(watch)
+            self._forget(watch)
         return len(watches)
 
     @property
@@ -91,6 +91,15 @@ class KubeWatch(KubeStore):
 
     def _open_watches(self) -> list[_Watch]:
         return [watch for watches in self._watches.values() for watch in watches]
+
+    def _forget(self, watch: _Watch) -> None:
+        """A stream that ended (or was cut) wakes no more; a key goes with its last watch (a
+        kubelet's Node's name)."""
+        key = _woken_by(watch)
+        watches = self._watches.get(key, set())
+        watches.discard(watch)
+        if not watches:
+            self._watches.pop(key, None)
 
     @override
     def _publish(self, resource: kmock.resource, kind: str, obj: Obj, previous: Obj | None) -> None:
@@ -203,7 +212,7 @@ class KubeWatch(KubeStore):
                 except TimeoutError:
                     return
         finally:
-            self._watches[_woken_by(watch)].discard(watch)
+            self._forget(watch)
 
     def _watch_event(
         self, watch: _Watch, change: _Change, resource: kmock.resource, selection: Selection

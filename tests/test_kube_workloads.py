@@ -182,8 +182,9 @@ async def test_the_pod_gc_deletes_a_bare_pod_whose_node_goes(kube_api: KubeApi) 
 
 async def test_the_pod_gc_deletes_a_bare_pod_bound_to_a_node_that_is_not_there(kube_api: KubeApi) -> None:
     """The emulator's controllers wake for a pod no controller owns when it is bound to a Node
-    that does not exist, and the pod GC deletes it; one on a Node that is there stays. (A real
-    cluster's pod GC is the previous test's: a pod whose Node is missing.)"""
+    that does not exist, created so or moved there, and the pod GC deletes it; one on a Node
+    that is there stays. (A real cluster's pod GC is the previous test's: a pod whose Node is
+    missing.)"""
     if kube_api.emulator is None:
         pytest.skip("the same pod GC as the previous test on a real cluster, another 40-60 s there")
     quick_pod_gc(kube_api)
@@ -193,6 +194,10 @@ async def test_the_pod_gc_deletes_a_bare_pod_bound_to_a_node_that_is_not_there(k
     await kube_api.create_pod(lost, node=kube_api.unique("nowhere"))
     await eventually(collected(kube_api, lost), timeout=CONVERGE, what="the pod on a missing Node deleted by the pod GC")
     assert await kube_api.get(f"/api/v1/namespaces/{kube_api.namespace}/pods/{kept}") is not None
+    # Bound again to a missing Node (the simulated scheduler binds by patching spec.nodeName).
+    moved = await kube_api.merge_patch(f"/api/v1/namespaces/{kube_api.namespace}/pods/{kept}", {"spec": {"nodeName": kube_api.unique("gone")}})
+    assert moved.status_code == 200, moved.text
+    await eventually(collected(kube_api, kept), timeout=CONVERGE, what="the pod moved to a missing Node deleted by the pod GC")
 
 
 async def test_a_job_runs_its_completions_and_fails_past_its_backoff_limit(kube_api: KubeApi) -> None:
