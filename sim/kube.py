@@ -64,6 +64,7 @@ from sim.kube_machinery import (
     conflict,
     invalid,
     is_true,
+    key_of,
     media_type,
     no_such_resource,
 )
@@ -326,8 +327,7 @@ class KubeEmulator(KubeControllers):
         """Every write: watches get it (KubeWatch), and the object keeps only its last few
         versions (kmock would keep every one: a Lease renewed every 10 s for an hour is 360)."""
         super()._publish(resource, kind, obj, previous)
-        meta = obj.get("metadata") or {}
-        key = (resource, meta.get("namespace") or None, meta.get("name"))
+        key = key_of(resource, obj)
         if key in self.objects:
             history = self.objects[key].history
             if len(history) > OBJECT_HISTORY:

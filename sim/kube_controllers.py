@@ -45,6 +45,7 @@ from typing_extensions import override
 
 from sim.kube_machinery import NODES, PODS, ApiStatus, Key, Obj, api_version, now_time, same_resource
 from sim.kube_namespaces import KubeNamespaces
+from sim.kube_store import node_name_of
 
 log = structlog.get_logger("sim.kube_controllers")
 
@@ -114,7 +115,7 @@ class KubeControllers(KubeNamespaces):
             return True
         if any(_controller_of(o) is not None for o in (obj, previous) if o is not None):
             return True
-        node = _spec(obj).get("nodeName")
+        node = node_name_of(obj)
         if not node:
             return False
         key = (NODES, None, node)

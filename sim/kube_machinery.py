@@ -36,6 +36,12 @@ Obj = dict[str, Any]
 Key = tuple[kmock.resource, str | None, str]
 
 
+def key_of(storage: kmock.resource, obj: Obj) -> Key:
+    """Where `obj`, stored at `storage`, is kept."""
+    meta = obj.get("metadata") or {}
+    return (storage, meta.get("namespace") or None, meta.get("name"))
+
+
 class ApiStatus(Exception):
     """A failure the emulator answers with a `kind: Status` body, as the API server does."""
 

@@ -66,6 +66,7 @@ from sim.kube_machinery import (
     api_version,
     conflict,
     invalid,
+    key_of,
     media_type,
     now_time,
     qualified_resource,
@@ -511,8 +512,8 @@ class KubeStore(kmock.KubernetesEmulator):
         `resource`, `obj` after the write (for DELETED its last state with the deletion's
         revision), `previous` before it. The store keeps no history (KubeWatch records the change
         for watches), only its index of pods by Node."""
-        if resource.plural == "pods" and not resource.group:
-            key = (resource, (obj.get("metadata") or {}).get("namespace") or None, (obj.get("metadata") or {}).get("name"))
+        if same_resource(resource, PODS):
+            key = key_of(resource, obj)
             if previous is not None:
                 was = node_name_of(previous)
                 on = self._pods_on.get(was, set())
@@ -805,7 +806,7 @@ class Selection:
 
     def node_of_pods(self, storage: kmock.resource) -> str | None:
         """The Node whose pods this selects by `spec.nodeName=`, if `storage` is pods and it does."""
-        if storage.plural != "pods" or storage.group:
+        if not same_resource(storage, PODS):
             return None
         return next((value for path, op, value in self.fields if path == "spec.nodeName" and op == "="), None)
 

@@ -28,7 +28,7 @@ import attrs
 import kmock
 from typing_extensions import override
 
-from sim.kube_machinery import ApiStatus, Obj, api_version, is_true, same_resource, status_body
+from sim.kube_machinery import PODS, ApiStatus, Obj, api_version, is_true, same_resource, status_body
 from sim.kube_store import FIRST_RESOURCE_VERSION, KubeStore, Selection, node_name_of, parse_resource_version, with_version
 
 # How many changes the emulator keeps for watches that resume from a resourceVersion. A real
@@ -113,7 +113,7 @@ class KubeWatch(KubeStore):
         # its Node's pods) is woken only by changes of pods on its Node, not by every pod's.
         # Waking and filtering each of 500 kubelets' watches made a pod write cost 10 times
         # as much (`make bench`'s burst of 500).
-        triggers = (None, *dict.fromkeys(_node_names(change))) if resource.plural == "pods" else (None,)
+        triggers = (None, *dict.fromkeys(_node_names(change))) if same_resource(resource, PODS) else (None,)
         for trigger in triggers:
             for watch in self._watches.get((str(resource.plural), trigger), ()):
                 if same_resource(watch.resource, resource):
