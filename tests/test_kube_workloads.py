@@ -161,7 +161,9 @@ async def test_a_deployment_runs_its_pods_and_replaces_them_when_their_node_goes
         await eventually(collected, timeout=CONVERGE, what="the ReplicaSet and pods deleted with the Deployment")
 
 
-def collected(kube_api: KubeApi, pod: str) -> Callable[[], Awaitable[bool]]:
+def pod_gone(kube_api: KubeApi, pod: str) -> Callable[[], Awaitable[bool]]:
+    """Whether `pod` (in the test's namespace) is gone, for `eventually`."""
+
     async def gone() -> bool:
         return await kube_api.get(f"/api/v1/namespaces/{kube_api.namespace}/pods/{pod}") is None
 
@@ -177,7 +179,7 @@ async def test_the_pod_gc_deletes_a_bare_pod_whose_node_goes(kube_api: KubeApi) 
     await kube_api.create_pod(kept, node=here)
     assert await kube_api.get(f"/api/v1/namespaces/{kube_api.namespace}/pods/{kept}") is not None
     assert (await kube_api.http.delete(f"/api/v1/nodes/{here}")).status_code == 200
-    await eventually(collected(kube_api, kept), timeout=CONVERGE, what="the pod of a deleted Node deleted by the pod GC")
+    await eventually(pod_gone(kube_api, kept), timeout=CONVERGE, what="the pod of a deleted Node deleted by the pod GC")
 
 
 async def test_the_pod_gc_deletes_a_bare_pod_bound_to_a_node_that_is_not_there(kube_api: KubeApi) -> None:
@@ -192,12 +194,12 @@ async def test_the_pod_gc_deletes_a_bare_pod_bound_to_a_node_that_is_not_there(k
     kept, lost = kube_api.unique("kept"), kube_api.unique("lost")
     await kube_api.create_pod(kept, node=here)
     await kube_api.create_pod(lost, node=kube_api.unique("nowhere"))
-    await eventually(collected(kube_api, lost), timeout=CONVERGE, what="the pod on a missing Node deleted by the pod GC")
+    await eventually(pod_gone(kube_api, lost), timeout=CONVERGE, what="the pod on a missing Node deleted by the pod GC")
     assert await kube_api.get(f"/api/v1/namespaces/{kube_api.namespace}/pods/{kept}") is not None
     # Bound again to a missing Node (the simulated scheduler binds by patching spec.nodeName).
     moved = await kube_api.merge_patch(f"/api/v1/namespaces/{kube_api.namespace}/pods/{kept}", {"spec": {"nodeName": kube_api.unique("gone")}})
     assert moved.status_code == 200, moved.text
-    await eventually(collected(kube_api, kept), timeout=CONVERGE, what="the pod moved to a missing Node deleted by the pod GC")
+    await eventually(pod_gone(kube_api, kept), timeout=CONVERGE, what="the pod moved to a missing Node deleted by the pod GC")
 
 
 async def test_a_job_runs_its_completions_and_fails_past_its_backoff_limit(kube_api: KubeApi) -> None:
