@@ -145,8 +145,17 @@ def scaling_row(r: dict[str, Any]) -> Row:
     return ("nodes Ready per second, 2 workers against 1", target, shown, False)
 
 
+def p99_burst(r: dict[str, Any]) -> dict[str, Any]:
+    """The burst of 500 the overhead target is judged on: of the bursts phase's and the workers
+    phase's, the one with the most workers (as a deployment on a many-core machine runs them;
+    bench/device.sh measures the per-node cost with one worker, as the floor has), the bursts
+    phase's where they have as many."""
+    runs = [(r.get("bursts") or {}).get("500") or {}] + [w for w in (r.get("workers") or {}).values() if w.get("pods") == 500 and "error" not in w]
+    return max(runs, key=lambda b: b.get("workers", 1) if b else 0)
+
+
 def p99_row(r: dict[str, Any]) -> Row:
-    b, floor = (r.get("bursts") or {}).get("500") or {}, r.get("temporal_floor") or {}
+    b, floor = p99_burst(r), r.get("temporal_floor") or {}
     target = f"≤ {fig.P99_VS_FLOOR_WALL}× the floor's wall for 500 two-step lives, every pod served (8+ cores)"
     p99, wall = _get(b, "overhead_s", "p99"), floor.get("two_steps_wall_s")
     if p99 is None or not wall or floor.get("n") != 500:
