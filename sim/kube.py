@@ -187,7 +187,7 @@ class KubeEmulator(KubeControllers):
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
         resource = self._served(request)
         body = namespace_from_protobuf(request.body) if media_type(request) == PROTOBUF else request.data
-        warning = self._field_validation(request, resource, body)
+        warning = self._decode(request, resource, body)
         # Always 201 (and the Warning header, None for none): kmock keeps the status and headers
         # of a Response returned from a reaction.
         created = self._create(resource, request.namespace, body)
@@ -202,7 +202,7 @@ class KubeEmulator(KubeControllers):
             raise ApiStatus(415, "UnsupportedMediaType", "server-side apply is not emulated; send a merge patch")
         key, current = self._existing(resource, request.namespace, request.name)
         proposed = self._apply_patch(request, resource, self._present(resource, current))
-        warning = self._field_validation(request, resource, proposed)
+        warning = self._decode(request, resource, proposed)
         updated = self._update(resource, request.subresource, key, current, proposed)
         return kmock.Response(status=200, headers={"Warning": warning}, payload=updated)
 
@@ -231,7 +231,7 @@ class KubeEmulator(KubeControllers):
             meta["resourceVersion"] = current_version
         elif str(meta["resourceVersion"]) != current_version:
             raise conflict(resource, request.name)
-        warning = self._field_validation(request, resource, proposed)
+        warning = self._decode(request, resource, proposed)
         updated = self._update(resource, request.subresource, key, current, proposed)
         return kmock.Response(status=200, headers={"Warning": warning}, payload=updated)
 

@@ -2,7 +2,8 @@
 k8s.io/apimachinery: the built-in resources the emulator treats specially, the media types of
 patches, `Obj` (an object as decoded JSON), the `kind: Status` failures the API server answers
 (`ApiStatus`: 404, 409 Conflict, 422 Invalid with its `FieldError` causes, values in messages
-printed as Go prints them), metav1 times, and the few request options read everywhere.
+printed as Go prints them), the Go types built-in kinds' fields decode into (`decode_problem`),
+metav1 times, and the few request options read everywhere.
 
 It knows nothing of storage, watches or schemas: kube_schema, kube_events, kube_store,
 kube_watch, kube_eviction and kube_kubelet build on it.
@@ -32,6 +33,16 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch"
 
 Obj = dict[str, Any]
+
+# The Go types that built-in kinds' top-level fields decode into: a write whose field holds
+# another JSON type is refused before anything else is looked at (`decode_problem`).
+DECODED_FIELDS: dict[str, dict[str, str]] = {
+    **{kind: {"spec": f"v1.{kind}Spec", "status": f"v1.{kind}Status"}
+       for kind in ("Pod", "Node", "Namespace", "Deployment", "ReplicaSet", "Job", "PodDisruptionBudget")},
+    "Secret": {"data": "map[string][]uint8", "stringData": "map[string]string"},
+    "ConfigMap": {"data": "map[string]string", "binaryData": "map[string][]uint8"},
+}
+_JSON_TYPE_NAMES = {str: "string", bool: "bool", int: "number", float: "number", list: "array"}
 # Where an object is stored: its storage resource, namespace (None if cluster-scoped) and name.
 Key = tuple[kmock.resource, str | None, str]
 
@@ -40,6 +51,17 @@ def key_of(storage: kmock.resource, obj: Obj) -> Key:
     """Where `obj`, stored at `storage`, is kept."""
     meta = obj.get("metadata") or {}
     return (storage, meta.get("namespace") or None, meta.get("name"))
+
+
+def decode_problem(kind: str, obj: Obj) -> str | None:
+    """What encoding/json says when a built-in `kind`'s field holds a JSON type its Go type
+    cannot take (a string spec: `json: cannot unmarshal string into Go struct field Pod.spec of
+    type v1.PodSpec`); None when every field decodes. null decodes into any field."""
+    for field, go_type in DECODED_FIELDS.get(kind, {}).items():
+        value = obj.get(field)
+        if value is not None and not isinstance(value, Mapping):
+            return f"json: cannot unmarshal {_JSON_TYPE_NAMES.get(type(value), 'value')} into Go struct field {kind}.{field} of type {go_type}"
+    return None
 
 
 class ApiStatus(Exception):

@@ -65,6 +65,7 @@ from sim.kube_machinery import (
     Obj,
     api_version,
     conflict,
+    decode_problem,
     invalid,
     key_of,
     media_type,
@@ -426,12 +427,23 @@ class KubeStore(kmock.KubernetesEmulator):
         # changed in place; `_admit_update` works on a copy of its own.
         return changed
 
-    def _field_validation(self, request: kmock.Request, resource: kmock.resource, obj: Any) -> str | None:
-        """The `fieldValidation` option of a write (Strict, Warn (the default) or Ignore) applied
+    def _decode(self, request: kmock.Request, resource: kmock.resource, obj: Any) -> str | None:
+        """A write's object decoded as the API server decodes it, before anything else looks at
+        it; the Warning header to send (None for none).
+
+        A built-in kind's field of a JSON type its Go type cannot take (a spec that is a string)
+        is refused: 400 for a create or a PUT, 422 naming the patch for a patch (measured on
+        1.34). Then the `fieldValidation` option (Strict, Warn (the default) or Ignore) applies
         to the fields of a custom resource that its schema does not declare (and pruning would
-        drop): Strict refuses the write (400; 422 for a patch), Warn returns the Warning header to send, one
-        warning per field, as the API server does. kubectl sends Strict. Built-in kinds are not
-        checked (the emulator has no complete schemas for them)."""
+        drop): Strict refuses the write (400; 422 for a patch), Warn returns one warning per
+        field, as the API server does. kubectl sends Strict. Built-in kinds' unknown fields are
+        not checked (the emulator has no complete schemas for them)."""
+        kind = self._kind(resource)
+        problem = decode_problem(kind, obj) if isinstance(obj, Mapping) else None
+        if problem is not None:
+            if request.method.upper() == "PATCH":
+                raise invalid("", "", "", [FieldError.invalid("patch", json.dumps(obj, separators=(",", ":")), problem)])
+            raise ApiStatus(400, "BadRequest", f'{kind} in version "{resource.version}" cannot be handled as a {kind}: {problem}')
         mode = request.params.get("fieldValidation") or "Warn"
         if mode not in ("Ignore", "Warn", "Strict"):
             raise ApiStatus(400, "BadRequest", f'fieldValidation: Unsupported value: "{mode}": supported values: '
@@ -831,7 +843,7 @@ class Selection:
 
 
 def node_name_of(pod: Mapping[str, Any]) -> str:
-    """A pod's spec.nodeName ("" when unbound, or when its spec is not an object)."""
+    """A pod's spec.nodeName ("" when unbound, or when its spec is null)."""
     spec = pod.get("spec")
     return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
 

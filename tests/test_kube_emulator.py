@@ -679,23 +679,6 @@ async def test_a_list_of_one_nodes_pods_is_exactly_the_pods_bound_there(kube_api
         assert (await on(here), await on("")) == ({first, unbound}, set())
 
 
-async def test_a_pod_whose_spec_is_not_an_object_is_stored_and_watched_like_any_other(kube_api: KubeApi) -> None:
-    """The emulator is lenient where the API server answers 400 (it decodes the spec into a
-    PodSpec): such a pod is stored, listed and seen by watches, and breaks neither the index of
-    pods by Node nor the controllers (no 500)."""
-    _emulator(kube_api)
-    pods = f"/api/v1/namespaces/{kube_api.namespace}/pods"
-    start = (await kube_api.http.get("/api/v1/pods")).json()["metadata"]["resourceVersion"]
-    name = kube_api.unique("odd")
-    created = await kube_api.http.post(pods, json={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": "odd"})
-    assert created.status_code == 201, created.text
-    params = {"watch": "true", "resourceVersion": start, "timeoutSeconds": "1"}
-    events = [json.loads(line) for line in (await kube_api.http.get("/api/v1/pods", params=params)).text.splitlines() if line.strip()]
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", name)]
-    unbound = await kube_api.http.get(pods, params={"fieldSelector": "spec.nodeName="})
-    assert name in {i["metadata"]["name"] for i in unbound.json()["items"]}
-
-
 async def test_the_watch_window_is_kept_per_resource(kube_api: KubeApi) -> None:
     """As the API server's watch cache: changes of other resources leaving the window do not
     expire a watch of a resource that had none forgotten (an informer of pods in a cluster
