@@ -35,7 +35,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube.cluster import CustomResource, KubernetesCluster, pod_summary_of
+from activities.kube.cluster import CustomResource, KubernetesCluster
+from activities.kube.summaries import pod_summary_of
 from crd_bridge.informer import Informer, Obj, object_key
 from crd_bridge.metrics import OBJECTS_SKIPPED
 from crd_bridge.node_facts import NodeFactsSender

@@ -42,7 +42,7 @@ import structlog
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube.cluster import node_summary_of, pod_summary_of
+from activities.kube.summaries import node_summary_of, pod_summary_of
 from crd_bridge.informer import Obj, object_key
 from crd_bridge.metrics import NODE_FACTS_SIGNALS
 from tgp.lifecycle import pod_holds_node, pod_keeps_node_busy

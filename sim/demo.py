@@ -25,7 +25,8 @@ import httpx
 import yaml
 
 from activities.http_wire import default_tls
-from activities.kube.cluster import KubernetesCluster, load_client_classes
+from activities.kube.cluster import KubernetesCluster
+from activities.kube.connection import load_client_classes
 from crd_bridge.bridge import Bridge
 from sim.dev_server import (
     TASK_QUEUE, cancel, check_ports_free, interrupt_event, start_dev_server, temporal_binary,

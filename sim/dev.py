@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 
 from activities.clouds.registry import API_KEY_ENV
-from activities.kube.cluster import KubernetesCluster, authenticated_http, load_client_classes
+from activities.kube.cluster import KubernetesCluster
+from activities.kube.connection import authenticated_http, load_client_classes
 from crd_bridge.bridge import Bridge
 from sim.dev_server import TASK_QUEUE, cancel, check_ports_free, interrupt_event, start_dev_server
 from sim.story import Story

@@ -26,7 +26,8 @@ import yaml
 
 from activities.http_wire import default_tls
 from activities.kept_accounts import LABEL_KEPT
-from activities.kube.cluster import MERGE_PATCH, KubernetesCluster, authenticated_http
+from activities.kube.cluster import MERGE_PATCH, KubernetesCluster
+from activities.kube.connection import authenticated_http
 from sim.kube import KubeEmulator
 from tgp.types import OPERATOR_NAMESPACE
 

@@ -67,7 +67,7 @@ def test_a_process_that_talks_to_kubernetes_never_loads_core_v1_api() -> None:
     the bridge and every `tgp plan` make their core/v1 calls without it (core_calls.py)."""
     probe = (
         "import sys, workers.main, crd_bridge.bridge, workers.plan; "
-        "from activities.kube.cluster import load_client_classes; load_client_classes(); "
+        "from activities.kube.connection import load_client_classes; load_client_classes(); "
         "print('kubernetes.aio.client.api.core_v1_api' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)

@@ -26,7 +26,8 @@ import yaml
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from activities.kube.cluster import KubernetesCluster, authenticated_http
+from activities.kube.cluster import KubernetesCluster
+from activities.kube.connection import authenticated_http
 from sim.world import sim_world
 from tests.conftest import eventually
 from tests.kube_env import KUBECONFIG_ENV, KubeApi

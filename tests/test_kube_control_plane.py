@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from activities.kube.cluster import authenticated_http
+from activities.kube.connection import authenticated_http
 from sim.kube_control_plane import ControlPlaneUnavailable, binary_dir
 from tests.kube_env import KUBECONFIG_ENV, KubeApi, eventually
 

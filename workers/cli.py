@@ -76,7 +76,7 @@ async def run_worker(args: argparse.Namespace) -> None:
     from activities.metrics import METRICS_PORT_ENV, WORKER_METRICS_PORT, metrics_port, sdk_metrics
     from workers.temporal import connect, ensure_search_attributes
     from workers.main import WorkerConfig, build_activities, ensure_fleet_look, ensure_sweeper_schedule, make_worker, watch_sweeps
-    from activities.kube.cluster import load_client_classes
+    from activities.kube.connection import load_client_classes
     from workers.metrics import start_worker_metrics
 
     load_client_classes()
@@ -116,7 +116,8 @@ async def run_worker(args: argparse.Namespace) -> None:
 
 
 async def run_bridge(args: argparse.Namespace) -> None:
-    from activities.kube.cluster import KubernetesCluster, load_client_classes
+    from activities.kube.cluster import KubernetesCluster
+    from activities.kube.connection import load_client_classes
     from crd_bridge.bridge import Bridge
     from activities.metrics import BRIDGE_METRICS_PORT, METRICS_PORT_ENV, metrics_port, sdk_metrics, serve_metrics_or_log
     from workers.temporal import connect

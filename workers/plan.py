@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 from activities.accounts import ProviderRegistry
 from activities.clouds.registry import providers_from_env
-from activities.kube.cluster import CustomResource, KubernetesCluster, node_summary_of
+from activities.kube.cluster import CustomResource, KubernetesCluster
+from activities.kube.summaries import node_summary_of
 from tgp.capacity import OfferSize
 from tgp.consolidation import ConsolidationNode, ConsolidationPlan, describe_plan, plan_consolidation
 from tgp.crds import GROUP, VERSION, GPUNodeClass, GPUNodePool, GPUNodePoolStatus, format_duration

@@ -1,8 +1,10 @@
 """The Kubernetes API as the node lifecycle needs it: the `Cluster` adapter on `kubernetes.aio`.
 
-Everything Kubernetes-specific stays here: client construction, explicit patch content types,
-optimistic concurrency on read-modify-write, the Eviction API with its policy/v1beta1 fallback,
-and the mapping of API failures to tgp's typed errors (401 -> AuthError, 403 ->
+Everything Kubernetes-specific stays in activities/kube/: here the calls, with explicit patch
+content types, optimistic concurrency on read-modify-write and the Eviction API with its
+policy/v1beta1 fallback; beside it the connection (connection.py), the few core/v1 calls without
+kubernetes' models (core_calls.py), what tgp reads of Nodes and Pods (summaries.py) and the
+mapping of API failures to tgp's typed errors (api_errors.py: 401 -> AuthError, 403 ->
 PermissionDenied, 429/5xx/timeouts/connection errors -> TransientError). Messages name the
 object and say what to fix; they never carry credentials or the raw response, because they
 reach workflow history.
@@ -12,47 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
-import functools
-import json
-import os
-import ssl
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import aiohttp
-import httpx
 from kubernetes.aio import client as k8s
-from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
 
-from activities.http_wire import default_tls
+from activities.kube.api_errors import SYSTEM, api_error, names_the_pod, server_message
+from activities.kube.connection import Configure, environment_read_once, kubeconfig_configuration, url_configuration
 from activities.kube.core_calls import CoreCalls
+from activities.kube.summaries import node_summary_of, pod_summary_of
 from activities.ports import EvictionBlocked, ListedSecret, VersionedSecret
 from tgp.crds import GROUP, VERSION
-from tgp.disruption import do_not_disrupt
 from tgp.drift import patch_labels, patch_taints
-from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
+from tgp.errors import ConfigError, TransientError
 from tgp.events import EVENT_MESSAGE_LIMIT
-from tgp.types import ANNOTATION_RELEASED, FINALIZER_TERMINATION, GPU_RESOURCE, NodeSummary, PodSummary, Taint
-
-
-
-def load_client_classes() -> None:
-    """Load kubernetes.aio's client classes now. It loads them on first use (~1 s of CPU, several
-    on a loaded machine): inside a running worker or bridge that first call would stall every
-    heartbeat, query and workflow task meanwhile. Processes call this as they start; short
-    commands that never talk to Kubernetes do not pay for it. (Its CoreV1Api, 1.3 s more, is
-    never loaded: activities/kube/core_calls.py makes the few core/v1 calls tgp needs.)"""
-    for name in ("ApiClient", "CustomObjectsApi"):
-        getattr(k8s, name)
+from tgp.types import ANNOTATION_RELEASED, FINALIZER_TERMINATION, NodeSummary, PodSummary, Taint
 
 # API server calls answer in milliseconds; 30 s catches a hung connection or an overloaded
 # control plane without pinning a worker slot, and Temporal's retry takes over from there.
@@ -69,11 +51,7 @@ SEEN_FOR = 5.0  # seconds
 LIST_PAGE_SIZE = 500
 
 MERGE_PATCH = "application/merge-patch+json"
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 EVICTION_VERSIONS = ("policy/v1", "policy/v1beta1")  # newest first, as `kubectl drain` tries them
-_SYSTEM = "Kubernetes API"
-# Longest server message quoted in an error.
-_MESSAGE_LIMIT = 300
 
 T = TypeVar("T")
 
@@ -94,34 +72,6 @@ class CustomResource:
         return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
 
 
-def environment_read_once(configuration: k8s.Configuration) -> k8s.Configuration:
-    """`configuration` with the proxy the environment names for its host (HTTPS_PROXY,
-    HTTP_PROXY, NO_PROXY) read now, once, and aiohttp's `trust_env` off.
-
-    kubernetes.aio opens its session with trust_env=True, so aiohttp looked up ~/.netrc on every
-    request (in the default executor) and the proxy variables on every one too: 3% of the
-    worker's CPU in a burst. Credentials for the API server come from the kubeconfig or the
-    service account, never from a netrc, so dropping netrc changes nothing; the proxy variables
-    keep their effect, read at start-up (a worker's environment does not change while it runs).
-    An explicit proxy (the kubeconfig's proxy-url) wins, as before."""
-    if not configuration.proxy:
-        host = urllib.parse.urlsplit(configuration.host or "").hostname or ""
-        proxies = urllib.request.getproxies()
-        scheme = "https" if (configuration.host or "").startswith("https") else "http"
-        proxy = proxies.get(scheme)
-        if proxy and host and not urllib.request.proxy_bypass(host):
-            configuration.proxy = proxy
-    configuration.client_session_kwargs = {**(getattr(configuration, "client_session_kwargs", None) or {}), "trust_env": False}
-    return configuration
-
-
-@functools.cache
-def _one_ca() -> str:
-    """One CA certificate (the first of the process's shared TLS context), for a TLS context
-    that is never used."""
-    return ssl.DER_cert_to_PEM_cert(default_tls().get_ca_certs(binary_form=True)[0])
-
-
 class KubernetesCluster:
     """`activities.ports.Cluster` over the official async client (`kubernetes.aio`).
 
@@ -131,7 +81,7 @@ class KubernetesCluster:
 
     def __init__(
         self,
-        configure: Callable[[], Awaitable[k8s.Configuration]],
+        configure: Configure,
         *,
         request_timeout: timedelta = REQUEST_TIMEOUT,
     ) -> None:
@@ -152,19 +102,7 @@ class KubernetesCluster:
         cls, url: str, *, token: str | None = None, request_timeout: timedelta = REQUEST_TIMEOUT
     ) -> KubernetesCluster:
         """A client for the API server at `url`, unauthenticated unless a bearer `token` is given."""
-
-        async def configure() -> k8s.Configuration:
-            configuration = k8s.Configuration(host=url.rstrip("/"))
-            if urllib.parse.urlsplit(url).scheme == "http":
-                # Plain HTTP (the emulator, `kubectl proxy`) never uses the client's TLS context,
-                # which kubernetes.aio builds anyway: from the system's whole CA store (50 ms of
-                # CPU for every client) unless given a CA. One CA costs a millisecond.
-                configuration.ca_cert_data = _one_ca()
-            if token:
-                configuration.api_key = {"BearerToken": f"Bearer {token}"}
-            return configuration
-
-        return cls(configure, request_timeout=request_timeout)
+        return cls(url_configuration(url, token), request_timeout=request_timeout)
 
     @classmethod
     def from_kubeconfig(
@@ -177,26 +115,7 @@ class KubernetesCluster:
         """A client configured from the kubeconfig at `path`. With no path: the pod's service
         account when running in a cluster, else `$KUBECONFIG` or `~/.kube/config`. The file is
         read on the first call, which raises ConfigError if it is unusable."""
-
-        async def configure() -> k8s.Configuration:
-            configuration = k8s.Configuration()
-            in_cluster = path is None and "KUBERNETES_SERVICE_HOST" in os.environ
-            source = "the in-cluster service account" if in_cluster else f"kubeconfig {path or '(default)'}"
-            try:
-                if in_cluster:
-                    k8s_config.load_incluster_config(client_configuration=configuration)
-                else:
-                    await k8s_config.load_kube_config(
-                        config_file=path, context=context, client_configuration=configuration, persist_config=False
-                    )
-            except (k8s_config.ConfigException, OSError, ValueError) as exc:
-                raise ConfigError(
-                    f"cannot load Kubernetes credentials from {source}: {type(exc).__name__}: "
-                    f"{str(exc)[:_MESSAGE_LIMIT]}"
-                ) from None
-            return configuration
-
-        return cls(configure, request_timeout=request_timeout)
+        return cls(kubeconfig_configuration(path, context), request_timeout=request_timeout)
 
     async def close(self) -> None:
         """Close the connection pool."""
@@ -449,11 +368,11 @@ class KubernetesCluster:
                 return
             except ApiException as exc:
                 if exc.status == 429:
-                    raise EvictionBlocked(f"{what}: {_server_message(exc)}") from None
-                if exc.status == 404 and (_names_the_pod(exc) or version == EVICTION_VERSIONS[-1]):
+                    raise EvictionBlocked(f"{what}: {server_message(exc)}") from None
+                if exc.status == 404 and (names_the_pod(exc) or version == EVICTION_VERSIONS[-1]):
                     return  # already gone
                 if version == EVICTION_VERSIONS[-1]:
-                    raise ConfigError(f"{what}: the API server rejected the Eviction (400): {_server_message(exc)}") from None
+                    raise ConfigError(f"{what}: the API server rejected the Eviction (400): {server_message(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def delete_pod(self, namespace: str, name: str, *, grace_period: timedelta, uid: str = "") -> None:
@@ -687,141 +606,16 @@ class KubernetesCluster:
         except ApiException as exc:
             if exc.status in passthrough:
                 raise
-            raise _api_error(action, exc) from None
+            raise api_error(action, exc) from None
         except TimeoutError:
-            raise TransientError(f"{_SYSTEM}: {action} timed out after {self._timeout:g}s") from None
+            raise TransientError(f"{SYSTEM}: {action} timed out after {self._timeout:g}s") from None
         except aiohttp.ClientConnectorCertificateError:
             raise ConfigError(
-                f"{_SYSTEM}: {action}: the server's TLS certificate is not trusted; check the cluster "
+                f"{SYSTEM}: {action}: the server's TLS certificate is not trusted; check the cluster "
                 "certificate-authority in the kubeconfig"
             ) from None
         except aiohttp.ClientError as exc:
-            raise TransientError(f"{_SYSTEM}: {action} failed: {type(exc).__name__}") from None
-
-
-def _api_error(action: str, exc: ApiException) -> TgpError:
-    status = exc.status or 0
-    message = _server_message(exc)
-    if status == 401:
-        return AuthError(
-            f"{_SYSTEM} rejected the credentials (401) to {action}: check the kubeconfig or the worker's "
-            "service-account token (expired or revoked?)"
-        )
-    if status == 403:
-        return PermissionDenied(
-            f"{_SYSTEM} refused to {action} (403): {message}; grant the worker's service account this "
-            "permission in its ClusterRole"
-        )
-    if status == 429 or status >= 500 or status == 0:
-        return TransientError(f"{_SYSTEM}: {action} answered {status}: {message}", retry_after=_retry_after(exc))
-    if status == 409:
-        return TransientError(f"{_SYSTEM}: {action} conflicted with another writer (409): {message}")
-    if status in (400, 422):
-        return ConfigError(f"{_SYSTEM} rejected the request to {action} ({status}): {message}")
-    if status == 404:
-        return TransientError(f"{_SYSTEM}: {action}: not found (404): {message}")
-    return TgpError(f"{_SYSTEM}: {action} answered {status}: {message}")
-
-
-def _status_body(exc: ApiException) -> Mapping[str, Any]:
-    try:
-        body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
-        return {}
-    return body if isinstance(body, Mapping) else {}
-
-
-def _server_message(exc: ApiException) -> str:
-    """The API's own explanation (a Status message and its causes), shortened."""
-    body = _status_body(exc)
-    message = str(body.get("message") or exc.reason or "")
-    causes = [str(c.get("message")) for c in (body.get("details") or {}).get("causes") or [] if c.get("message")]
-    if causes:
-        message = f"{message} ({'; '.join(causes)})"
-    return message[:_MESSAGE_LIMIT]
-
-
-def _names_the_pod(exc: ApiException) -> bool:
-    """Whether a 404 from the eviction endpoint is about the pod (gone) rather than the endpoint."""
-    details = _status_body(exc).get("details") or {}
-    return details.get("kind") in ("pods", "pod")
-
-
-def _retry_after(exc: ApiException) -> float | None:
-    headers = exc.headers or {}
-    value = headers.get("Retry-After") if hasattr(headers, "get") else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-# --- translation to tgp's types ------------------------------------------------------
-
-
-def _count(quantity: str | None) -> int:
-    """A whole-number extended resource (`nvidia.com/gpu: "8"`); 0 when absent or unreadable."""
-    try:
-        return max(0, int(Decimal(str(quantity).strip()))) if quantity is not None else 0
-    except (InvalidOperation, ValueError):
-        return 0
-
-
-def node_summary_of(obj: Mapping[str, Any]) -> NodeSummary:
-    """What tgp reads of a Node as the API serves it (camelCase JSON): a read's answer or an
-    informer's object, read by the same rules."""
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    return NodeSummary(
-        name=meta.get("name") or "",
-        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []),
-        labels=dict(meta.get("labels") or {}),
-        taints=[Taint(key=t.get("key"), value=t.get("value") or "", effect=t.get("effect")) for t in spec.get("taints") or []],
-        unschedulable=bool(spec.get("unschedulable")),
-        gpus=_count((status.get("allocatable") or {}).get(GPU_RESOURCE)),
-        do_not_disrupt=do_not_disrupt(meta.get("annotations")),
-        deleting=bool(meta.get("deletionTimestamp")),
-    )
-
-
-def pod_summary_of(obj: Mapping[str, Any]) -> PodSummary:
-    """What tgp reads of a Pod as the API serves it (camelCase JSON): a listing's item or an
-    informer's object, one reading, so the bridge and the activities agree on which pods keep a
-    node busy."""
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    controller = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
-    containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
-    return PodSummary(
-        namespace=meta.get("namespace") or "",
-        name=meta.get("name") or "",
-        uid=meta.get("uid") or "",
-        phase=status.get("phase") or "Pending",
-        owner_kind=controller.get("kind") if controller else None,
-        is_mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
-        requests_gpu=any(_wants_gpu(c) for c in containers),
-        deleting=bool(meta.get("deletionTimestamp")),
-        do_not_disrupt=do_not_disrupt(meta.get("annotations")),
-        **_grace(spec.get("terminationGracePeriodSeconds")),
-    )
-
-
-def _grace(seconds: object) -> dict[str, timedelta]:
-    """A pod's terminationGracePeriodSeconds as PodSummary's grace_period (absent: its default)."""
-    return {"grace_period": timedelta(seconds=max(0, int(seconds)))} if isinstance(seconds, int) else {}
-
-
-def _wants_gpu(container: Mapping[str, Any]) -> bool:
-    resources = container.get("resources") or {}
-    return any(_positive_quantity(amounts.get(GPU_RESOURCE)) for amounts in (resources.get("requests") or {}, resources.get("limits") or {}))
-
-
-def _positive_quantity(quantity: str | None) -> bool:
-    if quantity is None:
-        return False
-    text = str(quantity).strip()
-    try:
-        return Decimal(text.removesuffix("m")) > 0
-    except InvalidOperation:
-        return text not in ("", "0")  # unusual suffixes: only an explicit zero means none
+            raise TransientError(f"{SYSTEM}: {action} failed: {type(exc).__name__}") from None
 
 
 def _taint_wire(taint: Mapping[str, Any]) -> dict[str, str]:
@@ -833,21 +627,3 @@ def _taint_wire(taint: Mapping[str, Any]) -> dict[str, str]:
     if taint.get("timeAdded"):
         wire["timeAdded"] = taint["timeAdded"]
     return wire
-
-
-@contextlib.asynccontextmanager
-async def authenticated_http(kubeconfig: str, *, timeout: float = 10.0) -> AsyncIterator[httpx.AsyncClient]:
-    """A plain httpx client with the kubeconfig's server, CA, client certificate and token,
-    for the few callers that speak raw HTTP to the API (the simulated kubelet, tests)."""
-    configuration = k8s.Configuration()
-    await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration, persist_config=False)
-    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
-    if not configuration.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    token = await configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
-    headers = {"Authorization": token} if token else {}
-    async with httpx.AsyncClient(base_url=configuration.host, verify=context, timeout=timeout, headers=headers) as client:
-        yield client

@@ -19,7 +19,7 @@ from kubernetes.aio.client.api_client import ApiClient
 
 JSON = "application/json"
 # The answer of a Node or pod call as the API serves it (camelCase JSON, the form the informers
-# hold), not decoded into kubernetes' models: one reading of each (activities.kube.cluster's
+# hold), not decoded into kubernetes' models: one reading of each (activities.kube.summaries'
 # node_summary_of, pod_summary_of), and no model construction per pod listed.
 WIRE = {"200": "object", "201": "object", "202": "object"}
 # An answer whose body tgp does not use (an Event created, a status written): its status is
