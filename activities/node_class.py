@@ -12,14 +12,12 @@ from temporalio import activity
 
 from activities.accounts import AccountActivities, ProviderRegistry
 from activities.ports import CloudProvider, Cluster
+from activities.boot.checks import TemplateReport, class_check_settings, template_report
 from activities.boot.render import (
     JOIN_VARIABLES,
     BootSettings,
-    TemplateReport,
-    class_check_settings,
     default_template,
     shipped_template,
-    template_report,
     template_uses,
 )
 from activities.boot.renders import RendersBusy, bounded

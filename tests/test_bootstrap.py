@@ -19,6 +19,7 @@ import structlog
 import yaml
 from pydantic import SecretStr
 
+from activities.boot.checks import check_template
 from activities.boot.render import (
     JOIN_SECRET_KEYS,
     TALOS_WORKER_TEMPLATE,
@@ -27,7 +28,6 @@ from activities.boot.render import (
     BootSettings,
     JoinSecrets,
     TemplateError,
-    check_template,
     join_secrets_from_secret,
     render_boot_payload,
     render_shipped_template,

@@ -493,12 +493,13 @@ for package in ("tgp", "workflows", "activities", "workers", "crd_bridge"):
     assert module.__file__.startswith(site), (package, module.__file__)
 import os
 assert not os.path.exists(os.path.join(site, "sim")), "the simulated world is not in the runtime wheel"
+from activities.boot import checks
 from activities.boot import render as bootstrap
 from activities.clouds import paperspace
 assert str(bootstrap.TEMPLATES_DIR).startswith(site), bootstrap.TEMPLATES_DIR
 # Both shipped templates render from the installed wheel (a trial render with sample values).
 for name in (bootstrap.TALOS_WORKER_TEMPLATE, bootstrap.UBUNTU_CLOUD_INIT_TEMPLATE):
-    assert bootstrap.check_template(bootstrap.shipped_template(name)) == [], name
+    assert checks.check_template(bootstrap.shipped_template(name)) == [], name
 assert paperspace.CATALOG_PATH.is_file(), paperspace.CATALOG_PATH
 (tgp,) = [e for e in entry_points(group="console_scripts") if e.name == "tgp" and e.dist.locate_file("").as_posix().startswith(site)]
 sys.argv = ["tgp", "--help"]

@@ -20,7 +20,8 @@ from pydantic import SecretStr
 
 # The harmless join material that template checks render with (no real secret).
 from activities.http_wire import default_tls
-from activities.boot.render import _SAMPLE_JOIN, BootSettings, render_boot_payload, shipped_template
+from activities.boot.checks import SAMPLE_JOIN
+from activities.boot.render import BootSettings, render_boot_payload, shipped_template
 from sim.cloud import SimulatedCloud
 from sim.kube_kubelet import (
     LEASE_NAMESPACE,
@@ -177,7 +178,7 @@ def test_the_kubelet_reads_labels_and_taints_from_the_shipped_templates(template
     )
     payload = render_boot_payload(
         "cloud-init", hostname="blue-1", auth_key=SecretStr("tskey-auth-k1-x"), template=shipped_template(template),
-        settings=settings, join=_SAMPLE_JOIN,
+        settings=settings, join=SAMPLE_JOIN,
     )
     labels, taints = kubelet_registration(payload.content)
     assert labels.items() >= POOL_LABELS.items()

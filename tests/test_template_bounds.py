@@ -107,7 +107,7 @@ async def test_hostile_templates_leave_the_worker_its_memory_its_loop_and_its_dn
 
 def test_jinja_range_is_not_taken_for_a_go_construct() -> None:
     """`{{ range(3)|list }}` is Jinja (a call); Go's `{{ range .Items }}` is still refused."""
-    from activities.boot.render import check_template
+    from activities.boot.checks import check_template
 
     assert check_template("#cloud-config\nx: {{ range(3)|list|to_json }}\n") == []
     [problem] = check_template("#cloud-config\n{{ range .Items }}x{{ end }}\n")
@@ -145,7 +145,7 @@ def test_the_render_bound_is_cpu_time_so_a_loaded_machine_does_not_make_a_templa
     import threading
     import time
 
-    from activities.boot.render import check_template
+    from activities.boot.checks import check_template
     from activities.boot.sandbox import RENDER_TIMEOUT_SECONDS
 
     result: list[list[str]] = []

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from activities.boot.render import payload_format_problems
+from activities.boot.checks import payload_format_problems
 from activities.clouds.lambdalabs import LambdaProvider
 from activities.clouds.paperspace import PaperspaceProvider
 from activities.clouds.vastai import VastProvider
