@@ -30,7 +30,8 @@ from typing import Any
 import httpx
 import structlog
 
-from activities.http import error_message, send
+from activities.http import send
+from activities.http_errors import error_message
 from activities.http_wire import new_client
 from sim.kube_machinery import MERGE_PATCH, Obj, now_time
 from tgp.errors import TransientError

@@ -3,7 +3,7 @@
 A code field is request-derived text like any other: an API (or whatever answers in its place)
 can put the API key there, and not verbatim but in a code-shaped transform (a prefix, a suffix,
 upper-cased, reversed, base64) that no scrubber recognises. So a message quotes a code only
-when it is in the adapter's documented list (`activities.http.Quotable`), a RunPod field path
+when it is in the adapter's documented list (`activities.http_errors.Quotable`), a RunPod field path
 only when the request sent that path, and the tailnets' answers (Tailscale, Headscale) not at all:
 nothing but the status.
 
@@ -35,12 +35,13 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 
 import activities.http
+import activities.http_errors
 from activities.clouds.lambdalabs import LambdaProvider
 from activities.clouds.paperspace import PaperspaceProvider
 from activities.clouds.runpod import RunPodProvider
 from activities.clouds.simulated import SimulatedProvider
 from activities.clouds.vastai import VastProvider
-from activities.http import Quotable, error_message
+from activities.http_errors import Quotable, error_message
 from activities.tailnets.headscale import HeadscaleTailnet
 from activities.tailnets.tailscale import TailscaleTailnet
 from tests.test_error_echo import everything_shown
@@ -232,7 +233,7 @@ TAILNET_ANSWERS = (
     {"code": "NOT_FOUND", "message": "record not found"},
     {"message": "authkey not found", "errors": ["machine not found"]},
 )
-GRPC_NAMES = tuple(activities.http.GRPC_CODES.values())
+GRPC_NAMES = tuple(activities.http_errors.GRPC_CODES.values())
 
 
 @pytest.mark.parametrize("name", ["tailscale", "headscale"])

@@ -48,7 +48,8 @@ from pydantic import SecretStr
 from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_code, error_detail, request_line
+from activities.http import CLIENT_ERRORS, HttpAdapter, Sleep, request_line
+from activities.http_errors import Fixes, Quotable, error_code, error_detail
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval
 from tgp.types import BootPayload, Instance, InstanceState, Offer

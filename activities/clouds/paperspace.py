@@ -45,7 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_code, error_detail, mentions
+from activities.http import CLIENT_ERRORS, HttpAdapter, Sleep
+from activities.http_errors import Fixes, Quotable, error_body, error_code, error_detail, mentions
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 

@@ -51,7 +51,8 @@ from pydantic import SecretStr
 from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_detail, error_message, json_items, json_object
+from activities.http import CLIENT_ERRORS, HttpAdapter, Sleep, json_items, json_object
+from activities.http_errors import Fixes, Quotable, error_body, error_detail, error_message
 from tgp.normalize import normalize_gpu, normalize_region
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 

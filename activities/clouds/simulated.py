@@ -18,7 +18,8 @@ from pydantic import SecretStr
 from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, error_body
+from activities.http import CLIENT_ERRORS, HttpAdapter
+from activities.http_errors import Fixes, Quotable, error_body
 from tgp.types import BootPayload, Instance, InstanceState, Offer
 
 _STATES = {

@@ -41,7 +41,8 @@ from pydantic import SecretStr
 from activities.clouds import listed
 from tgp.capabilities import ProviderCapabilities
 from tgp.errors import CapacityError, ConfigError, OfferRefused, PermissionDenied, TgpError, TransientError
-from activities.http import CLIENT_ERRORS, Fixes, HttpAdapter, Quotable, Sleep, error_body, error_code, error_detail, mentions, scrub
+from activities.http import CLIENT_ERRORS, HttpAdapter, Sleep
+from activities.http_errors import Fixes, Quotable, error_body, error_code, error_detail, mentions, scrub
 from tgp.normalize import normalize_gpu, normalize_region
 from activities.clouds.ratelimit import MinInterval, Unlimited
 from tgp.types import BootPayload, Instance, InstanceState, Offer

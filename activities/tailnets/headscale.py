@@ -43,7 +43,8 @@ from activities.fresh_reads import FreshReads
 from activities.tailnets.listing import DeviceListing
 from activities.ports import AuthKey
 from tgp.errors import ConfigError, TransientError
-from activities.http import DEFAULT_TIMEOUT, NOTHING, Fixes, HttpAdapter, Sleep, error_detail, json_items, json_object
+from activities.http import DEFAULT_TIMEOUT, HttpAdapter, Sleep, json_items, json_object
+from activities.http_errors import NOTHING, Fixes, error_detail
 from tgp.types import TailnetDevice
 
 __all__ = ["HeadscaleTailnet"]

@@ -26,7 +26,8 @@ from activities.fresh_reads import FreshReads
 from activities.tailnets.listing import DeviceListing
 from activities.ports import AuthKey
 from tgp.errors import AuthError, ConfigError, PermissionDenied, TgpError, TransientError
-from activities.http import DEFAULT_TIMEOUT, Fixes, HttpAdapter, Sleep, error_detail, json_items, json_object
+from activities.http import DEFAULT_TIMEOUT, HttpAdapter, Sleep, json_items, json_object
+from activities.http_errors import Fixes, error_detail
 from tgp.secrets import register_process
 from tgp.types import TailnetDevice
 
