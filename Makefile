@@ -81,7 +81,7 @@ bench-extra: $(STAMP)
 	PYTHONPATH=. $(BIN)/python bench/http_client.py
 	$(BIN)/python bench/emulator_at_rest.py
 
-# Regenerate deploy/crds and deploy/helm/tgp/crds from tgp/crds.py (a test fails while they are stale).
+# Regenerate deploy/crds and deploy/helm/tgp/crds from tgp/crds/ (a test fails while they are stale).
 crds: $(STAMP)
 	$(BIN)/python -m workers.crdgen
 

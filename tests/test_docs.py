@@ -811,7 +811,7 @@ def _field_names(schema: dict[str, Any], path: str) -> Iterator[tuple[str, str]]
 
 
 def test_the_crd_page_names_every_field_of_the_generated_crds() -> None:
-    """docs/crds.md describes the CRDs generated from tgp/crds.py: each spec and status field is
+    """docs/crds.md describes the CRDs generated from tgp/crds/: each spec and status field is
     named on it (as `field`, or inside a dotted `a.b.field`), so a field added to a model needs
     its line there."""
     page = _prose((DOCS / "crds.md").read_text(), inline_code=True)
