@@ -45,7 +45,7 @@ from typing_extensions import override
 
 from sim.kube_machinery import NODES, PODS, ApiStatus, Key, Obj, api_version, now_time, same_resource
 from sim.kube_namespaces import KubeNamespaces
-from sim.kube_store import node_name_of
+from sim.kube_selection import node_name_of
 
 log = structlog.get_logger("sim.kube_controllers")
 

@@ -29,7 +29,8 @@ import kmock
 from typing_extensions import override
 
 from sim.kube_machinery import PODS, ApiStatus, Obj, api_version, is_true, same_resource, status_body
-from sim.kube_store import FIRST_RESOURCE_VERSION, KubeStore, Selection, node_name_of, parse_resource_version, with_version
+from sim.kube_selection import Selection, node_name_of
+from sim.kube_store import FIRST_RESOURCE_VERSION, KubeStore, parse_resource_version, with_version
 
 # How many changes the emulator keeps for watches that resume from a resourceVersion. A real
 # server's watch cache keeps a bounded window per resource too (and etcd compacts every 5 min);
