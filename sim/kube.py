@@ -7,9 +7,9 @@ built in layers, each a class in its own module that extends the one before:
 
 * kube_store (`KubeStore`): the objects and their writes: create, update (PUT), merge,
   strategic merge and JSON patch, the `/status` subresource, delete with finalizers, one
-  cluster-wide `resourceVersion`, label and field selectors, CustomResourceDefinitions (their
-  structural schemas in kube_schema), Events in two API versions (kube_events), Nodes' not-ready
-  taint;
+  cluster-wide `resourceVersion`, label and field selectors (kube_selection), the decoding of
+  built-in kinds' top-level fields, CustomResourceDefinitions (their structural schemas in
+  kube_schema), Events in two API versions (kube_events), Nodes' not-ready taint;
 * kube_watch (`KubeWatch`): the change history and the watch streams: resuming from a
   resourceVersion, 410 Gone, bookmarks, `timeoutSeconds`, `compact` and `cut_watches`;
 * kube_eviction (`KubeEviction`): the Eviction subresource with PodDisruptionBudget checks and
@@ -211,10 +211,13 @@ class KubeEmulator(KubeControllers):
         resource = self._served(request, subresources={"status"})
         if request.name is None:
             raise ApiStatus(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
-        key, current = self._existing(resource, request.namespace, request.name)
         if not isinstance(request.data, Mapping):
             raise ApiStatus(400, "BadRequest", "the body of a PUT must be a JSON object")
         proposed = copy.deepcopy(dict(request.data))
+        # The body is decoded before the object is looked up, as the API server does: a body
+        # that cannot be decoded is 400 even for a missing object or a stale resourceVersion.
+        warning = self._decode(request, resource, proposed)
+        key, current = self._existing(resource, request.namespace, request.name)
         meta = proposed.setdefault("metadata", {})
         if meta.get("name") not in (None, request.name):
             raise ApiStatus(
@@ -231,7 +234,6 @@ class KubeEmulator(KubeControllers):
             meta["resourceVersion"] = current_version
         elif str(meta["resourceVersion"]) != current_version:
             raise conflict(resource, request.name)
-        warning = self._decode(request, resource, proposed)
         updated = self._update(resource, request.subresource, key, current, proposed)
         return kmock.Response(status=200, headers={"Warning": warning}, payload=updated)
 

@@ -2,11 +2,11 @@
 k8s.io/apimachinery: the built-in resources the emulator treats specially, the media types of
 patches, `Obj` (an object as decoded JSON), the `kind: Status` failures the API server answers
 (`ApiStatus`: 404, 409 Conflict, 422 Invalid with its `FieldError` causes, values in messages
-printed as Go prints them), the Go types built-in kinds' fields decode into (`decode_problem`),
+printed as Go prints them), the Go types built-in kinds' fields decode into (`decode_builtin`),
 metav1 times, and the few request options read everywhere.
 
-It knows nothing of storage, watches or schemas: kube_schema, kube_events, kube_store,
-kube_watch, kube_eviction and kube_kubelet build on it.
+It knows nothing of storage, watches or schemas: kube_schema, kube_events, kube_selection,
+kube_store, kube_watch, kube_eviction and kube_kubelet build on it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ APPLY_PATCH = "application/apply-patch"
 Obj = dict[str, Any]
 
 # The Go types that built-in kinds' top-level fields decode into: a write whose field holds
-# another JSON type is refused before anything else is looked at (`decode_problem`).
+# another JSON type is refused before anything else is looked at (`decode_builtin`).
 DECODED_FIELDS: dict[str, dict[str, str]] = {
     **{kind: {"spec": f"v1.{kind}Spec", "status": f"v1.{kind}Status"}
        for kind in ("Pod", "Node", "Namespace", "Deployment", "ReplicaSet", "Job", "PodDisruptionBudget")},
@@ -53,13 +53,20 @@ def key_of(storage: kmock.resource, obj: Obj) -> Key:
     return (storage, meta.get("namespace") or None, meta.get("name"))
 
 
-def decode_problem(kind: str, obj: Obj) -> str | None:
-    """What encoding/json says when a built-in `kind`'s field holds a JSON type its Go type
-    cannot take (a string spec: `json: cannot unmarshal string into Go struct field Pod.spec of
-    type v1.PodSpec`); None when every field decodes. null decodes into any field."""
+def decode_builtin(kind: str, obj: Obj) -> str | None:
+    """A built-in `kind`'s top-level fields decoded as encoding/json decodes them: what it says
+    when one holds a JSON type its Go type cannot take (a string spec: `json: cannot unmarshal
+    string into Go struct field Pod.spec of type v1.PodSpec`), else None, with `obj`'s null
+    fields changed in place to what Go stores for them (an empty struct `{}`, no map). Only the
+    top level: a Secret's data values are not checked."""
     for field, go_type in DECODED_FIELDS.get(kind, {}).items():
         value = obj.get(field)
-        if value is not None and not isinstance(value, Mapping):
+        if value is None and field in obj:
+            if go_type.startswith("map["):
+                del obj[field]
+            else:
+                obj[field] = {}
+        elif value is not None and not isinstance(value, Mapping):
             return f"json: cannot unmarshal {_JSON_TYPE_NAMES.get(type(value), 'value')} into Go struct field {kind}.{field} of type {go_type}"
     return None
 

@@ -64,7 +64,7 @@ from sim.kube_machinery import (
     Obj,
     api_version,
     conflict,
-    decode_problem,
+    decode_builtin,
     invalid,
     key_of,
     media_type,
@@ -431,15 +431,17 @@ class KubeStore(kmock.KubernetesEmulator):
         """A write's object decoded as the API server decodes it, before anything else looks at
         it; the Warning header to send (None for none).
 
-        A built-in kind's field of a JSON type its Go type cannot take (a spec that is a string)
-        is refused: 400 for a create or a PUT, 422 naming the patch for a patch (measured on
-        1.34). Then the `fieldValidation` option (Strict, Warn (the default) or Ignore) applies
+        A built-in kind's top-level field of a JSON type its Go type cannot take (a spec that is
+        a string) is refused: 400 for a create or a PUT, 422 naming the patch for a patch
+        (measured on 1.34 for merge and JSON patches; a strategic merge patch's message differs
+        there), and a null one becomes what Go stores (`decode_builtin`). Then the `fieldValidation` option (Strict, Warn (the default) or Ignore) applies
         to the fields of a custom resource that its schema does not declare (and pruning would
         drop): Strict refuses the write (400; 422 for a patch), Warn returns one warning per
         field, as the API server does. kubectl sends Strict. Built-in kinds' unknown fields are
         not checked (the emulator has no complete schemas for them)."""
         kind = self._kind(resource)
-        problem = decode_problem(kind, obj) if isinstance(obj, Mapping) else None
+        builtin = self._custom_version(resource) is None  # a custom resource may take a built-in kind's name
+        problem = decode_builtin(kind, obj) if builtin and isinstance(obj, dict) else None
         if problem is not None:
             if request.method.upper() == "PATCH":
                 raise invalid("", "", "", [FieldError.invalid("patch", json.dumps(obj, separators=(",", ":")), problem)])

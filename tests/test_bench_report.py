@@ -327,5 +327,13 @@ def test_the_overhead_of_a_burst_of_500_is_judged_on_its_run_with_the_most_worke
     assert "(burst 500)" in cost[0]
     r["workers"]["4"]["never_served"] = 3  # the run judged left pods unserved: not met, not another run instead
     assert next(x for x in targets(r) if x[0].startswith("burst 500"))[3] is False
+    r["workers"]["4"]["never_served"] = 0
+    r["bursts"]["500"] = {"error": "RuntimeError('broke')"}  # a phase that broke is not judged: the most workers' run is
+    assert "**1.00×**" in next(x for x in targets(r) if x[0].startswith("burst 500"))[2]
+    r["workers"]["4"] = {"error": "RuntimeError('broke')"}
+    assert "2 worker(s)" in next(x for x in targets(r) if x[0].startswith("burst 500"))[2]
+    only_one = {**r, "workers": {"1": r["workers"]["1"]}}  # as many workers as the broken phase had: still the run that did not break
+    assert "**1.50×**: p99 12 s" in next(x for x in targets(only_one) if x[0].startswith("burst 500"))[2]
+    r["bursts"]["500"] = run(nproc=16)["bursts"]["500"]
     del r["workers"]  # without a workers phase of 500: the bursts phase's
     assert "**1.50×**" in next(x for x in targets(r) if x[0].startswith("burst 500"))[2]

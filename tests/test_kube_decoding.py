@@ -68,3 +68,32 @@ async def test_other_built_in_kinds_are_decoded_alike(kube_api: KubeApi, path: s
     kind = body["kind"]
     status = refused(response, 400, "BadRequest")
     assert status["message"].startswith(f'{kind} in version "v1" cannot be handled as a {kind}: json: cannot unmarshal string into Go struct field {field}')
+
+
+async def test_a_put_that_cannot_be_decoded_is_refused_before_the_object_is_looked_up(kube_api: KubeApi) -> None:
+    """The API server decodes the body first: 400 for an undecodable spec even where the pod is
+    missing (not 404) or the resourceVersion is stale (not 409)."""
+    pods = f"/api/v1/namespaces/{kube_api.namespace}/pods"
+    name = kube_api.unique("absent")
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "resourceVersion": "1"}, "spec": "odd"}
+    refused(await kube_api.http.put(f"{pods}/{name}", json=body), 400, "BadRequest")
+
+
+async def test_a_null_field_is_stored_as_go_leaves_it(kube_api: KubeApi) -> None:
+    """null decodes into any field: a Node created or replaced with `spec: null` is stored with
+    an empty spec (and the not-ready taint the API server's admission adds), a Secret with
+    `data: null` without data."""
+    name = kube_api.unique("nullspec")
+    created = await kube_api.http.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": None})
+    assert created.status_code == 201, created.text
+    assert isinstance(created.json()["spec"], dict)
+    current = created.json()
+    replaced = await kube_api.http.put(f"/api/v1/nodes/{name}", json={**current, "spec": None})
+    assert replaced.status_code == 200, replaced.text
+    assert isinstance(replaced.json()["spec"], dict)
+    await kube_api.http.delete(f"/api/v1/nodes/{name}")
+    secret = kube_api.unique("nulldata")
+    url = f"/api/v1/namespaces/{kube_api.namespace}/secrets"
+    created = await kube_api.http.post(url, json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret}, "data": None})
+    assert created.status_code == 201, created.text
+    assert "data" not in created.json()

@@ -679,6 +679,17 @@ async def test_a_list_of_one_nodes_pods_is_exactly_the_pods_bound_there(kube_api
         assert (await on(here), await on("")) == ({first, unbound}, set())
 
 
+async def test_a_custom_resource_of_a_built_in_kinds_name_is_checked_by_its_own_schema(kube_api: KubeApi) -> None:
+    """A CRD may call its kind Job or Pod (Volcano's batch.volcano.sh Job): its objects are
+    checked against its schema (422), never decoded as the built-in kind (400)."""
+    group = unique_group()
+    async with installed_crd(kube_api, gpu_pool_crd(group, plural="jobs", kind="Job")):
+        base = f"/apis/{group}/v1/namespaces/{kube_api.namespace}/jobs"
+        response = await kube_api.http.post(base, json={"apiVersion": f"{group}/v1", "kind": "Job", "metadata": {"name": "odd"}, "spec": "odd"})
+        assert response.status_code == 422, response.text
+        assert response.json()["reason"] == "Invalid"
+
+
 async def test_the_watch_window_is_kept_per_resource(kube_api: KubeApi) -> None:
     """As the API server's watch cache: changes of other resources leaving the window do not
     expire a watch of a resource that had none forgotten (an informer of pods in a cluster

@@ -1,6 +1,9 @@
 """What every part of the CRDs shares: the API group and version, the duration and price types
 as Kubernetes users write them, the schema's bounds, the admission context the bridge
-validates with (`ADMISSION`, `DisruptionBounds`), and `Spec`, the base of every part."""
+validates with (`ADMISSION`, `DisruptionBounds`), and `Spec`, the base of every part.
+
+Its underscored helpers (`_admitting`, `_admission_bounds`, `_at_least`, `_default_max_nodes`)
+are this package's own: its other modules import them, `tgp.crds` does not export them."""
 
 from __future__ import annotations
 
