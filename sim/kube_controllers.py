@@ -208,7 +208,7 @@ class KubeControllers(KubeNamespaces):
             self._create_pod(replica_set, REPLICASETS, spec.get("template") or {}, {})
         if len(active) > replicas:
             # kube-controller-manager's ActivePods order: unbound, then pending, not ready, newest first.
-            doomed = sorted(active, key=lambda e: (bool(_spec(e[1]).get("nodeName")), _phase(e[1]) == "Running",
+            doomed = sorted(active, key=lambda e: (bool(node_name_of(e[1])), _phase(e[1]) == "Running",
                                                    _ready(e[1]), _negated(e[1]["metadata"].get("creationTimestamp"))))
             for pod_key, pod in doomed[: len(active) - replicas]:
                 self._delete_pod(pod_key, pod, None)
@@ -258,7 +258,7 @@ class KubeControllers(KubeNamespaces):
         nodes = {k[2] for k in live if same_resource(k[0], NODES)}
         orphans = {}
         for key, pod in live.items():
-            node = _spec(pod).get("nodeName") if same_resource(key[0], PODS) else None
+            node = node_name_of(pod) if same_resource(key[0], PODS) else ""
             if not node or node in nodes:
                 continue
             uid = str(pod["metadata"].get("uid"))
@@ -347,11 +347,6 @@ def _controller_of(obj: Obj) -> Obj | None:
 
 def _labels(obj: Obj) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("labels") or {})
-
-
-def _spec(obj: Obj) -> Obj:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, dict) else {}
 
 
 def _phase(pod: Obj) -> str:

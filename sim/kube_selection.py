@@ -74,9 +74,9 @@ class Selection:
 
 
 def node_name_of(pod: Mapping[str, Any]) -> str:
-    """A pod's spec.nodeName ("" when unbound, or when its spec is null)."""
-    spec = pod.get("spec")
-    return str(spec.get("nodeName") or "") if isinstance(spec, Mapping) else ""
+    """A pod's spec.nodeName ("" when unbound). Its spec is an object or absent: the store
+    decodes every write (`decode_builtin`)."""
+    return str((pod.get("spec") or {}).get("nodeName") or "")
 
 
 def _split_terms(selector: str) -> Iterable[str]:

@@ -434,11 +434,12 @@ class KubeStore(kmock.KubernetesEmulator):
         A built-in kind's top-level field of a JSON type its Go type cannot take (a spec that is
         a string) is refused: 400 for a create or a PUT, 422 naming the patch for a patch
         (measured on 1.34 for merge and JSON patches; a strategic merge patch's message differs
-        there), and a null one becomes what Go stores (`decode_builtin`). Then the `fieldValidation` option (Strict, Warn (the default) or Ignore) applies
-        to the fields of a custom resource that its schema does not declare (and pruning would
-        drop): Strict refuses the write (400; 422 for a patch), Warn returns one warning per
-        field, as the API server does. kubectl sends Strict. Built-in kinds' unknown fields are
-        not checked (the emulator has no complete schemas for them)."""
+        there), and a null one becomes what Go stores (`decode_builtin`). Then the
+        `fieldValidation` option (Strict, Warn (the default) or Ignore) applies to the fields of
+        a custom resource that its schema does not declare (and pruning would drop): Strict
+        refuses the write (400; 422 for a patch), Warn returns one warning per field, as the API
+        server does. kubectl sends Strict. Built-in kinds' unknown fields are not checked (the
+        emulator has no complete schemas for them)."""
         kind = self._kind(resource)
         builtin = self._custom_version(resource) is None  # a custom resource may take a built-in kind's name
         problem = decode_builtin(kind, obj) if builtin and isinstance(obj, dict) else None
