@@ -10,7 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
+from sim.kube_machinery import DECODED_FIELDS, decode_builtin
 from tests.kube_env import KubeApi
 
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -99,3 +102,35 @@ async def test_a_null_field_is_stored_as_go_leaves_it(kube_api: KubeApi) -> None
     created = await kube_api.http.post(url, json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret}, "data": None})
     assert created.status_code == 201, created.text
     assert "data" not in created.json()
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+FIELDS = st.sampled_from(["spec", "status", "data", "stringData", "binaryData", "other"])
+
+
+@given(kind=st.sampled_from(sorted(DECODED_FIELDS)), values=st.dictionaries(FIELDS, st.none() | JSON_VALUES, min_size=1))
+@example(kind="Node", values={"spec": None}).via("a Node created with spec null")
+@example(kind="Secret", values={"data": None, "stringData": {"a": "b"}}).via("a Secret without data")
+def test_a_built_in_field_decodes_exactly_when_it_is_an_object_or_null(kind: str, values: dict[str, Any]) -> None:
+    """Any JSON in any top-level field: refused iff a field the kind decodes holds something
+    other than an object or null, the message naming the first such field and its Go type; else
+    a null struct field is stored as {}, a null map field not at all, every other field as it was."""
+    obj = {"kind": kind, **values}
+    problem = decode_builtin(kind, obj)
+    fields = DECODED_FIELDS[kind]
+    bad = [f for f in fields if f in values and values[f] is not None and not isinstance(values[f], dict)]
+    if bad:
+        assert problem is not None and f"Go struct field {kind}.{bad[0]} of type {fields[bad[0]]}" in problem
+        return
+    assert problem is None
+    for field, value in values.items():
+        if field in fields and value is None:
+            assert obj.get(field, "absent") == ("absent" if fields[field].startswith("map[") else {})
+        else:
+            assert obj[field] == value
